@@ -1,0 +1,368 @@
+//! The manifest's fields, exactly as users write them.
+
+use std::{path::PathBuf, time::Duration};
+
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+
+use crate::{ManifestError, ParamSpec, TaskList, job_id::is_valid_name};
+
+fn default_max_attempts() -> u32 {
+    3
+}
+
+/// A job as submitted. Unknown fields are refused rather than ignored: a
+/// misspelt `walltim` silently dropped would cost a user a whole sweep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub name: String,
+    #[serde(default)]
+    pub kind: JobKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
+    #[serde(default = "default_max_attempts")]
+    pub max_attempts: u32,
+    #[serde(default, with = "walltime", skip_serializing_if = "Option::is_none")]
+    pub walltime: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results: Option<PathBuf>,
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    pub env: IndexMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<PathBuf>,
+    #[serde(default, rename = "task", skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<TaskDef>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sweep: Option<Sweep>,
+    #[serde(default, rename = "component", skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<Component>,
+}
+
+/// Scavenging jobs grow and shrink over idle slots; grid jobs are rigid and
+/// placed whole, by priority.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum JobKind {
+    #[default]
+    Scavenge,
+    Grid,
+}
+
+/// Placement priority of a grid job. `SuperLow` is where scavenging jobs live;
+/// users cannot ask for it.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Priority {
+    SuperLow,
+    #[default]
+    Low,
+    High,
+    SuperHigh,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TaskDef {
+    pub command: String,
+}
+
+/// A cartesian product of parameters substituted into one command template.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sweep {
+    pub command: String,
+    #[serde(default)]
+    pub params: IndexMap<String, ParamSpec>,
+}
+
+/// One rigid part of a grid job, run as an ordinary batch job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Component {
+    pub slots: u32,
+    pub command: String,
+}
+
+impl Manifest {
+    /// Checks everything that parsing alone cannot. Each error names its field.
+    pub fn validate(&self) -> Result<(), ManifestError> {
+        if !is_valid_name(&self.name) {
+            return Err(ManifestError::invalid(
+                "name",
+                format!(
+                    "{:?} must be 1 to 64 characters from A-Z a-z 0-9 . _ -",
+                    self.name
+                ),
+            ));
+        }
+        if self.max_attempts == 0 {
+            return Err(ManifestError::invalid("max_attempts", "must be at least 1"));
+        }
+        if self.walltime == Some(Duration::ZERO) {
+            return Err(ManifestError::invalid("walltime", "must be longer than 0s"));
+        }
+        for key in self.env.keys() {
+            if key.is_empty() || key.contains('=') || key.contains('\0') {
+                return Err(ManifestError::invalid(
+                    format!("env.{key}"),
+                    "is not a valid environment variable name",
+                ));
+            }
+        }
+        for (i, pattern) in self.outputs.iter().enumerate() {
+            if pattern.is_empty() || pattern.starts_with('/') || pattern.split('/').any(|p| p == "..")
+            {
+                return Err(ManifestError::invalid(
+                    format!("outputs[{i}]"),
+                    format!("{pattern:?} must be a relative pattern inside the task's sandbox"),
+                ));
+            }
+        }
+        match self.kind {
+            JobKind::Scavenge => self.validate_scavenge(),
+            JobKind::Grid => self.validate_grid(),
+        }
+    }
+
+    fn validate_scavenge(&self) -> Result<(), ManifestError> {
+        if self.priority.is_some() {
+            return Err(ManifestError::invalid(
+                "priority",
+                "only grid jobs have a priority; scavenging jobs use idle slots",
+            ));
+        }
+        if !self.components.is_empty() {
+            return Err(ManifestError::invalid(
+                "component",
+                "components belong to grid jobs (kind = \"grid\")",
+            ));
+        }
+        for (i, task) in self.tasks.iter().enumerate() {
+            if task.command.trim().is_empty() {
+                return Err(ManifestError::invalid(
+                    format!("task[{i}].command"),
+                    "is empty",
+                ));
+            }
+        }
+        let tasks = TaskList::new(self)?;
+        if tasks.is_empty() {
+            return Err(ManifestError::invalid(
+                "task",
+                "the job has no tasks: add [[task]] entries or a [sweep]",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_grid(&self) -> Result<(), ManifestError> {
+        if self.priority == Some(Priority::SuperLow) {
+            return Err(ManifestError::invalid(
+                "priority",
+                "must be super-high, high or low",
+            ));
+        }
+        if !self.tasks.is_empty() || self.sweep.is_some() {
+            return Err(ManifestError::invalid(
+                "task",
+                "grid jobs run [[component]] entries, not tasks",
+            ));
+        }
+        if self.components.is_empty() {
+            return Err(ManifestError::invalid(
+                "component",
+                "a grid job needs at least one [[component]]",
+            ));
+        }
+        for (i, component) in self.components.iter().enumerate() {
+            if component.slots == 0 {
+                return Err(ManifestError::invalid(
+                    format!("component[{i}].slots"),
+                    "must be at least 1",
+                ));
+            }
+            if component.command.trim().is_empty() {
+                return Err(ManifestError::invalid(
+                    format!("component[{i}].command"),
+                    "is empty",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The results directory, relative to the runner's results root unless absolute.
+    pub fn results_dir(&self, job: &str) -> PathBuf {
+        self.results
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("results").join(job))
+    }
+
+    /// The priority this job is placed with.
+    pub fn effective_priority(&self) -> Priority {
+        match self.kind {
+            JobKind::Scavenge => Priority::SuperLow,
+            JobKind::Grid => self.priority.unwrap_or_default(),
+        }
+    }
+}
+
+/// Walltimes are written as humantime durations (`"10m"`, `"1h30m"`).
+mod walltime {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub fn serialize<S: Serializer>(value: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(d) => s.serialize_str(&humantime::format_duration(*d).to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        let Some(text) = Option::<String>::deserialize(d)? else {
+            return Ok(None);
+        };
+        humantime::parse_duration(&text).map(Some).map_err(|e| {
+            D::Error::custom(format!(
+                "walltime: {text:?} is not a duration ({e}); write it like \"90s\", \"10m\" or \"1h30m\""
+            ))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<Manifest, ManifestError> {
+        Manifest::from_toml(text)
+    }
+
+    #[test]
+    fn full_example_parses() {
+        let m = parse(
+            r#"
+name = "sweep"
+kind = "scavenge"
+max_attempts = 3
+walltime = "10m"
+results = "results/sweep"
+env = { OMP_NUM_THREADS = "1" }
+outputs = ["*.png"]
+
+[[task]]
+command = "echo one"
+
+[sweep]
+command = "./solve --seed {seed} --size {size}"
+params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
+"#,
+        )
+        .unwrap();
+        assert_eq!(m.walltime, Some(Duration::from_secs(600)));
+        assert_eq!(m.env["OMP_NUM_THREADS"], "1");
+        assert_eq!(TaskList::new(&m).unwrap().len(), 2001);
+        assert_eq!(m.effective_priority(), Priority::SuperLow);
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let m = parse("name = \"a\"\n[[task]]\ncommand = \"true\"\n").unwrap();
+        assert_eq!(m.kind, JobKind::Scavenge);
+        assert_eq!(m.max_attempts, 3);
+        assert_eq!(m.walltime, None);
+        assert_eq!(m.results_dir("a-000000"), PathBuf::from("results/a-000000"));
+    }
+
+    #[test]
+    fn bad_toml_is_a_syntax_error_with_a_line() {
+        let err = parse("name = \"a\nbroken").unwrap_err();
+        assert!(matches!(err, ManifestError::Syntax(_)));
+        assert!(err.to_string().contains("line 2"), "{err}");
+    }
+
+    #[test]
+    fn unknown_field_is_named() {
+        let err = parse("name = \"a\"\nwalltim = \"1m\"\n[[task]]\ncommand = \"true\"\n").unwrap_err();
+        assert!(err.to_string().contains("walltim"), "{err}");
+    }
+
+    #[test]
+    fn bad_walltime_is_named() {
+        let err =
+            parse("name = \"a\"\nwalltime = \"ten minutes\"\n[[task]]\ncommand = \"true\"\n")
+                .unwrap_err();
+        assert!(err.to_string().contains("walltime"), "{err}");
+        let err = parse("name = \"a\"\nwalltime = \"0s\"\n[[task]]\ncommand = \"true\"\n").unwrap_err();
+        assert_eq!(err.field(), Some("walltime"));
+    }
+
+    #[test]
+    fn empty_job_and_empty_sweep_are_refused() {
+        assert_eq!(parse("name = \"a\"\n").unwrap_err().field(), Some("task"));
+        let err = parse("name = \"a\"\n[sweep]\ncommand = \"echo\"\nparams = {}\n").unwrap_err();
+        assert_eq!(err.field(), Some("sweep.params"));
+        let err = parse("name = \"a\"\n[sweep]\ncommand = \"echo {x}\"\nparams = { x = [] }\n")
+            .unwrap_err();
+        assert_eq!(err.field(), Some("sweep.params.x"));
+    }
+
+    #[test]
+    fn bad_names_are_refused() {
+        for name in ["", "has space", "slash/no", &"x".repeat(65)] {
+            let text = format!("name = {name:?}\n[[task]]\ncommand = \"true\"\n");
+            assert_eq!(parse(&text).unwrap_err().field(), Some("name"), "{name}");
+        }
+    }
+
+    #[test]
+    fn grid_jobs_need_components_and_no_tasks() {
+        let ok = parse(
+            "name = \"g\"\nkind = \"grid\"\npriority = \"high\"\n[[component]]\nslots = 4\ncommand = \"./mpi\"\n",
+        )
+        .unwrap();
+        assert_eq!(ok.effective_priority(), Priority::High);
+        let err = parse("name = \"g\"\nkind = \"grid\"\n").unwrap_err();
+        assert_eq!(err.field(), Some("component"));
+        let err = parse("name = \"g\"\npriority = \"high\"\n[[task]]\ncommand = \"true\"\n")
+            .unwrap_err();
+        assert_eq!(err.field(), Some("priority"));
+        let err = parse(
+            "name = \"g\"\nkind = \"grid\"\n[[component]]\nslots = 0\ncommand = \"./mpi\"\n",
+        )
+        .unwrap_err();
+        assert_eq!(err.field(), Some("component[0].slots"));
+    }
+
+    #[test]
+    fn outputs_must_stay_in_the_sandbox() {
+        let err = parse("name = \"a\"\noutputs = [\"../x\"]\n[[task]]\ncommand = \"true\"\n")
+            .unwrap_err();
+        assert_eq!(err.field(), Some("outputs[0]"));
+    }
+
+    #[test]
+    fn json_manifest_parses_and_keeps_parameter_order() {
+        let m = Manifest::from_json(
+            br#"{"name":"j","sweep":{"command":"run {b} {a}","params":{"b":[1,2],"a":["x","y","z"]}}}"#,
+        )
+        .unwrap();
+        let tasks = TaskList::new(&m).unwrap();
+        assert_eq!(tasks.get(0).unwrap().command, "run 1 x");
+        assert_eq!(tasks.get(1).unwrap().command, "run 1 y");
+        assert_eq!(tasks.get(3).unwrap().command, "run 2 x");
+    }
+
+    #[test]
+    fn json_errors_are_clear() {
+        let err = Manifest::from_json(b"{\"name\": 3}").unwrap_err();
+        assert!(err.to_string().contains("invalid JSON manifest"), "{err}");
+    }
+}
