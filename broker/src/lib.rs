@@ -1,0 +1,24 @@
+//! gleaner's protocol and its AMQP plumbing.
+//!
+//! This is the only crate that speaks AMQP. The rest of gleaner sees typed
+//! messages ([`protocol`]), named queues ([`topology`]), a [`Publisher`] that
+//! returns once the broker has a message, and an [`Inbox`] that hands out
+//! decoded deliveries and dead-letters the ones that do not decode.
+
+pub mod codec;
+mod connection;
+mod consume;
+mod error;
+pub mod protocol;
+mod publish;
+mod submission;
+pub mod topology;
+
+pub use connection::{Backoff, Broker, Connection, DEFAULT_URL, redact};
+pub use consume::{ConsumeOptions, Inbox, Incoming};
+pub use error::BrokerError;
+pub use publish::{Publisher, Reply};
+pub use submission::IncomingSubmission;
+/// Channels are handed between the broker crate's functions; callers only
+/// hold them.
+pub use lapin::Channel;

@@ -1,0 +1,235 @@
+//! Connections, and getting them back after the broker went away.
+
+use std::{sync::Arc, time::Duration};
+
+use deadpool_lapin::{Config, Pool, PoolConfig, Runtime};
+use lapin::{Channel, ConnectionProperties, options::ConfirmSelectOptions};
+use rand::RngExt;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::{BrokerError, publish::Publisher};
+
+/// The default broker: a local RabbitMQ with a 10 s heartbeat, so that a dead
+/// peer is noticed (and its unacked tasks redelivered) within about 20 s.
+pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f?heartbeat=10";
+
+/// A handle on the broker for one component. Cheap to clone.
+#[derive(Clone)]
+pub struct Broker {
+    pool: Pool,
+    identity: Arc<str>,
+    url: Arc<str>,
+}
+
+impl std::fmt::Debug for Broker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Broker")
+            .field("identity", &self.identity)
+            .field("url", &self.url)
+            .finish()
+    }
+}
+
+impl Broker {
+    /// `identity` names the component (`runner@host`); it becomes the
+    /// connection name in the management UI and the sender of its messages.
+    pub fn new(url: &str, identity: impl Into<String>) -> Result<Self, BrokerError> {
+        let identity: Arc<str> = identity.into().into();
+        url.parse::<lapin::uri::AMQPUri>()
+            .map_err(|e| BrokerError::Url(format!("{}: {e}", redact(url))))?;
+        let config = Config {
+            url: Some(url.to_owned()),
+            pool: Some(PoolConfig::new(64)),
+        };
+        let name = identity.clone();
+        let pool = config
+            .create_pool(
+                move || ConnectionProperties::default().with_connection_name(name.to_string().into()),
+                Runtime::Tokio1,
+            )
+            .map_err(|e| BrokerError::Url(e.to_string()))?;
+        Ok(Self {
+            pool,
+            identity,
+            url: redact(url).into(),
+        })
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The URL without its password, for logs and messages.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// One connection, or the reason there is none.
+    pub async fn connect(&self) -> Result<Connection, BrokerError> {
+        let object = self
+            .pool
+            .get()
+            .await
+            .map_err(|e| BrokerError::Connect(format!("{}: {e}", self.url)))?;
+        Ok(Connection {
+            object,
+            identity: self.identity.clone(),
+        })
+    }
+
+    /// Keeps trying to connect, with backoff, until it works or `shutdown`
+    /// fires (then `None`).
+    pub async fn connect_until(&self, shutdown: &CancellationToken) -> Option<Connection> {
+        let mut backoff = Backoff::default();
+        loop {
+            match self.connect().await {
+                Ok(connection) => {
+                    if backoff.failures > 0 {
+                        info!(broker = %self.url, "connected to the broker again");
+                    }
+                    return Some(connection);
+                }
+                Err(e) => {
+                    warn!(broker = %self.url, error = %e, retry_in = ?backoff.current, "broker unreachable");
+                    if !backoff.wait(shutdown).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A live connection.
+pub struct Connection {
+    object: deadpool_lapin::Object,
+    identity: Arc<str>,
+}
+
+impl Connection {
+    pub async fn channel(&self) -> Result<Channel, BrokerError> {
+        Ok(self.object.create_channel().await?)
+    }
+
+    /// A channel in publisher-confirm mode.
+    pub async fn publisher(&self) -> Result<Publisher, BrokerError> {
+        let channel = self.channel().await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        Ok(Publisher::new(channel, self.identity.clone()))
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    pub fn lapin(&self) -> &lapin::Connection {
+        &self.object
+    }
+
+    /// Whether the connection is still up.
+    pub fn is_connected(&self) -> bool {
+        self.object.status().connected()
+    }
+
+    /// Closes the connection politely (consumers are cancelled, unacked
+    /// deliveries return to their queues).
+    pub async fn close(self) {
+        let _ = self.object.close(200, "bye".into()).await;
+        let _ = deadpool_lapin::Object::take(self.object);
+    }
+}
+
+/// Exponential backoff with jitter, from 100 ms to 10 s.
+#[derive(Debug)]
+pub struct Backoff {
+    current: Duration,
+    failures: u32,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            current: Self::MIN,
+            failures: 0,
+        }
+    }
+}
+
+impl Backoff {
+    const MIN: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(10);
+
+    /// Sleeps for the current delay (±25 %) and doubles it; `false` if
+    /// `shutdown` fired meanwhile.
+    pub async fn wait(&mut self, shutdown: &CancellationToken) -> bool {
+        let jitter = rand::rng().random_range(0.75..1.25);
+        let delay = self.current.mul_f64(jitter);
+        self.current = (self.current * 2).min(Self::MAX);
+        self.failures += 1;
+        tokio::select! {
+            () = tokio::time::sleep(delay) => true,
+            () = shutdown.cancelled() => false,
+        }
+    }
+
+    /// A session that lasted a while resets the delay: the next failure is
+    /// a new outage, not the same one.
+    pub fn after_session(&mut self, lasted: Duration) {
+        if lasted > Duration::from_secs(30) {
+            *self = Self::default();
+        }
+    }
+}
+
+/// `amqp://user:secret@host` → `amqp://user:***@host`.
+pub fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact("amqp://guest:guest@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(redact("amqp://host/%2f"), "amqp://host/%2f");
+    }
+
+    #[test]
+    fn bad_urls_are_refused() {
+        assert!(matches!(
+            Broker::new("http://nope", "t"),
+            Err(BrokerError::Url(_))
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn backoff_grows_and_stops_at_shutdown() {
+        let shutdown = CancellationToken::new();
+        let mut backoff = Backoff::default();
+        for _ in 0..10 {
+            assert!(backoff.wait(&shutdown).await);
+        }
+        assert_eq!(backoff.current, Backoff::MAX);
+        backoff.after_session(Duration::from_secs(60));
+        assert_eq!(backoff.current, Backoff::MIN);
+        shutdown.cancel();
+        assert!(!backoff.wait(&shutdown).await);
+    }
+}

@@ -1,0 +1,192 @@
+//! Consuming: typed deliveries with manual acks, and undecodable ones
+//! dead-lettered instead of crashing anyone.
+
+use std::marker::PhantomData;
+
+use futures_util::StreamExt;
+use lapin::{
+    Acker, Channel, Consumer,
+    options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions},
+    types::FieldTable,
+};
+use tracing::warn;
+
+use crate::{
+    BrokerError,
+    codec::{Decode, DecodeError},
+    protocol::Event,
+    publish::Publisher,
+};
+
+/// How to consume a queue.
+#[derive(Debug, Clone)]
+pub struct ConsumeOptions<'a> {
+    /// The consumer tag, shown in the management UI (`launcher@host/3`).
+    pub tag: &'a str,
+    /// Unacked deliveries this consumer may hold at once.
+    pub prefetch: u16,
+    /// No other consumer may consume the queue while this one does.
+    pub exclusive: bool,
+}
+
+/// A typed stream of deliveries from one queue.
+pub struct Inbox<M> {
+    queue: String,
+    consumer: Consumer,
+    publisher: Publisher,
+    _message: PhantomData<fn() -> M>,
+}
+
+/// One delivery, decoded. Ack it once its effects are safe.
+pub struct Incoming<M> {
+    pub msg: M,
+    /// The sender named in the envelope.
+    pub from: String,
+    pub redelivered: bool,
+    pub reply: crate::publish::Reply,
+    acker: Acker,
+    delivery_tag: u64,
+}
+
+impl<M> Incoming<M> {
+    pub async fn ack(&self) -> Result<(), BrokerError> {
+        self.acker.ack(BasicAckOptions::default()).await?;
+        Ok(())
+    }
+
+    /// Acks this delivery and every earlier unacked one of the same channel.
+    pub async fn ack_up_to_here(&self) -> Result<(), BrokerError> {
+        self.acker.ack(BasicAckOptions { multiple: true }).await?;
+        Ok(())
+    }
+
+    /// Returns the delivery to its queue (its delivery count goes up).
+    pub async fn requeue(&self) -> Result<(), BrokerError> {
+        self.acker
+            .reject(BasicRejectOptions { requeue: true })
+            .await?;
+        Ok(())
+    }
+
+    pub fn delivery_tag(&self) -> u64 {
+        self.delivery_tag
+    }
+}
+
+impl<M: Decode> Inbox<M> {
+    /// Starts consuming `queue` on `channel`; undecodable deliveries are sent
+    /// to `gleaner.dead` through `publisher`.
+    pub async fn open(
+        channel: &Channel,
+        publisher: Publisher,
+        queue: &str,
+        options: ConsumeOptions<'_>,
+    ) -> Result<Self, BrokerError> {
+        channel
+            .basic_qos(options.prefetch, BasicQosOptions { global: false })
+            .await?;
+        let consumer = channel
+            .basic_consume(
+                queue.into(),
+                options.tag.into(),
+                BasicConsumeOptions {
+                    exclusive: options.exclusive,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        Ok(Self {
+            queue: queue.to_owned(),
+            consumer,
+            publisher,
+            _message: PhantomData,
+        })
+    }
+
+    pub fn queue(&self) -> &str {
+        &self.queue
+    }
+
+    /// The next decodable delivery. `None` once the consumer is cancelled
+    /// (the queue was deleted); `Some(Err)` when the channel or connection
+    /// failed. Cancel-safe.
+    pub async fn next(&mut self) -> Option<Result<Incoming<M>, BrokerError>> {
+        loop {
+            let delivery = match self.consumer.next().await? {
+                Ok(delivery) => delivery,
+                Err(e) => return Some(Err(e.into())),
+            };
+            match M::decode(&delivery.properties, &delivery.data) {
+                Ok((from, msg)) => {
+                    return Some(Ok(Incoming {
+                        msg,
+                        from,
+                        redelivered: delivery.redelivered,
+                        reply: crate::publish::Reply {
+                            correlation_id: delivery
+                                .properties
+                                .correlation_id()
+                                .as_ref()
+                                .map(|s| s.to_string()),
+                            reply_to: delivery
+                                .properties
+                                .reply_to()
+                                .as_ref()
+                                .map(|s| s.to_string()),
+                        },
+                        acker: delivery.acker.clone(),
+                        delivery_tag: delivery.delivery_tag,
+                    }));
+                }
+                Err(e) => {
+                    if let Err(e) = self.reject(&delivery, &e).await {
+                        return Some(Err(e));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends a delivery this component cannot use to `gleaner.dead` with the reason.
+    async fn reject(
+        &self,
+        delivery: &lapin::message::Delivery,
+        error: &DecodeError,
+    ) -> Result<(), BrokerError> {
+        let reason = error.to_string();
+        let reason = reason.as_str();
+        warn!(
+            queue = %self.queue,
+            reason,
+            kind = ?delivery.properties.kind(),
+            app_id = ?delivery.properties.app_id(),
+            message_id = ?delivery.properties.message_id(),
+            content_type = ?delivery.properties.content_type(),
+            bytes = delivery.data.len(),
+            "undecodable message dead-lettered"
+        );
+        match self.publisher.dead_letter(&self.queue, delivery, reason).await {
+            Ok(()) => {
+                delivery.acker.ack(BasicAckOptions::default()).await?;
+                if let DecodeError::Invalid { job: Some(job), .. } = error {
+                    let event = Event::Rejected {
+                        job: job.clone(),
+                        reason: reason.to_owned(),
+                    };
+                    if let Err(e) = self.publisher.event(&event).await {
+                        warn!(job = %job, error = %e, "cannot publish the rejection event");
+                    }
+                }
+            }
+            Err(e) => {
+                warn!(queue = %self.queue, error = %e, "cannot copy to gleaner.dead; rejecting instead");
+                delivery
+                    .acker
+                    .reject(BasicRejectOptions { requeue: false })
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,49 @@
+//! Errors of the AMQP plumbing, classified by what a caller should do next.
+
+use lapin::{ErrorKind, protocol::AMQPSoftError};
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BrokerError {
+    #[error("invalid broker URL: {0}")]
+    Url(String),
+    #[error("cannot reach the broker: {0}")]
+    Connect(String),
+    #[error("AMQP error: {0}")]
+    Amqp(#[from] lapin::Error),
+    #[error("the broker refused the message for {0} (nack)")]
+    Nacked(String),
+    #[error("no queue {0}")]
+    NoQueue(String),
+    #[error("cannot encode message: {0}")]
+    Encode(String),
+}
+
+impl BrokerError {
+    /// The queue or exchange named in the operation does not exist (any more).
+    pub fn is_not_found(&self) -> bool {
+        match self {
+            Self::NoQueue(_) => true,
+            Self::Amqp(e) => is_not_found(e),
+            _ => false,
+        }
+    }
+
+    /// An exclusive consumer or queue is held by someone else.
+    pub fn is_locked(&self) -> bool {
+        matches!(self, Self::Amqp(e) if soft_error(e).is_some_and(|s| matches!(s, AMQPSoftError::ACCESSREFUSED | AMQPSoftError::RESOURCELOCKED)))
+    }
+}
+
+fn soft_error(e: &lapin::Error) -> Option<AMQPSoftError> {
+    match e.kind() {
+        ErrorKind::ProtocolError(amqp) => match amqp.kind() {
+            lapin::protocol::AMQPErrorKind::Soft(soft) => Some(soft.clone()),
+            lapin::protocol::AMQPErrorKind::Hard(_) => None,
+        },
+        _ => None,
+    }
+}
+
+pub(crate) fn is_not_found(e: &lapin::Error) -> bool {
+    soft_error(e).is_some_and(|s| matches!(s, AMQPSoftError::NOTFOUND))
+}

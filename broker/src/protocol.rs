@@ -1,0 +1,470 @@
+//! Every message gleaner's components exchange, one type per queue.
+//!
+//! Bodies are MessagePack maps (rmp-serde `to_vec_named`) inside an
+//! [`Envelope`]; fields added later carry `#[serde(default)]` so that mixed
+//! versions keep talking. Enums are tagged with a `kind` field, which is also
+//! the AMQP `type` property, so the management UI shows what a message is.
+
+use std::collections::BTreeMap;
+
+use gleaner_manifest::{JobId, JobKind, Manifest, Priority};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+/// Version of the wire format; bumped only for changes old readers cannot skip.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// What travels in every message body: the protocol version, who sent it, and the message.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Envelope<M> {
+    pub v: u16,
+    pub from: String,
+    pub msg: M,
+}
+
+/// A message body type; `kind` becomes the AMQP `type` property.
+pub trait Message: Serialize + DeserializeOwned + Send + Sync {
+    fn kind(&self) -> &'static str;
+}
+
+/// Milliseconds since the Unix epoch; the unit of every timestamp on the wire.
+pub type Millis = u64;
+
+/// Now, in wire units.
+pub fn now_ms() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+// ---------------------------------------------------------------- gleaner.submit
+
+/// A manifest on `gleaner.submit`, as `gleaner submit` sends it. Manifests
+/// published by hand as JSON carry no envelope; the runner names those itself.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Submission {
+    pub job: JobId,
+    pub manifest: Manifest,
+    pub submitted_at: Millis,
+}
+
+impl Message for Submission {
+    fn kind(&self) -> &'static str {
+        "submit"
+    }
+}
+
+// ------------------------------------------------------------- gleaner.scheduler
+
+/// The scheduler's inbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum SchedulerMsg {
+    /// A runner's periodic report on one job; also how a job registers.
+    JobUpdate(JobReport),
+    /// The job ended; its slots may go to others.
+    JobDone { job: JobId },
+    /// A kcm's periodic report on its cluster.
+    ClusterStatus(ClusterReport),
+    /// A runner's answer to a grow offer: it took `accepted` of the offered slots.
+    GrowAck {
+        grant: u64,
+        job: JobId,
+        cluster: String,
+        accepted: u32,
+    },
+    /// `gleaner status` asking for the picture; answered to the AMQP `reply_to`.
+    StatusRequest {},
+}
+
+impl Message for SchedulerMsg {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::JobUpdate(_) => "job_update",
+            Self::JobDone { .. } => "job_done",
+            Self::ClusterStatus(_) => "cluster_status",
+            Self::GrowAck { .. } => "grow_ack",
+            Self::StatusRequest {} => "status_request",
+        }
+    }
+}
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Tasks are being published.
+    Starting,
+    Running,
+    /// Every task has a final state.
+    Done,
+    Cancelled,
+}
+
+/// Task counts of a job. `pending + running + finished() == total`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskCounts {
+    pub total: u64,
+    pub pending: u64,
+    pub running: u64,
+    pub succeeded: u64,
+    pub failed: u64,
+    pub timed_out: u64,
+    pub lost: u64,
+    pub cancelled: u64,
+}
+
+impl TaskCounts {
+    /// Tasks with a final state.
+    pub fn finished(&self) -> u64 {
+        self.succeeded + self.failed + self.timed_out + self.lost + self.cancelled
+    }
+
+    /// Tasks that still need a slot, now or later.
+    pub fn unfinished(&self) -> u64 {
+        self.total.saturating_sub(self.finished())
+    }
+}
+
+/// A runner's view of one job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobReport {
+    pub job: JobId,
+    pub kind: JobKind,
+    pub priority: Priority,
+    pub state: JobState,
+    pub runner: String,
+    pub tasks: TaskCounts,
+    /// Slots of the launchers that announced themselves, per cluster.
+    pub launchers: BTreeMap<String, u32>,
+    /// Finished tasks per second over the last minute.
+    pub throughput: f64,
+    pub preemptions: u64,
+    pub started_at: Millis,
+    pub results: String,
+}
+
+/// A kcm's view of its cluster. Slots held by gleaner are counted per job;
+/// everything else in the batch system is "local".
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ClusterReport {
+    pub cluster: String,
+    pub backend: String,
+    pub total_slots: u32,
+    /// Slots neither local jobs nor gleaner use.
+    pub idle_slots: u32,
+    /// Slots running local (non-gleaner) jobs.
+    pub local_slots: u32,
+    /// Slots that waiting local jobs ask for.
+    pub local_waiting: u32,
+    /// Slots running grid job components.
+    pub grid_slots: u32,
+    /// Slots held by each scavenging job's placeholders.
+    pub jobs: BTreeMap<JobId, Holding>,
+    /// Grants the kcm has acted on since its previous report.
+    #[serde(default)]
+    pub applied_grants: Vec<u64>,
+    /// The last batch-system failure, if the last attempt failed.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// Consecutive launcher start failures.
+    #[serde(default)]
+    pub failed_starts: u32,
+    pub at: Millis,
+}
+
+/// Slots a job holds on one cluster.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holding {
+    pub running: u32,
+    pub pending: u32,
+}
+
+impl Holding {
+    pub fn total(&self) -> u32 {
+        self.running + self.pending
+    }
+}
+
+/// The scheduler's answer to [`SchedulerMsg::StatusRequest`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StatusReply {
+    pub scheduler: String,
+    pub policy: String,
+    pub clusters: Vec<ClusterView>,
+    pub jobs: Vec<JobReport>,
+}
+
+impl Message for StatusReply {
+    fn kind(&self) -> &'static str {
+        "status_reply"
+    }
+}
+
+/// A cluster as the scheduler sees it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ClusterView {
+    pub report: ClusterReport,
+    pub excluded: bool,
+    /// No report for longer than the staleness limit.
+    pub stale: bool,
+}
+
+// ------------------------------------------------------------ gleaner.kcm.<cluster>
+
+/// A cluster manager's inbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum KcmMsg {
+    /// Submit `count` launchers for `job` (one placeholder array job).
+    StartLaunchers { job: JobId, grant: u64, count: u32 },
+    /// Make sure these launchers are gone after `grace_ms` (preempted ones that
+    /// may not have exited by themselves).
+    Release {
+        job: JobId,
+        launchers: Vec<String>,
+        grace_ms: u64,
+    },
+    /// The job ended: withdraw every placeholder it still has.
+    JobEnded { job: JobId },
+}
+
+impl Message for KcmMsg {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::StartLaunchers { .. } => "start_launchers",
+            Self::Release { .. } => "release",
+            Self::JobEnded { .. } => "job_ended",
+        }
+    }
+}
+
+// ------------------------------------------------------- gleaner.job.<job>.control
+
+/// A job runner's inbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ControlMsg {
+    /// The scheduler offers up to `slots` slots on `cluster`.
+    GrowOffer {
+        grant: u64,
+        cluster: String,
+        slots: u32,
+    },
+    /// Give back `slots` slots on `cluster`.
+    Shrink {
+        cluster: String,
+        slots: u32,
+        mode: ShrinkMode,
+        reason: String,
+    },
+    LauncherUp(LauncherInfo),
+    LauncherStatus(LauncherStatus),
+    LauncherGone {
+        launcher: String,
+        cluster: String,
+        reason: String,
+    },
+    /// `gleaner cancel`.
+    Cancel { reason: String },
+}
+
+impl Message for ControlMsg {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::GrowOffer { .. } => "grow_offer",
+            Self::Shrink { .. } => "shrink",
+            Self::LauncherUp(_) => "launcher_up",
+            Self::LauncherStatus(_) => "launcher_status",
+            Self::LauncherGone { .. } => "launcher_gone",
+            Self::Cancel { .. } => "cancel",
+        }
+    }
+}
+
+/// How a shrink frees slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ShrinkMode {
+    /// Now: running tasks are killed and republished (a local or grid job waits).
+    Preempt,
+    /// When the current task ends (fair-share rebalancing; no work is lost).
+    Drain,
+}
+
+/// A launcher announcing itself to its job's runner.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LauncherInfo {
+    pub launcher: String,
+    pub cluster: String,
+    pub host: String,
+    pub slots: u32,
+    pub started_at: Millis,
+    /// When its placeholder's walltime ends, if it has one.
+    #[serde(default)]
+    pub deadline: Option<Millis>,
+}
+
+/// A launcher's heartbeat: what it is running right now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct LauncherStatus {
+    pub launcher: String,
+    pub cluster: String,
+    pub running: Vec<RunningTask>,
+    pub completed: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunningTask {
+    pub task: u64,
+    pub started_at: Millis,
+}
+
+// ---------------------------------------------------------- gleaner.job.<job>.tasks
+
+/// One run of one task. Self-contained, so a launcher needs nothing else.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskMsg {
+    pub job: JobId,
+    pub task: u64,
+    /// 1 for the first run; retries after a failure count up to `max_attempts`.
+    pub attempt: u32,
+    /// Times this task was preempted and republished; not failures.
+    #[serde(default)]
+    pub preemptions: u32,
+    pub command: String,
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    #[serde(default)]
+    pub walltime_ms: Option<u64>,
+    #[serde(default)]
+    pub outputs: Vec<String>,
+    #[serde(default)]
+    pub workdir: Option<String>,
+}
+
+impl Message for TaskMsg {
+    fn kind(&self) -> &'static str {
+        "task"
+    }
+}
+
+// -------------------------------------------------------- gleaner.job.<job>.results
+
+/// How one run of a task ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    Succeeded,
+    Failed,
+    TimedOut,
+}
+
+/// The outcome of one run of a task.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ResultMsg {
+    pub job: JobId,
+    pub task: u64,
+    pub attempt: u32,
+    pub preemptions: u32,
+    pub status: RunStatus,
+    pub exit_code: Option<i32>,
+    /// The signal that ended the command, if one did.
+    #[serde(default)]
+    pub signal: Option<i32>,
+    pub runtime_ms: u64,
+    pub launcher: String,
+    pub cluster: String,
+    pub host: String,
+    pub stdout: Captured,
+    pub stderr: Captured,
+    #[serde(default)]
+    pub outputs: Vec<OutputFile>,
+    /// Why the task could not even start (sandbox, spawn), if so.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+impl Message for ResultMsg {
+    fn kind(&self) -> &'static str {
+        "result"
+    }
+}
+
+/// A captured stream: its last bytes, and how many earlier ones were dropped.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Captured {
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+    pub dropped: u64,
+}
+
+/// A declared output file collected from the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputFile {
+    /// Relative to the sandbox.
+    pub path: String,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
+    /// Bytes beyond the size limit that were not kept.
+    pub dropped: u64,
+}
+
+// ------------------------------------------------------------ gleaner.launcher.<id>
+
+/// A launcher's own inbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum LauncherMsg {
+    /// Kill the running tasks, republish them, exit.
+    Preempt { reason: String },
+    /// Finish the running tasks, take no more, exit.
+    Drain { reason: String },
+}
+
+impl Message for LauncherMsg {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Preempt { .. } => "preempt",
+            Self::Drain { .. } => "drain",
+        }
+    }
+}
+
+// ---------------------------------------------------------------- gleaner.events
+
+/// Published on the `gleaner.events` topic exchange for `--wait` and dashboards.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Event {
+    /// `job.<job>.progress`
+    Progress(JobReport),
+    /// `job.<job>.done`: every task has a final state (or the job was cancelled).
+    Done(JobReport),
+    /// `job.<job>.rejected`: the manifest was invalid.
+    Rejected { job: String, reason: String },
+    /// `cluster.<name>.status`
+    Cluster(ClusterReport),
+}
+
+impl Message for Event {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Progress(_) => "progress",
+            Self::Done(_) => "done",
+            Self::Rejected { .. } => "rejected",
+            Self::Cluster(_) => "cluster_status",
+        }
+    }
+}
+
+impl Event {
+    /// The routing key on `gleaner.events`.
+    pub fn routing_key(&self) -> String {
+        match self {
+            Self::Progress(r) => format!("job.{}.progress", r.job),
+            Self::Done(r) => format!("job.{}.done", r.job),
+            Self::Rejected { job, .. } => format!("job.{job}.rejected"),
+            Self::Cluster(c) => format!("cluster.{}.status", c.cluster),
+        }
+    }
+}

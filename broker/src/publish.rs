@@ -1,0 +1,203 @@
+//! Publishing with confirms: a message counts as sent once the broker has it.
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicU64, Ordering},
+};
+
+use lapin::{
+    BasicProperties, Channel, Confirmation, PublisherConfirm,
+    options::BasicPublishOptions,
+    types::{AMQPValue, FieldTable},
+};
+
+use crate::{
+    BrokerError,
+    codec::{MSGPACK, encode},
+    protocol::{Message, now_ms},
+    topology::{DEAD_QUEUE, EVENTS_EXCHANGE},
+};
+
+/// Persistent delivery mode: queued messages survive a broker restart.
+const PERSISTENT: u8 = 2;
+
+/// A channel in confirm mode, stamping every message with who sent it and
+/// what it is. Clones share the channel.
+#[derive(Clone)]
+pub struct Publisher {
+    channel: Channel,
+    identity: Arc<str>,
+    sequence: Arc<AtomicU64>,
+}
+
+/// Extra AMQP properties for a message that answers another.
+#[derive(Debug, Clone, Default)]
+pub struct Reply {
+    pub correlation_id: Option<String>,
+    pub reply_to: Option<String>,
+}
+
+impl Publisher {
+    pub(crate) fn new(channel: Channel, identity: Arc<str>) -> Self {
+        Self {
+            channel,
+            identity,
+            sequence: Arc::default(),
+        }
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    pub fn channel(&self) -> &Channel {
+        &self.channel
+    }
+
+    fn properties(&self, kind: &str) -> BasicProperties {
+        let n = self.sequence.fetch_add(1, Ordering::Relaxed);
+        BasicProperties::default()
+            .with_content_type(MSGPACK.into())
+            .with_type(kind.into())
+            .with_app_id(self.identity.as_ref().into())
+            .with_message_id(format!("{}/{n}", self.identity).into())
+            .with_timestamp(now_ms() / 1000)
+    }
+
+    async fn start<M: Message>(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        msg: &M,
+        properties: BasicProperties,
+        mandatory: bool,
+    ) -> Result<PublisherConfirm, BrokerError> {
+        let body = encode(&self.identity, msg).map_err(|e| BrokerError::Encode(e.to_string()))?;
+        let options = BasicPublishOptions {
+            mandatory,
+            ..BasicPublishOptions::default()
+        };
+        Ok(self
+            .channel
+            .basic_publish(exchange.into(), routing_key.into(), options, &body, properties)
+            .await?)
+    }
+
+    /// Sends `msg` to `queue` and waits for the broker to confirm it. A queue
+    /// that does not exist is an error ([`BrokerError::NoQueue`]), not a
+    /// silent drop.
+    pub async fn send<M: Message>(&self, queue: &str, msg: &M) -> Result<(), BrokerError> {
+        let properties = self.properties(msg.kind()).with_delivery_mode(PERSISTENT);
+        let confirm = self.start("", queue, msg, properties, true).await?;
+        check(confirm.await?, queue)
+    }
+
+    /// Sends every message to `queue`, pipelined, and waits for all confirms.
+    pub async fn send_all<'a, M: Message + 'a>(
+        &self,
+        queue: &str,
+        msgs: impl IntoIterator<Item = &'a M>,
+    ) -> Result<(), BrokerError> {
+        let mut pending = Vec::new();
+        for msg in msgs {
+            let properties = self.properties(msg.kind()).with_delivery_mode(PERSISTENT);
+            pending.push(self.start("", queue, msg, properties, true).await?);
+        }
+        for confirm in pending {
+            check(confirm.await?, queue)?;
+        }
+        Ok(())
+    }
+
+    /// Answers a request that carried `reply_to` (e.g. the direct reply-to
+    /// pseudo-queue); the reply is transient.
+    pub async fn reply<M: Message>(&self, reply: &Reply, msg: &M) -> Result<(), BrokerError> {
+        let Some(reply_to) = &reply.reply_to else {
+            return Ok(());
+        };
+        let mut properties = self.properties(msg.kind());
+        if let Some(id) = &reply.correlation_id {
+            properties = properties.with_correlation_id(id.as_str().into());
+        }
+        let confirm = self.start("", reply_to, msg, properties, false).await?;
+        check(confirm.await?, reply_to)
+    }
+
+    /// Sends a request expecting an answer on `reply_to`.
+    pub async fn request<M: Message>(
+        &self,
+        queue: &str,
+        msg: &M,
+        reply: &Reply,
+    ) -> Result<(), BrokerError> {
+        let mut properties = self.properties(msg.kind());
+        if let Some(to) = &reply.reply_to {
+            properties = properties.with_reply_to(to.as_str().into());
+        }
+        if let Some(id) = &reply.correlation_id {
+            properties = properties.with_correlation_id(id.as_str().into());
+        }
+        let confirm = self.start("", queue, msg, properties, true).await?;
+        check(confirm.await?, queue)
+    }
+
+    /// Publishes an event on `gleaner.events`. Events are for watchers: nobody
+    /// listening is fine, and they are not persisted.
+    pub async fn event(&self, event: &crate::protocol::Event) -> Result<(), BrokerError> {
+        let key = event.routing_key();
+        let properties = self.properties(event.kind());
+        let confirm = self
+            .start(EVENTS_EXCHANGE, &key, event, properties, false)
+            .await?;
+        check(confirm.await?, EVENTS_EXCHANGE)
+    }
+
+    /// Copies an unusable delivery to `gleaner.dead` with the reason and its
+    /// origin in headers, so an operator can see why it was refused.
+    pub(crate) async fn dead_letter(
+        &self,
+        from_queue: &str,
+        delivery: &lapin::message::Delivery,
+        reason: &str,
+    ) -> Result<(), BrokerError> {
+        let original = &delivery.properties;
+        let mut headers = original.headers().clone().unwrap_or_default();
+        headers.insert(
+            "x-gleaner-reason".into(),
+            AMQPValue::LongString(reason.into()),
+        );
+        headers.insert(
+            "x-gleaner-queue".into(),
+            AMQPValue::LongString(from_queue.into()),
+        );
+        headers.insert(
+            "x-gleaner-rejected-by".into(),
+            AMQPValue::LongString(self.identity.as_ref().into()),
+        );
+        let properties = original
+            .clone()
+            .with_headers(FieldTable::from(headers.inner().clone()))
+            .with_delivery_mode(PERSISTENT);
+        let confirm = self
+            .channel
+            .basic_publish(
+                "".into(),
+                DEAD_QUEUE.into(),
+                BasicPublishOptions::default(),
+                &delivery.data,
+                properties,
+            )
+            .await?;
+        check(confirm.await?, DEAD_QUEUE)
+    }
+}
+
+fn check(confirmation: Confirmation, queue: &str) -> Result<(), BrokerError> {
+    match confirmation {
+        Confirmation::Nack(_) => Err(BrokerError::Nacked(queue.to_owned())),
+        confirmation => match confirmation.take_message() {
+            Some(_returned) => Err(BrokerError::NoQueue(queue.to_owned())),
+            None => Ok(()),
+        },
+    }
+}

@@ -1,0 +1,155 @@
+//! Manifests as they arrive on `gleaner.submit`: enveloped MessagePack from
+//! `gleaner submit`, or bare JSON published by hand.
+
+use gleaner_manifest::{JobId, Manifest};
+use lapin::BasicProperties;
+
+use crate::{
+    codec::{Decode, DecodeError, JSON, MSGPACK, decode},
+    protocol::{Submission, now_ms},
+};
+
+/// A submission that decoded and whose manifest is valid.
+#[derive(Debug, Clone)]
+pub struct IncomingSubmission(pub Submission);
+
+impl Decode for IncomingSubmission {
+    fn decode(properties: &BasicProperties, data: &[u8]) -> Result<(String, Self), DecodeError> {
+        let content_type = properties.content_type().as_ref().map(|c| c.as_str());
+        match content_type {
+            Some(JSON) => decode_json(properties, data),
+            None | Some(MSGPACK) => {
+                let envelope = decode::<Submission>(data)?;
+                envelope
+                    .msg
+                    .manifest
+                    .validate()
+                    .map_err(|e| DecodeError::Invalid {
+                        job: Some(envelope.msg.job.to_string()),
+                        reason: format!("invalid manifest: {e}"),
+                    })?;
+                Ok((envelope.from, Self(envelope.msg)))
+            }
+            Some(other) => Err(DecodeError::ContentType(format!(
+                "{other} (manifests are {MSGPACK} or {JSON})"
+            ))),
+        }
+    }
+}
+
+fn decode_json(properties: &BasicProperties, data: &[u8]) -> Result<(String, IncomingSubmission), DecodeError> {
+    let from = properties
+        .app_id()
+        .as_ref()
+        .map_or_else(|| "manual".to_owned(), |a| a.to_string());
+    let manifest = Manifest::from_json(data).map_err(|e| DecodeError::Invalid {
+        job: json_name(data).map(|name| job_id_for(properties, &name, data).to_string()),
+        reason: format!("invalid manifest: {e}"),
+    })?;
+    let job = job_id_for(properties, &manifest.name, data);
+    let submitted_at = properties
+        .timestamp()
+        .map_or_else(now_ms, |seconds| seconds * 1000);
+    Ok((
+        from,
+        IncomingSubmission(Submission {
+            job,
+            manifest,
+            submitted_at,
+        }),
+    ))
+}
+
+fn json_name(data: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(data).ok()?;
+    let name = value.get("name")?.as_str()?;
+    let probe = JobId::new(name, 0);
+    probe.to_string().parse::<JobId>().ok().map(|_| name.to_owned())
+}
+
+/// A hand-published manifest is named by its `message_id` when that is a job
+/// id, and otherwise by a hash of its body and timestamp, so that a
+/// redelivery of the same message resumes the same job.
+fn job_id_for(properties: &BasicProperties, name: &str, data: &[u8]) -> JobId {
+    if let Some(id) = properties
+        .message_id()
+        .as_ref()
+        .and_then(|m| m.as_str().parse::<JobId>().ok())
+        .filter(|id| id.name() == name)
+    {
+        return id;
+    }
+    let mut hash = fnv1a(data);
+    if let Some(timestamp) = properties.timestamp() {
+        hash = fnv1a_extend(hash, &timestamp.to_le_bytes());
+    }
+    JobId::new(name, (hash ^ (hash >> 32)) as u32)
+}
+
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+fn fnv1a(data: &[u8]) -> u64 {
+    fnv1a_extend(FNV_OFFSET, data)
+}
+
+fn fnv1a_extend(mut hash: u64, data: &[u8]) -> u64 {
+    for byte in data {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::encode;
+
+    fn json() -> BasicProperties {
+        BasicProperties::default().with_content_type(JSON.into())
+    }
+
+    #[test]
+    fn json_manifests_get_a_stable_id() {
+        let body = br#"{"name":"hand","task":[{"command":"true"}]}"#;
+        let (_, IncomingSubmission(a)) = IncomingSubmission::decode(&json(), body).unwrap();
+        let (_, IncomingSubmission(b)) = IncomingSubmission::decode(&json(), body).unwrap();
+        assert_eq!(a.job, b.job);
+        assert_eq!(a.job.name(), "hand");
+        let named = json().with_message_id("hand-00beef".into());
+        let (_, IncomingSubmission(c)) = IncomingSubmission::decode(&named, body).unwrap();
+        assert_eq!(c.job.as_str(), "hand-00beef");
+    }
+
+    #[test]
+    fn invalid_json_manifests_name_their_job_when_they_can() {
+        let err = IncomingSubmission::decode(&json(), br#"{"name":"bad","walltime":"x"}"#)
+            .unwrap_err();
+        match err {
+            DecodeError::Invalid { job, reason } => {
+                assert!(job.unwrap().starts_with("bad-"));
+                assert!(reason.contains("walltime"), "{reason}");
+            }
+            other => panic!("{other}"),
+        }
+        assert!(IncomingSubmission::decode(&json(), b"not json").is_err());
+    }
+
+    #[test]
+    fn msgpack_submissions_are_validated_again() {
+        let mut manifest = Manifest::from_toml("name = \"m\"\n[[task]]\ncommand = \"true\"\n").unwrap();
+        let job = JobId::new("m", 1);
+        let ok = Submission { job: job.clone(), manifest: manifest.clone(), submitted_at: 1 };
+        let body = encode("cli", &ok).unwrap();
+        let (from, IncomingSubmission(s)) =
+            IncomingSubmission::decode(&BasicProperties::default(), &body).unwrap();
+        assert_eq!((from.as_str(), s.job), ("cli", job.clone()));
+        manifest.max_attempts = 0;
+        let bad = Submission { job, manifest, submitted_at: 1 };
+        let body = encode("cli", &bad).unwrap();
+        assert!(matches!(
+            IncomingSubmission::decode(&BasicProperties::default(), &body),
+            Err(DecodeError::Invalid { job: Some(_), .. })
+        ));
+    }
+}

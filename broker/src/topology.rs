@@ -1,0 +1,228 @@
+//! Queue and exchange names, and their declarations.
+//!
+//! Declarations are idempotent but must always carry the same arguments
+//! (RabbitMQ refuses a redeclaration that differs), so every queue is declared
+//! from exactly one function here.
+
+use gleaner_manifest::JobId;
+use lapin::{
+    Channel, ExchangeKind,
+    options::{ExchangeDeclareOptions, QueueDeclareOptions, QueueDeleteOptions},
+    types::{AMQPValue, FieldTable},
+};
+
+pub const SUBMIT_QUEUE: &str = "gleaner.submit";
+pub const SCHEDULER_QUEUE: &str = "gleaner.scheduler";
+pub const EVENTS_EXCHANGE: &str = "gleaner.events";
+pub const DEAD_QUEUE: &str = "gleaner.dead";
+
+/// How many times a task may be handed out without being acked (its
+/// launcher died) before it is dead-lettered as `lost`. Preemption does not
+/// count: a preempted launcher republishes the task and acks the original.
+pub const TASK_DELIVERY_LIMIT: i64 = 4;
+
+pub fn kcm_queue(cluster: &str) -> String {
+    format!("gleaner.kcm.{cluster}")
+}
+
+pub fn launcher_queue(launcher: &str) -> String {
+    format!("gleaner.launcher.{launcher}")
+}
+
+/// The four queues of one job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobQueues {
+    pub control: String,
+    pub tasks: String,
+    pub results: String,
+    pub dead: String,
+}
+
+impl JobQueues {
+    pub fn new(job: &JobId) -> Self {
+        let base = format!("gleaner.job.{job}");
+        Self {
+            control: format!("{base}.control"),
+            tasks: format!("{base}.tasks"),
+            results: format!("{base}.results"),
+            dead: format!("{base}.dead"),
+        }
+    }
+}
+
+struct Args(FieldTable);
+
+impl Args {
+    fn quorum() -> Self {
+        let mut table = FieldTable::default();
+        table.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+        Self(table)
+    }
+
+    fn dead_letter_to(mut self, queue: &str) -> Self {
+        self.0
+            .insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+        self.0.insert(
+            "x-dead-letter-routing-key".into(),
+            AMQPValue::LongString(queue.into()),
+        );
+        self
+    }
+
+    fn single_active_consumer(mut self) -> Self {
+        self.0
+            .insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+        self
+    }
+
+    fn delivery_limit(mut self, limit: i64) -> Self {
+        self.0
+            .insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
+        self
+    }
+}
+
+async fn durable(channel: &Channel, name: &str, args: Args) -> lapin::Result<()> {
+    let options = QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel.queue_declare(name.into(), options, args.0).await?;
+    Ok(())
+}
+
+/// The queues and exchange every component relies on.
+pub async fn declare_core(channel: &Channel) -> lapin::Result<()> {
+    durable(channel, DEAD_QUEUE, Args::quorum()).await?;
+    durable(
+        channel,
+        SUBMIT_QUEUE,
+        Args::quorum().dead_letter_to(DEAD_QUEUE),
+    )
+    .await?;
+    durable(
+        channel,
+        SCHEDULER_QUEUE,
+        Args::quorum()
+            .single_active_consumer()
+            .dead_letter_to(DEAD_QUEUE),
+    )
+    .await?;
+    channel
+        .exchange_declare(
+            EVENTS_EXCHANGE.into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+}
+
+/// A cluster manager's inbox; single active consumer so a standby kcm waits.
+pub async fn declare_kcm(channel: &Channel, cluster: &str) -> lapin::Result<()> {
+    durable(
+        channel,
+        &kcm_queue(cluster),
+        Args::quorum()
+            .single_active_consumer()
+            .dead_letter_to(DEAD_QUEUE),
+    )
+    .await
+}
+
+/// The queues of one job. Only its runner (and `gleaner cancel`, for the
+/// control queue) declares them; launchers just consume, so a job that ended
+/// cannot be revived by a late launcher.
+pub async fn declare_job(channel: &Channel, queues: &JobQueues) -> lapin::Result<()> {
+    declare_job_control(channel, queues).await?;
+    durable(channel, &queues.dead, Args::quorum()).await?;
+    durable(
+        channel,
+        &queues.tasks,
+        Args::quorum()
+            .delivery_limit(TASK_DELIVERY_LIMIT)
+            .dead_letter_to(&queues.dead),
+    )
+    .await?;
+    durable(
+        channel,
+        &queues.results,
+        Args::quorum().dead_letter_to(DEAD_QUEUE),
+    )
+    .await
+}
+
+pub async fn declare_job_control(channel: &Channel, queues: &JobQueues) -> lapin::Result<()> {
+    durable(
+        channel,
+        &queues.control,
+        Args::quorum().dead_letter_to(DEAD_QUEUE),
+    )
+    .await
+}
+
+/// Deletes the task queue first: that cancels every launcher's consumer, which
+/// is how launchers learn that their job is over.
+pub async fn delete_job(channel: &Channel, queues: &JobQueues) -> lapin::Result<()> {
+    for queue in [&queues.tasks, &queues.results, &queues.dead, &queues.control] {
+        channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await?;
+    }
+    Ok(())
+}
+
+/// A launcher's own inbox: it lives and dies with the launcher's connection.
+pub async fn declare_launcher(channel: &Channel, launcher: &str) -> lapin::Result<String> {
+    let name = launcher_queue(launcher);
+    let options = QueueDeclareOptions {
+        exclusive: true,
+        auto_delete: true,
+        ..QueueDeclareOptions::default()
+    };
+    channel
+        .queue_declare(name.as_str().into(), options, FieldTable::default())
+        .await?;
+    Ok(name)
+}
+
+/// Whether a queue exists. Uses a throwaway channel, because a passive
+/// declaration of a missing queue closes the channel it was made on.
+pub async fn queue_exists(connection: &lapin::Connection, queue: &str) -> lapin::Result<bool> {
+    let channel = connection.create_channel().await?;
+    let options = QueueDeclareOptions {
+        passive: true,
+        ..QueueDeclareOptions::default()
+    };
+    match channel
+        .queue_declare(queue.into(), options, FieldTable::default())
+        .await
+    {
+        Ok(_) => {
+            channel.close(200, "done".into()).await?;
+            Ok(true)
+        }
+        Err(e) if crate::error::is_not_found(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_contract() {
+        let job: JobId = "sweep-3fa9c2".parse().unwrap();
+        let q = JobQueues::new(&job);
+        assert_eq!(q.tasks, "gleaner.job.sweep-3fa9c2.tasks");
+        assert_eq!(q.control, "gleaner.job.sweep-3fa9c2.control");
+        assert_eq!(q.results, "gleaner.job.sweep-3fa9c2.results");
+        assert_eq!(q.dead, "gleaner.job.sweep-3fa9c2.dead");
+        assert_eq!(kcm_queue("c1"), "gleaner.kcm.c1");
+        assert_eq!(launcher_queue("c1-h-1"), "gleaner.launcher.c1-h-1");
+    }
+}
