@@ -6,7 +6,7 @@ use std::marker::PhantomData;
 use futures_util::StreamExt;
 use lapin::{
     Acker, Channel, Consumer,
-    options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions},
+    options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions},
     types::FieldTable,
 };
 use tracing::warn;
@@ -32,6 +32,8 @@ pub struct ConsumeOptions<'a> {
 /// A typed stream of deliveries from one queue.
 pub struct Inbox<M> {
     queue: String,
+    tag: String,
+    channel: Channel,
     consumer: Consumer,
     publisher: Publisher,
     _message: PhantomData<fn() -> M>,
@@ -98,6 +100,8 @@ impl<M: Decode> Inbox<M> {
             .await?;
         Ok(Self {
             queue: queue.to_owned(),
+            tag: options.tag.to_owned(),
+            channel: channel.clone(),
             consumer,
             publisher,
             _message: PhantomData,
@@ -106,6 +110,15 @@ impl<M: Decode> Inbox<M> {
 
     pub fn queue(&self) -> &str {
         &self.queue
+    }
+
+    /// Asks the broker for no more deliveries. Those already sent still come
+    /// out of [`Inbox::next`], which then returns `None`.
+    pub async fn stop(&self) -> Result<(), BrokerError> {
+        self.channel
+            .basic_cancel(self.tag.as_str().into(), BasicCancelOptions::default())
+            .await?;
+        Ok(())
     }
 
     /// The next decodable delivery. `None` once the consumer is cancelled

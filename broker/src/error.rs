@@ -28,10 +28,6 @@ impl BrokerError {
         }
     }
 
-    /// An exclusive consumer or queue is held by someone else.
-    pub fn is_locked(&self) -> bool {
-        matches!(self, Self::Amqp(e) if soft_error(e).is_some_and(|s| matches!(s, AMQPSoftError::ACCESSREFUSED | AMQPSoftError::RESOURCELOCKED)))
-    }
 }
 
 fn soft_error(e: &lapin::Error) -> Option<AMQPSoftError> {
@@ -46,4 +42,8 @@ fn soft_error(e: &lapin::Error) -> Option<AMQPSoftError> {
 
 pub(crate) fn is_not_found(e: &lapin::Error) -> bool {
     soft_error(e).is_some_and(|s| matches!(s, AMQPSoftError::NOTFOUND))
+}
+
+pub(crate) fn is_locked(e: &lapin::Error) -> bool {
+    soft_error(e).is_some_and(|s| matches!(s, AMQPSoftError::RESOURCELOCKED))
 }

@@ -5,6 +5,10 @@
 //! from exactly one function here.
 
 use gleaner_manifest::JobId;
+
+use crate::BrokerError;
+
+type Result<T> = std::result::Result<T, BrokerError>;
 use lapin::{
     Channel, ExchangeKind,
     options::{ExchangeDeclareOptions, QueueDeclareOptions, QueueDeleteOptions},
@@ -29,13 +33,16 @@ pub fn launcher_queue(launcher: &str) -> String {
     format!("gleaner.launcher.{launcher}")
 }
 
-/// The four queues of one job.
+/// The queues of one job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobQueues {
     pub control: String,
     pub tasks: String,
     pub results: String,
     pub dead: String,
+    /// Exclusive to the connection of the runner that owns the job: a
+    /// broker-kept lock, released when that runner's connection dies.
+    pub owner: String,
 }
 
 impl JobQueues {
@@ -46,6 +53,7 @@ impl JobQueues {
             tasks: format!("{base}.tasks"),
             results: format!("{base}.results"),
             dead: format!("{base}.dead"),
+            owner: format!("{base}.runner"),
         }
     }
 }
@@ -82,7 +90,7 @@ impl Args {
     }
 }
 
-async fn durable(channel: &Channel, name: &str, args: Args) -> lapin::Result<()> {
+async fn durable(channel: &Channel, name: &str, args: Args) -> Result<()> {
     let options = QueueDeclareOptions {
         durable: true,
         ..QueueDeclareOptions::default()
@@ -92,7 +100,7 @@ async fn durable(channel: &Channel, name: &str, args: Args) -> lapin::Result<()>
 }
 
 /// The queues and exchange every component relies on.
-pub async fn declare_core(channel: &Channel) -> lapin::Result<()> {
+pub async fn declare_core(channel: &Channel) -> Result<()> {
     durable(channel, DEAD_QUEUE, Args::quorum()).await?;
     durable(
         channel,
@@ -118,11 +126,12 @@ pub async fn declare_core(channel: &Channel) -> lapin::Result<()> {
             },
             FieldTable::default(),
         )
-        .await
+        .await?;
+    Ok(())
 }
 
 /// A cluster manager's inbox; single active consumer so a standby kcm waits.
-pub async fn declare_kcm(channel: &Channel, cluster: &str) -> lapin::Result<()> {
+pub async fn declare_kcm(channel: &Channel, cluster: &str) -> Result<()> {
     durable(
         channel,
         &kcm_queue(cluster),
@@ -136,7 +145,7 @@ pub async fn declare_kcm(channel: &Channel, cluster: &str) -> lapin::Result<()> 
 /// The queues of one job. Only its runner (and `gleaner cancel`, for the
 /// control queue) declares them; launchers just consume, so a job that ended
 /// cannot be revived by a late launcher.
-pub async fn declare_job(channel: &Channel, queues: &JobQueues) -> lapin::Result<()> {
+pub async fn declare_job(channel: &Channel, queues: &JobQueues) -> Result<()> {
     declare_job_control(channel, queues).await?;
     durable(channel, &queues.dead, Args::quorum()).await?;
     durable(
@@ -155,7 +164,7 @@ pub async fn declare_job(channel: &Channel, queues: &JobQueues) -> lapin::Result
     .await
 }
 
-pub async fn declare_job_control(channel: &Channel, queues: &JobQueues) -> lapin::Result<()> {
+pub async fn declare_job_control(channel: &Channel, queues: &JobQueues) -> Result<()> {
     durable(
         channel,
         &queues.control,
@@ -166,8 +175,8 @@ pub async fn declare_job_control(channel: &Channel, queues: &JobQueues) -> lapin
 
 /// Deletes the task queue first: that cancels every launcher's consumer, which
 /// is how launchers learn that their job is over.
-pub async fn delete_job(channel: &Channel, queues: &JobQueues) -> lapin::Result<()> {
-    for queue in [&queues.tasks, &queues.results, &queues.dead, &queues.control] {
+pub async fn delete_job(channel: &Channel, queues: &JobQueues) -> Result<()> {
+    for queue in [&queues.tasks, &queues.results, &queues.dead, &queues.control, &queues.owner] {
         channel
             .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
             .await?;
@@ -175,8 +184,28 @@ pub async fn delete_job(channel: &Channel, queues: &JobQueues) -> lapin::Result<
     Ok(())
 }
 
+/// Takes the job's ownership lock for this connection; `false` if another
+/// runner holds it. Uses a throwaway channel, because a refused exclusive
+/// declaration closes the channel it was made on.
+pub async fn lock_job(connection: &lapin::Connection, queues: &JobQueues) -> Result<bool> {
+    let channel = connection.create_channel().await?;
+    let options = QueueDeclareOptions {
+        exclusive: true,
+        auto_delete: true,
+        ..QueueDeclareOptions::default()
+    };
+    match channel
+        .queue_declare(queues.owner.as_str().into(), options, FieldTable::default())
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(e) if crate::error::is_locked(&e) => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
 /// A launcher's own inbox: it lives and dies with the launcher's connection.
-pub async fn declare_launcher(channel: &Channel, launcher: &str) -> lapin::Result<String> {
+pub async fn declare_launcher(channel: &Channel, launcher: &str) -> Result<String> {
     let name = launcher_queue(launcher);
     let options = QueueDeclareOptions {
         exclusive: true,
@@ -191,7 +220,7 @@ pub async fn declare_launcher(channel: &Channel, launcher: &str) -> lapin::Resul
 
 /// Whether a queue exists. Uses a throwaway channel, because a passive
 /// declaration of a missing queue closes the channel it was made on.
-pub async fn queue_exists(connection: &lapin::Connection, queue: &str) -> lapin::Result<bool> {
+pub async fn queue_exists(connection: &lapin::Connection, queue: &str) -> Result<bool> {
     let channel = connection.create_channel().await?;
     let options = QueueDeclareOptions {
         passive: true,
@@ -206,7 +235,7 @@ pub async fn queue_exists(connection: &lapin::Connection, queue: &str) -> lapin:
             Ok(true)
         }
         Err(e) if crate::error::is_not_found(&e) => Ok(false),
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     }
 }
 
