@@ -8,7 +8,7 @@ use rand::RngExt;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::{BrokerError, publish::Publisher};
+use crate::{BrokerError, ConsumeOptions, Inbox, codec::Decode, publish::Publisher};
 
 /// The default broker: a local RabbitMQ with a 10 s heartbeat, so that a dead
 /// peer is noticed (and its unacked tasks redelivered) within about 20 s.
@@ -121,6 +121,17 @@ impl Connection {
         Ok(Publisher::new(channel, self.identity.clone()))
     }
 
+    /// Consumes `queue` on a channel of its own.
+    pub async fn inbox<M: Decode>(
+        &self,
+        publisher: &Publisher,
+        queue: &str,
+        options: ConsumeOptions<'_>,
+    ) -> Result<Inbox<M>, BrokerError> {
+        let channel = self.channel().await?;
+        Inbox::open(&channel, publisher.clone(), queue, options).await
+    }
+
     pub fn identity(&self) -> &str {
         &self.identity
     }
@@ -136,9 +147,8 @@ impl Connection {
 
     /// Closes the connection politely (consumers are cancelled, unacked
     /// deliveries return to their queues).
-    pub async fn close(self) {
+    pub async fn close(&self) {
         let _ = self.object.close(200, "bye".into()).await;
-        let _ = deadpool_lapin::Object::take(self.object);
     }
 }
 

@@ -11,7 +11,7 @@ use crate::BrokerError;
 type Result<T> = std::result::Result<T, BrokerError>;
 use lapin::{
     Channel, ExchangeKind,
-    options::{ExchangeDeclareOptions, QueueDeclareOptions, QueueDeleteOptions},
+    options::{ExchangeDeclareOptions, QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions},
     types::{AMQPValue, FieldTable},
 };
 
@@ -182,6 +182,13 @@ pub async fn delete_job(channel: &Channel, queues: &JobQueues) -> Result<()> {
             .await?;
     }
     Ok(())
+}
+
+/// Drops every ready message of a queue.
+pub async fn purge(channel: &Channel, queue: &str) -> Result<u32> {
+    Ok(channel
+        .queue_purge(queue.into(), QueuePurgeOptions::default())
+        .await?)
 }
 
 /// Takes the job's ownership lock for this connection; `false` if another

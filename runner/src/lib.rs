@@ -1,0 +1,148 @@
+//! The runner: one controller per job.
+//!
+//! A runner competes with other runners for manifests on `gleaner.submit` and
+//! keeps each manifest unacked until its job has ended, so a runner that dies
+//! hands its jobs to another runner (or to itself, restarted), which resumes
+//! them from their queues and results directories.
+
+mod book;
+mod job;
+mod launchers;
+mod results;
+
+use std::{collections::HashSet, sync::Arc, time::{Duration, Instant}};
+
+use gleaner_broker::{
+    Backoff, Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, IncomingSubmission,
+    topology::{self, SUBMIT_QUEUE},
+};
+use gleaner_manifest::JobId;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+pub use book::{FinalStatus, TaskBook, Verdict};
+pub use job::{JobError, JobSettings};
+pub use launchers::{Candidate, choose_victims};
+pub use results::{IndexEntry, JobFile};
+
+#[derive(Debug, Clone)]
+pub struct RunnerConfig {
+    pub job: JobSettings,
+    /// Jobs this runner runs at once (its prefetch on `gleaner.submit`).
+    pub max_jobs: u16,
+}
+
+/// Serves `gleaner.submit` until `shutdown`, reconnecting after broker outages.
+pub async fn run(broker: Broker, config: RunnerConfig, shutdown: CancellationToken) {
+    let mut backoff = Backoff::default();
+    loop {
+        let Some(connection) = broker.connect_until(&shutdown).await else {
+            return;
+        };
+        let started = Instant::now();
+        let connection = Arc::new(connection);
+        match session(connection.clone(), &config, &shutdown).await {
+            Ok(()) => {
+                connection.close().await;
+                return;
+            }
+            Err(e) => warn!(runner = %broker.identity(), error = %e, "runner lost the broker; reconnecting"),
+        }
+        backoff.after_session(started.elapsed());
+        if !backoff.wait(&shutdown).await {
+            return;
+        }
+    }
+}
+
+/// One connection's worth of work. Job controllers live inside it: when it
+/// ends, they stop, and their manifests come back to be resumed.
+async fn session(
+    connection: Arc<Connection>,
+    config: &RunnerConfig,
+    shutdown: &CancellationToken,
+) -> Result<(), BrokerError> {
+    let channel = connection.channel().await?;
+    topology::declare_core(&channel).await?;
+    let publisher = connection.publisher().await?;
+    let mut submissions: Inbox<IncomingSubmission> = Inbox::open(
+        &channel,
+        publisher,
+        SUBMIT_QUEUE,
+        ConsumeOptions {
+            tag: connection.identity(),
+            prefetch: config.max_jobs.max(1),
+            exclusive: false,
+        },
+    )
+    .await?;
+    info!(runner = %connection.identity(), max_jobs = config.max_jobs, "runner serving gleaner.submit");
+    let stop_jobs = shutdown.child_token();
+    let mut jobs: JoinSet<(JobId, Result<(), BrokerError>)> = JoinSet::new();
+    let mut active: HashSet<JobId> = HashSet::new();
+    let outcome = loop {
+        tokio::select! {
+            delivery = submissions.next() => match delivery {
+                Some(Ok(incoming)) => {
+                    let submission = &incoming.msg.0;
+                    let job = submission.job.clone();
+                    if active.contains(&job) {
+                        warn!(job = %job, "the same job was submitted twice; the second copy is dropped");
+                        incoming.ack().await?;
+                        continue;
+                    }
+                    info!(job = %job, from = %incoming.from, redelivered = incoming.redelivered, "job accepted");
+                    active.insert(job);
+                    jobs.spawn(supervise(connection.clone(), config.job.clone(), incoming, stop_jobs.clone()));
+                }
+                Some(Err(e)) => break Err(e),
+                None => break Err(BrokerError::NoQueue(SUBMIT_QUEUE.to_owned())),
+            },
+            Some(ended) = jobs.join_next() => match ended {
+                Ok((job, Ok(()))) => { active.remove(&job); }
+                Ok((job, Err(e))) => {
+                    active.remove(&job);
+                    break Err(e);
+                }
+                Err(e) => error!(error = %e, "job controller failed"),
+            },
+            () = shutdown.cancelled() => break Ok(()),
+        }
+    };
+    stop_jobs.cancel();
+    while jobs.join_next().await.is_some() {}
+    outcome
+}
+
+/// Runs one job to its end and acks its manifest; retries after a results
+/// directory failure (a full disk, say) instead of losing the job.
+async fn supervise(
+    connection: Arc<Connection>,
+    settings: JobSettings,
+    manifest: Incoming<IncomingSubmission>,
+    stop: CancellationToken,
+) -> (JobId, Result<(), BrokerError>) {
+    let submission = &manifest.msg.0;
+    let job = submission.job.clone();
+    loop {
+        let outcome = job::run(connection.clone(), settings.clone(), submission, stop.clone()).await;
+        let result = match outcome {
+            Ok(()) => manifest.ack().await,
+            Err(JobError::Shutdown) => Ok(()),
+            Err(JobError::Broker(e)) if e.is_not_found() => {
+                error!(job = %job, error = %e, "the job's queues were deleted under it; giving the job up");
+                manifest.ack().await
+            }
+            Err(JobError::Broker(e)) => Err(e),
+            Err(e @ JobError::Results { .. }) => {
+                error!(job = %job, error = %e, "cannot write results; retrying in 10 s");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(10)) => continue,
+                    () = stop.cancelled() => Ok(()),
+                }
+            }
+        };
+        return (job, result);
+    }
+}

@@ -1,0 +1,211 @@
+//! The task book: which tasks have a final state, and what to do with each
+//! result that arrives. Pure bookkeeping, no I/O.
+//!
+//! Delivery is at-least-once, so the same result (or an old attempt's) can
+//! arrive more than once; the book keeps the first final result of a task and
+//! counts the rest as duplicates.
+
+use gleaner_broker::protocol::{ResultMsg, RunStatus, TaskCounts};
+use serde::{Deserialize, Serialize};
+
+/// A task's final state, as the results index records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinalStatus {
+    Succeeded,
+    Failed,
+    TimedOut,
+    Lost,
+    Cancelled,
+}
+
+impl From<RunStatus> for FinalStatus {
+    fn from(status: RunStatus) -> Self {
+        match status {
+            RunStatus::Succeeded => Self::Succeeded,
+            RunStatus::Failed => Self::Failed,
+            RunStatus::TimedOut => Self::TimedOut,
+        }
+    }
+}
+
+/// What to do with an incoming result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// The task is done with this status: record it.
+    Final(FinalStatus),
+    /// The run failed and attempts remain: publish the task again with this attempt number.
+    Retry { attempt: u32 },
+    /// The task already has a final state, or this is an older attempt.
+    Duplicate,
+}
+
+#[derive(Debug, Clone)]
+pub struct TaskBook {
+    total: u64,
+    max_attempts: u32,
+    finished: Vec<u64>,
+    /// The attempt most recently published for tasks that were retried.
+    retried: std::collections::HashMap<u64, u32>,
+    counts: TaskCounts,
+    duplicates: u64,
+}
+
+impl TaskBook {
+    pub fn new(total: u64, max_attempts: u32) -> Self {
+        Self {
+            total,
+            max_attempts,
+            finished: vec![0; total.div_ceil(64) as usize],
+            retried: Default::default(),
+            counts: TaskCounts {
+                total,
+                pending: total,
+                ..TaskCounts::default()
+            },
+            duplicates: 0,
+        }
+    }
+
+    pub fn is_finished(&self, task: u64) -> bool {
+        task >= self.total || self.finished[(task / 64) as usize] & (1 << (task % 64)) != 0
+    }
+
+    /// Records a final state; `false` if the task already had one.
+    pub fn finish(&mut self, task: u64, status: FinalStatus) -> bool {
+        if self.is_finished(task) {
+            return false;
+        }
+        self.finished[(task / 64) as usize] |= 1 << (task % 64);
+        self.retried.remove(&task);
+        let c = &mut self.counts;
+        match status {
+            FinalStatus::Succeeded => c.succeeded += 1,
+            FinalStatus::Failed => c.failed += 1,
+            FinalStatus::TimedOut => c.timed_out += 1,
+            FinalStatus::Lost => c.lost += 1,
+            FinalStatus::Cancelled => c.cancelled += 1,
+        }
+        self.set_running(self.counts.running);
+        true
+    }
+
+    /// Decides what a result means. Does not record it: the caller records a
+    /// `Final` once it is safely written.
+    pub fn judge(&mut self, result: &ResultMsg) -> Verdict {
+        let stale = self
+            .retried
+            .get(&result.task)
+            .is_some_and(|&latest| result.attempt < latest);
+        if self.is_finished(result.task) || stale {
+            self.duplicates += 1;
+            return Verdict::Duplicate;
+        }
+        match result.status {
+            RunStatus::Succeeded => Verdict::Final(FinalStatus::Succeeded),
+            _ if result.attempt < self.max_attempts => {
+                let attempt = result.attempt + 1;
+                self.retried.insert(result.task, attempt);
+                Verdict::Retry { attempt }
+            }
+            status => Verdict::Final(status.into()),
+        }
+    }
+
+    /// Every task without a final state, in order.
+    pub fn unfinished(&self) -> impl Iterator<Item = u64> + '_ {
+        (0..self.total).filter(|&task| !self.is_finished(task))
+    }
+
+    pub fn is_complete(&self) -> bool {
+        self.counts.finished() == self.total
+    }
+
+    /// Tasks running right now, as the launchers last reported.
+    pub fn set_running(&mut self, running: u64) {
+        let c = &mut self.counts;
+        c.running = running.min(c.unfinished());
+        c.pending = c.unfinished() - c.running;
+    }
+
+    pub fn counts(&self) -> TaskCounts {
+        self.counts
+    }
+
+    pub fn duplicates(&self) -> u64 {
+        self.duplicates
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gleaner_broker::protocol::Captured;
+
+    fn result(task: u64, attempt: u32, status: RunStatus) -> ResultMsg {
+        ResultMsg {
+            job: "j-000000".parse().unwrap(),
+            task,
+            attempt,
+            preemptions: 0,
+            status,
+            exit_code: Some(0),
+            signal: None,
+            runtime_ms: 1,
+            launcher: "l".into(),
+            cluster: "c".into(),
+            host: "h".into(),
+            stdout: Captured::default(),
+            stderr: Captured::default(),
+            outputs: vec![],
+            error: None,
+        }
+    }
+
+    #[test]
+    fn success_is_final_once() {
+        let mut book = TaskBook::new(3, 3);
+        let r = result(1, 1, RunStatus::Succeeded);
+        assert_eq!(book.judge(&r), Verdict::Final(FinalStatus::Succeeded));
+        assert!(book.finish(1, FinalStatus::Succeeded));
+        assert_eq!(book.judge(&r), Verdict::Duplicate);
+        assert!(!book.finish(1, FinalStatus::Succeeded));
+        assert_eq!(book.counts().succeeded, 1);
+        assert_eq!(book.duplicates(), 1);
+        assert_eq!(book.unfinished().collect::<Vec<_>>(), [0, 2]);
+    }
+
+    #[test]
+    fn failures_retry_until_max_attempts() {
+        let mut book = TaskBook::new(1, 3);
+        assert_eq!(book.judge(&result(0, 1, RunStatus::Failed)), Verdict::Retry { attempt: 2 });
+        assert_eq!(book.judge(&result(0, 2, RunStatus::TimedOut)), Verdict::Retry { attempt: 3 });
+        assert_eq!(
+            book.judge(&result(0, 3, RunStatus::TimedOut)),
+            Verdict::Final(FinalStatus::TimedOut)
+        );
+    }
+
+    #[test]
+    fn an_older_attempt_arriving_late_is_a_duplicate() {
+        let mut book = TaskBook::new(1, 3);
+        assert_eq!(book.judge(&result(0, 1, RunStatus::Failed)), Verdict::Retry { attempt: 2 });
+        assert_eq!(book.judge(&result(0, 1, RunStatus::Failed)), Verdict::Duplicate);
+    }
+
+    #[test]
+    fn completion_and_counts() {
+        let mut book = TaskBook::new(130, 1);
+        book.set_running(5);
+        assert_eq!((book.counts().pending, book.counts().running), (125, 5));
+        for task in 0..129 {
+            book.finish(task, FinalStatus::Failed);
+        }
+        assert!(!book.is_complete());
+        assert_eq!(book.counts().running, 1, "running is capped by what is unfinished");
+        book.finish(129, FinalStatus::Lost);
+        assert!(book.is_complete());
+        assert_eq!(book.counts().unfinished(), 0);
+        assert!(book.is_finished(1000), "out-of-range tasks count as finished");
+    }
+}

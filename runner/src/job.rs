@@ -1,0 +1,631 @@
+//! The controller of one job, from its manifest to its last result.
+//!
+//! It always starts the same way, whether the job is new or resumed after a
+//! crash: take the job's lock, read what the results directory already has,
+//! publish what was never published, then consume results until every task
+//! has a final state.
+
+use std::{
+    collections::{BTreeSet, VecDeque},
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use futures_util::FutureExt;
+use gleaner_broker::{
+    BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher,
+    protocol::{
+        ControlMsg, Event, JobReport, JobState, KcmMsg, LauncherMsg, ResultMsg, SchedulerMsg,
+        ShrinkMode, Submission, TaskMsg, now_ms,
+    },
+    topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
+};
+use gleaner_manifest::{JobId, Manifest, TaskList};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::{
+    book::{FinalStatus, TaskBook, Verdict},
+    launchers::LauncherTable,
+    results::{IndexEntry, JobFile, ResultsDir},
+};
+
+/// Settings every job controller of a runner shares.
+#[derive(Debug, Clone)]
+pub struct JobSettings {
+    /// Relative `results` paths are resolved against this.
+    pub results_root: PathBuf,
+    /// How often the job reports to the scheduler and checks its launchers.
+    pub heartbeat: Duration,
+    /// A launcher silent this long is considered dead.
+    pub launcher_silence: Duration,
+    /// How long a preempted launcher has before the kcm removes it.
+    pub preempt_grace: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error(transparent)]
+    Broker(#[from] BrokerError),
+    #[error("results directory {path}: {error}")]
+    Results { path: String, error: std::io::Error },
+    #[error("the runner is shutting down")]
+    Shutdown,
+}
+
+/// Results processed per write-and-sync round.
+const RESULT_BATCH: usize = 512;
+/// Tasks published per confirm round.
+const PUBLISH_BATCH: usize = 1000;
+
+struct Job {
+    id: JobId,
+    manifest: Manifest,
+    tasks: TaskList,
+    queues: JobQueues,
+    book: TaskBook,
+    launchers: LauncherTable,
+    results: ResultsDir,
+    file: JobFile,
+    publisher: Publisher,
+    settings: JobSettings,
+    preemptions: u64,
+    /// When recent tasks finished, for the throughput figure.
+    recent: VecDeque<Instant>,
+    /// Clusters asked for launchers, told when the job ends.
+    clusters: BTreeSet<String>,
+    reported: Option<(u64, u64)>,
+}
+
+enum Flow {
+    Continue,
+    Cancel(String),
+}
+
+/// Runs a job to its end. Returns `Ok` once the manifest may be acked.
+pub async fn run(
+    connection: Arc<Connection>,
+    settings: JobSettings,
+    submission: &Submission,
+    shutdown: CancellationToken,
+) -> Result<(), JobError> {
+    let id = submission.job.clone();
+    let queues = JobQueues::new(&id);
+    let root = settings
+        .results_root
+        .join(submission.manifest.results_dir(id.as_str()));
+    let io_error = |error| JobError::Results {
+        path: root.display().to_string(),
+        error,
+    };
+    let (results, finished) = ResultsDir::open(&root).map_err(io_error)?;
+    let publisher = connection.publisher().await?;
+
+    if !wait_for_lock(&connection, &queues, &results, &id, &shutdown).await? {
+        info!(job = %id, "another runner finished the job meanwhile");
+        return Ok(());
+    }
+
+    let tasks = TaskList::new(&submission.manifest).map_err(|e| {
+        // Validated on arrival; a failure here means the manifest changed under us.
+        JobError::Results {
+            path: root.display().to_string(),
+            error: std::io::Error::other(e.to_string()),
+        }
+    })?;
+    let mut book = TaskBook::new(tasks.len(), submission.manifest.max_attempts);
+    for (task, status) in finished {
+        book.finish(task, status);
+    }
+    let file = results.read_job_file().unwrap_or_else(|| JobFile {
+        job: id.to_string(),
+        name: submission.manifest.name.clone(),
+        state: JobState::Starting,
+        runner: connection.identity().to_owned(),
+        results: std::path::absolute(&root)
+            .unwrap_or_else(|_| root.clone())
+            .display()
+            .to_string(),
+        submitted_at: submission.submitted_at,
+        started_at: now_ms(),
+        finished_at: None,
+        makespan_s: None,
+        tasks: book.counts(),
+        duplicates: 0,
+        preemptions: 0,
+        tasks_published: false,
+    });
+    let mut job = Job {
+        id,
+        manifest: submission.manifest.clone(),
+        tasks,
+        queues,
+        book,
+        launchers: LauncherTable::default(),
+        results,
+        preemptions: file.preemptions,
+        file,
+        publisher,
+        settings,
+        recent: VecDeque::new(),
+        clusters: BTreeSet::new(),
+        reported: None,
+    };
+    if matches!(job.file.state, JobState::Done | JobState::Cancelled) {
+        info!(job = %job.id, "job had already ended; cleaning up");
+        return job.wind_up().await;
+    }
+    job.file.runner = connection.identity().to_owned();
+    job.start(&connection).await?;
+    job.serve(&connection, &shutdown).await
+}
+
+/// Takes the job's lock, waiting while another runner holds it. `false` if
+/// that runner finished the job meanwhile.
+async fn wait_for_lock(
+    connection: &Connection,
+    queues: &JobQueues,
+    results: &ResultsDir,
+    job: &JobId,
+    shutdown: &CancellationToken,
+) -> Result<bool, JobError> {
+    let mut said = false;
+    loop {
+        if topology::lock_job(connection.lapin(), queues).await? {
+            return Ok(true);
+        }
+        if results
+            .read_job_file()
+            .is_some_and(|f| matches!(f.state, JobState::Done | JobState::Cancelled))
+        {
+            return Ok(false);
+        }
+        if !said {
+            info!(job = %job, "another runner owns this job; waiting for it to end or die");
+            said = true;
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_secs(5)) => {}
+            () = shutdown.cancelled() => return Err(JobError::Shutdown),
+        }
+    }
+}
+
+impl Job {
+    fn io_error(&self, error: std::io::Error) -> JobError {
+        JobError::Results {
+            path: self.results.root().display().to_string(),
+            error,
+        }
+    }
+
+    /// Declares the job's queues and publishes every task not yet published.
+    async fn start(&mut self, connection: &Connection) -> Result<(), JobError> {
+        let channel = connection.channel().await?;
+        topology::declare_job(&channel, &self.queues).await?;
+        if !self.file.tasks_published {
+            // A crash mid-publication leaves an unknown prefix published:
+            // start the publication over (duplicates are harmless).
+            topology::purge(&channel, &self.queues.tasks).await?;
+            let unfinished: Vec<u64> = self.book.unfinished().collect();
+            for chunk in unfinished.chunks(PUBLISH_BATCH) {
+                let msgs: Vec<TaskMsg> = chunk
+                    .iter()
+                    .filter_map(|&task| self.task_msg(task, 1, 0))
+                    .collect();
+                self.publisher.send_all(&self.queues.tasks, &msgs).await?;
+            }
+            self.file.tasks_published = true;
+            info!(job = %self.id, tasks = unfinished.len(), "tasks published");
+        } else {
+            info!(job = %self.id, finished = self.book.counts().finished(), total = self.book.counts().total, "job resumed");
+        }
+        self.file.state = JobState::Running;
+        self.save()?;
+        self.report().await
+    }
+
+    fn task_msg(&self, task: u64, attempt: u32, preemptions: u32) -> Option<TaskMsg> {
+        let spec = self.tasks.get(task)?;
+        let m = &self.manifest;
+        Some(TaskMsg {
+            job: self.id.clone(),
+            task,
+            attempt,
+            preemptions,
+            command: spec.command,
+            env: m.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+            walltime_ms: m.walltime.map(|w| w.as_millis() as u64),
+            outputs: m.outputs.clone(),
+            workdir: m.workdir.as_ref().map(|w| w.display().to_string()),
+        })
+    }
+
+    fn save(&mut self) -> Result<(), JobError> {
+        self.file.tasks = self.book.counts();
+        self.file.duplicates = self.book.duplicates();
+        self.file.preemptions = self.preemptions;
+        self.results
+            .write_job_file(&self.file)
+            .map_err(|e| self.io_error(e))
+    }
+
+    async fn serve(
+        &mut self,
+        connection: &Connection,
+        shutdown: &CancellationToken,
+    ) -> Result<(), JobError> {
+        let options = |prefetch| ConsumeOptions {
+            tag: connection.identity(),
+            prefetch,
+            exclusive: false,
+        };
+        let publisher = &self.publisher;
+        let mut results: Inbox<ResultMsg> = connection
+            .inbox(publisher, &self.queues.results, options(1024))
+            .await?;
+        let mut dead: Inbox<TaskMsg> = connection
+            .inbox(publisher, &self.queues.dead, options(64))
+            .await?;
+        let mut control: Inbox<ControlMsg> = connection
+            .inbox(publisher, &self.queues.control, options(256))
+            .await?;
+        let mut heartbeat = tokio::time::interval(self.settings.heartbeat);
+        loop {
+            if self.book.is_complete() {
+                return self.finish(JobState::Done).await;
+            }
+            tokio::select! {
+                first = results.next() => {
+                    let mut batch = vec![delivered(first)?];
+                    while batch.len() < RESULT_BATCH {
+                        match results.next().now_or_never() {
+                            Some(next) => batch.push(delivered(next)?),
+                            None => break,
+                        }
+                    }
+                    self.on_results(batch).await?;
+                }
+                lost = dead.next() => self.on_lost(delivered(lost)?).await?,
+                message = control.next() => {
+                    if let Flow::Cancel(reason) = self.on_control(delivered(message)?).await? {
+                        return self.cancel(&reason).await;
+                    }
+                }
+                _ = heartbeat.tick() => self.report().await?,
+                () = shutdown.cancelled() => return Err(JobError::Shutdown),
+            }
+        }
+    }
+
+    async fn on_results(&mut self, batch: Vec<Incoming<ResultMsg>>) -> Result<(), JobError> {
+        let mut retries = Vec::new();
+        let mut entries = Vec::new();
+        for incoming in &batch {
+            let result = &incoming.msg;
+            if result.job != self.id {
+                warn!(job = %self.id, other = %result.job, "result of another job ignored");
+                continue;
+            }
+            match self.book.judge(result) {
+                Verdict::Final(status) => {
+                    self.results
+                        .write_outputs(result)
+                        .map_err(|e| self.io_error(e))?;
+                    entries.push(self.entry(result.task, status, Some(result)));
+                    self.book.finish(result.task, status);
+                    self.preemptions += u64::from(result.preemptions);
+                    self.recent.push_back(Instant::now());
+                    debug!(job = %self.id, task = result.task, ?status, "task finished");
+                }
+                Verdict::Retry { attempt } => {
+                    self.results
+                        .write_outputs(result)
+                        .map_err(|e| self.io_error(e))?;
+                    info!(job = %self.id, task = result.task, attempt, status = ?result.status, exit_code = ?result.exit_code, "task failed; retrying");
+                    retries.extend(self.task_msg(result.task, attempt, result.preemptions));
+                }
+                Verdict::Duplicate => {
+                    debug!(job = %self.id, task = result.task, attempt = result.attempt, "duplicate result");
+                }
+            }
+        }
+        // Retries go out before the results that caused them are acked.
+        self.publisher
+            .send_all(&self.queues.tasks, &retries)
+            .await?;
+        self.record(&entries)?;
+        if let Some(last) = batch.last() {
+            last.ack_up_to_here().await?;
+        }
+        Ok(())
+    }
+
+    /// Appends final states to the index and makes them durable.
+    fn record(&mut self, entries: &[IndexEntry]) -> Result<(), JobError> {
+        if !entries.is_empty() {
+            self.results
+                .append(entries)
+                .map_err(|e| self.io_error(e))?;
+        }
+        self.results.sync().map_err(|e| self.io_error(e))
+    }
+
+    fn entry(&self, task: u64, status: FinalStatus, result: Option<&ResultMsg>) -> IndexEntry {
+        let spec = self.tasks.get(task);
+        IndexEntry {
+            task,
+            command: spec.as_ref().map(|s| s.command.clone()).unwrap_or_default(),
+            params: spec.map(|s| s.params).unwrap_or_default(),
+            status,
+            exit_code: result.and_then(|r| r.exit_code),
+            attempts: result.map_or(0, |r| r.attempt),
+            preemptions: result.map_or(0, |r| r.preemptions),
+            runtime_s: result.map_or(0.0, |r| r.runtime_ms as f64 / 1000.0),
+            cluster: result.map(|r| r.cluster.clone()),
+            host: result.map(|r| r.host.clone()),
+        }
+    }
+
+    /// A task dead-lettered after crashing its launchers too often.
+    async fn on_lost(&mut self, incoming: Incoming<TaskMsg>) -> Result<(), JobError> {
+        let task = &incoming.msg;
+        if task.job == self.id && !self.book.is_finished(task.task) {
+            warn!(job = %self.id, task = task.task, attempt = task.attempt, "task lost: its launchers died every time it ran");
+            let mut entry = self.entry(task.task, FinalStatus::Lost, None);
+            entry.attempts = task.attempt;
+            entry.preemptions = task.preemptions;
+            self.record(&[entry])?;
+            self.book.finish(task.task, FinalStatus::Lost);
+        }
+        incoming.ack().await?;
+        Ok(())
+    }
+
+    async fn on_control(&mut self, incoming: Incoming<ControlMsg>) -> Result<Flow, JobError> {
+        let now = Instant::now();
+        let flow = match incoming.msg.clone() {
+            ControlMsg::LauncherUp(info) => {
+                debug!(job = %self.id, launcher = %info.launcher, cluster = %info.cluster, host = %info.host, "launcher up");
+                self.clusters.insert(info.cluster.clone());
+                self.launchers.up(&info, now);
+                Flow::Continue
+            }
+            ControlMsg::LauncherStatus(status) => {
+                self.launchers.status(status, now);
+                Flow::Continue
+            }
+            ControlMsg::LauncherGone {
+                launcher, reason, ..
+            } => {
+                debug!(job = %self.id, launcher = %launcher, reason, "launcher gone");
+                self.launchers.gone(&launcher);
+                Flow::Continue
+            }
+            ControlMsg::GrowOffer {
+                grant,
+                cluster,
+                slots,
+            } => {
+                self.on_grow(grant, cluster, slots).await?;
+                Flow::Continue
+            }
+            ControlMsg::Shrink {
+                cluster,
+                slots,
+                mode,
+                reason,
+            } => {
+                self.on_shrink(&cluster, slots, mode, &reason).await?;
+                Flow::Continue
+            }
+            ControlMsg::Cancel { reason } => Flow::Cancel(reason),
+        };
+        incoming.ack().await?;
+        Ok(flow)
+    }
+
+    /// Accepts as many offered slots as there are tasks to keep them busy.
+    async fn on_grow(&mut self, grant: u64, cluster: String, slots: u32) -> Result<(), JobError> {
+        let wanted = self
+            .book
+            .counts()
+            .unfinished()
+            .saturating_sub(u64::from(self.launchers.total_slots()));
+        let accepted = slots.min(u32::try_from(wanted).unwrap_or(u32::MAX));
+        let ack = SchedulerMsg::GrowAck {
+            grant,
+            job: self.id.clone(),
+            cluster: cluster.clone(),
+            accepted,
+        };
+        self.publisher.send(SCHEDULER_QUEUE, &ack).await?;
+        if accepted == 0 {
+            return Ok(());
+        }
+        let start = KcmMsg::StartLaunchers {
+            job: self.id.clone(),
+            grant,
+            count: accepted,
+        };
+        match self.publisher.send(&kcm_queue(&cluster), &start).await {
+            Ok(()) => {
+                info!(job = %self.id, cluster = %cluster, grant, launchers = accepted, offered = slots, "grow accepted");
+                self.clusters.insert(cluster);
+            }
+            Err(e) if e.is_not_found() => {
+                warn!(job = %self.id, cluster = %cluster, "no kcm queue for the cluster; grow dropped");
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Ok(())
+    }
+
+    /// Gives back slots on a cluster: idle launchers first, then those whose
+    /// task started most recently.
+    async fn on_shrink(
+        &mut self,
+        cluster: &str,
+        slots: u32,
+        mode: ShrinkMode,
+        reason: &str,
+    ) -> Result<(), JobError> {
+        let victims = self.launchers.pick_victims(cluster, slots);
+        info!(job = %self.id, cluster, slots, ?mode, reason, launchers = ?victims, "shrinking");
+        let order = match mode {
+            ShrinkMode::Preempt => LauncherMsg::Preempt {
+                reason: reason.to_owned(),
+            },
+            ShrinkMode::Drain => LauncherMsg::Drain {
+                reason: reason.to_owned(),
+            },
+        };
+        for launcher in &victims {
+            match self.publisher.send(&launcher_queue(launcher), &order).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => self.launchers.gone(launcher),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if mode == ShrinkMode::Preempt && !victims.is_empty() {
+            let release = KcmMsg::Release {
+                job: self.id.clone(),
+                launchers: victims,
+                grace_ms: self.settings.preempt_grace.as_millis() as u64,
+            };
+            match self.publisher.send(&kcm_queue(cluster), &release).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    fn report_now(&mut self) -> JobReport {
+        self.launchers.expire(Instant::now(), self.settings.launcher_silence);
+        self.book.set_running(self.launchers.running_tasks());
+        let window = Duration::from_secs(60);
+        let now = Instant::now();
+        while self
+            .recent
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > window)
+        {
+            self.recent.pop_front();
+        }
+        let age = Duration::from_millis(now_ms().saturating_sub(self.file.started_at));
+        let span = age.min(window).as_secs_f64().max(1.0);
+        JobReport {
+            job: self.id.clone(),
+            kind: self.manifest.kind,
+            priority: self.manifest.effective_priority(),
+            state: self.file.state,
+            runner: self.file.runner.clone(),
+            tasks: self.book.counts(),
+            launchers: self.launchers.slots_by_cluster(),
+            throughput: self.recent.len() as f64 / span,
+            preemptions: self.preemptions,
+            started_at: self.file.started_at,
+            results: self.file.results.clone(),
+        }
+    }
+
+    /// Tells the scheduler where the job stands, and watchers if anything changed.
+    async fn report(&mut self) -> Result<(), JobError> {
+        let report = self.report_now();
+        self.publisher
+            .send(SCHEDULER_QUEUE, &SchedulerMsg::JobUpdate(report.clone()))
+            .await?;
+        let progress = (report.tasks.finished(), report.tasks.running);
+        if self.reported != Some(progress) {
+            self.reported = Some(progress);
+            self.publisher.event(&Event::Progress(report)).await?;
+            self.save()?;
+        }
+        Ok(())
+    }
+
+    async fn cancel(&mut self, reason: &str) -> Result<(), JobError> {
+        info!(job = %self.id, reason, "cancelling");
+        let entries: Vec<IndexEntry> = self
+            .book
+            .unfinished()
+            .map(|task| self.entry(task, FinalStatus::Cancelled, None))
+            .collect();
+        self.record(&entries)?;
+        for entry in &entries {
+            self.book.finish(entry.task, FinalStatus::Cancelled);
+        }
+        self.finish(JobState::Cancelled).await
+    }
+
+    async fn finish(&mut self, state: JobState) -> Result<(), JobError> {
+        let now = now_ms();
+        self.file.state = state;
+        self.file.finished_at = Some(now);
+        self.file.makespan_s = Some(now.saturating_sub(self.file.submitted_at) as f64 / 1000.0);
+        self.save()?;
+        let counts = self.book.counts();
+        info!(
+            job = %self.id,
+            ?state,
+            succeeded = counts.succeeded,
+            failed = counts.failed,
+            timed_out = counts.timed_out,
+            lost = counts.lost,
+            cancelled = counts.cancelled,
+            duplicates = self.book.duplicates(),
+            makespan_s = self.file.makespan_s,
+            "job ended"
+        );
+        self.wind_up().await
+    }
+
+    /// The end of a job, repeatable after a crash: queues deleted (launchers
+    /// leave), scheduler and kcms told, watchers notified.
+    async fn wind_up(&mut self) -> Result<(), JobError> {
+        topology::delete_job(self.publisher.channel(), &self.queues).await?;
+        self.publisher
+            .send(
+                SCHEDULER_QUEUE,
+                &SchedulerMsg::JobDone {
+                    job: self.id.clone(),
+                },
+            )
+            .await?;
+        let clusters: Vec<String> = self
+            .clusters
+            .iter()
+            .cloned()
+            .chain(self.launchers.clusters().map(str::to_owned))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        for cluster in clusters {
+            let ended = KcmMsg::JobEnded {
+                job: self.id.clone(),
+            };
+            match self.publisher.send(&kcm_queue(&cluster), &ended).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let report = self.report_now();
+        self.publisher.event(&Event::Done(report)).await?;
+        Ok(())
+    }
+}
+
+/// Unwraps a delivery; a consumer cancelled by the broker means the job's
+/// queues were deleted under us.
+fn delivered<M>(
+    delivery: Option<Result<Incoming<M>, BrokerError>>,
+) -> Result<Incoming<M>, BrokerError> {
+    match delivery {
+        Some(result) => result,
+        None => Err(BrokerError::NoQueue("job queue deleted".to_owned())),
+    }
+}

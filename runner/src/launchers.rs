@@ -1,0 +1,215 @@
+//! The launchers working for one job, and which of them to give up first.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use gleaner_broker::protocol::{LauncherInfo, LauncherStatus, Millis, RunningTask};
+
+#[derive(Debug, Clone)]
+struct Entry {
+    cluster: String,
+    slots: u32,
+    running: Vec<RunningTask>,
+    last_seen: Instant,
+    /// Told to preempt or drain; no longer counted as capacity.
+    leaving: bool,
+}
+
+/// A launcher as the preemption policy sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    pub launcher: String,
+    pub slots: u32,
+    /// Start of its most recently started task; `None` when idle.
+    pub newest_start: Option<Millis>,
+}
+
+/// Which launchers to give up to free `slots` slots: idle ones first, then
+/// those whose current task started most recently (least work lost).
+pub fn choose_victims(mut candidates: Vec<Candidate>, slots: u32) -> Vec<String> {
+    candidates.sort_by(|a, b| match (a.newest_start, b.newest_start) {
+        (None, None) => a.launcher.cmp(&b.launcher),
+        (None, Some(_)) => std::cmp::Ordering::Less,
+        (Some(_), None) => std::cmp::Ordering::Greater,
+        (Some(x), Some(y)) => y.cmp(&x).then_with(|| a.launcher.cmp(&b.launcher)),
+    });
+    let mut freed = 0;
+    candidates
+        .into_iter()
+        .take_while(|c| {
+            let take = freed < slots;
+            freed += c.slots;
+            take
+        })
+        .map(|c| c.launcher)
+        .collect()
+}
+
+/// Every launcher that announced itself and has not left.
+#[derive(Debug, Default)]
+pub struct LauncherTable {
+    launchers: BTreeMap<String, Entry>,
+}
+
+impl LauncherTable {
+    pub fn up(&mut self, info: &LauncherInfo, now: Instant) {
+        self.launchers.insert(
+            info.launcher.clone(),
+            Entry {
+                cluster: info.cluster.clone(),
+                slots: info.slots,
+                running: Vec::new(),
+                last_seen: now,
+                leaving: false,
+            },
+        );
+    }
+
+    /// A heartbeat. A launcher we missed the announcement of (the runner
+    /// restarted) is adopted from it.
+    pub fn status(&mut self, status: LauncherStatus, now: Instant) {
+        let entry = self
+            .launchers
+            .entry(status.launcher)
+            .or_insert_with(|| Entry {
+                cluster: status.cluster,
+                slots: 1,
+                running: Vec::new(),
+                last_seen: now,
+                leaving: false,
+            });
+        entry.slots = entry.slots.max(status.running.len() as u32);
+        entry.running = status.running;
+        entry.last_seen = now;
+    }
+
+    pub fn gone(&mut self, launcher: &str) {
+        self.launchers.remove(launcher);
+    }
+
+    /// Forgets launchers silent for longer than `silence` (they died; the
+    /// broker already gave their tasks to others). Returns their ids.
+    pub fn expire(&mut self, now: Instant, silence: Duration) -> Vec<String> {
+        let dead: Vec<String> = self
+            .launchers
+            .iter()
+            .filter(|(_, e)| now.duration_since(e.last_seen) > silence)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &dead {
+            self.launchers.remove(id);
+        }
+        dead
+    }
+
+    /// Slots per cluster of launchers that are staying.
+    pub fn slots_by_cluster(&self) -> BTreeMap<String, u32> {
+        let mut slots = BTreeMap::new();
+        for entry in self.launchers.values().filter(|e| !e.leaving) {
+            *slots.entry(entry.cluster.clone()).or_default() += entry.slots;
+        }
+        slots
+    }
+
+    pub fn total_slots(&self) -> u32 {
+        self.slots_by_cluster().values().sum()
+    }
+
+    /// Tasks running on all launchers, as last reported.
+    pub fn running_tasks(&self) -> u64 {
+        self.launchers.values().map(|e| e.running.len() as u64).sum()
+    }
+
+    pub fn clusters(&self) -> impl Iterator<Item = &str> {
+        self.launchers.values().map(|e| e.cluster.as_str())
+    }
+
+    /// Picks launchers on `cluster` to free `slots` slots and marks them leaving.
+    pub fn pick_victims(&mut self, cluster: &str, slots: u32) -> Vec<String> {
+        let candidates = self
+            .launchers
+            .iter()
+            .filter(|(_, e)| e.cluster == cluster && !e.leaving)
+            .map(|(id, e)| Candidate {
+                launcher: id.clone(),
+                slots: e.slots,
+                newest_start: e.running.iter().map(|t| t.started_at).max(),
+            })
+            .collect();
+        let victims = choose_victims(candidates, slots);
+        for id in &victims {
+            if let Some(entry) = self.launchers.get_mut(id) {
+                entry.leaving = true;
+            }
+        }
+        victims
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn candidate(id: &str, newest: Option<Millis>) -> Candidate {
+        Candidate {
+            launcher: id.into(),
+            slots: 1,
+            newest_start: newest,
+        }
+    }
+
+    #[test]
+    fn idle_first_then_most_recent_start() {
+        let candidates = vec![
+            candidate("old", Some(100)),
+            candidate("idle", None),
+            candidate("new", Some(900)),
+            candidate("mid", Some(500)),
+        ];
+        assert_eq!(choose_victims(candidates.clone(), 1), ["idle"]);
+        assert_eq!(choose_victims(candidates.clone(), 3), ["idle", "new", "mid"]);
+        assert_eq!(choose_victims(candidates, 10).len(), 4);
+    }
+
+    #[test]
+    fn multi_slot_launchers_cover_several_slots() {
+        let mut big = candidate("big", None);
+        big.slots = 4;
+        let candidates = vec![big, candidate("one", None)];
+        assert_eq!(choose_victims(candidates, 3), ["big"]);
+    }
+
+    #[test]
+    fn table_tracks_capacity_and_expires_the_silent() {
+        let start = Instant::now();
+        let mut table = LauncherTable::default();
+        for (id, cluster) in [("a", "c1"), ("b", "c1"), ("c", "c2")] {
+            let info = LauncherInfo {
+                launcher: id.into(),
+                cluster: cluster.into(),
+                host: "h".into(),
+                slots: 1,
+                started_at: 0,
+                deadline: None,
+            };
+            table.up(&info, start);
+        }
+        table.status(
+            LauncherStatus {
+                launcher: "a".into(),
+                cluster: "c1".into(),
+                running: vec![RunningTask { task: 7, started_at: 10 }],
+                completed: 0,
+            },
+            start + Duration::from_secs(20),
+        );
+        assert_eq!(table.running_tasks(), 1);
+        assert_eq!(table.pick_victims("c1", 1), ["b"], "idle b goes before busy a");
+        assert_eq!(table.slots_by_cluster()["c1"], 1, "b is leaving");
+        let dead = table.expire(start + Duration::from_secs(25), Duration::from_secs(10));
+        assert_eq!(dead, ["b", "c"]);
+        assert_eq!(table.total_slots(), 1);
+    }
+}

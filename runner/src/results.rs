@@ -1,0 +1,310 @@
+//! The results directory of a job: `index.jsonl`, `tasks/<task>/…`, `job.json`.
+//!
+//! Everything is on disk (and synced) before the messages it came from are
+//! acked, and the directory alone is enough to resume a job after a crash.
+
+use std::{
+    fs::{File, OpenOptions},
+    io::{self, BufRead, BufReader, Seek, Write},
+    path::{Component, Path, PathBuf},
+};
+
+use gleaner_broker::protocol::{Captured, JobState, Millis, ResultMsg, TaskCounts};
+use gleaner_manifest::ParamValue;
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+use tracing::warn;
+
+use crate::book::FinalStatus;
+
+/// One line of `index.jsonl`: the final state of one task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IndexEntry {
+    pub task: u64,
+    pub command: String,
+    pub params: IndexMap<String, ParamValue>,
+    pub status: FinalStatus,
+    pub exit_code: Option<i32>,
+    pub attempts: u32,
+    pub preemptions: u32,
+    pub runtime_s: f64,
+    pub cluster: Option<String>,
+    pub host: Option<String>,
+}
+
+/// `job.json`: the job's summary, rewritten as it progresses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobFile {
+    pub job: String,
+    pub name: String,
+    pub state: JobState,
+    pub runner: String,
+    pub results: String,
+    pub submitted_at: Millis,
+    pub started_at: Millis,
+    pub finished_at: Option<Millis>,
+    pub makespan_s: Option<f64>,
+    pub tasks: TaskCounts,
+    pub duplicates: u64,
+    pub preemptions: u64,
+    /// Every task was published once; a resumed job need not publish again.
+    pub tasks_published: bool,
+}
+
+pub struct ResultsDir {
+    root: PathBuf,
+    index: File,
+}
+
+impl ResultsDir {
+    /// Opens (creating it if needed) a results directory and reads the tasks
+    /// it already has final states for. A line cut short by a crash is dropped.
+    pub fn open(root: &Path) -> io::Result<(Self, Vec<(u64, FinalStatus)>)> {
+        std::fs::create_dir_all(root.join("tasks"))?;
+        let mut index = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(root.join("index.jsonl"))?;
+        let finished = read_index(&mut index, root)?;
+        Ok((
+            Self {
+                root: root.to_path_buf(),
+                index,
+            },
+            finished,
+        ))
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Writes a run's stdout, stderr and output files under `tasks/<task>/`.
+    pub fn write_outputs(&self, result: &ResultMsg) -> io::Result<()> {
+        let dir = self.root.join("tasks").join(result.task.to_string());
+        std::fs::create_dir_all(&dir)?;
+        write_captured(&dir.join("stdout"), &result.stdout)?;
+        write_captured(&dir.join("stderr"), &result.stderr)?;
+        for output in &result.outputs {
+            let Some(relative) = safe_relative(&output.path) else {
+                warn!(job = %result.job, task = result.task, path = %output.path, "output path outside the task directory ignored");
+                continue;
+            };
+            let path = dir.join(relative);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::fs::write(path, &output.data)?;
+        }
+        Ok(())
+    }
+
+    /// Appends final states to the index (not yet synced).
+    pub fn append(&mut self, entries: &[IndexEntry]) -> io::Result<()> {
+        let mut lines = Vec::with_capacity(entries.len() * 160);
+        for entry in entries {
+            serde_json::to_writer(&mut lines, entry)?;
+            lines.push(b'\n');
+        }
+        self.index.write_all(&lines)
+    }
+
+    /// Makes everything written so far durable: one `syncfs` covers the
+    /// index, every task file and the new directories at once.
+    pub fn sync(&self) -> io::Result<()> {
+        nix::unistd::syncfs(&self.index).map_err(io::Error::from)
+    }
+
+    pub fn read_job_file(&self) -> Option<JobFile> {
+        let text = std::fs::read(self.root.join("job.json")).ok()?;
+        match serde_json::from_slice(&text) {
+            Ok(file) => Some(file),
+            Err(e) => {
+                warn!(results = %self.root.display(), error = %e, "unreadable job.json ignored");
+                None
+            }
+        }
+    }
+
+    /// Replaces `job.json` atomically and durably.
+    pub fn write_job_file(&self, file: &JobFile) -> io::Result<()> {
+        let tmp = self.root.join("job.json.tmp");
+        let mut out = File::create(&tmp)?;
+        serde_json::to_writer_pretty(&mut out, file)?;
+        out.write_all(b"\n")?;
+        out.sync_all()?;
+        std::fs::rename(&tmp, self.root.join("job.json"))?;
+        File::open(&self.root)?.sync_all()
+    }
+}
+
+fn write_captured(path: &Path, captured: &Captured) -> io::Result<()> {
+    if captured.dropped == 0 {
+        return std::fs::write(path, &captured.data);
+    }
+    let mut file = File::create(path)?;
+    writeln!(
+        file,
+        "[gleaner: the first {} bytes of this stream were dropped; the last {} follow]",
+        captured.dropped,
+        captured.data.len()
+    )?;
+    file.write_all(&captured.data)
+}
+
+/// A path from a launcher, accepted only if it stays inside the task directory
+/// and does not replace the captured streams.
+fn safe_relative(path: &str) -> Option<PathBuf> {
+    let path = Path::new(path);
+    let normal = path
+        .components()
+        .all(|c| matches!(c, Component::Normal(_)));
+    let reserved = matches!(path.to_str(), Some("stdout" | "stderr"));
+    (normal && !reserved && path.components().next().is_some()).then(|| path.to_path_buf())
+}
+
+#[derive(Deserialize)]
+struct IndexLine {
+    task: u64,
+    status: FinalStatus,
+}
+
+fn read_index(index: &mut File, root: &Path) -> io::Result<Vec<(u64, FinalStatus)>> {
+    index.rewind()?;
+    let mut reader = BufReader::new(&*index);
+    let mut finished = Vec::new();
+    let mut complete_bytes = 0u64;
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let n = reader.read_line(&mut line)?;
+        if n == 0 || !line.ends_with('\n') {
+            break;
+        }
+        complete_bytes += n as u64;
+        match serde_json::from_str::<IndexLine>(&line) {
+            Ok(entry) => finished.push((entry.task, entry.status)),
+            Err(e) => {
+                warn!(results = %root.display(), error = %e, "unreadable index line skipped");
+            }
+        }
+    }
+    let length = index.metadata()?.len();
+    if length > complete_bytes {
+        warn!(
+            results = %root.display(),
+            bytes = length - complete_bytes,
+            "index ended in a partial line (a crash while writing); dropping it"
+        );
+        index.set_len(complete_bytes)?;
+    }
+    Ok(finished)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gleaner_broker::protocol::{OutputFile, RunStatus};
+
+    fn entry(task: u64, status: FinalStatus) -> IndexEntry {
+        IndexEntry {
+            task,
+            command: format!("echo {task}"),
+            params: IndexMap::new(),
+            status,
+            exit_code: Some(0),
+            attempts: 1,
+            preemptions: 0,
+            runtime_s: 0.5,
+            cluster: Some("local".into()),
+            host: Some("h".into()),
+        }
+    }
+
+    #[test]
+    fn index_survives_reopen_and_a_torn_last_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut results, finished) = ResultsDir::open(dir.path()).unwrap();
+        assert!(finished.is_empty());
+        results
+            .append(&[entry(0, FinalStatus::Succeeded), entry(1, FinalStatus::Failed)])
+            .unwrap();
+        results.sync().unwrap();
+        drop(results);
+        let index = dir.path().join("index.jsonl");
+        let mut file = OpenOptions::new().append(true).open(&index).unwrap();
+        file.write_all(b"{\"task\":2,\"comm").unwrap();
+        drop(file);
+        let (mut results, finished) = ResultsDir::open(dir.path()).unwrap();
+        assert_eq!(
+            finished,
+            [(0, FinalStatus::Succeeded), (1, FinalStatus::Failed)]
+        );
+        results.append(&[entry(2, FinalStatus::Lost)]).unwrap();
+        let text = std::fs::read_to_string(&index).unwrap();
+        assert_eq!(text.lines().count(), 3);
+        let line: serde_json::Value = serde_json::from_str(text.lines().nth(2).unwrap()).unwrap();
+        assert_eq!(line["status"], "lost");
+        assert_eq!(line["command"], "echo 2");
+    }
+
+    #[test]
+    fn outputs_are_written_and_confined() {
+        let dir = tempfile::tempdir().unwrap();
+        let (results, _) = ResultsDir::open(dir.path()).unwrap();
+        let result = ResultMsg {
+            job: "j-000000".parse().unwrap(),
+            task: 7,
+            attempt: 1,
+            preemptions: 0,
+            status: RunStatus::Succeeded,
+            exit_code: Some(0),
+            signal: None,
+            runtime_ms: 5,
+            launcher: "l".into(),
+            cluster: "c".into(),
+            host: "h".into(),
+            stdout: Captured { data: b"tail\n".to_vec(), dropped: 100 },
+            stderr: Captured { data: b"err\n".to_vec(), dropped: 0 },
+            outputs: vec![
+                OutputFile { path: "plots/a.png".into(), data: b"png".to_vec(), dropped: 0 },
+                OutputFile { path: "../escape".into(), data: b"x".to_vec(), dropped: 0 },
+                OutputFile { path: "stdout".into(), data: b"x".to_vec(), dropped: 0 },
+            ],
+            error: None,
+        };
+        results.write_outputs(&result).unwrap();
+        let task = dir.path().join("tasks/7");
+        let stdout = std::fs::read_to_string(task.join("stdout")).unwrap();
+        assert!(stdout.starts_with("[gleaner: the first 100 bytes"), "{stdout}");
+        assert!(stdout.ends_with("tail\n"));
+        assert_eq!(std::fs::read(task.join("stderr")).unwrap(), b"err\n");
+        assert_eq!(std::fs::read(task.join("plots/a.png")).unwrap(), b"png");
+        assert!(!dir.path().join("tasks/escape").exists());
+    }
+
+    #[test]
+    fn job_file_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let (results, _) = ResultsDir::open(dir.path()).unwrap();
+        assert!(results.read_job_file().is_none());
+        let file = JobFile {
+            job: "j-000000".into(),
+            name: "j".into(),
+            state: JobState::Running,
+            runner: "runner@h".into(),
+            results: dir.path().display().to_string(),
+            submitted_at: 1,
+            started_at: 2,
+            finished_at: None,
+            makespan_s: None,
+            tasks: TaskCounts::default(),
+            duplicates: 0,
+            preemptions: 0,
+            tasks_published: true,
+        };
+        results.write_job_file(&file).unwrap();
+        assert_eq!(results.read_job_file(), Some(file));
+    }
+}
