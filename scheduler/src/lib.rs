@@ -1,0 +1,143 @@
+//! The scheduler: one active instance (others wait as hot standbys on the
+//! single-active-consumer inbox), holding the picture of clusters and jobs
+//! and deciding who gets idle slots.
+//!
+//! [`policy`] is pure and decides; [`state`] keeps the picture and the
+//! promises in flight; this module only moves messages.
+
+pub mod policy;
+pub mod state;
+
+use std::time::{Duration, Instant};
+
+use gleaner_broker::{
+    Backoff, Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
+    protocol::{ControlMsg, SchedulerMsg, ShrinkMode, now_ms},
+    topology::{self, JobQueues, SCHEDULER_QUEUE},
+};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::state::{Action, State, StateConfig};
+
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    pub state: StateConfig,
+    /// How often a round runs even without news.
+    pub round_interval: Duration,
+}
+
+/// Serves `gleaner.scheduler` until `shutdown`, reconnecting after outages.
+pub async fn run(broker: Broker, config: SchedulerConfig, shutdown: CancellationToken) {
+    let mut state = State::new(now_ms());
+    let mut backoff = Backoff::default();
+    while let Some(connection) = broker.connect_until(&shutdown).await {
+        let started = Instant::now();
+        match session(&connection, &config, &mut state, &shutdown).await {
+            Ok(()) => {
+                connection.close().await;
+                return;
+            }
+            Err(e) => warn!(scheduler = %broker.identity(), error = %e, "scheduler lost the broker; reconnecting"),
+        }
+        backoff.after_session(started.elapsed());
+        if !backoff.wait(&shutdown).await {
+            return;
+        }
+    }
+}
+
+async fn session(
+    connection: &Connection,
+    config: &SchedulerConfig,
+    state: &mut State,
+    shutdown: &CancellationToken,
+) -> Result<(), BrokerError> {
+    let channel = connection.channel().await?;
+    topology::declare_core(&channel).await?;
+    let publisher = connection.publisher().await?;
+    let mut inbox: Inbox<SchedulerMsg> = connection
+        .inbox(
+            &publisher,
+            SCHEDULER_QUEUE,
+            ConsumeOptions {
+                tag: connection.identity(),
+                prefetch: 256,
+                exclusive: false,
+            },
+        )
+        .await?;
+    info!(scheduler = %connection.identity(), policy = config.state.policy.policy.name(), "scheduler consuming (active once the broker hands it the inbox)");
+    let mut rounds = tokio::time::interval(config.round_interval);
+    rounds.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            message = inbox.next() => {
+                let incoming = match message {
+                    Some(Ok(incoming)) => incoming,
+                    Some(Err(e)) => return Err(e),
+                    None => return Err(BrokerError::NoQueue(SCHEDULER_QUEUE.to_owned())),
+                };
+                let now = Instant::now();
+                let mut round_now = false;
+                match incoming.msg.clone() {
+                    SchedulerMsg::JobUpdate(report) => state.on_job_update(report, now),
+                    SchedulerMsg::JobDone { ref job } => {
+                        info!(job = %job, "job done");
+                        state.on_job_done(job);
+                    }
+                    SchedulerMsg::ClusterStatus(report) => {
+                        state.on_cluster(report, now);
+                        round_now = true;
+                    }
+                    SchedulerMsg::GrowAck { grant, ref job, ref cluster, accepted } => {
+                        debug!(job = %job, cluster = %cluster, grant, accepted, "grow acknowledged");
+                        state.on_grow_ack(grant, accepted);
+                    }
+                    SchedulerMsg::StatusRequest {} => {
+                        let reply = state.status(connection.identity(), now, &config.state);
+                        if let Err(e) = publisher.reply(&incoming.reply, &reply).await {
+                            warn!(error = %e, "cannot answer a status request");
+                        }
+                    }
+                }
+                incoming.ack().await?;
+                if round_now {
+                    round(state, config, &publisher).await?;
+                }
+            }
+            _ = rounds.tick() => round(state, config, &publisher).await?,
+            () = shutdown.cancelled() => return Ok(()),
+        }
+    }
+}
+
+/// Runs the policy and sends its decisions to the jobs' runners.
+async fn round(
+    state: &mut State,
+    config: &SchedulerConfig,
+    publisher: &Publisher,
+) -> Result<(), BrokerError> {
+    for action in state.round(Instant::now(), &config.state) {
+        let (job, message) = match action {
+            Action::Offer { job, grant, cluster, slots } => {
+                info!(job = %job, cluster = %cluster, grant, slots, "grow offer");
+                (job, ControlMsg::GrowOffer { grant, cluster, slots })
+            }
+            Action::Drain { job, cluster, slots } => {
+                info!(job = %job, cluster = %cluster, slots, "drain for fair share");
+                let reason = "fair share: another job is below its share".to_owned();
+                (job, ControlMsg::Shrink { cluster, slots, mode: ShrinkMode::Drain, reason })
+            }
+        };
+        match publisher.send(&JobQueues::new(&job).control, &message).await {
+            Ok(()) => {}
+            Err(e) if e.is_not_found() => {
+                debug!(job = %job, "job has no control queue any more; forgotten");
+                state.on_job_done(&job);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,137 @@
+//! The embedded default: launchers are child processes of the kcm, up to a
+//! fixed number of slots. Lets `gleaner up` work with nothing but RabbitMQ.
+
+use std::{process::Stdio, time::Duration};
+
+use gleaner_manifest::JobId;
+use nix::{
+    sys::signal::{Signal, kill},
+    unistd::Pid,
+};
+use tokio::process::{Child, Command};
+
+use crate::backend::{Backend, BackendError, LauncherCommand, Placeholder, Snapshot};
+
+struct Launcher {
+    id: String,
+    job: JobId,
+    slot: u32,
+    child: Child,
+}
+
+pub struct LocalBackend {
+    cluster: String,
+    slots: u32,
+    command: LauncherCommand,
+    launchers: Vec<Launcher>,
+    next_id: u64,
+}
+
+impl LocalBackend {
+    pub fn new(cluster: &str, slots: u32, command: LauncherCommand) -> Self {
+        Self {
+            cluster: cluster.to_owned(),
+            slots,
+            command,
+            launchers: Vec::new(),
+            next_id: 0,
+        }
+    }
+
+    fn reap(&mut self) {
+        self.launchers
+            .retain_mut(|l| matches!(l.child.try_wait(), Ok(None)));
+    }
+
+    fn free_slot(&self) -> Option<u32> {
+        (0..self.slots).find(|slot| self.launchers.iter().all(|l| l.slot != *slot))
+    }
+
+    fn signal(&self, launcher: &Launcher, signal: Signal) {
+        if let Some(pid) = launcher.child.id() {
+            let _ = kill(Pid::from_raw(pid as i32), signal);
+        }
+    }
+}
+
+impl Backend for LocalBackend {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
+    async fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
+        self.reap();
+        Ok(Snapshot {
+            total_slots: self.slots,
+            placeholders: self
+                .launchers
+                .iter()
+                .map(|l| Placeholder {
+                    id: l.id.clone(),
+                    job: l.job.clone(),
+                    slots: 1,
+                    running: true,
+                })
+                .collect(),
+            ..Snapshot::default()
+        })
+    }
+
+    async fn submit(&mut self, job: &JobId, count: u32) -> Result<u32, BackendError> {
+        self.reap();
+        let mut started = 0;
+        while started < count {
+            let Some(slot) = self.free_slot() else { break };
+            let id = format!("l{}-{}", std::process::id(), self.next_id);
+            self.next_id += 1;
+            let launcher_id = format!("{}-{id}", self.cluster);
+            let args =
+                self.command
+                    .arguments(job, &self.cluster, &launcher_id, &slot.to_string(), 1);
+            let child = Command::new(&self.command.program)
+                .args(&args)
+                .envs(self.command.env.iter().map(|(k, v)| (k, v)))
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| BackendError {
+                    command: format!("{} {}", self.command.program.display(), args.join(" ")),
+                    message: e.to_string(),
+                })?;
+            self.launchers.push(Launcher {
+                id,
+                job: job.clone(),
+                slot,
+                child,
+            });
+            started += 1;
+        }
+        Ok(started)
+    }
+
+    async fn remove(&mut self, ids: &[String]) -> Result<(), BackendError> {
+        for launcher in self.launchers.iter().filter(|l| ids.contains(&l.id)) {
+            self.signal(launcher, Signal::SIGKILL);
+        }
+        self.reap();
+        Ok(())
+    }
+
+    /// Launchers get SIGTERM (they republish their running tasks) and a
+    /// moment to leave; what is left is killed.
+    async fn shutdown(&mut self) {
+        for launcher in &self.launchers {
+            self.signal(launcher, Signal::SIGTERM);
+        }
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        for launcher in &mut self.launchers {
+            if tokio::time::timeout_at(deadline, launcher.child.wait())
+                .await
+                .is_err()
+            {
+                let _ = launcher.child.start_kill();
+            }
+        }
+        self.launchers.clear();
+    }
+}

@@ -1,0 +1,415 @@
+//! CS policies: how idle slots are split between scavenging jobs.
+//!
+//! Pure functions from a snapshot of the grid to a plan: grow offers, and
+//! drains that move slots from jobs above their fair share to jobs below it.
+//! The scheduler's service applies the plan; the simulator drives the same
+//! functions with a simulated clock.
+
+use std::collections::BTreeMap;
+
+use gleaner_manifest::JobId;
+use serde::{Deserialize, Serialize};
+
+/// Which CS policy splits the idle slots.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CsPolicy {
+    /// Each cluster's idle slots are split evenly between the jobs (SEP).
+    #[default]
+    SiteEquipartition,
+    /// The grid's idle slots are split evenly, wherever they are (GEP).
+    GridEquipartition,
+}
+
+impl CsPolicy {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SiteEquipartition => "site-equipartition",
+            Self::GridEquipartition => "grid-equipartition",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PolicyConfig {
+    pub policy: CsPolicy,
+    /// No grow where the load of others (local and grid jobs) is at least this.
+    pub load_cap: f64,
+    /// Move slots between jobs when one is below its fair share and another above.
+    pub rebalance: bool,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        Self {
+            policy: CsPolicy::SiteEquipartition,
+            load_cap: 0.8,
+            rebalance: true,
+        }
+    }
+}
+
+/// A cluster as the policy sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterInput {
+    pub name: String,
+    pub total: u32,
+    /// Free slots not yet promised to anyone.
+    pub idle: u32,
+    /// Slots used by local and grid jobs.
+    pub others: u32,
+    /// Slots each scavenging job holds (placeholders, and grants in flight).
+    pub held: BTreeMap<JobId, u32>,
+    /// Excluded from grows (failing launcher starts, no recent report).
+    pub excluded: bool,
+    /// Jobs giving slots back here right now; they get none meanwhile.
+    pub draining: std::collections::BTreeSet<JobId>,
+}
+
+impl ClusterInput {
+    fn load(&self) -> f64 {
+        if self.total == 0 {
+            1.0
+        } else {
+            f64::from(self.others) / f64::from(self.total)
+        }
+    }
+
+    fn held_by(&self, job: &JobId) -> u32 {
+        self.held.get(job).copied().unwrap_or(0)
+    }
+}
+
+/// A scavenging job as the policy sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobInput {
+    pub id: JobId,
+    /// More slots it could use right now.
+    pub demand: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Offer {
+    pub job: JobId,
+    pub cluster: String,
+    pub slots: u32,
+}
+
+/// Slots a job should give back on a cluster, without losing work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drain {
+    pub job: JobId,
+    pub cluster: String,
+    pub slots: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub offers: Vec<Offer>,
+    pub drains: Vec<Drain>,
+}
+
+/// Splits `amount` between claimants capped by `caps`, as evenly as the caps
+/// allow (water-filling). Remainders go to the earliest claimants, so callers
+/// order them by who should get the odd slot.
+pub fn equipartition(amount: u32, caps: &[u32]) -> Vec<u32> {
+    let mut shares = vec![0u32; caps.len()];
+    let mut left = amount;
+    loop {
+        let open: Vec<usize> = (0..caps.len()).filter(|&i| shares[i] < caps[i]).collect();
+        if left == 0 || open.is_empty() {
+            return shares;
+        }
+        let each = left / open.len() as u32;
+        if each == 0 {
+            for &i in open.iter().take(left as usize) {
+                shares[i] += 1;
+            }
+            return shares;
+        }
+        for &i in &open {
+            let add = each.min(caps[i] - shares[i]);
+            shares[i] += add;
+            left -= add;
+        }
+    }
+}
+
+/// Splits a shrink of `slots` on one cluster between the jobs holding slots
+/// there, evenly and never more than a job holds (each job once, together
+/// covering the amount). Returns `(job, slots)` for every job that gives some.
+pub fn split_shrink(slots: u32, held: &BTreeMap<JobId, u32>) -> Vec<(JobId, u32)> {
+    let mut holders: Vec<(&JobId, u32)> = held
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(j, n)| (j, *n))
+        .collect();
+    // The odd slot comes from whoever holds most.
+    holders.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+    let caps: Vec<u32> = holders.iter().map(|(_, n)| *n).collect();
+    equipartition(slots, &caps)
+        .into_iter()
+        .zip(holders)
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, (job, _))| (job.clone(), n))
+        .collect()
+}
+
+/// The plan for one scheduling round. SEP shares each cluster on its own;
+/// GEP shares the whole grid as one pool.
+pub fn plan(clusters: &[ClusterInput], jobs: &[JobInput], config: &PolicyConfig) -> Plan {
+    let mut demand: BTreeMap<&JobId, u32> = jobs.iter().map(|j| (&j.id, j.demand)).collect();
+    let mut plan = Plan::default();
+    match config.policy {
+        CsPolicy::SiteEquipartition => {
+            for cluster in clusters.iter().filter(|c| can_grow(c, config.load_cap)) {
+                share(&[cluster], &mut demand, config.rebalance, &mut plan);
+            }
+        }
+        CsPolicy::GridEquipartition => {
+            let pool: Vec<&ClusterInput> = clusters
+                .iter()
+                .filter(|c| !c.excluded && c.total > 0)
+                .collect();
+            let total: u32 = pool.iter().map(|c| c.total).sum();
+            let others: u32 = pool.iter().map(|c| c.others).sum();
+            if total > 0 && f64::from(others) / f64::from(total) < config.load_cap {
+                share(&pool, &mut demand, config.rebalance, &mut plan);
+            }
+        }
+    }
+    plan
+}
+
+fn can_grow(cluster: &ClusterInput, load_cap: f64) -> bool {
+    !cluster.excluded && cluster.total > 0 && cluster.load() < load_cap
+}
+
+/// Shares a pool of clusters between the jobs: every job's fair target is an
+/// equal part of the slots scavenging can use there (idle plus held), capped
+/// by what it can use. Jobs below target get idle slots; when there are none
+/// left, jobs above target are drained.
+fn share(
+    pool: &[&ClusterInput],
+    demand: &mut BTreeMap<&JobId, u32>,
+    rebalance: bool,
+    plan: &mut Plan,
+) {
+    let draining = |job: &JobId| pool.iter().any(|c| c.draining.contains(job));
+    let held = |job: &JobId| pool.iter().map(|c| c.held_by(job)).sum::<u32>();
+    let mut members: Vec<(&JobId, u32, u32)> = demand
+        .iter()
+        .map(|(job, d)| {
+            let more = if draining(job) { 0 } else { *d };
+            (*job, held(job), more)
+        })
+        .filter(|(_, held, more)| held + more > 0)
+        .collect();
+    if members.is_empty() {
+        return;
+    }
+    // Odd slots of the targets go to those holding most, so near-even
+    // holdings are left alone rather than shuffled.
+    members.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+    let idle: u32 = pool.iter().map(|c| c.idle).sum();
+    let capacity = idle + members.iter().map(|(_, held, _)| held).sum::<u32>();
+    let wants: Vec<u32> = members.iter().map(|(_, held, more)| held + more).collect();
+    let targets = equipartition(capacity, &wants);
+
+    // Idle slots fill the gaps below target, those holding least first.
+    let mut below: Vec<(usize, u32)> = members
+        .iter()
+        .zip(&targets)
+        .enumerate()
+        .filter(|(_, ((_, held, _), target))| *target > held)
+        .map(|(i, ((_, held, _), target))| (i, target - held))
+        .collect();
+    below.sort_by_key(|(i, _)| (members[*i].1, members[*i].0));
+    let gaps: Vec<u32> = below.iter().map(|(_, gap)| *gap).collect();
+    let fills = equipartition(idle, &gaps);
+    let mut free: Vec<(&ClusterInput, u32)> = pool.iter().map(|c| (*c, c.idle)).collect();
+    free.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.name.cmp(&b.0.name)));
+    let mut unmet = 0;
+    for ((i, gap), fill) in below.iter().zip(&fills) {
+        unmet += gap - fill;
+        let job = members[*i].0;
+        let mut want = *fill;
+        for (cluster, left) in free.iter_mut() {
+            if want == 0 {
+                break;
+            }
+            let take = want.min(*left);
+            if take == 0 {
+                continue;
+            }
+            *left -= take;
+            want -= take;
+            plan.offers.push(Offer {
+                job: job.clone(),
+                cluster: cluster.name.clone(),
+                slots: take,
+            });
+        }
+        if let Some(d) = demand.get_mut(job) {
+            *d -= fill - want;
+        }
+    }
+
+    let drains_in_flight = pool.iter().any(|c| !c.draining.is_empty());
+    if !rebalance || unmet == 0 || drains_in_flight {
+        return;
+    }
+    for ((job, held, _), target) in members.iter().zip(&targets) {
+        if unmet == 0 {
+            break;
+        }
+        if held > target {
+            let slots = (held - target).min(unmet);
+            unmet -= slots;
+            // Drained where the job holds most.
+            if let Some(cluster) = pool.iter().max_by_key(|c| c.held_by(job)) {
+                plan.drains.push(Drain {
+                    job: (*job).clone(),
+                    cluster: cluster.name.clone(),
+                    slots: slots.min(cluster.held_by(job)),
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(name: &str) -> JobId {
+        format!("{name}-000000").parse().unwrap()
+    }
+
+    fn cluster(name: &str, total: u32, idle: u32, others: u32, held: &[(&str, u32)]) -> ClusterInput {
+        ClusterInput {
+            name: name.into(),
+            total,
+            idle,
+            others,
+            held: held.iter().map(|(j, n)| (job(j), *n)).collect(),
+            excluded: false,
+            draining: Default::default(),
+        }
+    }
+
+    fn jobs(demands: &[(&str, u32)]) -> Vec<JobInput> {
+        demands
+            .iter()
+            .map(|(j, d)| JobInput { id: job(j), demand: *d })
+            .collect()
+    }
+
+    fn offered(plan: &Plan, j: &str, c: &str) -> u32 {
+        plan.offers
+            .iter()
+            .filter(|o| o.job == job(j) && o.cluster == c)
+            .map(|o| o.slots)
+            .sum()
+    }
+
+    #[test]
+    fn equipartition_is_even_capped_and_complete() {
+        assert_eq!(equipartition(8, &[100, 100]), [4, 4]);
+        assert_eq!(equipartition(7, &[100, 100, 100]), [3, 2, 2]);
+        assert_eq!(equipartition(10, &[2, 100, 100]), [2, 4, 4]);
+        assert_eq!(equipartition(10, &[1, 2]), [1, 2]);
+        assert_eq!(equipartition(0, &[5]), [0]);
+        assert!(equipartition(5, &[]).is_empty());
+    }
+
+    #[test]
+    fn sep_splits_each_cluster_evenly() {
+        let clusters = [cluster("c1", 8, 8, 0, &[]), cluster("c2", 5, 5, 0, &[])];
+        let plan = plan(&clusters, &jobs(&[("a", 100), ("b", 100)]), &PolicyConfig::default());
+        assert_eq!((offered(&plan, "a", "c1"), offered(&plan, "b", "c1")), (4, 4));
+        assert_eq!(offered(&plan, "a", "c2") + offered(&plan, "b", "c2"), 5);
+        assert!(offered(&plan, "a", "c2").abs_diff(offered(&plan, "b", "c2")) <= 1);
+        assert!(plan.drains.is_empty());
+    }
+
+    #[test]
+    fn odd_slots_go_to_the_job_holding_least() {
+        let clusters = [cluster("c1", 8, 1, 0, &[("a", 4), ("b", 3)])];
+        let plan = plan(&clusters, &jobs(&[("a", 50), ("b", 50)]), &PolicyConfig::default());
+        assert_eq!(offered(&plan, "b", "c1"), 1);
+        assert_eq!(offered(&plan, "a", "c1"), 0);
+    }
+
+    #[test]
+    fn never_more_than_a_job_can_use() {
+        let clusters = [cluster("c1", 8, 8, 0, &[])];
+        let plan = plan(&clusters, &jobs(&[("a", 2), ("b", 100)]), &PolicyConfig::default());
+        assert_eq!(offered(&plan, "a", "c1"), 2);
+        assert_eq!(offered(&plan, "b", "c1"), 6);
+        let plan2 = super::plan(&clusters, &jobs(&[("a", 0)]), &PolicyConfig::default());
+        assert!(plan2.offers.is_empty());
+    }
+
+    #[test]
+    fn load_cap_stops_growth() {
+        let busy = [cluster("c1", 10, 2, 8, &[])];
+        assert!(plan(&busy, &jobs(&[("a", 5)]), &PolicyConfig::default()).offers.is_empty());
+        let fine = [cluster("c1", 10, 3, 7, &[])];
+        assert_eq!(plan(&fine, &jobs(&[("a", 5)]), &PolicyConfig::default()).offers.len(), 1);
+    }
+
+    #[test]
+    fn excluded_clusters_get_no_grows() {
+        let mut c = cluster("c1", 8, 8, 0, &[]);
+        c.excluded = true;
+        assert!(plan(&[c], &jobs(&[("a", 5)]), &PolicyConfig::default()).offers.is_empty());
+    }
+
+    #[test]
+    fn gep_splits_the_grid_total() {
+        let clusters = [cluster("c1", 6, 6, 0, &[]), cluster("c2", 2, 2, 0, &[])];
+        let config = PolicyConfig {
+            policy: CsPolicy::GridEquipartition,
+            ..PolicyConfig::default()
+        };
+        let plan = plan(&clusters, &jobs(&[("a", 100), ("b", 100)]), &config);
+        let a = offered(&plan, "a", "c1") + offered(&plan, "a", "c2");
+        let b = offered(&plan, "b", "c1") + offered(&plan, "b", "c2");
+        assert_eq!((a, b), (4, 4));
+        assert_eq!(offered(&plan, "a", "c1"), 4, "GEP may put a job on one cluster");
+    }
+
+    #[test]
+    fn a_late_job_gets_its_share_by_draining_the_others() {
+        let full = [cluster("c1", 8, 0, 0, &[("a", 8)])];
+        let plan = plan(&full, &jobs(&[("a", 50), ("b", 50)]), &PolicyConfig::default());
+        assert_eq!(
+            plan.drains,
+            [Drain { job: job("a"), cluster: "c1".into(), slots: 4 }]
+        );
+        let no_rebalance = PolicyConfig {
+            rebalance: false,
+            ..PolicyConfig::default()
+        };
+        assert!(super::plan(&full, &jobs(&[("a", 50), ("b", 50)]), &no_rebalance).drains.is_empty());
+    }
+
+    #[test]
+    fn nearly_even_holdings_are_left_alone() {
+        let c = [cluster("c1", 7, 0, 0, &[("a", 4), ("b", 3)])];
+        assert!(plan(&c, &jobs(&[("a", 50), ("b", 50)]), &PolicyConfig::default()).drains.is_empty());
+        let c = [cluster("c1", 8, 0, 0, &[("a", 6), ("b", 2)])];
+        let plan = plan(&c, &jobs(&[("a", 50), ("b", 1)]), &PolicyConfig::default());
+        assert_eq!(plan.drains[0].slots, 1, "only what the hungry job can use");
+    }
+
+    #[test]
+    fn shrinks_are_split_between_holders() {
+        let held: BTreeMap<JobId, u32> = [(job("a"), 5), (job("b"), 3), (job("c"), 0)].into();
+        assert_eq!(split_shrink(4, &held), [(job("a"), 2), (job("b"), 2)]);
+        assert_eq!(split_shrink(5, &held), [(job("a"), 3), (job("b"), 2)]);
+        assert_eq!(split_shrink(20, &held), [(job("a"), 5), (job("b"), 3)]);
+        assert!(split_shrink(0, &held).is_empty());
+    }
+}

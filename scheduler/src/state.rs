@@ -1,0 +1,411 @@
+//! The scheduler's picture of the grid, rebuilt from reports alone.
+//!
+//! Nothing here is durable: after a restart (or a standby's takeover) the
+//! next job updates and cluster reports, a few seconds' worth, rebuild it.
+//! Grants and drains in flight are accounted so that a slot is never offered
+//! twice and a job is not drained twice for the same imbalance.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use gleaner_broker::protocol::{ClusterReport, ClusterView, JobReport, StatusReply};
+use gleaner_manifest::{JobId, JobKind};
+
+use crate::policy::{self, ClusterInput, JobInput, PolicyConfig};
+
+#[derive(Debug, Clone)]
+pub struct StateConfig {
+    pub policy: PolicyConfig,
+    /// A cluster whose launchers failed to start this many times in a row gets no grows.
+    pub max_consecutive_failures: u32,
+    /// Reports older than this make a cluster (or a job) unknown again.
+    pub stale_after: Duration,
+    /// A grant neither applied nor refused by then is forgotten.
+    pub grant_timeout: Duration,
+}
+
+impl Default for StateConfig {
+    fn default() -> Self {
+        Self {
+            policy: PolicyConfig::default(),
+            max_consecutive_failures: 3,
+            stale_after: Duration::from_secs(30),
+            grant_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What the service must send after a round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    Offer {
+        job: JobId,
+        grant: u64,
+        cluster: String,
+        slots: u32,
+    },
+    Drain {
+        job: JobId,
+        cluster: String,
+        slots: u32,
+    },
+}
+
+#[derive(Debug)]
+struct ClusterEntry {
+    report: ClusterReport,
+    seen: Instant,
+}
+
+#[derive(Debug)]
+struct JobEntry {
+    report: JobReport,
+    seen: Instant,
+}
+
+/// Slots promised to a job on a cluster that its placeholders do not show yet.
+#[derive(Debug, Clone)]
+struct Grant {
+    job: JobId,
+    cluster: String,
+    slots: u32,
+    issued: Instant,
+}
+
+#[derive(Debug, Clone)]
+struct DrainOrder {
+    job: JobId,
+    cluster: String,
+    slots: u32,
+    held_before: u32,
+    issued: Instant,
+}
+
+#[derive(Debug, Default)]
+pub struct State {
+    clusters: BTreeMap<String, ClusterEntry>,
+    jobs: BTreeMap<JobId, JobEntry>,
+    grants: BTreeMap<u64, Grant>,
+    drains: Vec<DrainOrder>,
+    next_grant: u64,
+}
+
+impl State {
+    /// Grant ids start from the clock so that a restarted scheduler does not
+    /// reuse the ids of grants still in flight.
+    pub fn new(first_grant: u64) -> Self {
+        Self {
+            next_grant: first_grant,
+            ..Self::default()
+        }
+    }
+
+    pub fn on_job_update(&mut self, report: JobReport, now: Instant) {
+        self.jobs.insert(
+            report.job.clone(),
+            JobEntry { report, seen: now },
+        );
+    }
+
+    pub fn on_job_done(&mut self, job: &JobId) {
+        self.jobs.remove(job);
+        self.grants.retain(|_, g| &g.job != job);
+        self.drains.retain(|d| &d.job != job);
+    }
+
+    pub fn on_cluster(&mut self, mut report: ClusterReport, now: Instant) {
+        for grant in std::mem::take(&mut report.applied_grants) {
+            self.grants.remove(&grant);
+        }
+        self.clusters.insert(
+            report.cluster.clone(),
+            ClusterEntry { report, seen: now },
+        );
+    }
+
+    /// The runner took `accepted` of a grant's slots; the rest are free again.
+    pub fn on_grow_ack(&mut self, grant: u64, accepted: u32) {
+        if accepted == 0 {
+            self.grants.remove(&grant);
+        } else if let Some(g) = self.grants.get_mut(&grant) {
+            g.slots = g.slots.min(accepted);
+        }
+    }
+
+    /// Forgets what has gone quiet.
+    pub fn expire(&mut self, now: Instant, config: &StateConfig) {
+        let stale = config.stale_after;
+        let gone: Vec<JobId> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| now.duration_since(j.seen) > stale)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for job in gone {
+            self.on_job_done(&job);
+        }
+        self.grants
+            .retain(|_, g| now.duration_since(g.issued) <= config.grant_timeout);
+        let clusters = &self.clusters;
+        self.drains.retain(|d| {
+            let held = clusters
+                .get(&d.cluster)
+                .map_or(0, |c| c.report.jobs.get(&d.job).map_or(0, |h| h.total()));
+            held + d.slots > d.held_before && now.duration_since(d.issued) <= config.grant_timeout
+        });
+    }
+
+    fn usable(&self, cluster: &ClusterEntry, now: Instant, config: &StateConfig) -> bool {
+        now.duration_since(cluster.seen) <= config.stale_after
+            && cluster.report.failed_starts < config.max_consecutive_failures
+    }
+
+    /// One scheduling round: the policy's plan, turned into actions.
+    pub fn round(&mut self, now: Instant, config: &StateConfig) -> Vec<Action> {
+        self.expire(now, config);
+        let clusters = self.policy_clusters(now, config);
+        let jobs = self.policy_jobs();
+        let plan = policy::plan(&clusters, &jobs, &config.policy);
+        let mut actions = Vec::new();
+        for offer in plan.offers {
+            let grant = self.next_grant;
+            self.next_grant += 1;
+            self.grants.insert(
+                grant,
+                Grant {
+                    job: offer.job.clone(),
+                    cluster: offer.cluster.clone(),
+                    slots: offer.slots,
+                    issued: now,
+                },
+            );
+            actions.push(Action::Offer {
+                job: offer.job,
+                grant,
+                cluster: offer.cluster,
+                slots: offer.slots,
+            });
+        }
+        for drain in plan.drains {
+            let held_before = self.held(&drain.cluster, &drain.job);
+            self.drains.push(DrainOrder {
+                job: drain.job.clone(),
+                cluster: drain.cluster.clone(),
+                slots: drain.slots,
+                held_before,
+                issued: now,
+            });
+            actions.push(Action::Drain {
+                job: drain.job,
+                cluster: drain.cluster,
+                slots: drain.slots,
+            });
+        }
+        actions
+    }
+
+    fn held(&self, cluster: &str, job: &JobId) -> u32 {
+        self.clusters
+            .get(cluster)
+            .and_then(|c| c.report.jobs.get(job))
+            .map_or(0, |h| h.total())
+    }
+
+    fn policy_clusters(&self, now: Instant, config: &StateConfig) -> Vec<ClusterInput> {
+        self.clusters
+            .iter()
+            .map(|(name, entry)| {
+                let report = &entry.report;
+                let mut held: BTreeMap<JobId, u32> = report
+                    .jobs
+                    .iter()
+                    .map(|(job, h)| (job.clone(), h.total()))
+                    .collect();
+                let mut promised = 0;
+                for grant in self.grants.values().filter(|g| &g.cluster == name) {
+                    *held.entry(grant.job.clone()).or_default() += grant.slots;
+                    promised += grant.slots;
+                }
+                let mut draining = std::collections::BTreeSet::new();
+                for drain in self.drains.iter().filter(|d| &d.cluster == name) {
+                    if let Some(h) = held.get_mut(&drain.job) {
+                        *h = h.saturating_sub(drain.slots);
+                    }
+                    draining.insert(drain.job.clone());
+                }
+                ClusterInput {
+                    name: name.clone(),
+                    total: report.total_slots,
+                    idle: report.idle_slots.saturating_sub(promised),
+                    others: report.local_slots + report.grid_slots,
+                    held,
+                    excluded: !self.usable(entry, now, config),
+                    draining,
+                }
+            })
+            .collect()
+    }
+
+    fn policy_jobs(&self) -> Vec<JobInput> {
+        self.jobs
+            .values()
+            .filter(|j| j.report.kind == JobKind::Scavenge)
+            .map(|j| {
+                let held: u32 = self
+                    .clusters
+                    .values()
+                    .map(|c| c.report.jobs.get(&j.report.job).map_or(0, |h| h.total()))
+                    .sum();
+                let promised: u32 = self
+                    .grants
+                    .values()
+                    .filter(|g| g.job == j.report.job)
+                    .map(|g| g.slots)
+                    .sum();
+                let unfinished = u32::try_from(j.report.tasks.unfinished()).unwrap_or(u32::MAX);
+                JobInput {
+                    id: j.report.job.clone(),
+                    demand: unfinished.saturating_sub(held + promised),
+                }
+            })
+            .collect()
+    }
+
+    pub fn status(&self, scheduler: &str, now: Instant, config: &StateConfig) -> StatusReply {
+        StatusReply {
+            scheduler: scheduler.to_owned(),
+            policy: config.policy.policy.name().to_owned(),
+            clusters: self
+                .clusters
+                .values()
+                .map(|c| ClusterView {
+                    report: c.report.clone(),
+                    excluded: c.report.failed_starts >= config.max_consecutive_failures,
+                    stale: now.duration_since(c.seen) > config.stale_after,
+                })
+                .collect(),
+            jobs: self.jobs.values().map(|j| j.report.clone()).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gleaner_broker::protocol::{Holding, JobState, TaskCounts};
+    use gleaner_manifest::Priority;
+
+    fn job(name: &str) -> JobId {
+        format!("{name}-000000").parse().unwrap()
+    }
+
+    fn job_report(name: &str, unfinished: u64) -> JobReport {
+        JobReport {
+            job: job(name),
+            kind: JobKind::Scavenge,
+            priority: Priority::SuperLow,
+            state: JobState::Running,
+            runner: "r".into(),
+            tasks: TaskCounts {
+                total: unfinished,
+                pending: unfinished,
+                ..TaskCounts::default()
+            },
+            launchers: BTreeMap::new(),
+            throughput: 0.0,
+            preemptions: 0,
+            started_at: 0,
+            results: String::new(),
+        }
+    }
+
+    fn cluster_report(idle: u32, jobs: &[(&str, u32)], applied: Vec<u64>) -> ClusterReport {
+        ClusterReport {
+            cluster: "c1".into(),
+            backend: "local".into(),
+            total_slots: 8,
+            idle_slots: idle,
+            jobs: jobs
+                .iter()
+                .map(|(j, n)| (job(j), Holding { running: *n, pending: 0 }))
+                .collect(),
+            applied_grants: applied,
+            ..ClusterReport::default()
+        }
+    }
+
+    fn offers(actions: &[Action]) -> Vec<(String, u32)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Offer { job, slots, .. } => Some((job.name().to_owned(), *slots)),
+                Action::Drain { .. } => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_slot_is_never_offered_twice() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(1);
+        state.on_job_update(job_report("a", 100), now);
+        state.on_cluster(cluster_report(8, &[], vec![]), now);
+        assert_eq!(offers(&state.round(now, &config)), [("a".into(), 8)]);
+        assert!(state.round(now, &config).is_empty(), "grant in flight");
+        // The runner took 5; 3 come free again for the next round.
+        state.on_grow_ack(1, 5);
+        assert_eq!(offers(&state.round(now, &config)), [("a".into(), 3)]);
+        // The kcm applied grant 1: its placeholders now hold the slots.
+        state.on_grow_ack(2, 0);
+        state.on_cluster(cluster_report(3, &[("a", 5)], vec![1]), now);
+        assert_eq!(offers(&state.round(now, &config)), [("a".into(), 3)]);
+    }
+
+    #[test]
+    fn demand_counts_what_a_job_holds() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(1);
+        state.on_job_update(job_report("a", 6), now);
+        state.on_cluster(cluster_report(4, &[("a", 4)], vec![]), now);
+        assert_eq!(offers(&state.round(now, &config)), [("a".into(), 2)]);
+    }
+
+    #[test]
+    fn failing_and_silent_clusters_get_nothing() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(1);
+        state.on_job_update(job_report("a", 100), now);
+        let mut failing = cluster_report(8, &[], vec![]);
+        failing.failed_starts = 3;
+        state.on_cluster(failing, now);
+        assert!(state.round(now, &config).is_empty());
+        state.on_cluster(cluster_report(8, &[], vec![]), now);
+        let later = now + Duration::from_secs(31);
+        state.on_job_update(job_report("a", 100), later);
+        assert!(state.round(later, &config).is_empty(), "report too old");
+    }
+
+    #[test]
+    fn drains_are_not_repeated_while_in_flight() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(1);
+        state.on_job_update(job_report("a", 100), now);
+        state.on_job_update(job_report("b", 100), now);
+        state.on_cluster(cluster_report(0, &[("a", 8)], vec![]), now);
+        let actions = state.round(now, &config);
+        assert_eq!(
+            actions,
+            [Action::Drain { job: job("a"), cluster: "c1".into(), slots: 4 }]
+        );
+        assert!(state.round(now, &config).is_empty());
+        // Two launchers left so far; the order stands for the other two.
+        state.on_cluster(cluster_report(2, &[("a", 6)], vec![]), now);
+        assert_eq!(offers(&state.round(now, &config)), [("b".into(), 2)]);
+    }
+}
