@@ -83,7 +83,7 @@ mod tests {
     fn bodies_are_maps_with_field_names() {
         let body = encode("x", &LauncherMsg::Drain { reason: "r".into() }).unwrap();
         let value: serde_json::Value = rmp_serde::from_slice(&body).unwrap();
-        assert_eq!(value["msg"]["kind"], "drain");
+        assert_eq!(value["msg"]["type"], "drain");
         assert_eq!(value["msg"]["reason"], "r");
     }
 

@@ -104,7 +104,7 @@ impl Broker {
 /// A live connection.
 pub struct Connection {
     object: deadpool_lapin::Object,
-    identity: Arc<str>,
+    pub(crate) identity: Arc<str>,
 }
 
 impl Connection {

@@ -13,6 +13,7 @@ pub mod protocol;
 mod publish;
 mod submission;
 pub mod topology;
+mod watch;
 
 pub use connection::{Backoff, Broker, Connection, DEFAULT_URL, redact};
 pub use consume::{ConsumeOptions, Inbox, Incoming};

@@ -57,7 +57,7 @@ impl Message for Submission {
 
 /// The scheduler's inbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case")]
 pub enum SchedulerMsg {
     /// A runner's periodic report on one job; also how a job registers.
     JobUpdate(JobReport),
@@ -213,7 +213,7 @@ pub struct ClusterView {
 
 /// A cluster manager's inbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case")]
 pub enum KcmMsg {
     /// Submit `count` launchers for `job` (one placeholder array job).
     StartLaunchers { job: JobId, grant: u64, count: u32 },
@@ -242,7 +242,7 @@ impl Message for KcmMsg {
 
 /// A job runner's inbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case")]
 pub enum ControlMsg {
     /// The scheduler offers up to `slots` slots on `cluster`.
     GrowOffer {
@@ -413,7 +413,7 @@ pub struct OutputFile {
 
 /// A launcher's own inbox.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case")]
 pub enum LauncherMsg {
     /// Kill the running tasks, republish them, exit.
     Preempt { reason: String },
@@ -434,7 +434,7 @@ impl Message for LauncherMsg {
 
 /// Published on the `gleaner.events` topic exchange for `--wait` and dashboards.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
     /// `job.<job>.progress`
     Progress(JobReport),

@@ -1,1 +1,174 @@
-fn main(){}
+//! `gleaner`: bag-of-tasks work on the idle slots of batch clusters.
+
+mod client;
+mod services;
+mod settings;
+mod table;
+
+use std::{path::PathBuf, process::ExitCode};
+
+use clap::{Parser, Subcommand};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+use tracing::error;
+use tracing_subscriber::EnvFilter;
+
+use crate::{services::LauncherArgs, settings::Settings};
+
+#[derive(Debug, Parser)]
+#[command(name = "gleaner", version, about = "Run parameter sweeps on the idle slots of batch clusters")]
+struct Cli {
+    /// Configuration file (default: $GLEANER_CONFIG, ./gleaner.toml, /etc/gleaner/gleaner.toml).
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Scheduler, runner and a local-backend cluster in one process.
+    Up {
+        /// Launchers that may run at once (default: the number of CPUs).
+        #[arg(long)]
+        slots: Option<u32>,
+    },
+    /// Submit a manifest; prints the job id.
+    Submit {
+        file: PathBuf,
+        /// Show progress until the job ends; exit 0 only if every task succeeded.
+        #[arg(long)]
+        wait: bool,
+        /// Machine-readable output.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Clusters and jobs as the scheduler sees them.
+    Status {
+        job: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a job: running tasks are killed, results so far are kept.
+    Cancel { job: String },
+    /// Run the scheduler alone.
+    Scheduler,
+    /// Run a runner alone.
+    Runner,
+    /// Run the cluster manager of one configured cluster.
+    Kcm {
+        #[arg(long)]
+        cluster: String,
+    },
+    /// Run one launcher (started by a kcm).
+    Launcher(LauncherArgs),
+}
+
+impl Command {
+    fn is_service(&self) -> bool {
+        !matches!(self, Self::Submit { .. } | Self::Status { .. } | Self::Cancel { .. })
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = if cli.command.is_service() { "info" } else { "warn" };
+    tracing_subscriber::fmt()
+        .with_env_filter(log_filter(default_level))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let settings = match Settings::load(cli.config.as_deref()) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::from(client::BAD_INPUT);
+        }
+    };
+    // A launcher is small: one thread is plenty and keeps its footprint low.
+    let runtime = match cli.command {
+        Command::Launcher(_) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        _ => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+    };
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(dispatch(cli.command, settings))
+}
+
+async fn dispatch(command: Command, settings: Settings) -> ExitCode {
+    let service = |result: anyhow::Result<()>| match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e:#}");
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    };
+    match command {
+        Command::Submit { file, wait, json } => client::submit(&settings, &file, wait, json).await,
+        Command::Status { job, json } => client::status(&settings, job.as_deref(), json).await,
+        Command::Cancel { job } => client::cancel(&settings, &job).await,
+        Command::Up { slots } => service(services::up(settings, slots, on_signals(false)).await),
+        Command::Scheduler => service(services::scheduler(&settings, on_signals(false)).await),
+        Command::Runner => service(services::runner(&settings, on_signals(false)).await),
+        Command::Kcm { cluster } => match settings.cluster(&cluster) {
+            Ok(c) => {
+                let c = c.clone();
+                service(services::kcm(&settings, &c, on_signals(false)).await)
+            }
+            Err(e) => service(Err(e)),
+        },
+        Command::Launcher(args) => {
+            match services::launcher(&settings, args, on_signals(true)).await {
+                Ok(_) => ExitCode::SUCCESS,
+                Err(e) => {
+                    error!("{e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}
+
+/// `RUST_LOG` if set, else `default`. lapin's warning about returned
+/// messages is muted: gleaner publishes with `mandatory` on purpose and
+/// handles returns itself.
+fn log_filter(default: &str) -> EnvFilter {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    match "lapin::returned_messages=error".parse() {
+        Ok(directive) => filter.add_directive(directive),
+        Err(_) => filter,
+    }
+}
+
+/// A token cancelled by SIGTERM or SIGINT, and for launchers also by the
+/// batch system's kill warnings (SIGUSR1, SIGUSR2 with `qsub -notify`). A
+/// second SIGINT exits at once.
+fn on_signals(launcher: bool) -> CancellationToken {
+    let token = CancellationToken::new();
+    let cancel = token.clone();
+    let mut kinds = vec![SignalKind::terminate(), SignalKind::interrupt()];
+    if launcher {
+        kinds.extend([SignalKind::user_defined1(), SignalKind::user_defined2()]);
+    }
+    for kind in kinds {
+        let Ok(mut stream) = signal(kind) else {
+            continue;
+        };
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            while stream.recv().await.is_some() {
+                if cancel.is_cancelled() && kind == SignalKind::interrupt() {
+                    std::process::exit(130);
+                }
+                cancel.cancel();
+            }
+        });
+    }
+    token
+}

@@ -1,0 +1,117 @@
+//! For clients: watching events, and asking a service a question.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use lapin::{
+    options::{BasicConsumeOptions, ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions},
+    types::FieldTable,
+};
+
+use crate::{
+    BrokerError, ConsumeOptions, Connection, Inbox, Publisher, Reply,
+    codec::{Decode, DecodeError},
+    protocol::{Event, Message},
+    topology::EVENTS_EXCHANGE,
+};
+
+/// RabbitMQ's direct reply-to pseudo-queue: answers come straight back on
+/// the asking channel, with no queue to declare or clean up.
+const DIRECT_REPLY_TO: &str = "amq.rabbitmq.reply-to";
+
+impl Connection {
+    /// Events whose routing key matches `pattern` (`job.sweep-3fa9c2.#`), from
+    /// now on, on a private queue that goes away with the connection.
+    pub async fn subscribe(
+        &self,
+        publisher: &Publisher,
+        pattern: &str,
+    ) -> Result<Inbox<Event>, BrokerError> {
+        let channel = self.channel().await?;
+        let queue = channel
+            .queue_declare(
+                "".into(),
+                QueueDeclareOptions {
+                    exclusive: true,
+                    auto_delete: true,
+                    ..QueueDeclareOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        let name = queue.name().to_string();
+        channel
+            .queue_bind(
+                name.as_str().into(),
+                EVENTS_EXCHANGE.into(),
+                pattern.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        Inbox::open(
+            &channel,
+            publisher.clone(),
+            &name,
+            ConsumeOptions {
+                tag: self.identity(),
+                prefetch: 64,
+                exclusive: false,
+            },
+        )
+        .await
+    }
+
+    /// Sends `request` to `queue` and waits up to `timeout` for the answer;
+    /// `Ok(None)` if none came.
+    pub async fn ask<Q: Message, A: Message>(
+        &self,
+        queue: &str,
+        request: &Q,
+        timeout: Duration,
+    ) -> Result<Option<A>, BrokerError> {
+        let channel = self.channel().await?;
+        let mut answers = channel
+            .basic_consume(
+                DIRECT_REPLY_TO.into(),
+                self.identity().into(),
+                BasicConsumeOptions {
+                    no_ack: true,
+                    ..BasicConsumeOptions::default()
+                },
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
+        let publisher = Publisher::new(channel, self.identity.clone());
+        let correlation = format!("{}/{}", self.identity(), rand::random::<u64>());
+        let reply = Reply {
+            correlation_id: Some(correlation.clone()),
+            reply_to: Some(DIRECT_REPLY_TO.to_owned()),
+        };
+        publisher.request(queue, request, &reply).await?;
+        let wait = async {
+            while let Some(delivery) = answers.next().await {
+                let delivery = delivery?;
+                let matches = delivery
+                    .properties
+                    .correlation_id()
+                    .as_ref()
+                    .is_some_and(|c| c.as_str() == correlation);
+                if matches {
+                    return match A::decode(&delivery.properties, &delivery.data) {
+                        Ok((_, answer)) => Ok(Some(answer)),
+                        Err(DecodeError::ContentType(t)) => Err(BrokerError::Encode(format!(
+                            "answer has content type {t}"
+                        ))),
+                        Err(e) => Err(BrokerError::Encode(e.to_string())),
+                    };
+                }
+            }
+            Ok(None)
+        };
+        tokio::time::timeout(timeout, wait).await.unwrap_or(Ok(None))
+    }
+}

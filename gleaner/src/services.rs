@@ -1,0 +1,226 @@
+//! Starting the services, alone or all in one (`gleaner up`).
+
+use std::{path::PathBuf, time::Duration};
+
+use anyhow::Context;
+use gleaner_broker::{Broker, protocol::now_ms};
+use gleaner_kcm::{KcmConfig, LauncherCommand, LocalBackend};
+use gleaner_launcher::{Exit, LauncherConfig, Limits};
+use gleaner_manifest::JobId;
+use gleaner_runner::{JobSettings, RunnerConfig};
+use gleaner_scheduler::{SchedulerConfig, policy::PolicyConfig, state::StateConfig};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::settings::{BackendKind, ClusterSettings, Settings};
+
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+fn broker(settings: &Settings, role: &str) -> anyhow::Result<Broker> {
+    Ok(Broker::new(
+        &settings.broker_url,
+        format!("{role}@{}", hostname()),
+    )?)
+}
+
+pub async fn scheduler(settings: &Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let s = &settings.scheduler;
+    let config = SchedulerConfig {
+        state: StateConfig {
+            policy: PolicyConfig {
+                policy: s.policy,
+                load_cap: s.load_cap,
+                rebalance: s.rebalance,
+            },
+            max_consecutive_failures: s.max_consecutive_failures,
+            ..StateConfig::default()
+        },
+        round_interval: s.round_interval,
+    };
+    gleaner_scheduler::run(broker(settings, "scheduler")?, config, shutdown).await;
+    Ok(())
+}
+
+pub async fn runner(settings: &Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let r = &settings.runner;
+    let config = RunnerConfig {
+        job: JobSettings {
+            results_root: r.results_root.clone(),
+            heartbeat: r.heartbeat,
+            launcher_silence: settings.launcher.heartbeat * 3 + Duration::from_secs(5),
+            preempt_grace: r.preempt_grace,
+        },
+        max_jobs: r.max_jobs,
+    };
+    gleaner_runner::run(broker(settings, "runner")?, config, shutdown).await;
+    Ok(())
+}
+
+/// How this very binary starts a launcher, with the settings it runs under.
+fn launcher_command(settings: &Settings) -> anyhow::Result<LauncherCommand> {
+    let program = std::env::current_exe().context("cannot find the gleaner executable")?;
+    let mut env = vec![("GLEANER_BROKER_URL".to_owned(), settings.broker_url.clone())];
+    if let Some(source) = &settings.source {
+        env.push(("GLEANER_CONFIG".to_owned(), source.display().to_string()));
+    }
+    Ok(LauncherCommand {
+        program,
+        args: vec!["launcher".to_owned()],
+        env,
+    })
+}
+
+pub async fn kcm(
+    settings: &Settings,
+    cluster: &ClusterSettings,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let config = KcmConfig {
+        cluster: cluster.name.clone(),
+        poll_interval: cluster.poll_interval,
+        job_end_grace: Duration::from_secs(10),
+    };
+    let broker = broker(settings, &format!("kcm.{}", cluster.name))?;
+    match cluster.backend {
+        BackendKind::Local => {
+            let slots = cluster.slots.unwrap_or(1);
+            let backend = LocalBackend::new(&cluster.name, slots, launcher_command(settings)?);
+            gleaner_kcm::run(broker, config, backend, shutdown).await;
+        }
+        BackendKind::Sge => anyhow::bail!(
+            "cluster {}: the sge backend is not available in this build",
+            cluster.name
+        ),
+    }
+    Ok(())
+}
+
+/// What the kcm tells a launcher on its command line.
+#[derive(Debug, clap::Args)]
+pub struct LauncherArgs {
+    #[arg(long)]
+    pub job: JobId,
+    #[arg(long)]
+    pub cluster: String,
+    /// Unique launcher id (names its queue).
+    #[arg(long)]
+    pub id: String,
+    /// The batch system's name for the slot, for the consumer tag.
+    #[arg(long, default_value = "0")]
+    pub slot: String,
+    /// Tasks run at once.
+    #[arg(long, default_value_t = 1)]
+    pub slots: u32,
+    /// When the placeholder's walltime ends (Unix milliseconds).
+    #[arg(long)]
+    pub deadline: Option<u64>,
+}
+
+pub async fn launcher(
+    settings: &Settings,
+    args: LauncherArgs,
+    signals: CancellationToken,
+) -> anyhow::Result<Exit> {
+    let host = hostname();
+    let l = &settings.launcher;
+    let config = LauncherConfig {
+        job: args.job,
+        cluster: args.cluster,
+        id: args.id,
+        host: host.clone(),
+        slot: args.slot.clone(),
+        slots: args.slots,
+        idle_timeout: l.idle_timeout,
+        heartbeat: l.heartbeat,
+        deadline: args.deadline,
+        scratch: scratch_dir(&l.scratch),
+        limits: Limits {
+            stream_bytes: l.max_stream_bytes,
+            file_bytes: l.max_file_bytes,
+            outputs_bytes: l.max_outputs_bytes,
+            kill_grace: l.kill_grace,
+        },
+    };
+    let broker = Broker::new(
+        &settings.broker_url,
+        format!("launcher@{host}/{}", args.slot),
+    )?;
+    Ok(gleaner_launcher::run(&broker, config, signals).await?)
+}
+
+fn scratch_dir(base: &std::path::Path) -> PathBuf {
+    base.join(format!("{}", nix::unistd::getuid()))
+}
+
+/// `gleaner up`: scheduler, runner and one local kcm in one process.
+pub async fn up(settings: Settings, slots: Option<u32>, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let local = ClusterSettings {
+        name: "local".to_owned(),
+        backend: BackendKind::Local,
+        slots: Some(slots.unwrap_or_else(default_slots)),
+        poll_interval: Duration::from_secs(1),
+    };
+    let cluster = match slots {
+        Some(_) => local,
+        None => settings
+            .clusters
+            .iter()
+            .find(|c| c.backend == BackendKind::Local)
+            .cloned()
+            .unwrap_or(local),
+    };
+    let results = std::path::absolute(&settings.runner.results_root)
+        .unwrap_or_else(|_| settings.runner.results_root.clone());
+    eprintln!(
+        "gleaner up: broker {}, cluster {:?} with {} local slots, results under {}",
+        gleaner_broker::redact(&settings.broker_url),
+        cluster.name,
+        cluster.slots.unwrap_or(0),
+        results.display()
+    );
+    if let Some(ui) = management_ui(&settings.broker_url).await {
+        eprintln!("gleaner up: watch the queues in the RabbitMQ management UI at {ui}");
+    }
+    eprintln!("gleaner up: submit with `gleaner submit FILE --wait`; Ctrl-C stops");
+    info!(started_at = now_ms(), "gleaner up");
+    let (scheduler, runner, kcm) = tokio::join!(
+        scheduler(&settings, shutdown.clone()),
+        runner(&settings, shutdown.clone()),
+        kcm(&settings, &cluster, shutdown.clone()),
+    );
+    scheduler.and(runner).and(kcm)
+}
+
+fn default_slots() -> u32 {
+    std::thread::available_parallelism().map_or(2, |n| n.get() as u32)
+}
+
+/// The management UI's address, if the plugin answers on the broker's host.
+async fn management_ui(broker_url: &str) -> Option<String> {
+    let host = broker_url
+        .split_once("://")
+        .map(|(_, rest)| rest)
+        .map(|rest| rest.rsplit_once('@').map_or(rest, |(_, h)| h))
+        .and_then(|rest| rest.split(['/', '?']).next())
+        .map(|hostport| hostport.rsplit_once(':').map_or(hostport, |(h, _)| h))
+        .filter(|h| !h.is_empty())
+        .unwrap_or("127.0.0.1")
+        .to_owned();
+    let url = format!("http://{host}:15672/");
+    let probe = url.clone();
+    let answered = tokio::task::spawn_blocking(move || {
+        let agent = ureq::Agent::config_builder()
+            .timeout_global(Some(Duration::from_millis(700)))
+            .build()
+            .new_agent();
+        agent.get(&probe).call().is_ok()
+    })
+    .await
+    .unwrap_or(false);
+    answered.then_some(url)
+}

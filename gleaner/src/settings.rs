@@ -1,0 +1,273 @@
+//! Configuration: `--config`, `$GLEANER_CONFIG`, `./gleaner.toml`,
+//! `/etc/gleaner/gleaner.toml`, then `GLEANER_*` environment variables
+//! (`GLEANER_BROKER_URL`, `GLEANER_RUNNER__RESULTS_ROOT`, …) on top.
+
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
+
+use anyhow::{Context, bail};
+use gleaner_scheduler::policy::CsPolicy;
+use serde::Deserialize;
+
+/// Environment variables of the `GLEANER_` family that are not settings:
+/// where the file is, and what launchers tell their tasks.
+const NOT_SETTINGS: &[&str] = &["CONFIG", "JOB", "TASK", "ATTEMPT", "SANDBOX"];
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Settings {
+    pub broker_url: String,
+    pub scheduler: SchedulerSettings,
+    pub runner: RunnerSettings,
+    pub launcher: LauncherSettings,
+    #[serde(rename = "cluster")]
+    pub clusters: Vec<ClusterSettings>,
+    /// The file these settings came from, if any (passed on to launchers).
+    #[serde(skip)]
+    pub source: Option<PathBuf>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            broker_url: gleaner_broker::DEFAULT_URL.to_owned(),
+            scheduler: SchedulerSettings::default(),
+            runner: RunnerSettings::default(),
+            launcher: LauncherSettings::default(),
+            clusters: Vec::new(),
+            source: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SchedulerSettings {
+    pub policy: CsPolicy,
+    pub load_cap: f64,
+    /// Drain jobs above their fair share so that jobs below it can grow.
+    pub rebalance: bool,
+    #[serde(with = "humantime_serde")]
+    pub round_interval: Duration,
+    pub max_consecutive_failures: u32,
+}
+
+impl Default for SchedulerSettings {
+    fn default() -> Self {
+        Self {
+            policy: CsPolicy::SiteEquipartition,
+            load_cap: 0.8,
+            rebalance: true,
+            round_interval: Duration::from_secs(1),
+            max_consecutive_failures: 3,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunnerSettings {
+    /// Relative `results` paths of manifests are resolved against this.
+    pub results_root: PathBuf,
+    pub max_jobs: u16,
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    #[serde(with = "humantime_serde")]
+    pub preempt_grace: Duration,
+}
+
+impl Default for RunnerSettings {
+    fn default() -> Self {
+        Self {
+            results_root: PathBuf::from("."),
+            max_jobs: 64,
+            heartbeat: Duration::from_secs(2),
+            preempt_grace: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LauncherSettings {
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// Where task sandboxes are made.
+    pub scratch: PathBuf,
+    /// Bytes kept of each task's stdout and stderr (the tail).
+    pub max_stream_bytes: usize,
+    /// Bytes kept of each declared output file.
+    pub max_file_bytes: usize,
+    /// Bytes of output files per task in all.
+    pub max_outputs_bytes: usize,
+    /// Between SIGTERM and SIGKILL when a task's walltime ends.
+    #[serde(with = "humantime_serde")]
+    pub kill_grace: Duration,
+}
+
+impl Default for LauncherSettings {
+    fn default() -> Self {
+        let limits = gleaner_launcher::Limits::default();
+        Self {
+            idle_timeout: Duration::from_secs(5),
+            heartbeat: Duration::from_secs(2),
+            scratch: std::env::temp_dir().join("gleaner"),
+            max_stream_bytes: limits.stream_bytes,
+            max_file_bytes: limits.file_bytes,
+            max_outputs_bytes: limits.outputs_bytes,
+            kill_grace: limits.kill_grace,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Local,
+    Sge,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSettings {
+    pub name: String,
+    pub backend: BackendKind,
+    /// `local`: how many launchers may run at once.
+    #[serde(default)]
+    pub slots: Option<u32>,
+    #[serde(default = "default_poll_interval", with = "humantime_serde")]
+    pub poll_interval: Duration,
+}
+
+fn default_poll_interval() -> Duration {
+    Duration::from_secs(1)
+}
+
+impl Settings {
+    /// Loads the settings. An explicitly named file must exist; the default
+    /// locations are used only when present.
+    pub fn load(explicit: Option<&Path>) -> anyhow::Result<Self> {
+        let from_env = std::env::var_os("GLEANER_CONFIG").map(PathBuf::from);
+        let file = match explicit.map(Path::to_path_buf).or(from_env) {
+            Some(path) => {
+                if !path.is_file() {
+                    bail!("config file {} does not exist", path.display());
+                }
+                Some(path)
+            }
+            None => ["gleaner.toml", "/etc/gleaner/gleaner.toml"]
+                .iter()
+                .map(PathBuf::from)
+                .find(|p| p.is_file()),
+        };
+        let mut builder = config::Config::builder();
+        if let Some(path) = &file {
+            builder = builder.add_source(config::File::from(path.as_path()).format(config::FileFormat::Toml));
+        }
+        let environment: config::Map<String, String> = std::env::vars()
+            .filter_map(|(key, value)| {
+                let rest = key.strip_prefix("GLEANER_")?;
+                (!NOT_SETTINGS.contains(&rest)).then_some((key, value))
+            })
+            .collect();
+        builder = builder.add_source(
+            config::Environment::with_prefix("GLEANER")
+                .separator("__")
+                .try_parsing(true)
+                .source(Some(environment)),
+        );
+        let where_from = file
+            .as_ref()
+            .map_or_else(|| "environment".to_owned(), |p| p.display().to_string());
+        let mut settings: Settings = builder
+            .build()
+            .and_then(config::Config::try_deserialize)
+            .with_context(|| format!("invalid configuration ({where_from})"))?;
+        settings.source = file.map(|p| std::path::absolute(&p).unwrap_or(p));
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if !(0.0..=1.0).contains(&self.scheduler.load_cap) {
+            bail!("scheduler.load_cap must be between 0 and 1");
+        }
+        for cluster in &self.clusters {
+            let valid = !cluster.name.is_empty()
+                && cluster
+                    .name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+            if !valid {
+                bail!(
+                    "cluster name {:?} must be made of A-Z a-z 0-9 . _ -",
+                    cluster.name
+                );
+            }
+            if cluster.backend == BackendKind::Local && cluster.slots.is_none() {
+                bail!("cluster {}: the local backend needs `slots`", cluster.name);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn cluster(&self, name: &str) -> anyhow::Result<&ClusterSettings> {
+        self.clusters
+            .iter()
+            .find(|c| c.name == name)
+            .with_context(|| format!("no [[cluster]] named {name:?} in the configuration"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_file_parses() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.toml");
+        std::fs::write(
+            &path,
+            r#"
+broker_url = "amqp://u:p@h:5672/v"
+[scheduler]
+policy = "grid-equipartition"
+load_cap = 0.5
+[runner]
+results_root = "/data"
+heartbeat = "3s"
+[launcher]
+idle_timeout = "10s"
+[[cluster]]
+name = "c1"
+backend = "local"
+slots = 4
+poll_interval = "500ms"
+"#,
+        )
+        .unwrap();
+        let settings = Settings::load(Some(&path)).unwrap();
+        assert_eq!(settings.scheduler.policy, CsPolicy::GridEquipartition);
+        assert_eq!(settings.runner.heartbeat, Duration::from_secs(3));
+        assert_eq!(settings.launcher.idle_timeout, Duration::from_secs(10));
+        assert_eq!(settings.cluster("c1").unwrap().poll_interval, Duration::from_millis(500));
+        assert!(settings.cluster("c2").is_err());
+    }
+
+    #[test]
+    fn mistakes_are_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("g.toml");
+        std::fs::write(&path, "[runner]\nheartbeet = \"1s\"\n").unwrap();
+        let err = format!("{:#}", Settings::load(Some(&path)).unwrap_err());
+        assert!(err.contains("heartbeet"), "{err}");
+        std::fs::write(&path, "[[cluster]]\nname = \"a b\"\nbackend = \"local\"\nslots = 1\n").unwrap();
+        assert!(Settings::load(Some(&path)).is_err());
+        assert!(Settings::load(Some(&dir.path().join("missing.toml"))).is_err());
+    }
+}
