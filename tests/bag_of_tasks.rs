@@ -1,0 +1,271 @@
+//! Bag-of-tasks end to end on a real RabbitMQ with the local backend.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{Gleaner, by_task, finish, wait_for};
+use nix::sys::signal::Signal;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+#[test]
+fn a_500_task_sweep_completes_with_every_result_exactly_once() {
+    let mut g = Gleaner::new("sweep500");
+    g.up(4);
+    let waiting = g.submit_waiting(
+        r#"
+name = "five-hundred"
+[sweep]
+command = "echo task-{i}-{colour}"
+params = { i = { from = 1, to = 250 }, colour = ["red", "blue"] }
+"#,
+    );
+    let output = finish(waiting, 3 * MINUTE);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "submit --wait failed: {stderr}");
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    assert!(stderr.contains("500 of 500 tasks succeeded"), "{stderr}");
+
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 500);
+    for (task, line) in &tasks {
+        assert_eq!(line["status"], "succeeded");
+        let expected = format!(
+            "task-{}-{}\n",
+            line["params"]["i"],
+            line["params"]["colour"].as_str().unwrap()
+        );
+        let stdout = std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{task}/stdout")))
+            .expect("stdout file");
+        assert_eq!(stdout, expected, "task {task}");
+    }
+    assert_eq!(tasks[&0]["command"], "echo task-1-red");
+    assert_eq!(tasks[&499]["command"], "echo task-250-blue");
+    let job_file = g.job_file(&job).unwrap();
+    assert_eq!(job_file["state"], "done");
+    assert_eq!(job_file["tasks"]["succeeded"], 500);
+    // The job's queues are gone with it.
+    wait_for("job queues to be deleted", Duration::from_secs(10), || {
+        !g.vhost.queue_names().iter().any(|q| q.contains(&job))
+    });
+}
+
+#[test]
+fn failures_are_retried_then_failed_and_walltime_times_out() {
+    let mut g = Gleaner::new("retries");
+    g.up(3);
+    let marker = g.path().join("marker");
+    let manifest = format!(
+        r#"
+name = "flaky"
+max_attempts = 3
+walltime = "2s"
+[[task]]
+command = "echo always failing; exit 3"
+[[task]]
+command = "sleep 30"
+[[task]]
+command = "if [ -e {m} ]; then echo second time lucky; else touch {m}; exit 1; fi"
+"#,
+        m = marker.display()
+    );
+    let output = finish(g.submit_waiting(&manifest), 2 * MINUTE);
+    assert_eq!(output.status.code(), Some(1), "not every task succeeded");
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks[&0]["status"], "failed");
+    assert_eq!(tasks[&0]["exit_code"], 3);
+    assert_eq!(tasks[&0]["attempts"], 3);
+    assert_eq!(tasks[&1]["status"], "timed_out");
+    assert_eq!(tasks[&1]["attempts"], 3);
+    assert!(tasks[&1]["runtime_s"].as_f64().unwrap() < 10.0);
+    assert_eq!(tasks[&2]["status"], "succeeded");
+    assert_eq!(tasks[&2]["attempts"], 2);
+    let stdout = std::fs::read_to_string(g.results_dir(&job).join("tasks/0/stdout")).unwrap();
+    assert_eq!(stdout, "always failing\n");
+}
+
+#[test]
+fn a_killed_launcher_loses_only_its_partial_run() {
+    let mut g = Gleaner::new("kill9");
+    g.up(2);
+    let job = g.submit(
+        r#"
+name = "victim"
+[sweep]
+command = "sleep 1.5; echo {n}"
+params = { n = { from = 1, to = 12 } }
+"#,
+    );
+    // Kill a launcher while it runs a task.
+    let mut victim = None;
+    wait_for("a launcher busy with a task", MINUTE, || {
+        victim = g.launchers(&job).first().copied();
+        victim.is_some() && g.job_file(&job).is_some_and(|f| f["tasks"]["running"].as_u64() > Some(0))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let victim = victim.unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim as i32), Signal::SIGKILL).unwrap();
+
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 12);
+    assert!(tasks.values().all(|t| t["status"] == "succeeded"));
+    assert!(tasks.values().all(|t| t["attempts"] == 1), "a crash is not a failed attempt");
+}
+
+#[test]
+fn a_runner_killed_mid_job_is_replaced_and_the_job_completes() {
+    let mut g = Gleaner::new("runnerkill");
+    g.write(
+        "gleaner.toml",
+        "[[cluster]]\nname = \"local\"\nbackend = \"local\"\nslots = 4\n",
+    );
+    g.start("scheduler", &["scheduler"]);
+    g.start("kcm", &["kcm", "--cluster", "local"]);
+    let runner = g.start("runner", &["runner"]);
+    let job = g.submit(
+        r#"
+name = "resume"
+[sweep]
+command = "sleep 0.1; echo {n}"
+params = { n = { from = 1, to = 200 } }
+"#,
+    );
+    wait_for("some results", MINUTE, || g.index(&job).len() >= 20);
+    g.signal(runner, Signal::SIGKILL);
+    let before = g.index(&job).len();
+    assert!(before < 200, "the runner died mid-job");
+    g.start("runner2", &["runner"]);
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 200);
+    assert!(tasks.values().all(|t| t["status"] == "succeeded"));
+    assert!(g.log("runner2").contains("job resumed"), "{}", g.log("runner2"));
+}
+
+#[test]
+fn invalid_manifests_are_refused_with_the_field_named() {
+    let g = Gleaner::new("invalid");
+    let cases = [
+        ("name = \"broken\nno", "line"),
+        ("name = \"x\"\nwalltim = \"1m\"\n[[task]]\ncommand = \"true\"\n", "walltim"),
+        ("name = \"x\"\n[sweep]\ncommand = \"echo\"\nparams = {}\n", "sweep.params"),
+        ("name = \"x\"\nwalltime = \"soon\"\n[[task]]\ncommand = \"true\"\n", "walltime"),
+    ];
+    for (i, (manifest, field)) in cases.iter().enumerate() {
+        let path = g.write(&format!("bad{i}.toml"), manifest);
+        let output = g.run(&["submit", path.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "case {i}: {stderr}");
+        assert!(stderr.contains(field), "case {i} should name {field}: {stderr}");
+    }
+    let output = g.run(&["submit", "/nonexistent/job.toml"]);
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn garbage_on_the_submit_queue_is_dead_lettered_and_the_next_job_runs() {
+    let mut g = Gleaner::new("garbage");
+    g.up(2);
+    wait_for("the submit queue", MINUTE, || g.vhost.queue("gleaner.submit").is_some());
+    g.vhost.publish_raw("gleaner.submit", "\u{1}\u{2} not a manifest", None);
+    g.vhost
+        .publish_raw("gleaner.submit", r#"{"name": "bad json", "task": []}"#, Some("application/json"));
+    wait_for("two dead letters", MINUTE, || {
+        g.vhost
+            .queue("gleaner.dead")
+            .is_some_and(|q| q["messages"].as_u64() == Some(2))
+    });
+    let dead = g.vhost.get("gleaner.dead", 2);
+    let reasons: Vec<String> = dead
+        .iter()
+        .map(|m| m["properties"]["headers"]["x-gleaner-reason"].as_str().unwrap_or("").to_owned())
+        .collect();
+    assert!(reasons[0].contains("MessagePack"), "{reasons:?}");
+    assert!(reasons[1].contains("name"), "{reasons:?}");
+
+    // A hand-published JSON manifest works, and so does the CLI afterwards.
+    g.vhost.publish_raw(
+        "gleaner.submit",
+        r#"{"name": "by-hand", "task": [{"command": "echo from json"}]}"#,
+        Some("application/json"),
+    );
+    let output = finish(
+        g.submit_waiting("name = \"after\"\n[[task]]\ncommand = \"echo fine\"\n"),
+        MINUTE,
+    );
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    wait_for("the JSON job to finish", MINUTE, || {
+        std::fs::read_dir(g.path().join("results")).is_ok_and(|entries| {
+            entries.flatten().any(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                name.starts_with("by-hand-") && g.job_state(&name).as_deref() == Some("done")
+            })
+        })
+    });
+}
+
+#[test]
+fn two_jobs_submitted_together_share_the_slots_evenly() {
+    let mut g = Gleaner::new("fair");
+    g.up(4);
+    let manifest = |name: &str| {
+        format!("name = \"{name}\"\n[sweep]\ncommand = \"sleep 1\"\nparams = {{ n = {{ from = 1, to = 40 }} }}\n")
+    };
+    let a = g.submit(&manifest("left"));
+    let b = g.submit(&manifest("right"));
+    let mut seen = String::new();
+    wait_for("two launchers for each job", MINUTE, || {
+        let Some(status) = g.status() else { return false };
+        let holding = |job: &str| {
+            status["clusters"][0]["report"]["jobs"][job]["running"]
+                .as_u64()
+                .unwrap_or(0)
+        };
+        seen = format!("{}/{}", holding(&a), holding(&b));
+        holding(&a) == 2 && holding(&b) == 2
+    });
+    assert_eq!(seen, "2/2");
+    g.run(&["cancel", &a]);
+    g.run(&["cancel", &b]);
+}
+
+#[test]
+fn cancel_stops_a_running_job_and_keeps_its_results() {
+    let mut g = Gleaner::new("cancel");
+    g.up(2);
+    let waiting = g.submit_waiting(
+        r#"
+name = "doomed"
+[[task]]
+command = "echo quick"
+[[task]]
+command = "echo quick"
+[sweep]
+command = "sleep 60"
+params = { n = { from = 1, to = 10 } }
+"#,
+    );
+    let mut job = String::new();
+    wait_for("the quick tasks and two sleepers", MINUTE, || {
+        let Ok(entries) = std::fs::read_dir(g.path().join("results")) else { return false };
+        let Some(dir) = entries.flatten().next() else { return false };
+        job = dir.file_name().to_string_lossy().into_owned();
+        g.index(&job).len() == 2 && g.launchers(&job).len() == 2
+            && g.job_file(&job).is_some_and(|f| f["tasks"]["running"] == 2)
+    });
+    let output = g.run(&["cancel", &job]);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let output = finish(waiting, MINUTE);
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(g.wait_for_end(&job, MINUTE), "cancelled");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 12);
+    assert_eq!(tasks.values().filter(|t| t["status"] == "succeeded").count(), 2);
+    assert_eq!(tasks.values().filter(|t| t["status"] == "cancelled").count(), 10);
+    wait_for("the launchers to leave", Duration::from_secs(20), || g.launchers(&job).is_empty());
+    let output = g.run(&["cancel", &job]);
+    assert_eq!(output.status.code(), Some(1), "the job is over");
+}

@@ -135,15 +135,17 @@ async fn dispatch(command: Command, settings: Settings) -> ExitCode {
     }
 }
 
-/// `RUST_LOG` if set, else `default`. lapin's warning about returned
-/// messages is muted: gleaner publishes with `mandatory` on purpose and
-/// handles returns itself.
+/// `RUST_LOG` if set, else `default`. Two of lapin's own messages are
+/// muted: gleaner publishes with `mandatory` on purpose and handles returns
+/// itself, and reports connection failures itself, with context.
 fn log_filter(default: &str) -> EnvFilter {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    match "lapin::returned_messages=error".parse() {
-        Ok(directive) => filter.add_directive(directive),
-        Err(_) => filter,
+    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    for muted in ["lapin::returned_messages=error", "lapin::channels=off"] {
+        if let Ok(directive) = muted.parse() {
+            filter = filter.add_directive(directive);
+        }
     }
+    filter
 }
 
 /// A token cancelled by SIGTERM or SIGINT, and for launchers also by the

@@ -176,6 +176,7 @@ impl Settings {
             .collect();
         builder = builder.add_source(
             config::Environment::with_prefix("GLEANER")
+                .prefix_separator("_")
                 .separator("__")
                 .try_parsing(true)
                 .source(Some(environment)),
@@ -257,6 +258,28 @@ poll_interval = "500ms"
         assert_eq!(settings.launcher.idle_timeout, Duration::from_secs(10));
         assert_eq!(settings.cluster("c1").unwrap().poll_interval, Duration::from_millis(500));
         assert!(settings.cluster("c2").is_err());
+    }
+
+    #[test]
+    fn environment_variables_override() {
+        let environment: config::Map<String, String> = [
+            ("GLEANER_BROKER_URL".to_owned(), "amqp://x/v".to_owned()),
+            ("GLEANER_RUNNER__MAX_JOBS".to_owned(), "7".to_owned()),
+        ]
+        .into();
+        let settings: Settings = config::Config::builder()
+            .add_source(
+                config::Environment::with_prefix("GLEANER")
+                    .prefix_separator("_")
+                    .separator("__")
+                    .try_parsing(true)
+                    .source(Some(environment)),
+            )
+            .build()
+            .and_then(config::Config::try_deserialize)
+            .unwrap();
+        assert_eq!(settings.broker_url, "amqp://x/v");
+        assert_eq!(settings.runner.max_jobs, 7);
     }
 
     #[test]

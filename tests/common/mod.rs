@@ -1,0 +1,375 @@
+//! Test harness: every test gets its own RabbitMQ vhost, its own directory and
+//! its own gleaner processes, all removed when the test ends.
+
+#![allow(dead_code)]
+
+use std::{
+    collections::BTreeMap,
+    io::Read,
+    os::unix::process::CommandExt,
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use nix::{
+    sys::signal::{Signal, killpg},
+    unistd::Pid,
+};
+use serde_json::Value;
+
+pub const GLEANER: &str = env!("CARGO_BIN_EXE_gleaner");
+const API: &str = "http://127.0.0.1:15672/api";
+const AUTH: &str = "Basic Z3Vlc3Q6Z3Vlc3Q="; // guest:guest
+
+/// A vhost of its own, deleted at the end of the test.
+pub struct Vhost {
+    pub name: String,
+}
+
+impl Vhost {
+    pub fn new(test: &str) -> Self {
+        let name = format!("gleaner-test-{test}-{}", std::process::id());
+        let _ = api("DELETE", &format!("/vhosts/{name}"), None);
+        api("PUT", &format!("/vhosts/{name}"), Some("{}")).expect("create vhost");
+        api(
+            "PUT",
+            &format!("/permissions/{name}/guest"),
+            Some(r#"{"configure":".*","write":".*","read":".*"}"#),
+        )
+        .expect("grant permissions");
+        Self { name }
+    }
+
+    pub fn url(&self) -> String {
+        format!("amqp://guest:guest@127.0.0.1:5672/{}?heartbeat=10", self.name)
+    }
+
+    /// Publishes a raw message through the management API, as a user would by hand.
+    pub fn publish_raw(&self, queue: &str, payload: &str, content_type: Option<&str>) {
+        let mut properties = serde_json::Map::new();
+        if let Some(ct) = content_type {
+            properties.insert("content_type".into(), ct.into());
+        }
+        let body = serde_json::json!({
+            "properties": properties,
+            "routing_key": queue,
+            "payload": payload,
+            "payload_encoding": "string",
+        });
+        let answer = api(
+            "POST",
+            &format!("/exchanges/{}/amq.default/publish", self.name),
+            Some(&body.to_string()),
+        )
+        .expect("publish");
+        assert!(answer.contains("\"routed\":true"), "not routed: {answer}");
+    }
+
+    /// Messages in a queue (ready + unacked), as the management API reports them.
+    pub fn queue(&self, queue: &str) -> Option<Value> {
+        let text = api("GET", &format!("/queues/{}/{queue}", self.name), None).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// Takes (and removes) up to `count` messages from a queue.
+    pub fn get(&self, queue: &str, count: u32) -> Vec<Value> {
+        let body = serde_json::json!({
+            "count": count, "ackmode": "ack_requeue_false", "encoding": "auto"
+        });
+        let text = api(
+            "POST",
+            &format!("/queues/{}/{queue}/get", self.name),
+            Some(&body.to_string()),
+        )
+        .unwrap_or_default();
+        serde_json::from_str(&text).unwrap_or_default()
+    }
+
+    pub fn queue_names(&self) -> Vec<String> {
+        let text = api("GET", &format!("/queues/{}", self.name), None).unwrap_or_default();
+        let queues: Vec<Value> = serde_json::from_str(&text).unwrap_or_default();
+        queues
+            .iter()
+            .filter_map(|q| q["name"].as_str().map(str::to_owned))
+            .collect()
+    }
+}
+
+impl Drop for Vhost {
+    fn drop(&mut self) {
+        let _ = api("DELETE", &format!("/vhosts/{}", self.name), None);
+    }
+}
+
+fn api(method: &str, path: &str, body: Option<&str>) -> Result<String, String> {
+    let url = format!("{API}{path}");
+    let agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(30)))
+        .http_status_as_error(false)
+        .build()
+        .new_agent();
+    let response = match (method, body) {
+        ("GET", _) => agent.get(&url).header("Authorization", AUTH).call(),
+        ("DELETE", _) => agent.delete(&url).header("Authorization", AUTH).call(),
+        ("PUT", b) => agent
+            .put(&url)
+            .header("Authorization", AUTH)
+            .header("content-type", "application/json")
+            .send(b.unwrap_or("{}")),
+        (_, b) => agent
+            .post(&url)
+            .header("Authorization", AUTH)
+            .header("content-type", "application/json")
+            .send(b.unwrap_or("{}")),
+    };
+    let mut response = response.map_err(|e| format!("{method} {url}: {e}"))?;
+    let status = response.status().as_u16();
+    let text = response
+        .body_mut()
+        .read_to_string()
+        .map_err(|e| e.to_string())?;
+    if status >= 400 {
+        return Err(format!("{method} {url}: {status} {text}"));
+    }
+    Ok(text)
+}
+
+/// One test's gleaner: a directory, a vhost, and the processes started in it.
+pub struct Gleaner {
+    pub vhost: Vhost,
+    pub dir: tempfile::TempDir,
+    services: Vec<Child>,
+}
+
+impl Gleaner {
+    pub fn new(test: &str) -> Self {
+        Self {
+            vhost: Vhost::new(test),
+            dir: tempfile::tempdir().expect("tempdir"),
+            services: Vec::new(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A gleaner command for this test's vhost and directory.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(GLEANER);
+        command
+            .args(args)
+            .current_dir(self.path())
+            .env("GLEANER_BROKER_URL", self.vhost.url())
+            .env("GLEANER_LAUNCHER__IDLE_TIMEOUT", "2s")
+            .env("GLEANER_LAUNCHER__HEARTBEAT", "1s")
+            .env("GLEANER_RUNNER__HEARTBEAT", "1s")
+            .env("GLEANER_RUNNER__PREEMPT_GRACE", "3s")
+            .env_remove("GLEANER_CONFIG")
+            .env("RUST_LOG", "info");
+        command
+    }
+
+    /// Starts a long-running service; its log goes to `<dir>/<name>.log`.
+    pub fn start(&mut self, name: &str, args: &[&str]) -> u32 {
+        let log = std::fs::File::create(self.path().join(format!("{name}.log"))).expect("log");
+        let child = self
+            .command(args)
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .expect("start gleaner");
+        let pid = child.id();
+        self.services.push(child);
+        pid
+    }
+
+    pub fn up(&mut self, slots: u32) -> u32 {
+        self.start("up", &["up", "--slots", &slots.to_string()])
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.path().join(name);
+        std::fs::write(&path, text).expect("write file");
+        path
+    }
+
+    /// Runs a client command to its end.
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command(args)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("run gleaner")
+    }
+
+    /// `gleaner submit` without waiting; returns the job id.
+    pub fn submit(&self, manifest: &str) -> String {
+        let path = self.write(&format!("job-{}.toml", rand_suffix()), manifest);
+        let output = self.run(&["submit", path.to_str().unwrap()]);
+        assert!(output.status.success(), "submit failed: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    }
+
+    /// `gleaner submit --wait` as a child, to be waited for later.
+    pub fn submit_waiting(&self, manifest: &str) -> Child {
+        let path = self.write(&format!("job-{}.toml", rand_suffix()), manifest);
+        self.command(&["submit", path.to_str().unwrap(), "--wait"])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("submit --wait")
+    }
+
+    pub fn results_dir(&self, job: &str) -> PathBuf {
+        self.path().join("results").join(job)
+    }
+
+    /// The results index of a job, one JSON value per line.
+    pub fn index(&self, job: &str) -> Vec<Value> {
+        std::fs::read_to_string(self.results_dir(job).join("index.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("index line is JSON"))
+            .collect()
+    }
+
+    pub fn job_file(&self, job: &str) -> Option<Value> {
+        let text = std::fs::read_to_string(self.results_dir(job).join("job.json")).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    pub fn job_state(&self, job: &str) -> Option<String> {
+        self.job_file(job)?["state"].as_str().map(str::to_owned)
+    }
+
+    /// Waits until the job has ended (per job.json), or panics after `timeout`.
+    pub fn wait_for_end(&self, job: &str, timeout: Duration) -> String {
+        let mut state = None;
+        wait_for(&format!("job {job} to end"), timeout, || {
+            state = self.job_state(job).filter(|s| s == "done" || s == "cancelled");
+            state.is_some()
+        });
+        state.unwrap_or_default()
+    }
+
+    /// `gleaner status --json`.
+    pub fn status(&self) -> Option<Value> {
+        let output = self.run(&["status", "--json"]);
+        serde_json::from_slice(&output.stdout).ok()
+    }
+
+    /// Launcher processes of a job (their pids).
+    pub fn launchers(&self, job: &str) -> Vec<u32> {
+        let output = Command::new("pgrep")
+            .args(["-f", &format!("launcher --job {job} ")])
+            .output()
+            .expect("pgrep");
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Stops a service started with [`Gleaner::start`] with `signal`.
+    pub fn signal(&mut self, pid: u32, signal: Signal) {
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), signal);
+        if let Some(child) = self.services.iter_mut().find(|c| c.id() == pid) {
+            if signal == Signal::SIGKILL {
+                let _ = child.wait();
+            }
+        }
+    }
+
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.path().join(format!("{name}.log"))).unwrap_or_default()
+    }
+}
+
+impl Drop for Gleaner {
+    fn drop(&mut self) {
+        for child in &self.services {
+            let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        for child in &mut self.services {
+            while Instant::now() < deadline {
+                if matches!(child.try_wait(), Ok(Some(_)) | Err(_)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = killpg(Pid::from_raw(child.id() as i32), Signal::SIGKILL);
+            let _ = child.wait();
+        }
+        if std::thread::panicking() {
+            for name in ["up", "runner", "runner2", "scheduler", "kcm"] {
+                let log = self.log(name);
+                if !log.is_empty() {
+                    let tail: Vec<&str> = log.lines().rev().take(60).collect();
+                    eprintln!("---- {name}.log (last lines) ----");
+                    for line in tail.into_iter().rev() {
+                        eprintln!("{line}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+pub fn rand_suffix() -> String {
+    format!("{:08x}", rand::random::<u32>())
+}
+
+/// Polls `condition` every 100 ms until it holds; panics after `timeout`.
+pub fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !condition() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits for a child with a timeout, returning its output.
+pub fn finish(mut child: Child, timeout: Duration) -> Output {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("output");
+            panic!(
+                "command did not finish in time; stderr:\n{}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut stdout = String::new();
+    let mut stderr = String::new();
+    if let Some(mut out) = child.stdout.take() {
+        let _ = out.read_to_string(&mut stdout);
+    }
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut stderr);
+    }
+    Output {
+        status: child.wait().expect("status"),
+        stdout: stdout.into_bytes(),
+        stderr: stderr.into_bytes(),
+    }
+}
+
+/// Index lines by task number; panics on a duplicate.
+pub fn by_task(index: &[Value]) -> BTreeMap<u64, Value> {
+    let mut tasks = BTreeMap::new();
+    for line in index {
+        let task = line["task"].as_u64().expect("task number");
+        assert!(tasks.insert(task, line.clone()).is_none(), "task {task} twice in the index");
+    }
+    tasks
+}
