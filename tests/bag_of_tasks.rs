@@ -36,8 +36,9 @@ params = { i = { from = 1, to = 250 }, colour = ["red", "blue"] }
             line["params"]["i"],
             line["params"]["colour"].as_str().unwrap()
         );
-        let stdout = std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{task}/stdout")))
-            .expect("stdout file");
+        let stdout =
+            std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{task}/stdout")))
+                .expect("stdout file");
         assert_eq!(stdout, expected, "task {task}");
     }
     assert_eq!(tasks[&0]["command"], "echo task-1-red");
@@ -102,7 +103,9 @@ params = { n = { from = 1, to = 12 } }
     let mut victim = None;
     wait_for("a launcher busy with a task", MINUTE, || {
         victim = g.launchers(&job).first().copied();
-        victim.is_some() && g.job_file(&job).is_some_and(|f| f["tasks"]["running"].as_u64() > Some(0))
+        victim.is_some()
+            && g.job_file(&job)
+                .is_some_and(|f| f["tasks"]["running"].as_u64() > Some(0))
     });
     std::thread::sleep(Duration::from_millis(500));
     let victim = victim.unwrap();
@@ -112,7 +115,10 @@ params = { n = { from = 1, to = 12 } }
     let tasks = by_task(&g.index(&job));
     assert_eq!(tasks.len(), 12);
     assert!(tasks.values().all(|t| t["status"] == "succeeded"));
-    assert!(tasks.values().all(|t| t["attempts"] == 1), "a crash is not a failed attempt");
+    assert!(
+        tasks.values().all(|t| t["attempts"] == 1),
+        "a crash is not a failed attempt"
+    );
 }
 
 #[test]
@@ -142,7 +148,11 @@ params = { n = { from = 1, to = 200 } }
     let tasks = by_task(&g.index(&job));
     assert_eq!(tasks.len(), 200);
     assert!(tasks.values().all(|t| t["status"] == "succeeded"));
-    assert!(g.log("runner2").contains("job resumed"), "{}", g.log("runner2"));
+    assert!(
+        g.log("runner2").contains("job resumed"),
+        "{}",
+        g.log("runner2")
+    );
 }
 
 #[test]
@@ -150,16 +160,28 @@ fn invalid_manifests_are_refused_with_the_field_named() {
     let g = Gleaner::new("invalid");
     let cases = [
         ("name = \"broken\nno", "line"),
-        ("name = \"x\"\nwalltim = \"1m\"\n[[task]]\ncommand = \"true\"\n", "walltim"),
-        ("name = \"x\"\n[sweep]\ncommand = \"echo\"\nparams = {}\n", "sweep.params"),
-        ("name = \"x\"\nwalltime = \"soon\"\n[[task]]\ncommand = \"true\"\n", "walltime"),
+        (
+            "name = \"x\"\nwalltim = \"1m\"\n[[task]]\ncommand = \"true\"\n",
+            "walltim",
+        ),
+        (
+            "name = \"x\"\n[sweep]\ncommand = \"echo\"\nparams = {}\n",
+            "sweep.params",
+        ),
+        (
+            "name = \"x\"\nwalltime = \"soon\"\n[[task]]\ncommand = \"true\"\n",
+            "walltime",
+        ),
     ];
     for (i, (manifest, field)) in cases.iter().enumerate() {
         let path = g.write(&format!("bad{i}.toml"), manifest);
         let output = g.run(&["submit", path.to_str().unwrap()]);
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "case {i}: {stderr}");
-        assert!(stderr.contains(field), "case {i} should name {field}: {stderr}");
+        assert!(
+            stderr.contains(field),
+            "case {i} should name {field}: {stderr}"
+        );
     }
     let output = g.run(&["submit", "/nonexistent/job.toml"]);
     assert_eq!(output.status.code(), Some(2));
@@ -169,10 +191,16 @@ fn invalid_manifests_are_refused_with_the_field_named() {
 fn garbage_on_the_submit_queue_is_dead_lettered_and_the_next_job_runs() {
     let mut g = Gleaner::new("garbage");
     g.up(2);
-    wait_for("the submit queue", MINUTE, || g.vhost.queue("gleaner.submit").is_some());
-    g.vhost.publish_raw("gleaner.submit", "\u{1}\u{2} not a manifest", None);
+    wait_for("the submit queue", MINUTE, || {
+        g.vhost.queue("gleaner.submit").is_some()
+    });
     g.vhost
-        .publish_raw("gleaner.submit", r#"{"name": "bad json", "task": []}"#, Some("application/json"));
+        .publish_raw("gleaner.submit", "\u{1}\u{2} not a manifest", None);
+    g.vhost.publish_raw(
+        "gleaner.submit",
+        r#"{"name": "bad json", "task": []}"#,
+        Some("application/json"),
+    );
     wait_for("two dead letters", MINUTE, || {
         g.vhost
             .queue("gleaner.dead")
@@ -181,7 +209,12 @@ fn garbage_on_the_submit_queue_is_dead_lettered_and_the_next_job_runs() {
     let dead = g.vhost.get("gleaner.dead", 2);
     let reasons: Vec<String> = dead
         .iter()
-        .map(|m| m["properties"]["headers"]["x-gleaner-reason"].as_str().unwrap_or("").to_owned())
+        .map(|m| {
+            m["properties"]["headers"]["x-gleaner-reason"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned()
+        })
         .collect();
     assert!(reasons[0].contains("MessagePack"), "{reasons:?}");
     assert!(reasons[1].contains("name"), "{reasons:?}");
@@ -196,7 +229,11 @@ fn garbage_on_the_submit_queue_is_dead_lettered_and_the_next_job_runs() {
         g.submit_waiting("name = \"after\"\n[[task]]\ncommand = \"echo fine\"\n"),
         MINUTE,
     );
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     wait_for("the JSON job to finish", MINUTE, || {
         std::fs::read_dir(g.path().join("results")).is_ok_and(|entries| {
             entries.flatten().any(|e| {
@@ -212,13 +249,17 @@ fn two_jobs_submitted_together_share_the_slots_evenly() {
     let mut g = Gleaner::new("fair");
     g.up(4);
     let manifest = |name: &str| {
-        format!("name = \"{name}\"\n[sweep]\ncommand = \"sleep 1\"\nparams = {{ n = {{ from = 1, to = 40 }} }}\n")
+        format!(
+            "name = \"{name}\"\n[sweep]\ncommand = \"sleep 1\"\nparams = {{ n = {{ from = 1, to = 40 }} }}\n"
+        )
     };
     let a = g.submit(&manifest("left"));
     let b = g.submit(&manifest("right"));
     let mut seen = String::new();
     wait_for("two launchers for each job", MINUTE, || {
-        let Some(status) = g.status() else { return false };
+        let Some(status) = g.status() else {
+            return false;
+        };
         let holding = |job: &str| {
             status["clusters"][0]["report"]["jobs"][job]["running"]
                 .as_u64()
@@ -250,22 +291,74 @@ params = { n = { from = 1, to = 10 } }
     );
     let mut job = String::new();
     wait_for("the quick tasks and two sleepers", MINUTE, || {
-        let Ok(entries) = std::fs::read_dir(g.path().join("results")) else { return false };
-        let Some(dir) = entries.flatten().next() else { return false };
+        let Ok(entries) = std::fs::read_dir(g.path().join("results")) else {
+            return false;
+        };
+        let Some(dir) = entries.flatten().next() else {
+            return false;
+        };
         job = dir.file_name().to_string_lossy().into_owned();
-        g.index(&job).len() == 2 && g.launchers(&job).len() == 2
+        g.index(&job).len() == 2
+            && g.launchers(&job).len() == 2
             && g.job_file(&job).is_some_and(|f| f["tasks"]["running"] == 2)
     });
     let output = g.run(&["cancel", &job]);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let output = finish(waiting, MINUTE);
     assert_eq!(output.status.code(), Some(1));
     assert_eq!(g.wait_for_end(&job, MINUTE), "cancelled");
     let tasks = by_task(&g.index(&job));
     assert_eq!(tasks.len(), 12);
-    assert_eq!(tasks.values().filter(|t| t["status"] == "succeeded").count(), 2);
-    assert_eq!(tasks.values().filter(|t| t["status"] == "cancelled").count(), 10);
-    wait_for("the launchers to leave", Duration::from_secs(20), || g.launchers(&job).is_empty());
+    assert_eq!(
+        tasks
+            .values()
+            .filter(|t| t["status"] == "succeeded")
+            .count(),
+        2
+    );
+    assert_eq!(
+        tasks
+            .values()
+            .filter(|t| t["status"] == "cancelled")
+            .count(),
+        10
+    );
+    wait_for("the launchers to leave", Duration::from_secs(20), || {
+        g.launchers(&job).is_empty()
+    });
     let output = g.run(&["cancel", &job]);
     assert_eq!(output.status.code(), Some(1), "the job is over");
+}
+
+#[test]
+fn services_reconnect_after_losing_the_broker_and_lose_nothing() {
+    let mut g = Gleaner::new("reconnect");
+    g.up(3);
+    let job = g.submit(
+        r#"
+name = "outage"
+[sweep]
+command = "sleep 0.2; echo {n}"
+params = { n = { from = 1, to = 150 } }
+"#,
+    );
+    wait_for("some results", MINUTE, || g.index(&job).len() >= 15);
+    // The management API lists connections a few seconds late.
+    let mut closed = 0;
+    wait_for("the services' connections to be closed", MINUTE, || {
+        closed += g.vhost.close_connections();
+        closed >= 4
+    });
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 150);
+    assert!(tasks.values().all(|t| t["status"] == "succeeded"));
+    assert!(
+        g.log("up").contains("reconnecting"),
+        "the services noticed the outage"
+    );
 }

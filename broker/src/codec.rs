@@ -52,10 +52,10 @@ pub trait Decode: Sized + Send {
 
 impl<M: Message> Decode for M {
     fn decode(properties: &BasicProperties, data: &[u8]) -> Result<(String, Self), DecodeError> {
-        if let Some(content_type) = properties.content_type() {
-            if content_type.as_str() != MSGPACK {
-                return Err(DecodeError::ContentType(content_type.to_string()));
-            }
+        if let Some(content_type) = properties.content_type()
+            && content_type.as_str() != MSGPACK
+        {
+            return Err(DecodeError::ContentType(content_type.to_string()));
         }
         let envelope = decode::<M>(data)?;
         Ok((envelope.from, envelope.msg))
@@ -76,7 +76,9 @@ mod tests {
         let envelope = decode::<LauncherMsg>(&body).unwrap();
         assert_eq!(envelope.from, "runner@h");
         assert_eq!(envelope.v, PROTOCOL_VERSION);
-        assert!(matches!(envelope.msg, LauncherMsg::Preempt { reason } if reason == "local job waiting"));
+        assert!(
+            matches!(envelope.msg, LauncherMsg::Preempt { reason } if reason == "local job waiting")
+        );
     }
 
     #[test]

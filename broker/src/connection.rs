@@ -45,7 +45,9 @@ impl Broker {
         let name = identity.clone();
         let pool = config
             .create_pool(
-                move || ConnectionProperties::default().with_connection_name(name.to_string().into()),
+                move || {
+                    ConnectionProperties::default().with_connection_name(name.to_string().into())
+                },
                 Runtime::Tokio1,
             )
             .map_err(|e| BrokerError::Url(e.to_string()))?;

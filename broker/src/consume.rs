@@ -6,7 +6,10 @@ use std::marker::PhantomData;
 use futures_util::StreamExt;
 use lapin::{
     Acker, Channel, Consumer,
-    options::{BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions, BasicRejectOptions},
+    options::{
+        BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions,
+        BasicRejectOptions,
+    },
     types::FieldTable,
 };
 use tracing::warn;
@@ -179,7 +182,11 @@ impl<M: Decode> Inbox<M> {
             bytes = delivery.data.len(),
             "undecodable message dead-lettered"
         );
-        match self.publisher.dead_letter(&self.queue, delivery, reason).await {
+        match self
+            .publisher
+            .dead_letter(&self.queue, delivery, reason)
+            .await
+        {
             Ok(()) => {
                 delivery.acker.ack(BasicAckOptions::default()).await?;
                 if let DecodeError::Invalid { job: Some(job), .. } = error {

@@ -27,7 +27,6 @@ impl BrokerError {
             _ => false,
         }
     }
-
 }
 
 fn soft_error(e: &lapin::Error) -> Option<AMQPSoftError> {

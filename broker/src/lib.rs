@@ -18,8 +18,8 @@ mod watch;
 pub use connection::{Backoff, Broker, Connection, DEFAULT_URL, redact};
 pub use consume::{ConsumeOptions, Inbox, Incoming};
 pub use error::BrokerError;
-pub use publish::{Publisher, Reply};
-pub use submission::IncomingSubmission;
 /// Channels are handed between the broker crate's functions; callers only
 /// hold them.
 pub use lapin::Channel;
+pub use publish::{Publisher, Reply};
+pub use submission::IncomingSubmission;

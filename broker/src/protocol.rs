@@ -265,7 +265,9 @@ pub enum ControlMsg {
         reason: String,
     },
     /// `gleaner cancel`.
-    Cancel { reason: String },
+    Cancel {
+        reason: String,
+    },
 }
 
 impl Message for ControlMsg {

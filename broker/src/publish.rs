@@ -79,7 +79,13 @@ impl Publisher {
         };
         Ok(self
             .channel
-            .basic_publish(exchange.into(), routing_key.into(), options, &body, properties)
+            .basic_publish(
+                exchange.into(),
+                routing_key.into(),
+                options,
+                &body,
+                properties,
+            )
             .await?)
     }
 

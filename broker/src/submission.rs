@@ -37,7 +37,10 @@ impl Decode for IncomingSubmission {
     }
 }
 
-fn decode_json(properties: &BasicProperties, data: &[u8]) -> Result<(String, IncomingSubmission), DecodeError> {
+fn decode_json(
+    properties: &BasicProperties,
+    data: &[u8],
+) -> Result<(String, IncomingSubmission), DecodeError> {
     let from = properties
         .app_id()
         .as_ref()
@@ -64,7 +67,11 @@ fn json_name(data: &[u8]) -> Option<String> {
     let value: serde_json::Value = serde_json::from_slice(data).ok()?;
     let name = value.get("name")?.as_str()?;
     let probe = JobId::new(name, 0);
-    probe.to_string().parse::<JobId>().ok().map(|_| name.to_owned())
+    probe
+        .to_string()
+        .parse::<JobId>()
+        .ok()
+        .map(|_| name.to_owned())
 }
 
 /// A hand-published manifest is named by its `message_id` when that is a job
@@ -123,8 +130,8 @@ mod tests {
 
     #[test]
     fn invalid_json_manifests_name_their_job_when_they_can() {
-        let err = IncomingSubmission::decode(&json(), br#"{"name":"bad","walltime":"x"}"#)
-            .unwrap_err();
+        let err =
+            IncomingSubmission::decode(&json(), br#"{"name":"bad","walltime":"x"}"#).unwrap_err();
         match err {
             DecodeError::Invalid { job, reason } => {
                 assert!(job.unwrap().starts_with("bad-"));
@@ -137,15 +144,24 @@ mod tests {
 
     #[test]
     fn msgpack_submissions_are_validated_again() {
-        let mut manifest = Manifest::from_toml("name = \"m\"\n[[task]]\ncommand = \"true\"\n").unwrap();
+        let mut manifest =
+            Manifest::from_toml("name = \"m\"\n[[task]]\ncommand = \"true\"\n").unwrap();
         let job = JobId::new("m", 1);
-        let ok = Submission { job: job.clone(), manifest: manifest.clone(), submitted_at: 1 };
+        let ok = Submission {
+            job: job.clone(),
+            manifest: manifest.clone(),
+            submitted_at: 1,
+        };
         let body = encode("cli", &ok).unwrap();
         let (from, IncomingSubmission(s)) =
             IncomingSubmission::decode(&BasicProperties::default(), &body).unwrap();
         assert_eq!((from.as_str(), s.job), ("cli", job.clone()));
         manifest.max_attempts = 0;
-        let bad = Submission { job, manifest, submitted_at: 1 };
+        let bad = Submission {
+            job,
+            manifest,
+            submitted_at: 1,
+        };
         let body = encode("cli", &bad).unwrap();
         assert!(matches!(
             IncomingSubmission::decode(&BasicProperties::default(), &body),

@@ -63,13 +63,18 @@ struct Args(FieldTable);
 impl Args {
     fn quorum() -> Self {
         let mut table = FieldTable::default();
-        table.insert("x-queue-type".into(), AMQPValue::LongString("quorum".into()));
+        table.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
         Self(table)
     }
 
     fn dead_letter_to(mut self, queue: &str) -> Self {
-        self.0
-            .insert("x-dead-letter-exchange".into(), AMQPValue::LongString("".into()));
+        self.0.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString("".into()),
+        );
         self.0.insert(
             "x-dead-letter-routing-key".into(),
             AMQPValue::LongString(queue.into()),
@@ -176,7 +181,13 @@ pub async fn declare_job_control(channel: &Channel, queues: &JobQueues) -> Resul
 /// Deletes the task queue first: that cancels every launcher's consumer, which
 /// is how launchers learn that their job is over.
 pub async fn delete_job(channel: &Channel, queues: &JobQueues) -> Result<()> {
-    for queue in [&queues.tasks, &queues.results, &queues.dead, &queues.control, &queues.owner] {
+    for queue in [
+        &queues.tasks,
+        &queues.results,
+        &queues.dead,
+        &queues.control,
+        &queues.owner,
+    ] {
         channel
             .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
             .await?;

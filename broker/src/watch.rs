@@ -9,7 +9,7 @@ use lapin::{
 };
 
 use crate::{
-    BrokerError, ConsumeOptions, Connection, Inbox, Publisher, Reply,
+    BrokerError, Connection, ConsumeOptions, Inbox, Publisher, Reply,
     codec::{Decode, DecodeError},
     protocol::{Event, Message},
     topology::EVENTS_EXCHANGE,
@@ -103,15 +103,17 @@ impl Connection {
                 if matches {
                     return match A::decode(&delivery.properties, &delivery.data) {
                         Ok((_, answer)) => Ok(Some(answer)),
-                        Err(DecodeError::ContentType(t)) => Err(BrokerError::Encode(format!(
-                            "answer has content type {t}"
-                        ))),
+                        Err(DecodeError::ContentType(t)) => {
+                            Err(BrokerError::Encode(format!("answer has content type {t}")))
+                        }
                         Err(e) => Err(BrokerError::Encode(e.to_string())),
                     };
                 }
             }
             Ok(None)
         };
-        tokio::time::timeout(timeout, wait).await.unwrap_or(Ok(None))
+        tokio::time::timeout(timeout, wait)
+            .await
+            .unwrap_or(Ok(None))
     }
 }

@@ -29,7 +29,9 @@ async fn connect(settings: &Settings) -> Result<Connection, ExitCode> {
         ExitCode::from(BAD_INPUT)
     })?;
     broker.connect().await.map_err(|e| {
-        eprintln!("error: {e}\n(is RabbitMQ running? `deploy/rabbitmq/setup.sh` installs and starts one)");
+        eprintln!(
+            "error: {e}\n(is RabbitMQ running? `deploy/rabbitmq/setup.sh` installs and starts one)"
+        );
         ExitCode::from(UNREACHABLE)
     })
 }
@@ -45,8 +47,8 @@ pub fn read_manifest(path: &Path) -> Result<Manifest, String> {
     let parsed = if path.extension().is_some_and(|e| e == "json") {
         Manifest::from_json(&text)
     } else {
-        let text = String::from_utf8(text)
-            .map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
+        let text =
+            String::from_utf8(text).map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
         Manifest::from_toml(&text)
     };
     parsed.map_err(|e| format!("{}: invalid manifest\n{e}", path.display()))
@@ -71,7 +73,11 @@ pub async fn submit(settings: &Settings, path: &Path, wait: bool, json: bool) ->
         let publisher = connection.publisher().await?;
         // Subscribe before submitting, so that no event can be missed.
         let events = match wait {
-            true => Some(connection.subscribe(&publisher, &format!("job.{job}.#")).await?),
+            true => Some(
+                connection
+                    .subscribe(&publisher, &format!("job.{job}.#"))
+                    .await?,
+            ),
             false => None,
         };
         let submission = Submission {
@@ -110,11 +116,15 @@ pub async fn submit(settings: &Settings, path: &Path, wait: bool, json: bool) ->
             }
             Ok(Some(Ok(incoming))) => incoming,
             Ok(Some(Err(e))) => {
-                eprintln!("error: lost the broker while waiting ({e}); the job goes on: `gleaner status {job}`");
+                eprintln!(
+                    "error: lost the broker while waiting ({e}); the job goes on: `gleaner status {job}`"
+                );
                 return ExitCode::from(UNREACHABLE);
             }
             Ok(None) => {
-                eprintln!("error: the event subscription was cancelled; the job goes on: `gleaner status {job}`");
+                eprintln!(
+                    "error: the event subscription was cancelled; the job goes on: `gleaner status {job}`"
+                );
                 return ExitCode::from(UNREACHABLE);
             }
         };
@@ -206,7 +216,13 @@ impl Progress {
                 .last_line
                 .is_none_or(|at| at.elapsed() >= Duration::from_secs(2))
         {
-            eprintln!("{}: {}/{} done, {}", self.job, t.finished(), t.total, Self::describe(report));
+            eprintln!(
+                "{}: {}/{} done, {}",
+                self.job,
+                t.finished(),
+                t.total,
+                Self::describe(report)
+            );
             self.last_line = Some(Instant::now());
         }
     }
@@ -254,12 +270,18 @@ pub async fn status(settings: &Settings, job: Option<&str>, json: bool) -> ExitC
         Err(code) => return code,
     };
     let answer = connection
-        .ask::<SchedulerMsg, StatusReply>(SCHEDULER_QUEUE, &SchedulerMsg::StatusRequest {}, Duration::from_secs(5))
+        .ask::<SchedulerMsg, StatusReply>(
+            SCHEDULER_QUEUE,
+            &SchedulerMsg::StatusRequest {},
+            Duration::from_secs(5),
+        )
         .await;
     let mut reply = match answer {
         Ok(Some(reply)) => reply,
         Ok(None) => {
-            eprintln!("error: no scheduler answered within 5 s (is `gleaner up` or `gleaner scheduler` running?)");
+            eprintln!(
+                "error: no scheduler answered within 5 s (is `gleaner up` or `gleaner scheduler` running?)"
+            );
             return ExitCode::from(UNREACHABLE);
         }
         Err(e) => return broker_failure(&e),
@@ -272,7 +294,10 @@ pub async fn status(settings: &Settings, job: Option<&str>, json: bool) -> ExitC
         }
     }
     if json {
-        println!("{}", serde_json::to_string_pretty(&reply).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&reply).unwrap_or_default()
+        );
     } else {
         print!("{}", crate::table::status(&reply, job.is_none()));
     }

@@ -16,7 +16,11 @@ use tracing_subscriber::EnvFilter;
 use crate::{services::LauncherArgs, settings::Settings};
 
 #[derive(Debug, Parser)]
-#[command(name = "gleaner", version, about = "Run parameter sweeps on the idle slots of batch clusters")]
+#[command(
+    name = "gleaner",
+    version,
+    about = "Run parameter sweeps on the idle slots of batch clusters"
+)]
 struct Cli {
     /// Configuration file (default: $GLEANER_CONFIG, ./gleaner.toml, /etc/gleaner/gleaner.toml).
     #[arg(long, global = true, value_name = "FILE")]
@@ -66,13 +70,20 @@ enum Command {
 
 impl Command {
     fn is_service(&self) -> bool {
-        !matches!(self, Self::Submit { .. } | Self::Status { .. } | Self::Cancel { .. })
+        !matches!(
+            self,
+            Self::Submit { .. } | Self::Status { .. } | Self::Cancel { .. }
+        )
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let default_level = if cli.command.is_service() { "info" } else { "warn" };
+    let default_level = if cli.command.is_service() {
+        "info"
+    } else {
+        "warn"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(log_filter(default_level))
         .with_writer(std::io::stderr)
@@ -87,8 +98,12 @@ fn main() -> ExitCode {
     };
     // A launcher is small: one thread is plenty and keeps its footprint low.
     let runtime = match cli.command {
-        Command::Launcher(_) => tokio::runtime::Builder::new_current_thread().enable_all().build(),
-        _ => tokio::runtime::Builder::new_multi_thread().enable_all().build(),
+        Command::Launcher(_) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build(),
     };
     let runtime = match runtime {
         Ok(runtime) => runtime,

@@ -158,7 +158,11 @@ fn scratch_dir(base: &std::path::Path) -> PathBuf {
 }
 
 /// `gleaner up`: scheduler, runner and one local kcm in one process.
-pub async fn up(settings: Settings, slots: Option<u32>, shutdown: CancellationToken) -> anyhow::Result<()> {
+pub async fn up(
+    settings: Settings,
+    slots: Option<u32>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
     let local = ClusterSettings {
         name: "local".to_owned(),
         backend: BackendKind::Local,

@@ -166,7 +166,8 @@ impl Settings {
         };
         let mut builder = config::Config::builder();
         if let Some(path) = &file {
-            builder = builder.add_source(config::File::from(path.as_path()).format(config::FileFormat::Toml));
+            builder = builder
+                .add_source(config::File::from(path.as_path()).format(config::FileFormat::Toml));
         }
         let environment: config::Map<String, String> = std::env::vars()
             .filter_map(|(key, value)| {
@@ -256,7 +257,10 @@ poll_interval = "500ms"
         assert_eq!(settings.scheduler.policy, CsPolicy::GridEquipartition);
         assert_eq!(settings.runner.heartbeat, Duration::from_secs(3));
         assert_eq!(settings.launcher.idle_timeout, Duration::from_secs(10));
-        assert_eq!(settings.cluster("c1").unwrap().poll_interval, Duration::from_millis(500));
+        assert_eq!(
+            settings.cluster("c1").unwrap().poll_interval,
+            Duration::from_millis(500)
+        );
         assert!(settings.cluster("c2").is_err());
     }
 
@@ -289,7 +293,11 @@ poll_interval = "500ms"
         std::fs::write(&path, "[runner]\nheartbeet = \"1s\"\n").unwrap();
         let err = format!("{:#}", Settings::load(Some(&path)).unwrap_err());
         assert!(err.contains("heartbeet"), "{err}");
-        std::fs::write(&path, "[[cluster]]\nname = \"a b\"\nbackend = \"local\"\nslots = 1\n").unwrap();
+        std::fs::write(
+            &path,
+            "[[cluster]]\nname = \"a b\"\nbackend = \"local\"\nslots = 1\n",
+        )
+        .unwrap();
         assert!(Settings::load(Some(&path)).is_err());
         assert!(Settings::load(Some(&dir.path().join("missing.toml"))).is_err());
     }

@@ -43,7 +43,9 @@ pub fn status(reply: &StatusReply, with_clusters: bool) -> String {
                 } else if c.excluded {
                     format!("excluded ({} failed starts)", r.failed_starts)
                 } else {
-                    r.error.clone().map_or_else(|| "ok".to_owned(), |e| format!("error: {e}"))
+                    r.error
+                        .clone()
+                        .map_or_else(|| "ok".to_owned(), |e| format!("error: {e}"))
                 };
                 vec![
                     r.cluster.clone(),
@@ -59,7 +61,17 @@ pub fn status(reply: &StatusReply, with_clusters: bool) -> String {
             })
             .collect();
         out.push_str(&render(
-            &["CLUSTER", "BACKEND", "SLOTS", "LOCAL", "GRID", "SCAVENGED", "IDLE", "WAITING", "STATE"],
+            &[
+                "CLUSTER",
+                "BACKEND",
+                "SLOTS",
+                "LOCAL",
+                "GRID",
+                "SCAVENGED",
+                "IDLE",
+                "WAITING",
+                "STATE",
+            ],
             &rows,
         ));
         out.push('\n');
@@ -82,14 +94,28 @@ pub fn status(reply: &StatusReply, with_clusters: bool) -> String {
                 t.running.to_string(),
                 t.pending.to_string(),
                 (t.failed + t.timed_out + t.lost).to_string(),
-                if launchers.is_empty() { "-".to_owned() } else { launchers },
+                if launchers.is_empty() {
+                    "-".to_owned()
+                } else {
+                    launchers
+                },
                 format!("{:.1}", j.throughput),
                 j.preemptions.to_string(),
             ]
         })
         .collect();
     out.push_str(&render(
-        &["JOB", "STATE", "DONE", "RUNNING", "PENDING", "FAILED", "LAUNCHERS", "TASKS/S", "PREEMPTIONS"],
+        &[
+            "JOB",
+            "STATE",
+            "DONE",
+            "RUNNING",
+            "PENDING",
+            "FAILED",
+            "LAUNCHERS",
+            "TASKS/S",
+            "PREEMPTIONS",
+        ],
         &rows,
     ));
     out

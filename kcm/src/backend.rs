@@ -84,7 +84,14 @@ pub struct LauncherCommand {
 
 impl LauncherCommand {
     /// The full argument list for one launcher.
-    pub fn arguments(&self, job: &JobId, cluster: &str, id: &str, slot: &str, slots: u32) -> Vec<String> {
+    pub fn arguments(
+        &self,
+        job: &JobId,
+        cluster: &str,
+        id: &str,
+        slot: &str,
+        slots: u32,
+    ) -> Vec<String> {
         let mut args = self.args.clone();
         args.extend([
             "--job".to_owned(),

@@ -73,7 +73,9 @@ pub async fn run<B: Backend>(
                 connection.close().await;
                 break;
             }
-            Err(e) => warn!(cluster = %kcm.config.cluster, error = %e, "kcm lost the broker; reconnecting"),
+            Err(e) => {
+                warn!(cluster = %kcm.config.cluster, error = %e, "kcm lost the broker; reconnecting")
+            }
         }
         backoff.after_session(started.elapsed());
         if !backoff.wait(&shutdown).await {
@@ -226,7 +228,10 @@ impl<B: Backend> Kcm<B> {
         }
         let report = self.report();
         publisher
-            .send(SCHEDULER_QUEUE, &SchedulerMsg::ClusterStatus(report.clone()))
+            .send(
+                SCHEDULER_QUEUE,
+                &SchedulerMsg::ClusterStatus(report.clone()),
+            )
             .await?;
         publisher.event(&Event::Cluster(report)).await
     }

@@ -71,7 +71,11 @@ pub struct Outcome {
 
 /// Runs a task until it ends, its walltime passes, or `stop` turns true (then
 /// `None`: the task was killed and its result is not wanted).
-pub async fn run(task: TaskRun<'_>, limits: Limits, mut stop: watch::Receiver<bool>) -> Option<Outcome> {
+pub async fn run(
+    task: TaskRun<'_>,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+) -> Option<Outcome> {
     let started = Instant::now();
     if let Err(e) = std::fs::create_dir_all(&task.sandbox) {
         return Some(Outcome::not_started(
@@ -283,7 +287,11 @@ fn collect_outputs(cwd: &Path, patterns: &[String], limits: Limits) -> Vec<Outpu
             let Ok(relative) = path.strip_prefix(cwd) else {
                 continue;
             };
-            if !meta.file_type().is_file() || files.iter().any(|f: &OutputFile| Path::new(&f.path) == relative) {
+            if !meta.file_type().is_file()
+                || files
+                    .iter()
+                    .any(|f: &OutputFile| Path::new(&f.path) == relative)
+            {
                 continue;
             }
             let keep = (meta.len() as usize).min(limits.file_bytes).min(budget);
@@ -351,16 +359,29 @@ mod tests {
         let outcome = super::run(task("exit 3", dir.path()), Limits::default(), never())
             .await
             .unwrap();
-        assert_eq!((outcome.status, outcome.exit_code), (RunStatus::Failed, Some(3)));
-        let outcome = super::run(task("./no-such-program", dir.path()), Limits::default(), never())
-            .await
-            .unwrap();
-        assert_eq!((outcome.status, outcome.exit_code), (RunStatus::Failed, Some(127)));
+        assert_eq!(
+            (outcome.status, outcome.exit_code),
+            (RunStatus::Failed, Some(3))
+        );
+        let outcome = super::run(
+            task("./no-such-program", dir.path()),
+            Limits::default(),
+            never(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            (outcome.status, outcome.exit_code),
+            (RunStatus::Failed, Some(127))
+        );
         assert!(String::from_utf8_lossy(&outcome.stderr.data).contains("not found"));
         let outcome = super::run(task("kill -9 $$", dir.path()), Limits::default(), never())
             .await
             .unwrap();
-        assert_eq!((outcome.status, outcome.signal), (RunStatus::Failed, Some(9)));
+        assert_eq!(
+            (outcome.status, outcome.signal),
+            (RunStatus::Failed, Some(9))
+        );
     }
 
     #[tokio::test]
@@ -377,7 +398,10 @@ mod tests {
         assert_eq!(outcome.status, RunStatus::TimedOut);
         assert!(started.elapsed() < Duration::from_secs(5));
         tokio::time::sleep(Duration::from_secs(4)).await;
-        assert!(!marker.exists(), "the background child was killed with its group");
+        assert!(
+            !marker.exists(),
+            "the background child was killed with its group"
+        );
     }
 
     #[tokio::test]

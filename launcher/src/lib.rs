@@ -178,7 +178,9 @@ pub async fn run(
             }
             info!(job = %config.job, launcher = %config.id, cluster = %config.cluster, exit = exit.describe(), "launcher leaves");
         }
-        Err(e) => warn!(job = %config.job, launcher = %config.id, cluster = %config.cluster, error = %e, "launcher failed"),
+        Err(e) => {
+            warn!(job = %config.job, launcher = %config.id, cluster = %config.cluster, error = %e, "launcher failed")
+        }
     }
     connection.close().await;
     result
@@ -414,7 +416,10 @@ async fn run_task(
                 outputs: outcome.outputs,
                 error: outcome.error,
             };
-            shared.publisher.send(&shared.queues.results, &result).await?;
+            shared
+                .publisher
+                .send(&shared.queues.results, &result)
+                .await?;
             incoming.ack().await
         }
         None => {

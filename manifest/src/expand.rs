@@ -92,7 +92,7 @@ impl SweepPlan {
             if count == 0 {
                 return Err(ManifestError::invalid(&field, "has no values"));
             }
-            len = len.checked_mul(count).unwrap_or(u64::MAX);
+            len = len.saturating_mul(count);
             params.push((name.clone(), spec.clone(), count));
         }
         let template = parse_template(&sweep.command, &sweep.params)?;
@@ -250,10 +250,9 @@ params = { x = { from = 0, to = 10, step = 5 }, y = [0.5, 1.0], z = ["a b", true
 
     #[test]
     fn braces_escape_and_unknown_placeholders_are_refused() {
-        let tasks = list(
-            "name = \"s\"\n[sweep]\ncommand = \"echo ${{HOME}} {n}\"\nparams = { n = [1] }\n",
-        )
-        .unwrap();
+        let tasks =
+            list("name = \"s\"\n[sweep]\ncommand = \"echo ${{HOME}} {n}\"\nparams = { n = [1] }\n")
+                .unwrap();
         assert_eq!(tasks.get(0).unwrap().command, "echo ${HOME} 1");
         let err = list("name = \"s\"\n[sweep]\ncommand = \"echo {m}\"\nparams = { n = [1] }\n")
             .unwrap_err();

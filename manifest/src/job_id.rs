@@ -42,13 +42,13 @@ impl TryFrom<String> for JobId {
 
     fn try_from(value: String) -> Result<Self, Self::Error> {
         let valid = value.len() > 7
-            && value
-                .rsplit_once('-')
-                .is_some_and(|(name, hex)| {
-                    is_valid_name(name)
-                        && hex.len() == 6
-                        && hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
-                });
+            && value.rsplit_once('-').is_some_and(|(name, hex)| {
+                is_valid_name(name)
+                    && hex.len() == 6
+                    && hex
+                        .bytes()
+                        .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+            });
         if valid {
             Ok(Self(value))
         } else {
@@ -93,7 +93,15 @@ mod tests {
         assert_eq!(id.as_str(), "my.sweep_1-3fa9c2");
         assert_eq!(id.name(), "my.sweep_1");
         assert_eq!("my.sweep_1-3fa9c2".parse::<JobId>().unwrap(), id);
-        for bad in ["", "abc", "x-12345", "x-1234567", "x-ABCDEF", "a b-123456", "-123456"] {
+        for bad in [
+            "",
+            "abc",
+            "x-12345",
+            "x-1234567",
+            "x-ABCDEF",
+            "a b-123456",
+            "-123456",
+        ] {
             assert!(bad.parse::<JobId>().is_err(), "{bad}");
         }
     }

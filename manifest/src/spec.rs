@@ -115,7 +115,9 @@ impl Manifest {
             }
         }
         for (i, pattern) in self.outputs.iter().enumerate() {
-            if pattern.is_empty() || pattern.starts_with('/') || pattern.split('/').any(|p| p == "..")
+            if pattern.is_empty()
+                || pattern.starts_with('/')
+                || pattern.split('/').any(|p| p == "..")
             {
                 return Err(ManifestError::invalid(
                     format!("outputs[{i}]"),
@@ -290,17 +292,18 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
 
     #[test]
     fn unknown_field_is_named() {
-        let err = parse("name = \"a\"\nwalltim = \"1m\"\n[[task]]\ncommand = \"true\"\n").unwrap_err();
+        let err =
+            parse("name = \"a\"\nwalltim = \"1m\"\n[[task]]\ncommand = \"true\"\n").unwrap_err();
         assert!(err.to_string().contains("walltim"), "{err}");
     }
 
     #[test]
     fn bad_walltime_is_named() {
-        let err =
-            parse("name = \"a\"\nwalltime = \"ten minutes\"\n[[task]]\ncommand = \"true\"\n")
-                .unwrap_err();
+        let err = parse("name = \"a\"\nwalltime = \"ten minutes\"\n[[task]]\ncommand = \"true\"\n")
+            .unwrap_err();
         assert!(err.to_string().contains("walltime"), "{err}");
-        let err = parse("name = \"a\"\nwalltime = \"0s\"\n[[task]]\ncommand = \"true\"\n").unwrap_err();
+        let err =
+            parse("name = \"a\"\nwalltime = \"0s\"\n[[task]]\ncommand = \"true\"\n").unwrap_err();
         assert_eq!(err.field(), Some("walltime"));
     }
 
@@ -331,13 +334,12 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
         assert_eq!(ok.effective_priority(), Priority::High);
         let err = parse("name = \"g\"\nkind = \"grid\"\n").unwrap_err();
         assert_eq!(err.field(), Some("component"));
-        let err = parse("name = \"g\"\npriority = \"high\"\n[[task]]\ncommand = \"true\"\n")
-            .unwrap_err();
+        let err =
+            parse("name = \"g\"\npriority = \"high\"\n[[task]]\ncommand = \"true\"\n").unwrap_err();
         assert_eq!(err.field(), Some("priority"));
-        let err = parse(
-            "name = \"g\"\nkind = \"grid\"\n[[component]]\nslots = 0\ncommand = \"./mpi\"\n",
-        )
-        .unwrap_err();
+        let err =
+            parse("name = \"g\"\nkind = \"grid\"\n[[component]]\nslots = 0\ncommand = \"./mpi\"\n")
+                .unwrap_err();
         assert_eq!(err.field(), Some("component[0].slots"));
     }
 

@@ -178,8 +178,14 @@ mod tests {
     #[test]
     fn failures_retry_until_max_attempts() {
         let mut book = TaskBook::new(1, 3);
-        assert_eq!(book.judge(&result(0, 1, RunStatus::Failed)), Verdict::Retry { attempt: 2 });
-        assert_eq!(book.judge(&result(0, 2, RunStatus::TimedOut)), Verdict::Retry { attempt: 3 });
+        assert_eq!(
+            book.judge(&result(0, 1, RunStatus::Failed)),
+            Verdict::Retry { attempt: 2 }
+        );
+        assert_eq!(
+            book.judge(&result(0, 2, RunStatus::TimedOut)),
+            Verdict::Retry { attempt: 3 }
+        );
         assert_eq!(
             book.judge(&result(0, 3, RunStatus::TimedOut)),
             Verdict::Final(FinalStatus::TimedOut)
@@ -189,8 +195,14 @@ mod tests {
     #[test]
     fn an_older_attempt_arriving_late_is_a_duplicate() {
         let mut book = TaskBook::new(1, 3);
-        assert_eq!(book.judge(&result(0, 1, RunStatus::Failed)), Verdict::Retry { attempt: 2 });
-        assert_eq!(book.judge(&result(0, 1, RunStatus::Failed)), Verdict::Duplicate);
+        assert_eq!(
+            book.judge(&result(0, 1, RunStatus::Failed)),
+            Verdict::Retry { attempt: 2 }
+        );
+        assert_eq!(
+            book.judge(&result(0, 1, RunStatus::Failed)),
+            Verdict::Duplicate
+        );
     }
 
     #[test]
@@ -202,10 +214,17 @@ mod tests {
             book.finish(task, FinalStatus::Failed);
         }
         assert!(!book.is_complete());
-        assert_eq!(book.counts().running, 1, "running is capped by what is unfinished");
+        assert_eq!(
+            book.counts().running,
+            1,
+            "running is capped by what is unfinished"
+        );
         book.finish(129, FinalStatus::Lost);
         assert!(book.is_complete());
         assert_eq!(book.counts().unfinished(), 0);
-        assert!(book.is_finished(1000), "out-of-range tasks count as finished");
+        assert!(
+            book.is_finished(1000),
+            "out-of-range tasks count as finished"
+        );
     }
 }

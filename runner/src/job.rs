@@ -345,9 +345,7 @@ impl Job {
     /// Appends final states to the index and makes them durable.
     fn record(&mut self, entries: &[IndexEntry]) -> Result<(), JobError> {
         if !entries.is_empty() {
-            self.results
-                .append(entries)
-                .map_err(|e| self.io_error(e))?;
+            self.results.append(entries).map_err(|e| self.io_error(e))?;
         }
         self.results.sync().map_err(|e| self.io_error(e))
     }
@@ -504,7 +502,8 @@ impl Job {
     }
 
     fn report_now(&mut self) -> JobReport {
-        self.launchers.expire(Instant::now(), self.settings.launcher_silence);
+        self.launchers
+            .expire(Instant::now(), self.settings.launcher_silence);
         self.book.set_running(self.launchers.running_tasks());
         let window = Duration::from_secs(60);
         let now = Instant::now();

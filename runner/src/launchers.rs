@@ -119,7 +119,10 @@ impl LauncherTable {
 
     /// Tasks running on all launchers, as last reported.
     pub fn running_tasks(&self) -> u64 {
-        self.launchers.values().map(|e| e.running.len() as u64).sum()
+        self.launchers
+            .values()
+            .map(|e| e.running.len() as u64)
+            .sum()
     }
 
     pub fn clusters(&self) -> impl Iterator<Item = &str> {
@@ -169,7 +172,10 @@ mod tests {
             candidate("mid", Some(500)),
         ];
         assert_eq!(choose_victims(candidates.clone(), 1), ["idle"]);
-        assert_eq!(choose_victims(candidates.clone(), 3), ["idle", "new", "mid"]);
+        assert_eq!(
+            choose_victims(candidates.clone(), 3),
+            ["idle", "new", "mid"]
+        );
         assert_eq!(choose_victims(candidates, 10).len(), 4);
     }
 
@@ -200,13 +206,20 @@ mod tests {
             LauncherStatus {
                 launcher: "a".into(),
                 cluster: "c1".into(),
-                running: vec![RunningTask { task: 7, started_at: 10 }],
+                running: vec![RunningTask {
+                    task: 7,
+                    started_at: 10,
+                }],
                 completed: 0,
             },
             start + Duration::from_secs(20),
         );
         assert_eq!(table.running_tasks(), 1);
-        assert_eq!(table.pick_victims("c1", 1), ["b"], "idle b goes before busy a");
+        assert_eq!(
+            table.pick_victims("c1", 1),
+            ["b"],
+            "idle b goes before busy a"
+        );
         assert_eq!(table.slots_by_cluster()["c1"], 1, "b is leaving");
         let dead = table.expire(start + Duration::from_secs(25), Duration::from_secs(10));
         assert_eq!(dead, ["b", "c"]);

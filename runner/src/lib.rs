@@ -10,7 +10,11 @@ mod job;
 mod launchers;
 mod results;
 
-use std::{collections::HashSet, sync::Arc, time::{Duration, Instant}};
+use std::{
+    collections::HashSet,
+    sync::Arc,
+    time::{Duration, Instant},
+};
 
 use gleaner_broker::{
     Backoff, Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, IncomingSubmission,
@@ -47,7 +51,9 @@ pub async fn run(broker: Broker, config: RunnerConfig, shutdown: CancellationTok
                 connection.close().await;
                 return;
             }
-            Err(e) => warn!(runner = %broker.identity(), error = %e, "runner lost the broker; reconnecting"),
+            Err(e) => {
+                warn!(runner = %broker.identity(), error = %e, "runner lost the broker; reconnecting")
+            }
         }
         backoff.after_session(started.elapsed());
         if !backoff.wait(&shutdown).await {
@@ -126,7 +132,13 @@ async fn supervise(
     let submission = &manifest.msg.0;
     let job = submission.job.clone();
     loop {
-        let outcome = job::run(connection.clone(), settings.clone(), submission, stop.clone()).await;
+        let outcome = job::run(
+            connection.clone(),
+            settings.clone(),
+            submission,
+            stop.clone(),
+        )
+        .await;
         let result = match outcome {
             Ok(()) => manifest.ack().await,
             Err(JobError::Shutdown) => Ok(()),

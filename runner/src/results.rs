@@ -157,9 +157,7 @@ fn write_captured(path: &Path, captured: &Captured) -> io::Result<()> {
 /// and does not replace the captured streams.
 fn safe_relative(path: &str) -> Option<PathBuf> {
     let path = Path::new(path);
-    let normal = path
-        .components()
-        .all(|c| matches!(c, Component::Normal(_)));
+    let normal = path.components().all(|c| matches!(c, Component::Normal(_)));
     let reserved = matches!(path.to_str(), Some("stdout" | "stderr"));
     (normal && !reserved && path.components().next().is_some()).then(|| path.to_path_buf())
 }
@@ -228,7 +226,10 @@ mod tests {
         let (mut results, finished) = ResultsDir::open(dir.path()).unwrap();
         assert!(finished.is_empty());
         results
-            .append(&[entry(0, FinalStatus::Succeeded), entry(1, FinalStatus::Failed)])
+            .append(&[
+                entry(0, FinalStatus::Succeeded),
+                entry(1, FinalStatus::Failed),
+            ])
             .unwrap();
         results.sync().unwrap();
         drop(results);
@@ -265,19 +266,40 @@ mod tests {
             launcher: "l".into(),
             cluster: "c".into(),
             host: "h".into(),
-            stdout: Captured { data: b"tail\n".to_vec(), dropped: 100 },
-            stderr: Captured { data: b"err\n".to_vec(), dropped: 0 },
+            stdout: Captured {
+                data: b"tail\n".to_vec(),
+                dropped: 100,
+            },
+            stderr: Captured {
+                data: b"err\n".to_vec(),
+                dropped: 0,
+            },
             outputs: vec![
-                OutputFile { path: "plots/a.png".into(), data: b"png".to_vec(), dropped: 0 },
-                OutputFile { path: "../escape".into(), data: b"x".to_vec(), dropped: 0 },
-                OutputFile { path: "stdout".into(), data: b"x".to_vec(), dropped: 0 },
+                OutputFile {
+                    path: "plots/a.png".into(),
+                    data: b"png".to_vec(),
+                    dropped: 0,
+                },
+                OutputFile {
+                    path: "../escape".into(),
+                    data: b"x".to_vec(),
+                    dropped: 0,
+                },
+                OutputFile {
+                    path: "stdout".into(),
+                    data: b"x".to_vec(),
+                    dropped: 0,
+                },
             ],
             error: None,
         };
         results.write_outputs(&result).unwrap();
         let task = dir.path().join("tasks/7");
         let stdout = std::fs::read_to_string(task.join("stdout")).unwrap();
-        assert!(stdout.starts_with("[gleaner: the first 100 bytes"), "{stdout}");
+        assert!(
+            stdout.starts_with("[gleaner: the first 100 bytes"),
+            "{stdout}"
+        );
         assert!(stdout.ends_with("tail\n"));
         assert_eq!(std::fs::read(task.join("stderr")).unwrap(), b"err\n");
         assert_eq!(std::fs::read(task.join("plots/a.png")).unwrap(), b"png");

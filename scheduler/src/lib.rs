@@ -38,7 +38,9 @@ pub async fn run(broker: Broker, config: SchedulerConfig, shutdown: Cancellation
                 connection.close().await;
                 return;
             }
-            Err(e) => warn!(scheduler = %broker.identity(), error = %e, "scheduler lost the broker; reconnecting"),
+            Err(e) => {
+                warn!(scheduler = %broker.identity(), error = %e, "scheduler lost the broker; reconnecting")
+            }
         }
         backoff.after_session(started.elapsed());
         if !backoff.wait(&shutdown).await {
@@ -120,17 +122,44 @@ async fn round(
 ) -> Result<(), BrokerError> {
     for action in state.round(Instant::now(), &config.state) {
         let (job, message) = match action {
-            Action::Offer { job, grant, cluster, slots } => {
+            Action::Offer {
+                job,
+                grant,
+                cluster,
+                slots,
+            } => {
                 info!(job = %job, cluster = %cluster, grant, slots, "grow offer");
-                (job, ControlMsg::GrowOffer { grant, cluster, slots })
+                (
+                    job,
+                    ControlMsg::GrowOffer {
+                        grant,
+                        cluster,
+                        slots,
+                    },
+                )
             }
-            Action::Drain { job, cluster, slots } => {
+            Action::Drain {
+                job,
+                cluster,
+                slots,
+            } => {
                 info!(job = %job, cluster = %cluster, slots, "drain for fair share");
                 let reason = "fair share: another job is below its share".to_owned();
-                (job, ControlMsg::Shrink { cluster, slots, mode: ShrinkMode::Drain, reason })
+                (
+                    job,
+                    ControlMsg::Shrink {
+                        cluster,
+                        slots,
+                        mode: ShrinkMode::Drain,
+                        reason,
+                    },
+                )
             }
         };
-        match publisher.send(&JobQueues::new(&job).control, &message).await {
+        match publisher
+            .send(&JobQueues::new(&job).control, &message)
+            .await
+        {
             Ok(()) => {}
             Err(e) if e.is_not_found() => {
                 debug!(job = %job, "job has no control queue any more; forgotten");

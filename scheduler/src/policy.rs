@@ -286,7 +286,13 @@ mod tests {
         format!("{name}-000000").parse().unwrap()
     }
 
-    fn cluster(name: &str, total: u32, idle: u32, others: u32, held: &[(&str, u32)]) -> ClusterInput {
+    fn cluster(
+        name: &str,
+        total: u32,
+        idle: u32,
+        others: u32,
+        held: &[(&str, u32)],
+    ) -> ClusterInput {
         ClusterInput {
             name: name.into(),
             total,
@@ -301,7 +307,10 @@ mod tests {
     fn jobs(demands: &[(&str, u32)]) -> Vec<JobInput> {
         demands
             .iter()
-            .map(|(j, d)| JobInput { id: job(j), demand: *d })
+            .map(|(j, d)| JobInput {
+                id: job(j),
+                demand: *d,
+            })
             .collect()
     }
 
@@ -326,8 +335,15 @@ mod tests {
     #[test]
     fn sep_splits_each_cluster_evenly() {
         let clusters = [cluster("c1", 8, 8, 0, &[]), cluster("c2", 5, 5, 0, &[])];
-        let plan = plan(&clusters, &jobs(&[("a", 100), ("b", 100)]), &PolicyConfig::default());
-        assert_eq!((offered(&plan, "a", "c1"), offered(&plan, "b", "c1")), (4, 4));
+        let plan = plan(
+            &clusters,
+            &jobs(&[("a", 100), ("b", 100)]),
+            &PolicyConfig::default(),
+        );
+        assert_eq!(
+            (offered(&plan, "a", "c1"), offered(&plan, "b", "c1")),
+            (4, 4)
+        );
         assert_eq!(offered(&plan, "a", "c2") + offered(&plan, "b", "c2"), 5);
         assert!(offered(&plan, "a", "c2").abs_diff(offered(&plan, "b", "c2")) <= 1);
         assert!(plan.drains.is_empty());
@@ -336,7 +352,11 @@ mod tests {
     #[test]
     fn odd_slots_go_to_the_job_holding_least() {
         let clusters = [cluster("c1", 8, 1, 0, &[("a", 4), ("b", 3)])];
-        let plan = plan(&clusters, &jobs(&[("a", 50), ("b", 50)]), &PolicyConfig::default());
+        let plan = plan(
+            &clusters,
+            &jobs(&[("a", 50), ("b", 50)]),
+            &PolicyConfig::default(),
+        );
         assert_eq!(offered(&plan, "b", "c1"), 1);
         assert_eq!(offered(&plan, "a", "c1"), 0);
     }
@@ -344,7 +364,11 @@ mod tests {
     #[test]
     fn never_more_than_a_job_can_use() {
         let clusters = [cluster("c1", 8, 8, 0, &[])];
-        let plan = plan(&clusters, &jobs(&[("a", 2), ("b", 100)]), &PolicyConfig::default());
+        let plan = plan(
+            &clusters,
+            &jobs(&[("a", 2), ("b", 100)]),
+            &PolicyConfig::default(),
+        );
         assert_eq!(offered(&plan, "a", "c1"), 2);
         assert_eq!(offered(&plan, "b", "c1"), 6);
         let plan2 = super::plan(&clusters, &jobs(&[("a", 0)]), &PolicyConfig::default());
@@ -354,16 +378,29 @@ mod tests {
     #[test]
     fn load_cap_stops_growth() {
         let busy = [cluster("c1", 10, 2, 8, &[])];
-        assert!(plan(&busy, &jobs(&[("a", 5)]), &PolicyConfig::default()).offers.is_empty());
+        assert!(
+            plan(&busy, &jobs(&[("a", 5)]), &PolicyConfig::default())
+                .offers
+                .is_empty()
+        );
         let fine = [cluster("c1", 10, 3, 7, &[])];
-        assert_eq!(plan(&fine, &jobs(&[("a", 5)]), &PolicyConfig::default()).offers.len(), 1);
+        assert_eq!(
+            plan(&fine, &jobs(&[("a", 5)]), &PolicyConfig::default())
+                .offers
+                .len(),
+            1
+        );
     }
 
     #[test]
     fn excluded_clusters_get_no_grows() {
         let mut c = cluster("c1", 8, 8, 0, &[]);
         c.excluded = true;
-        assert!(plan(&[c], &jobs(&[("a", 5)]), &PolicyConfig::default()).offers.is_empty());
+        assert!(
+            plan(&[c], &jobs(&[("a", 5)]), &PolicyConfig::default())
+                .offers
+                .is_empty()
+        );
     }
 
     #[test]
@@ -377,28 +414,48 @@ mod tests {
         let a = offered(&plan, "a", "c1") + offered(&plan, "a", "c2");
         let b = offered(&plan, "b", "c1") + offered(&plan, "b", "c2");
         assert_eq!((a, b), (4, 4));
-        assert_eq!(offered(&plan, "a", "c1"), 4, "GEP may put a job on one cluster");
+        assert_eq!(
+            offered(&plan, "a", "c1"),
+            4,
+            "GEP may put a job on one cluster"
+        );
     }
 
     #[test]
     fn a_late_job_gets_its_share_by_draining_the_others() {
         let full = [cluster("c1", 8, 0, 0, &[("a", 8)])];
-        let plan = plan(&full, &jobs(&[("a", 50), ("b", 50)]), &PolicyConfig::default());
+        let plan = plan(
+            &full,
+            &jobs(&[("a", 50), ("b", 50)]),
+            &PolicyConfig::default(),
+        );
         assert_eq!(
             plan.drains,
-            [Drain { job: job("a"), cluster: "c1".into(), slots: 4 }]
+            [Drain {
+                job: job("a"),
+                cluster: "c1".into(),
+                slots: 4
+            }]
         );
         let no_rebalance = PolicyConfig {
             rebalance: false,
             ..PolicyConfig::default()
         };
-        assert!(super::plan(&full, &jobs(&[("a", 50), ("b", 50)]), &no_rebalance).drains.is_empty());
+        assert!(
+            super::plan(&full, &jobs(&[("a", 50), ("b", 50)]), &no_rebalance)
+                .drains
+                .is_empty()
+        );
     }
 
     #[test]
     fn nearly_even_holdings_are_left_alone() {
         let c = [cluster("c1", 7, 0, 0, &[("a", 4), ("b", 3)])];
-        assert!(plan(&c, &jobs(&[("a", 50), ("b", 50)]), &PolicyConfig::default()).drains.is_empty());
+        assert!(
+            plan(&c, &jobs(&[("a", 50), ("b", 50)]), &PolicyConfig::default())
+                .drains
+                .is_empty()
+        );
         let c = [cluster("c1", 8, 0, 0, &[("a", 6), ("b", 2)])];
         let plan = plan(&c, &jobs(&[("a", 50), ("b", 1)]), &PolicyConfig::default());
         assert_eq!(plan.drains[0].slots, 1, "only what the hungry job can use");

@@ -103,10 +103,8 @@ impl State {
     }
 
     pub fn on_job_update(&mut self, report: JobReport, now: Instant) {
-        self.jobs.insert(
-            report.job.clone(),
-            JobEntry { report, seen: now },
-        );
+        self.jobs
+            .insert(report.job.clone(), JobEntry { report, seen: now });
     }
 
     pub fn on_job_done(&mut self, job: &JobId) {
@@ -119,10 +117,8 @@ impl State {
         for grant in std::mem::take(&mut report.applied_grants) {
             self.grants.remove(&grant);
         }
-        self.clusters.insert(
-            report.cluster.clone(),
-            ClusterEntry { report, seen: now },
-        );
+        self.clusters
+            .insert(report.cluster.clone(), ClusterEntry { report, seen: now });
     }
 
     /// The runner took `accepted` of a grant's slots; the rest are free again.
@@ -329,7 +325,15 @@ mod tests {
             idle_slots: idle,
             jobs: jobs
                 .iter()
-                .map(|(j, n)| (job(j), Holding { running: *n, pending: 0 }))
+                .map(|(j, n)| {
+                    (
+                        job(j),
+                        Holding {
+                            running: *n,
+                            pending: 0,
+                        },
+                    )
+                })
                 .collect(),
             applied_grants: applied,
             ..ClusterReport::default()
@@ -401,7 +405,11 @@ mod tests {
         let actions = state.round(now, &config);
         assert_eq!(
             actions,
-            [Action::Drain { job: job("a"), cluster: "c1".into(), slots: 4 }]
+            [Action::Drain {
+                job: job("a"),
+                cluster: "c1".into(),
+                slots: 4
+            }]
         );
         assert!(state.round(now, &config).is_empty());
         // Two launchers left so far; the order stands for the other two.

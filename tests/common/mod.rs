@@ -42,7 +42,10 @@ impl Vhost {
     }
 
     pub fn url(&self) -> String {
-        format!("amqp://guest:guest@127.0.0.1:5672/{}?heartbeat=10", self.name)
+        format!(
+            "amqp://guest:guest@127.0.0.1:5672/{}?heartbeat=10",
+            self.name
+        )
     }
 
     /// Publishes a raw message through the management API, as a user would by hand.
@@ -84,6 +87,28 @@ impl Vhost {
         )
         .unwrap_or_default();
         serde_json::from_str(&text).unwrap_or_default()
+    }
+
+    /// Closes every client connection of the vhost, as a broker restart would.
+    pub fn close_connections(&self) -> usize {
+        let text =
+            api("GET", &format!("/vhosts/{}/connections", self.name), None).unwrap_or_default();
+        let connections: Vec<Value> = serde_json::from_str(&text).unwrap_or_default();
+        for connection in &connections {
+            if let Some(name) = connection["name"].as_str() {
+                let encoded: String = name
+                    .bytes()
+                    .map(|b| match b {
+                        b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                            (b as char).to_string()
+                        }
+                        _ => format!("%{b:02X}"),
+                    })
+                    .collect();
+                let _ = api("DELETE", &format!("/connections/{encoded}"), None);
+            }
+        }
+        connections.len()
     }
 
     pub fn queue_names(&self) -> Vec<String> {
@@ -208,7 +233,11 @@ impl Gleaner {
     pub fn submit(&self, manifest: &str) -> String {
         let path = self.write(&format!("job-{}.toml", rand_suffix()), manifest);
         let output = self.run(&["submit", path.to_str().unwrap()]);
-        assert!(output.status.success(), "submit failed: {}", String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success(),
+            "submit failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
         String::from_utf8_lossy(&output.stdout).trim().to_owned()
     }
 
@@ -249,7 +278,9 @@ impl Gleaner {
     pub fn wait_for_end(&self, job: &str, timeout: Duration) -> String {
         let mut state = None;
         wait_for(&format!("job {job} to end"), timeout, || {
-            state = self.job_state(job).filter(|s| s == "done" || s == "cancelled");
+            state = self
+                .job_state(job)
+                .filter(|s| s == "done" || s == "cancelled");
             state.is_some()
         });
         state.unwrap_or_default()
@@ -276,10 +307,10 @@ impl Gleaner {
     /// Stops a service started with [`Gleaner::start`] with `signal`.
     pub fn signal(&mut self, pid: u32, signal: Signal) {
         let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), signal);
-        if let Some(child) = self.services.iter_mut().find(|c| c.id() == pid) {
-            if signal == Signal::SIGKILL {
-                let _ = child.wait();
-            }
+        if let Some(child) = self.services.iter_mut().find(|c| c.id() == pid)
+            && signal == Signal::SIGKILL
+        {
+            let _ = child.wait();
         }
     }
 
@@ -369,7 +400,10 @@ pub fn by_task(index: &[Value]) -> BTreeMap<u64, Value> {
     let mut tasks = BTreeMap::new();
     for line in index {
         let task = line["task"].as_u64().expect("task number");
-        assert!(tasks.insert(task, line.clone()).is_none(), "task {task} twice in the index");
+        assert!(
+            tasks.insert(task, line.clone()).is_none(),
+            "task {task} twice in the index"
+        );
     }
     tasks
 }
