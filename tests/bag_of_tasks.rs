@@ -1,17 +1,19 @@
 //! Bag-of-tasks end to end on a real RabbitMQ with the local backend.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Gleaner, by_task, finish, wait_for};
+use gleaner_testkit::{Gleaner, by_task, finish, wait_for};
 use nix::sys::signal::Signal;
 
 const MINUTE: Duration = Duration::from_secs(60);
 
+fn gleaner(test: &str) -> Gleaner {
+    Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"))
+}
+
 #[test]
 fn a_500_task_sweep_completes_with_every_result_exactly_once() {
-    let mut g = Gleaner::new("sweep500");
+    let mut g = gleaner("sweep500");
     g.up(4);
     let waiting = g.submit_waiting(
         r#"
@@ -54,7 +56,7 @@ params = { i = { from = 1, to = 250 }, colour = ["red", "blue"] }
 
 #[test]
 fn failures_are_retried_then_failed_and_walltime_times_out() {
-    let mut g = Gleaner::new("retries");
+    let mut g = gleaner("retries");
     g.up(3);
     let marker = g.path().join("marker");
     let manifest = format!(
@@ -89,7 +91,7 @@ command = "if [ -e {m} ]; then echo second time lucky; else touch {m}; exit 1; f
 
 #[test]
 fn a_killed_launcher_loses_only_its_partial_run() {
-    let mut g = Gleaner::new("kill9");
+    let mut g = gleaner("kill9");
     g.up(2);
     let job = g.submit(
         r#"
@@ -123,7 +125,7 @@ params = { n = { from = 1, to = 12 } }
 
 #[test]
 fn a_runner_killed_mid_job_is_replaced_and_the_job_completes() {
-    let mut g = Gleaner::new("runnerkill");
+    let mut g = gleaner("runnerkill");
     g.write(
         "gleaner.toml",
         "[[cluster]]\nname = \"local\"\nbackend = \"local\"\nslots = 4\n",
@@ -157,7 +159,7 @@ params = { n = { from = 1, to = 200 } }
 
 #[test]
 fn invalid_manifests_are_refused_with_the_field_named() {
-    let g = Gleaner::new("invalid");
+    let g = gleaner("invalid");
     let cases = [
         ("name = \"broken\nno", "line"),
         (
@@ -189,7 +191,7 @@ fn invalid_manifests_are_refused_with_the_field_named() {
 
 #[test]
 fn garbage_on_the_submit_queue_is_dead_lettered_and_the_next_job_runs() {
-    let mut g = Gleaner::new("garbage");
+    let mut g = gleaner("garbage");
     g.up(2);
     wait_for("the submit queue", MINUTE, || {
         g.vhost.queue("gleaner.submit").is_some()
@@ -246,7 +248,7 @@ fn garbage_on_the_submit_queue_is_dead_lettered_and_the_next_job_runs() {
 
 #[test]
 fn two_jobs_submitted_together_share_the_slots_evenly() {
-    let mut g = Gleaner::new("fair");
+    let mut g = gleaner("fair");
     g.up(4);
     let manifest = |name: &str| {
         format!(
@@ -275,7 +277,7 @@ fn two_jobs_submitted_together_share_the_slots_evenly() {
 
 #[test]
 fn cancel_stops_a_running_job_and_keeps_its_results() {
-    let mut g = Gleaner::new("cancel");
+    let mut g = gleaner("cancel");
     g.up(2);
     let waiting = g.submit_waiting(
         r#"
@@ -336,7 +338,7 @@ params = { n = { from = 1, to = 10 } }
 
 #[test]
 fn services_reconnect_after_losing_the_broker_and_lose_nothing() {
-    let mut g = Gleaner::new("reconnect");
+    let mut g = gleaner("reconnect");
     g.up(3);
     let job = g.submit(
         r#"

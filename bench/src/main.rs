@@ -1,1 +1,75 @@
-fn main() {}
+//! gleaner's benchmarks. Each one starts real gleaner processes (the release
+//! build next to this binary) on a vhost of its own and prints Markdown for
+//! BENCHMARKS.md. Run them with `bench/run.sh` on an otherwise idle machine.
+
+mod measure;
+
+use std::{path::PathBuf, time::Duration};
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(subcommand)]
+    bench: Bench,
+}
+
+#[derive(Subcommand)]
+enum Bench {
+    /// Fixed-length tasks on a local cluster: makespan against the ideal.
+    Makespan {
+        #[arg(long, default_value_t = 400)]
+        tasks: u32,
+        #[arg(long, default_value_t = 8)]
+        slots: u32,
+        #[arg(long, default_value_t = 1.0)]
+        seconds: f64,
+    },
+    /// No-op tasks end to end through 1, 2 and 4 launchers.
+    Throughput {
+        #[arg(long, default_value_t = 20_000)]
+        tasks: u32,
+        /// Slots of each launcher.
+        #[arg(long, default_value_t = 1)]
+        launcher_slots: u32,
+    },
+    /// Resident memory of an idle launcher and of `gleaner up` with 10,000 pending tasks.
+    Memory {
+        #[arg(long, default_value_t = 10_000)]
+        tasks: u32,
+    },
+}
+
+fn gleaner_binary() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let path = exe.with_file_name("gleaner");
+    anyhow::ensure!(
+        path.is_file(),
+        "{} not found: build it with `cargo build --release -p gleaner`",
+        path.display()
+    );
+    Ok(path)
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let exe = gleaner_binary()?;
+    match cli.bench {
+        Bench::Makespan {
+            tasks,
+            slots,
+            seconds,
+        } => measure::makespan(&exe, tasks, slots, seconds),
+        Bench::Throughput {
+            tasks,
+            launcher_slots,
+        } => {
+            measure::spawn_rate(Duration::from_secs(5))?;
+            for launchers in [1, 2, 4] {
+                measure::throughput(&exe, tasks, launchers, launcher_slots)?;
+            }
+            Ok(())
+        }
+        Bench::Memory { tasks } => measure::memory(&exe, tasks),
+    }
+}

@@ -215,8 +215,8 @@ pub struct ClusterView {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum KcmMsg {
-    /// Submit `count` launchers for `job` (one placeholder array job).
-    StartLaunchers { job: JobId, grant: u64, count: u32 },
+    /// Submit launchers for `job` covering `slots` slots (one placeholder array job).
+    StartLaunchers { job: JobId, grant: u64, slots: u32 },
     /// Make sure these launchers are gone after `grace_ms` (preempted ones that
     /// may not have exited by themselves).
     Release {

@@ -89,7 +89,12 @@ pub async fn kcm(
     match cluster.backend {
         BackendKind::Local => {
             let slots = cluster.slots.unwrap_or(1);
-            let backend = LocalBackend::new(&cluster.name, slots, launcher_command(settings)?);
+            let backend = LocalBackend::new(
+                &cluster.name,
+                slots,
+                cluster.launcher_slots,
+                launcher_command(settings)?,
+            );
             gleaner_kcm::run(broker, config, backend, shutdown).await;
         }
         BackendKind::Sge => anyhow::bail!(
@@ -167,6 +172,7 @@ pub async fn up(
         name: "local".to_owned(),
         backend: BackendKind::Local,
         slots: Some(slots.unwrap_or_else(default_slots)),
+        launcher_slots: 1,
         poll_interval: Duration::from_secs(1),
     };
     let cluster = match slots {

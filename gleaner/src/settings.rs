@@ -136,11 +136,18 @@ pub enum BackendKind {
 pub struct ClusterSettings {
     pub name: String,
     pub backend: BackendKind,
-    /// `local`: how many launchers may run at once.
+    /// `local`: slots of the cluster (tasks that may run at once).
     #[serde(default)]
     pub slots: Option<u32>,
+    /// Slots of each launcher: 1 is a launcher per core; more is one per node.
+    #[serde(default = "one")]
+    pub launcher_slots: u32,
     #[serde(default = "default_poll_interval", with = "humantime_serde")]
     pub poll_interval: Duration,
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn default_poll_interval() -> Duration {

@@ -55,11 +55,12 @@ pub trait Backend: Send + 'static {
 
     fn snapshot(&mut self) -> impl Future<Output = Result<Snapshot, BackendError>> + Send;
 
-    /// Submits `count` launchers for `job`; returns how many were submitted.
+    /// Submits launchers for `job` covering up to `slots` slots; returns the
+    /// slots actually submitted.
     fn submit(
         &mut self,
         job: &JobId,
-        count: u32,
+        slots: u32,
     ) -> impl Future<Output = Result<u32, BackendError>> + Send;
 
     /// Removes placeholders by id, running or not.

@@ -133,11 +133,11 @@ impl<B: Backend> Kcm<B> {
     async fn handle(&mut self, message: KcmMsg) -> bool {
         let cluster = self.config.cluster.clone();
         match message {
-            KcmMsg::StartLaunchers { job, grant, count } => {
+            KcmMsg::StartLaunchers { job, grant, slots } => {
                 self.applied_grants.push(grant);
-                match self.backend.submit(&job, count).await {
+                match self.backend.submit(&job, slots).await {
                     Ok(started) => {
-                        info!(job = %job, cluster = %cluster, grant, requested = count, started, "launchers submitted");
+                        info!(job = %job, cluster = %cluster, grant, requested = slots, started, "launchers submitted");
                         self.failed_starts = 0;
                         self.error = None;
                     }

@@ -1,4 +1,4 @@
-//! The embedded default: launchers are child processes of the kcm, up to a
+//! The embedded default: launchers are child processes of the kcm, within a
 //! fixed number of slots. Lets `gleaner up` work with nothing but RabbitMQ.
 
 use std::{process::Stdio, time::Duration};
@@ -15,23 +15,28 @@ use crate::backend::{Backend, BackendError, LauncherCommand, Placeholder, Snapsh
 struct Launcher {
     id: String,
     job: JobId,
+    /// The first of its slots, which names it in the consumer tag.
     slot: u32,
+    slots: u32,
     child: Child,
 }
 
 pub struct LocalBackend {
     cluster: String,
     slots: u32,
+    /// Slots of one launcher: 1 for a launcher per core, more for one per node.
+    launcher_slots: u32,
     command: LauncherCommand,
     launchers: Vec<Launcher>,
     next_id: u64,
 }
 
 impl LocalBackend {
-    pub fn new(cluster: &str, slots: u32, command: LauncherCommand) -> Self {
+    pub fn new(cluster: &str, slots: u32, launcher_slots: u32, command: LauncherCommand) -> Self {
         Self {
             cluster: cluster.to_owned(),
             slots,
+            launcher_slots: launcher_slots.max(1),
             command,
             launchers: Vec::new(),
             next_id: 0,
@@ -43,8 +48,19 @@ impl LocalBackend {
             .retain_mut(|l| matches!(l.child.try_wait(), Ok(None)));
     }
 
-    fn free_slot(&self) -> Option<u32> {
-        (0..self.slots).find(|slot| self.launchers.iter().all(|l| l.slot != *slot))
+    /// A free run of up to `want` slots: its first slot and its length.
+    fn free_slots(&self, want: u32) -> Option<(u32, u32)> {
+        let used = |slot: u32| {
+            self.launchers
+                .iter()
+                .any(|l| (l.slot..l.slot + l.slots).contains(&slot))
+        };
+        let first = (0..self.slots).find(|s| !used(*s))?;
+        let length = (first..self.slots)
+            .take(want as usize)
+            .take_while(|s| !used(*s))
+            .count() as u32;
+        Some((first, length))
     }
 
     fn signal(&self, launcher: &Launcher, signal: Signal) {
@@ -69,7 +85,7 @@ impl Backend for LocalBackend {
                 .map(|l| Placeholder {
                     id: l.id.clone(),
                     job: l.job.clone(),
-                    slots: 1,
+                    slots: l.slots,
                     running: true,
                 })
                 .collect(),
@@ -77,17 +93,20 @@ impl Backend for LocalBackend {
         })
     }
 
-    async fn submit(&mut self, job: &JobId, count: u32) -> Result<u32, BackendError> {
+    async fn submit(&mut self, job: &JobId, slots: u32) -> Result<u32, BackendError> {
         self.reap();
         let mut started = 0;
-        while started < count {
-            let Some(slot) = self.free_slot() else { break };
+        while started < slots {
+            let want = self.launcher_slots.min(slots - started);
+            let Some((slot, length)) = self.free_slots(want) else {
+                break;
+            };
             let id = format!("l{}-{}", std::process::id(), self.next_id);
             self.next_id += 1;
             let launcher_id = format!("{}-{id}", self.cluster);
             let args =
                 self.command
-                    .arguments(job, &self.cluster, &launcher_id, &slot.to_string(), 1);
+                    .arguments(job, &self.cluster, &launcher_id, &slot.to_string(), length);
             let child = Command::new(&self.command.program)
                 .args(&args)
                 .envs(self.command.env.iter().map(|(k, v)| (k, v)))
@@ -102,9 +121,10 @@ impl Backend for LocalBackend {
                 id,
                 job: job.clone(),
                 slot,
+                slots: length,
                 child,
             });
-            started += 1;
+            started += length;
         }
         Ok(started)
     }

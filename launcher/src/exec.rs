@@ -52,7 +52,7 @@ pub struct TaskRun<'a> {
     pub walltime: Option<Duration>,
     pub outputs: &'a [String],
     pub workdir: Option<&'a Path>,
-    /// Created fresh for this run and removed afterwards.
+    /// An empty directory for this run; emptied again afterwards.
     pub sandbox: PathBuf,
 }
 
@@ -84,20 +84,37 @@ pub async fn run(
         ));
     }
     let cwd = task.workdir.unwrap_or(&task.sandbox).to_path_buf();
-    let outcome = supervise(&task, &cwd, limits, &mut stop, started).await;
-    let outcome = match outcome {
-        Some(mut outcome) => {
-            if outcome.error.is_none() {
-                outcome.outputs = collect_outputs(&cwd, task.outputs, limits);
-            }
-            Some(outcome)
-        }
-        None => None,
-    };
-    if let Err(e) = std::fs::remove_dir_all(&task.sandbox) {
-        debug!(sandbox = %task.sandbox.display(), error = %e, "cannot remove sandbox");
+    let mut outcome = supervise(&task, &cwd, limits, &mut stop, started).await?;
+    if outcome.error.is_none() {
+        outcome.outputs = collect_outputs(&cwd, task.outputs, limits);
     }
-    outcome
+    Some(outcome)
+}
+
+/// Empties a sandbox after a run so the next task finds it as fresh as a new
+/// one (reusing the directory spares the filesystem an inode per task).
+/// `false` if it could not be emptied: the caller should not reuse it.
+pub fn reset_sandbox(sandbox: &Path) -> bool {
+    let entries = match std::fs::read_dir(sandbox) {
+        Ok(entries) => entries,
+        Err(e) => {
+            debug!(sandbox = %sandbox.display(), error = %e, "sandbox unreadable");
+            return false;
+        }
+    };
+    let mut clean = true;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let removed = match entry.file_type() {
+            Ok(kind) if kind.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        if let Err(e) = removed {
+            debug!(path = %path.display(), error = %e, "cannot clean the sandbox");
+            clean = false;
+        }
+    }
+    clean
 }
 
 async fn supervise(
@@ -343,6 +360,10 @@ mod tests {
             env: &env,
             ..task("echo $GREETING; echo oops >&2; pwd", dir.path())
         };
+        let run = TaskRun {
+            command: "echo $GREETING; echo oops >&2; pwd; mkdir -p junk/deep; touch junk/deep/f left",
+            ..run
+        };
         let outcome = super::run(run, Limits::default(), never()).await.unwrap();
         assert_eq!(outcome.status, RunStatus::Succeeded);
         assert_eq!(outcome.exit_code, Some(0));
@@ -350,7 +371,13 @@ mod tests {
         assert!(stdout.starts_with("hello\n"), "{stdout}");
         assert!(stdout.contains("sandbox"), "ran in the sandbox: {stdout}");
         assert_eq!(outcome.stderr.data, b"oops\n");
-        assert!(!dir.path().join("sandbox").exists());
+        let sandbox = dir.path().join("sandbox");
+        assert!(reset_sandbox(&sandbox));
+        assert_eq!(
+            std::fs::read_dir(&sandbox).unwrap().count(),
+            0,
+            "emptied for the next task"
+        );
     }
 
     #[tokio::test]
@@ -415,7 +442,6 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         tx.send(true).unwrap();
         assert_eq!(handle.await.unwrap(), None);
-        assert!(!dir.path().join("sandbox").exists());
     }
 
     #[tokio::test]

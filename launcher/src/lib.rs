@@ -99,6 +99,47 @@ struct Shared {
     publisher: Publisher,
     running: Mutex<BTreeMap<u64, RunningTask>>,
     stop_mode: Mutex<StopMode>,
+    sandboxes: Sandboxes,
+}
+
+/// One sandbox directory per slot, emptied and reused from task to task.
+struct Sandboxes {
+    root: PathBuf,
+    free: Mutex<Vec<PathBuf>>,
+    made: std::sync::atomic::AtomicU64,
+}
+
+impl Sandboxes {
+    fn new(root: PathBuf) -> Self {
+        Self {
+            root,
+            free: Mutex::default(),
+            made: Default::default(),
+        }
+    }
+
+    fn take(&self) -> PathBuf {
+        if let Some(dir) = self.free.lock().ok().and_then(|mut free| free.pop()) {
+            return dir;
+        }
+        let n = self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.root.join(format!("s{n}"))
+    }
+
+    fn give_back(&self, dir: PathBuf) {
+        if exec::reset_sandbox(&dir) {
+            if let Ok(mut free) = self.free.lock() {
+                free.push(dir);
+            }
+        } else {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+    }
+
+    /// Leaves the node as it was found.
+    fn remove_all(&self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
 }
 
 /// Runs a launcher until it has a reason to leave. `signals` fires on
@@ -158,6 +199,7 @@ pub async fn run(
     info!(job = %config.job, launcher = %config.id, cluster = %config.cluster, slots = config.slots, "launcher up");
 
     let shared = Arc::new(Shared {
+        sandboxes: Sandboxes::new(config.scratch.join(&config.id)),
         config,
         queues,
         publisher,
@@ -165,6 +207,7 @@ pub async fn run(
         stop_mode: Mutex::new(StopMode::Republish),
     });
     let result = serve(&shared, &mut tasks, &mut own, signals).await;
+    shared.sandboxes.remove_all();
     let config = &shared.config;
     match &result {
         Ok(exit) => {
@@ -364,13 +407,7 @@ async fn run_task(
             },
         );
     }
-    let sandbox = config.scratch.join(format!(
-        "{}-{}-a{}-{:08x}",
-        task.job,
-        task.task,
-        task.attempt,
-        rand::random::<u32>()
-    ));
+    let sandbox = shared.sandboxes.take();
     let stopped = *stop.borrow();
     let outcome = if stopped {
         None
@@ -388,11 +425,12 @@ async fn run_task(
             walltime: task.walltime_ms.map(Duration::from_millis),
             outputs: &task.outputs,
             workdir,
-            sandbox,
+            sandbox: sandbox.clone(),
         };
         debug!(job = %task.job, task = task.task, attempt = task.attempt, launcher = %config.id, "task started");
         exec::run(run, config.limits, stop).await
     };
+    shared.sandboxes.give_back(sandbox);
     if let Ok(mut running) = shared.running.lock() {
         running.remove(&tag);
     }

@@ -75,8 +75,24 @@ struct Job {
     recent: VecDeque<Instant>,
     /// Clusters asked for launchers, told when the job ends.
     clusters: BTreeSet<String>,
+    /// Shrinks that found too few launchers to stop: the launchers still on
+    /// their way (placeholders starting) are stopped as they announce themselves.
+    owed: Vec<OwedShrink>,
     reported: Option<(u64, u64)>,
 }
+
+#[derive(Debug, Clone)]
+struct OwedShrink {
+    cluster: String,
+    slots: u32,
+    mode: ShrinkMode,
+    reason: String,
+    since: Instant,
+}
+
+/// How long an unfulfilled shrink waits for launchers to stop; the
+/// scheduler decides afresh after that.
+const OWED_SHRINK_LIFETIME: Duration = Duration::from_secs(30);
 
 enum Flow {
     Continue,
@@ -150,6 +166,7 @@ pub async fn run(
         settings,
         recent: VecDeque::new(),
         clusters: BTreeSet::new(),
+        owed: Vec::new(),
         reported: None,
     };
     if matches!(job.file.state, JobState::Done | JobState::Cancelled) {
@@ -388,6 +405,11 @@ impl Job {
                 debug!(job = %self.id, launcher = %info.launcher, cluster = %info.cluster, host = %info.host, "launcher up");
                 self.clusters.insert(info.cluster.clone());
                 self.launchers.up(&info, now);
+                if let Some(i) = self.owed.iter().position(|o| o.cluster == info.cluster) {
+                    let owed = self.owed.remove(i);
+                    self.on_shrink(&owed.cluster, owed.slots, owed.mode, &owed.reason)
+                        .await?;
+                }
                 Flow::Continue
             }
             ControlMsg::LauncherStatus(status) => {
@@ -445,11 +467,11 @@ impl Job {
         let start = KcmMsg::StartLaunchers {
             job: self.id.clone(),
             grant,
-            count: accepted,
+            slots: accepted,
         };
         match self.publisher.send(&kcm_queue(&cluster), &start).await {
             Ok(()) => {
-                info!(job = %self.id, cluster = %cluster, grant, launchers = accepted, offered = slots, "grow accepted");
+                info!(job = %self.id, cluster = %cluster, grant, slots = accepted, offered = slots, "grow accepted");
                 self.clusters.insert(cluster);
             }
             Err(e) if e.is_not_found() => {
@@ -469,8 +491,17 @@ impl Job {
         mode: ShrinkMode,
         reason: &str,
     ) -> Result<(), JobError> {
-        let victims = self.launchers.pick_victims(cluster, slots);
+        let (victims, freed) = self.launchers.pick_victims(cluster, slots);
         info!(job = %self.id, cluster, slots, ?mode, reason, launchers = ?victims, "shrinking");
+        if freed < slots {
+            self.owed.push(OwedShrink {
+                cluster: cluster.to_owned(),
+                slots: slots - freed,
+                mode,
+                reason: reason.to_owned(),
+                since: Instant::now(),
+            });
+        }
         let order = match mode {
             ShrinkMode::Preempt => LauncherMsg::Preempt {
                 reason: reason.to_owned(),
@@ -504,6 +535,8 @@ impl Job {
     fn report_now(&mut self) -> JobReport {
         self.launchers
             .expire(Instant::now(), self.settings.launcher_silence);
+        self.owed
+            .retain(|o| o.since.elapsed() < OWED_SHRINK_LIFETIME);
         self.book.set_running(self.launchers.running_tasks());
         let window = Duration::from_secs(60);
         let now = Instant::now();

@@ -129,8 +129,10 @@ impl LauncherTable {
         self.launchers.values().map(|e| e.cluster.as_str())
     }
 
-    /// Picks launchers on `cluster` to free `slots` slots and marks them leaving.
-    pub fn pick_victims(&mut self, cluster: &str, slots: u32) -> Vec<String> {
+    /// Picks launchers on `cluster` to free `slots` slots and marks them
+    /// leaving. Returns them and the slots they free (fewer than asked when
+    /// the cluster's launchers have not all announced themselves yet).
+    pub fn pick_victims(&mut self, cluster: &str, slots: u32) -> (Vec<String>, u32) {
         let candidates = self
             .launchers
             .iter()
@@ -142,12 +144,14 @@ impl LauncherTable {
             })
             .collect();
         let victims = choose_victims(candidates, slots);
+        let mut freed = 0;
         for id in &victims {
             if let Some(entry) = self.launchers.get_mut(id) {
                 entry.leaving = true;
+                freed += entry.slots;
             }
         }
-        victims
+        (victims, freed)
     }
 }
 
@@ -217,7 +221,7 @@ mod tests {
         assert_eq!(table.running_tasks(), 1);
         assert_eq!(
             table.pick_victims("c1", 1),
-            ["b"],
+            (vec!["b".to_owned()], 1),
             "idle b goes before busy a"
         );
         assert_eq!(table.slots_by_cluster()["c1"], 1, "b is leaving");

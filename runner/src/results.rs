@@ -81,11 +81,30 @@ impl ResultsDir {
     }
 
     /// Writes a run's stdout, stderr and output files under `tasks/<task>/`.
+    /// A task that produced nothing gets no directory: a million silent tasks
+    /// should not cost the filesystem three million inodes.
     pub fn write_outputs(&self, result: &ResultMsg) -> io::Result<()> {
         let dir = self.root.join("tasks").join(result.task.to_string());
+        let streams = [("stdout", &result.stdout), ("stderr", &result.stderr)];
+        let produced = |c: &Captured| !c.data.is_empty() || c.dropped > 0;
+        if !streams.iter().any(|(_, c)| produced(c)) && result.outputs.is_empty() {
+            // A retry that printed nothing must not leave an earlier run's output behind.
+            return match std::fs::remove_dir_all(&dir) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            };
+        }
         std::fs::create_dir_all(&dir)?;
-        write_captured(&dir.join("stdout"), &result.stdout)?;
-        write_captured(&dir.join("stderr"), &result.stderr)?;
+        for (name, captured) in streams {
+            if produced(captured) {
+                write_captured(&dir.join(name), captured)?;
+            } else {
+                match std::fs::remove_file(dir.join(name)) {
+                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+                    _ => {}
+                }
+            }
+        }
         for output in &result.outputs {
             let Some(relative) = safe_relative(&output.path) else {
                 warn!(job = %result.job, task = result.task, path = %output.path, "output path outside the task directory ignored");
@@ -304,6 +323,19 @@ mod tests {
         assert_eq!(std::fs::read(task.join("stderr")).unwrap(), b"err\n");
         assert_eq!(std::fs::read(task.join("plots/a.png")).unwrap(), b"png");
         assert!(!dir.path().join("tasks/escape").exists());
+
+        let silent = ResultMsg {
+            task: 8,
+            stdout: Captured::default(),
+            stderr: Captured::default(),
+            outputs: vec![],
+            ..result
+        };
+        results.write_outputs(&silent).unwrap();
+        assert!(
+            !dir.path().join("tasks/8").exists(),
+            "no output, no directory"
+        );
     }
 
     #[test]

@@ -83,7 +83,10 @@ async fn session(
                 let now = Instant::now();
                 let mut round_now = false;
                 match incoming.msg.clone() {
-                    SchedulerMsg::JobUpdate(report) => state.on_job_update(report, now),
+                    SchedulerMsg::JobUpdate(report) => {
+                        // A new job need not wait for the next round.
+                        round_now = state.on_job_update(report, now);
+                    }
                     SchedulerMsg::JobDone { ref job } => {
                         info!(job = %job, "job done");
                         state.on_job_done(job);

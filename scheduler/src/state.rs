@@ -102,9 +102,11 @@ impl State {
         }
     }
 
-    pub fn on_job_update(&mut self, report: JobReport, now: Instant) {
+    /// Records a job's report; `true` if the job is new here.
+    pub fn on_job_update(&mut self, report: JobReport, now: Instant) -> bool {
         self.jobs
-            .insert(report.job.clone(), JobEntry { report, seen: now });
+            .insert(report.job.clone(), JobEntry { report, seen: now })
+            .is_none()
     }
 
     pub fn on_job_done(&mut self, job: &JobId) {

@@ -1,7 +1,5 @@
-//! Test harness: every test gets its own RabbitMQ vhost, its own directory and
-//! its own gleaner processes, all removed when the test ends.
-
-#![allow(dead_code)]
+//! Test and benchmark harness: every test gets its own RabbitMQ vhost, its
+//! own directory and its own gleaner processes, all removed when it ends.
 
 use std::{
     collections::BTreeMap,
@@ -18,7 +16,6 @@ use nix::{
 };
 use serde_json::Value;
 
-pub const GLEANER: &str = env!("CARGO_BIN_EXE_gleaner");
 const API: &str = "http://127.0.0.1:15672/api";
 const AUTH: &str = "Basic Z3Vlc3Q6Z3Vlc3Q="; // guest:guest
 
@@ -164,14 +161,17 @@ fn api(method: &str, path: &str, body: Option<&str>) -> Result<String, String> {
 pub struct Gleaner {
     pub vhost: Vhost,
     pub dir: tempfile::TempDir,
+    exe: PathBuf,
     services: Vec<Child>,
 }
 
 impl Gleaner {
-    pub fn new(test: &str) -> Self {
+    /// `exe` is the `gleaner` binary under test.
+    pub fn new(test: &str, exe: impl Into<PathBuf>) -> Self {
         Self {
             vhost: Vhost::new(test),
             dir: tempfile::tempdir().expect("tempdir"),
+            exe: exe.into(),
             services: Vec::new(),
         }
     }
@@ -182,7 +182,7 @@ impl Gleaner {
 
     /// A gleaner command for this test's vhost and directory.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(GLEANER);
+        let mut command = Command::new(&self.exe);
         command
             .args(args)
             .current_dir(self.path())

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every benchmark against the release build; prints Markdown rows for
+# BENCHMARKS.md. Run it on an otherwise idle machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+deploy/rabbitmq/setup.sh
+cargo build --release --quiet -p gleaner -p gleaner-bench
+bench=target/release/gleaner-bench
+export RUST_LOG=warn
+
+echo "## makespan"
+echo "| workload | slots | ideal (s) | makespan (s) | ratio |"
+echo "|---|---|---|---|---|"
+"$bench" makespan --tasks 400 --slots 8 --seconds 1
+
+echo "## throughput"
+echo "| launchers × slots | tasks | makespan (s) | tasks/s | broker CPU s/1000 | services CPU s/1000 | launchers+tasks CPU s/1000 |"
+echo "|---|---|---|---|---|---|---|"
+"$bench" throughput --tasks 20000 --launcher-slots 1
+"$bench" throughput --tasks 20000 --launcher-slots 4
+
+echo "## memory"
+echo "| process | RSS (KiB) | private (KiB) |"
+echo "|---|---|---|"
+"$bench" memory --tasks 10000

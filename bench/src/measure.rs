@@ -1,0 +1,218 @@
+//! The measurements. Every figure comes from real processes: the makespan
+//! from the job's own `job.json`, CPU and memory from `/proc`.
+
+use std::{
+    path::Path,
+    process::Command,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, ensure};
+use gleaner_testkit::{Gleaner, wait_for};
+
+const TIMEOUT: Duration = Duration::from_secs(900);
+
+/// CPU seconds of a process: its own, and that of its reaped children.
+#[derive(Debug, Clone, Copy, Default)]
+struct Cpu {
+    own: f64,
+    children: f64,
+}
+
+fn cpu(pid: u32) -> Cpu {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Cpu::default();
+    };
+    // Fields after the command name, which may contain spaces.
+    let fields: Vec<f64> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .unwrap_or("")
+        .split_whitespace()
+        .map(|f| f.parse().unwrap_or(0.0))
+        .collect();
+    let tick = 100.0; // USER_HZ on Linux
+    let at = |i: usize| fields.get(i).copied().unwrap_or(0.0) / tick;
+    // utime, stime, cutime, cstime are fields 14-17, i.e. 11-14 here.
+    Cpu {
+        own: at(11) + at(12),
+        children: at(13) + at(14),
+    }
+}
+
+/// Resident memory in KiB: all of it, and the private (anonymous) part that
+/// is not shared with other processes running the same binary.
+fn memory_kib(pid: u32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    (field("Rss:"), field("Anonymous:"))
+}
+
+fn broker_pid() -> Option<u32> {
+    let output = Command::new("pgrep").arg("beam.smp").output().ok()?;
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .next()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Waits until `gleaner up` serves: the scheduler answers and knows a cluster.
+fn wait_until_serving(g: &Gleaner) {
+    wait_for("gleaner up to serve", Duration::from_secs(60), || {
+        g.status()
+            .is_some_and(|s| s["clusters"].as_array().is_some_and(|c| !c.is_empty()))
+    });
+}
+
+fn sweep(name: &str, tasks: u32, command: &str) -> String {
+    format!(
+        "name = \"{name}\"\n[sweep]\ncommand = \"{command}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n"
+    )
+}
+
+/// Runs a job to its end; returns (makespan in seconds, job.json).
+fn run_job(g: &Gleaner, manifest: &str) -> anyhow::Result<(f64, serde_json::Value)> {
+    let job = g.submit(manifest);
+    let state = g.wait_for_end(&job, TIMEOUT);
+    ensure!(state == "done", "job {job} ended {state}");
+    let file = g.job_file(&job).context("job.json")?;
+    let t = &file["tasks"];
+    ensure!(
+        t["succeeded"] == t["total"],
+        "not every task succeeded: {t}"
+    );
+    let makespan = file["makespan_s"].as_f64().context("makespan")?;
+    Ok((makespan, file))
+}
+
+pub fn makespan(exe: &Path, tasks: u32, slots: u32, seconds: f64) -> anyhow::Result<()> {
+    let mut g = Gleaner::new("bench-makespan", exe);
+    g.up(slots);
+    wait_until_serving(&g);
+    let (makespan, _) = run_job(&g, &sweep("makespan", tasks, &format!("sleep {seconds}")))?;
+    let ideal = f64::from(tasks) * seconds / f64::from(slots);
+    println!(
+        "| {tasks} × `sleep {seconds}` | {slots} | {ideal:.1} | {makespan:.2} | {:.3} |",
+        makespan / ideal
+    );
+    Ok(())
+}
+
+pub fn throughput(
+    exe: &Path,
+    tasks: u32,
+    launchers: u32,
+    launcher_slots: u32,
+) -> anyhow::Result<()> {
+    let mut g = Gleaner::new(&format!("bench-throughput-{launchers}"), exe);
+    let slots = launchers * launcher_slots;
+    g.write(
+        "gleaner.toml",
+        &format!(
+            "[[cluster]]\nname = \"bench\"\nbackend = \"local\"\nslots = {slots}\nlauncher_slots = {launcher_slots}\n"
+        ),
+    );
+    let up = g.start("up", &["up"]);
+    wait_until_serving(&g);
+    let broker = broker_pid().context("no beam.smp process: is RabbitMQ local?")?;
+    let (broker_before, up_before) = (cpu(broker), cpu(up));
+    let (makespan, file) = run_job(&g, &sweep("noop", tasks, "true"))?;
+    let job = file["job"].as_str().unwrap_or_default().to_owned();
+    // Launchers leave once the job is over; then their CPU counts as up's children.
+    wait_for("the launchers to leave", Duration::from_secs(30), || {
+        g.launchers(&job).is_empty()
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let (broker_after, up_after) = (cpu(broker), cpu(up));
+    let per_k = 1000.0 / f64::from(tasks);
+    println!(
+        "| {launchers} × {launcher_slots} | {tasks} | {makespan:.2} | {:.0} | {:.2} | {:.2} | {:.2} |",
+        f64::from(tasks) / makespan,
+        (broker_after.own - broker_before.own) * per_k,
+        (up_after.own - up_before.own) * per_k,
+        (up_after.children - up_before.children) * per_k,
+    );
+    Ok(())
+}
+
+/// The floor: how fast this machine can start and reap `sh -c true`.
+pub fn spawn_rate(duration: Duration) -> anyhow::Result<()> {
+    for parallel in [1, 2] {
+        let started = Instant::now();
+        let before = cpu(std::process::id());
+        let counts: Vec<u64> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..parallel)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut n = 0u64;
+                        while started.elapsed() < duration {
+                            let ok = Command::new("/bin/sh")
+                                .args(["-c", "true"])
+                                .status()
+                                .is_ok_and(|s| s.success());
+                            n += u64::from(ok);
+                        }
+                        n
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap_or(0)).collect()
+        });
+        let spawned: u64 = counts.iter().sum();
+        let after = cpu(std::process::id());
+        let cpu_ms = (after.own + after.children - before.own - before.children) * 1000.0;
+        println!(
+            "spawn floor: {parallel} at a time: {:.0} `sh -c true`/s, {:.2} ms CPU each",
+            spawned as f64 / started.elapsed().as_secs_f64(),
+            cpu_ms / spawned as f64,
+        );
+    }
+    Ok(())
+}
+
+pub fn memory(exe: &Path, tasks: u32) -> anyhow::Result<()> {
+    let mut g = Gleaner::new("bench-memory", exe);
+    let up = g.up(0);
+    wait_until_serving(&g);
+    let empty = memory_kib(up);
+    let big = g.submit(&sweep("pending", tasks, "true"));
+    wait_for(
+        "the tasks to be published",
+        Duration::from_secs(120),
+        || g.job_state(&big).as_deref() == Some("running"),
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let pending = memory_kib(up);
+
+    // An idle launcher: connected and consuming, with nothing to run.
+    let small = g.submit(&sweep("one", 1, "sleep 60"));
+    wait_for("the small job's queues", Duration::from_secs(60), || {
+        g.job_state(&small).as_deref() == Some("running")
+    });
+    let launcher = [
+        "launcher",
+        "--job",
+        small.as_str(),
+        "--cluster",
+        "bench",
+        "--id",
+    ];
+    let busy = g.start("busy", &[&launcher[..], &["bench-busy"]].concat());
+    std::thread::sleep(Duration::from_secs(2));
+    let idle = g.start("idle", &[&launcher[..], &["bench-idle"]].concat());
+    std::thread::sleep(Duration::from_secs(3));
+    let row = |what: &str, (rss, private): (u64, u64)| println!("| {what} | {rss} | {private} |");
+    row("`gleaner up`, no job", empty);
+    row(&format!("`gleaner up`, {tasks} pending tasks"), pending);
+    row("launcher, idle", memory_kib(idle));
+    row("launcher, running `sleep 60`", memory_kib(busy));
+    Ok(())
+}
