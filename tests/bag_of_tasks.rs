@@ -364,3 +364,74 @@ params = { n = { from = 1, to = 150 } }
         "the services noticed the outage"
     );
 }
+
+#[test]
+fn sigterm_preempts_a_launcher_and_its_task_runs_again_without_a_failure() {
+    let mut g = gleaner("sigterm");
+    g.up(2);
+    let job = g.submit(
+        r#"
+name = "preempted"
+[sweep]
+command = "sleep 3; echo done-{n}"
+params = { n = { from = 1, to = 4 } }
+"#,
+    );
+    let mut victim = None;
+    wait_for("two launchers busy", MINUTE, || {
+        let launchers = g.launchers(&job);
+        victim = launchers.first().copied();
+        launchers.len() == 2 && g.job_file(&job).is_some_and(|f| f["tasks"]["running"] == 2)
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(victim.unwrap() as i32),
+        Signal::SIGTERM,
+    )
+    .unwrap();
+    wait_for(
+        "the preempted launcher to leave",
+        Duration::from_secs(10),
+        || !g.launchers(&job).contains(&victim.unwrap()),
+    );
+    assert_eq!(g.wait_for_end(&job, MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert!(
+        tasks
+            .values()
+            .all(|t| t["status"] == "succeeded" && t["attempts"] == 1)
+    );
+    let preempted: Vec<_> = tasks.values().filter(|t| t["preemptions"] == 1).collect();
+    assert_eq!(
+        preempted.len(),
+        1,
+        "exactly the running task was republished: {tasks:?}"
+    );
+    assert_eq!(g.job_file(&job).unwrap()["preemptions"], 1);
+}
+
+#[test]
+fn an_idle_launcher_gives_its_slot_back() {
+    let mut g = gleaner("idle");
+    g.up(3);
+    let job = g.submit(
+        r#"
+name = "tail"
+[[task]]
+command = "true"
+[[task]]
+command = "true"
+[[task]]
+command = "sleep 12"
+"#,
+    );
+    wait_for("three launchers", MINUTE, || g.launchers(&job).len() == 3);
+    // idle_timeout is 2 s in tests: the two launchers without work leave
+    // while the third still runs its task.
+    wait_for(
+        "the idle launchers to leave",
+        Duration::from_secs(8),
+        || g.launchers(&job).len() == 1,
+    );
+    assert_eq!(g.job_state(&job).as_deref(), Some("running"));
+    assert_eq!(g.wait_for_end(&job, MINUTE), "done");
+}

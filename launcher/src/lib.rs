@@ -292,9 +292,6 @@ async fn serve(
                     Err(e) => warn!(launcher = %config.id, error = %e, "task supervisor failed"),
                 }
                 if running.is_empty() {
-                    if let Some(exit) = leaving.filter(|_| !consuming) {
-                        return Ok(exit);
-                    }
                     idle_since = Some(Instant::now());
                 }
                 None
@@ -340,9 +337,13 @@ async fn serve(
             if first && consuming {
                 tasks.stop().await?;
             }
-            if running.is_empty() && !consuming {
-                return Ok(exit);
-            }
+        }
+        // Leaving once no task runs and no delivery can arrive any more.
+        if let Some(exit) = leaving
+            && running.is_empty()
+            && !consuming
+        {
+            return Ok(exit);
         }
     }
 }
