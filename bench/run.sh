@@ -17,7 +17,7 @@ echo "## throughput"
 echo "| launchers × slots | tasks | makespan (s) | tasks/s | broker CPU s/1000 | services CPU s/1000 | launchers+tasks CPU s/1000 |"
 echo "|---|---|---|---|---|---|---|"
 "$bench" throughput --tasks 20000 --launcher-slots 1
-"$bench" throughput --tasks 20000 --launcher-slots 4
+"$bench" throughput --tasks 20000 --launcher-slots 8
 
 echo "## memory"
 echo "| process | RSS (KiB) | private (KiB) |"

@@ -207,7 +207,11 @@ pub fn memory(exe: &Path, tasks: u32) -> anyhow::Result<()> {
     ];
     let busy = g.start("busy", &[&launcher[..], &["bench-busy"]].concat());
     std::thread::sleep(Duration::from_secs(2));
-    let idle = g.start("idle", &[&launcher[..], &["bench-idle"]].concat());
+    let idle = g.start_with(
+        "idle",
+        &[&launcher[..], &["bench-idle"]].concat(),
+        &[("GLEANER_LAUNCHER__IDLE_TIMEOUT", "10m")],
+    );
     std::thread::sleep(Duration::from_secs(3));
     let row = |what: &str, (rss, private): (u64, u64)| println!("| {what} | {rss} | {private} |");
     row("`gleaner up`, no job", empty);

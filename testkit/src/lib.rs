@@ -198,9 +198,15 @@ impl Gleaner {
 
     /// Starts a long-running service; its log goes to `<dir>/<name>.log`.
     pub fn start(&mut self, name: &str, args: &[&str]) -> u32 {
+        self.start_with(name, args, &[])
+    }
+
+    /// [`Gleaner::start`] with extra environment variables.
+    pub fn start_with(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) -> u32 {
         let log = std::fs::File::create(self.path().join(format!("{name}.log"))).expect("log");
         let child = self
             .command(args)
+            .envs(env.iter().copied())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .process_group(0)
