@@ -102,16 +102,7 @@ params = { n = { from = 1, to = 12 } }
 "#,
     );
     // Kill a launcher while it runs a task.
-    let mut victim = None;
-    wait_for("a launcher busy with a task", MINUTE, || {
-        victim = g.launchers(&job).first().copied();
-        victim.is_some()
-            && g.job_file(&job)
-                .is_some_and(|f| f["tasks"]["running"].as_u64() > Some(0))
-    });
-    std::thread::sleep(Duration::from_millis(500));
-    let victim = victim.unwrap();
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(victim as i32), Signal::SIGKILL).unwrap();
+    g.signal_busy_launcher(&job, 2, Signal::SIGKILL);
 
     assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
     let tasks = by_task(&g.index(&job));
@@ -377,21 +368,11 @@ command = "sleep 3; echo done-{n}"
 params = { n = { from = 1, to = 4 } }
 "#,
     );
-    let mut victim = None;
-    wait_for("two launchers busy", MINUTE, || {
-        let launchers = g.launchers(&job);
-        victim = launchers.first().copied();
-        launchers.len() == 2 && g.job_file(&job).is_some_and(|f| f["tasks"]["running"] == 2)
-    });
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(victim.unwrap() as i32),
-        Signal::SIGTERM,
-    )
-    .unwrap();
+    let victim = g.signal_busy_launcher(&job, 2, Signal::SIGTERM);
     wait_for(
         "the preempted launcher to leave",
         Duration::from_secs(10),
-        || !g.launchers(&job).contains(&victim.unwrap()),
+        || !g.launchers(&job).contains(&victim),
     );
     assert_eq!(g.wait_for_end(&job, MINUTE), "done");
     let tasks = by_task(&g.index(&job));

@@ -103,6 +103,36 @@ impl Broker {
     }
 }
 
+impl Broker {
+    /// Runs `session` on a live connection, and again on a fresh one (after
+    /// a backoff) each time it fails: how every service survives the broker
+    /// going away. Returns once a session ends well or `shutdown` fires.
+    pub async fn supervise(
+        &self,
+        shutdown: &CancellationToken,
+        mut session: impl AsyncFnMut(Arc<Connection>) -> Result<(), BrokerError>,
+    ) {
+        let mut backoff = Backoff::default();
+        while let Some(connection) = self.connect_until(shutdown).await {
+            let connection = Arc::new(connection);
+            let started = std::time::Instant::now();
+            match session(connection.clone()).await {
+                Ok(()) => {
+                    connection.close().await;
+                    return;
+                }
+                Err(e) => {
+                    warn!(component = %self.identity, error = %e, "lost the broker; reconnecting");
+                }
+            }
+            backoff.after_session(started.elapsed());
+            if !backoff.wait(shutdown).await {
+                return;
+            }
+        }
+    }
+}
+
 /// A live connection.
 pub struct Connection {
     object: deadpool_lapin::Object,
@@ -156,7 +186,7 @@ impl Connection {
 
 /// Exponential backoff with jitter, from 100 ms to 10 s.
 #[derive(Debug)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     current: Duration,
     failures: u32,
 }
@@ -176,7 +206,7 @@ impl Backoff {
 
     /// Sleeps for the current delay (±25 %) and doubles it; `false` if
     /// `shutdown` fired meanwhile.
-    pub async fn wait(&mut self, shutdown: &CancellationToken) -> bool {
+    pub(crate) async fn wait(&mut self, shutdown: &CancellationToken) -> bool {
         let jitter = rand::rng().random_range(0.75..1.25);
         let delay = self.current.mul_f64(jitter);
         self.current = (self.current * 2).min(Self::MAX);
@@ -189,7 +219,7 @@ impl Backoff {
 
     /// A session that lasted a while resets the delay: the next failure is
     /// a new outage, not the same one.
-    pub fn after_session(&mut self, lasted: Duration) {
+    pub(crate) fn after_session(&mut self, lasted: Duration) {
         if lasted > Duration::from_secs(30) {
             *self = Self::default();
         }

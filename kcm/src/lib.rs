@@ -13,7 +13,7 @@ use std::{
 };
 
 use gleaner_broker::{
-    Backoff, Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
+    Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
     protocol::{ClusterReport, Event, Holding, KcmMsg, SchedulerMsg, now_ms},
     topology::{self, SCHEDULER_QUEUE, kcm_queue},
 };
@@ -65,25 +65,14 @@ pub async fn run<B: Backend>(
         error: None,
         failed_starts: 0,
     };
-    let mut backoff = Backoff::default();
-    while let Some(connection) = broker.connect_until(&shutdown).await {
-        let started = Instant::now();
-        match kcm.session(&connection, &shutdown).await {
-            Ok(()) => {
-                connection.close().await;
-                break;
-            }
-            Err(e) => {
-                warn!(cluster = %kcm.config.cluster, error = %e, "kcm lost the broker; reconnecting")
-            }
-        }
-        backoff.after_session(started.elapsed());
-        if !backoff.wait(&shutdown).await {
-            break;
-        }
-    }
+    let cluster = kcm.config.cluster.clone();
+    broker
+        .supervise(&shutdown, async |connection| {
+            kcm.session(&connection, &shutdown).await
+        })
+        .await;
     kcm.backend.shutdown().await;
-    info!(cluster = %kcm.config.cluster, "kcm stopped");
+    info!(cluster = %cluster, "kcm stopped");
 }
 
 impl<B: Backend> Kcm<B> {

@@ -10,14 +10,10 @@ mod job;
 mod launchers;
 mod results;
 
-use std::{
-    collections::HashSet,
-    sync::Arc,
-    time::{Duration, Instant},
-};
+use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use gleaner_broker::{
-    Backoff, Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, IncomingSubmission,
+    Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, IncomingSubmission,
     topology::{self, SUBMIT_QUEUE},
 };
 use gleaner_manifest::JobId;
@@ -39,27 +35,11 @@ pub struct RunnerConfig {
 
 /// Serves `gleaner.submit` until `shutdown`, reconnecting after broker outages.
 pub async fn run(broker: Broker, config: RunnerConfig, shutdown: CancellationToken) {
-    let mut backoff = Backoff::default();
-    loop {
-        let Some(connection) = broker.connect_until(&shutdown).await else {
-            return;
-        };
-        let started = Instant::now();
-        let connection = Arc::new(connection);
-        match session(connection.clone(), &config, &shutdown).await {
-            Ok(()) => {
-                connection.close().await;
-                return;
-            }
-            Err(e) => {
-                warn!(runner = %broker.identity(), error = %e, "runner lost the broker; reconnecting")
-            }
-        }
-        backoff.after_session(started.elapsed());
-        if !backoff.wait(&shutdown).await {
-            return;
-        }
-    }
+    broker
+        .supervise(&shutdown, async |connection| {
+            session(connection, &config, &shutdown).await
+        })
+        .await;
 }
 
 /// One connection's worth of work. Job controllers live inside it: when it

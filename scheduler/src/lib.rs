@@ -11,7 +11,7 @@ pub mod state;
 use std::time::{Duration, Instant};
 
 use gleaner_broker::{
-    Backoff, Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
+    Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
     protocol::{ControlMsg, SchedulerMsg, ShrinkMode, now_ms},
     topology::{self, JobQueues, SCHEDULER_QUEUE},
 };
@@ -30,23 +30,11 @@ pub struct SchedulerConfig {
 /// Serves `gleaner.scheduler` until `shutdown`, reconnecting after outages.
 pub async fn run(broker: Broker, config: SchedulerConfig, shutdown: CancellationToken) {
     let mut state = State::new(now_ms());
-    let mut backoff = Backoff::default();
-    while let Some(connection) = broker.connect_until(&shutdown).await {
-        let started = Instant::now();
-        match session(&connection, &config, &mut state, &shutdown).await {
-            Ok(()) => {
-                connection.close().await;
-                return;
-            }
-            Err(e) => {
-                warn!(scheduler = %broker.identity(), error = %e, "scheduler lost the broker; reconnecting")
-            }
-        }
-        backoff.after_session(started.elapsed());
-        if !backoff.wait(&shutdown).await {
-            return;
-        }
-    }
+    broker
+        .supervise(&shutdown, async |connection| {
+            session(&connection, &config, &mut state, &shutdown).await
+        })
+        .await;
 }
 
 async fn session(

@@ -310,6 +310,23 @@ impl Gleaner {
             .collect()
     }
 
+    /// Waits until `busy` tasks of the job run on as many launchers, then
+    /// sends `signal` to one of those launchers; returns its pid.
+    pub fn signal_busy_launcher(&self, job: &str, busy: u64, signal: Signal) -> u32 {
+        let mut victim = None;
+        wait_for("busy launchers", Duration::from_secs(60), || {
+            let launchers = self.launchers(job);
+            victim = launchers.first().copied();
+            launchers.len() as u64 >= busy
+                && self
+                    .job_file(job)
+                    .is_some_and(|f| f["tasks"]["running"].as_u64() >= Some(busy))
+        });
+        let victim = victim.unwrap_or_default();
+        nix::sys::signal::kill(Pid::from_raw(victim as i32), signal).expect("signal a launcher");
+        victim
+    }
+
     /// Stops a service started with [`Gleaner::start`] with `signal`.
     pub fn signal(&mut self, pid: u32, signal: Signal) {
         let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), signal);
