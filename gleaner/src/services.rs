@@ -8,7 +8,8 @@ use gleaner_kcm::{KcmConfig, LauncherCommand, LocalBackend};
 use gleaner_launcher::{Exit, LauncherConfig, Limits};
 use gleaner_manifest::JobId;
 use gleaner_runner::{JobSettings, RunnerConfig};
-use gleaner_scheduler::{SchedulerConfig, policy::PolicyConfig, state::StateConfig};
+use gleaner_policy::share::PolicyConfig;
+use gleaner_scheduler::{SchedulerConfig, state::StateConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 

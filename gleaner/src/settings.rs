@@ -8,7 +8,7 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use gleaner_scheduler::policy::CsPolicy;
+use gleaner_policy::share::CsPolicy;
 use serde::Deserialize;
 
 /// Environment variables of the `GLEANER_` family that are not settings:

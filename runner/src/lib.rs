@@ -23,7 +23,6 @@ use tracing::{error, info, warn};
 
 pub use book::{FinalStatus, TaskBook, Verdict};
 pub use job::{JobError, JobSettings};
-pub use launchers::{Candidate, choose_victims};
 pub use results::{IndexEntry, JobFile};
 
 #[derive(Debug, Clone)]

@@ -2,10 +2,10 @@
 //! single-active-consumer inbox), holding the picture of clusters and jobs
 //! and deciding who gets idle slots.
 //!
-//! [`policy`] is pure and decides; [`state`] keeps the picture and the
-//! promises in flight; this module only moves messages.
+//! The policies (crate `gleaner-policy`) are pure and decide; [`state`]
+//! keeps the picture and the promises in flight; this module only moves
+//! messages.
 
-pub mod policy;
 pub mod state;
 
 use std::time::{Duration, Instant};

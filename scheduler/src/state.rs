@@ -13,7 +13,7 @@ use std::{
 use gleaner_broker::protocol::{ClusterReport, ClusterView, JobReport, StatusReply};
 use gleaner_manifest::{JobId, JobKind};
 
-use crate::policy::{self, ClusterInput, JobInput, PolicyConfig};
+use gleaner_policy::share::{self, ClusterInput, JobInput, PolicyConfig};
 
 #[derive(Debug, Clone)]
 pub struct StateConfig {
@@ -165,7 +165,7 @@ impl State {
         self.expire(now, config);
         let clusters = self.policy_clusters(now, config);
         let jobs = self.policy_jobs();
-        let plan = policy::plan(&clusters, &jobs, &config.policy);
+        let plan = share::plan(&clusters, &jobs, &config.policy);
         let mut actions = Vec::new();
         for offer in plan.offers {
             let grant = self.next_grant;

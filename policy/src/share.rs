@@ -2,8 +2,8 @@
 //!
 //! Pure functions from a snapshot of the grid to a plan: grow offers, and
 //! drains that move slots from jobs above their fair share to jobs below it.
-//! The scheduler's service applies the plan; the simulator drives the same
-//! functions with a simulated clock.
+//! The scheduler applies the plan; a simulator can drive the same functions
+//! with a simulated clock.
 
 use std::collections::BTreeMap;
 

@@ -1,0 +1,6 @@
+//! gleaner's policies, as pure functions over plain data: no I/O, no clock,
+//! no broker. The services gather a snapshot, ask a policy, and carry out
+//! its decisions; tests and simulations call the same functions directly.
+
+pub mod preempt;
+pub mod share;
