@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Sets up what the tests need (idempotently) and runs every test.
+# Sets up what the tests need (idempotently: RabbitMQ, a single-host Grid
+# Engine cell) and runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 deploy/rabbitmq/setup.sh
+deploy/sge/setup.sh
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --no-fail-fast "$@"
 else

@@ -4,11 +4,11 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context;
 use gleaner_broker::{Broker, protocol::now_ms};
-use gleaner_kcm::{KcmConfig, LauncherCommand, LocalBackend};
+use gleaner_kcm::{KcmConfig, LauncherCommand, LocalBackend, SgeBackend, SgeConfig};
 use gleaner_launcher::{Exit, LauncherConfig, Limits};
 use gleaner_manifest::JobId;
-use gleaner_runner::{JobSettings, RunnerConfig};
 use gleaner_policy::share::PolicyConfig;
+use gleaner_runner::{JobSettings, RunnerConfig};
 use gleaner_scheduler::{SchedulerConfig, state::StateConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
@@ -62,10 +62,13 @@ pub async fn runner(settings: &Settings, shutdown: CancellationToken) -> anyhow:
     Ok(())
 }
 
-/// How this very binary starts a launcher, with the settings it runs under.
+/// How this very binary starts a launcher, with the settings it runs under:
+/// the same configuration file and `GLEANER_*` overrides, wherever it runs.
 fn launcher_command(settings: &Settings) -> anyhow::Result<LauncherCommand> {
     let program = std::env::current_exe().context("cannot find the gleaner executable")?;
-    let mut env = vec![("GLEANER_BROKER_URL".to_owned(), settings.broker_url.clone())];
+    let mut env = crate::settings::environment_overrides();
+    env.retain(|(key, _)| key != "GLEANER_BROKER_URL");
+    env.push(("GLEANER_BROKER_URL".to_owned(), settings.broker_url.clone()));
     if let Some(source) = &settings.source {
         env.push(("GLEANER_CONFIG".to_owned(), source.display().to_string()));
     }
@@ -85,6 +88,7 @@ pub async fn kcm(
         cluster: cluster.name.clone(),
         poll_interval: cluster.poll_interval,
         job_end_grace: Duration::from_secs(10),
+        local_settle: settings.runner.preempt_grace + cluster.poll_interval * 2,
     };
     let broker = broker(settings, &format!("kcm.{}", cluster.name))?;
     match cluster.backend {
@@ -98,10 +102,17 @@ pub async fn kcm(
             );
             gleaner_kcm::run(broker, config, backend, shutdown).await;
         }
-        BackendKind::Sge => anyhow::bail!(
-            "cluster {}: the sge backend is not available in this build",
-            cluster.name
-        ),
+        BackendKind::Sge => {
+            let backend = SgeBackend::new(SgeConfig {
+                cluster: cluster.name.clone(),
+                queue: cluster.queue.clone().unwrap_or_default(),
+                h_rt: cluster.h_rt,
+                log_dir: cluster.log_dir.clone(),
+                command_timeout: cluster.command_timeout,
+                launcher: launcher_command(settings)?,
+            });
+            gleaner_kcm::run(broker, config, backend, shutdown).await;
+        }
     }
     Ok(())
 }
@@ -122,9 +133,9 @@ pub struct LauncherArgs {
     /// Tasks run at once.
     #[arg(long, default_value_t = 1)]
     pub slots: u32,
-    /// When the placeholder's walltime ends (Unix milliseconds).
-    #[arg(long)]
-    pub deadline: Option<u64>,
+    /// The placeholder's walltime, from the launcher's start (`3600s`, `1h`).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub walltime: Option<Duration>,
 }
 
 pub async fn launcher(
@@ -143,7 +154,8 @@ pub async fn launcher(
         slots: args.slots,
         idle_timeout: l.idle_timeout,
         heartbeat: l.heartbeat,
-        deadline: args.deadline,
+        deadline: args.walltime.map(|w| std::time::Instant::now() + w),
+        deadline_margin: l.deadline_margin,
         scratch: scratch_dir(&l.scratch),
         limits: Limits {
             stream_bytes: l.max_stream_bytes,
@@ -163,35 +175,45 @@ fn scratch_dir(base: &std::path::Path) -> PathBuf {
     base.join(format!("{}", nix::unistd::getuid()))
 }
 
-/// `gleaner up`: scheduler, runner and one local kcm in one process.
+/// `gleaner up`: scheduler, runner and cluster managers in one process. With
+/// `--slots`, or when no cluster is configured, one local cluster; otherwise
+/// every configured cluster.
 pub async fn up(
     settings: Settings,
     slots: Option<u32>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let local = ClusterSettings {
-        name: "local".to_owned(),
-        backend: BackendKind::Local,
-        slots: Some(slots.unwrap_or_else(default_slots)),
-        launcher_slots: 1,
-        poll_interval: Duration::from_secs(1),
-    };
-    let cluster = match slots {
-        Some(_) => local,
-        None => settings
-            .clusters
-            .iter()
-            .find(|c| c.backend == BackendKind::Local)
-            .cloned()
-            .unwrap_or(local),
+    let clusters = match (slots, settings.clusters.is_empty()) {
+        (None, false) => settings.clusters.clone(),
+        _ => vec![ClusterSettings {
+            name: "local".to_owned(),
+            backend: BackendKind::Local,
+            slots: Some(slots.unwrap_or_else(default_slots)),
+            launcher_slots: 1,
+            poll_interval: Duration::from_secs(1),
+            queue: None,
+            h_rt: None,
+            log_dir: None,
+            command_timeout: Duration::from_secs(30),
+        }],
     };
     let results = std::path::absolute(&settings.runner.results_root)
         .unwrap_or_else(|_| settings.runner.results_root.clone());
+    let described: Vec<String> = clusters
+        .iter()
+        .map(|c| match c.backend {
+            BackendKind::Local => format!("{} (local, {} slots)", c.name, c.slots.unwrap_or(0)),
+            BackendKind::Sge => format!(
+                "{} (sge queue {})",
+                c.name,
+                c.queue.as_deref().unwrap_or("?")
+            ),
+        })
+        .collect();
     eprintln!(
-        "gleaner up: broker {}, cluster {:?} with {} local slots, results under {}",
+        "gleaner up: broker {}, clusters {}, results under {}",
         gleaner_broker::redact(&settings.broker_url),
-        cluster.name,
-        cluster.slots.unwrap_or(0),
+        described.join(", "),
         results.display()
     );
     if let Some(ui) = management_ui(&settings.broker_url).await {
@@ -199,12 +221,18 @@ pub async fn up(
     }
     eprintln!("gleaner up: submit with `gleaner submit FILE --wait`; Ctrl-C stops");
     info!(started_at = now_ms(), "gleaner up");
-    let (scheduler, runner, kcm) = tokio::join!(
+    let kcms = futures_util::future::join_all(
+        clusters
+            .iter()
+            .map(|cluster| kcm(&settings, cluster, shutdown.clone())),
+    );
+    let (scheduler, runner, kcms) = tokio::join!(
         scheduler(&settings, shutdown.clone()),
         runner(&settings, shutdown.clone()),
-        kcm(&settings, &cluster, shutdown.clone()),
+        kcms,
     );
-    scheduler.and(runner).and(kcm)
+    kcms.into_iter()
+        .fold(scheduler.and(runner), |all, kcm| all.and(kcm))
 }
 
 fn default_slots() -> u32 {

@@ -107,6 +107,10 @@ pub struct LauncherSettings {
     /// Between SIGTERM and SIGKILL when a task's walltime ends.
     #[serde(with = "humantime_serde")]
     pub kill_grace: Duration,
+    /// How long before its placeholder's walltime a launcher preempts its
+    /// own tasks (they are republished, not lost to the batch system's kill).
+    #[serde(with = "humantime_serde")]
+    pub deadline_margin: Duration,
 }
 
 impl Default for LauncherSettings {
@@ -120,6 +124,7 @@ impl Default for LauncherSettings {
             max_file_bytes: limits.file_bytes,
             max_outputs_bytes: limits.outputs_bytes,
             kill_grace: limits.kill_grace,
+            deadline_margin: Duration::from_secs(10),
         }
     }
 }
@@ -144,14 +149,41 @@ pub struct ClusterSettings {
     pub launcher_slots: u32,
     #[serde(default = "default_poll_interval", with = "humantime_serde")]
     pub poll_interval: Duration,
+    /// `sge`: the cluster queue placeholders go to.
+    #[serde(default)]
+    pub queue: Option<String>,
+    /// `sge`: walltime of each placeholder (`-l h_rt`).
+    #[serde(default, with = "humantime_serde")]
+    pub h_rt: Option<Duration>,
+    /// `sge`: where placeholders' output goes (discarded when unset).
+    #[serde(default)]
+    pub log_dir: Option<PathBuf>,
+    /// How long a batch-system command may take before it counts as failed.
+    #[serde(default = "default_command_timeout", with = "humantime_serde")]
+    pub command_timeout: Duration,
 }
 
 fn one() -> u32 {
     1
 }
 
+fn default_command_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
 fn default_poll_interval() -> Duration {
     Duration::from_secs(1)
+}
+
+/// The `GLEANER_*` environment variables that override settings, as set
+/// for this process; launchers on other nodes are given the same.
+pub fn environment_overrides() -> Vec<(String, String)> {
+    std::env::vars()
+        .filter(|(key, _)| {
+            key.strip_prefix("GLEANER_")
+                .is_some_and(|rest| !NOT_SETTINGS.contains(&rest))
+        })
+        .collect()
 }
 
 impl Settings {
@@ -176,12 +208,8 @@ impl Settings {
             builder = builder
                 .add_source(config::File::from(path.as_path()).format(config::FileFormat::Toml));
         }
-        let environment: config::Map<String, String> = std::env::vars()
-            .filter_map(|(key, value)| {
-                let rest = key.strip_prefix("GLEANER_")?;
-                (!NOT_SETTINGS.contains(&rest)).then_some((key, value))
-            })
-            .collect();
+        let environment: config::Map<String, String> =
+            environment_overrides().into_iter().collect();
         builder = builder.add_source(
             config::Environment::with_prefix("GLEANER")
                 .prefix_separator("_")
@@ -217,8 +245,14 @@ impl Settings {
                     cluster.name
                 );
             }
-            if cluster.backend == BackendKind::Local && cluster.slots.is_none() {
-                bail!("cluster {}: the local backend needs `slots`", cluster.name);
+            match cluster.backend {
+                BackendKind::Local if cluster.slots.is_none() => {
+                    bail!("cluster {}: the local backend needs `slots`", cluster.name)
+                }
+                BackendKind::Sge if cluster.queue.is_none() => {
+                    bail!("cluster {}: the sge backend needs `queue`", cluster.name)
+                }
+                _ => {}
             }
         }
         Ok(())
@@ -257,6 +291,12 @@ name = "c1"
 backend = "local"
 slots = 4
 poll_interval = "500ms"
+
+[[cluster]]
+name = "c2"
+backend = "sge"
+queue = "c2.q"
+h_rt = "1h"
 "#,
         )
         .unwrap();
@@ -268,7 +308,11 @@ poll_interval = "500ms"
             settings.cluster("c1").unwrap().poll_interval,
             Duration::from_millis(500)
         );
-        assert!(settings.cluster("c2").is_err());
+        assert_eq!(
+            settings.cluster("c2").unwrap().h_rt,
+            Some(Duration::from_secs(3600))
+        );
+        assert!(settings.cluster("c3").is_err());
     }
 
     #[test]

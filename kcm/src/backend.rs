@@ -3,6 +3,7 @@
 use std::future::Future;
 
 use gleaner_manifest::JobId;
+use gleaner_policy::local::WaitingJob;
 
 /// A gleaner placeholder in the batch system: one launcher, running or waiting.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,21 +21,38 @@ pub struct Snapshot {
     pub total_slots: u32,
     /// Slots running jobs that are not gleaner's.
     pub local_running: u32,
-    /// Slots asked for by waiting jobs that are not gleaner's.
-    pub local_waiting: u32,
-    /// Ids of those waiting jobs, so one wait is answered once.
-    pub waiting_jobs: Vec<String>,
+    /// Jobs that are not gleaner's, waiting for slots of this cluster.
+    pub waiting: Vec<WaitingJob>,
     /// Slots running grid job components.
     pub grid_running: u32,
     pub placeholders: Vec<Placeholder>,
+    /// Something wrong in the batch system worth reporting (a queue in error).
+    pub problem: Option<String>,
 }
 
 impl Snapshot {
-    /// Slots nobody uses or has claimed.
+    /// Slots nobody uses or has claimed (pending placeholders claim theirs).
     pub fn idle_slots(&self) -> u32 {
         let claimed: u32 = self.placeholders.iter().map(|p| p.slots).sum();
         self.total_slots
             .saturating_sub(self.local_running + self.grid_running + claimed)
+    }
+
+    /// Slots free right now: what a waiting job could start on.
+    pub fn free_slots(&self) -> u32 {
+        let running: u32 = self
+            .placeholders
+            .iter()
+            .filter(|p| p.running)
+            .map(|p| p.slots)
+            .sum();
+        self.total_slots
+            .saturating_sub(self.local_running + self.grid_running + running)
+    }
+
+    /// Slots asked for by the waiting local jobs.
+    pub fn local_waiting(&self) -> u32 {
+        self.waiting.iter().map(|w| w.slots).sum()
     }
 }
 

@@ -6,6 +6,8 @@
 
 mod backend;
 mod local;
+mod qstat;
+mod sge;
 
 use std::{
     collections::BTreeMap,
@@ -14,15 +16,19 @@ use std::{
 
 use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
-    protocol::{ClusterReport, Event, Holding, KcmMsg, SchedulerMsg, now_ms},
-    topology::{self, SCHEDULER_QUEUE, kcm_queue},
+    protocol::{
+        ClusterReport, ControlMsg, Event, Holding, KcmMsg, SchedulerMsg, ShrinkMode, now_ms,
+    },
+    topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue},
 };
 use gleaner_manifest::JobId;
+use gleaner_policy::local::{Answered, LocalState, on_local_wait};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 pub use backend::{Backend, BackendError, LauncherCommand, Placeholder, Snapshot};
 pub use local::LocalBackend;
+pub use sge::{SgeBackend, SgeConfig};
 
 #[derive(Debug, Clone)]
 pub struct KcmConfig {
@@ -31,6 +37,9 @@ pub struct KcmConfig {
     pub poll_interval: Duration,
     /// How long the launchers of an ended job have to leave by themselves.
     pub job_end_grace: Duration,
+    /// How long a shrink for waiting local jobs gets to take effect before
+    /// the same waiting jobs are answered again.
+    pub local_settle: Duration,
 }
 
 /// Removals waiting for their grace period to pass.
@@ -45,8 +54,12 @@ struct Kcm<B> {
     last: Snapshot,
     applied_grants: Vec<u64>,
     removals: Vec<Removal>,
-    error: Option<String>,
+    /// The last failed qsub/qdel (cleared by the next successful submit).
+    command_error: Option<String>,
+    /// The last failure to read the batch system (cleared by the next read).
+    read_error: Option<String>,
     failed_starts: u32,
+    answered: Answered,
 }
 
 /// Serves the cluster until `shutdown`, reconnecting after broker outages.
@@ -62,8 +75,10 @@ pub async fn run<B: Backend>(
         last: Snapshot::default(),
         applied_grants: Vec::new(),
         removals: Vec::new(),
-        error: None,
+        command_error: None,
+        read_error: None,
         failed_starts: 0,
+        answered: Answered::default(),
     };
     let cluster = kcm.config.cluster.clone();
     broker
@@ -128,12 +143,12 @@ impl<B: Backend> Kcm<B> {
                     Ok(started) => {
                         info!(job = %job, cluster = %cluster, grant, requested = slots, started, "launchers submitted");
                         self.failed_starts = 0;
-                        self.error = None;
+                        self.command_error = None;
                     }
                     Err(e) => {
                         self.failed_starts += 1;
                         error!(job = %job, cluster = %cluster, grant, error = %e, failures = self.failed_starts, "cannot submit launchers");
-                        self.error = Some(e.to_string());
+                        self.command_error = Some(e.to_string());
                     }
                 }
                 true
@@ -188,17 +203,29 @@ impl<B: Backend> Kcm<B> {
     async fn remove(&mut self, ids: &[String]) {
         if let Err(e) = self.backend.remove(ids).await {
             error!(cluster = %self.config.cluster, error = %e, "cannot remove placeholders");
-            self.error = Some(e.to_string());
+            self.command_error = Some(e.to_string());
         }
     }
 
-    /// Reads the batch system, carries out removals that are due, and reports.
+    /// Reads the batch system, makes room for waiting local jobs, carries
+    /// out removals that are due, and reports.
     async fn poll(&mut self, publisher: &Publisher) -> Result<(), BrokerError> {
         match self.backend.snapshot().await {
-            Ok(snapshot) => self.last = snapshot,
+            Ok(snapshot) => {
+                if let Some(problem) = snapshot
+                    .problem
+                    .as_ref()
+                    .filter(|p| Some(*p) != self.last.problem.as_ref())
+                {
+                    warn!(cluster = %self.config.cluster, problem, "batch system problem");
+                }
+                self.read_error = None;
+                self.last = snapshot;
+                self.make_room(publisher).await?;
+            }
             Err(e) => {
                 error!(cluster = %self.config.cluster, error = %e, "cannot read the batch system");
-                self.error = Some(e.to_string());
+                self.read_error = Some(e.to_string());
             }
         }
         let now = Instant::now();
@@ -225,6 +252,59 @@ impl<B: Backend> Kcm<B> {
         publisher.event(&Event::Cluster(report)).await
     }
 
+    /// Local jobs wait: withdraw pending placeholders, then order the
+    /// scavenging jobs here to give back what is still missing.
+    async fn make_room(&mut self, publisher: &Publisher) -> Result<(), BrokerError> {
+        let snapshot = &self.last;
+        let pending: Vec<String> = snapshot
+            .placeholders
+            .iter()
+            .filter(|p| !p.running)
+            .map(|p| p.id.clone())
+            .collect();
+        let mut held: BTreeMap<JobId, u32> = BTreeMap::new();
+        for placeholder in snapshot.placeholders.iter().filter(|p| p.running) {
+            *held.entry(placeholder.job.clone()).or_default() += placeholder.slots;
+        }
+        let state = LocalState {
+            waiting: &snapshot.waiting,
+            idle: snapshot.free_slots(),
+            pending_placeholders: &pending,
+            held: &held,
+        };
+        let plan = on_local_wait(
+            state,
+            &mut self.answered,
+            now_ms(),
+            self.config.local_settle.as_millis() as u64,
+        );
+        let cluster = self.config.cluster.clone();
+        let waiting = snapshot.waiting.len();
+        let wanted = snapshot.local_waiting();
+        if !plan.withdraw.is_empty() {
+            info!(cluster = %cluster, placeholders = plan.withdraw.len(), waiting, "local jobs wait: withdrawing pending placeholders");
+            self.remove(&plan.withdraw).await;
+            self.last
+                .placeholders
+                .retain(|p| !plan.withdraw.contains(&p.id));
+        }
+        for (job, slots) in plan.shrink {
+            info!(job = %job, cluster = %cluster, slots, waiting, wanted, "local jobs wait: shrinking");
+            let order = ControlMsg::Shrink {
+                cluster: cluster.clone(),
+                slots,
+                mode: ShrinkMode::Preempt,
+                reason: format!("{waiting} local job(s) wait for {wanted} slot(s) on {cluster}"),
+            };
+            match publisher.send(&JobQueues::new(&job).control, &order).await {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
     fn report(&mut self) -> ClusterReport {
         let snapshot = &self.last;
         let mut jobs: BTreeMap<JobId, Holding> = BTreeMap::new();
@@ -242,11 +322,15 @@ impl<B: Backend> Kcm<B> {
             total_slots: snapshot.total_slots,
             idle_slots: snapshot.idle_slots(),
             local_slots: snapshot.local_running,
-            local_waiting: snapshot.local_waiting,
+            local_waiting: snapshot.local_waiting(),
             grid_slots: snapshot.grid_running,
             jobs,
             applied_grants: std::mem::take(&mut self.applied_grants),
-            error: self.error.clone(),
+            error: self
+                .command_error
+                .clone()
+                .or_else(|| self.read_error.clone())
+                .or_else(|| snapshot.problem.clone()),
             failed_starts: self.failed_starts,
             at: now_ms(),
         }

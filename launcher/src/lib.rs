@@ -19,8 +19,8 @@ use std::{
 use gleaner_broker::{
     Broker, BrokerError, ConsumeOptions, Inbox, Incoming, Publisher,
     protocol::{
-        ControlMsg, LauncherInfo, LauncherMsg, LauncherStatus, Millis, ResultMsg, RunningTask,
-        TaskMsg, now_ms,
+        ControlMsg, LauncherInfo, LauncherMsg, LauncherStatus, ResultMsg, RunningTask, TaskMsg,
+        now_ms,
     },
     topology::{JobQueues, declare_launcher},
 };
@@ -47,7 +47,10 @@ pub struct LauncherConfig {
     pub idle_timeout: Duration,
     pub heartbeat: Duration,
     /// When the placeholder's walltime ends, if it has one.
-    pub deadline: Option<Millis>,
+    pub deadline: Option<Instant>,
+    /// Running tasks are preempted this long before `deadline`, so that the
+    /// batch system's kill never costs a task its retry budget.
+    pub deadline_margin: Duration,
     /// Where sandboxes are created.
     pub scratch: PathBuf,
     pub limits: Limits,
@@ -64,6 +67,8 @@ pub enum Exit {
     Preempted,
     /// Drained: running tasks finished, no new ones taken.
     Drained,
+    /// The placeholder's walltime is ending.
+    Walltime,
 }
 
 impl Exit {
@@ -73,6 +78,7 @@ impl Exit {
             Self::JobOver => "job over",
             Self::Preempted => "preempted",
             Self::Drained => "drained",
+            Self::Walltime => "walltime",
         }
     }
 }
@@ -174,7 +180,12 @@ pub async fn run(
         host: config.host.clone(),
         slots: config.slots,
         started_at: now_ms(),
-        deadline: config.deadline,
+        deadline: config.deadline.map(|deadline| {
+            now_ms()
+                + deadline
+                    .saturating_duration_since(Instant::now())
+                    .as_millis() as u64
+        }),
     });
     if let Err(e) = publisher.send(&queues.control, &info).await {
         return job_over_or(e);
@@ -253,6 +264,12 @@ async fn serve(
     let mut leaving: Option<Exit> = None;
     let mut consuming = true;
     let mut completed = 0u64;
+    let stop_at = config.deadline.map(|deadline| {
+        deadline
+            .checked_sub(config.deadline_margin)
+            .unwrap_or(deadline)
+    });
+    let mut walltime_reached = false;
 
     loop {
         let idle_deadline = idle_since.map(|since| since + config.idle_timeout);
@@ -260,8 +277,14 @@ async fn serve(
             delivery = tasks.next(), if consuming => match delivery {
                 Some(Ok(incoming)) => {
                     idle_since = None;
-                    running.spawn(run_task(shared.clone(), incoming, stop_seen.clone()));
-                    None
+                    if fits(stop_at, &incoming.msg) {
+                        running.spawn(run_task(shared.clone(), incoming, stop_seen.clone()));
+                        None
+                    } else {
+                        info!(job = %config.job, task = incoming.msg.task, launcher = %config.id, "task would outlast the placeholder; giving it back and draining");
+                        running.spawn(give_back(shared.clone(), incoming));
+                        Some(Exit::Walltime)
+                    }
                 }
                 Some(Err(e)) => {
                     abandon(shared, &stop, &mut running).await;
@@ -323,6 +346,12 @@ async fn serve(
                 Some(Exit::Preempted)
             }
             () = sleep_until(idle_deadline), if leaving.is_none() => Some(Exit::Idle),
+            () = sleep_until(stop_at), if !walltime_reached && leaving != Some(Exit::Preempted) => {
+                info!(job = %config.job, launcher = %config.id, "placeholder walltime ending: preempting own tasks");
+                walltime_reached = true;
+                let _ = stop.send(true);
+                Some(Exit::Walltime)
+            }
             _ = heartbeat.tick() => {
                 send_status(shared, completed).await?;
                 None
@@ -353,6 +382,26 @@ async fn sleep_until(deadline: Option<Instant>) {
         Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
         None => std::future::pending().await,
     }
+}
+
+/// Whether a task's walltime fits before the launcher must stop. A task
+/// without a walltime might take any time: it is taken while time remains.
+fn fits(stop_at: Option<Instant>, task: &TaskMsg) -> bool {
+    match (stop_at, task.walltime_ms) {
+        (Some(stop_at), Some(walltime)) => {
+            Instant::now() + Duration::from_millis(walltime) <= stop_at
+        }
+        _ => true,
+    }
+}
+
+/// Returns a task this launcher will not run to the queue, unchanged.
+async fn give_back(shared: Arc<Shared>, incoming: Incoming<TaskMsg>) -> Result<(), BrokerError> {
+    shared
+        .publisher
+        .send(&shared.queues.tasks, &incoming.msg)
+        .await?;
+    incoming.ack().await
 }
 
 /// The job is over or the launcher is failing: kill everything, report nothing.

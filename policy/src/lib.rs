@@ -2,5 +2,6 @@
 //! no broker. The services gather a snapshot, ask a policy, and carry out
 //! its decisions; tests and simulations call the same functions directly.
 
+pub mod local;
 pub mod preempt;
 pub mod share;

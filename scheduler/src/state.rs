@@ -236,7 +236,11 @@ impl State {
                 ClusterInput {
                     name: name.clone(),
                     total: report.total_slots,
-                    idle: report.idle_slots.saturating_sub(promised),
+                    // Slots that waiting local jobs need are not ours to offer.
+                    idle: report
+                        .idle_slots
+                        .saturating_sub(promised)
+                        .saturating_sub(report.local_waiting),
                     others: report.local_slots + report.grid_slots,
                     held,
                     excluded: !self.usable(entry, now, config),
@@ -378,6 +382,18 @@ mod tests {
         state.on_job_update(job_report("a", 6), now);
         state.on_cluster(cluster_report(4, &[("a", 4)], vec![]), now);
         assert_eq!(offers(&state.round(now, &config)), [("a".into(), 2)]);
+    }
+
+    #[test]
+    fn slots_local_jobs_wait_for_are_not_offered() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(1);
+        state.on_job_update(job_report("a", 100), now);
+        let mut report = cluster_report(4, &[("a", 4)], vec![]);
+        report.local_waiting = 3;
+        state.on_cluster(report, now);
+        assert_eq!(offers(&state.round(now, &config)), [("a".into(), 1)]);
     }
 
     #[test]

@@ -1,0 +1,332 @@
+//! gleaner on a real Grid Engine cell (set up by `deploy/sge/setup.sh`):
+//! placeholders, local jobs first, kcm restarts, failing clusters. Every test
+//! makes its own cluster queues and its own RabbitMQ vhost.
+
+use std::{collections::BTreeSet, time::Duration};
+
+use gleaner_testkit::{Gleaner, SgeQueues, by_task, sge, wait_for};
+use nix::sys::signal::Signal;
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+fn gleaner(test: &str) -> Gleaner {
+    Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"))
+}
+
+/// A configuration with one SGE cluster per (name, queue).
+fn config(clusters: &[(&str, &str)]) -> String {
+    clusters
+        .iter()
+        .map(|(name, queue)| {
+            format!("[[cluster]]\nname = \"{name}\"\nbackend = \"sge\"\nqueue = \"{queue}\"\nh_rt = \"10m\"\n\n")
+        })
+        .collect()
+}
+
+fn sweep(name: &str, tasks: u32, command: &str) -> String {
+    format!(
+        "name = \"{name}\"\n[sweep]\ncommand = \"{command}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n"
+    )
+}
+
+/// Entries of a job's placeholders in `qstat` whose state contains `state`
+/// (a running task each; pending tasks may share an entry).
+fn placeholders(queues: &SgeQueues, queue: &str, job: &str, state: char) -> usize {
+    let name = format!("gl-{job}");
+    queues
+        .jobs(queue)
+        .iter()
+        .filter(|j| j.name == name && j.state.contains(state))
+        .count()
+}
+
+fn qsub(args: &[&str]) -> String {
+    let answer = sge(
+        "qsub",
+        &[&["-terse", "-o", "/dev/null", "-e", "/dev/null"], args].concat(),
+    );
+    let number = answer.trim().split('.').next().unwrap_or("").to_owned();
+    assert!(number.parse::<u64>().is_ok(), "qsub answered {answer:?}");
+    number
+}
+
+#[test]
+fn a_sweep_runs_on_two_sge_clusters_and_leaves_no_placeholder() {
+    let queues = SgeQueues::new(2, 4);
+    let mut g = gleaner("sge-two");
+    g.write(
+        "gleaner.toml",
+        &config(&[("c1", &queues.names[0]), ("c2", &queues.names[1])]),
+    );
+    g.start("up", &["up"]);
+    let job = g.submit(&sweep("spread", 40, "sleep 1; echo {n}"));
+    wait_for("running placeholders on both clusters", MINUTE, || {
+        queues
+            .names
+            .iter()
+            .all(|q| placeholders(&queues, q, &job, 'r') > 0)
+    });
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 40);
+    assert!(tasks.values().all(|t| t["status"] == "succeeded"));
+    let clusters: BTreeSet<&str> = tasks
+        .values()
+        .filter_map(|t| t["cluster"].as_str())
+        .collect();
+    assert_eq!(clusters, BTreeSet::from(["c1", "c2"]));
+    wait_for("the placeholders to end", MINUTE, || {
+        queues
+            .names
+            .iter()
+            .all(|q| queues.jobs(q).iter().all(|j| j.name != format!("gl-{job}")))
+    });
+}
+
+#[test]
+fn a_local_job_starts_while_the_sweep_still_has_pending_tasks() {
+    let queues = SgeQueues::new(1, 4);
+    let queue = &queues.names[0];
+    let mut g = gleaner("sge-local");
+    g.write("gleaner.toml", &config(&[("c1", queue)]));
+    g.start("up", &["up"]);
+    let job = g.submit(&sweep("busy", 40, "sleep 2; echo {n}"));
+    wait_for("the sweep to fill the queue", MINUTE, || {
+        placeholders(&queues, queue, &job, 'r') == 4
+    });
+
+    let local = qsub(&["-N", "local", "-q", queue, "-b", "y", "/bin/sleep", "3"]);
+    let mut pending_then = 0;
+    wait_for("the local job to start", MINUTE, || {
+        let started = queues
+            .jobs(queue)
+            .iter()
+            .any(|j| j.number == local && j.state.contains('r'));
+        if started {
+            pending_then = g
+                .job_file(&job)
+                .map_or(0, |f| f["tasks"]["pending"].as_u64().unwrap_or(0));
+        }
+        started
+    });
+    assert!(
+        pending_then > 0,
+        "the sweep still had pending tasks when the local job started"
+    );
+
+    assert_eq!(g.wait_for_end(&job, 3 * MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 40);
+    assert!(
+        tasks
+            .values()
+            .all(|t| t["status"] == "succeeded" && t["attempts"] == 1)
+    );
+    assert!(
+        g.job_file(&job).unwrap()["preemptions"].as_u64() > Some(0),
+        "the local job took a launcher's slot"
+    );
+}
+
+#[test]
+fn pending_placeholders_are_withdrawn_when_a_local_job_waits() {
+    let queues = SgeQueues::new(1, 2);
+    let queue = &queues.names[0];
+    let mut g = gleaner("sge-withdraw");
+    g.write("gleaner.toml", &config(&[("c1", queue)]));
+    g.start("up", &["up"]);
+    let job = g.submit(&sweep("crowd", 20, "sleep 2; echo {n}"));
+    wait_for("the sweep to fill the queue", MINUTE, || {
+        placeholders(&queues, queue, &job, 'r') == 2
+    });
+    // Placeholders that lost the race for slots wait in the queue.
+    let name = format!("gl-{job}");
+    qsub(&[
+        "-N",
+        &name,
+        "-q",
+        queue,
+        "-t",
+        "1-3",
+        "-b",
+        "y",
+        "/bin/sleep",
+        "60",
+    ]);
+    wait_for("placeholders pending", MINUTE, || {
+        placeholders(&queues, queue, &job, 'q') > 0
+    });
+
+    let local = qsub(&["-N", "local", "-q", queue, "-b", "y", "/bin/sleep", "2"]);
+    wait_for("the pending placeholders to be withdrawn", MINUTE, || {
+        placeholders(&queues, queue, &job, 'q') == 0
+    });
+    wait_for("the local job to start", MINUTE, || {
+        queues
+            .jobs(queue)
+            .iter()
+            .any(|j| j.number == local && j.state.contains('r'))
+    });
+    assert!(g.log("up").contains("withdrawing pending placeholders"));
+    assert_eq!(g.wait_for_end(&job, 3 * MINUTE), "done");
+    assert_eq!(by_task(&g.index(&job)).len(), 20);
+}
+
+#[test]
+fn a_restarted_kcm_adopts_the_running_placeholders() {
+    let queues = SgeQueues::new(1, 4);
+    let queue = &queues.names[0];
+    let mut g = gleaner("sge-adopt");
+    g.write("gleaner.toml", &config(&[("c1", queue)]));
+    g.start("scheduler", &["scheduler"]);
+    g.start("runner", &["runner"]);
+    let kcm = g.start("kcm", &["kcm", "--cluster", "c1"]);
+    let job = g.submit(&sweep("adopted", 24, "sleep 2; echo {n}"));
+    wait_for("four launchers", MINUTE, || {
+        placeholders(&queues, queue, &job, 'r') == 4
+    });
+    g.signal(kcm, Signal::SIGKILL);
+    std::thread::sleep(Duration::from_secs(2));
+    g.start("kcm2", &["kcm", "--cluster", "c1"]);
+
+    let name = format!("gl-{job}");
+    let mut arrays = BTreeSet::new();
+    let mut adopted = false;
+    wait_for("the job to end", 3 * MINUTE, || {
+        arrays.extend(
+            queues
+                .jobs(queue)
+                .into_iter()
+                .filter(|j| j.name == name)
+                .map(|j| j.number),
+        );
+        adopted |= g.status().is_some_and(|s| {
+            s["clusters"].as_array().into_iter().flatten().any(|c| {
+                c["report"]["cluster"] == "c1"
+                    && c["report"]["jobs"][&job]["running"].as_u64() > Some(0)
+            })
+        });
+        g.job_state(&job).as_deref() == Some("done")
+    });
+    assert!(adopted, "the new kcm reported the job's placeholders");
+    assert_eq!(
+        arrays.len(),
+        1,
+        "no placeholders submitted twice: {arrays:?}"
+    );
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 24);
+    assert!(tasks.values().all(|t| t["status"] == "succeeded"));
+}
+
+#[test]
+fn failing_clusters_are_reported_and_the_others_keep_working() {
+    let queues = SgeQueues::new(2, 4);
+    let (refusing, good) = (&queues.names[0], &queues.names[1]);
+    // Placeholders ask for 10 minutes; this queue allows one.
+    sge("qconf", &["-mattr", "queue", "h_rt", "60", refusing]);
+    let missing = format!("missing{}.q", gleaner_testkit::rand_suffix());
+    let mut g = gleaner("sge-broken");
+    g.write(
+        "gleaner.toml",
+        &config(&[("c1", &missing), ("c2", refusing), ("c3", good)]),
+    );
+    g.start("up", &["up"]);
+    let job = g.submit(&sweep("survivor", 16, "sleep 0.5; echo {n}"));
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 16);
+    assert!(tasks.values().all(|t| t["cluster"] == "c3"));
+
+    let status = g.status().expect("status");
+    let cluster = |name: &str| {
+        status["clusters"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["report"]["cluster"] == name))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let error = |name: &str| {
+        cluster(name)["report"]["error"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    };
+    assert!(error("c1").contains(&missing), "c1: {}", error("c1"));
+    assert!(error("c2").contains("qsub"), "c2: {}", error("c2"));
+    assert_eq!(
+        cluster("c2")["excluded"],
+        true,
+        "three failed starts exclude a cluster"
+    );
+    assert_eq!(error("c3"), "");
+    let text = String::from_utf8_lossy(&g.run(&["status"]).stdout).into_owned();
+    assert!(text.contains("excluded"), "{text}");
+    let log = g.log("up");
+    assert!(
+        log.contains("cannot read the batch system") && log.contains("cannot submit launchers")
+    );
+}
+
+#[test]
+fn launchers_leave_before_their_placeholder_walltime_without_losing_a_task() {
+    let queues = SgeQueues::new(1, 2);
+    let queue = &queues.names[0];
+    let mut g = gleaner("sge-walltime");
+    // Placeholders live 14 s; launchers stop 3 s before. A task may take 5 s.
+    let logs = g.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    let cluster = config(&[("c1", queue)]).replace("\"10m\"", "\"14s\"");
+    g.write(
+        "gleaner.toml",
+        &format!(
+            "[launcher]\ndeadline_margin = \"3s\"\n\n{cluster}log_dir = {:?}\n",
+            logs.display().to_string()
+        ),
+    );
+    g.start("up", &["up"]);
+    let job = g.submit(
+        "name = \"rotating\"\nwalltime = \"5s\"\n[sweep]\ncommand = \"sleep 2; echo {n}\"\nparams = { n = { from = 1, to = 16 } }\n",
+    );
+    let name = format!("gl-{job}");
+    let mut arrays = BTreeSet::new();
+    wait_for("the job to end", 3 * MINUTE, || {
+        arrays.extend(
+            queues
+                .jobs(queue)
+                .into_iter()
+                .filter(|j| j.name == name)
+                .map(|j| j.number),
+        );
+        g.job_state(&job).as_deref() == Some("done")
+    });
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 16);
+    assert!(
+        tasks
+            .values()
+            .all(|t| t["status"] == "succeeded" && t["attempts"] == 1),
+        "no task was killed by the batch system: {tasks:?}"
+    );
+    assert!(
+        arrays.len() >= 2,
+        "placeholders were replaced as they ran out of time: {arrays:?}"
+    );
+    let launcher_logs: String = std::fs::read_dir(&logs)
+        .unwrap()
+        .flatten()
+        .map(|e| std::fs::read_to_string(e.path()).unwrap_or_default())
+        .collect();
+    assert!(
+        launcher_logs.contains("would outlast the placeholder")
+            || launcher_logs.contains("walltime ending"),
+        "launchers stopped for their walltime:\n{launcher_logs}"
+    );
+    assert!(
+        sge("qacct", &["-j", &name])
+            .lines()
+            .filter(|l| l.starts_with("exit_status"))
+            .all(|l| l.split_whitespace().nth(1) == Some("0")),
+        "every placeholder ended by itself"
+    );
+}
