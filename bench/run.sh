@@ -4,6 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/rabbitmq/setup.sh
+deploy/sge/setup.sh
 cargo build --release --quiet -p gleaner -p gleaner-bench
 bench=target/release/gleaner-bench
 export RUST_LOG=warn
@@ -23,3 +24,13 @@ echo "## memory"
 echo "| process | RSS (KiB) | private (KiB) |"
 echo "|---|---|---|"
 "$bench" memory --tasks 10000
+
+echo "## grid engine: launchers versus direct submission"
+echo "| how | workload | slots | ideal (s) | makespan (s) | ratio |"
+echo "|---|---|---|---|---|---|"
+"$bench" sge-launchers --tasks 80 --slots 8 --seconds 2
+
+echo "## grid engine: local-job delay"
+echo "| local jobs × slots | wait, empty queue (s) | wait, queue full of gleaner (s) | added, mean (s) | added, worst (s) |"
+echo "|---|---|---|---|---|"
+"$bench" sge-local-delay --slots 8

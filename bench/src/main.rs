@@ -3,6 +3,7 @@
 //! BENCHMARKS.md. Run them with `bench/run.sh` on an otherwise idle machine.
 
 mod measure;
+mod sge;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -38,6 +39,20 @@ enum Bench {
         #[arg(long, default_value_t = 10_000)]
         tasks: u32,
     },
+    /// Grid Engine: the same tasks by launchers and by one qsub per task.
+    SgeLaunchers {
+        #[arg(long, default_value_t = 80)]
+        tasks: u32,
+        #[arg(long, default_value_t = 8)]
+        slots: u32,
+        #[arg(long, default_value_t = 2)]
+        seconds: u32,
+    },
+    /// Grid Engine: how long local jobs wait with and without gleaner's load.
+    SgeLocalDelay {
+        #[arg(long, default_value_t = 8)]
+        slots: u32,
+    },
 }
 
 fn gleaner_binary() -> anyhow::Result<PathBuf> {
@@ -71,5 +86,7 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Bench::Memory { tasks } => measure::memory(&exe, tasks),
+        Bench::SgeLaunchers { tasks, slots, seconds } => sge::launchers_vs_direct(&exe, tasks, slots, seconds),
+        Bench::SgeLocalDelay { slots } => sge::local_delay(&exe, slots),
     }
 }

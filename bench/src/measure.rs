@@ -65,21 +65,21 @@ fn broker_pid() -> Option<u32> {
 }
 
 /// Waits until `gleaner up` serves: the scheduler answers and knows a cluster.
-fn wait_until_serving(g: &Gleaner) {
+pub fn wait_until_serving(g: &Gleaner) {
     wait_for("gleaner up to serve", Duration::from_secs(60), || {
         g.status()
             .is_some_and(|s| s["clusters"].as_array().is_some_and(|c| !c.is_empty()))
     });
 }
 
-fn sweep(name: &str, tasks: u32, command: &str) -> String {
+pub fn sweep(name: &str, tasks: u32, command: &str) -> String {
     format!(
         "name = \"{name}\"\n[sweep]\ncommand = \"{command}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n"
     )
 }
 
 /// Runs a job to its end; returns (makespan in seconds, job.json).
-fn run_job(g: &Gleaner, manifest: &str) -> anyhow::Result<(f64, serde_json::Value)> {
+pub fn run_job(g: &Gleaner, manifest: &str) -> anyhow::Result<(f64, serde_json::Value)> {
     let job = g.submit(manifest);
     let state = g.wait_for_end(&job, TIMEOUT);
     ensure!(state == "done", "job {job} ended {state}");
