@@ -86,7 +86,11 @@ fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Bench::Memory { tasks } => measure::memory(&exe, tasks),
-        Bench::SgeLaunchers { tasks, slots, seconds } => sge::launchers_vs_direct(&exe, tasks, slots, seconds),
+        Bench::SgeLaunchers {
+            tasks,
+            slots,
+            seconds,
+        } => sge::launchers_vs_direct(&exe, tasks, slots, seconds),
         Bench::SgeLocalDelay { slots } => sge::local_delay(&exe, slots),
     }
 }

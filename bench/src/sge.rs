@@ -13,14 +13,19 @@ use crate::measure::{run_job, sweep, wait_until_serving};
 const POLL: Duration = Duration::from_millis(100);
 
 fn qsub(args: &[&str]) -> anyhow::Result<String> {
-    let answer = sge("qsub", &[&["-terse", "-o", "/dev/null", "-e", "/dev/null"], args].concat());
+    let answer = sge(
+        "qsub",
+        &[&["-terse", "-o", "/dev/null", "-e", "/dev/null"], args].concat(),
+    );
     let number = answer.trim().split('.').next().unwrap_or("").to_owned();
     ensure!(number.parse::<u64>().is_ok(), "qsub answered {answer:?}");
     Ok(number)
 }
 
 fn config(queue: &str) -> String {
-    format!("[[cluster]]\nname = \"bench\"\nbackend = \"sge\"\nqueue = \"{queue}\"\nh_rt = \"1h\"\n")
+    format!(
+        "[[cluster]]\nname = \"bench\"\nbackend = \"sge\"\nqueue = \"{queue}\"\nh_rt = \"1h\"\n"
+    )
 }
 
 /// Seed 000, Table 4.1: the same tasks through gleaner's launchers and by one
@@ -47,7 +52,10 @@ pub fn launchers_vs_direct(exe: &Path, tasks: u32, slots: u32, seconds: u32) -> 
     let (gleaner, _) = run_job(&g, &sweep("launchers", tasks, &format!("sleep {seconds}")))?;
 
     let row = |how: &str, makespan: f64| {
-        println!("| {how} | {tasks} × `sleep {seconds}` | {slots} | {ideal:.1} | {makespan:.2} | {:.3} |", makespan / ideal);
+        println!(
+            "| {how} | {tasks} × `sleep {seconds}` | {slots} | {ideal:.1} | {makespan:.2} | {:.3} |",
+            makespan / ideal
+        );
     };
     row("one `qsub` per task", direct);
     row("gleaner launchers", gleaner);
@@ -134,7 +142,10 @@ fn local_waits(queues: &SgeQueues, queue: &str, jobs: u32, width: u32) -> anyhow
     let numbers: Vec<&str> = submitted.iter().map(|(n, _)| n.as_str()).collect();
     sge("qdel", &numbers);
     wait_for("the local jobs to go", Duration::from_secs(60), || {
-        queues.jobs(queue).iter().all(|j| !numbers.contains(&j.number.as_str()))
+        queues
+            .jobs(queue)
+            .iter()
+            .all(|j| !numbers.contains(&j.number.as_str()))
     });
     waits.into_iter().map(|w| w.context("wait")).collect()
 }

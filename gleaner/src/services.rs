@@ -39,6 +39,8 @@ pub async fn scheduler(settings: &Settings, shutdown: CancellationToken) -> anyh
                 rebalance: s.rebalance,
             },
             max_consecutive_failures: s.max_consecutive_failures,
+            idle_settle: s.idle_settle,
+            probe_interval: s.probe_interval,
             ..StateConfig::default()
         },
         round_interval: s.round_interval,

@@ -52,6 +52,12 @@ pub struct SchedulerSettings {
     #[serde(with = "humantime_serde")]
     pub round_interval: Duration,
     pub max_consecutive_failures: u32,
+    /// Only slots idle at least this long are offered.
+    #[serde(with = "humantime_serde")]
+    pub idle_settle: Duration,
+    /// How often an excluded cluster gets a one-slot trial.
+    #[serde(with = "humantime_serde")]
+    pub probe_interval: Duration,
 }
 
 impl Default for SchedulerSettings {
@@ -62,6 +68,8 @@ impl Default for SchedulerSettings {
             rebalance: true,
             round_interval: Duration::from_secs(1),
             max_consecutive_failures: 3,
+            idle_settle: Duration::ZERO,
+            probe_interval: Duration::from_secs(60),
         }
     }
 }

@@ -80,7 +80,7 @@ async fn session(
                         state.on_job_done(job);
                     }
                     SchedulerMsg::ClusterStatus(report) => {
-                        state.on_cluster(report, now);
+                        state.on_cluster(report, now, &config.state);
                         round_now = true;
                     }
                     SchedulerMsg::GrowAck { grant, ref job, ref cluster, accepted } => {

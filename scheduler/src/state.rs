@@ -24,6 +24,12 @@ pub struct StateConfig {
     pub stale_after: Duration,
     /// A grant neither applied nor refused by then is forgotten.
     pub grant_timeout: Duration,
+    /// Slots are offered only once they have been idle this long: a slot
+    /// just freed may be about to go to the cluster's own scheduler.
+    pub idle_settle: Duration,
+    /// An excluded cluster gets a one-slot trial grow this often, so that
+    /// the success that readmits it can happen.
+    pub probe_interval: Duration,
 }
 
 impl Default for StateConfig {
@@ -33,6 +39,8 @@ impl Default for StateConfig {
             max_consecutive_failures: 3,
             stale_after: Duration::from_secs(30),
             grant_timeout: Duration::from_secs(30),
+            idle_settle: Duration::ZERO,
+            probe_interval: Duration::from_secs(60),
         }
     }
 }
@@ -57,6 +65,30 @@ pub enum Action {
 struct ClusterEntry {
     report: ClusterReport,
     seen: Instant,
+    first_seen: Instant,
+    /// Recent idle counts, oldest first, for `idle_settle`.
+    idle_history: std::collections::VecDeque<(Instant, u32)>,
+    /// When the cluster last got a trial grow while excluded.
+    probed: Option<Instant>,
+}
+
+impl ClusterEntry {
+    /// The idle slots that stayed idle for all of the last `settle`.
+    fn settled_idle(&self, now: Instant, settle: Duration) -> u32 {
+        if settle.is_zero() {
+            return self.report.idle_slots;
+        }
+        if now.duration_since(self.first_seen) < settle {
+            return 0;
+        }
+        self.idle_history
+            .iter()
+            .filter(|(at, _)| now.duration_since(*at) <= settle)
+            .map(|(_, idle)| *idle)
+            .chain(std::iter::once(self.report.idle_slots))
+            .min()
+            .unwrap_or(0)
+    }
 }
 
 #[derive(Debug)]
@@ -115,12 +147,33 @@ impl State {
         self.drains.retain(|d| &d.job != job);
     }
 
-    pub fn on_cluster(&mut self, mut report: ClusterReport, now: Instant) {
+    pub fn on_cluster(&mut self, mut report: ClusterReport, now: Instant, config: &StateConfig) {
         for grant in std::mem::take(&mut report.applied_grants) {
             self.grants.remove(&grant);
         }
-        self.clusters
-            .insert(report.cluster.clone(), ClusterEntry { report, seen: now });
+        let entry = self
+            .clusters
+            .entry(report.cluster.clone())
+            .or_insert_with(|| ClusterEntry {
+                report: ClusterReport::default(),
+                seen: now,
+                first_seen: now,
+                idle_history: Default::default(),
+                probed: None,
+            });
+        entry.idle_history.push_back((now, report.idle_slots));
+        while entry
+            .idle_history
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > config.idle_settle)
+        {
+            entry.idle_history.pop_front();
+        }
+        if report.failed_starts < config.max_consecutive_failures {
+            entry.probed = None;
+        }
+        entry.report = report;
+        entry.seen = now;
     }
 
     /// The runner took `accepted` of a grant's slots; the rest are free again.
@@ -155,9 +208,24 @@ impl State {
         });
     }
 
-    fn usable(&self, cluster: &ClusterEntry, now: Instant, config: &StateConfig) -> bool {
-        now.duration_since(cluster.seen) <= config.stale_after
-            && cluster.report.failed_starts < config.max_consecutive_failures
+    /// Whether a cluster may grow this round, and by at most how many slots.
+    fn growable(cluster: &mut ClusterEntry, now: Instant, config: &StateConfig) -> Option<u32> {
+        if now.duration_since(cluster.seen) > config.stale_after {
+            return None;
+        }
+        let idle = cluster.settled_idle(now, config.idle_settle);
+        if cluster.report.failed_starts < config.max_consecutive_failures {
+            return Some(idle);
+        }
+        // Excluded: a trial of one slot now and then.
+        let due = cluster
+            .probed
+            .is_none_or(|at| now.duration_since(at) >= config.probe_interval);
+        if due && idle > 0 {
+            cluster.probed = Some(now);
+            return Some(1);
+        }
+        None
     }
 
     /// One scheduling round: the policy's plan, turned into actions.
@@ -211,10 +279,16 @@ impl State {
             .map_or(0, |h| h.total())
     }
 
-    fn policy_clusters(&self, now: Instant, config: &StateConfig) -> Vec<ClusterInput> {
+    fn policy_clusters(&mut self, now: Instant, config: &StateConfig) -> Vec<ClusterInput> {
+        let growable: BTreeMap<String, Option<u32>> = self
+            .clusters
+            .iter_mut()
+            .map(|(name, entry)| (name.clone(), Self::growable(entry, now, config)))
+            .collect();
         self.clusters
             .iter()
             .map(|(name, entry)| {
+                let growable = growable.get(name).copied().flatten();
                 let report = &entry.report;
                 let mut held: BTreeMap<JobId, u32> = report
                     .jobs
@@ -237,13 +311,13 @@ impl State {
                     name: name.clone(),
                     total: report.total_slots,
                     // Slots that waiting local jobs need are not ours to offer.
-                    idle: report
-                        .idle_slots
+                    idle: growable
+                        .unwrap_or(0)
                         .saturating_sub(promised)
                         .saturating_sub(report.local_waiting),
                     others: report.local_slots + report.grid_slots,
                     held,
-                    excluded: !self.usable(entry, now, config),
+                    excluded: growable.is_none(),
                     draining,
                 }
             })
@@ -362,7 +436,7 @@ mod tests {
         let now = Instant::now();
         let mut state = State::new(1);
         state.on_job_update(job_report("a", 100), now);
-        state.on_cluster(cluster_report(8, &[], vec![]), now);
+        state.on_cluster(cluster_report(8, &[], vec![]), now, &config);
         assert_eq!(offers(&state.round(now, &config)), [("a".into(), 8)]);
         assert!(state.round(now, &config).is_empty(), "grant in flight");
         // The runner took 5; 3 come free again for the next round.
@@ -370,7 +444,7 @@ mod tests {
         assert_eq!(offers(&state.round(now, &config)), [("a".into(), 3)]);
         // The kcm applied grant 1: its placeholders now hold the slots.
         state.on_grow_ack(2, 0);
-        state.on_cluster(cluster_report(3, &[("a", 5)], vec![1]), now);
+        state.on_cluster(cluster_report(3, &[("a", 5)], vec![1]), now, &config);
         assert_eq!(offers(&state.round(now, &config)), [("a".into(), 3)]);
     }
 
@@ -380,8 +454,33 @@ mod tests {
         let now = Instant::now();
         let mut state = State::new(1);
         state.on_job_update(job_report("a", 6), now);
-        state.on_cluster(cluster_report(4, &[("a", 4)], vec![]), now);
+        state.on_cluster(cluster_report(4, &[("a", 4)], vec![]), now, &config);
         assert_eq!(offers(&state.round(now, &config)), [("a".into(), 2)]);
+    }
+
+    #[test]
+    fn only_slots_idle_for_the_settle_time_are_offered() {
+        let config = StateConfig {
+            idle_settle: Duration::from_secs(5),
+            ..StateConfig::default()
+        };
+        let start = Instant::now();
+        let mut state = State::new(1);
+        state.on_job_update(job_report("a", 100), start);
+        state.on_cluster(cluster_report(8, &[], vec![]), start, &config);
+        assert!(
+            state.round(start, &config).is_empty(),
+            "not watched long enough"
+        );
+        let t = |s| start + Duration::from_secs(s);
+        state.on_cluster(cluster_report(2, &[], vec![]), t(3), &config);
+        state.on_cluster(cluster_report(8, &[], vec![]), t(6), &config);
+        state.on_job_update(job_report("a", 100), t(6));
+        assert_eq!(
+            offers(&state.round(t(6), &config)),
+            [("a".into(), 2)],
+            "6 freed just now"
+        );
     }
 
     #[test]
@@ -392,7 +491,7 @@ mod tests {
         state.on_job_update(job_report("a", 100), now);
         let mut report = cluster_report(4, &[("a", 4)], vec![]);
         report.local_waiting = 3;
-        state.on_cluster(report, now);
+        state.on_cluster(report, now, &config);
         assert_eq!(offers(&state.round(now, &config)), [("a".into(), 1)]);
     }
 
@@ -404,10 +503,27 @@ mod tests {
         state.on_job_update(job_report("a", 100), now);
         let mut failing = cluster_report(8, &[], vec![]);
         failing.failed_starts = 3;
-        state.on_cluster(failing, now);
-        assert!(state.round(now, &config).is_empty());
-        state.on_cluster(cluster_report(8, &[], vec![]), now);
-        let later = now + Duration::from_secs(31);
+        state.on_cluster(failing.clone(), now, &config);
+        assert_eq!(
+            offers(&state.round(now, &config)),
+            [("a".into(), 1)],
+            "a trial slot"
+        );
+        state.on_grow_ack(1, 0);
+        assert!(
+            state.round(now, &config).is_empty(),
+            "no second trial so soon"
+        );
+        let minute = now + config.probe_interval;
+        state.on_job_update(job_report("a", 100), minute);
+        state.on_cluster(failing, minute, &config);
+        assert_eq!(
+            offers(&state.round(minute, &config)).len(),
+            1,
+            "another trial later"
+        );
+        state.on_cluster(cluster_report(8, &[], vec![]), now, &config);
+        let later = now + config.probe_interval + Duration::from_secs(31);
         state.on_job_update(job_report("a", 100), later);
         assert!(state.round(later, &config).is_empty(), "report too old");
     }
@@ -419,7 +535,7 @@ mod tests {
         let mut state = State::new(1);
         state.on_job_update(job_report("a", 100), now);
         state.on_job_update(job_report("b", 100), now);
-        state.on_cluster(cluster_report(0, &[("a", 8)], vec![]), now);
+        state.on_cluster(cluster_report(0, &[("a", 8)], vec![]), now, &config);
         let actions = state.round(now, &config);
         assert_eq!(
             actions,
@@ -431,7 +547,7 @@ mod tests {
         );
         assert!(state.round(now, &config).is_empty());
         // Two launchers left so far; the order stands for the other two.
-        state.on_cluster(cluster_report(2, &[("a", 6)], vec![]), now);
+        state.on_cluster(cluster_report(2, &[("a", 6)], vec![]), now, &config);
         assert_eq!(offers(&state.round(now, &config)), [("b".into(), 2)]);
     }
 }
