@@ -94,6 +94,8 @@ impl Message for SchedulerMsg {
 pub enum JobState {
     /// Tasks are being published.
     Starting,
+    /// A grid job waiting to be placed.
+    Waiting,
     Running,
     /// Every task has a final state.
     Done,
@@ -141,6 +143,9 @@ pub struct JobReport {
     pub preemptions: u64,
     pub started_at: Millis,
     pub results: String,
+    /// Grid jobs: the slots of each component.
+    #[serde(default)]
+    pub components: Vec<u32>,
 }
 
 /// A kcm's view of its cluster. Slots held by gleaner are counted per job;
@@ -160,6 +165,9 @@ pub struct ClusterReport {
     pub grid_slots: u32,
     /// Slots held by each scavenging job's placeholders.
     pub jobs: BTreeMap<JobId, Holding>,
+    /// Slots held by each grid job's components.
+    #[serde(default)]
+    pub grid: BTreeMap<JobId, Holding>,
     /// Grants the kcm has acted on since its previous report.
     #[serde(default)]
     pub applied_grants: Vec<u64>,
@@ -224,8 +232,26 @@ pub enum KcmMsg {
         launchers: Vec<String>,
         grace_ms: u64,
     },
-    /// The job ended: withdraw every placeholder it still has.
+    /// The job ended: withdraw every placeholder it still has, and stop its
+    /// grid components.
     JobEnded { job: JobId },
+    /// Run one component of a grid job as an ordinary batch job.
+    SubmitComponent(ComponentSpec),
+}
+
+/// One rigid component of a grid job, as the kcm submits it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ComponentSpec {
+    pub job: JobId,
+    pub component: u32,
+    pub slots: u32,
+    pub command: String,
+    #[serde(default)]
+    pub env: Vec<(String, String)>,
+    #[serde(default)]
+    pub walltime_ms: Option<u64>,
+    #[serde(default)]
+    pub workdir: Option<String>,
 }
 
 impl Message for KcmMsg {
@@ -234,6 +260,7 @@ impl Message for KcmMsg {
             Self::StartLaunchers { .. } => "start_launchers",
             Self::Release { .. } => "release",
             Self::JobEnded { .. } => "job_ended",
+            Self::SubmitComponent(_) => "submit_component",
         }
     }
 }
@@ -268,6 +295,28 @@ pub enum ControlMsg {
     Cancel {
         reason: String,
     },
+    /// The scheduler placed a grid job: component `i` goes to `clusters[i]`.
+    Place {
+        clusters: Vec<String>,
+    },
+    /// The scheduler gave up placing a grid job.
+    PlacementFailed {
+        reason: String,
+    },
+    /// A kcm saw a grid job's component end.
+    ComponentEnded(ComponentOutcome),
+}
+
+/// How a grid job's component ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComponentOutcome {
+    pub component: u32,
+    pub cluster: String,
+    /// `None` when the batch system did not say (the job was removed).
+    pub exit_code: Option<i32>,
+    pub runtime_ms: u64,
+    pub stdout: Captured,
+    pub stderr: Captured,
 }
 
 impl Message for ControlMsg {
@@ -279,6 +328,9 @@ impl Message for ControlMsg {
             Self::LauncherStatus(_) => "launcher_status",
             Self::LauncherGone { .. } => "launcher_gone",
             Self::Cancel { .. } => "cancel",
+            Self::Place { .. } => "place",
+            Self::PlacementFailed { .. } => "placement_failed",
+            Self::ComponentEnded(_) => "component_ended",
         }
     }
 }

@@ -91,6 +91,10 @@ pub async fn kcm(
         poll_interval: cluster.poll_interval,
         job_end_grace: Duration::from_secs(10),
         local_settle: settings.runner.preempt_grace + cluster.poll_interval * 2,
+        spool_dir: cluster
+            .spool_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join("gleaner-kcm").join(&cluster.name)),
     };
     let broker = broker(settings, &format!("kcm.{}", cluster.name))?;
     match cluster.backend {
@@ -197,6 +201,7 @@ pub async fn up(
             h_rt: None,
             log_dir: None,
             command_timeout: Duration::from_secs(30),
+            spool_dir: None,
         }],
     };
     let results = std::path::absolute(&settings.runner.results_root)

@@ -169,6 +169,11 @@ pub struct ClusterSettings {
     /// How long a batch-system command may take before it counts as failed.
     #[serde(default = "default_command_timeout", with = "humantime_serde")]
     pub command_timeout: Duration,
+    /// Where grid job components leave their output and exit status; the
+    /// cluster's nodes must see it (default: a directory under the system's
+    /// temporary directory).
+    #[serde(default)]
+    pub spool_dir: Option<PathBuf>,
 }
 
 fn one() -> u32 {

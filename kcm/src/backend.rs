@@ -2,6 +2,7 @@
 
 use std::future::Future;
 
+use gleaner_broker::protocol::ComponentSpec;
 use gleaner_manifest::JobId;
 use gleaner_policy::local::WaitingJob;
 
@@ -15,6 +16,74 @@ pub struct Placeholder {
     pub running: bool,
 }
 
+/// A grid job's component in the batch system.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComponentRun {
+    /// The batch system's id.
+    pub id: String,
+    pub job: JobId,
+    pub component: u32,
+    pub slots: u32,
+    pub running: bool,
+}
+
+/// Where a component's wrapper leaves its output and exit status, in the
+/// kcm's spool directory (which the nodes must see).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ComponentFiles {
+    pub stdout: std::path::PathBuf,
+    pub stderr: std::path::PathBuf,
+    pub exit: std::path::PathBuf,
+}
+
+impl ComponentFiles {
+    pub fn new(spool: &std::path::Path, job: &JobId, component: u32) -> Self {
+        let base = format!("{job}.{component}");
+        Self {
+            stdout: spool.join(format!("{base}.out")),
+            stderr: spool.join(format!("{base}.err")),
+            exit: spool.join(format!("{base}.exit")),
+        }
+    }
+
+    /// The shell script that runs a component and records how it ended.
+    pub fn script(&self, spec: &ComponentSpec) -> String {
+        let mut script = String::from("#!/bin/sh\n# gleaner grid job component\n");
+        for (key, value) in &spec.env {
+            script.push_str(&format!("export {key}={}\n", quote(value)));
+        }
+        if let Some(dir) = &spec.workdir {
+            script.push_str(&format!("cd {} || exit 1\n", quote(dir)));
+        }
+        script.push_str(&format!(
+            "/bin/sh -c {} > {} 2> {}\necho $? > {}\n",
+            quote(&spec.command),
+            quote(&self.stdout.to_string_lossy()),
+            quote(&self.stderr.to_string_lossy()),
+            quote(&self.exit.to_string_lossy()),
+        ));
+        script
+    }
+}
+
+/// Quotes for `/bin/sh`.
+pub fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// The name a grid job's component has in the batch system: `gg-<job>.<n>`.
+pub fn component_name(job: &JobId, component: u32) -> String {
+    format!("{COMPONENT_PREFIX}{job}.{component}")
+}
+
+pub const COMPONENT_PREFIX: &str = "gg-";
+
+/// The job and component a batch job name belongs to, if it is a component.
+pub fn parse_component_name(name: &str) -> Option<(JobId, u32)> {
+    let (job, component) = name.strip_prefix(COMPONENT_PREFIX)?.rsplit_once('.')?;
+    Some((job.parse().ok()?, component.parse().ok()?))
+}
+
 /// The cluster's state at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
@@ -26,6 +95,8 @@ pub struct Snapshot {
     /// Slots running grid job components.
     pub grid_running: u32,
     pub placeholders: Vec<Placeholder>,
+    /// Grid job components, running or waiting.
+    pub components: Vec<ComponentRun>,
     /// Something wrong in the batch system worth reporting (a queue in error).
     pub problem: Option<String>,
 }
@@ -81,8 +152,16 @@ pub trait Backend: Send + 'static {
         slots: u32,
     ) -> impl Future<Output = Result<u32, BackendError>> + Send;
 
-    /// Removes placeholders by id, running or not.
+    /// Removes placeholders or components by id, running or not.
     fn remove(&mut self, ids: &[String]) -> impl Future<Output = Result<(), BackendError>> + Send;
+
+    /// Submits a grid job's component as an ordinary batch job running
+    /// `files.script(spec)`.
+    fn submit_component(
+        &mut self,
+        spec: &ComponentSpec,
+        files: &ComponentFiles,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// The kcm is stopping. Placeholders that cannot outlive it (the local
     /// backend's child processes) are stopped; batch jobs stay, to be

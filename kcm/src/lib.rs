@@ -17,7 +17,8 @@ use std::{
 use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
     protocol::{
-        ClusterReport, ControlMsg, Event, Holding, KcmMsg, SchedulerMsg, ShrinkMode, now_ms,
+        Captured, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, Event, Holding,
+        KcmMsg, SchedulerMsg, ShrinkMode, now_ms,
     },
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue},
 };
@@ -26,7 +27,9 @@ use gleaner_policy::local::{Answered, LocalState, on_local_wait};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-pub use backend::{Backend, BackendError, LauncherCommand, Placeholder, Snapshot};
+pub use backend::{
+    Backend, BackendError, ComponentFiles, ComponentRun, LauncherCommand, Placeholder, Snapshot,
+};
 pub use local::LocalBackend;
 pub use sge::{SgeBackend, SgeConfig};
 
@@ -40,7 +43,23 @@ pub struct KcmConfig {
     /// How long a shrink for waiting local jobs gets to take effect before
     /// the same waiting jobs are answered again.
     pub local_settle: Duration,
+    /// Where grid components leave their output and exit status; the
+    /// cluster's nodes must see it at the same path.
+    pub spool_dir: std::path::PathBuf,
 }
+
+/// A grid component this kcm submitted (or found), until its end is reported.
+struct TrackedComponent {
+    since: Instant,
+    /// Seen in the batch system at least once.
+    seen: bool,
+}
+
+/// A component absent from the batch system this long after its submission,
+/// never seen and with no exit status, is reported as ended.
+const COMPONENT_VANISHED: Duration = Duration::from_secs(60);
+/// Bytes of a component's stdout and stderr sent back (the tail).
+const COMPONENT_OUTPUT: u64 = 1 << 20;
 
 /// Removals waiting for their grace period to pass.
 struct Removal {
@@ -60,6 +79,7 @@ struct Kcm<B> {
     read_error: Option<String>,
     failed_starts: u32,
     answered: Answered,
+    components: BTreeMap<(JobId, u32), TrackedComponent>,
 }
 
 /// Serves the cluster until `shutdown`, reconnecting after broker outages.
@@ -79,6 +99,7 @@ pub async fn run<B: Backend>(
         read_error: None,
         failed_starts: 0,
         answered: Answered::default(),
+        components: BTreeMap::new(),
     };
     let cluster = kcm.config.cluster.clone();
     broker
@@ -118,7 +139,7 @@ impl<B: Backend> Kcm<B> {
             tokio::select! {
                 message = inbox.next() => match message {
                     Some(Ok(incoming)) => {
-                        let report_now = self.handle(incoming.msg.clone()).await;
+                        let report_now = self.handle(incoming.msg.clone(), &publisher).await?;
                         incoming.ack().await?;
                         if report_now {
                             self.poll(&publisher).await?;
@@ -134,9 +155,13 @@ impl<B: Backend> Kcm<B> {
     }
 
     /// Acts on one message; `true` when the scheduler should hear at once.
-    async fn handle(&mut self, message: KcmMsg) -> bool {
+    async fn handle(
+        &mut self,
+        message: KcmMsg,
+        publisher: &Publisher,
+    ) -> Result<bool, BrokerError> {
         let cluster = self.config.cluster.clone();
-        match message {
+        Ok(match message {
             KcmMsg::StartLaunchers { job, grant, slots } => {
                 self.applied_grants.push(grant);
                 match self.backend.submit(&job, slots).await {
@@ -174,6 +199,126 @@ impl<B: Backend> Kcm<B> {
                 self.end_job(&job).await;
                 true
             }
+            KcmMsg::SubmitComponent(spec) => {
+                self.submit_component(spec, publisher).await?;
+                true
+            }
+        })
+    }
+
+    async fn submit_component(
+        &mut self,
+        spec: ComponentSpec,
+        publisher: &Publisher,
+    ) -> Result<(), BrokerError> {
+        let cluster = self.config.cluster.clone();
+        let files = ComponentFiles::new(&self.config.spool_dir, &spec.job, spec.component);
+        for stale in [&files.stdout, &files.stderr, &files.exit] {
+            let _ = std::fs::remove_file(stale);
+        }
+        let submitted = match std::fs::create_dir_all(&self.config.spool_dir) {
+            Ok(()) => self.backend.submit_component(&spec, &files).await,
+            Err(e) => Err(BackendError {
+                command: format!("mkdir {}", self.config.spool_dir.display()),
+                message: e.to_string(),
+            }),
+        };
+        match submitted {
+            Ok(()) => {
+                info!(job = %spec.job, component = spec.component, cluster = %cluster, slots = spec.slots, "grid component submitted");
+                self.components.insert(
+                    (spec.job.clone(), spec.component),
+                    TrackedComponent {
+                        since: Instant::now(),
+                        seen: false,
+                    },
+                );
+            }
+            Err(e) => {
+                error!(job = %spec.job, component = spec.component, cluster = %cluster, error = %e, "cannot submit a grid component");
+                self.command_error = Some(e.to_string());
+                let outcome = ComponentOutcome {
+                    component: spec.component,
+                    cluster,
+                    exit_code: None,
+                    runtime_ms: 0,
+                    stdout: Captured::default(),
+                    stderr: Captured {
+                        data: e.to_string().into_bytes(),
+                        dropped: 0,
+                    },
+                };
+                self.tell_job(publisher, &spec.job, ControlMsg::ComponentEnded(outcome))
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Reports the components that left the batch system to their jobs.
+    async fn settle_components(&mut self, publisher: &Publisher) -> Result<(), BrokerError> {
+        for run in &self.last.components {
+            self.components
+                .entry((run.job.clone(), run.component))
+                .or_insert(TrackedComponent {
+                    since: Instant::now(),
+                    seen: true,
+                })
+                .seen = true;
+        }
+        let gone: Vec<(JobId, u32)> = self
+            .components
+            .iter()
+            .filter(|((job, component), _)| {
+                !self
+                    .last
+                    .components
+                    .iter()
+                    .any(|r| &r.job == job && r.component == *component)
+            })
+            .filter(|((job, component), tracked)| {
+                let files = ComponentFiles::new(&self.config.spool_dir, job, *component);
+                tracked.seen || files.exit.exists() || tracked.since.elapsed() > COMPONENT_VANISHED
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        for (job, component) in gone {
+            let Some(tracked) = self.components.remove(&(job.clone(), component)) else {
+                continue;
+            };
+            let files = ComponentFiles::new(&self.config.spool_dir, &job, component);
+            let exit_code = std::fs::read_to_string(&files.exit)
+                .ok()
+                .and_then(|text| text.trim().parse().ok());
+            let outcome = ComponentOutcome {
+                component,
+                cluster: self.config.cluster.clone(),
+                exit_code,
+                runtime_ms: tracked.since.elapsed().as_millis() as u64,
+                stdout: read_tail(&files.stdout),
+                stderr: read_tail(&files.stderr),
+            };
+            info!(job = %job, component, cluster = %self.config.cluster, exit_code = ?exit_code, "grid component ended");
+            self.tell_job(publisher, &job, ControlMsg::ComponentEnded(outcome))
+                .await?;
+            for file in [&files.stdout, &files.stderr, &files.exit] {
+                let _ = std::fs::remove_file(file);
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends to a job's runner; a job that is gone no longer needs to hear.
+    async fn tell_job(
+        &self,
+        publisher: &Publisher,
+        job: &JobId,
+        message: ControlMsg,
+    ) -> Result<(), BrokerError> {
+        match publisher.send(&JobQueues::new(job).control, &message).await {
+            Ok(()) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(e),
         }
     }
 
@@ -186,7 +331,18 @@ impl<B: Backend> Kcm<B> {
             .iter()
             .filter(|p| &p.job == job)
             .partition(|p| !p.running);
-        let pending: Vec<String> = pending.iter().map(|p| p.id.clone()).collect();
+        let pending: Vec<String> = pending
+            .iter()
+            .map(|p| p.id.clone())
+            .chain(
+                // Components of a job that ended early (cancelled) go too.
+                self.last
+                    .components
+                    .iter()
+                    .filter(|c| &c.job == job)
+                    .map(|c| c.id.clone()),
+            )
+            .collect();
         let running: Vec<String> = running.iter().map(|p| p.id.clone()).collect();
         if !pending.is_empty() {
             info!(job = %job, cluster = %self.config.cluster, placeholders = pending.len(), "withdrawing waiting placeholders of an ended job");
@@ -221,6 +377,7 @@ impl<B: Backend> Kcm<B> {
                 }
                 self.read_error = None;
                 self.last = snapshot;
+                self.settle_components(publisher).await?;
                 self.make_room(publisher).await?;
             }
             Err(e) => {
@@ -296,11 +453,7 @@ impl<B: Backend> Kcm<B> {
                 mode: ShrinkMode::Preempt,
                 reason: format!("{waiting} local job(s) wait for {wanted} slot(s) on {cluster}"),
             };
-            match publisher.send(&JobQueues::new(&job).control, &order).await {
-                Ok(()) => {}
-                Err(e) if e.is_not_found() => {}
-                Err(e) => return Err(e),
-            }
+            self.tell_job(publisher, &job, order).await?;
         }
         Ok(())
     }
@@ -316,8 +469,18 @@ impl<B: Backend> Kcm<B> {
                 holding.pending += placeholder.slots;
             }
         }
+        let mut grid: BTreeMap<JobId, Holding> = BTreeMap::new();
+        for component in &snapshot.components {
+            let holding = grid.entry(component.job.clone()).or_default();
+            if component.running {
+                holding.running += component.slots;
+            } else {
+                holding.pending += component.slots;
+            }
+        }
         ClusterReport {
             cluster: self.config.cluster.clone(),
+            grid,
             backend: self.backend.kind().to_owned(),
             total_slots: snapshot.total_slots,
             idle_slots: snapshot.idle_slots(),
@@ -335,4 +498,19 @@ impl<B: Backend> Kcm<B> {
             at: now_ms(),
         }
     }
+}
+
+/// The last bytes of a file, and how many came before them.
+fn read_tail(path: &std::path::Path) -> Captured {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else {
+        return Captured::default();
+    };
+    let length = file.metadata().map_or(0, |m| m.len());
+    let dropped = length.saturating_sub(COMPONENT_OUTPUT);
+    let mut data = Vec::new();
+    if file.seek(SeekFrom::Start(dropped)).is_ok() {
+        let _ = file.take(COMPONENT_OUTPUT).read_to_end(&mut data);
+    }
+    Captured { data, dropped }
 }

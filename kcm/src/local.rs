@@ -10,7 +10,11 @@ use nix::{
 };
 use tokio::process::{Child, Command};
 
-use crate::backend::{Backend, BackendError, LauncherCommand, Placeholder, Snapshot};
+use gleaner_broker::protocol::ComponentSpec;
+
+use crate::backend::{
+    Backend, BackendError, ComponentFiles, ComponentRun, LauncherCommand, Placeholder, Snapshot,
+};
 
 struct Launcher {
     id: String,
@@ -21,6 +25,14 @@ struct Launcher {
     child: Child,
 }
 
+/// A grid job's component: waiting for its slots, then a process group.
+struct Component {
+    id: String,
+    spec: ComponentSpec,
+    script: String,
+    child: Option<Child>,
+}
+
 pub struct LocalBackend {
     cluster: String,
     slots: u32,
@@ -28,6 +40,7 @@ pub struct LocalBackend {
     launcher_slots: u32,
     command: LauncherCommand,
     launchers: Vec<Launcher>,
+    components: Vec<Component>,
     next_id: u64,
 }
 
@@ -39,6 +52,7 @@ impl LocalBackend {
             launcher_slots: launcher_slots.max(1),
             command,
             launchers: Vec::new(),
+            components: Vec::new(),
             next_id: 0,
         }
     }
@@ -46,17 +60,63 @@ impl LocalBackend {
     fn reap(&mut self) {
         self.launchers
             .retain_mut(|l| matches!(l.child.try_wait(), Ok(None)));
+        self.components.retain_mut(|c| match &mut c.child {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => true,
+        });
+        self.start_components();
+    }
+
+    fn component_slots(&self, running: bool) -> u32 {
+        self.components
+            .iter()
+            .filter(|c| c.child.is_some() == running)
+            .map(|c| c.spec.slots)
+            .sum()
+    }
+
+    /// Starts waiting components, first come first served, as slots allow.
+    fn start_components(&mut self) {
+        loop {
+            let used: u32 =
+                self.launchers.iter().map(|l| l.slots).sum::<u32>() + self.component_slots(true);
+            let free = self.slots.saturating_sub(used);
+            let Some(next) = self.components.iter_mut().find(|c| c.child.is_none()) else {
+                return;
+            };
+            if next.spec.slots > free {
+                return;
+            }
+            match Command::new("/bin/sh")
+                .arg("-c")
+                .arg(&next.script)
+                .stdin(Stdio::null())
+                .process_group(0)
+                .kill_on_drop(true)
+                .spawn()
+            {
+                Ok(child) => next.child = Some(child),
+                Err(_) => {
+                    // Cannot even start a shell: drop it; the kcm reports it ended.
+                    let id = next.id.clone();
+                    self.components.retain(|c| c.id != id);
+                }
+            }
+        }
     }
 
     /// A free run of up to `want` slots: its first slot and its length.
+    /// Slots running or awaited by grid components are not free.
     fn free_slots(&self, want: u32) -> Option<(u32, u32)> {
         let used = |slot: u32| {
             self.launchers
                 .iter()
                 .any(|l| (l.slot..l.slot + l.slots).contains(&slot))
         };
-        let first = (0..self.slots).find(|s| !used(*s))?;
-        let length = (first..self.slots)
+        let components = self.component_slots(true) + self.component_slots(false);
+        let launcher_room = self.slots.saturating_sub(components);
+        let first = (0..launcher_room).find(|s| !used(*s))?;
+        let length = (first..launcher_room)
             .take(want as usize)
             .take_while(|s| !used(*s))
             .count() as u32;
@@ -79,6 +139,18 @@ impl Backend for LocalBackend {
         self.reap();
         Ok(Snapshot {
             total_slots: self.slots,
+            grid_running: self.component_slots(true),
+            components: self
+                .components
+                .iter()
+                .map(|c| ComponentRun {
+                    id: c.id.clone(),
+                    job: c.spec.job.clone(),
+                    component: c.spec.component,
+                    slots: c.spec.slots,
+                    running: c.child.is_some(),
+                })
+                .collect(),
             placeholders: self
                 .launchers
                 .iter()
@@ -133,7 +205,31 @@ impl Backend for LocalBackend {
         for launcher in self.launchers.iter().filter(|l| ids.contains(&l.id)) {
             self.signal(launcher, Signal::SIGKILL);
         }
+        for component in self.components.iter_mut().filter(|c| ids.contains(&c.id)) {
+            if let Some(pid) = component.child.as_ref().and_then(Child::id) {
+                let _ = nix::sys::signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+            }
+        }
+        self.components
+            .retain(|c| !(ids.contains(&c.id) && c.child.is_none()));
         self.reap();
+        Ok(())
+    }
+
+    async fn submit_component(
+        &mut self,
+        spec: &ComponentSpec,
+        files: &ComponentFiles,
+    ) -> Result<(), BackendError> {
+        let id = format!("c{}-{}", std::process::id(), self.next_id);
+        self.next_id += 1;
+        self.components.push(Component {
+            id,
+            spec: spec.clone(),
+            script: files.script(spec),
+            child: None,
+        });
+        self.start_components();
         Ok(())
     }
 

@@ -5,7 +5,7 @@ use gleaner_manifest::JobId;
 use gleaner_policy::local::WaitingJob;
 use serde::Deserialize;
 
-use crate::backend::{Placeholder, Snapshot};
+use crate::backend::{ComponentRun, Placeholder, Snapshot, parse_component_name};
 
 /// Name prefix of gleaner's placeholder jobs: `gl-<job>`.
 pub const PLACEHOLDER_PREFIX: &str = "gl-";
@@ -82,17 +82,28 @@ pub fn snapshot(xml: &str, queue: &str) -> Result<Snapshot, String> {
             snapshot.total_slots += instance.slots_total;
         }
         for job in &instance.job_list {
-            match placeholder_job(&job.name) {
-                Some(owner) => snapshot.placeholders.push(Placeholder {
-                    id: match &job.tasks {
-                        Some(task) => format!("{}.{task}", job.number),
-                        None => job.number.to_string(),
-                    },
+            let id = match &job.tasks {
+                Some(task) => format!("{}.{task}", job.number),
+                None => job.number.to_string(),
+            };
+            if let Some(owner) = placeholder_job(&job.name) {
+                snapshot.placeholders.push(Placeholder {
+                    id,
                     job: owner,
                     slots: job.slots.max(1),
                     running: true,
-                }),
-                None => snapshot.local_running += job.slots,
+                });
+            } else if let Some((owner, component)) = parse_component_name(&job.name) {
+                snapshot.grid_running += job.slots;
+                snapshot.components.push(ComponentRun {
+                    id,
+                    job: owner,
+                    component,
+                    slots: job.slots.max(1),
+                    running: true,
+                });
+            } else {
+                snapshot.local_running += job.slots;
             }
         }
     }
@@ -104,6 +115,16 @@ pub fn snapshot(xml: &str, queue: &str) -> Result<Snapshot, String> {
             Some(ranges) => expand_tasks(ranges),
             None => vec![None],
         };
+        if let Some((owner, component)) = parse_component_name(&job.name) {
+            snapshot.components.push(ComponentRun {
+                id: job.number.to_string(),
+                job: owner,
+                component,
+                slots: job.slots.max(1),
+                running: false,
+            });
+            continue;
+        }
         match placeholder_job(&job.name) {
             Some(owner) => {
                 if job.state.contains('E') {
@@ -213,6 +234,22 @@ mod tests {
             "the held job does not wait for slots"
         );
         assert_eq!(s.problem, None);
+    }
+
+    #[test]
+    fn grid_components_are_neither_local_nor_placeholders() {
+        let xml = r#"<job_info><queue_info><Queue-List><name>c1.q@a</name><slots_total>8</slots_total>
+            <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00beef.0</JB_name><state>r</state><slots>4</slots></job_list>
+            </Queue-List></queue_info>
+            <job_info><job_list state="pending"><JB_job_number>6</JB_job_number><JB_name>gg-mpi-00beef.1</JB_name><state>qw</state><slots>2</slots></job_list></job_info></job_info>"#;
+        let s = snapshot(xml, "c1.q").unwrap();
+        assert_eq!((s.grid_running, s.local_running), (4, 0));
+        assert!(s.waiting.is_empty() && s.placeholders.is_empty());
+        assert_eq!(s.components.len(), 2);
+        assert_eq!(
+            (s.components[1].component, s.components[1].running),
+            (1, false)
+        );
     }
 
     #[test]

@@ -12,9 +12,12 @@ use gleaner_manifest::JobId;
 use tokio::{io::AsyncWriteExt, process::Command};
 
 use crate::{
-    backend::{Backend, BackendError, LauncherCommand, Snapshot},
+    backend::{
+        Backend, BackendError, ComponentFiles, LauncherCommand, Snapshot, component_name, quote,
+    },
     qstat::{self, PLACEHOLDER_PREFIX},
 };
+use gleaner_broker::protocol::ComponentSpec;
 
 #[derive(Debug, Clone)]
 pub struct SgeConfig {
@@ -121,11 +124,6 @@ impl SgeBackend {
     }
 }
 
-/// Quotes for `/bin/sh`.
-fn quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
-}
-
 impl Backend for SgeBackend {
     fn kind(&self) -> &'static str {
         "sge"
@@ -218,6 +216,42 @@ impl Backend for SgeBackend {
                 Err(e) => return Err(e),
             }
         }
+        Ok(())
+    }
+
+    async fn submit_component(
+        &mut self,
+        spec: &ComponentSpec,
+        files: &ComponentFiles,
+    ) -> Result<(), BackendError> {
+        let c = &self.config;
+        let mut args: Vec<String> = vec![
+            "-terse".into(),
+            "-N".into(),
+            component_name(&spec.job, spec.component),
+            "-q".into(),
+            c.queue.clone(),
+            "-w".into(),
+            "e".into(),
+            "-S".into(),
+            "/bin/sh".into(),
+            "-wd".into(),
+            std::env::temp_dir().display().to_string(),
+            "-o".into(),
+            "/dev/null".into(),
+            "-e".into(),
+            "/dev/null".into(),
+        ];
+        if spec.slots > 1 {
+            args.extend(["-pe".into(), "make".into(), spec.slots.to_string()]);
+        }
+        if let Some(walltime) = spec.walltime_ms {
+            args.extend([
+                "-l".into(),
+                format!("h_rt={}", walltime.div_ceil(1000).max(1)),
+            ]);
+        }
+        self.run("qsub", &args, Some(&files.script(spec))).await?;
         Ok(())
     }
 

@@ -3,5 +3,6 @@
 //! its decisions; tests and simulations call the same functions directly.
 
 pub mod local;
+pub mod placement;
 pub mod preempt;
 pub mod share;

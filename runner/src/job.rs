@@ -16,12 +16,12 @@ use futures_util::FutureExt;
 use gleaner_broker::{
     BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher,
     protocol::{
-        ControlMsg, Event, JobReport, JobState, KcmMsg, LauncherMsg, ResultMsg, SchedulerMsg,
-        ShrinkMode, Submission, TaskMsg, now_ms,
+        ComponentOutcome, ComponentSpec, ControlMsg, Event, JobReport, JobState, KcmMsg,
+        LauncherMsg, ResultMsg, RunStatus, SchedulerMsg, ShrinkMode, Submission, TaskMsg, now_ms,
     },
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
 };
-use gleaner_manifest::{JobId, Manifest, TaskList};
+use gleaner_manifest::{JobId, JobKind, Manifest, TaskList};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -130,7 +130,12 @@ pub async fn run(
             error: std::io::Error::other(e.to_string()),
         }
     })?;
-    let mut book = TaskBook::new(tasks.len(), submission.manifest.max_attempts);
+    let manifest = &submission.manifest;
+    let total = match manifest.kind {
+        JobKind::Scavenge => tasks.len(),
+        JobKind::Grid => manifest.components.len() as u64,
+    };
+    let mut book = TaskBook::new(total, manifest.max_attempts);
     for (task, status) in finished {
         book.finish(task, status);
     }
@@ -151,6 +156,7 @@ pub async fn run(
         duplicates: 0,
         preemptions: 0,
         tasks_published: false,
+        components: Vec::new(),
     });
     let mut job = Job {
         id,
@@ -217,10 +223,27 @@ impl Job {
         }
     }
 
-    /// Declares the job's queues and publishes every task not yet published.
+    /// Declares the job's queues and publishes every task not yet published
+    /// (or, for a grid job, waits to be placed).
     async fn start(&mut self, connection: &Connection) -> Result<(), JobError> {
         let channel = connection.channel().await?;
         topology::declare_job(&channel, &self.queues).await?;
+        if self.manifest.kind == JobKind::Grid {
+            self.file
+                .components
+                .resize(self.manifest.components.len(), None);
+            self.clusters
+                .extend(self.file.components.iter().flatten().cloned());
+            let placed = self.file.components.iter().all(Option::is_some);
+            self.file.state = if placed {
+                JobState::Running
+            } else {
+                JobState::Waiting
+            };
+            info!(job = %self.id, components = self.manifest.components.len(), placed, "grid job registered");
+            self.save()?;
+            return self.report().await;
+        }
         if !self.file.tasks_published {
             // A crash mid-publication leaves an unknown prefix published:
             // start the publication over (duplicates are harmless).
@@ -369,9 +392,14 @@ impl Job {
 
     fn entry(&self, task: u64, status: FinalStatus, result: Option<&ResultMsg>) -> IndexEntry {
         let spec = self.tasks.get(task);
+        let component = self.manifest.components.get(task as usize);
         IndexEntry {
             task,
-            command: spec.as_ref().map(|s| s.command.clone()).unwrap_or_default(),
+            command: spec
+                .as_ref()
+                .map(|s| s.command.clone())
+                .or_else(|| component.map(|c| c.command.clone()))
+                .unwrap_or_default(),
             params: spec.map(|s| s.params).unwrap_or_default(),
             status,
             exit_code: result.and_then(|r| r.exit_code),
@@ -379,7 +407,7 @@ impl Job {
             preemptions: result.map_or(0, |r| r.preemptions),
             runtime_s: result.map_or(0.0, |r| r.runtime_ms as f64 / 1000.0),
             cluster: result.map(|r| r.cluster.clone()),
-            host: result.map(|r| r.host.clone()),
+            host: result.map(|r| r.host.clone()).filter(|h| !h.is_empty()),
         }
     }
 
@@ -441,9 +469,118 @@ impl Job {
                 Flow::Continue
             }
             ControlMsg::Cancel { reason } => Flow::Cancel(reason),
+            ControlMsg::Place { clusters } => {
+                self.on_place(&clusters).await?;
+                Flow::Continue
+            }
+            ControlMsg::PlacementFailed { reason } => {
+                warn!(job = %self.id, reason, "the scheduler gave up placing the job");
+                let entries: Vec<IndexEntry> = self
+                    .book
+                    .unfinished()
+                    .map(|task| self.entry(task, FinalStatus::Failed, None))
+                    .collect();
+                self.record(&entries)?;
+                for entry in &entries {
+                    self.book.finish(entry.task, FinalStatus::Failed);
+                }
+                Flow::Continue
+            }
+            ControlMsg::ComponentEnded(outcome) => {
+                self.on_component_ended(outcome)?;
+                Flow::Continue
+            }
         };
         incoming.ack().await?;
         Ok(flow)
+    }
+
+    /// The scheduler placed the grid job: each component goes to its cluster's
+    /// kcm, which submits it to the batch system.
+    async fn on_place(&mut self, clusters: &[String]) -> Result<(), JobError> {
+        if self.file.state != JobState::Waiting || clusters.len() != self.manifest.components.len()
+        {
+            debug!(job = %self.id, "placement ignored: already placed, or not for this job");
+            return Ok(());
+        }
+        info!(job = %self.id, clusters = ?clusters, "grid job placed");
+        let components = self.manifest.components.clone();
+        for (i, (component, cluster)) in components.iter().zip(clusters).enumerate() {
+            let spec = ComponentSpec {
+                job: self.id.clone(),
+                component: i as u32,
+                slots: component.slots,
+                command: component.command.clone(),
+                env: self
+                    .manifest
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                walltime_ms: self.manifest.walltime.map(|w| w.as_millis() as u64),
+                workdir: self
+                    .manifest
+                    .workdir
+                    .as_ref()
+                    .map(|w| w.display().to_string()),
+            };
+            match self
+                .publisher
+                .send(&kcm_queue(cluster), &KcmMsg::SubmitComponent(spec))
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {
+                    warn!(job = %self.id, component = i, cluster = %cluster, "no kcm for the cluster; component failed");
+                    let entry = self.entry(i as u64, FinalStatus::Failed, None);
+                    self.record(&[entry])?;
+                    self.book.finish(i as u64, FinalStatus::Failed);
+                }
+                Err(e) => return Err(e.into()),
+            }
+            self.file.components[i] = Some(cluster.clone());
+            self.clusters.insert(cluster.clone());
+        }
+        self.file.state = JobState::Running;
+        self.save()?;
+        self.report().await
+    }
+
+    /// A component ended: its result is final (a rigid job is not retried).
+    fn on_component_ended(&mut self, outcome: ComponentOutcome) -> Result<(), JobError> {
+        let task = u64::from(outcome.component);
+        if self.book.is_finished(task) {
+            return Ok(());
+        }
+        let status = match outcome.exit_code {
+            Some(0) => RunStatus::Succeeded,
+            _ => RunStatus::Failed,
+        };
+        let result = ResultMsg {
+            job: self.id.clone(),
+            task,
+            attempt: 1,
+            preemptions: 0,
+            status,
+            exit_code: outcome.exit_code,
+            signal: None,
+            runtime_ms: outcome.runtime_ms,
+            launcher: String::new(),
+            cluster: outcome.cluster,
+            host: String::new(),
+            stdout: outcome.stdout,
+            stderr: outcome.stderr,
+            outputs: Vec::new(),
+            error: None,
+        };
+        info!(job = %self.id, component = task, cluster = %result.cluster, exit_code = ?result.exit_code, "grid component ended");
+        self.results
+            .write_outputs(&result)
+            .map_err(|e| self.io_error(e))?;
+        let entry = self.entry(task, status.into(), Some(&result));
+        self.record(&[entry])?;
+        self.book.finish(task, status.into());
+        Ok(())
     }
 
     /// Accepts as many offered slots as there are tasks to keep them busy.
@@ -537,7 +674,17 @@ impl Job {
             .expire(Instant::now(), self.settings.launcher_silence);
         self.owed
             .retain(|o| o.since.elapsed() < OWED_SHRINK_LIFETIME);
-        self.book.set_running(self.launchers.running_tasks());
+        let running = match self.manifest.kind {
+            JobKind::Scavenge => self.launchers.running_tasks(),
+            JobKind::Grid => self
+                .file
+                .components
+                .iter()
+                .enumerate()
+                .filter(|(i, placed)| placed.is_some() && !self.book.is_finished(*i as u64))
+                .count() as u64,
+        };
+        self.book.set_running(running);
         let window = Duration::from_secs(60);
         let now = Instant::now();
         while self
@@ -561,6 +708,7 @@ impl Job {
             preemptions: self.preemptions,
             started_at: self.file.started_at,
             results: self.file.results.clone(),
+            components: self.manifest.components.iter().map(|c| c.slots).collect(),
         }
     }
 

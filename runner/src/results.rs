@@ -49,6 +49,9 @@ pub struct JobFile {
     pub preemptions: u64,
     /// Every task was published once; a resumed job need not publish again.
     pub tasks_published: bool,
+    /// Grid jobs: the cluster each component was placed on, once placed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<Option<String>>,
 }
 
 pub struct ResultsDir {
@@ -357,6 +360,7 @@ mod tests {
             duplicates: 0,
             preemptions: 0,
             tasks_published: true,
+            components: vec![Some("c1".into()), None],
         };
         results.write_job_file(&file).unwrap();
         assert_eq!(results.read_job_file(), Some(file));

@@ -6,7 +6,10 @@
 //! keeps the picture and the promises in flight; this module only moves
 //! messages.
 
+mod grid;
 pub mod state;
+
+pub use grid::GridConfig;
 
 use std::time::{Duration, Instant};
 
@@ -145,6 +148,31 @@ async fn round(
                         reason,
                     },
                 )
+            }
+            Action::Preempt {
+                job,
+                cluster,
+                slots,
+                reason,
+            } => {
+                info!(job = %job, cluster = %cluster, slots, reason, "shrink for a grid job");
+                (
+                    job,
+                    ControlMsg::Shrink {
+                        cluster,
+                        slots,
+                        mode: ShrinkMode::Preempt,
+                        reason,
+                    },
+                )
+            }
+            Action::Place { job, clusters } => {
+                info!(job = %job, clusters = ?clusters, "grid job placed");
+                (job, ControlMsg::Place { clusters })
+            }
+            Action::Abort { job, reason } => {
+                warn!(job = %job, reason, "grid job aborted");
+                (job, ControlMsg::PlacementFailed { reason })
             }
         };
         match publisher

@@ -12,8 +12,12 @@ use std::{
 
 use gleaner_broker::protocol::{ClusterReport, ClusterView, JobReport, StatusReply};
 use gleaner_manifest::{JobId, JobKind};
+use gleaner_policy::{
+    placement::{self, Site},
+    share::{self, ClusterInput, JobInput, PolicyConfig, split_shrink},
+};
 
-use gleaner_policy::share::{self, ClusterInput, JobInput, PolicyConfig};
+use crate::grid::{GridBook, GridConfig};
 
 #[derive(Debug, Clone)]
 pub struct StateConfig {
@@ -30,6 +34,7 @@ pub struct StateConfig {
     /// An excluded cluster gets a one-slot trial grow this often, so that
     /// the success that readmits it can happen.
     pub probe_interval: Duration,
+    pub grid: GridConfig,
 }
 
 impl Default for StateConfig {
@@ -41,6 +46,7 @@ impl Default for StateConfig {
             grant_timeout: Duration::from_secs(30),
             idle_settle: Duration::ZERO,
             probe_interval: Duration::from_secs(60),
+            grid: GridConfig::default(),
         }
     }
 }
@@ -54,11 +60,23 @@ pub enum Action {
         cluster: String,
         slots: u32,
     },
+    /// Give back slots without losing work (fair share).
     Drain {
         job: JobId,
         cluster: String,
         slots: u32,
     },
+    /// Give back slots now: a grid job needs them.
+    Preempt {
+        job: JobId,
+        cluster: String,
+        slots: u32,
+        reason: String,
+    },
+    /// A grid job goes to these clusters (component `i` to `clusters[i]`).
+    Place { job: JobId, clusters: Vec<String> },
+    /// A grid job will not be placed.
+    Abort { job: JobId, reason: String },
 }
 
 #[derive(Debug)]
@@ -122,6 +140,7 @@ pub struct State {
     grants: BTreeMap<u64, Grant>,
     drains: Vec<DrainOrder>,
     next_grant: u64,
+    grid: GridBook,
 }
 
 impl State {
@@ -136,12 +155,16 @@ impl State {
 
     /// Records a job's report; `true` if the job is new here.
     pub fn on_job_update(&mut self, report: JobReport, now: Instant) -> bool {
+        if report.kind == JobKind::Grid {
+            return self.grid.update(report, now);
+        }
         self.jobs
             .insert(report.job.clone(), JobEntry { report, seen: now })
             .is_none()
     }
 
     pub fn on_job_done(&mut self, job: &JobId) {
+        self.grid.done(job);
         self.jobs.remove(job);
         self.grants.retain(|_, g| &g.job != job);
         self.drains.retain(|d| &d.job != job);
@@ -187,6 +210,14 @@ impl State {
 
     /// Forgets what has gone quiet.
     pub fn expire(&mut self, now: Instant, config: &StateConfig) {
+        let clusters = &self.clusters;
+        self.grid
+            .expire(now, config.stale_after, &config.grid, |cluster, job| {
+                clusters
+                    .get(cluster)
+                    .and_then(|c| c.report.grid.get(job))
+                    .map_or(0, |h| h.total())
+            });
         let stale = config.stale_after;
         let gone: Vec<JobId> = self
             .jobs
@@ -231,10 +262,10 @@ impl State {
     /// One scheduling round: the policy's plan, turned into actions.
     pub fn round(&mut self, now: Instant, config: &StateConfig) -> Vec<Action> {
         self.expire(now, config);
+        let mut actions = self.place_grid_jobs(now, config);
         let clusters = self.policy_clusters(now, config);
         let jobs = self.policy_jobs();
         let plan = share::plan(&clusters, &jobs, &config.policy);
-        let mut actions = Vec::new();
         for offer in plan.offers {
             let grant = self.next_grant;
             self.next_grant += 1;
@@ -270,6 +301,91 @@ impl State {
             });
         }
         actions
+    }
+
+    /// Places the grid jobs that can be placed, shrinking scavenging jobs
+    /// where their slots are needed; counts a failed try for the others.
+    fn place_grid_jobs(&mut self, now: Instant, config: &StateConfig) -> Vec<Action> {
+        let waiting = self.grid.waiting(now);
+        if waiting.is_empty() {
+            return Vec::new();
+        }
+        let sites: Vec<Site> = self
+            .clusters
+            .iter()
+            .filter(|(_, c)| {
+                now.duration_since(c.seen) <= config.stale_after
+                    && c.report.failed_starts < config.max_consecutive_failures
+            })
+            .map(|(name, c)| Site {
+                name: name.clone(),
+                free: self.free_slots(name, c, now, config),
+                scavenged: c
+                    .report
+                    .jobs
+                    .iter()
+                    .map(|(job, h)| (job.clone(), h.total()))
+                    .collect(),
+            })
+            .collect();
+        let placements = placement::place(&waiting, &sites, config.grid.weights);
+        let mut actions = Vec::new();
+        for placed in &placements {
+            for (cluster, slots) in &placed.reclaim {
+                let scavenged = sites
+                    .iter()
+                    .find(|s| &s.name == cluster)
+                    .map(|s| s.scavenged.clone())
+                    .unwrap_or_default();
+                for (job, give) in split_shrink(*slots, &scavenged) {
+                    actions.push(Action::Preempt {
+                        job,
+                        cluster: cluster.clone(),
+                        slots: give,
+                        reason: format!("grid job {} needs {slots} slots on {cluster}", placed.job),
+                    });
+                }
+            }
+            self.grid.placed(&placed.job, &placed.clusters, now);
+            actions.push(Action::Place {
+                job: placed.job.clone(),
+                clusters: placed.clusters.clone(),
+            });
+        }
+        for job in waiting {
+            if placements.iter().any(|p| p.job == job.id) {
+                continue;
+            }
+            if let Some(reason) = self.grid.failed_try(&job.id, &config.grid) {
+                actions.push(Action::Abort {
+                    job: job.id,
+                    reason,
+                });
+            }
+        }
+        actions
+    }
+
+    /// Slots of a cluster free for anyone: idle, not promised by a grant or a
+    /// placement, and not wanted by waiting local jobs.
+    fn free_slots(
+        &self,
+        name: &str,
+        cluster: &ClusterEntry,
+        now: Instant,
+        config: &StateConfig,
+    ) -> u32 {
+        let granted: u32 = self
+            .grants
+            .values()
+            .filter(|g| g.cluster == name)
+            .map(|g| g.slots)
+            .sum();
+        cluster
+            .settled_idle(now, config.idle_settle)
+            .saturating_sub(granted)
+            .saturating_sub(self.grid.reserved(name))
+            .saturating_sub(cluster.report.local_waiting)
     }
 
     fn held(&self, cluster: &str, job: &JobId) -> u32 {
@@ -310,10 +426,12 @@ impl State {
                 ClusterInput {
                     name: name.clone(),
                     total: report.total_slots,
-                    // Slots that waiting local jobs need are not ours to offer.
+                    // Slots that waiting local jobs need, or that a placed
+                    // grid job is about to take, are not ours to offer.
                     idle: growable
                         .unwrap_or(0)
                         .saturating_sub(promised)
+                        .saturating_sub(self.grid.reserved(name))
                         .saturating_sub(report.local_waiting),
                     others: report.local_slots + report.grid_slots,
                     held,
@@ -362,7 +480,12 @@ impl State {
                     stale: now.duration_since(c.seen) > config.stale_after,
                 })
                 .collect(),
-            jobs: self.jobs.values().map(|j| j.report.clone()).collect(),
+            jobs: self
+                .jobs
+                .values()
+                .map(|j| j.report.clone())
+                .chain(self.grid.reports().cloned())
+                .collect(),
         }
     }
 }
@@ -372,6 +495,8 @@ mod tests {
     use super::*;
     use gleaner_broker::protocol::{Holding, JobState, TaskCounts};
     use gleaner_manifest::Priority;
+
+    use crate::grid::GridConfig;
 
     fn job(name: &str) -> JobId {
         format!("{name}-000000").parse().unwrap()
@@ -394,6 +519,7 @@ mod tests {
             preemptions: 0,
             started_at: 0,
             results: String::new(),
+            components: Vec::new(),
         }
     }
 
@@ -425,7 +551,7 @@ mod tests {
             .iter()
             .filter_map(|a| match a {
                 Action::Offer { job, slots, .. } => Some((job.name().to_owned(), *slots)),
-                Action::Drain { .. } => None,
+                _ => None,
             })
             .collect()
     }
@@ -526,6 +652,97 @@ mod tests {
         let later = now + config.probe_interval + Duration::from_secs(31);
         state.on_job_update(job_report("a", 100), later);
         assert!(state.round(later, &config).is_empty(), "report too old");
+    }
+
+    fn grid_report(name: &str, priority: Priority, components: &[u32]) -> JobReport {
+        JobReport {
+            kind: JobKind::Grid,
+            priority,
+            state: JobState::Waiting,
+            components: components.to_vec(),
+            ..job_report(name, components.len() as u64)
+        }
+    }
+
+    #[test]
+    fn a_grid_job_takes_free_slots_and_blocks_grows_on_them() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(1);
+        state.on_job_update(grid_report("g", Priority::High, &[6]), now);
+        state.on_job_update(job_report("a", 100), now);
+        state.on_cluster(cluster_report(8, &[], vec![]), now, &config);
+        let actions = state.round(now, &config);
+        assert!(actions.contains(&Action::Place {
+            job: job("g"),
+            clusters: vec!["c1".into()]
+        }));
+        assert_eq!(
+            offers(&actions),
+            [("a".into(), 2)],
+            "6 of 8 slots are promised"
+        );
+        // The component runs: the promise is kept, the slots are the grid's.
+        let mut running = cluster_report(0, &[("a", 2)], vec![1]);
+        running.grid.insert(
+            job("g"),
+            Holding {
+                running: 6,
+                pending: 0,
+            },
+        );
+        running.grid_slots = 6;
+        state.on_cluster(running, now, &config);
+        assert!(state.round(now, &config).is_empty());
+    }
+
+    #[test]
+    fn scavengers_are_preempted_for_a_grid_job() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(1);
+        state.on_job_update(job_report("a", 100), now);
+        state.on_job_update(job_report("b", 100), now);
+        state.on_job_update(grid_report("g", Priority::High, &[8]), now);
+        state.on_cluster(
+            cluster_report(0, &[("a", 4), ("b", 4)], vec![]),
+            now,
+            &config,
+        );
+        let actions = state.round(now, &config);
+        let preempted: Vec<(String, u32)> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Preempt { job, slots, .. } => Some((job.name().to_owned(), *slots)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(preempted, [("a".into(), 4), ("b".into(), 4)]);
+        assert!(actions.iter().any(|a| matches!(a, Action::Place { .. })));
+        assert!(offers(&actions).is_empty());
+    }
+
+    #[test]
+    fn unplaceable_grid_jobs_move_up_and_are_aborted() {
+        let config = StateConfig {
+            grid: GridConfig {
+                upgrade_after: 2,
+                max_tries: 3,
+                ..GridConfig::default()
+            },
+            ..StateConfig::default()
+        };
+        let now = Instant::now();
+        let mut state = State::new(1);
+        state.on_job_update(grid_report("g", Priority::Low, &[16]), now);
+        state.on_cluster(cluster_report(8, &[], vec![]), now, &config);
+        assert!(state.round(now, &config).is_empty());
+        assert!(state.round(now, &config).is_empty());
+        let actions = state.round(now, &config);
+        assert!(
+            matches!(&actions[..], [Action::Abort { job: aborted, .. }] if *aborted == job("g"))
+        );
+        assert!(state.status("s", now, &config).jobs.is_empty());
     }
 
     #[test]
