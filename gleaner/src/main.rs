@@ -66,6 +66,18 @@ enum Command {
     },
     /// Run one launcher (started by a kcm).
     Launcher(LauncherArgs),
+    /// Run the scheduling policies on a simulated grid (no broker needed).
+    Simulate {
+        scenario: PathBuf,
+        /// Only this policy (default: the scenario's, or both).
+        #[arg(long)]
+        policy: Option<gleaner_policy::share::CsPolicy>,
+        /// Write a load plot (SVG) per policy into this directory.
+        #[arg(long, value_name = "DIR")]
+        plot: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 impl Command {
@@ -128,6 +140,12 @@ async fn dispatch(command: Command, settings: Settings) -> ExitCode {
         Command::Submit { file, wait, json } => client::submit(&settings, &file, wait, json).await,
         Command::Status { job, json } => client::status(&settings, job.as_deref(), json).await,
         Command::Cancel { job } => client::cancel(&settings, &job).await,
+        Command::Simulate {
+            scenario,
+            policy,
+            plot,
+            json,
+        } => simulate(&scenario, policy, plot.as_deref(), json),
         Command::Up { slots } => service(services::up(settings, slots, on_signals(false)).await),
         Command::Scheduler => service(services::scheduler(&settings, on_signals(false)).await),
         Command::Runner => service(services::runner(&settings, on_signals(false)).await),
@@ -148,6 +166,51 @@ async fn dispatch(command: Command, settings: Settings) -> ExitCode {
             }
         }
     }
+}
+
+/// `gleaner simulate`: the policies on a simulated grid; no broker.
+fn simulate(
+    path: &std::path::Path,
+    policy: Option<gleaner_policy::share::CsPolicy>,
+    plot: Option<&std::path::Path>,
+    json: bool,
+) -> ExitCode {
+    let scenario = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))
+        .and_then(|text| {
+            gleaner_simulator::Scenario::from_toml(&text)
+                .map_err(|e| format!("{}: invalid scenario\n{e}", path.display()))
+        });
+    let scenario = match scenario {
+        Ok(scenario) => scenario,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(client::BAD_INPUT);
+        }
+    };
+    let comparison = gleaner_simulator::Comparison::run(&scenario, policy);
+    if json {
+        println!("{}", comparison.json());
+    } else {
+        print!("{}", comparison.text());
+    }
+    if let Some(dir) = plot {
+        let stem = path
+            .file_stem()
+            .map_or("scenario".into(), |s| s.to_string_lossy().into_owned());
+        match comparison.plot(dir, &stem) {
+            Ok(files) => {
+                for file in files {
+                    eprintln!("plot: {}", file.display());
+                }
+            }
+            Err(e) => {
+                eprintln!("error: cannot write the plot: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    ExitCode::SUCCESS
 }
 
 /// `RUST_LOG` if set, else `default`. Two of lapin's own messages are

@@ -5,7 +5,7 @@
 //! The scheduler applies the plan; a simulator can drive the same functions
 //! with a simulated clock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_manifest::JobId;
 use serde::{Deserialize, Serialize};
@@ -19,6 +19,20 @@ pub enum CsPolicy {
     SiteEquipartition,
     /// The grid's idle slots are split evenly, wherever they are (GEP).
     GridEquipartition,
+}
+
+impl std::str::FromStr for CsPolicy {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        match text {
+            "site-equipartition" | "sep" => Ok(Self::SiteEquipartition),
+            "grid-equipartition" | "gep" => Ok(Self::GridEquipartition),
+            other => Err(format!(
+                "{other:?} is not a policy (site-equipartition or grid-equipartition)"
+            )),
+        }
+    }
 }
 
 impl CsPolicy {
@@ -155,15 +169,73 @@ pub fn split_shrink(slots: u32, held: &BTreeMap<JobId, u32>) -> Vec<(JobId, u32)
         .collect()
 }
 
+/// What the round has given so far: each job's remaining demand and its
+/// slots grid-wide, and the hungry jobs ordered by those slots, so that odd
+/// slots go to whoever has least anywhere (not to the same job everywhere).
+struct Book<'a> {
+    demand: BTreeMap<&'a JobId, u32>,
+    global: BTreeMap<&'a JobId, u32>,
+    hungry: BTreeSet<(u32, &'a JobId)>,
+}
+
+impl<'a> Book<'a> {
+    fn new(clusters: &'a [ClusterInput], jobs: &'a [JobInput]) -> Self {
+        let mut global: BTreeMap<&JobId, u32> = jobs.iter().map(|j| (&j.id, 0)).collect();
+        for cluster in clusters {
+            for (job, held) in &cluster.held {
+                if let Some(total) = global.get_mut(job) {
+                    *total += held;
+                }
+            }
+        }
+        let demand: BTreeMap<&JobId, u32> = jobs.iter().map(|j| (&j.id, j.demand)).collect();
+        let hungry = demand
+            .iter()
+            .filter(|(_, d)| **d > 0)
+            .map(|(job, _)| (global[job], *job))
+            .collect();
+        Self {
+            demand,
+            global,
+            hungry,
+        }
+    }
+
+    fn global(&self, job: &JobId) -> u32 {
+        self.global.get(job).copied().unwrap_or(0)
+    }
+
+    fn demand(&self, job: &JobId) -> u32 {
+        self.demand.get(job).copied().unwrap_or(0)
+    }
+
+    /// Records an offer of `slots` to `job`.
+    fn give(&mut self, job: &JobId, slots: u32) {
+        let (Some((&key, demand)), Some(global)) =
+            (self.demand.get_key_value(job), self.global.get(job))
+        else {
+            return;
+        };
+        let (demand, global) = (*demand, *global);
+        self.hungry.remove(&(global, key));
+        let left = demand.saturating_sub(slots);
+        self.demand.insert(key, left);
+        self.global.insert(key, global + slots);
+        if left > 0 {
+            self.hungry.insert((global + slots, key));
+        }
+    }
+}
+
 /// The plan for one scheduling round. SEP shares each cluster on its own;
 /// GEP shares the whole grid as one pool.
 pub fn plan(clusters: &[ClusterInput], jobs: &[JobInput], config: &PolicyConfig) -> Plan {
-    let mut demand: BTreeMap<&JobId, u32> = jobs.iter().map(|j| (&j.id, j.demand)).collect();
+    let mut book = Book::new(clusters, jobs);
     let mut plan = Plan::default();
     match config.policy {
         CsPolicy::SiteEquipartition => {
             for cluster in clusters.iter().filter(|c| can_grow(c, config.load_cap)) {
-                share(&[cluster], &mut demand, config.rebalance, &mut plan);
+                share(&[cluster], &mut book, config.rebalance, &mut plan);
             }
         }
         CsPolicy::GridEquipartition => {
@@ -174,7 +246,7 @@ pub fn plan(clusters: &[ClusterInput], jobs: &[JobInput], config: &PolicyConfig)
             let total: u32 = pool.iter().map(|c| c.total).sum();
             let others: u32 = pool.iter().map(|c| c.others).sum();
             if total > 0 && f64::from(others) / f64::from(total) < config.load_cap {
-                share(&pool, &mut demand, config.rebalance, &mut plan);
+                share(&pool, &mut book, config.rebalance, &mut plan);
             }
         }
     }
@@ -185,35 +257,66 @@ fn can_grow(cluster: &ClusterInput, load_cap: f64) -> bool {
     !cluster.excluded && cluster.total > 0 && cluster.load() < load_cap
 }
 
+/// A job taking part in the share of a pool.
+struct Member<'a> {
+    job: &'a JobId,
+    held: u32,
+    /// More it could use.
+    more: u32,
+}
+
 /// Shares a pool of clusters between the jobs: every job's fair target is an
 /// equal part of the slots scavenging can use there (idle plus held), capped
 /// by what it can use. Jobs below target get idle slots; when there are none
 /// left, jobs above target are drained.
-fn share(
-    pool: &[&ClusterInput],
-    demand: &mut BTreeMap<&JobId, u32>,
-    rebalance: bool,
-    plan: &mut Plan,
-) {
+fn share<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, rebalance: bool, plan: &mut Plan) {
     let draining = |job: &JobId| pool.iter().any(|c| c.draining.contains(job));
-    let held = |job: &JobId| pool.iter().map(|c| c.held_by(job)).sum::<u32>();
-    let mut members: Vec<(&JobId, u32, u32)> = demand
+    let mut holders: BTreeMap<&'a JobId, u32> = BTreeMap::new();
+    for cluster in pool {
+        for (job, held) in &cluster.held {
+            *holders.entry(job).or_default() += held;
+        }
+    }
+    let idle: u32 = pool.iter().map(|c| c.idle).sum();
+    let capacity = idle + holders.values().sum::<u32>();
+    let hungry_elsewhere = book
+        .hungry
         .iter()
-        .map(|(job, d)| {
-            let more = if draining(job) { 0 } else { *d };
-            (*job, held(job), more)
+        .filter(|(_, job)| !holders.contains_key(job) && !draining(job))
+        .take(capacity as usize + 1)
+        .count();
+    if holders.len() + hungry_elsewhere > capacity as usize {
+        return share_thinly(pool, &holders, idle, capacity, book, plan);
+    }
+    let mut members: Vec<Member<'a>> = holders
+        .iter()
+        .map(|(job, held)| (*job, *held))
+        .chain(
+            book.hungry
+                .iter()
+                .filter(|(_, job)| !holders.contains_key(job))
+                .map(|(_, job)| (*job, 0)),
+        )
+        .map(|(job, held)| Member {
+            job,
+            held,
+            more: if draining(job) { 0 } else { book.demand(job) },
         })
-        .filter(|(_, held, more)| held + more > 0)
+        .filter(|m| m.held + m.more > 0)
         .collect();
     if members.is_empty() {
         return;
     }
-    // Odd slots of the targets go to those holding most, so near-even
-    // holdings are left alone rather than shuffled.
-    members.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
-    let idle: u32 = pool.iter().map(|c| c.idle).sum();
-    let capacity = idle + members.iter().map(|(_, held, _)| held).sum::<u32>();
-    let wants: Vec<u32> = members.iter().map(|(_, held, more)| held + more).collect();
+    // Odd slots of the targets go to those holding most here (near-even
+    // holdings are left alone rather than shuffled), then to those holding
+    // least anywhere.
+    members.sort_by(|a, b| {
+        b.held
+            .cmp(&a.held)
+            .then_with(|| book.global(a.job).cmp(&book.global(b.job)))
+            .then_with(|| a.job.cmp(b.job))
+    });
+    let wants: Vec<u32> = members.iter().map(|m| m.held + m.more).collect();
     let targets = equipartition(capacity, &wants);
 
     // Idle slots fill the gaps below target, those holding least first.
@@ -221,10 +324,13 @@ fn share(
         .iter()
         .zip(&targets)
         .enumerate()
-        .filter(|(_, ((_, held, _), target))| *target > held)
-        .map(|(i, ((_, held, _), target))| (i, target - held))
+        .filter(|(_, (m, target))| **target > m.held)
+        .map(|(i, (m, target))| (i, target - m.held))
         .collect();
-    below.sort_by_key(|(i, _)| (members[*i].1, members[*i].0));
+    below.sort_by_key(|(i, _)| {
+        let m = &members[*i];
+        (m.held, book.global(m.job), m.job)
+    });
     let gaps: Vec<u32> = below.iter().map(|(_, gap)| *gap).collect();
     let fills = equipartition(idle, &gaps);
     let mut free: Vec<(&ClusterInput, u32)> = pool.iter().map(|c| (*c, c.idle)).collect();
@@ -232,50 +338,88 @@ fn share(
     let mut unmet = 0;
     for ((i, gap), fill) in below.iter().zip(&fills) {
         unmet += gap - fill;
-        let job = members[*i].0;
-        let mut want = *fill;
-        for (cluster, left) in free.iter_mut() {
-            if want == 0 {
-                break;
-            }
-            let take = want.min(*left);
-            if take == 0 {
-                continue;
-            }
-            *left -= take;
-            want -= take;
-            plan.offers.push(Offer {
-                job: job.clone(),
-                cluster: cluster.name.clone(),
-                slots: take,
-            });
-        }
-        if let Some(d) = demand.get_mut(job) {
-            *d -= fill - want;
-        }
+        let job = members[*i].job;
+        offer(job, *fill, &mut free, book, plan);
     }
 
     let drains_in_flight = pool.iter().any(|c| !c.draining.is_empty());
     if !rebalance || unmet == 0 || drains_in_flight {
         return;
     }
-    for ((job, held, _), target) in members.iter().zip(&targets) {
+    for (member, target) in members.iter().zip(&targets) {
         if unmet == 0 {
             break;
         }
-        if held > target {
-            let slots = (held - target).min(unmet);
+        if member.held > *target {
+            let slots = (member.held - target).min(unmet);
             unmet -= slots;
             // Drained where the job holds most.
-            if let Some(cluster) = pool.iter().max_by_key(|c| c.held_by(job)) {
+            if let Some(cluster) = pool.iter().max_by_key(|c| c.held_by(member.job)) {
                 plan.drains.push(Drain {
-                    job: (*job).clone(),
+                    job: member.job.clone(),
                     cluster: cluster.name.clone(),
-                    slots: slots.min(cluster.held_by(job)),
+                    slots: slots.min(cluster.held_by(member.job)),
                 });
             }
         }
     }
+}
+
+/// More jobs than slots: each fair share is 0 or 1 slot. Holders keep what
+/// they have; the idle slots go one each to the hungry jobs that hold least
+/// anywhere. Nobody is drained: below one slot, there is nothing fairer.
+fn share_thinly<'a>(
+    pool: &[&'a ClusterInput],
+    holders: &BTreeMap<&'a JobId, u32>,
+    idle: u32,
+    capacity: u32,
+    book: &mut Book<'a>,
+    plan: &mut Plan,
+) {
+    let room = (capacity as usize)
+        .saturating_sub(holders.len())
+        .min(idle as usize);
+    let draining = |job: &JobId| pool.iter().any(|c| c.draining.contains(job));
+    let chosen: Vec<&'a JobId> = book
+        .hungry
+        .iter()
+        .map(|(_, job)| *job)
+        .filter(|job| !holders.contains_key(job) && !draining(job))
+        .take(room)
+        .collect();
+    let mut free: Vec<(&ClusterInput, u32)> = pool.iter().map(|c| (*c, c.idle)).collect();
+    free.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.name.cmp(&b.0.name)));
+    for job in chosen {
+        offer(job, 1, &mut free, book, plan);
+    }
+}
+
+/// Offers `slots` to `job` from the pool's free slots, fullest cluster first.
+fn offer(
+    job: &JobId,
+    slots: u32,
+    free: &mut [(&ClusterInput, u32)],
+    book: &mut Book<'_>,
+    plan: &mut Plan,
+) {
+    let mut want = slots;
+    for (cluster, left) in free.iter_mut() {
+        if want == 0 {
+            break;
+        }
+        let take = want.min(*left);
+        if take == 0 {
+            continue;
+        }
+        *left -= take;
+        want -= take;
+        plan.offers.push(Offer {
+            job: job.clone(),
+            cluster: cluster.name.clone(),
+            slots: take,
+        });
+    }
+    book.give(job, slots - want);
 }
 
 #[cfg(test)]

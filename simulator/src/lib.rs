@@ -1,0 +1,263 @@
+//! gleaner's policies on a simulated grid.
+//!
+//! The scheduler's CS policies, the kcm's answer to waiting local jobs, grid
+//! placement and the runner's choice of launchers are the very functions of
+//! `gleaner-policy`; only the clusters, the jobs and the clock are simulated.
+//! A scenario runs once without scavenging jobs (the baseline) and once per
+//! policy, with the same background load, so that the delay scavenging adds
+//! to local and grid jobs is measured job by job.
+
+mod model;
+mod plot;
+mod scenario;
+
+use std::{collections::BTreeMap, path::Path};
+
+use gleaner_policy::share::CsPolicy;
+use serde_json::json;
+
+pub use model::{JobResult, Run, Sample, simulate};
+pub use scenario::{Scenario, ScenarioError};
+
+/// A scenario under each of its policies, against its baseline.
+#[derive(Debug, Clone)]
+pub struct Comparison {
+    pub scenario: String,
+    pub baseline: Run,
+    pub runs: Vec<Run>,
+}
+
+/// How much a run's waits exceed the baseline's, over the jobs that started in both.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct AddedDelay {
+    pub jobs: usize,
+    pub mean: f64,
+    pub max: f64,
+}
+
+impl AddedDelay {
+    fn between<K: Ord>(run: &BTreeMap<K, f64>, baseline: &BTreeMap<K, f64>) -> Self {
+        let added: Vec<f64> = run
+            .iter()
+            .filter_map(|(id, wait)| baseline.get(id).map(|base| wait - base))
+            .collect();
+        if added.is_empty() {
+            return Self::default();
+        }
+        Self {
+            jobs: added.len(),
+            mean: added.iter().sum::<f64>() / added.len() as f64,
+            max: added.iter().cloned().fold(f64::MIN, f64::max),
+        }
+    }
+}
+
+/// Largest throughput difference between jobs, relative to the slowest.
+pub fn spread(run: &Run) -> f64 {
+    let throughputs: Vec<f64> = run.jobs.iter().map(|j| j.throughput).collect();
+    let min = throughputs.iter().cloned().fold(f64::INFINITY, f64::min);
+    let max = throughputs.iter().cloned().fold(0.0, f64::max);
+    if min > 0.0 {
+        (max - min) / min
+    } else {
+        f64::INFINITY
+    }
+}
+
+impl Comparison {
+    /// Runs the baseline and every policy the scenario names (or both).
+    pub fn run(scenario: &Scenario, only: Option<CsPolicy>) -> Self {
+        let policies = match only {
+            Some(policy) => vec![policy],
+            None => scenario.policies(),
+        };
+        Self {
+            scenario: scenario.name.clone(),
+            baseline: simulate(scenario, None),
+            runs: policies
+                .into_iter()
+                .map(|p| simulate(scenario, Some(p)))
+                .collect(),
+        }
+    }
+
+    pub fn local_delay(&self, run: &Run) -> AddedDelay {
+        AddedDelay::between(&run.local_waits, &self.baseline.local_waits)
+    }
+
+    pub fn grid_delay(&self, run: &Run) -> AddedDelay {
+        AddedDelay::between(&run.grid_waits, &self.baseline.grid_waits)
+    }
+
+    pub fn text(&self) -> String {
+        let mut out = format!("{}\n", self.scenario);
+        for run in &self.runs {
+            let policy = run.policy.map_or("none", CsPolicy::name);
+            out.push_str(&format!(
+                "\n  {policy}\n  {:<12} {:>8} {:>10} {:>12}\n",
+                "job", "done", "tasks/s", "preemptions"
+            ));
+            for job in &run.jobs {
+                out.push_str(&format!(
+                    "  {:<12} {:>8} {:>10.4} {:>12}\n",
+                    job.name, job.done, job.throughput, job.preemptions
+                ));
+            }
+            let local = self.local_delay(run);
+            let grid = self.grid_delay(run);
+            out.push_str(&format!(
+                "  throughput spread {:.1} %\n  local jobs: {} compared, added wait {:.1} s mean, {:.1} s worst\n  grid jobs: {} compared, added wait {:.1} s mean, {:.1} s worst\n",
+                spread(run) * 100.0,
+                local.jobs,
+                local.mean,
+                local.max,
+                grid.jobs,
+                grid.mean,
+                grid.max
+            ));
+        }
+        out
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        let runs: Vec<_> = self
+            .runs
+            .iter()
+            .map(|run| {
+                let local = self.local_delay(run);
+                let grid = self.grid_delay(run);
+                json!({
+                    "policy": run.policy.map(CsPolicy::name),
+                    "jobs": run.jobs.iter().map(|j| json!({
+                        "name": j.name, "done": j.done, "throughput": j.throughput, "preemptions": j.preemptions,
+                    })).collect::<Vec<_>>(),
+                    "spread": spread(run),
+                    "local_added_wait": { "jobs": local.jobs, "mean_s": local.mean, "max_s": local.max },
+                    "grid_added_wait": { "jobs": grid.jobs, "mean_s": grid.mean, "max_s": grid.max },
+                })
+            })
+            .collect();
+        json!({ "scenario": self.scenario, "runs": runs })
+    }
+
+    /// Writes one SVG per policy into `dir`: the grid's load over time.
+    pub fn plot(&self, dir: &Path, stem: &str) -> Result<Vec<std::path::PathBuf>, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        self.runs
+            .iter()
+            .map(|run| {
+                let policy = run.policy.map_or("none", CsPolicy::name);
+                let path = dir.join(format!("{stem}-{policy}.svg"));
+                plot::load(run, &format!("{} — {policy}", self.scenario), &path)?;
+                Ok(path)
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scenario(name: &str) -> Scenario {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("scenarios")
+            .join(name);
+        Scenario::from_toml(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn site_equipartition_is_fair_on_every_das3_workload() {
+        for name in ["das3-free.toml", "das3-block.toml", "das3-spike.toml"] {
+            let comparison = Comparison::run(&scenario(name), Some(CsPolicy::SiteEquipartition));
+            let run = &comparison.runs[0];
+            assert_eq!(run.jobs.len(), 3);
+            assert!(
+                run.jobs.iter().all(|j| j.done > 1000),
+                "{name}: the jobs made progress"
+            );
+            assert!(spread(run) <= 0.05, "{name}: spread {:.3}", spread(run));
+            let local = comparison.local_delay(run);
+            assert!(
+                local.jobs > 10 && local.max <= 5.0,
+                "{name}: local jobs {local:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn grid_jobs_run_and_scavenging_fills_the_rest() {
+        let comparison = Comparison::run(
+            &scenario("das3-block.toml"),
+            Some(CsPolicy::SiteEquipartition),
+        );
+        let run = &comparison.runs[0];
+        assert_eq!(
+            comparison.grid_delay(run).jobs,
+            3,
+            "every block job started"
+        );
+        let busy = run
+            .samples
+            .iter()
+            .filter(|s| s.at > 600.0)
+            .map(|s| f64::from(s.local + s.grid + s.scavenged) / f64::from(run.total_nodes))
+            .fold(f64::INFINITY, f64::min);
+        assert!(
+            busy > 0.85,
+            "idle nodes are scavenged: lowest load {busy:.2}"
+        );
+        assert!(
+            comparison.baseline.jobs.is_empty(),
+            "the baseline runs no scavenging jobs"
+        );
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_run() {
+        let s = scenario("das3-spike.toml");
+        let (a, b) = (
+            simulate(&s, Some(CsPolicy::GridEquipartition)),
+            simulate(&s, Some(CsPolicy::GridEquipartition)),
+        );
+        let done = |r: &Run| {
+            r.jobs
+                .iter()
+                .map(|j| (j.done, j.preemptions))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(done(&a), done(&b));
+        assert_eq!(a.local_waits, b.local_waits);
+    }
+
+    #[test]
+    fn bad_scenarios_are_refused() {
+        assert!(matches!(
+            Scenario::from_toml("name = 1"),
+            Err(ScenarioError::Parse(_))
+        ));
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/das3-free.toml"),
+        )
+        .unwrap();
+        let broken = text.replace("local_load = 0.30", "local_load = 1.5");
+        assert!(
+            matches!(Scenario::from_toml(&broken), Err(ScenarioError::Invalid(m)) if m.contains("VU"))
+        );
+        let renamed = text.replace("name = \"runner-1\"", "name = \"runner 1\"");
+        assert!(Scenario::from_toml(&renamed).is_err());
+    }
+
+    #[test]
+    fn the_plot_is_written() {
+        let dir = std::env::temp_dir().join(format!("gleaner-plot-{}", std::process::id()));
+        let comparison = Comparison::run(
+            &scenario("das3-spike.toml"),
+            Some(CsPolicy::SiteEquipartition),
+        );
+        let files = comparison.plot(&dir, "spike").unwrap();
+        let svg = std::fs::read_to_string(&files[0]).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("scavenging"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

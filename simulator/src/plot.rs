@@ -1,0 +1,66 @@
+//! The grid's load over time, stacked like seed 000's Figure 4.2: local jobs
+//! at the bottom, grid jobs on them, scavenging on top.
+
+use std::path::Path;
+
+use plotters::prelude::*;
+
+use crate::model::Run;
+
+/// A stacked area: its legend, its colour, its top edge.
+type Layer = (&'static str, RGBColor, Vec<(f64, f64)>);
+
+pub fn load(run: &Run, title: &str, path: &Path) -> Result<(), String> {
+    let fail = |e: String| format!("{}: {e}", path.display());
+    let root = SVGBackend::new(path, (900, 360)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| fail(e.to_string()))?;
+    let minutes = run.samples.last().map_or(1.0, |s| s.at / 60.0);
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(35)
+        .y_label_area_size(45)
+        .build_cartesian_2d(0.0..minutes, 0.0..1.0)
+        .map_err(|e| fail(e.to_string()))?;
+    chart
+        .configure_mesh()
+        .x_desc("time (minutes)")
+        .y_desc("load")
+        .draw()
+        .map_err(|e| fail(e.to_string()))?;
+    let total = f64::from(run.total_nodes.max(1));
+    let layer = |f: &dyn Fn(&crate::model::Sample) -> u32| -> Vec<(f64, f64)> {
+        run.samples
+            .iter()
+            .map(|s| (s.at / 60.0, f64::from(f(s)) / total))
+            .collect()
+    };
+    let layers: [Layer; 3] = [
+        (
+            "scavenging",
+            RGBColor(240, 140, 40),
+            layer(&|s| s.local + s.grid + s.scavenged),
+        ),
+        (
+            "grid jobs",
+            RGBColor(60, 110, 200),
+            layer(&|s| s.local + s.grid),
+        ),
+        ("local jobs", RGBColor(80, 170, 80), layer(&|s| s.local)),
+    ];
+    for (label, color, points) in layers {
+        chart
+            .draw_series(AreaSeries::new(points, 0.0, color.mix(0.85)))
+            .map_err(|e| fail(e.to_string()))?
+            .label(label)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()
+        .map_err(|e| fail(e.to_string()))?;
+    root.present().map_err(|e| fail(e.to_string()))
+}

@@ -1,0 +1,228 @@
+//! A simulation scenario: clusters, scavenging jobs and background load.
+
+use std::time::Duration;
+
+use gleaner_policy::share::CsPolicy;
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scenario {
+    pub name: String,
+    #[serde(with = "humantime_serde")]
+    pub duration: Duration,
+    /// Seeds the background load; the same seed gives the same local and
+    /// grid jobs under every policy.
+    #[serde(default)]
+    pub seed: u64,
+    /// Policies to compare; both when empty.
+    #[serde(default)]
+    pub policies: Vec<CsPolicy>,
+    #[serde(default)]
+    pub timing: Timing,
+    #[serde(rename = "cluster")]
+    pub clusters: Vec<ClusterSpec>,
+    #[serde(rename = "job")]
+    pub jobs: Vec<JobSpec>,
+    #[serde(default)]
+    pub local_jobs: LocalJobs,
+    #[serde(default)]
+    pub grid_jobs: GridJobs,
+}
+
+/// How fast the simulated system reacts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timing {
+    /// Simulation step.
+    #[serde(with = "humantime_serde")]
+    pub step: Duration,
+    /// How often each kcm reads its batch system.
+    #[serde(with = "humantime_serde")]
+    pub kcm_poll: Duration,
+    /// How often the scheduler runs a round.
+    #[serde(with = "humantime_serde")]
+    pub scheduler_round: Duration,
+    /// From a grow to the launcher taking its first task (the batch
+    /// system's dispatch and the launcher's start).
+    #[serde(with = "humantime_serde")]
+    pub launcher_start: Duration,
+    /// From a shrink order to the launcher's slot being free.
+    #[serde(with = "humantime_serde")]
+    pub preempt_delay: Duration,
+    /// Resolution of the load plot.
+    #[serde(with = "humantime_serde")]
+    pub sample: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            step: Duration::from_secs(1),
+            kcm_poll: Duration::from_secs(1),
+            scheduler_round: Duration::from_secs(1),
+            launcher_start: Duration::from_secs(2),
+            preempt_delay: Duration::from_secs(1),
+            sample: Duration::from_secs(30),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSpec {
+    pub name: String,
+    pub nodes: u32,
+    /// Task speed relative to the reference node (a task of duration `d`
+    /// takes `d / speed`).
+    #[serde(default = "one")]
+    pub speed: f64,
+    /// Mean fraction of the nodes the cluster's own jobs use.
+    #[serde(default)]
+    pub local_load: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    pub name: String,
+    pub tasks: u64,
+    /// On a node of speed 1.
+    #[serde(with = "humantime_serde")]
+    pub task_duration: Duration,
+}
+
+/// The cluster's own jobs: Poisson arrivals sized to `local_load`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalJobs {
+    /// Nodes per job, drawn uniformly from this range.
+    pub nodes: [u32; 2],
+    /// Mean run time (exponentially distributed).
+    #[serde(with = "humantime_serde")]
+    pub duration: Duration,
+}
+
+impl Default for LocalJobs {
+    fn default() -> Self {
+        Self {
+            nodes: [1, 8],
+            duration: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Which background grid jobs run (seed 000, section 4.4).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GridWorkload {
+    /// None but the cluster's own.
+    #[default]
+    Free,
+    /// One job in each period, at a random moment in it.
+    Block,
+    /// One job at the start of each period.
+    Spike,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GridJobs {
+    pub workload: GridWorkload,
+    #[serde(with = "humantime_serde")]
+    pub period: Duration,
+    /// Nodes of each grid job, split into `components` equal components.
+    pub nodes: u32,
+    pub components: u32,
+    #[serde(with = "humantime_serde")]
+    pub length: Duration,
+}
+
+impl Default for GridJobs {
+    fn default() -> Self {
+        Self {
+            workload: GridWorkload::Free,
+            period: Duration::from_secs(1200),
+            nodes: 100,
+            components: 4,
+            length: Duration::from_secs(600),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScenarioError {
+    #[error("{0}")]
+    Parse(String),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Scenario {
+    pub fn from_toml(text: &str) -> Result<Self, ScenarioError> {
+        let scenario: Scenario =
+            toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
+        scenario.validate()?;
+        Ok(scenario)
+    }
+
+    fn validate(&self) -> Result<(), ScenarioError> {
+        let invalid = |m: String| Err(ScenarioError::Invalid(m));
+        if self.clusters.is_empty() || self.jobs.is_empty() {
+            return invalid("a scenario needs at least one [[cluster]] and one [[job]]".into());
+        }
+        if self.timing.step.is_zero() {
+            return invalid("timing.step must be longer than 0s".into());
+        }
+        for c in &self.clusters {
+            if c.nodes == 0 || c.speed <= 0.0 || !(0.0..1.0).contains(&c.local_load) {
+                return invalid(format!(
+                    "cluster {}: nodes > 0, speed > 0 and 0 <= local_load < 1 are needed",
+                    c.name
+                ));
+            }
+        }
+        for j in &self.jobs {
+            if gleaner_manifest::JobId::new(&j.name, 0)
+                .to_string()
+                .parse::<gleaner_manifest::JobId>()
+                .is_err()
+            {
+                return invalid(format!(
+                    "job name {:?} must be [A-Za-z0-9._-]{{1,64}}",
+                    j.name
+                ));
+            }
+            if j.task_duration.is_zero() {
+                return invalid(format!(
+                    "job {}: task_duration must be longer than 0s",
+                    j.name
+                ));
+            }
+        }
+        let [low, high] = self.local_jobs.nodes;
+        if low == 0 || high < low {
+            return invalid("local_jobs.nodes must be [min, max] with 1 <= min <= max".into());
+        }
+        let g = &self.grid_jobs;
+        if g.workload != GridWorkload::Free
+            && (g.components == 0 || g.nodes < g.components || g.period.is_zero())
+        {
+            return invalid("grid_jobs: nodes >= components >= 1 and a period are needed".into());
+        }
+        Ok(())
+    }
+
+    /// The policies to run: those named, or both.
+    pub fn policies(&self) -> Vec<CsPolicy> {
+        if self.policies.is_empty() {
+            vec![CsPolicy::SiteEquipartition, CsPolicy::GridEquipartition]
+        } else {
+            self.policies.clone()
+        }
+    }
+}
