@@ -2,6 +2,7 @@
 //! build next to this binary) on a vhost of its own and prints Markdown for
 //! BENCHMARKS.md. Run them with `bench/run.sh` on an otherwise idle machine.
 
+mod decide;
 mod measure;
 mod sge;
 
@@ -39,6 +40,15 @@ enum Bench {
         #[arg(long, default_value_t = 10_000)]
         tasks: u32,
     },
+    /// One scheduling round (grows, shrinks, placements) at grid scale.
+    Decide {
+        #[arg(long, default_value_t = 1000)]
+        clusters: usize,
+        #[arg(long, default_value_t = 10_000)]
+        jobs: usize,
+        #[arg(long, default_value_t = 10)]
+        grid: usize,
+    },
     /// Grid Engine: the same tasks by launchers and by one qsub per task.
     SgeLaunchers {
         #[arg(long, default_value_t = 80)]
@@ -47,6 +57,13 @@ enum Bench {
         slots: u32,
         #[arg(long, default_value_t = 2)]
         seconds: u32,
+    },
+    /// Grid Engine: how long a grid job waits with and without sweeps to shrink.
+    SgeGridDelay {
+        #[arg(long, default_value_t = 8)]
+        slots: u32,
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
     },
     /// Grid Engine: how long local jobs wait with and without gleaner's load.
     SgeLocalDelay {
@@ -68,8 +85,18 @@ fn gleaner_binary() -> anyhow::Result<PathBuf> {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Bench::Decide {
+        clusters,
+        jobs,
+        grid,
+    } = cli.bench
+    {
+        decide::round(clusters, jobs, grid);
+        return Ok(());
+    }
     let exe = gleaner_binary()?;
     match cli.bench {
+        Bench::Decide { .. } => Ok(()),
         Bench::Makespan {
             tasks,
             slots,
@@ -92,5 +119,6 @@ fn main() -> anyhow::Result<()> {
             seconds,
         } => sge::launchers_vs_direct(&exe, tasks, slots, seconds),
         Bench::SgeLocalDelay { slots } => sge::local_delay(&exe, slots),
+        Bench::SgeGridDelay { slots, runs } => sge::grid_delay(&exe, slots, runs),
     }
 }

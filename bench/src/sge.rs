@@ -149,3 +149,64 @@ fn local_waits(queues: &SgeQueues, queue: &str, jobs: u32, width: u32) -> anyhow
     });
     waits.into_iter().map(|w| w.context("wait")).collect()
 }
+
+/// How long a grid job needing a whole queue waits to start, on an empty
+/// queue and on one full of gleaner launchers that must shrink for it.
+pub fn grid_delay(exe: &Path, slots: u32, runs: u32) -> anyhow::Result<()> {
+    let queues = SgeQueues::new(1, slots);
+    let queue = queues.names[0].clone();
+    let mut g = Gleaner::new("bench-sge-grid", exe);
+    g.write("gleaner.toml", &config(&queue));
+    g.start("up", &["up"]);
+    wait_until_serving(&g);
+    // The component prints when it started (ms since the epoch).
+    let grid = format!(
+        "name = \"rigid\"\nkind = \"grid\"\npriority = \"high\"\n[[component]]\nslots = {slots}\ncommand = \"date +%s%3N; sleep 2\"\n"
+    );
+    let wait = |g: &Gleaner| -> anyhow::Result<f64> {
+        let job = g.submit(&grid);
+        let state = g.wait_for_end(&job, Duration::from_secs(120));
+        ensure!(state == "done", "grid job {job} ended {state}");
+        let file = g.job_file(&job).context("job.json")?;
+        let submitted = file["submitted_at"].as_f64().context("submitted_at")?;
+        let started: f64 = std::fs::read_to_string(g.results_dir(&job).join("tasks/0/stdout"))?
+            .trim()
+            .parse()
+            .context("component start time")?;
+        Ok((started - submitted) / 1000.0)
+    };
+    let mut alone = Vec::new();
+    for _ in 0..runs {
+        alone.push(wait(&g)?);
+    }
+    let load = g.submit(&sweep("load", 100_000, "sleep 60"));
+    let mut loaded = Vec::new();
+    for _ in 0..runs {
+        wait_for(
+            "gleaner to fill the queue",
+            Duration::from_secs(120),
+            || {
+                queues
+                    .jobs(&queue)
+                    .iter()
+                    .filter(|j| j.name == format!("gl-{load}") && j.state.contains('r'))
+                    .count() as u32
+                    == slots
+            },
+        );
+        std::thread::sleep(Duration::from_secs(3));
+        loaded.push(wait(&g)?);
+    }
+    g.run(&["cancel", &load]);
+    let mean = |w: &[f64]| w.iter().sum::<f64>() / w.len() as f64;
+    let max = |w: &[f64]| w.iter().cloned().fold(0.0, f64::max);
+    println!(
+        "| {slots} slots of {slots} | {runs} | {:.2} ({:.2}) | {:.2} ({:.2}) | {:.2} |",
+        mean(&alone),
+        max(&alone),
+        mean(&loaded),
+        max(&loaded),
+        mean(&loaded) - mean(&alone),
+    );
+    Ok(())
+}

@@ -9,7 +9,7 @@ use gleaner_launcher::{Exit, LauncherConfig, Limits};
 use gleaner_manifest::JobId;
 use gleaner_policy::share::PolicyConfig;
 use gleaner_runner::{JobSettings, RunnerConfig};
-use gleaner_scheduler::{SchedulerConfig, state::StateConfig};
+use gleaner_scheduler::{GridConfig, SchedulerConfig, state::StateConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -41,6 +41,12 @@ pub async fn scheduler(settings: &Settings, shutdown: CancellationToken) -> anyh
             max_consecutive_failures: s.max_consecutive_failures,
             idle_settle: s.idle_settle,
             probe_interval: s.probe_interval,
+            grid: GridConfig {
+                weights: s.placement_weights,
+                upgrade_after: s.upgrade_after,
+                max_tries: s.max_tries,
+                ..GridConfig::default()
+            },
             ..StateConfig::default()
         },
         round_interval: s.round_interval,

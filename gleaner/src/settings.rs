@@ -58,6 +58,12 @@ pub struct SchedulerSettings {
     /// How often an excluded cluster gets a one-slot trial.
     #[serde(with = "humantime_serde")]
     pub probe_interval: Duration,
+    /// Grid job placement queues: how often each is scanned per round.
+    pub placement_weights: gleaner_policy::placement::Weights,
+    /// Failed placement tries (one per round) before a grid job moves up a queue (0: never).
+    pub upgrade_after: u32,
+    /// Failed placement tries before a grid job is given up (0: never).
+    pub max_tries: u32,
 }
 
 impl Default for SchedulerSettings {
@@ -70,6 +76,9 @@ impl Default for SchedulerSettings {
             max_consecutive_failures: 3,
             idle_settle: Duration::ZERO,
             probe_interval: Duration::from_secs(60),
+            placement_weights: gleaner_policy::placement::Weights::default(),
+            upgrade_after: 30,
+            max_tries: 0,
         }
     }
 }
@@ -294,6 +303,8 @@ broker_url = "amqp://u:p@h:5672/v"
 [scheduler]
 policy = "grid-equipartition"
 load_cap = 0.5
+placement_weights = { super-high = 8, high = 2, low = 1 }
+max_tries = 100
 [runner]
 results_root = "/data"
 heartbeat = "3s"
@@ -315,6 +326,8 @@ h_rt = "1h"
         .unwrap();
         let settings = Settings::load(Some(&path)).unwrap();
         assert_eq!(settings.scheduler.policy, CsPolicy::GridEquipartition);
+        assert_eq!(settings.scheduler.placement_weights.super_high, 8);
+        assert_eq!(settings.scheduler.max_tries, 100);
         assert_eq!(settings.runner.heartbeat, Duration::from_secs(3));
         assert_eq!(settings.launcher.idle_timeout, Duration::from_secs(10));
         assert_eq!(

@@ -88,10 +88,6 @@ impl ClusterInput {
             f64::from(self.others) / f64::from(self.total)
         }
     }
-
-    fn held_by(&self, job: &JobId) -> u32 {
-        self.held.get(job).copied().unwrap_or(0)
-    }
 }
 
 /// A scavenging job as the policy sees it.
@@ -272,9 +268,15 @@ struct Member<'a> {
 fn share<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, rebalance: bool, plan: &mut Plan) {
     let draining = |job: &JobId| pool.iter().any(|c| c.draining.contains(job));
     let mut holders: BTreeMap<&'a JobId, u32> = BTreeMap::new();
+    // Where each job holds most: where a drain takes its slots.
+    let mut most_held: BTreeMap<&'a JobId, (&'a str, u32)> = BTreeMap::new();
     for cluster in pool {
         for (job, held) in &cluster.held {
             *holders.entry(job).or_default() += held;
+            let most = most_held.entry(job).or_insert((&cluster.name, *held));
+            if *held > most.1 {
+                *most = (&cluster.name, *held);
+            }
         }
     }
     let idle: u32 = pool.iter().map(|c| c.idle).sum();
@@ -333,13 +335,11 @@ fn share<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, rebalance: bool, pl
     });
     let gaps: Vec<u32> = below.iter().map(|(_, gap)| *gap).collect();
     let fills = equipartition(idle, &gaps);
-    let mut free: Vec<(&ClusterInput, u32)> = pool.iter().map(|c| (*c, c.idle)).collect();
-    free.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.name.cmp(&b.0.name)));
+    let mut free = FreeSlots::new(pool);
     let mut unmet = 0;
     for ((i, gap), fill) in below.iter().zip(&fills) {
         unmet += gap - fill;
-        let job = members[*i].job;
-        offer(job, *fill, &mut free, book, plan);
+        free.offer(members[*i].job, *fill, book, plan);
     }
 
     let drains_in_flight = pool.iter().any(|c| !c.draining.is_empty());
@@ -354,11 +354,11 @@ fn share<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, rebalance: bool, pl
             let slots = (member.held - target).min(unmet);
             unmet -= slots;
             // Drained where the job holds most.
-            if let Some(cluster) = pool.iter().max_by_key(|c| c.held_by(member.job)) {
+            if let Some((cluster, held)) = most_held.get(member.job) {
                 plan.drains.push(Drain {
                     job: member.job.clone(),
-                    cluster: cluster.name.clone(),
-                    slots: slots.min(cluster.held_by(member.job)),
+                    cluster: (*cluster).to_owned(),
+                    slots: slots.min(*held),
                 });
             }
         }
@@ -387,39 +387,47 @@ fn share_thinly<'a>(
         .filter(|job| !holders.contains_key(job) && !draining(job))
         .take(room)
         .collect();
-    let mut free: Vec<(&ClusterInput, u32)> = pool.iter().map(|c| (*c, c.idle)).collect();
-    free.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.name.cmp(&b.0.name)));
+    let mut free = FreeSlots::new(pool);
     for job in chosen {
-        offer(job, 1, &mut free, book, plan);
+        free.offer(job, 1, book, plan);
     }
 }
 
-/// Offers `slots` to `job` from the pool's free slots, fullest cluster first.
-fn offer(
-    job: &JobId,
-    slots: u32,
-    free: &mut [(&ClusterInput, u32)],
-    book: &mut Book<'_>,
-    plan: &mut Plan,
-) {
-    let mut want = slots;
-    for (cluster, left) in free.iter_mut() {
-        if want == 0 {
-            break;
-        }
-        let take = want.min(*left);
-        if take == 0 {
-            continue;
-        }
-        *left -= take;
-        want -= take;
-        plan.offers.push(Offer {
-            job: job.clone(),
-            cluster: cluster.name.clone(),
-            slots: take,
-        });
+/// The idle slots of a pool, handed out from the cluster with most first.
+struct FreeSlots<'a> {
+    clusters: Vec<(&'a ClusterInput, u32)>,
+    /// Clusters before this one have nothing left.
+    next: usize,
+}
+
+impl<'a> FreeSlots<'a> {
+    fn new(pool: &[&'a ClusterInput]) -> Self {
+        let mut clusters: Vec<(&ClusterInput, u32)> = pool.iter().map(|c| (*c, c.idle)).collect();
+        clusters.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.name.cmp(&b.0.name)));
+        Self { clusters, next: 0 }
     }
-    book.give(job, slots - want);
+
+    /// Offers `slots` to `job`, as far as slots are left.
+    fn offer(&mut self, job: &JobId, slots: u32, book: &mut Book<'_>, plan: &mut Plan) {
+        let mut want = slots;
+        while want > 0 && self.next < self.clusters.len() {
+            let (cluster, left) = &mut self.clusters[self.next];
+            let take = want.min(*left);
+            if take > 0 {
+                *left -= take;
+                want -= take;
+                plan.offers.push(Offer {
+                    job: job.clone(),
+                    cluster: cluster.name.clone(),
+                    slots: take,
+                });
+            }
+            if *left == 0 {
+                self.next += 1;
+            }
+        }
+        book.give(job, slots - want);
+    }
 }
 
 #[cfg(test)]

@@ -401,6 +401,14 @@ impl State {
             .iter_mut()
             .map(|(name, entry)| (name.clone(), Self::growable(entry, now, config)))
             .collect();
+        let mut grants: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
+        for grant in self.grants.values() {
+            grants.entry(&grant.cluster).or_default().push(grant);
+        }
+        let mut drains: BTreeMap<&str, Vec<&DrainOrder>> = BTreeMap::new();
+        for drain in &self.drains {
+            drains.entry(&drain.cluster).or_default().push(drain);
+        }
         self.clusters
             .iter()
             .map(|(name, entry)| {
@@ -412,12 +420,12 @@ impl State {
                     .map(|(job, h)| (job.clone(), h.total()))
                     .collect();
                 let mut promised = 0;
-                for grant in self.grants.values().filter(|g| &g.cluster == name) {
+                for grant in grants.get(name.as_str()).into_iter().flatten() {
                     *held.entry(grant.job.clone()).or_default() += grant.slots;
                     promised += grant.slots;
                 }
                 let mut draining = std::collections::BTreeSet::new();
-                for drain in self.drains.iter().filter(|d| &d.cluster == name) {
+                for drain in drains.get(name.as_str()).into_iter().flatten() {
                     if let Some(h) = held.get_mut(&drain.job) {
                         *h = h.saturating_sub(drain.slots);
                     }
@@ -442,26 +450,27 @@ impl State {
             .collect()
     }
 
+    /// Each scavenging job's demand: what it could still use beyond what
+    /// its placeholders hold and its grants promise.
     fn policy_jobs(&self) -> Vec<JobInput> {
+        let mut covered: BTreeMap<&JobId, u32> = BTreeMap::new();
+        for cluster in self.clusters.values() {
+            for (job, holding) in &cluster.report.jobs {
+                *covered.entry(job).or_default() += holding.total();
+            }
+        }
+        for grant in self.grants.values() {
+            *covered.entry(&grant.job).or_default() += grant.slots;
+        }
         self.jobs
             .values()
             .filter(|j| j.report.kind == JobKind::Scavenge)
             .map(|j| {
-                let held: u32 = self
-                    .clusters
-                    .values()
-                    .map(|c| c.report.jobs.get(&j.report.job).map_or(0, |h| h.total()))
-                    .sum();
-                let promised: u32 = self
-                    .grants
-                    .values()
-                    .filter(|g| g.job == j.report.job)
-                    .map(|g| g.slots)
-                    .sum();
                 let unfinished = u32::try_from(j.report.tasks.unfinished()).unwrap_or(u32::MAX);
+                let covered = covered.get(&j.report.job).copied().unwrap_or(0);
                 JobInput {
                     id: j.report.job.clone(),
-                    demand: unfinished.saturating_sub(held + promised),
+                    demand: unfinished.saturating_sub(covered),
                 }
             })
             .collect()

@@ -1,0 +1,118 @@
+//! How long one scheduling round takes at grid scale: the scheduler's own
+//! state and policies, fed with reports, no broker.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use gleaner_broker::protocol::{ClusterReport, Holding, JobReport, JobState, TaskCounts};
+use gleaner_manifest::{JobId, JobKind, Priority};
+use gleaner_policy::share::{CsPolicy, PolicyConfig};
+use gleaner_scheduler::state::{Action, State, StateConfig};
+
+/// A grid of `clusters` clusters of 100 slots (20 used by local jobs, 60 by
+/// scavenging jobs, 20 idle), `jobs` hungry scavenging jobs and `grid` grid
+/// jobs of 70 slots that must shrink scavengers to fit.
+fn state(clusters: usize, jobs: usize, grid: usize, config: &StateConfig, now: Instant) -> State {
+    let mut state = State::new(1);
+    let ids: Vec<JobId> = (0..jobs).map(|i| JobId::new("sweep", i as u32)).collect();
+    for id in &ids {
+        state.on_job_update(report(id.clone(), JobKind::Scavenge, vec![]), now);
+    }
+    for g in 0..grid {
+        let id = JobId::new("grid", g as u32);
+        state.on_job_update(report(id, JobKind::Grid, vec![70]), now);
+    }
+    for c in 0..clusters {
+        let holders: BTreeMap<JobId, Holding> = (0..6)
+            .map(|k| {
+                (
+                    ids[(c * 7 + k * 131) % jobs].clone(),
+                    Holding {
+                        running: 10,
+                        pending: 0,
+                    },
+                )
+            })
+            .collect();
+        let report = ClusterReport {
+            cluster: format!("c{c}"),
+            backend: "sge".into(),
+            total_slots: 100,
+            idle_slots: 20,
+            local_slots: 20,
+            jobs: holders,
+            ..ClusterReport::default()
+        };
+        state.on_cluster(report, now, config);
+    }
+    state
+}
+
+fn report(job: JobId, kind: JobKind, components: Vec<u32>) -> JobReport {
+    JobReport {
+        job,
+        kind,
+        priority: if kind == JobKind::Grid {
+            Priority::High
+        } else {
+            Priority::SuperLow
+        },
+        state: if kind == JobKind::Grid {
+            JobState::Waiting
+        } else {
+            JobState::Running
+        },
+        runner: "runner@bench".into(),
+        tasks: TaskCounts {
+            total: 1000,
+            pending: 1000,
+            ..TaskCounts::default()
+        },
+        launchers: BTreeMap::new(),
+        throughput: 0.0,
+        preemptions: 0,
+        started_at: 0,
+        results: String::new(),
+        components,
+    }
+}
+
+pub fn round(clusters: usize, jobs: usize, grid: usize) {
+    for policy in [CsPolicy::SiteEquipartition, CsPolicy::GridEquipartition] {
+        let config = StateConfig {
+            policy: PolicyConfig {
+                policy,
+                ..PolicyConfig::default()
+            },
+            ..StateConfig::default()
+        };
+        let mut times = Vec::new();
+        let mut counts = (0, 0, 0);
+        for _ in 0..5 {
+            let now = Instant::now();
+            let mut state = state(clusters, jobs, grid, &config, now);
+            let started = Instant::now();
+            let actions = state.round(now, &config);
+            times.push(started.elapsed());
+            counts = actions.iter().fold((0, 0, 0), |(o, s, p), a| match a {
+                Action::Offer { .. } => (o + 1, s, p),
+                Action::Preempt { .. } | Action::Drain { .. } => (o, s + 1, p),
+                Action::Place { .. } => (o, s, p + 1),
+                Action::Abort { .. } => (o, s, p),
+            });
+        }
+        times.sort();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        println!(
+            "| {} | {clusters} | {jobs} | {grid} | {} / {} / {} | {:.1} | {:.1} |",
+            policy.name(),
+            counts.0,
+            counts.1,
+            counts.2,
+            ms(times[0]),
+            ms(times[times.len() / 2]),
+        );
+    }
+}
