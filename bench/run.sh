@@ -34,3 +34,18 @@ echo "## grid engine: local-job delay"
 echo "| local jobs × slots | wait, empty queue (s) | wait, queue full of gleaner (s) | added, mean (s) | added, worst (s) |"
 echo "|---|---|---|---|---|"
 "$bench" sge-local-delay --slots 8
+
+echo "## grid engine: grid job delay"
+echo "| grid job | runs | wait, empty queue: mean (worst) s | wait, queue full of sweeps: mean (worst) s | added (s) |"
+echo "|---|---|---|---|---|"
+"$bench" sge-grid-delay --slots 8 --runs 3
+
+echo "## scheduler: decision time"
+echo "| policy | clusters | jobs | grid jobs | offers / shrinks / placements | best (ms) | median (ms) |"
+echo "|---|---|---|---|---|---|---|"
+"$bench" decide --clusters 1000 --jobs 10000 --grid 10
+
+echo "## simulator: DAS-3 fairness (seed 000, section 4.4)"
+echo "| workload | policy | throughput of the 3 jobs (tasks/s) | preemptions | spread | local jobs added wait, mean / worst (s) | grid jobs added wait, mean / worst (s) |"
+echo "|---|---|---|---|---|---|---|"
+"$bench" fairness --scenarios simulator/scenarios

@@ -3,6 +3,7 @@
 //! BENCHMARKS.md. Run them with `bench/run.sh` on an otherwise idle machine.
 
 mod decide;
+mod fairness;
 mod measure;
 mod sge;
 
@@ -39,6 +40,11 @@ enum Bench {
     Memory {
         #[arg(long, default_value_t = 10_000)]
         tasks: u32,
+    },
+    /// The simulator on the DAS-3 scenarios of seed 000, both policies.
+    Fairness {
+        #[arg(long, default_value = "simulator/scenarios")]
+        scenarios: std::path::PathBuf,
     },
     /// One scheduling round (grows, shrinks, placements) at grid scale.
     Decide {
@@ -84,41 +90,39 @@ fn gleaner_binary() -> anyhow::Result<PathBuf> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    if let Bench::Decide {
-        clusters,
-        jobs,
-        grid,
-    } = cli.bench
-    {
-        decide::round(clusters, jobs, grid);
-        return Ok(());
-    }
-    let exe = gleaner_binary()?;
-    match cli.bench {
-        Bench::Decide { .. } => Ok(()),
+    match Cli::parse().bench {
         Bench::Makespan {
             tasks,
             slots,
             seconds,
-        } => measure::makespan(&exe, tasks, slots, seconds),
+        } => measure::makespan(&gleaner_binary()?, tasks, slots, seconds),
         Bench::Throughput {
             tasks,
             launcher_slots,
         } => {
+            let exe = gleaner_binary()?;
             measure::spawn_rate(Duration::from_secs(5))?;
             for launchers in [1, 2, 4] {
                 measure::throughput(&exe, tasks, launchers, launcher_slots)?;
             }
             Ok(())
         }
-        Bench::Memory { tasks } => measure::memory(&exe, tasks),
+        Bench::Memory { tasks } => measure::memory(&gleaner_binary()?, tasks),
+        Bench::Fairness { scenarios } => fairness::scenarios(&scenarios),
+        Bench::Decide {
+            clusters,
+            jobs,
+            grid,
+        } => {
+            decide::round(clusters, jobs, grid);
+            Ok(())
+        }
         Bench::SgeLaunchers {
             tasks,
             slots,
             seconds,
-        } => sge::launchers_vs_direct(&exe, tasks, slots, seconds),
-        Bench::SgeLocalDelay { slots } => sge::local_delay(&exe, slots),
-        Bench::SgeGridDelay { slots, runs } => sge::grid_delay(&exe, slots, runs),
+        } => sge::launchers_vs_direct(&gleaner_binary()?, tasks, slots, seconds),
+        Bench::SgeLocalDelay { slots } => sge::local_delay(&gleaner_binary()?, slots),
+        Bench::SgeGridDelay { slots, runs } => sge::grid_delay(&gleaner_binary()?, slots, runs),
     }
 }
