@@ -94,6 +94,25 @@ impl SgeBackend {
         Ok(stdout)
     }
 
+    /// What every submission says: its name and queue, the script on stdin
+    /// run by `/bin/sh`, and `-w e`, which refuses a job that could never
+    /// run rather than leave it waiting.
+    fn qsub_args(&self, name: String) -> Vec<String> {
+        vec![
+            "-terse".into(),
+            "-N".into(),
+            name,
+            "-q".into(),
+            self.config.queue.clone(),
+            "-w".into(),
+            "e".into(),
+            "-S".into(),
+            "/bin/sh".into(),
+            "-wd".into(),
+            std::env::temp_dir().display().to_string(),
+        ]
+    }
+
     /// The job script: the launcher, named after its array task.
     fn script(&self, job: &JobId) -> String {
         let c = &self.config;
@@ -155,25 +174,14 @@ impl Backend for SgeBackend {
             return Ok(0);
         }
         let c = &self.config;
-        let mut args: Vec<String> = vec![
-            "-terse".into(),
-            "-N".into(),
-            format!("{PLACEHOLDER_PREFIX}{job}"),
-            "-q".into(),
-            c.queue.clone(),
+        let mut args = self.qsub_args(format!("{PLACEHOLDER_PREFIX}{job}"));
+        args.extend([
             "-t".into(),
             format!("1-{slots}"),
             "-p".into(),
             "-1023".into(),
             "-notify".into(),
-            // Refuse placeholders that could never run, rather than leave them waiting.
-            "-w".into(),
-            "e".into(),
-            "-S".into(),
-            "/bin/sh".into(),
-            "-wd".into(),
-            std::env::temp_dir().display().to_string(),
-        ];
+        ]);
         if let Some(h_rt) = c.h_rt {
             args.extend(["-l".into(), format!("h_rt={}", h_rt.as_secs().max(1))]);
         }
@@ -224,24 +232,13 @@ impl Backend for SgeBackend {
         spec: &ComponentSpec,
         files: &ComponentFiles,
     ) -> Result<(), BackendError> {
-        let c = &self.config;
-        let mut args: Vec<String> = vec![
-            "-terse".into(),
-            "-N".into(),
-            component_name(&spec.job, spec.component),
-            "-q".into(),
-            c.queue.clone(),
-            "-w".into(),
-            "e".into(),
-            "-S".into(),
-            "/bin/sh".into(),
-            "-wd".into(),
-            std::env::temp_dir().display().to_string(),
+        let mut args = self.qsub_args(component_name(&spec.job, spec.component));
+        args.extend([
             "-o".into(),
             "/dev/null".into(),
             "-e".into(),
             "/dev/null".into(),
-        ];
+        ]);
         if spec.slots > 1 {
             args.extend(["-pe".into(), "make".into(), spec.slots.to_string()]);
         }

@@ -415,16 +415,7 @@ impl<'a> Sim<'a> {
         let t = self.t;
         let leave = t + self.scenario.timing.preempt_delay.as_secs_f64();
         let launchers = &mut self.clusters[cluster].launchers;
-        let candidates = launchers
-            .iter()
-            .filter(|l| l.job == j && l.leaving_at.is_none())
-            .map(|l| Candidate {
-                launcher: l.id.to_string(),
-                slots: 1,
-                newest_start: l.task.map(|(_, started)| (started * 1000.0) as u64),
-            })
-            .collect();
-        let victims: BTreeSet<String> = choose_victims(candidates, slots).into_iter().collect();
+        let victims = victims(launchers, j, slots);
         for launcher in launchers
             .iter_mut()
             .filter(|l| victims.contains(&l.id.to_string()))
@@ -577,18 +568,7 @@ impl<'a> Sim<'a> {
                 continue;
             };
             let launchers = &mut self.clusters[c].launchers;
-            let candidates = launchers
-                .iter()
-                .filter(|l| l.job == j && l.leaving_at.is_none() && !l.draining)
-                .map(|l| Candidate {
-                    launcher: l.id.to_string(),
-                    slots: 1,
-                    newest_start: l.task.map(|(_, s)| (s * 1000.0) as u64),
-                })
-                .collect();
-            let victims: BTreeSet<String> = choose_victims(candidates, drain.slots)
-                .into_iter()
-                .collect();
+            let victims = victims(launchers, j, drain.slots);
             for launcher in launchers
                 .iter_mut()
                 .filter(|l| victims.contains(&l.id.to_string()))
@@ -644,6 +624,21 @@ impl<'a> Sim<'a> {
             total_nodes: self.clusters.iter().map(|c| c.nodes).sum(),
         }
     }
+}
+
+/// The launchers of job `j` the runner's policy gives up to free `slots`
+/// (among those still staying).
+fn victims(launchers: &[Launcher], j: usize, slots: u32) -> BTreeSet<String> {
+    let candidates = launchers
+        .iter()
+        .filter(|l| l.job == j && l.leaving_at.is_none() && !l.draining)
+        .map(|l| Candidate {
+            launcher: l.id.to_string(),
+            slots: 1,
+            newest_start: l.task.map(|(_, started)| (started * 1000.0) as u64),
+        })
+        .collect();
+    choose_victims(candidates, slots).into_iter().collect()
 }
 
 /// The background grid jobs of the workload, at fixed moments per seed.
