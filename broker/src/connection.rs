@@ -123,6 +123,10 @@ impl Broker {
                 }
                 Err(e) => {
                     warn!(component = %self.identity, error = %e, "lost the broker; reconnecting");
+                    // A failed session may have left the connection up:
+                    // close it, so that what it held (exclusive queues, job
+                    // locks, unacked deliveries) is released, not reused.
+                    connection.close().await;
                 }
             }
             backoff.after_session(started.elapsed());

@@ -189,7 +189,7 @@ pub struct Holding {
 
 impl Holding {
     pub fn total(&self) -> u32 {
-        self.running + self.pending
+        self.running.saturating_add(self.pending)
     }
 }
 

@@ -52,7 +52,7 @@ fn decode_json(
     let job = job_id_for(properties, &manifest.name, data);
     let submitted_at = properties
         .timestamp()
-        .map_or_else(now_ms, |seconds| seconds * 1000);
+        .map_or_else(now_ms, |seconds| seconds.saturating_mul(1000));
     Ok((
         from,
         IncomingSubmission(Submission {

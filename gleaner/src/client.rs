@@ -255,7 +255,7 @@ impl Progress {
             report.state,
             t.succeeded,
             t.total,
-            match t.total - t.succeeded {
+            match t.total.saturating_sub(t.succeeded) {
                 0 => String::new(),
                 n => format!(" ({n} did not: {})", Self::describe(report)),
             },

@@ -70,6 +70,31 @@ pub async fn runner(settings: &Settings, shutdown: CancellationToken) -> anyhow:
     Ok(())
 }
 
+/// A name for the gleaner a broker URL serves (its host and vhost), so that
+/// two deployments on one host never share a kcm's spool directory.
+fn deployment(broker_url: &str) -> String {
+    let rest = broker_url
+        .split_once("://")
+        .map_or(broker_url, |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let rest = rest.split('?').next().unwrap_or(rest);
+    let (host, vhost) = rest.split_once('/').unwrap_or((rest, ""));
+    let vhost = match vhost {
+        "" | "%2f" | "%2F" => "default",
+        other => other,
+    };
+    format!("{host}-{vhost}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
 /// How this very binary starts a launcher, with the settings it runs under:
 /// the same configuration file and `GLEANER_*` overrides, wherever it runs.
 fn launcher_command(settings: &Settings) -> anyhow::Result<LauncherCommand> {
@@ -97,10 +122,12 @@ pub async fn kcm(
         poll_interval: cluster.poll_interval,
         job_end_grace: Duration::from_secs(10),
         local_settle: settings.runner.preempt_grace + cluster.poll_interval * 2,
-        spool_dir: cluster
-            .spool_dir
-            .clone()
-            .unwrap_or_else(|| std::env::temp_dir().join("gleaner-kcm").join(&cluster.name)),
+        spool_dir: cluster.spool_dir.clone().unwrap_or_else(|| {
+            std::env::temp_dir()
+                .join("gleaner-kcm")
+                .join(deployment(&settings.broker_url))
+                .join(&cluster.name)
+        }),
     };
     let broker = broker(settings, &format!("kcm.{}", cluster.name))?;
     match cluster.backend {
@@ -275,4 +302,22 @@ async fn management_ui(broker_url: &str) -> Option<String> {
     .await
     .unwrap_or(false);
     answered.then_some(url)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deployments_are_told_apart_by_host_and_vhost() {
+        assert_eq!(
+            deployment(gleaner_broker::DEFAULT_URL),
+            "127.0.0.1_5672-default"
+        );
+        assert_eq!(
+            deployment("amqp://u:p@broker:5672/science?heartbeat=10"),
+            "broker_5672-science"
+        );
+        assert_ne!(deployment("amqp://h/a"), deployment("amqp://h/b"));
+    }
 }

@@ -255,6 +255,23 @@ impl Settings {
         if !(0.0..=1.0).contains(&self.scheduler.load_cap) {
             bail!("scheduler.load_cap must be between 0 and 1");
         }
+        let intervals = [
+            ("scheduler.round_interval", self.scheduler.round_interval),
+            ("runner.heartbeat", self.runner.heartbeat),
+            ("launcher.heartbeat", self.launcher.heartbeat),
+            ("launcher.idle_timeout", self.launcher.idle_timeout),
+        ]
+        .into_iter()
+        .chain(
+            self.clusters
+                .iter()
+                .map(|c| ("cluster.poll_interval", c.poll_interval)),
+        );
+        for (key, interval) in intervals {
+            if interval.is_zero() {
+                bail!("{key} must be longer than 0s");
+            }
+        }
         for cluster in &self.clusters {
             let valid = !cluster.name.is_empty()
                 && cluster

@@ -6,6 +6,11 @@ use gleaner_broker::protocol::ComponentSpec;
 use gleaner_manifest::JobId;
 use gleaner_policy::local::WaitingJob;
 
+/// Slot counts come from the batch system: added without overflowing.
+fn saturating_sum(slots: impl IntoIterator<Item = u32>) -> u32 {
+    slots.into_iter().fold(0, u32::saturating_add)
+}
+
 /// A gleaner placeholder in the batch system: one launcher, running or waiting.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Placeholder {
@@ -104,26 +109,32 @@ pub struct Snapshot {
 impl Snapshot {
     /// Slots nobody uses or has claimed (pending placeholders claim theirs).
     pub fn idle_slots(&self) -> u32 {
-        let claimed: u32 = self.placeholders.iter().map(|p| p.slots).sum();
-        self.total_slots
-            .saturating_sub(self.local_running + self.grid_running + claimed)
+        let claimed = saturating_sum(self.placeholders.iter().map(|p| p.slots));
+        self.total_slots.saturating_sub(saturating_sum([
+            self.local_running,
+            self.grid_running,
+            claimed,
+        ]))
     }
 
     /// Slots free right now: what a waiting job could start on.
     pub fn free_slots(&self) -> u32 {
-        let running: u32 = self
-            .placeholders
-            .iter()
-            .filter(|p| p.running)
-            .map(|p| p.slots)
-            .sum();
-        self.total_slots
-            .saturating_sub(self.local_running + self.grid_running + running)
+        let running = saturating_sum(
+            self.placeholders
+                .iter()
+                .filter(|p| p.running)
+                .map(|p| p.slots),
+        );
+        self.total_slots.saturating_sub(saturating_sum([
+            self.local_running,
+            self.grid_running,
+            running,
+        ]))
     }
 
     /// Slots asked for by the waiting local jobs.
     pub fn local_waiting(&self) -> u32 {
-        self.waiting.iter().map(|w| w.slots).sum()
+        saturating_sum(self.waiting.iter().map(|w| w.slots))
     }
 }
 

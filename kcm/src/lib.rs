@@ -10,7 +10,7 @@ mod qstat;
 mod sge;
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     time::{Duration, Instant},
 };
 
@@ -255,7 +255,9 @@ impl<B: Backend> Kcm<B> {
         Ok(())
     }
 
-    /// Reports the components that left the batch system to their jobs.
+    /// Reports the components that left the batch system to their jobs: those
+    /// with an exit status in the spool directory (which outlives a kcm
+    /// restart), and those that vanished without one.
     async fn settle_components(&mut self, publisher: &Publisher) -> Result<(), BrokerError> {
         for run in &self.last.components {
             self.components
@@ -266,41 +268,47 @@ impl<B: Backend> Kcm<B> {
                 })
                 .seen = true;
         }
-        let gone: Vec<(JobId, u32)> = self
-            .components
-            .iter()
-            .filter(|((job, component), _)| {
-                !self
-                    .last
-                    .components
-                    .iter()
-                    .any(|r| &r.job == job && r.component == *component)
-            })
-            .filter(|((job, component), tracked)| {
-                let files = ComponentFiles::new(&self.config.spool_dir, job, *component);
-                tracked.seen || files.exit.exists() || tracked.since.elapsed() > COMPONENT_VANISHED
-            })
-            .map(|(key, _)| key.clone())
+        let in_batch = |job: &JobId, component: u32| {
+            self.last
+                .components
+                .iter()
+                .any(|r| &r.job == job && r.component == component)
+        };
+        let mut ended: BTreeSet<(JobId, u32)> = spooled_exits(&self.config.spool_dir)
+            .into_iter()
+            .filter(|(job, component)| !in_batch(job, *component))
             .collect();
-        for (job, component) in gone {
-            let Some(tracked) = self.components.remove(&(job.clone(), component)) else {
-                continue;
-            };
+        ended.extend(
+            self.components
+                .iter()
+                .filter(|((job, component), tracked)| {
+                    !in_batch(job, *component)
+                        && (tracked.seen || tracked.since.elapsed() > COMPONENT_VANISHED)
+                })
+                .map(|(key, _)| key.clone()),
+        );
+        for (job, component) in ended {
             let files = ComponentFiles::new(&self.config.spool_dir, &job, component);
             let exit_code = std::fs::read_to_string(&files.exit)
                 .ok()
                 .and_then(|text| text.trim().parse().ok());
+            let runtime = self
+                .components
+                .get(&(job.clone(), component))
+                .map_or(Duration::ZERO, |t| t.since.elapsed());
             let outcome = ComponentOutcome {
                 component,
                 cluster: self.config.cluster.clone(),
                 exit_code,
-                runtime_ms: tracked.since.elapsed().as_millis() as u64,
+                runtime_ms: runtime.as_millis() as u64,
                 stdout: read_tail(&files.stdout),
                 stderr: read_tail(&files.stderr),
             };
             info!(job = %job, component, cluster = %self.config.cluster, exit_code = ?exit_code, "grid component ended");
             self.tell_job(publisher, &job, ControlMsg::ComponentEnded(outcome))
                 .await?;
+            // Forgotten only once its job has heard.
+            self.components.remove(&(job, component));
             for file in [&files.stdout, &files.stderr, &files.exit] {
                 let _ = std::fs::remove_file(file);
             }
@@ -498,6 +506,21 @@ impl<B: Backend> Kcm<B> {
             at: now_ms(),
         }
     }
+}
+
+/// The components whose exit status waits in the spool directory.
+fn spooled_exits(spool: &std::path::Path) -> Vec<(JobId, u32)> {
+    let Ok(entries) = std::fs::read_dir(spool) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().into_string().ok()?;
+            let (job, component) = name.strip_suffix(".exit")?.rsplit_once('.')?;
+            Some((job.parse().ok()?, component.parse().ok()?))
+        })
+        .collect()
 }
 
 /// The last bytes of a file, and how many came before them.

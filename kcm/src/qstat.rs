@@ -79,7 +79,7 @@ pub fn snapshot(xml: &str, queue: &str) -> Result<Snapshot, String> {
         if state.contains(UNUSABLE) {
             problems.push(format!("{} is in state {state}", instance.name));
         } else {
-            snapshot.total_slots += instance.slots_total;
+            snapshot.total_slots = snapshot.total_slots.saturating_add(instance.slots_total);
         }
         for job in &instance.job_list {
             let id = match &job.tasks {
@@ -94,7 +94,7 @@ pub fn snapshot(xml: &str, queue: &str) -> Result<Snapshot, String> {
                     running: true,
                 });
             } else if let Some((owner, component)) = parse_component_name(&job.name) {
-                snapshot.grid_running += job.slots;
+                snapshot.grid_running = snapshot.grid_running.saturating_add(job.slots);
                 snapshot.components.push(ComponentRun {
                     id,
                     job: owner,
@@ -103,7 +103,7 @@ pub fn snapshot(xml: &str, queue: &str) -> Result<Snapshot, String> {
                     running: true,
                 });
             } else {
-                snapshot.local_running += job.slots;
+                snapshot.local_running = snapshot.local_running.saturating_add(job.slots);
             }
         }
     }
@@ -183,7 +183,10 @@ fn expand_tasks(ranges: &str) -> Vec<Option<u64>> {
         let mut task: u64 = first;
         while task <= last && tasks.len() < LIMIT {
             tasks.push(Some(task));
-            task += step;
+            let Some(next) = task.checked_add(step) else {
+                break;
+            };
+            task = next;
         }
     }
     if tasks.is_empty() {
@@ -259,6 +262,12 @@ mod tests {
         assert_eq!(expand_tasks("7"), [Some(7)]);
         assert_eq!(expand_tasks("junk"), [None]);
         assert_eq!(expand_tasks("1-1000000:1").len(), 100_000);
+        let top = u64::MAX - 1;
+        assert_eq!(
+            expand_tasks(&format!("{top}-{}:5", u64::MAX)).len(),
+            1,
+            "no overflow"
+        );
     }
 
     #[test]

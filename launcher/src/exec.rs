@@ -5,6 +5,7 @@
 use std::{
     path::{Path, PathBuf},
     process::{ExitStatus, Stdio},
+    sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
@@ -146,8 +147,8 @@ async fn supervise(
         }
     };
     let group = child.id().map(|id| Pid::from_raw(id as i32));
-    let stdout = tokio::spawn(tail(child.stdout.take(), limits.stream_bytes));
-    let stderr = tokio::spawn(tail(child.stderr.take(), limits.stream_bytes));
+    let stdout = TailReader::start(child.stdout.take(), limits.stream_bytes);
+    let stderr = TailReader::start(child.stderr.take(), limits.stream_bytes);
     let walltime = async {
         match task.walltime {
             Some(limit) => tokio::time::sleep(limit).await,
@@ -177,8 +178,8 @@ async fn supervise(
     // Whatever the command left running in the background goes too.
     signal_group(group, Signal::SIGKILL);
     let runtime = started.elapsed();
-    let stdout = join_tail(stdout).await;
-    let stderr = join_tail(stderr).await;
+    let stdout = stdout.finish().await;
+    let stderr = stderr.finish().await;
     Some(match status {
         Ok(status) => Outcome::ended(status, timed_out, runtime, stdout, stderr),
         Err(e) => Outcome {
@@ -243,46 +244,77 @@ impl Outcome {
     }
 }
 
-/// Keeps the last `limit` bytes of a stream and counts the rest.
-async fn tail(stream: Option<impl AsyncRead + Unpin>, limit: usize) -> Captured {
-    let Some(mut stream) = stream else {
-        return Captured::default();
-    };
-    let mut data: Vec<u8> = Vec::new();
-    let mut dropped = 0u64;
-    let mut buffer = [0u8; 16 * 1024];
-    loop {
-        match stream.read(&mut buffer).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                data.extend_from_slice(&buffer[..n]);
-                // Trim only once the excess is large, to keep appends cheap.
-                if data.len() > limit.saturating_mul(2).max(64 * 1024) {
-                    let excess = data.len() - limit;
-                    data.drain(..excess);
-                    dropped += excess as u64;
-                }
-            }
-        }
-    }
-    if data.len() > limit {
-        let excess = data.len() - limit;
-        data.drain(..excess);
-        dropped += excess as u64;
-    }
-    Captured { data, dropped }
+/// The last bytes of a stream read so far, and how many came before them.
+#[derive(Default)]
+struct Tail {
+    data: Vec<u8>,
+    dropped: u64,
 }
 
-/// Waits for a stream reader, but not forever: a background process that
-/// escaped the process group may still hold the pipe open.
-async fn join_tail(handle: tokio::task::JoinHandle<Captured>) -> Captured {
-    let abort = handle.abort_handle();
-    match tokio::time::timeout(Duration::from_secs(1), handle).await {
-        Ok(Ok(captured)) => captured,
-        Ok(Err(_)) => Captured::default(),
-        Err(_) => {
+impl Tail {
+    fn push(&mut self, bytes: &[u8], limit: usize) {
+        self.data.extend_from_slice(bytes);
+        // Trim only once the excess is large, to keep appends cheap.
+        if self.data.len() > limit.saturating_mul(2).max(64 * 1024) {
+            self.trim(limit);
+        }
+    }
+
+    fn trim(&mut self, limit: usize) {
+        if self.data.len() > limit {
+            let excess = self.data.len() - limit;
+            self.data.drain(..excess);
+            self.dropped += excess as u64;
+        }
+    }
+}
+
+/// A stream being read into a shared tail, so that what was read survives
+/// a reader that has to be abandoned.
+struct TailReader {
+    tail: Arc<Mutex<Tail>>,
+    task: tokio::task::JoinHandle<()>,
+    limit: usize,
+}
+
+impl TailReader {
+    fn start(stream: Option<impl AsyncRead + Unpin + Send + 'static>, limit: usize) -> Self {
+        let tail = Arc::new(Mutex::new(Tail::default()));
+        let sink = tail.clone();
+        let task = tokio::spawn(async move {
+            let Some(mut stream) = stream else { return };
+            let mut buffer = [0u8; 16 * 1024];
+            while let Ok(n) = stream.read(&mut buffer).await {
+                if n == 0 {
+                    break;
+                }
+                if let Ok(mut tail) = sink.lock() {
+                    tail.push(&buffer[..n], limit);
+                }
+            }
+        });
+        Self { tail, task, limit }
+    }
+
+    /// Waits for the end of the stream, but not forever: a background
+    /// process that escaped the process group may still hold the pipe open.
+    async fn finish(self) -> Captured {
+        let abort = self.task.abort_handle();
+        if tokio::time::timeout(Duration::from_secs(1), self.task)
+            .await
+            .is_err()
+        {
             abort.abort();
-            Captured::default()
+        }
+        let mut tail = self
+            .tail
+            .lock()
+            .map(|mut t| std::mem::take(&mut *t))
+            .unwrap_or_default();
+        tail.trim(self.limit);
+        Captured {
+            data: tail.data,
+            dropped: tail.dropped,
         }
     }
 }
@@ -429,6 +461,15 @@ mod tests {
             !marker.exists(),
             "the background child was killed with its group"
         );
+    }
+
+    #[tokio::test]
+    async fn output_is_kept_when_an_escaped_daemon_holds_the_pipe() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = task("echo before; setsid sleep 5 & echo after", dir.path());
+        let outcome = super::run(run, Limits::default(), never()).await.unwrap();
+        assert_eq!(outcome.status, RunStatus::Succeeded);
+        assert_eq!(outcome.stdout.data, b"before\nafter\n");
     }
 
     #[tokio::test]

@@ -269,6 +269,8 @@ async fn serve(
             .checked_sub(config.deadline_margin)
             .unwrap_or(deadline)
     });
+    // What a fresh placeholder like this one offers a task, start to stop.
+    let window = stop_at.map(|stop| stop.saturating_duration_since(Instant::now()));
     let mut walltime_reached = false;
 
     loop {
@@ -279,6 +281,13 @@ async fn serve(
                     idle_since = None;
                     if fits(stop_at, &incoming.msg) {
                         running.spawn(run_task(shared.clone(), incoming, stop_seen.clone()));
+                        None
+                    } else if let Some(window) = window.filter(|w| {
+                        incoming.msg.walltime_ms.is_some_and(|ms| Duration::from_millis(ms) > *w)
+                    }) {
+                        // No placeholder like this one could ever run it:
+                        // a failed attempt, not a task passed on forever.
+                        running.spawn(refuse(shared.clone(), incoming, window));
                         None
                     } else {
                         info!(job = %config.job, task = incoming.msg.task, launcher = %config.id, "task would outlast the placeholder; giving it back and draining");
@@ -353,7 +362,10 @@ async fn serve(
                 Some(Exit::Walltime)
             }
             _ = heartbeat.tick() => {
-                send_status(shared, completed).await?;
+                if let Err(e) = send_status(shared, completed).await {
+                    abandon(shared, &stop, &mut running).await;
+                    return Err(e);
+                }
                 None
             }
         };
@@ -363,8 +375,12 @@ async fn serve(
             if leaving.is_none() || exit == Exit::Preempted {
                 leaving = Some(exit);
             }
-            if first && consuming {
-                tasks.stop().await?;
+            if first
+                && consuming
+                && let Err(e) = tasks.stop().await
+            {
+                abandon(shared, &stop, &mut running).await;
+                return Err(e.into());
             }
         }
         // Leaving once no task runs and no delivery can arrive any more.
@@ -393,6 +409,48 @@ fn fits(stop_at: Option<Instant>, task: &TaskMsg) -> bool {
         }
         _ => true,
     }
+}
+
+/// Fails a task whose walltime exceeds what any placeholder offers.
+async fn refuse(
+    shared: Arc<Shared>,
+    incoming: Incoming<TaskMsg>,
+    window: Duration,
+) -> Result<(), BrokerError> {
+    let config = &shared.config;
+    let task = &incoming.msg;
+    let reason = format!(
+        "the task's walltime ({} s) exceeds what a placeholder of cluster {} offers ({} s)",
+        task.walltime_ms.unwrap_or(0) / 1000,
+        config.cluster,
+        window.as_secs()
+    );
+    warn!(job = %task.job, task = task.task, launcher = %config.id, reason, "task refused");
+    let result = ResultMsg {
+        job: task.job.clone(),
+        task: task.task,
+        attempt: task.attempt,
+        preemptions: task.preemptions,
+        status: gleaner_broker::protocol::RunStatus::Failed,
+        exit_code: None,
+        signal: None,
+        runtime_ms: 0,
+        launcher: config.id.clone(),
+        cluster: config.cluster.clone(),
+        host: config.host.clone(),
+        stdout: Default::default(),
+        stderr: gleaner_broker::protocol::Captured {
+            data: reason.into_bytes(),
+            dropped: 0,
+        },
+        outputs: Vec::new(),
+        error: None,
+    };
+    shared
+        .publisher
+        .send(&shared.queues.results, &result)
+        .await?;
+    incoming.ack().await
 }
 
 /// Returns a task this launcher will not run to the queue, unchanged.

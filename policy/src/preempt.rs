@@ -23,7 +23,7 @@ pub fn choose_victims(mut candidates: Vec<Candidate>, slots: u32) -> Vec<String>
         .into_iter()
         .take_while(|c| {
             let take = freed < slots;
-            freed += c.slots;
+            freed = c.slots.saturating_add(freed);
             take
         })
         .map(|c| c.launcher)

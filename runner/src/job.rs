@@ -52,6 +52,10 @@ pub enum JobError {
     Results { path: String, error: std::io::Error },
     #[error("the runner is shutting down")]
     Shutdown,
+    /// The job cannot run as submitted (its results directory belongs to
+    /// another job); retrying would not help.
+    #[error("{0}")]
+    Refused(String),
 }
 
 /// Results processed per write-and-sync round.
@@ -94,11 +98,6 @@ struct OwedShrink {
 /// scheduler decides afresh after that.
 const OWED_SHRINK_LIFETIME: Duration = Duration::from_secs(30);
 
-enum Flow {
-    Continue,
-    Cancel(String),
-}
-
 /// Runs a job to its end. Returns `Ok` once the manifest may be acked.
 pub async fn run(
     connection: Arc<Connection>,
@@ -139,7 +138,15 @@ pub async fn run(
     for (task, status) in finished {
         book.finish(task, status);
     }
-    let file = results.read_job_file().unwrap_or_else(|| JobFile {
+    let existing = results.read_job_file();
+    if let Some(other) = existing.as_ref().filter(|f| f.job != id.as_str()) {
+        return Err(JobError::Refused(format!(
+            "results directory {} belongs to job {}; choose another `results`",
+            root.display(),
+            other.job
+        )));
+    }
+    let file = existing.unwrap_or_else(|| JobFile {
         job: id.to_string(),
         name: submission.manifest.name.clone(),
         state: JobState::Starting,
@@ -329,9 +336,11 @@ impl Job {
                 }
                 lost = dead.next() => self.on_lost(delivered(lost)?).await?,
                 message = control.next() => {
-                    if let Flow::Cancel(reason) = self.on_control(delivered(message)?).await? {
-                        return self.cancel(&reason).await;
+                    let incoming = delivered(message)?;
+                    if let ControlMsg::Cancel { reason } = &incoming.msg {
+                        return self.cancel(reason, &incoming).await;
                     }
+                    self.on_control(incoming).await?;
                 }
                 _ = heartbeat.tick() => self.report().await?,
                 () = shutdown.cancelled() => return Err(JobError::Shutdown),
@@ -426,9 +435,9 @@ impl Job {
         Ok(())
     }
 
-    async fn on_control(&mut self, incoming: Incoming<ControlMsg>) -> Result<Flow, JobError> {
+    async fn on_control(&mut self, incoming: Incoming<ControlMsg>) -> Result<(), JobError> {
         let now = Instant::now();
-        let flow = match incoming.msg.clone() {
+        match incoming.msg.clone() {
             ControlMsg::LauncherUp(info) => {
                 debug!(job = %self.id, launcher = %info.launcher, cluster = %info.cluster, host = %info.host, "launcher up");
                 self.clusters.insert(info.cluster.clone());
@@ -438,18 +447,15 @@ impl Job {
                     self.on_shrink(&owed.cluster, owed.slots, owed.mode, &owed.reason)
                         .await?;
                 }
-                Flow::Continue
             }
             ControlMsg::LauncherStatus(status) => {
                 self.launchers.status(status, now);
-                Flow::Continue
             }
             ControlMsg::LauncherGone {
                 launcher, reason, ..
             } => {
                 debug!(job = %self.id, launcher = %launcher, reason, "launcher gone");
                 self.launchers.gone(&launcher);
-                Flow::Continue
             }
             ControlMsg::GrowOffer {
                 grant,
@@ -457,7 +463,6 @@ impl Job {
                 slots,
             } => {
                 self.on_grow(grant, cluster, slots).await?;
-                Flow::Continue
             }
             ControlMsg::Shrink {
                 cluster,
@@ -466,12 +471,11 @@ impl Job {
                 reason,
             } => {
                 self.on_shrink(&cluster, slots, mode, &reason).await?;
-                Flow::Continue
             }
-            ControlMsg::Cancel { reason } => Flow::Cancel(reason),
+            // Handled by the serving loop, which acks it once recorded.
+            ControlMsg::Cancel { .. } => {}
             ControlMsg::Place { clusters } => {
                 self.on_place(&clusters).await?;
-                Flow::Continue
             }
             ControlMsg::PlacementFailed { reason } => {
                 warn!(job = %self.id, reason, "the scheduler gave up placing the job");
@@ -484,15 +488,13 @@ impl Job {
                 for entry in &entries {
                     self.book.finish(entry.task, FinalStatus::Failed);
                 }
-                Flow::Continue
             }
             ControlMsg::ComponentEnded(outcome) => {
                 self.on_component_ended(outcome)?;
-                Flow::Continue
             }
-        };
+        }
         incoming.ack().await?;
-        Ok(flow)
+        Ok(())
     }
 
     /// The scheduler placed the grid job: each component goes to its cluster's
@@ -727,7 +729,8 @@ impl Job {
         Ok(())
     }
 
-    async fn cancel(&mut self, reason: &str) -> Result<(), JobError> {
+    /// Cancels the job; the order is acked once the cancellation is on disk.
+    async fn cancel(&mut self, reason: &str, order: &Incoming<ControlMsg>) -> Result<(), JobError> {
         info!(job = %self.id, reason, "cancelling");
         let entries: Vec<IndexEntry> = self
             .book
@@ -738,6 +741,9 @@ impl Job {
         for entry in &entries {
             self.book.finish(entry.task, FinalStatus::Cancelled);
         }
+        self.file.state = JobState::Cancelled;
+        self.save()?;
+        order.ack().await?;
         self.finish(JobState::Cancelled).await
     }
 

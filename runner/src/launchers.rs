@@ -79,13 +79,16 @@ impl LauncherTable {
     pub fn slots_by_cluster(&self) -> BTreeMap<String, u32> {
         let mut slots = BTreeMap::new();
         for entry in self.launchers.values().filter(|e| !e.leaving) {
-            *slots.entry(entry.cluster.clone()).or_default() += entry.slots;
+            let total = slots.entry(entry.cluster.clone()).or_default();
+            *total = entry.slots.saturating_add(*total);
         }
         slots
     }
 
     pub fn total_slots(&self) -> u32 {
-        self.slots_by_cluster().values().sum()
+        self.slots_by_cluster()
+            .values()
+            .fold(0, |all, slots| all.saturating_add(*slots))
     }
 
     /// Tasks running on all launchers, as last reported.
@@ -119,7 +122,7 @@ impl LauncherTable {
         for id in &victims {
             if let Some(entry) = self.launchers.get_mut(id) {
                 entry.leaving = true;
-                freed += entry.slots;
+                freed = entry.slots.saturating_add(freed);
             }
         }
         (victims, freed)

@@ -90,7 +90,11 @@ async fn session(
                     active.remove(&job);
                     break Err(e);
                 }
-                Err(e) => error!(error = %e, "job controller failed"),
+                Err(e) => {
+                    // Its manifest can only go back to the queue with the channel.
+                    error!(error = %e, "job controller failed; restarting the session");
+                    break Err(BrokerError::Connect(format!("job controller failed: {e}")));
+                }
             },
             () = shutdown.cancelled() => break Ok(()),
         }
@@ -121,6 +125,22 @@ async fn supervise(
         let result = match outcome {
             Ok(()) => manifest.ack().await,
             Err(JobError::Shutdown) => Ok(()),
+            Err(JobError::Refused(reason)) => {
+                error!(job = %job, reason, "job refused");
+                let event = gleaner_broker::protocol::Event::Rejected {
+                    job: job.to_string(),
+                    reason,
+                };
+                match connection.publisher().await {
+                    Ok(publisher) => {
+                        if let Err(e) = publisher.event(&event).await {
+                            error!(job = %job, error = %e, "cannot publish the rejection");
+                        }
+                    }
+                    Err(e) => error!(job = %job, error = %e, "cannot publish the rejection"),
+                }
+                manifest.ack().await
+            }
             Err(JobError::Broker(e)) if e.is_not_found() => {
                 error!(job = %job, error = %e, "the job's queues were deleted under it; giving the job up");
                 manifest.ack().await

@@ -9,7 +9,7 @@ use std::{
     path::{Component, Path, PathBuf},
 };
 
-use gleaner_broker::protocol::{Captured, JobState, Millis, ResultMsg, TaskCounts};
+use gleaner_broker::protocol::{Captured, JobState, Millis, OutputFile, ResultMsg, TaskCounts};
 use gleaner_manifest::ParamValue;
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
@@ -83,29 +83,25 @@ impl ResultsDir {
         &self.root
     }
 
-    /// Writes a run's stdout, stderr and output files under `tasks/<task>/`.
-    /// A task that produced nothing gets no directory: a million silent tasks
-    /// should not cost the filesystem three million inodes.
+    /// Writes a run's stdout, stderr and output files under `tasks/<task>/`,
+    /// replacing what an earlier attempt left. A task that produced nothing
+    /// gets no directory: a million silent tasks should not cost the
+    /// filesystem three million inodes.
     pub fn write_outputs(&self, result: &ResultMsg) -> io::Result<()> {
         let dir = self.root.join("tasks").join(result.task.to_string());
+        match std::fs::remove_dir_all(&dir) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
         let streams = [("stdout", &result.stdout), ("stderr", &result.stderr)];
         let produced = |c: &Captured| !c.data.is_empty() || c.dropped > 0;
         if !streams.iter().any(|(_, c)| produced(c)) && result.outputs.is_empty() {
-            // A retry that printed nothing must not leave an earlier run's output behind.
-            return match std::fs::remove_dir_all(&dir) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-                _ => Ok(()),
-            };
+            return Ok(());
         }
         std::fs::create_dir_all(&dir)?;
         for (name, captured) in streams {
             if produced(captured) {
                 write_captured(&dir.join(name), captured)?;
-            } else {
-                match std::fs::remove_file(dir.join(name)) {
-                    Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-                    _ => {}
-                }
             }
         }
         for output in &result.outputs {
@@ -113,11 +109,18 @@ impl ResultsDir {
                 warn!(job = %result.job, task = result.task, path = %output.path, "output path outside the task directory ignored");
                 continue;
             };
-            let path = dir.join(relative);
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent)?;
+            if let Err(e) = write_output(&dir, &relative, output) {
+                // The disk is the problem: the result must wait. Otherwise
+                // this one file is, and the rest of the result still counts.
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+                ) || e.raw_os_error() == Some(5)
+                {
+                    return Err(e);
+                }
+                warn!(job = %result.job, task = result.task, path = %output.path, error = %e, "output file not written");
             }
-            std::fs::write(path, &output.data)?;
         }
         Ok(())
     }
@@ -161,6 +164,28 @@ impl ResultsDir {
     }
 }
 
+/// One declared output file; a truncated one gets a note beside it.
+fn write_output(dir: &Path, relative: &Path, output: &OutputFile) -> io::Result<()> {
+    let path = dir.join(relative);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(&path, &output.data)?;
+    if output.dropped > 0 {
+        let mut note = path.into_os_string();
+        note.push(".truncated");
+        std::fs::write(
+            note,
+            format!(
+                "gleaner kept the first {} bytes of this file; {} more were not collected\n",
+                output.data.len(),
+                output.dropped
+            ),
+        )?;
+    }
+    Ok(())
+}
+
 fn write_captured(path: &Path, captured: &Captured) -> io::Result<()> {
     if captured.dropped == 0 {
         return std::fs::write(path, &captured.data);
@@ -195,15 +220,17 @@ fn read_index(index: &mut File, root: &Path) -> io::Result<Vec<(u64, FinalStatus
     let mut reader = BufReader::new(&*index);
     let mut finished = Vec::new();
     let mut complete_bytes = 0u64;
-    let mut line = String::new();
+    // Bytes, not text: a line cut in the middle of a UTF-8 character must
+    // not make the whole index unreadable.
+    let mut line = Vec::new();
     loop {
         line.clear();
-        let n = reader.read_line(&mut line)?;
-        if n == 0 || !line.ends_with('\n') {
+        let n = reader.read_until(b'\n', &mut line)?;
+        if n == 0 || line.last() != Some(&b'\n') {
             break;
         }
         complete_bytes += n as u64;
-        match serde_json::from_str::<IndexLine>(&line) {
+        match serde_json::from_slice::<IndexLine>(&line) {
             Ok(entry) => finished.push((entry.task, entry.status)),
             Err(e) => {
                 warn!(results = %root.display(), error = %e, "unreadable index line skipped");
@@ -225,7 +252,7 @@ fn read_index(index: &mut File, root: &Path) -> io::Result<Vec<(u64, FinalStatus
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gleaner_broker::protocol::{OutputFile, RunStatus};
+    use gleaner_broker::protocol::RunStatus;
 
     fn entry(task: u64, status: FinalStatus) -> IndexEntry {
         IndexEntry {
@@ -257,7 +284,15 @@ mod tests {
         drop(results);
         let index = dir.path().join("index.jsonl");
         let mut file = OpenOptions::new().append(true).open(&index).unwrap();
-        file.write_all(b"{\"task\":2,\"comm").unwrap();
+        // Cut in the middle of a two-byte character.
+        file.write_all(
+            "{\"task\":2,\"command\":\"é"
+                .as_bytes()
+                .split_last()
+                .unwrap()
+                .1,
+        )
+        .unwrap();
         drop(file);
         let (mut results, finished) = ResultsDir::open(dir.path()).unwrap();
         assert_eq!(
@@ -300,7 +335,7 @@ mod tests {
                 OutputFile {
                     path: "plots/a.png".into(),
                     data: b"png".to_vec(),
-                    dropped: 0,
+                    dropped: 7,
                 },
                 OutputFile {
                     path: "../escape".into(),
@@ -325,6 +360,10 @@ mod tests {
         assert!(stdout.ends_with("tail\n"));
         assert_eq!(std::fs::read(task.join("stderr")).unwrap(), b"err\n");
         assert_eq!(std::fs::read(task.join("plots/a.png")).unwrap(), b"png");
+        assert!(
+            task.join("plots/a.png.truncated").exists(),
+            "truncation is marked"
+        );
         assert!(!dir.path().join("tasks/escape").exists());
 
         let silent = ResultMsg {

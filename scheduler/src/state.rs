@@ -456,11 +456,13 @@ impl State {
         let mut covered: BTreeMap<&JobId, u32> = BTreeMap::new();
         for cluster in self.clusters.values() {
             for (job, holding) in &cluster.report.jobs {
-                *covered.entry(job).or_default() += holding.total();
+                let total = covered.entry(job).or_default();
+                *total = holding.total().saturating_add(*total);
             }
         }
         for grant in self.grants.values() {
-            *covered.entry(&grant.job).or_default() += grant.slots;
+            let total = covered.entry(&grant.job).or_default();
+            *total = grant.slots.saturating_add(*total);
         }
         self.jobs
             .values()
