@@ -473,6 +473,8 @@ pub enum LauncherMsg {
     Preempt { reason: String },
     /// Finish the running tasks, take no more, exit.
     Drain { reason: String },
+    /// Report your status now (you have been silent for a while).
+    Poll {},
 }
 
 impl Message for LauncherMsg {
@@ -480,6 +482,7 @@ impl Message for LauncherMsg {
         match self {
             Self::Preempt { .. } => "preempt",
             Self::Drain { .. } => "drain",
+            Self::Poll {} => "poll",
         }
     }
 }

@@ -341,6 +341,13 @@ async fn serve(
                             info!(job = %config.job, launcher = %config.id, reason, "draining");
                             Some(Exit::Drained)
                         }
+                        LauncherMsg::Poll {} => {
+                            if let Err(e) = send_status(shared, completed).await {
+                                abandon(shared, &stop, &mut running).await;
+                                return Err(e);
+                            }
+                            None
+                        }
                     }
                 }
                 Some(Err(e)) => {

@@ -714,8 +714,27 @@ impl Job {
         }
     }
 
-    /// Tells the scheduler where the job stands, and watchers if anything changed.
+    /// Tells the scheduler where the job stands, and watchers if anything
+    /// changed; asks launchers that went quiet whether they are still there
+    /// (one that died has lost its queue, which answers at once).
     async fn report(&mut self) -> Result<(), JobError> {
+        for launcher in self
+            .launchers
+            .poll_silent(Instant::now(), self.settings.heartbeat * 2)
+        {
+            match self
+                .publisher
+                .send(&launcher_queue(&launcher), &LauncherMsg::Poll {})
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if e.is_not_found() => {
+                    debug!(job = %self.id, launcher = %launcher, "silent launcher is gone");
+                    self.launchers.gone(&launcher);
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         let report = self.report_now();
         self.publisher
             .send(SCHEDULER_QUEUE, &SchedulerMsg::JobUpdate(report.clone()))

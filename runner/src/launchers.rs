@@ -16,6 +16,8 @@ struct Entry {
     last_seen: Instant,
     /// Told to preempt or drain; no longer counted as capacity.
     leaving: bool,
+    /// Asked to report after a silence; cleared by its next message.
+    polled: bool,
 }
 
 /// Every launcher that announced itself and has not left.
@@ -34,6 +36,7 @@ impl LauncherTable {
                 running: Vec::new(),
                 last_seen: now,
                 leaving: false,
+                polled: false,
             },
         );
     }
@@ -50,10 +53,12 @@ impl LauncherTable {
                 running: Vec::new(),
                 last_seen: now,
                 leaving: false,
+                polled: false,
             });
         entry.slots = entry.slots.max(status.running.len() as u32);
         entry.running = status.running;
         entry.last_seen = now;
+        entry.polled = false;
     }
 
     pub fn gone(&mut self, launcher: &str) {
@@ -73,6 +78,19 @@ impl LauncherTable {
             self.launchers.remove(id);
         }
         dead
+    }
+
+    /// Launchers silent for longer than `after` and not asked yet: they are
+    /// asked now (and marked so).
+    pub fn poll_silent(&mut self, now: Instant, after: Duration) -> Vec<String> {
+        self.launchers
+            .iter_mut()
+            .filter(|(_, e)| !e.polled && now.duration_since(e.last_seen) > after)
+            .map(|(id, e)| {
+                e.polled = true;
+                id.clone()
+            })
+            .collect()
     }
 
     /// Slots per cluster of launchers that are staying.
@@ -167,7 +185,13 @@ mod tests {
             "idle b goes before busy a"
         );
         assert_eq!(table.slots_by_cluster()["c1"], 1, "b is leaving");
-        let dead = table.expire(start + Duration::from_secs(25), Duration::from_secs(10));
+        let later = start + Duration::from_secs(25);
+        assert_eq!(table.poll_silent(later, Duration::from_secs(6)), ["b", "c"]);
+        assert!(
+            table.poll_silent(later, Duration::from_secs(6)).is_empty(),
+            "asked once"
+        );
+        let dead = table.expire(later, Duration::from_secs(10));
         assert_eq!(dead, ["b", "c"]);
         assert_eq!(table.total_slots(), 1);
     }
