@@ -40,6 +40,20 @@ fn placeholders(queues: &SgeQueues, queue: &str, job: &str, state: char) -> usiz
         .count()
 }
 
+/// `gleaner up` on one SGE cluster of `slots` slots, and a sweep of `tasks`
+/// two-second tasks filling it.
+fn busy_cluster(test: &str, slots: u32, tasks: u32) -> (SgeQueues, Gleaner, String) {
+    let queues = SgeQueues::new(1, slots);
+    let mut g = gleaner(test);
+    g.write("gleaner.toml", &config(&[("c1", &queues.names[0])]));
+    g.start("up", &["up"]);
+    let job = g.submit(&sweep("busy", tasks, "sleep 2; echo {n}"));
+    wait_for("the sweep to fill the queue", MINUTE, || {
+        placeholders(&queues, &queues.names[0], &job, 'r') == slots as usize
+    });
+    (queues, g, job)
+}
+
 fn qsub(args: &[&str]) -> String {
     let answer = sge(
         "qsub",
@@ -85,15 +99,8 @@ fn a_sweep_runs_on_two_sge_clusters_and_leaves_no_placeholder() {
 
 #[test]
 fn a_local_job_starts_while_the_sweep_still_has_pending_tasks() {
-    let queues = SgeQueues::new(1, 4);
+    let (queues, g, job) = busy_cluster("sge-local", 4, 40);
     let queue = &queues.names[0];
-    let mut g = gleaner("sge-local");
-    g.write("gleaner.toml", &config(&[("c1", queue)]));
-    g.start("up", &["up"]);
-    let job = g.submit(&sweep("busy", 40, "sleep 2; echo {n}"));
-    wait_for("the sweep to fill the queue", MINUTE, || {
-        placeholders(&queues, queue, &job, 'r') == 4
-    });
 
     let local = qsub(&["-N", "local", "-q", queue, "-b", "y", "/bin/sleep", "3"]);
     let mut pending_then = 0;
@@ -130,15 +137,8 @@ fn a_local_job_starts_while_the_sweep_still_has_pending_tasks() {
 
 #[test]
 fn pending_placeholders_are_withdrawn_when_a_local_job_waits() {
-    let queues = SgeQueues::new(1, 2);
+    let (queues, g, job) = busy_cluster("sge-withdraw", 2, 20);
     let queue = &queues.names[0];
-    let mut g = gleaner("sge-withdraw");
-    g.write("gleaner.toml", &config(&[("c1", queue)]));
-    g.start("up", &["up"]);
-    let job = g.submit(&sweep("crowd", 20, "sleep 2; echo {n}"));
-    wait_for("the sweep to fill the queue", MINUTE, || {
-        placeholders(&queues, queue, &job, 'r') == 2
-    });
     // Placeholders that lost the race for slots wait in the queue.
     let name = format!("gl-{job}");
     qsub(&[
