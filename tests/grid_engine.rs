@@ -54,6 +54,16 @@ fn busy_cluster(test: &str, slots: u32, tasks: u32) -> (SgeQueues, Gleaner, Stri
     (queues, g, job)
 }
 
+/// The batch job numbers of the jobs named `name` in a queue.
+fn arrays_named(queues: &SgeQueues, queue: &str, name: &str) -> Vec<String> {
+    queues
+        .jobs(queue)
+        .into_iter()
+        .filter(|j| j.name == name)
+        .map(|j| j.number)
+        .collect()
+}
+
 fn qsub(args: &[&str]) -> String {
     let answer = sge(
         "qsub",
@@ -193,13 +203,7 @@ fn a_restarted_kcm_adopts_the_running_placeholders() {
     let mut arrays = BTreeSet::new();
     let mut adopted = false;
     wait_for("the job to end", 3 * MINUTE, || {
-        arrays.extend(
-            queues
-                .jobs(queue)
-                .into_iter()
-                .filter(|j| j.name == name)
-                .map(|j| j.number),
-        );
+        arrays.extend(arrays_named(&queues, queue, &name));
         adopted |= g.status().is_some_and(|s| {
             s["clusters"].as_array().into_iter().flatten().any(|c| {
                 c["report"]["cluster"] == "c1"
@@ -291,13 +295,7 @@ fn launchers_leave_before_their_placeholder_walltime_without_losing_a_task() {
     let name = format!("gl-{job}");
     let mut arrays = BTreeSet::new();
     wait_for("the job to end", 3 * MINUTE, || {
-        arrays.extend(
-            queues
-                .jobs(queue)
-                .into_iter()
-                .filter(|j| j.name == name)
-                .map(|j| j.number),
-        );
+        arrays.extend(arrays_named(&queues, queue, &name));
         g.job_state(&job).as_deref() == Some("done")
     });
     let tasks = by_task(&g.index(&job));

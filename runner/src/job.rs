@@ -479,15 +479,7 @@ impl Job {
             }
             ControlMsg::PlacementFailed { reason } => {
                 warn!(job = %self.id, reason, "the scheduler gave up placing the job");
-                let entries: Vec<IndexEntry> = self
-                    .book
-                    .unfinished()
-                    .map(|task| self.entry(task, FinalStatus::Failed, None))
-                    .collect();
-                self.record(&entries)?;
-                for entry in &entries {
-                    self.book.finish(entry.task, FinalStatus::Failed);
-                }
+                self.finish_unfinished(FinalStatus::Failed)?;
             }
             ControlMsg::ComponentEnded(outcome) => {
                 self.on_component_ended(outcome)?;
@@ -748,18 +740,24 @@ impl Job {
         Ok(())
     }
 
-    /// Cancels the job; the order is acked once the cancellation is on disk.
-    async fn cancel(&mut self, reason: &str, order: &Incoming<ControlMsg>) -> Result<(), JobError> {
-        info!(job = %self.id, reason, "cancelling");
+    /// Gives every task without a final state this one, durably.
+    fn finish_unfinished(&mut self, status: FinalStatus) -> Result<(), JobError> {
         let entries: Vec<IndexEntry> = self
             .book
             .unfinished()
-            .map(|task| self.entry(task, FinalStatus::Cancelled, None))
+            .map(|task| self.entry(task, status, None))
             .collect();
         self.record(&entries)?;
         for entry in &entries {
-            self.book.finish(entry.task, FinalStatus::Cancelled);
+            self.book.finish(entry.task, status);
         }
+        Ok(())
+    }
+
+    /// Cancels the job; the order is acked once the cancellation is on disk.
+    async fn cancel(&mut self, reason: &str, order: &Incoming<ControlMsg>) -> Result<(), JobError> {
+        info!(job = %self.id, reason, "cancelling");
+        self.finish_unfinished(FinalStatus::Cancelled)?;
         self.file.state = JobState::Cancelled;
         self.save()?;
         order.ack().await?;
