@@ -6,7 +6,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_broker::protocol::{ClusterReport, Holding, JobReport, JobState, TaskCounts};
+use gleaner_protocol::{ClusterReport, Holding, JobReport, JobState, TaskCounts};
 use gleaner_manifest::{JobId, JobKind, Priority};
 use gleaner_policy::share::{CsPolicy, PolicyConfig};
 use gleaner_scheduler::state::{Action, State, StateConfig};

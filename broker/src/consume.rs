@@ -17,9 +17,9 @@ use tracing::warn;
 use crate::{
     BrokerError,
     codec::{Decode, DecodeError},
-    protocol::Event,
     publish::Publisher,
 };
+use gleaner_protocol::Event;
 
 /// How to consume a queue.
 #[derive(Debug, Clone)]

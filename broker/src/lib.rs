@@ -1,7 +1,7 @@
-//! gleaner's protocol and its AMQP plumbing.
+//! gleaner's AMQP plumbing.
 //!
 //! This is the only crate that speaks AMQP. The rest of gleaner sees typed
-//! messages ([`protocol`]), named queues ([`topology`]), a [`Publisher`] that
+//! messages (`gleaner-protocol`), named queues ([`topology`]), a [`Publisher`] that
 //! returns once the broker has a message, and an [`Inbox`] that hands out
 //! decoded deliveries and dead-letters the ones that do not decode.
 
@@ -9,7 +9,7 @@ pub mod codec;
 mod connection;
 mod consume;
 mod error;
-pub mod protocol;
+
 mod publish;
 mod submission;
 pub mod topology;

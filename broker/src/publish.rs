@@ -14,9 +14,9 @@ use lapin::{
 use crate::{
     BrokerError,
     codec::{MSGPACK, encode},
-    protocol::{Message, now_ms},
     topology::{DEAD_QUEUE, EVENTS_EXCHANGE},
 };
+use gleaner_protocol::{Message, now_ms};
 
 /// Persistent delivery mode: queued messages survive a broker restart.
 const PERSISTENT: u8 = 2;
@@ -149,7 +149,7 @@ impl Publisher {
 
     /// Publishes an event on `gleaner.events`. Events are for watchers: nobody
     /// listening is fine, and they are not persisted.
-    pub async fn event(&self, event: &crate::protocol::Event) -> Result<(), BrokerError> {
+    pub async fn event(&self, event: &gleaner_protocol::Event) -> Result<(), BrokerError> {
         let key = event.routing_key();
         let properties = self.properties(event.kind());
         let confirm = self

@@ -6,8 +6,8 @@ use lapin::BasicProperties;
 
 use crate::{
     codec::{Decode, DecodeError, JSON, MSGPACK, decode},
-    protocol::{Submission, now_ms},
 };
+use gleaner_protocol::{Submission, now_ms};
 
 /// A submission that decoded and whose manifest is valid.
 #[derive(Debug, Clone)]

@@ -11,9 +11,9 @@ use lapin::{
 use crate::{
     BrokerError, Connection, ConsumeOptions, Inbox, Publisher, Reply,
     codec::{Decode, DecodeError},
-    protocol::{Event, Message},
     topology::EVENTS_EXCHANGE,
 };
+use gleaner_protocol::{Event, Message};
 
 /// RabbitMQ's direct reply-to pseudo-queue: answers come straight back on
 /// the asking channel, with no queue to declare or clean up.

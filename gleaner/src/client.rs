@@ -9,9 +9,9 @@ use std::{
 
 use gleaner_broker::{
     Broker, BrokerError, Connection,
-    protocol::{Event, JobReport, SchedulerMsg, StatusReply, Submission, now_ms},
     topology::{self, JobQueues, SCHEDULER_QUEUE, SUBMIT_QUEUE},
 };
+use gleaner_protocol::{Event, JobReport, SchedulerMsg, StatusReply, Submission, now_ms};
 use gleaner_manifest::{JobId, Manifest};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -322,7 +322,7 @@ pub async fn cancel(settings: &Settings, job: &str) -> ExitCode {
             return Ok(false);
         }
         let publisher = connection.publisher().await?;
-        let cancel = gleaner_broker::protocol::ControlMsg::Cancel {
+        let cancel = gleaner_protocol::ControlMsg::Cancel {
             reason: format!("cancelled by {}", connection.identity()),
         };
         publisher.send(&queues.control, &cancel).await?;

@@ -3,7 +3,8 @@
 use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context;
-use gleaner_broker::{Broker, protocol::now_ms};
+use gleaner_broker::Broker;
+use gleaner_protocol::now_ms;
 use gleaner_kcm::{KcmConfig, LauncherCommand, LocalBackend, SgeBackend, SgeConfig};
 use gleaner_launcher::{Exit, LauncherConfig, Limits};
 use gleaner_manifest::JobId;

@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use gleaner_broker::protocol::StatusReply;
+use gleaner_protocol::StatusReply;
 
 /// Left-aligned columns, two spaces apart.
 fn render(header: &[&str], rows: &[Vec<String>]) -> String {

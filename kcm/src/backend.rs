@@ -2,7 +2,7 @@
 
 use std::future::Future;
 
-use gleaner_broker::protocol::ComponentSpec;
+use gleaner_protocol::ComponentSpec;
 use gleaner_manifest::JobId;
 use gleaner_policy::local::WaitingJob;
 

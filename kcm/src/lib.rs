@@ -16,12 +16,12 @@ use std::{
 
 use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
-    protocol::{
-        Captured, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, Event, Holding,
-        KcmMsg, SchedulerMsg, ShrinkMode, now_ms,
-    },
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue},
 };
+use gleaner_protocol::{
+        Captured, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, Event, Holding,
+        KcmMsg, SchedulerMsg, ShrinkMode, now_ms,
+    };
 use gleaner_manifest::JobId;
 use gleaner_policy::local::{Answered, LocalState, on_local_wait};
 use tokio_util::sync::CancellationToken;

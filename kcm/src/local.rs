@@ -10,7 +10,7 @@ use nix::{
 };
 use tokio::process::{Child, Command};
 
-use gleaner_broker::protocol::ComponentSpec;
+use gleaner_protocol::ComponentSpec;
 
 use crate::backend::{
     Backend, BackendError, ComponentFiles, ComponentRun, LauncherCommand, Placeholder, Snapshot,

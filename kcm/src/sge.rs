@@ -17,7 +17,7 @@ use crate::{
     },
     qstat::{self, PLACEHOLDER_PREFIX},
 };
-use gleaner_broker::protocol::ComponentSpec;
+use gleaner_protocol::ComponentSpec;
 
 #[derive(Debug, Clone)]
 pub struct SgeConfig {

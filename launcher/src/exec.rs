@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_broker::protocol::{Captured, OutputFile, RunStatus};
+use gleaner_protocol::{Captured, OutputFile, RunStatus};
 use nix::{
     sys::signal::{Signal, killpg},
     unistd::Pid,

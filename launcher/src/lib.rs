@@ -18,12 +18,12 @@ use std::{
 
 use gleaner_broker::{
     Broker, BrokerError, ConsumeOptions, Inbox, Incoming, Publisher,
-    protocol::{
-        ControlMsg, LauncherInfo, LauncherMsg, LauncherStatus, ResultMsg, RunningTask, TaskMsg,
-        now_ms,
-    },
     topology::{JobQueues, declare_launcher},
 };
+use gleaner_protocol::{
+        ControlMsg, LauncherInfo, LauncherMsg, LauncherStatus, ResultMsg, RunningTask, TaskMsg,
+        now_ms,
+    };
 use gleaner_manifest::JobId;
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -438,7 +438,7 @@ async fn refuse(
         task: task.task,
         attempt: task.attempt,
         preemptions: task.preemptions,
-        status: gleaner_broker::protocol::RunStatus::Failed,
+        status: gleaner_protocol::RunStatus::Failed,
         exit_code: None,
         signal: None,
         runtime_ms: 0,
@@ -446,7 +446,7 @@ async fn refuse(
         cluster: config.cluster.clone(),
         host: config.host.clone(),
         stdout: Default::default(),
-        stderr: gleaner_broker::protocol::Captured {
+        stderr: gleaner_protocol::Captured {
             data: reason.into_bytes(),
             dropped: 0,
         },

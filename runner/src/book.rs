@@ -5,7 +5,7 @@
 //! arrive more than once; the book keeps the first final result of a task and
 //! counts the rest as duplicates.
 
-use gleaner_broker::protocol::{ResultMsg, RunStatus, TaskCounts};
+use gleaner_protocol::{ResultMsg, RunStatus, TaskCounts};
 use serde::{Deserialize, Serialize};
 
 /// A task's final state, as the results index records it.
@@ -140,7 +140,7 @@ impl TaskBook {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gleaner_broker::protocol::Captured;
+    use gleaner_protocol::Captured;
 
     fn result(task: u64, attempt: u32, status: RunStatus) -> ResultMsg {
         ResultMsg {

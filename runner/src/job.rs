@@ -15,12 +15,12 @@ use std::{
 use futures_util::FutureExt;
 use gleaner_broker::{
     BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher,
-    protocol::{
-        ComponentOutcome, ComponentSpec, ControlMsg, Event, JobReport, JobState, KcmMsg,
-        LauncherMsg, ResultMsg, RunStatus, SchedulerMsg, ShrinkMode, Submission, TaskMsg, now_ms,
-    },
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
 };
+use gleaner_protocol::{
+        ComponentOutcome, ComponentSpec, ControlMsg, Event, JobReport, JobState, KcmMsg,
+        LauncherMsg, ResultMsg, RunStatus, SchedulerMsg, ShrinkMode, Submission, TaskMsg, now_ms,
+    };
 use gleaner_manifest::{JobId, JobKind, Manifest, TaskList};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};

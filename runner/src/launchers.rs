@@ -5,7 +5,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_broker::protocol::{LauncherInfo, LauncherStatus, RunningTask};
+use gleaner_protocol::{LauncherInfo, LauncherStatus, RunningTask};
 use gleaner_policy::preempt::{Candidate, choose_victims};
 
 #[derive(Debug, Clone)]

@@ -127,7 +127,7 @@ async fn supervise(
             Err(JobError::Shutdown) => Ok(()),
             Err(JobError::Refused(reason)) => {
                 error!(job = %job, reason, "job refused");
-                let event = gleaner_broker::protocol::Event::Rejected {
+                let event = gleaner_protocol::Event::Rejected {
                     job: job.to_string(),
                     reason,
                 };

@@ -9,7 +9,7 @@ use std::{
     path::{Component, Path, PathBuf},
 };
 
-use gleaner_broker::protocol::{Captured, JobState, Millis, OutputFile, ResultMsg, TaskCounts};
+use gleaner_protocol::{Captured, JobState, Millis, OutputFile, ResultMsg, TaskCounts};
 use gleaner_manifest::ParamValue;
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
@@ -252,7 +252,7 @@ fn read_index(index: &mut File, root: &Path) -> io::Result<Vec<(u64, FinalStatus
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gleaner_broker::protocol::RunStatus;
+    use gleaner_protocol::RunStatus;
 
     fn entry(task: u64, status: FinalStatus) -> IndexEntry {
         IndexEntry {

@@ -5,7 +5,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_broker::protocol::{JobReport, JobState};
+use gleaner_protocol::{JobReport, JobState};
 use gleaner_manifest::{JobId, Priority};
 use gleaner_policy::placement::{GridJob, Weights, upgraded};
 

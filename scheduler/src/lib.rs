@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 
 use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
-    protocol::{ControlMsg, SchedulerMsg, ShrinkMode, now_ms},
     topology::{self, JobQueues, SCHEDULER_QUEUE},
 };
+use gleaner_protocol::{ControlMsg, SchedulerMsg, ShrinkMode, now_ms};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 

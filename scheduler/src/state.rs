@@ -10,7 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_broker::protocol::{ClusterReport, ClusterView, JobReport, StatusReply};
+use gleaner_protocol::{ClusterReport, ClusterView, JobReport, StatusReply};
 use gleaner_manifest::{JobId, JobKind};
 use gleaner_policy::{
     placement::{self, Site},
@@ -504,7 +504,7 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gleaner_broker::protocol::{Holding, JobState, TaskCounts};
+    use gleaner_protocol::{Holding, JobState, TaskCounts};
     use gleaner_manifest::Priority;
 
     use crate::grid::GridConfig;

@@ -21,7 +21,9 @@ pub struct Envelope<M> {
     pub msg: M,
 }
 
-/// A message body type; `kind` becomes the AMQP `type` property.
+/// A message body type; `kind` becomes the AMQP `type` property. For tagged
+/// enums it is the serde tag, so the management UI and the body agree (the
+/// tests hold every variant to that).
 pub trait Message: Serialize + DeserializeOwned + Send + Sync {
     fn kind(&self) -> &'static str;
 }
@@ -509,7 +511,7 @@ impl Message for Event {
             Self::Progress(_) => "progress",
             Self::Done(_) => "done",
             Self::Rejected { .. } => "rejected",
-            Self::Cluster(_) => "cluster_status",
+            Self::Cluster(_) => "cluster",
         }
     }
 }
@@ -523,5 +525,149 @@ impl Event {
             Self::Rejected { job, .. } => format!("job.{job}.rejected"),
             Self::Cluster(c) => format!("cluster.{}.status", c.cluster),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The serde tag of a message, as it travels in the body.
+    fn tag<M: Message>(msg: &M) -> String {
+        let value = serde_json::to_value(msg).unwrap();
+        value["type"].as_str().unwrap_or_default().to_owned()
+    }
+
+    fn assert_kinds<M: Message>(messages: &[M]) {
+        for msg in messages {
+            assert_eq!(msg.kind(), tag(msg));
+        }
+    }
+
+    fn job() -> JobId {
+        JobId::new("j", 1)
+    }
+
+    fn report() -> JobReport {
+        JobReport {
+            job: job(),
+            kind: JobKind::Scavenge,
+            priority: Priority::Low,
+            state: JobState::Running,
+            runner: "r".into(),
+            tasks: TaskCounts::default(),
+            launchers: BTreeMap::new(),
+            throughput: 0.0,
+            preemptions: 0,
+            started_at: 0,
+            results: "results/j-1".into(),
+            components: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn kinds_are_the_serde_tags() {
+        assert_kinds(&[
+            SchedulerMsg::JobUpdate(report()),
+            SchedulerMsg::JobDone { job: job() },
+            SchedulerMsg::ClusterStatus(ClusterReport::default()),
+            SchedulerMsg::GrowAck {
+                grant: 1,
+                job: job(),
+                cluster: "c".into(),
+                accepted: 1,
+            },
+            SchedulerMsg::StatusRequest {},
+        ]);
+        let spec = ComponentSpec {
+            job: job(),
+            component: 0,
+            slots: 1,
+            command: "true".into(),
+            env: Vec::new(),
+            walltime_ms: None,
+            workdir: None,
+        };
+        assert_kinds(&[
+            KcmMsg::StartLaunchers {
+                job: job(),
+                grant: 1,
+                slots: 1,
+            },
+            KcmMsg::Release {
+                job: job(),
+                launchers: Vec::new(),
+                grace_ms: 0,
+            },
+            KcmMsg::JobEnded { job: job() },
+            KcmMsg::SubmitComponent(spec),
+        ]);
+        assert_kinds(&[
+            ControlMsg::GrowOffer {
+                grant: 1,
+                cluster: "c".into(),
+                slots: 1,
+            },
+            ControlMsg::Shrink {
+                cluster: "c".into(),
+                slots: 1,
+                mode: ShrinkMode::Drain,
+                reason: String::new(),
+            },
+            ControlMsg::LauncherUp(LauncherInfo {
+                launcher: "l".into(),
+                cluster: "c".into(),
+                host: "h".into(),
+                slots: 1,
+                started_at: 0,
+                deadline: None,
+            }),
+            ControlMsg::LauncherStatus(LauncherStatus {
+                launcher: "l".into(),
+                cluster: "c".into(),
+                running: Vec::new(),
+                completed: 0,
+            }),
+            ControlMsg::LauncherGone {
+                launcher: "l".into(),
+                cluster: "c".into(),
+                reason: String::new(),
+            },
+            ControlMsg::Cancel {
+                reason: String::new(),
+            },
+            ControlMsg::Place {
+                clusters: Vec::new(),
+            },
+            ControlMsg::PlacementFailed {
+                reason: String::new(),
+            },
+            ControlMsg::ComponentEnded(ComponentOutcome {
+                component: 0,
+                cluster: "c".into(),
+                exit_code: None,
+                runtime_ms: 0,
+                stdout: Captured::default(),
+                stderr: Captured::default(),
+            }),
+        ]);
+        assert_kinds(&[
+            LauncherMsg::Preempt {
+                reason: String::new(),
+            },
+            LauncherMsg::Drain {
+                reason: String::new(),
+            },
+            LauncherMsg::Poll {},
+        ]);
+        assert_kinds(&[
+            Event::Progress(report()),
+            Event::Done(report()),
+            Event::Rejected {
+                job: "j-1".into(),
+                reason: String::new(),
+            },
+            Event::Cluster(ClusterReport::default()),
+        ]);
     }
 }

@@ -1,0 +1,79 @@
+//! Bodies on the wire: MessagePack maps in a versioned envelope.
+
+use serde::Serialize;
+
+use crate::{Envelope, Message, PROTOCOL_VERSION};
+
+pub const MSGPACK: &str = "application/msgpack";
+pub const JSON: &str = "application/json";
+
+/// Why a delivery could not be turned into a message. It is never a crash:
+/// the delivery goes to `gleaner.dead` with this as its reason.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum DecodeError {
+    #[error("content type {0:?} is not {MSGPACK}")]
+    ContentType(String),
+    #[error("undecodable MessagePack body: {0}")]
+    Body(String),
+    /// The message decoded but is unusable; `job` names the job it was for,
+    /// when known, so that a rejection event can be published.
+    #[error("{reason}")]
+    Invalid { job: Option<String>, reason: String },
+}
+
+#[derive(Serialize)]
+struct OutgoingEnvelope<'a, M> {
+    v: u16,
+    from: &'a str,
+    msg: &'a M,
+}
+
+/// Encodes `msg` from `from` as the body of an AMQP message.
+pub fn encode<M: Message>(from: &str, msg: &M) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+    let envelope = OutgoingEnvelope {
+        v: PROTOCOL_VERSION,
+        from,
+        msg,
+    };
+    rmp_serde::to_vec_named(&envelope)
+}
+
+/// Decodes an enveloped MessagePack body.
+pub fn decode<M: Message>(data: &[u8]) -> Result<Envelope<M>, DecodeError> {
+    rmp_serde::from_slice(data).map_err(|e| DecodeError::Body(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{KcmMsg, LauncherMsg};
+
+    #[test]
+    fn round_trip_keeps_sender_and_message() {
+        let msg = LauncherMsg::Preempt {
+            reason: "local job waiting".into(),
+        };
+        let body = encode("runner@h", &msg).unwrap();
+        let envelope = decode::<LauncherMsg>(&body).unwrap();
+        assert_eq!(envelope.from, "runner@h");
+        assert_eq!(envelope.v, PROTOCOL_VERSION);
+        assert!(
+            matches!(envelope.msg, LauncherMsg::Preempt { reason } if reason == "local job waiting")
+        );
+    }
+
+    #[test]
+    fn bodies_are_maps_with_field_names() {
+        let body = encode("x", &LauncherMsg::Drain { reason: "r".into() }).unwrap();
+        let value: serde_json::Value = rmp_serde::from_slice(&body).unwrap();
+        assert_eq!(value["msg"]["type"], "drain");
+        assert_eq!(value["msg"]["reason"], "r");
+    }
+
+    #[test]
+    fn garbage_and_wrong_types_are_errors_not_panics() {
+        assert!(decode::<KcmMsg>(b"\xc1garbage").is_err());
+        let body = encode("x", &LauncherMsg::Drain { reason: "r".into() }).unwrap();
+        assert!(decode::<KcmMsg>(&body).is_err());
+    }
+}
