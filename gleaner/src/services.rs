@@ -4,13 +4,11 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context;
 use gleaner_broker::Broker;
-use gleaner_protocol::now_ms;
 use gleaner_kcm::{KcmConfig, LauncherCommand, LocalBackend, SgeBackend, SgeConfig};
 use gleaner_launcher::{Exit, LauncherConfig, Limits};
 use gleaner_manifest::JobId;
-use gleaner_policy::share::PolicyConfig;
+use gleaner_protocol::now_ms;
 use gleaner_runner::{JobSettings, RunnerConfig};
-use gleaner_scheduler::{GridConfig, SchedulerConfig, state::StateConfig};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -31,28 +29,12 @@ fn broker(settings: &Settings, role: &str) -> anyhow::Result<Broker> {
 }
 
 pub async fn scheduler(settings: &Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let s = &settings.scheduler;
-    let config = SchedulerConfig {
-        state: StateConfig {
-            policy: PolicyConfig {
-                policy: s.policy,
-                load_cap: s.load_cap,
-                rebalance: s.rebalance,
-            },
-            max_consecutive_failures: s.max_consecutive_failures,
-            idle_settle: s.idle_settle,
-            probe_interval: s.probe_interval,
-            grid: GridConfig {
-                weights: s.placement_weights,
-                upgrade_after: s.upgrade_after,
-                max_tries: s.max_tries,
-                ..GridConfig::default()
-            },
-            ..StateConfig::default()
-        },
-        round_interval: s.round_interval,
-    };
-    gleaner_scheduler::run(broker(settings, "scheduler")?, config, shutdown).await;
+    gleaner_scheduler::run(
+        broker(settings, "scheduler")?,
+        settings.scheduler.clone(),
+        shutdown,
+    )
+    .await;
     Ok(())
 }
 

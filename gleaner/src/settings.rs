@@ -8,18 +8,18 @@ use std::{
 };
 
 use anyhow::{Context, bail};
-use gleaner_policy::share::CsPolicy;
-use serde::Deserialize;
+use gleaner_scheduler::SchedulerConfig;
+use serde::{Deserialize, Serialize};
 
 /// Environment variables of the `GLEANER_` family that are not settings:
 /// where the file is, and what launchers tell their tasks.
 const NOT_SETTINGS: &[&str] = &["CONFIG", "JOB", "TASK", "ATTEMPT", "SANDBOX"];
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
     pub broker_url: String,
-    pub scheduler: SchedulerSettings,
+    pub scheduler: SchedulerConfig,
     pub runner: RunnerSettings,
     pub launcher: LauncherSettings,
     #[serde(rename = "cluster")]
@@ -33,7 +33,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             broker_url: gleaner_broker::DEFAULT_URL.to_owned(),
-            scheduler: SchedulerSettings::default(),
+            scheduler: SchedulerConfig::default(),
             runner: RunnerSettings::default(),
             launcher: LauncherSettings::default(),
             clusters: Vec::new(),
@@ -42,48 +42,7 @@ impl Default for Settings {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct SchedulerSettings {
-    pub policy: CsPolicy,
-    pub load_cap: f64,
-    /// Drain jobs above their fair share so that jobs below it can grow.
-    pub rebalance: bool,
-    #[serde(with = "humantime_serde")]
-    pub round_interval: Duration,
-    pub max_consecutive_failures: u32,
-    /// Only slots idle at least this long are offered.
-    #[serde(with = "humantime_serde")]
-    pub idle_settle: Duration,
-    /// How often an excluded cluster gets a one-slot trial.
-    #[serde(with = "humantime_serde")]
-    pub probe_interval: Duration,
-    /// Grid job placement queues: how often each is scanned per round.
-    pub placement_weights: gleaner_policy::placement::Weights,
-    /// Failed placement tries (one per round) before a grid job moves up a queue (0: never).
-    pub upgrade_after: u32,
-    /// Failed placement tries before a grid job is given up (0: never).
-    pub max_tries: u32,
-}
-
-impl Default for SchedulerSettings {
-    fn default() -> Self {
-        Self {
-            policy: CsPolicy::SiteEquipartition,
-            load_cap: 0.8,
-            rebalance: true,
-            round_interval: Duration::from_secs(1),
-            max_consecutive_failures: 3,
-            idle_settle: Duration::ZERO,
-            probe_interval: Duration::from_secs(60),
-            placement_weights: gleaner_policy::placement::Weights::default(),
-            upgrade_after: 30,
-            max_tries: 0,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RunnerSettings {
     /// Relative `results` paths of manifests are resolved against this.
@@ -106,7 +65,7 @@ impl Default for RunnerSettings {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LauncherSettings {
     #[serde(with = "humantime_serde")]
@@ -146,14 +105,14 @@ impl Default for LauncherSettings {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
     Local,
     Sge,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSettings {
     pub name: String,
@@ -195,6 +154,28 @@ fn default_command_timeout() -> Duration {
 
 fn default_poll_interval() -> Duration {
     Duration::from_secs(1)
+}
+
+/// Keys of `given` that `known` does not have, as dotted paths. Lists (the
+/// clusters) check their own keys when they are deserialized.
+fn unknown_keys(given: &serde_json::Value, known: &serde_json::Value, prefix: &str) -> Vec<String> {
+    let (Some(given), Some(known)) = (given.as_object(), known.as_object()) else {
+        return Vec::new();
+    };
+    given
+        .iter()
+        .flat_map(|(key, value)| {
+            let path = if prefix.is_empty() {
+                key.clone()
+            } else {
+                format!("{prefix}.{key}")
+            };
+            match known.get(key) {
+                Some(known) => unknown_keys(value, known, &path),
+                None => vec![path],
+            }
+        })
+        .collect()
 }
 
 /// The `GLEANER_*` environment variables that override settings, as set
@@ -242,17 +223,30 @@ impl Settings {
         let where_from = file
             .as_ref()
             .map_or_else(|| "environment".to_owned(), |p| p.display().to_string());
-        let mut settings: Settings = builder
+        let tree = builder
             .build()
-            .and_then(config::Config::try_deserialize)
+            .with_context(|| format!("invalid configuration ({where_from})"))?;
+        let mut settings = Self::from_tree(tree)
             .with_context(|| format!("invalid configuration ({where_from})"))?;
         settings.source = file.map(|p| std::path::absolute(&p).unwrap_or(p));
         settings.validate()?;
         Ok(settings)
     }
 
+    /// Settings from a configuration tree. Library settings are flattened
+    /// into their sections (serde cannot deny unknown keys there), so a key
+    /// is unknown when the defaults, written out, do not have it.
+    fn from_tree(tree: config::Config) -> anyhow::Result<Self> {
+        let given: serde_json::Value = tree.clone().try_deserialize()?;
+        let known = serde_json::to_value(Self::default())?;
+        if let Some(key) = unknown_keys(&given, &known, "").into_iter().next() {
+            bail!("unknown setting `{key}`");
+        }
+        Ok(tree.try_deserialize()?)
+    }
+
     fn validate(&self) -> anyhow::Result<()> {
-        if !(0.0..=1.0).contains(&self.scheduler.load_cap) {
+        if !(0.0..=1.0).contains(&self.scheduler.state.policy.load_cap) {
             bail!("scheduler.load_cap must be between 0 and 1");
         }
         let intervals = [
@@ -307,6 +301,8 @@ impl Settings {
 
 #[cfg(test)]
 mod tests {
+    use gleaner_policy::share::CsPolicy;
+
     use super::*;
 
     #[test]
@@ -342,9 +338,10 @@ h_rt = "1h"
         )
         .unwrap();
         let settings = Settings::load(Some(&path)).unwrap();
-        assert_eq!(settings.scheduler.policy, CsPolicy::GridEquipartition);
-        assert_eq!(settings.scheduler.placement_weights.super_high, 8);
-        assert_eq!(settings.scheduler.max_tries, 100);
+        let state = &settings.scheduler.state;
+        assert_eq!(state.policy.policy, CsPolicy::GridEquipartition);
+        assert_eq!(state.grid.weights.super_high, 8);
+        assert_eq!(state.grid.max_tries, 100);
         assert_eq!(settings.runner.heartbeat, Duration::from_secs(3));
         assert_eq!(settings.launcher.idle_timeout, Duration::from_secs(10));
         assert_eq!(
@@ -387,6 +384,12 @@ h_rt = "1h"
         std::fs::write(&path, "[runner]\nheartbeet = \"1s\"\n").unwrap();
         let err = format!("{:#}", Settings::load(Some(&path)).unwrap_err());
         assert!(err.contains("heartbeet"), "{err}");
+        std::fs::write(&path, "[scheduler]\nload_cup = 0.5\n").unwrap();
+        let err = format!("{:#}", Settings::load(Some(&path)).unwrap_err());
+        assert!(err.contains("scheduler.load_cup"), "{err}");
+        std::fs::write(&path, "[scheduler]\nplacement_weights = { hi = 1 }\n").unwrap();
+        let err = format!("{:#}", Settings::load(Some(&path)).unwrap_err());
+        assert!(err.contains("placement_weights.hi"), "{err}");
         std::fs::write(
             &path,
             "[[cluster]]\nname = \"a b\"\nbackend = \"local\"\nslots = 1\n",

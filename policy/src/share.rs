@@ -44,7 +44,9 @@ impl CsPolicy {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// The CS policy's settings (keys of `[scheduler]`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct PolicyConfig {
     pub policy: CsPolicy,
     /// No grow where the load of others (local and grid jobs) is at least this.

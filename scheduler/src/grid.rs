@@ -5,12 +5,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_protocol::{JobReport, JobState};
 use gleaner_manifest::{JobId, Priority};
 use gleaner_policy::placement::{GridJob, Weights, upgraded};
+use gleaner_protocol::{JobReport, JobState};
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Clone)]
+/// Grid job placement settings (keys of `[scheduler]`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
 pub struct GridConfig {
+    /// How often each placement queue is scanned per round.
+    #[serde(rename = "placement_weights")]
     pub weights: Weights,
     /// Failed placement tries after which a job moves up one queue (0: never).
     pub upgrade_after: u32,
@@ -18,6 +23,7 @@ pub struct GridConfig {
     pub max_tries: u32,
     /// How long slots stay promised to a placed job whose components the
     /// cluster has not reported yet.
+    #[serde(with = "humantime_serde")]
     pub reservation_timeout: Duration,
 }
 

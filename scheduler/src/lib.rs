@@ -18,16 +18,30 @@ use gleaner_broker::{
     topology::{self, JobQueues, SCHEDULER_QUEUE},
 };
 use gleaner_protocol::{ControlMsg, SchedulerMsg, ShrinkMode, now_ms};
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::state::{Action, State, StateConfig};
 
-#[derive(Debug, Clone)]
+/// `[scheduler]` of the configuration.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
 pub struct SchedulerConfig {
+    #[serde(flatten)]
     pub state: StateConfig,
     /// How often a round runs even without news.
+    #[serde(with = "humantime_serde")]
     pub round_interval: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            state: StateConfig::default(),
+            round_interval: Duration::from_secs(1),
+        }
+    }
 }
 
 /// Serves `gleaner.scheduler` until `shutdown`, reconnecting after outages.

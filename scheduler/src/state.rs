@@ -10,30 +10,41 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_protocol::{ClusterReport, ClusterView, JobReport, StatusReply};
 use gleaner_manifest::{JobId, JobKind};
 use gleaner_policy::{
     placement::{self, Site},
     share::{self, ClusterInput, JobInput, PolicyConfig, split_shrink},
 };
+use gleaner_protocol::{ClusterReport, ClusterView, JobReport, StatusReply};
+
+use serde::{Deserialize, Serialize};
 
 use crate::grid::{GridBook, GridConfig};
 
-#[derive(Debug, Clone)]
+/// The scheduler's decisions' settings: the keys of `[scheduler]` besides
+/// the round interval. Defaults live here and nowhere else.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
 pub struct StateConfig {
+    #[serde(flatten)]
     pub policy: PolicyConfig,
     /// A cluster whose launchers failed to start this many times in a row gets no grows.
     pub max_consecutive_failures: u32,
     /// Reports older than this make a cluster (or a job) unknown again.
+    #[serde(with = "humantime_serde")]
     pub stale_after: Duration,
     /// A grant neither applied nor refused by then is forgotten.
+    #[serde(with = "humantime_serde")]
     pub grant_timeout: Duration,
     /// Slots are offered only once they have been idle this long: a slot
     /// just freed may be about to go to the cluster's own scheduler.
+    #[serde(with = "humantime_serde")]
     pub idle_settle: Duration,
     /// An excluded cluster gets a one-slot trial grow this often, so that
     /// the success that readmits it can happen.
+    #[serde(with = "humantime_serde")]
     pub probe_interval: Duration,
+    #[serde(flatten)]
     pub grid: GridConfig,
 }
 
@@ -504,8 +515,8 @@ impl State {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gleaner_protocol::{Holding, JobState, TaskCounts};
     use gleaner_manifest::Priority;
+    use gleaner_protocol::{Holding, JobState, TaskCounts};
 
     use crate::grid::GridConfig;
 
