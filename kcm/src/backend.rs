@@ -2,35 +2,10 @@
 
 use std::future::Future;
 
-use gleaner_protocol::ComponentSpec;
 use gleaner_manifest::JobId;
-use gleaner_policy::local::WaitingJob;
+use gleaner_protocol::{ComponentSpec, naming::LauncherArgs};
 
-/// Slot counts come from the batch system: added without overflowing.
-fn saturating_sum(slots: impl IntoIterator<Item = u32>) -> u32 {
-    slots.into_iter().fold(0, u32::saturating_add)
-}
-
-/// A gleaner placeholder in the batch system: one launcher, running or waiting.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Placeholder {
-    /// The batch system's id (`4711.3`); the launcher's id is `<cluster>-<this>`.
-    pub id: String,
-    pub job: JobId,
-    pub slots: u32,
-    pub running: bool,
-}
-
-/// A grid job's component in the batch system.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ComponentRun {
-    /// The batch system's id.
-    pub id: String,
-    pub job: JobId,
-    pub component: u32,
-    pub slots: u32,
-    pub running: bool,
-}
+use crate::snapshot::Snapshot;
 
 /// Where a component's wrapper leaves its output and exit status, in the
 /// kcm's spool directory (which the nodes must see).
@@ -41,14 +16,24 @@ pub struct ComponentFiles {
     pub exit: std::path::PathBuf,
 }
 
+/// Suffix of the file holding a component's exit status; its presence means
+/// the component ended.
+const EXIT_SUFFIX: &str = ".exit";
+
 impl ComponentFiles {
     pub fn new(spool: &std::path::Path, job: &JobId, component: u32) -> Self {
         let base = format!("{job}.{component}");
         Self {
             stdout: spool.join(format!("{base}.out")),
             stderr: spool.join(format!("{base}.err")),
-            exit: spool.join(format!("{base}.exit")),
+            exit: spool.join(format!("{base}{EXIT_SUFFIX}")),
         }
+    }
+
+    /// The component whose exit status a spool file name holds, if it does.
+    pub fn parse_exit(file_name: &str) -> Option<(JobId, u32)> {
+        let (job, component) = file_name.strip_suffix(EXIT_SUFFIX)?.rsplit_once('.')?;
+        Some((job.parse().ok()?, component.parse().ok()?))
     }
 
     /// The shell script that runs a component and records how it ended.
@@ -74,68 +59,6 @@ impl ComponentFiles {
 /// Quotes for `/bin/sh`.
 pub fn quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
-}
-
-/// The name a grid job's component has in the batch system: `gg-<job>.<n>`.
-pub fn component_name(job: &JobId, component: u32) -> String {
-    format!("{COMPONENT_PREFIX}{job}.{component}")
-}
-
-pub const COMPONENT_PREFIX: &str = "gg-";
-
-/// The job and component a batch job name belongs to, if it is a component.
-pub fn parse_component_name(name: &str) -> Option<(JobId, u32)> {
-    let (job, component) = name.strip_prefix(COMPONENT_PREFIX)?.rsplit_once('.')?;
-    Some((job.parse().ok()?, component.parse().ok()?))
-}
-
-/// The cluster's state at one moment.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Snapshot {
-    pub total_slots: u32,
-    /// Slots running jobs that are not gleaner's.
-    pub local_running: u32,
-    /// Jobs that are not gleaner's, waiting for slots of this cluster.
-    pub waiting: Vec<WaitingJob>,
-    /// Slots running grid job components.
-    pub grid_running: u32,
-    pub placeholders: Vec<Placeholder>,
-    /// Grid job components, running or waiting.
-    pub components: Vec<ComponentRun>,
-    /// Something wrong in the batch system worth reporting (a queue in error).
-    pub problem: Option<String>,
-}
-
-impl Snapshot {
-    /// Slots nobody uses or has claimed (pending placeholders claim theirs).
-    pub fn idle_slots(&self) -> u32 {
-        let claimed = saturating_sum(self.placeholders.iter().map(|p| p.slots));
-        self.total_slots.saturating_sub(saturating_sum([
-            self.local_running,
-            self.grid_running,
-            claimed,
-        ]))
-    }
-
-    /// Slots free right now: what a waiting job could start on.
-    pub fn free_slots(&self) -> u32 {
-        let running = saturating_sum(
-            self.placeholders
-                .iter()
-                .filter(|p| p.running)
-                .map(|p| p.slots),
-        );
-        self.total_slots.saturating_sub(saturating_sum([
-            self.local_running,
-            self.grid_running,
-            running,
-        ]))
-    }
-
-    /// Slots asked for by the waiting local jobs.
-    pub fn local_waiting(&self) -> u32 {
-        saturating_sum(self.waiting.iter().map(|w| w.slots))
-    }
 }
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -181,11 +104,12 @@ pub trait Backend: Send + 'static {
 }
 
 /// How to start a launcher: the `gleaner` binary and what it needs to reach
-/// the broker. Backends add the job, cluster, id and slot.
+/// the broker. Backends add the per-launcher [`LauncherArgs`].
 #[derive(Debug, Clone)]
 pub struct LauncherCommand {
     pub program: std::path::PathBuf,
-    /// Arguments before the per-launcher ones (`launcher`).
+    /// Arguments before the per-launcher ones
+    /// ([`LAUNCHER_SUBCOMMAND`](gleaner_protocol::naming::LAUNCHER_SUBCOMMAND)).
     pub args: Vec<String>,
     /// Environment the launcher needs (`GLEANER_BROKER_URL`, `RUST_LOG`, …).
     pub env: Vec<(String, String)>,
@@ -193,27 +117,9 @@ pub struct LauncherCommand {
 
 impl LauncherCommand {
     /// The full argument list for one launcher.
-    pub fn arguments(
-        &self,
-        job: &JobId,
-        cluster: &str,
-        id: &str,
-        slot: &str,
-        slots: u32,
-    ) -> Vec<String> {
+    pub fn arguments(&self, launcher: &LauncherArgs<'_>) -> Vec<String> {
         let mut args = self.args.clone();
-        args.extend([
-            "--job".to_owned(),
-            job.to_string(),
-            "--cluster".to_owned(),
-            cluster.to_owned(),
-            "--id".to_owned(),
-            id.to_owned(),
-            "--slot".to_owned(),
-            slot.to_owned(),
-            "--slots".to_owned(),
-            slots.to_string(),
-        ]);
+        args.extend(launcher.to_vec());
         args
     }
 }

@@ -3,14 +3,20 @@
 //! It turns grow requests into placeholder jobs in the cluster's batch
 //! system, watches the batch system every `poll_interval`, reports the
 //! cluster's state to the scheduler, and removes placeholders that must go.
+//!
+//! Every decision is made in [`core`], without I/O; this file is its shell:
+//! the inbox and the poll timer, the backend's commands, the spool directory
+//! and publishing.
 
 mod backend;
+pub mod core;
 mod local;
 mod qstat;
 mod sge;
+mod snapshot;
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::VecDeque,
     time::{Duration, Instant},
 };
 
@@ -18,20 +24,17 @@ use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue},
 };
-use gleaner_protocol::{
-        Captured, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, Event, Holding,
-        KcmMsg, SchedulerMsg, ShrinkMode, now_ms,
-    };
 use gleaner_manifest::JobId;
-use gleaner_policy::local::{Answered, LocalState, on_local_wait};
+use gleaner_protocol::{Captured, ComponentSpec, ControlMsg, KcmMsg, now_ms};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::info;
 
-pub use backend::{
-    Backend, BackendError, ComponentFiles, ComponentRun, LauncherCommand, Placeholder, Snapshot,
-};
+pub use backend::{Backend, BackendError, ComponentFiles, LauncherCommand};
 pub use local::LocalBackend;
 pub use sge::{SgeBackend, SgeConfig};
+pub use snapshot::{ComponentRun, Placeholder, Snapshot};
+
+use crate::core::{CoreConfig, Effect, Event, KcmCore, Now, SpooledExit};
 
 #[derive(Debug, Clone)]
 pub struct KcmConfig {
@@ -48,38 +51,21 @@ pub struct KcmConfig {
     pub spool_dir: std::path::PathBuf,
 }
 
-/// A grid component this kcm submitted (or found), until its end is reported.
-struct TrackedComponent {
-    since: Instant,
-    /// Seen in the batch system at least once.
-    seen: bool,
-}
-
-/// A component absent from the batch system this long after its submission,
-/// never seen and with no exit status, is reported as ended.
-const COMPONENT_VANISHED: Duration = Duration::from_secs(60);
 /// Bytes of a component's stdout and stderr sent back (the tail).
 const COMPONENT_OUTPUT: u64 = 1 << 20;
-
-/// Removals waiting for their grace period to pass.
-struct Removal {
-    due: Instant,
-    ids: Vec<String>,
-}
 
 struct Kcm<B> {
     config: KcmConfig,
     backend: B,
-    last: Snapshot,
-    applied_grants: Vec<u64>,
-    removals: Vec<Removal>,
-    /// The last failed qsub/qdel (cleared by the next successful submit).
-    command_error: Option<String>,
-    /// The last failure to read the batch system (cleared by the next read).
-    read_error: Option<String>,
-    failed_starts: u32,
-    answered: Answered,
-    components: BTreeMap<(JobId, u32), TrackedComponent>,
+    core: KcmCore,
+}
+
+/// The core's time: read here, never inside it.
+fn now() -> Now {
+    Now {
+        instant: Instant::now(),
+        wall_ms: now_ms(),
+    }
 }
 
 /// Serves the cluster until `shutdown`, reconnecting after broker outages.
@@ -89,17 +75,16 @@ pub async fn run<B: Backend>(
     backend: B,
     shutdown: CancellationToken,
 ) {
+    let core = KcmCore::new(CoreConfig {
+        cluster: config.cluster.clone(),
+        backend: backend.kind().to_owned(),
+        job_end_grace: config.job_end_grace,
+        local_settle: config.local_settle,
+    });
     let mut kcm = Kcm {
         config,
         backend,
-        last: Snapshot::default(),
-        applied_grants: Vec::new(),
-        removals: Vec::new(),
-        command_error: None,
-        read_error: None,
-        failed_starts: 0,
-        answered: Answered::default(),
-        components: BTreeMap::new(),
+        core,
     };
     let cluster = kcm.config.cluster.clone();
     broker
@@ -139,9 +124,10 @@ impl<B: Backend> Kcm<B> {
             tokio::select! {
                 message = inbox.next() => match message {
                     Some(Ok(incoming)) => {
-                        let report_now = self.handle(incoming.msg.clone(), &publisher).await?;
+                        let effects = self.core.handle(Event::Message(incoming.msg.clone()), now());
+                        let poll_now = self.apply(effects, &publisher).await?;
                         incoming.ack().await?;
-                        if report_now {
+                        if poll_now {
                             self.poll(&publisher).await?;
                         }
                     }
@@ -154,362 +140,116 @@ impl<B: Backend> Kcm<B> {
         }
     }
 
-    /// Acts on one message; `true` when the scheduler should hear at once.
-    async fn handle(
-        &mut self,
-        message: KcmMsg,
-        publisher: &Publisher,
-    ) -> Result<bool, BrokerError> {
-        let cluster = self.config.cluster.clone();
-        Ok(match message {
-            KcmMsg::StartLaunchers { job, grant, slots } => {
-                self.applied_grants.push(grant);
-                match self.backend.submit(&job, slots).await {
-                    Ok(started) => {
-                        info!(job = %job, cluster = %cluster, grant, requested = slots, started, "launchers submitted");
-                        self.failed_starts = 0;
-                        self.command_error = None;
-                    }
-                    Err(e) => {
-                        self.failed_starts += 1;
-                        error!(job = %job, cluster = %cluster, grant, error = %e, failures = self.failed_starts, "cannot submit launchers");
-                        self.command_error = Some(e.to_string());
-                    }
-                }
-                true
-            }
-            KcmMsg::Release {
-                job,
-                launchers,
-                grace_ms,
-            } => {
-                let prefix = format!("{cluster}-");
-                let ids: Vec<String> = launchers
-                    .iter()
-                    .filter_map(|l| l.strip_prefix(&prefix).map(str::to_owned))
-                    .collect();
-                info!(job = %job, cluster = %cluster, launchers = ?launchers, grace_ms, "will remove preempted launchers that do not leave");
-                self.removals.push(Removal {
-                    due: Instant::now() + Duration::from_millis(grace_ms),
-                    ids,
-                });
-                false
-            }
-            KcmMsg::JobEnded { job } => {
-                self.end_job(&job).await;
-                true
-            }
-            KcmMsg::SubmitComponent(spec) => {
-                self.submit_component(spec, publisher).await?;
-                true
-            }
-        })
+    /// Reads the batch system and the spool, lets the core decide, carries
+    /// its decisions out, and then reports.
+    async fn poll(&mut self, publisher: &Publisher) -> Result<(), BrokerError> {
+        let snapshot = self.backend.snapshot().await;
+        let spooled = match snapshot {
+            Ok(_) => spooled_exits(&self.config.spool_dir),
+            Err(_) => Vec::new(),
+        };
+        let effects = self.core.handle(Event::Polled { snapshot, spooled }, now());
+        self.apply(effects, publisher).await?;
+        let report = self.core.handle(Event::ReportDue, now());
+        self.apply(report, publisher).await?;
+        Ok(())
     }
 
-    async fn submit_component(
+    /// Carries out the core's effects in order, answering each command's
+    /// outcome at once (its follow-ups go first); `true` when the core asked
+    /// for a poll.
+    async fn apply(
         &mut self,
-        spec: ComponentSpec,
+        effects: Vec<Effect>,
         publisher: &Publisher,
-    ) -> Result<(), BrokerError> {
-        let cluster = self.config.cluster.clone();
-        let files = ComponentFiles::new(&self.config.spool_dir, &spec.job, spec.component);
-        for stale in [&files.stdout, &files.stderr, &files.exit] {
-            let _ = std::fs::remove_file(stale);
+    ) -> Result<bool, BrokerError> {
+        let mut effects = VecDeque::from(effects);
+        let mut poll_now = false;
+        while let Some(effect) = effects.pop_front() {
+            let answer = match effect {
+                Effect::SubmitLaunchers { job, grant, slots } => {
+                    let result = self.backend.submit(&job, slots).await;
+                    Some(Event::LaunchersSubmitted {
+                        job,
+                        grant,
+                        requested: slots,
+                        result,
+                    })
+                }
+                Effect::Remove { ids } => Some(Event::Removed(self.backend.remove(&ids).await)),
+                Effect::DeleteSpoolEntry { job, component } => {
+                    let files = ComponentFiles::new(&self.config.spool_dir, &job, component);
+                    for file in [&files.stdout, &files.stderr, &files.exit] {
+                        let _ = std::fs::remove_file(file);
+                    }
+                    None
+                }
+                Effect::SubmitComponent(spec) => {
+                    let result = self.submit_component(&spec).await;
+                    Some(Event::ComponentSubmitted { spec, result })
+                }
+                Effect::Tell { job, message } => {
+                    tell_job(publisher, &job, message).await?;
+                    None
+                }
+                Effect::ReportComponentEnd { job, mut outcome } => {
+                    let component = outcome.component;
+                    let files = ComponentFiles::new(&self.config.spool_dir, &job, component);
+                    outcome.stdout = read_tail(&files.stdout);
+                    outcome.stderr = read_tail(&files.stderr);
+                    tell_job(publisher, &job, ControlMsg::ComponentEnded(outcome)).await?;
+                    Some(Event::ComponentReported { job, component })
+                }
+                Effect::ToScheduler(message) => {
+                    publisher.send(SCHEDULER_QUEUE, &message).await?;
+                    None
+                }
+                Effect::Announce(event) => {
+                    publisher.event(&event).await?;
+                    None
+                }
+                Effect::PollNow => {
+                    poll_now = true;
+                    None
+                }
+            };
+            if let Some(event) = answer {
+                for follow_up in self.core.handle(event, now()).into_iter().rev() {
+                    effects.push_front(follow_up);
+                }
+            }
         }
-        let submitted = match std::fs::create_dir_all(&self.config.spool_dir) {
-            Ok(()) => self.backend.submit_component(&spec, &files).await,
+        Ok(poll_now)
+    }
+
+    /// Submits a component whose wrapper writes to the spool directory.
+    async fn submit_component(&mut self, spec: &ComponentSpec) -> Result<(), BackendError> {
+        let files = ComponentFiles::new(&self.config.spool_dir, &spec.job, spec.component);
+        match std::fs::create_dir_all(&self.config.spool_dir) {
+            Ok(()) => self.backend.submit_component(spec, &files).await,
             Err(e) => Err(BackendError {
                 command: format!("mkdir {}", self.config.spool_dir.display()),
                 message: e.to_string(),
             }),
-        };
-        match submitted {
-            Ok(()) => {
-                info!(job = %spec.job, component = spec.component, cluster = %cluster, slots = spec.slots, "grid component submitted");
-                self.components.insert(
-                    (spec.job.clone(), spec.component),
-                    TrackedComponent {
-                        since: Instant::now(),
-                        seen: false,
-                    },
-                );
-            }
-            Err(e) => {
-                error!(job = %spec.job, component = spec.component, cluster = %cluster, error = %e, "cannot submit a grid component");
-                self.command_error = Some(e.to_string());
-                let outcome = ComponentOutcome {
-                    component: spec.component,
-                    cluster,
-                    exit_code: None,
-                    runtime_ms: 0,
-                    stdout: Captured::default(),
-                    stderr: Captured {
-                        data: e.to_string().into_bytes(),
-                        dropped: 0,
-                    },
-                };
-                self.tell_job(publisher, &spec.job, ControlMsg::ComponentEnded(outcome))
-                    .await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Reports the components that left the batch system to their jobs: those
-    /// with an exit status in the spool directory (which outlives a kcm
-    /// restart), and those that vanished without one.
-    async fn settle_components(&mut self, publisher: &Publisher) -> Result<(), BrokerError> {
-        for run in &self.last.components {
-            self.components
-                .entry((run.job.clone(), run.component))
-                .or_insert(TrackedComponent {
-                    since: Instant::now(),
-                    seen: true,
-                })
-                .seen = true;
-        }
-        let in_batch = |job: &JobId, component: u32| {
-            self.last
-                .components
-                .iter()
-                .any(|r| &r.job == job && r.component == component)
-        };
-        let mut ended: BTreeSet<(JobId, u32)> = spooled_exits(&self.config.spool_dir)
-            .into_iter()
-            .filter(|(job, component)| !in_batch(job, *component))
-            .collect();
-        ended.extend(
-            self.components
-                .iter()
-                .filter(|((job, component), tracked)| {
-                    !in_batch(job, *component)
-                        && (tracked.seen || tracked.since.elapsed() > COMPONENT_VANISHED)
-                })
-                .map(|(key, _)| key.clone()),
-        );
-        for (job, component) in ended {
-            let files = ComponentFiles::new(&self.config.spool_dir, &job, component);
-            let exit_code = std::fs::read_to_string(&files.exit)
-                .ok()
-                .and_then(|text| text.trim().parse().ok());
-            let runtime = self
-                .components
-                .get(&(job.clone(), component))
-                .map_or(Duration::ZERO, |t| t.since.elapsed());
-            let outcome = ComponentOutcome {
-                component,
-                cluster: self.config.cluster.clone(),
-                exit_code,
-                runtime_ms: runtime.as_millis() as u64,
-                stdout: read_tail(&files.stdout),
-                stderr: read_tail(&files.stderr),
-            };
-            info!(job = %job, component, cluster = %self.config.cluster, exit_code = ?exit_code, "grid component ended");
-            self.tell_job(publisher, &job, ControlMsg::ComponentEnded(outcome))
-                .await?;
-            // Forgotten only once its job has heard.
-            self.components.remove(&(job, component));
-            for file in [&files.stdout, &files.stderr, &files.exit] {
-                let _ = std::fs::remove_file(file);
-            }
-        }
-        Ok(())
-    }
-
-    /// Sends to a job's runner; a job that is gone no longer needs to hear.
-    async fn tell_job(
-        &self,
-        publisher: &Publisher,
-        job: &JobId,
-        message: ControlMsg,
-    ) -> Result<(), BrokerError> {
-        match publisher.send(&JobQueues::new(job).control, &message).await {
-            Ok(()) => Ok(()),
-            Err(e) if e.is_not_found() => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
-    /// Waiting placeholders of an ended job go now; running ones get a grace
-    /// period to notice the end themselves.
-    async fn end_job(&mut self, job: &JobId) {
-        let (pending, running): (Vec<&Placeholder>, Vec<&Placeholder>) = self
-            .last
-            .placeholders
-            .iter()
-            .filter(|p| &p.job == job)
-            .partition(|p| !p.running);
-        let pending: Vec<String> = pending
-            .iter()
-            .map(|p| p.id.clone())
-            .chain(
-                // Components of a job that ended early (cancelled) go too.
-                self.last
-                    .components
-                    .iter()
-                    .filter(|c| &c.job == job)
-                    .map(|c| c.id.clone()),
-            )
-            .collect();
-        let running: Vec<String> = running.iter().map(|p| p.id.clone()).collect();
-        if !pending.is_empty() {
-            info!(job = %job, cluster = %self.config.cluster, placeholders = pending.len(), "withdrawing waiting placeholders of an ended job");
-            self.remove(&pending).await;
-        }
-        if !running.is_empty() {
-            self.removals.push(Removal {
-                due: Instant::now() + self.config.job_end_grace,
-                ids: running,
-            });
-        }
-    }
-
-    async fn remove(&mut self, ids: &[String]) {
-        if let Err(e) = self.backend.remove(ids).await {
-            error!(cluster = %self.config.cluster, error = %e, "cannot remove placeholders");
-            self.command_error = Some(e.to_string());
-        }
-    }
-
-    /// Reads the batch system, makes room for waiting local jobs, carries
-    /// out removals that are due, and reports.
-    async fn poll(&mut self, publisher: &Publisher) -> Result<(), BrokerError> {
-        match self.backend.snapshot().await {
-            Ok(snapshot) => {
-                if let Some(problem) = snapshot
-                    .problem
-                    .as_ref()
-                    .filter(|p| Some(*p) != self.last.problem.as_ref())
-                {
-                    warn!(cluster = %self.config.cluster, problem, "batch system problem");
-                }
-                self.read_error = None;
-                self.last = snapshot;
-                self.settle_components(publisher).await?;
-                self.make_room(publisher).await?;
-            }
-            Err(e) => {
-                error!(cluster = %self.config.cluster, error = %e, "cannot read the batch system");
-                self.read_error = Some(e.to_string());
-            }
-        }
-        let now = Instant::now();
-        let (due, later): (Vec<Removal>, Vec<Removal>) = std::mem::take(&mut self.removals)
-            .into_iter()
-            .partition(|r| r.due <= now);
-        self.removals = later;
-        let still_there: Vec<String> = due
-            .into_iter()
-            .flat_map(|r| r.ids)
-            .filter(|id| self.last.placeholders.iter().any(|p| &p.id == id))
-            .collect();
-        if !still_there.is_empty() {
-            warn!(cluster = %self.config.cluster, placeholders = ?still_there, "removing launchers that outstayed their grace period");
-            self.remove(&still_there).await;
-        }
-        let report = self.report();
-        publisher
-            .send(
-                SCHEDULER_QUEUE,
-                &SchedulerMsg::ClusterStatus(report.clone()),
-            )
-            .await?;
-        publisher.event(&Event::Cluster(report)).await
-    }
-
-    /// Local jobs wait: withdraw pending placeholders, then order the
-    /// scavenging jobs here to give back what is still missing.
-    async fn make_room(&mut self, publisher: &Publisher) -> Result<(), BrokerError> {
-        let snapshot = &self.last;
-        let pending: Vec<String> = snapshot
-            .placeholders
-            .iter()
-            .filter(|p| !p.running)
-            .map(|p| p.id.clone())
-            .collect();
-        let mut held: BTreeMap<JobId, u32> = BTreeMap::new();
-        for placeholder in snapshot.placeholders.iter().filter(|p| p.running) {
-            *held.entry(placeholder.job.clone()).or_default() += placeholder.slots;
-        }
-        let state = LocalState {
-            waiting: &snapshot.waiting,
-            idle: snapshot.free_slots(),
-            pending_placeholders: &pending,
-            held: &held,
-        };
-        let plan = on_local_wait(
-            state,
-            &mut self.answered,
-            now_ms(),
-            self.config.local_settle.as_millis() as u64,
-        );
-        let cluster = self.config.cluster.clone();
-        let waiting = snapshot.waiting.len();
-        let wanted = snapshot.local_waiting();
-        if !plan.withdraw.is_empty() {
-            info!(cluster = %cluster, placeholders = plan.withdraw.len(), waiting, "local jobs wait: withdrawing pending placeholders");
-            self.remove(&plan.withdraw).await;
-            self.last
-                .placeholders
-                .retain(|p| !plan.withdraw.contains(&p.id));
-        }
-        for (job, slots) in plan.shrink {
-            info!(job = %job, cluster = %cluster, slots, waiting, wanted, "local jobs wait: shrinking");
-            let order = ControlMsg::Shrink {
-                cluster: cluster.clone(),
-                slots,
-                mode: ShrinkMode::Preempt,
-                reason: format!("{waiting} local job(s) wait for {wanted} slot(s) on {cluster}"),
-            };
-            self.tell_job(publisher, &job, order).await?;
-        }
-        Ok(())
-    }
-
-    fn report(&mut self) -> ClusterReport {
-        let snapshot = &self.last;
-        let mut jobs: BTreeMap<JobId, Holding> = BTreeMap::new();
-        for placeholder in &snapshot.placeholders {
-            let holding = jobs.entry(placeholder.job.clone()).or_default();
-            if placeholder.running {
-                holding.running += placeholder.slots;
-            } else {
-                holding.pending += placeholder.slots;
-            }
-        }
-        let mut grid: BTreeMap<JobId, Holding> = BTreeMap::new();
-        for component in &snapshot.components {
-            let holding = grid.entry(component.job.clone()).or_default();
-            if component.running {
-                holding.running += component.slots;
-            } else {
-                holding.pending += component.slots;
-            }
-        }
-        ClusterReport {
-            cluster: self.config.cluster.clone(),
-            grid,
-            backend: self.backend.kind().to_owned(),
-            total_slots: snapshot.total_slots,
-            idle_slots: snapshot.idle_slots(),
-            local_slots: snapshot.local_running,
-            local_waiting: snapshot.local_waiting(),
-            grid_slots: snapshot.grid_running,
-            jobs,
-            applied_grants: std::mem::take(&mut self.applied_grants),
-            error: self
-                .command_error
-                .clone()
-                .or_else(|| self.read_error.clone())
-                .or_else(|| snapshot.problem.clone()),
-            failed_starts: self.failed_starts,
-            at: now_ms(),
         }
     }
 }
 
+/// Sends to a job's runner; a job that is gone no longer needs to hear.
+async fn tell_job(
+    publisher: &Publisher,
+    job: &JobId,
+    message: ControlMsg,
+) -> Result<(), BrokerError> {
+    match publisher.send(&JobQueues::new(job).control, &message).await {
+        Ok(()) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
 /// The components whose exit status waits in the spool directory.
-fn spooled_exits(spool: &std::path::Path) -> Vec<(JobId, u32)> {
+fn spooled_exits(spool: &std::path::Path) -> Vec<SpooledExit> {
     let Ok(entries) = std::fs::read_dir(spool) else {
         return Vec::new();
     };
@@ -517,8 +257,15 @@ fn spooled_exits(spool: &std::path::Path) -> Vec<(JobId, u32)> {
         .flatten()
         .filter_map(|entry| {
             let name = entry.file_name().into_string().ok()?;
-            let (job, component) = name.strip_suffix(".exit")?.rsplit_once('.')?;
-            Some((job.parse().ok()?, component.parse().ok()?))
+            let (job, component) = ComponentFiles::parse_exit(&name)?;
+            let exit_code = std::fs::read_to_string(entry.path())
+                .ok()
+                .and_then(|text| text.trim().parse().ok());
+            Some(SpooledExit {
+                job,
+                component,
+                exit_code,
+            })
         })
         .collect()
 }

@@ -10,10 +10,14 @@ use nix::{
 };
 use tokio::process::{Child, Command};
 
-use gleaner_protocol::ComponentSpec;
+use gleaner_protocol::{
+    ComponentSpec,
+    naming::{LauncherArgs, launcher_id, local_component_batch_id, local_launcher_batch_id},
+};
 
-use crate::backend::{
-    Backend, BackendError, ComponentFiles, ComponentRun, LauncherCommand, Placeholder, Snapshot,
+use crate::{
+    backend::{Backend, BackendError, ComponentFiles, LauncherCommand},
+    snapshot::{ComponentRun, Placeholder, Snapshot},
 };
 
 struct Launcher {
@@ -173,12 +177,16 @@ impl Backend for LocalBackend {
             let Some((slot, length)) = self.free_slots(want) else {
                 break;
             };
-            let id = format!("l{}-{}", std::process::id(), self.next_id);
+            let id = local_launcher_batch_id(std::process::id(), self.next_id);
             self.next_id += 1;
-            let launcher_id = format!("{}-{id}", self.cluster);
-            let args =
-                self.command
-                    .arguments(job, &self.cluster, &launcher_id, &slot.to_string(), length);
+            let args = self.command.arguments(&LauncherArgs {
+                job: job.as_str(),
+                cluster: &self.cluster,
+                id: &launcher_id(&self.cluster, &id),
+                slot: &slot.to_string(),
+                slots: length,
+                walltime: None,
+            });
             let child = Command::new(&self.command.program)
                 .args(&args)
                 .envs(self.command.env.iter().map(|(k, v)| (k, v)))
@@ -221,7 +229,7 @@ impl Backend for LocalBackend {
         spec: &ComponentSpec,
         files: &ComponentFiles,
     ) -> Result<(), BackendError> {
-        let id = format!("c{}-{}", std::process::id(), self.next_id);
+        let id = local_component_batch_id(std::process::id(), self.next_id);
         self.next_id += 1;
         self.components.push(Component {
             id,

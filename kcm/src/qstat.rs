@@ -1,14 +1,11 @@
 //! Reading Grid Engine's `qstat -f -r -xml` into a [`Snapshot`] of one
 //! cluster queue. Pure: the command is run elsewhere.
 
-use gleaner_manifest::JobId;
 use gleaner_policy::local::WaitingJob;
+use gleaner_protocol::naming::{parse_component_name, parse_placeholder_name};
 use serde::Deserialize;
 
-use crate::backend::{ComponentRun, Placeholder, Snapshot, parse_component_name};
-
-/// Name prefix of gleaner's placeholder jobs: `gl-<job>`.
-pub const PLACEHOLDER_PREFIX: &str = "gl-";
+use crate::snapshot::{ComponentRun, Placeholder, Snapshot};
 
 #[derive(Debug, Default, Deserialize)]
 struct Root {
@@ -86,7 +83,7 @@ pub fn snapshot(xml: &str, queue: &str) -> Result<Snapshot, String> {
                 Some(task) => format!("{}.{task}", job.number),
                 None => job.number.to_string(),
             };
-            if let Some(owner) = placeholder_job(&job.name) {
+            if let Some(owner) = parse_placeholder_name(&job.name) {
                 snapshot.placeholders.push(Placeholder {
                     id,
                     job: owner,
@@ -125,7 +122,7 @@ pub fn snapshot(xml: &str, queue: &str) -> Result<Snapshot, String> {
             });
             continue;
         }
-        match placeholder_job(&job.name) {
+        match parse_placeholder_name(&job.name) {
             Some(owner) => {
                 if job.state.contains('E') {
                     problems.push(format!(
@@ -158,11 +155,6 @@ pub fn snapshot(xml: &str, queue: &str) -> Result<Snapshot, String> {
     }
     snapshot.problem = (!problems.is_empty()).then(|| problems.join("; "));
     Ok(snapshot)
-}
-
-/// The gleaner job a placeholder job name belongs to.
-fn placeholder_job(name: &str) -> Option<JobId> {
-    name.strip_prefix(PLACEHOLDER_PREFIX)?.parse().ok()
 }
 
 /// `2-8:2,10` → 2, 4, 6, 8, 10. Bounded: a pending array of a million tasks

@@ -12,12 +12,14 @@ use gleaner_manifest::JobId;
 use tokio::{io::AsyncWriteExt, process::Command};
 
 use crate::{
-    backend::{
-        Backend, BackendError, ComponentFiles, LauncherCommand, Snapshot, component_name, quote,
-    },
-    qstat::{self, PLACEHOLDER_PREFIX},
+    backend::{Backend, BackendError, ComponentFiles, LauncherCommand, quote},
+    qstat,
+    snapshot::Snapshot,
 };
-use gleaner_protocol::ComponentSpec;
+use gleaner_protocol::{
+    ComponentSpec,
+    naming::{LauncherArgs, SGE_TASK_ID, component_name, launcher_id, placeholder_name},
+};
 
 #[derive(Debug, Clone)]
 pub struct SgeConfig {
@@ -128,14 +130,20 @@ impl SgeBackend {
             line.push(' ');
             line.push_str(&quote(arg));
         }
-        line.push_str(&format!(
-            " --job {} --cluster {} --id {}-\"$JOB_ID.$SGE_TASK_ID\" --slot \"$JOB_ID.$SGE_TASK_ID\" --slots 1",
-            quote(job.as_str()),
-            quote(&c.cluster),
-            quote(&c.cluster),
-        ));
-        if let Some(h_rt) = c.h_rt {
-            line.push_str(&format!(" --walltime {}s", h_rt.as_secs()));
+        // The array task's id is only known once it runs: the shell expands it.
+        let task = format!("\"{SGE_TASK_ID}\"");
+        let cluster = quote(&c.cluster);
+        let launcher = LauncherArgs {
+            job: &quote(job.as_str()),
+            cluster: &cluster,
+            id: &launcher_id(&cluster, &task),
+            slot: &task,
+            slots: 1,
+            walltime: c.h_rt,
+        };
+        for arg in launcher.to_vec() {
+            line.push(' ');
+            line.push_str(&arg);
         }
         script.push_str(&line);
         script.push('\n');
@@ -174,7 +182,7 @@ impl Backend for SgeBackend {
             return Ok(0);
         }
         let c = &self.config;
-        let mut args = self.qsub_args(format!("{PLACEHOLDER_PREFIX}{job}"));
+        let mut args = self.qsub_args(placeholder_name(job.as_str()));
         args.extend([
             "-t".into(),
             format!("1-{slots}"),

@@ -1,5 +1,6 @@
 //! gleaner's protocol: every message its components exchange, one type per
-//! queue, and how bodies are encoded.
+//! queue, how bodies are encoded, and the names gleaner's jobs and launchers
+//! have in a batch system ([`naming`]).
 //!
 //! Nothing here knows about AMQP, so the services' pure cores can speak in
 //! these types without depending on the transport; `gleaner-broker` carries
@@ -7,5 +8,6 @@
 
 pub mod codec;
 mod messages;
+pub mod naming;
 
 pub use messages::*;

@@ -1,0 +1,1283 @@
+//! The kcm's decisions, without I/O.
+//!
+//! [`KcmCore`] is a state machine: it takes an [`Event`] — a message on the
+//! kcm's queue, a reading of the batch system with the component exits
+//! found in the spool, the outcome of a command it asked for, the moment to
+//! report — with the time as an argument, and returns the [`Effect`]s to
+//! carry out. It never reads a clock, the batch system or the spool, and
+//! never sends anything, so it can be driven by `lib.rs` (RabbitMQ and a
+//! real batch system) or by a simulator (a simulated clock and cluster)
+//! alike, and tested by feeding it events.
+//!
+//! How a shell drives it:
+//!
+//! - every message: `Event::Message`, then the effects; [`Effect::PollNow`]
+//!   asks for a poll once the message is acknowledged;
+//! - every poll: read the batch system and the spool, `Event::Polled`, the
+//!   effects, then `Event::ReportDue` and its effects (the report goes last
+//!   so that it carries the failures of the poll's own commands);
+//! - effects in order; those that run a command are answered at once with
+//!   the event they name, whose effects come before the remaining ones.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, Instant},
+};
+
+use gleaner_manifest::JobId;
+use gleaner_policy::local::{Answered, LocalState, on_local_wait};
+use gleaner_protocol::{
+    Captured, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, Holding, KcmMsg, Millis,
+    SchedulerMsg, ShrinkMode, naming,
+};
+use tracing::{error, info, warn};
+
+pub use crate::{
+    backend::BackendError,
+    snapshot::{ComponentRun, Placeholder, Snapshot},
+};
+pub use gleaner_policy::local::WaitingJob;
+
+/// What the core knows of its cluster.
+#[derive(Debug, Clone)]
+pub struct CoreConfig {
+    pub cluster: String,
+    /// The batch system's kind (`local`, `sge`, …), for the report.
+    pub backend: String,
+    /// How long the launchers of an ended job have to leave by themselves.
+    pub job_end_grace: Duration,
+    /// How long a shrink for waiting local jobs gets to take effect before
+    /// the same waiting jobs are answered again.
+    pub local_settle: Duration,
+}
+
+/// When an event happens, on the two clocks the kcm uses: the monotonic one
+/// for grace periods and runtimes, and the wall clock (ms since the Unix
+/// epoch) stamped on reports and kept by the local-job policy. A simulator
+/// sets both from its own clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    pub instant: Instant,
+    pub wall_ms: Millis,
+}
+
+/// A component's exit status found in the spool directory: that component
+/// ended. The spool outlives a kcm restart, so these are found again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpooledExit {
+    pub job: JobId,
+    pub component: u32,
+    /// `None` when the file holds no number.
+    pub exit_code: Option<i32>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Event {
+    /// A message on the kcm's queue.
+    Message(KcmMsg),
+    /// The batch system was read, or could not be; with the exits waiting
+    /// in the spool (empty when the read failed).
+    Polled {
+        snapshot: Result<Snapshot, BackendError>,
+        spooled: Vec<SpooledExit>,
+    },
+    /// The poll's effects are carried out: time to report to the scheduler.
+    ReportDue,
+    /// Answers [`Effect::SubmitLaunchers`]: the slots actually submitted.
+    LaunchersSubmitted {
+        job: JobId,
+        grant: u64,
+        requested: u32,
+        result: Result<u32, BackendError>,
+    },
+    /// Answers [`Effect::Remove`].
+    Removed(Result<(), BackendError>),
+    /// Answers [`Effect::SubmitComponent`].
+    ComponentSubmitted {
+        spec: ComponentSpec,
+        result: Result<(), BackendError>,
+    },
+    /// Answers [`Effect::ReportComponentEnd`]: the job's queue has it (or
+    /// the job is gone).
+    ComponentReported { job: JobId, component: u32 },
+}
+
+#[derive(Debug, Clone)]
+pub enum Effect {
+    /// Submit launchers covering `slots` slots for a grant (one placeholder
+    /// array); answer with [`Event::LaunchersSubmitted`].
+    SubmitLaunchers { job: JobId, grant: u64, slots: u32 },
+    /// Remove placeholders or components by batch id, running or not;
+    /// answer with [`Event::Removed`].
+    Remove { ids: Vec<String> },
+    /// Delete a component's spool entry (output and exit status).
+    DeleteSpoolEntry { job: JobId, component: u32 },
+    /// Submit a grid job's component as an ordinary batch job; answer with
+    /// [`Event::ComponentSubmitted`].
+    SubmitComponent(ComponentSpec),
+    /// Send to a job's runner; a job that is gone no longer needs to hear.
+    Tell { job: JobId, message: ControlMsg },
+    /// Tell a job that its component ended, with `stdout` and `stderr`
+    /// filled from the component's spool entry; answer with
+    /// [`Event::ComponentReported`] once sent. Until then the component is
+    /// kept, and reported again by the next poll.
+    ReportComponentEnd {
+        job: JobId,
+        outcome: ComponentOutcome,
+    },
+    /// Send to the scheduler.
+    ToScheduler(SchedulerMsg),
+    /// Publish on the events exchange.
+    Announce(gleaner_protocol::Event),
+    /// The scheduler should hear at once: poll (and report) as soon as the
+    /// message at hand is acknowledged.
+    PollNow,
+}
+
+/// A grid component this kcm submitted (or found), until its end is reported.
+#[derive(Debug)]
+struct TrackedComponent {
+    since: Instant,
+    /// Seen in the batch system at least once.
+    seen: bool,
+}
+
+/// A component absent from the batch system this long after its submission,
+/// never seen and with no exit status, is reported as ended.
+const COMPONENT_VANISHED: Duration = Duration::from_secs(60);
+
+/// Removals waiting for their grace period to pass.
+#[derive(Debug)]
+struct Removal {
+    due: Instant,
+    ids: Vec<String>,
+}
+
+/// The kcm's state: the last reading of the batch system and what it has
+/// decided since.
+#[derive(Debug)]
+pub struct KcmCore {
+    config: CoreConfig,
+    last: Snapshot,
+    /// Grants acted on since the previous report.
+    applied_grants: Vec<u64>,
+    removals: Vec<Removal>,
+    /// The last failed command (cleared by the next successful launcher submit).
+    command_error: Option<String>,
+    /// The last failure to read the batch system (cleared by the next read).
+    read_error: Option<String>,
+    failed_starts: u32,
+    answered: Answered,
+    components: BTreeMap<(JobId, u32), TrackedComponent>,
+}
+
+impl KcmCore {
+    /// A kcm that knows nothing yet: whatever its predecessor left in the
+    /// batch system is adopted from the first [`Event::Polled`].
+    pub fn new(config: CoreConfig) -> Self {
+        Self {
+            config,
+            last: Snapshot::default(),
+            applied_grants: Vec::new(),
+            removals: Vec::new(),
+            command_error: None,
+            read_error: None,
+            failed_starts: 0,
+            answered: Answered::default(),
+            components: BTreeMap::new(),
+        }
+    }
+
+    pub fn config(&self) -> &CoreConfig {
+        &self.config
+    }
+
+    /// Decides what `event`, at `now`, calls for.
+    pub fn handle(&mut self, event: Event, now: Now) -> Vec<Effect> {
+        match event {
+            Event::Message(message) => self.on_message(message, now),
+            Event::Polled { snapshot, spooled } => self.on_poll(snapshot, &spooled, now),
+            Event::ReportDue => {
+                let report = self.report(now);
+                vec![
+                    Effect::ToScheduler(SchedulerMsg::ClusterStatus(report.clone())),
+                    Effect::Announce(gleaner_protocol::Event::Cluster(report)),
+                ]
+            }
+            Event::LaunchersSubmitted {
+                job,
+                grant,
+                requested,
+                result,
+            } => {
+                let cluster = &self.config.cluster;
+                match result {
+                    Ok(started) => {
+                        info!(job = %job, cluster = %cluster, grant, requested, started, "launchers submitted");
+                        self.failed_starts = 0;
+                        self.command_error = None;
+                    }
+                    Err(e) => {
+                        self.failed_starts += 1;
+                        error!(job = %job, cluster = %cluster, grant, error = %e, failures = self.failed_starts, "cannot submit launchers");
+                        self.command_error = Some(e.to_string());
+                    }
+                }
+                Vec::new()
+            }
+            Event::Removed(result) => {
+                if let Err(e) = result {
+                    error!(cluster = %self.config.cluster, error = %e, "cannot remove placeholders");
+                    self.command_error = Some(e.to_string());
+                }
+                Vec::new()
+            }
+            Event::ComponentSubmitted { spec, result } => {
+                self.on_component_submitted(spec, result, now)
+            }
+            Event::ComponentReported { job, component } => {
+                // Forgotten only once its job has heard.
+                self.components.remove(&(job.clone(), component));
+                vec![Effect::DeleteSpoolEntry { job, component }]
+            }
+        }
+    }
+
+    fn on_message(&mut self, message: KcmMsg, now: Now) -> Vec<Effect> {
+        match message {
+            KcmMsg::StartLaunchers { job, grant, slots } => {
+                self.applied_grants.push(grant);
+                vec![
+                    Effect::SubmitLaunchers { job, grant, slots },
+                    Effect::PollNow,
+                ]
+            }
+            KcmMsg::Release {
+                job,
+                launchers,
+                grace_ms,
+            } => {
+                let cluster = &self.config.cluster;
+                let ids: Vec<String> = launchers
+                    .iter()
+                    .filter_map(|l| naming::batch_id(cluster, l).map(str::to_owned))
+                    .collect();
+                info!(job = %job, cluster = %cluster, launchers = ?launchers, grace_ms, "will remove preempted launchers that do not leave");
+                self.removals.push(Removal {
+                    due: now.instant + Duration::from_millis(grace_ms),
+                    ids,
+                });
+                Vec::new()
+            }
+            KcmMsg::JobEnded { job } => {
+                let mut effects = self.end_job(&job, now);
+                effects.push(Effect::PollNow);
+                effects
+            }
+            KcmMsg::SubmitComponent(spec) => vec![
+                // Left over from an earlier run of the same component.
+                Effect::DeleteSpoolEntry {
+                    job: spec.job.clone(),
+                    component: spec.component,
+                },
+                Effect::SubmitComponent(spec),
+                Effect::PollNow,
+            ],
+        }
+    }
+
+    fn on_component_submitted(
+        &mut self,
+        spec: ComponentSpec,
+        result: Result<(), BackendError>,
+        now: Now,
+    ) -> Vec<Effect> {
+        let cluster = &self.config.cluster;
+        match result {
+            Ok(()) => {
+                info!(job = %spec.job, component = spec.component, cluster = %cluster, slots = spec.slots, "grid component submitted");
+                self.components.insert(
+                    (spec.job, spec.component),
+                    TrackedComponent {
+                        since: now.instant,
+                        seen: false,
+                    },
+                );
+                Vec::new()
+            }
+            Err(e) => {
+                error!(job = %spec.job, component = spec.component, cluster = %cluster, error = %e, "cannot submit a grid component");
+                self.command_error = Some(e.to_string());
+                let outcome = ComponentOutcome {
+                    component: spec.component,
+                    cluster: cluster.clone(),
+                    exit_code: None,
+                    runtime_ms: 0,
+                    stdout: Captured::default(),
+                    stderr: Captured {
+                        data: e.to_string().into_bytes(),
+                        dropped: 0,
+                    },
+                };
+                vec![Effect::Tell {
+                    job: spec.job,
+                    message: ControlMsg::ComponentEnded(outcome),
+                }]
+            }
+        }
+    }
+
+    /// A reading of the batch system: report ended components, make room
+    /// for waiting local jobs, and carry out removals that are due (on the
+    /// last good reading when this one failed).
+    fn on_poll(
+        &mut self,
+        snapshot: Result<Snapshot, BackendError>,
+        spooled: &[SpooledExit],
+        now: Now,
+    ) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        match snapshot {
+            Ok(snapshot) => {
+                if let Some(problem) = snapshot
+                    .problem
+                    .as_ref()
+                    .filter(|p| Some(*p) != self.last.problem.as_ref())
+                {
+                    warn!(cluster = %self.config.cluster, problem, "batch system problem");
+                }
+                self.read_error = None;
+                self.last = snapshot;
+                effects.extend(self.settle_components(spooled, now));
+                effects.extend(self.make_room(now));
+            }
+            Err(e) => {
+                error!(cluster = %self.config.cluster, error = %e, "cannot read the batch system");
+                self.read_error = Some(e.to_string());
+            }
+        }
+        effects.extend(self.due_removals(now));
+        effects
+    }
+
+    /// The components that left the batch system, to be reported to their
+    /// jobs: those with an exit status in the spool, and those that vanished
+    /// without one.
+    fn settle_components(&mut self, spooled: &[SpooledExit], now: Now) -> Vec<Effect> {
+        for run in &self.last.components {
+            self.components
+                .entry((run.job.clone(), run.component))
+                .or_insert(TrackedComponent {
+                    since: now.instant,
+                    seen: true,
+                })
+                .seen = true;
+        }
+        let in_batch = |job: &JobId, component: u32| {
+            self.last
+                .components
+                .iter()
+                .any(|r| &r.job == job && r.component == component)
+        };
+        let mut ended: BTreeSet<(JobId, u32)> = spooled
+            .iter()
+            .filter(|exit| !in_batch(&exit.job, exit.component))
+            .map(|exit| (exit.job.clone(), exit.component))
+            .collect();
+        ended.extend(
+            self.components
+                .iter()
+                .filter(|((job, component), tracked)| {
+                    !in_batch(job, *component)
+                        && (tracked.seen
+                            || now.instant.saturating_duration_since(tracked.since)
+                                > COMPONENT_VANISHED)
+                })
+                .map(|(key, _)| key.clone()),
+        );
+        ended
+            .into_iter()
+            .map(|(job, component)| {
+                let exit_code = spooled
+                    .iter()
+                    .find(|exit| exit.job == job && exit.component == component)
+                    .and_then(|exit| exit.exit_code);
+                let runtime = self
+                    .components
+                    .get(&(job.clone(), component))
+                    .map_or(Duration::ZERO, |t| {
+                        now.instant.saturating_duration_since(t.since)
+                    });
+                info!(job = %job, component, cluster = %self.config.cluster, exit_code = ?exit_code, "grid component ended");
+                let outcome = ComponentOutcome {
+                    component,
+                    cluster: self.config.cluster.clone(),
+                    exit_code,
+                    runtime_ms: runtime.as_millis() as u64,
+                    stdout: Captured::default(),
+                    stderr: Captured::default(),
+                };
+                Effect::ReportComponentEnd { job, outcome }
+            })
+            .collect()
+    }
+
+    /// Local jobs wait: withdraw pending placeholders, then order the
+    /// scavenging jobs here to give back what is still missing.
+    fn make_room(&mut self, now: Now) -> Vec<Effect> {
+        let snapshot = &self.last;
+        let pending: Vec<String> = snapshot
+            .placeholders
+            .iter()
+            .filter(|p| !p.running)
+            .map(|p| p.id.clone())
+            .collect();
+        let mut held: BTreeMap<JobId, u32> = BTreeMap::new();
+        for placeholder in snapshot.placeholders.iter().filter(|p| p.running) {
+            *held.entry(placeholder.job.clone()).or_default() += placeholder.slots;
+        }
+        let state = LocalState {
+            waiting: &snapshot.waiting,
+            idle: snapshot.free_slots(),
+            pending_placeholders: &pending,
+            held: &held,
+        };
+        let plan = on_local_wait(
+            state,
+            &mut self.answered,
+            now.wall_ms,
+            self.config.local_settle.as_millis() as u64,
+        );
+        let cluster = &self.config.cluster;
+        let waiting = snapshot.waiting.len();
+        let wanted = snapshot.local_waiting();
+        let mut effects = Vec::new();
+        if !plan.withdraw.is_empty() {
+            info!(cluster = %cluster, placeholders = plan.withdraw.len(), waiting, "local jobs wait: withdrawing pending placeholders");
+            self.last
+                .placeholders
+                .retain(|p| !plan.withdraw.contains(&p.id));
+            effects.push(Effect::Remove { ids: plan.withdraw });
+        }
+        for (job, slots) in plan.shrink {
+            info!(job = %job, cluster = %cluster, slots, waiting, wanted, "local jobs wait: shrinking");
+            let message = ControlMsg::Shrink {
+                cluster: cluster.clone(),
+                slots,
+                mode: ShrinkMode::Preempt,
+                reason: format!("{waiting} local job(s) wait for {wanted} slot(s) on {cluster}"),
+            };
+            effects.push(Effect::Tell { job, message });
+        }
+        effects
+    }
+
+    /// Removals whose grace has passed, of the placeholders still there.
+    fn due_removals(&mut self, now: Now) -> Vec<Effect> {
+        let (due, later): (Vec<Removal>, Vec<Removal>) = std::mem::take(&mut self.removals)
+            .into_iter()
+            .partition(|r| r.due <= now.instant);
+        self.removals = later;
+        let still_there: Vec<String> = due
+            .into_iter()
+            .flat_map(|r| r.ids)
+            .filter(|id| self.last.placeholders.iter().any(|p| &p.id == id))
+            .collect();
+        if still_there.is_empty() {
+            return Vec::new();
+        }
+        warn!(cluster = %self.config.cluster, placeholders = ?still_there, "removing launchers that outstayed their grace period");
+        vec![Effect::Remove { ids: still_there }]
+    }
+
+    /// Waiting placeholders of an ended job go now; running ones get a grace
+    /// period to notice the end themselves.
+    fn end_job(&mut self, job: &JobId, now: Now) -> Vec<Effect> {
+        let (pending, running): (Vec<&Placeholder>, Vec<&Placeholder>) = self
+            .last
+            .placeholders
+            .iter()
+            .filter(|p| &p.job == job)
+            .partition(|p| !p.running);
+        let pending: Vec<String> = pending
+            .iter()
+            .map(|p| p.id.clone())
+            .chain(
+                // Components of a job that ended early (cancelled) go too.
+                self.last
+                    .components
+                    .iter()
+                    .filter(|c| &c.job == job)
+                    .map(|c| c.id.clone()),
+            )
+            .collect();
+        let running: Vec<String> = running.iter().map(|p| p.id.clone()).collect();
+        let mut effects = Vec::new();
+        if !pending.is_empty() {
+            info!(job = %job, cluster = %self.config.cluster, placeholders = pending.len(), "withdrawing waiting placeholders of an ended job");
+            effects.push(Effect::Remove { ids: pending });
+        }
+        if !running.is_empty() {
+            self.removals.push(Removal {
+                due: now.instant + self.config.job_end_grace,
+                ids: running,
+            });
+        }
+        effects
+    }
+
+    fn report(&mut self, now: Now) -> ClusterReport {
+        let snapshot = &self.last;
+        let mut jobs: BTreeMap<JobId, Holding> = BTreeMap::new();
+        for placeholder in &snapshot.placeholders {
+            let holding = jobs.entry(placeholder.job.clone()).or_default();
+            if placeholder.running {
+                holding.running += placeholder.slots;
+            } else {
+                holding.pending += placeholder.slots;
+            }
+        }
+        let mut grid: BTreeMap<JobId, Holding> = BTreeMap::new();
+        for component in &snapshot.components {
+            let holding = grid.entry(component.job.clone()).or_default();
+            if component.running {
+                holding.running += component.slots;
+            } else {
+                holding.pending += component.slots;
+            }
+        }
+        ClusterReport {
+            cluster: self.config.cluster.clone(),
+            grid,
+            backend: self.config.backend.clone(),
+            total_slots: snapshot.total_slots,
+            idle_slots: snapshot.idle_slots(),
+            local_slots: snapshot.local_running,
+            local_waiting: snapshot.local_waiting(),
+            grid_slots: snapshot.grid_running,
+            jobs,
+            applied_grants: std::mem::take(&mut self.applied_grants),
+            error: self
+                .command_error
+                .clone()
+                .or_else(|| self.read_error.clone())
+                .or_else(|| snapshot.problem.clone()),
+            failed_starts: self.failed_starts,
+            at: now.wall_ms,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gleaner_protocol::Event as Published;
+
+    use super::*;
+
+    fn job(name: &str) -> JobId {
+        format!("{name}-000000").parse().unwrap()
+    }
+
+    /// `preempt_grace` 3 s + 2 × a 1 s poll.
+    const SETTLE: Duration = Duration::from_secs(5);
+
+    fn core() -> KcmCore {
+        KcmCore::new(CoreConfig {
+            cluster: "c1".into(),
+            backend: "sge".into(),
+            job_end_grace: Duration::from_secs(10),
+            local_settle: SETTLE,
+        })
+    }
+
+    /// A simulated clock: `at(ms)` is `ms` milliseconds after its start.
+    struct Clock(Instant);
+
+    impl Clock {
+        fn new() -> Self {
+            Self(Instant::now())
+        }
+
+        fn at(&self, ms: u64) -> Now {
+            Now {
+                instant: self.0 + Duration::from_millis(ms),
+                wall_ms: 1_700_000_000_000 + ms,
+            }
+        }
+    }
+
+    fn placeholder(id: &str, job: &JobId, running: bool) -> Placeholder {
+        Placeholder {
+            id: id.into(),
+            job: job.clone(),
+            slots: 1,
+            running,
+        }
+    }
+
+    fn component(id: &str, job: &JobId, component: u32, slots: u32) -> ComponentRun {
+        ComponentRun {
+            id: id.into(),
+            job: job.clone(),
+            component,
+            slots,
+            running: true,
+        }
+    }
+
+    fn spec(job: &JobId, component: u32, slots: u32) -> ComponentSpec {
+        ComponentSpec {
+            job: job.clone(),
+            component,
+            slots,
+            command: "mpirun ./solver".into(),
+            env: Vec::new(),
+            walltime_ms: None,
+            workdir: None,
+        }
+    }
+
+    fn cluster(total_slots: u32, placeholders: Vec<Placeholder>) -> Snapshot {
+        Snapshot {
+            total_slots,
+            placeholders,
+            ..Snapshot::default()
+        }
+    }
+
+    fn waiting(jobs: &[(&str, u32)]) -> Vec<WaitingJob> {
+        jobs.iter()
+            .map(|(id, slots)| WaitingJob {
+                id: (*id).into(),
+                slots: *slots,
+            })
+            .collect()
+    }
+
+    fn poll(core: &mut KcmCore, snapshot: Snapshot, now: Now) -> Vec<Effect> {
+        poll_spool(core, snapshot, Vec::new(), now)
+    }
+
+    fn poll_spool(
+        core: &mut KcmCore,
+        snapshot: Snapshot,
+        spooled: Vec<SpooledExit>,
+        now: Now,
+    ) -> Vec<Effect> {
+        let snapshot = Ok(snapshot);
+        core.handle(Event::Polled { snapshot, spooled }, now)
+    }
+
+    fn message(core: &mut KcmCore, message: KcmMsg, now: Now) -> Vec<Effect> {
+        core.handle(Event::Message(message), now)
+    }
+
+    /// The report, which goes both to the scheduler and to the events exchange.
+    fn report(core: &mut KcmCore, now: Now) -> ClusterReport {
+        let effects = core.handle(Event::ReportDue, now);
+        let [
+            Effect::ToScheduler(SchedulerMsg::ClusterStatus(report)),
+            Effect::Announce(Published::Cluster(announced)),
+        ] = effects.as_slice()
+        else {
+            panic!("a report is sent and announced: {effects:?}");
+        };
+        assert_eq!(format!("{report:?}"), format!("{announced:?}"));
+        report.clone()
+    }
+
+    fn removed(effects: &[Effect]) -> Vec<Vec<String>> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Remove { ids } => Some(ids.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn shrinks(effects: &[Effect]) -> Vec<(JobId, u32)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Tell {
+                    job,
+                    message:
+                        ControlMsg::Shrink {
+                            cluster,
+                            slots,
+                            mode: ShrinkMode::Preempt,
+                            ..
+                        },
+                } if cluster == "c1" => Some((job.clone(), *slots)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn ended(effects: &[Effect]) -> Vec<(JobId, ComponentOutcome)> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::ReportComponentEnd { job, outcome } => Some((job.clone(), outcome.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn failure(what: &str) -> BackendError {
+        BackendError {
+            command: what.into(),
+            message: "exit status: 1: denied".into(),
+        }
+    }
+
+    #[test]
+    fn a_restarted_kcm_adopts_what_its_predecessor_left() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let (a, g) = (job("a"), job("g"));
+        let found = Snapshot {
+            grid_running: 2,
+            components: vec![component("9", &g, 0, 2)],
+            ..cluster(
+                6,
+                (1..=4)
+                    .map(|t| placeholder(&format!("3.{t}"), &a, true))
+                    .collect(),
+            )
+        };
+        let effects = poll(&mut kcm, found.clone(), clock.at(0));
+        assert!(
+            effects.is_empty(),
+            "nothing submitted or removed: {effects:?}"
+        );
+        let r = report(&mut kcm, clock.at(0));
+        assert_eq!(
+            r.jobs[&a],
+            Holding {
+                running: 4,
+                pending: 0
+            }
+        );
+        assert_eq!(
+            r.grid[&g],
+            Holding {
+                running: 2,
+                pending: 0
+            }
+        );
+        assert_eq!(
+            r.idle_slots, 0,
+            "the scheduler sees no room for a second array"
+        );
+        assert!(r.applied_grants.is_empty());
+
+        // A grant after the restart is one array, acknowledged once.
+        let effects = message(
+            &mut kcm,
+            KcmMsg::StartLaunchers {
+                job: a.clone(),
+                grant: 7,
+                slots: 2,
+            },
+            clock.at(100),
+        );
+        let submits: Vec<_> = effects
+            .iter()
+            .filter(|e| matches!(e, Effect::SubmitLaunchers { .. }))
+            .collect();
+        assert!(matches!(
+            submits.as_slice(),
+            [Effect::SubmitLaunchers { job, grant: 7, slots: 2 }] if *job == a
+        ));
+        assert_eq!(report(&mut kcm, clock.at(200)).applied_grants, [7]);
+        assert!(report(&mut kcm, clock.at(300)).applied_grants.is_empty());
+
+        // The adopted component is the kcm's to report when it ends.
+        let gone = Snapshot {
+            components: Vec::new(),
+            grid_running: 0,
+            ..found
+        };
+        let ends = ended(&poll(&mut kcm, gone, clock.at(1_000)));
+        assert_eq!(ends.len(), 1);
+        assert_eq!(
+            (&ends[0].0, ends[0].1.component, ends[0].1.exit_code),
+            (&g, 0, None)
+        );
+        assert_eq!(
+            ends[0].1.runtime_ms, 1_000,
+            "counted from when it was found"
+        );
+    }
+
+    #[test]
+    fn waiting_local_jobs_withdraw_pending_placeholders_and_split_one_shrink() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let (a, b) = (job("a"), job("b"));
+        let mut placeholders: Vec<Placeholder> = (1..=4)
+            .map(|t| placeholder(&format!("1.{t}"), &a, true))
+            .chain((1..=4).map(|t| placeholder(&format!("2.{t}"), &b, true)))
+            .collect();
+        let running = placeholders.clone();
+        placeholders.extend([placeholder("2.5", &b, false), placeholder("2.6", &b, false)]);
+        let busy = |waits: &[(&str, u32)], placeholders: &[Placeholder]| Snapshot {
+            waiting: waiting(waits),
+            ..cluster(8, placeholders.to_vec())
+        };
+
+        let effects = poll(&mut kcm, busy(&[("9", 4)], &placeholders), clock.at(0));
+        assert_eq!(removed(&effects), [["2.5", "2.6"]]);
+        assert_eq!(
+            shrinks(&effects),
+            [(a.clone(), 2), (b.clone(), 2)],
+            "4 in all, not 4 each"
+        );
+        let Some(Effect::Tell {
+            message: ControlMsg::Shrink { reason, .. },
+            ..
+        }) = effects.last()
+        else {
+            panic!("{effects:?}");
+        };
+        assert_eq!(reason, "1 local job(s) wait for 4 slot(s) on c1");
+        let r = report(&mut kcm, clock.at(0));
+        assert_eq!(
+            r.jobs[&b],
+            Holding {
+                running: 4,
+                pending: 0
+            },
+            "withdrawn ones are gone"
+        );
+        assert_eq!(r.local_waiting, 4);
+
+        // The launchers need time to leave: the same job is not answered again…
+        let effects = poll(&mut kcm, busy(&[("9", 4)], &running), clock.at(1_000));
+        assert!(effects.is_empty(), "{effects:?}");
+        // …a new one is, for its own slots only…
+        let effects = poll(
+            &mut kcm,
+            busy(&[("9", 4), ("10", 2)], &running),
+            clock.at(2_000),
+        );
+        assert_eq!(shrinks(&effects), [(a.clone(), 1), (b.clone(), 1)]);
+        let effects = poll(
+            &mut kcm,
+            busy(&[("9", 4), ("10", 2)], &running),
+            clock.at(4_999),
+        );
+        assert!(shrinks(&effects).is_empty(), "{effects:?}");
+        // …and once the settle time passed, a job still waiting is answered again.
+        let effects = poll(
+            &mut kcm,
+            busy(&[("9", 4), ("10", 2)], &running),
+            clock.at(5_000),
+        );
+        assert_eq!(shrinks(&effects), [(a, 2), (b, 2)]);
+    }
+
+    #[test]
+    fn released_launchers_are_removed_after_their_grace_if_still_there() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let a = job("a");
+        let both = cluster(
+            4,
+            vec![placeholder("5.1", &a, true), placeholder("5.2", &a, true)],
+        );
+        poll(&mut kcm, both.clone(), clock.at(0));
+        let effects = message(
+            &mut kcm,
+            KcmMsg::Release {
+                job: a.clone(),
+                launchers: vec!["c1-5.1".into(), "c1-5.2".into(), "c2-5.3".into()],
+                grace_ms: 3_000,
+            },
+            clock.at(0),
+        );
+        assert!(effects.is_empty(), "no poll needed: {effects:?}");
+        assert!(removed(&poll(&mut kcm, both, clock.at(2_999))).is_empty());
+        // 5.1 left by itself; 5.3 is another cluster's.
+        let one = cluster(4, vec![placeholder("5.2", &a, true)]);
+        assert_eq!(
+            removed(&poll(&mut kcm, one.clone(), clock.at(3_000))),
+            [["5.2"]]
+        );
+        assert!(
+            removed(&poll(&mut kcm, one, clock.at(4_000))).is_empty(),
+            "once"
+        );
+    }
+
+    #[test]
+    fn an_ended_job_goes_pending_and_components_now_running_after_grace() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let (a, b, g) = (job("a"), job("b"), job("g"));
+        let snapshot = Snapshot {
+            components: vec![component("8", &g, 0, 2)],
+            ..cluster(
+                8,
+                vec![
+                    placeholder("1.1", &a, true),
+                    placeholder("1.2", &a, false),
+                    placeholder("2.1", &b, true),
+                    placeholder("2.2", &b, false),
+                ],
+            )
+        };
+        poll(&mut kcm, snapshot.clone(), clock.at(0));
+        let effects = message(&mut kcm, KcmMsg::JobEnded { job: a.clone() }, clock.at(0));
+        assert_eq!(removed(&effects), [["1.2"]], "b's are not touched");
+        assert!(matches!(effects.last(), Some(Effect::PollNow)));
+        let effects = message(&mut kcm, KcmMsg::JobEnded { job: g }, clock.at(0));
+        assert_eq!(
+            removed(&effects),
+            [["8"]],
+            "a cancelled grid job's components go"
+        );
+        let running = Snapshot {
+            components: Vec::new(),
+            ..cluster(
+                8,
+                vec![placeholder("1.1", &a, true), placeholder("2.1", &b, true)],
+            )
+        };
+        assert!(removed(&poll(&mut kcm, running.clone(), clock.at(9_999))).is_empty());
+        assert_eq!(
+            removed(&poll(&mut kcm, running, clock.at(10_000))),
+            [["1.1"]]
+        );
+        let left = cluster(8, vec![placeholder("2.1", &b, true)]);
+        let message_for_gone = message(&mut kcm, KcmMsg::JobEnded { job: a }, clock.at(11_000));
+        assert!(removed(&message_for_gone).is_empty());
+        assert!(removed(&poll(&mut kcm, left, clock.at(30_000))).is_empty());
+    }
+
+    #[test]
+    fn failed_starts_are_counted_and_reported_until_one_succeeds() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let a = job("a");
+        poll(&mut kcm, cluster(4, Vec::new()), clock.at(0));
+        for (grant, failures) in [(1, 1), (2, 2)] {
+            let effects = message(
+                &mut kcm,
+                KcmMsg::StartLaunchers {
+                    job: a.clone(),
+                    grant,
+                    slots: 4,
+                },
+                clock.at(0),
+            );
+            assert!(matches!(
+                effects.as_slice(),
+                [Effect::SubmitLaunchers { .. }, Effect::PollNow]
+            ));
+            let result = Err(failure("qsub -t 1-4"));
+            let event = Event::LaunchersSubmitted {
+                job: a.clone(),
+                grant,
+                requested: 4,
+                result,
+            };
+            assert!(kcm.handle(event, clock.at(0)).is_empty());
+            let r = report(&mut kcm, clock.at(0));
+            assert_eq!(r.failed_starts, failures);
+            assert_eq!(
+                r.error.as_deref(),
+                Some("qsub -t 1-4: exit status: 1: denied")
+            );
+            assert_eq!(
+                r.applied_grants,
+                [grant],
+                "a refused grant was still acted on"
+            );
+        }
+        message(
+            &mut kcm,
+            KcmMsg::StartLaunchers {
+                job: a.clone(),
+                grant: 3,
+                slots: 4,
+            },
+            clock.at(0),
+        );
+        let event = Event::LaunchersSubmitted {
+            job: a,
+            grant: 3,
+            requested: 4,
+            result: Ok(4),
+        };
+        kcm.handle(event, clock.at(0));
+        let r = report(&mut kcm, clock.at(0));
+        assert_eq!((r.failed_starts, r.error), (0, None));
+    }
+
+    #[test]
+    fn errors_reported_commands_first_then_reads_then_the_batch_system() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let troubled = Snapshot {
+            problem: Some("c1.q@a is in state E".into()),
+            ..cluster(4, Vec::new())
+        };
+        poll(&mut kcm, troubled.clone(), clock.at(0));
+        let error = |kcm: &mut KcmCore| report(kcm, clock.at(0)).error;
+        assert_eq!(error(&mut kcm).as_deref(), Some("c1.q@a is in state E"));
+        let snapshot = Err(failure("qstat -xml"));
+        kcm.handle(
+            Event::Polled {
+                snapshot,
+                spooled: Vec::new(),
+            },
+            clock.at(0),
+        );
+        assert_eq!(
+            error(&mut kcm).as_deref(),
+            Some("qstat -xml: exit status: 1: denied")
+        );
+        kcm.handle(Event::Removed(Err(failure("qdel 1.1"))), clock.at(0));
+        assert_eq!(
+            error(&mut kcm).as_deref(),
+            Some("qdel 1.1: exit status: 1: denied")
+        );
+        kcm.handle(Event::Removed(Ok(())), clock.at(0));
+        assert!(
+            error(&mut kcm).is_some(),
+            "only a good submission clears a command error"
+        );
+        let fine = cluster(4, Vec::new());
+        poll(&mut kcm, fine, clock.at(0));
+        assert_eq!(
+            error(&mut kcm).as_deref(),
+            Some("qdel 1.1: exit status: 1: denied")
+        );
+    }
+
+    #[test]
+    fn component_ends_in_the_spool_are_reported_until_heard_then_deleted() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let g = job("g");
+        let spec = spec(&g, 1, 2);
+        let effects = message(&mut kcm, KcmMsg::SubmitComponent(spec.clone()), clock.at(0));
+        assert!(matches!(
+            effects.as_slice(),
+            [
+                Effect::DeleteSpoolEntry { component: 1, .. },
+                Effect::SubmitComponent(submitted),
+                Effect::PollNow,
+            ] if *submitted == spec
+        ));
+        let answer = Event::ComponentSubmitted {
+            spec,
+            result: Ok(()),
+        };
+        assert!(kcm.handle(answer, clock.at(0)).is_empty());
+        let exit = SpooledExit {
+            job: g.clone(),
+            component: 1,
+            exit_code: Some(3),
+        };
+        let running = Snapshot {
+            components: vec![component("8", &g, 1, 2)],
+            ..cluster(4, Vec::new())
+        };
+        // The wrapper wrote its exit status; the batch system still lists it.
+        let effects = poll_spool(&mut kcm, running, vec![exit.clone()], clock.at(1_000));
+        assert!(ended(&effects).is_empty(), "{effects:?}");
+
+        let ends = ended(&poll_spool(
+            &mut kcm,
+            cluster(4, Vec::new()),
+            vec![exit.clone()],
+            clock.at(31_000),
+        ));
+        let outcome = ComponentOutcome {
+            component: 1,
+            cluster: "c1".into(),
+            exit_code: Some(3),
+            runtime_ms: 31_000,
+            stdout: Captured::default(),
+            stderr: Captured::default(),
+        };
+        assert_eq!(ends, [(g.clone(), outcome.clone())]);
+        // Not heard yet (the send failed): still reported, spool entry kept.
+        let effects = poll_spool(
+            &mut kcm,
+            cluster(4, Vec::new()),
+            vec![exit],
+            clock.at(32_000),
+        );
+        let again = ComponentOutcome {
+            runtime_ms: 32_000,
+            ..outcome
+        };
+        assert_eq!(ended(&effects), [(g.clone(), again)], "still tracked");
+        assert!(
+            !effects
+                .iter()
+                .any(|e| matches!(e, Effect::DeleteSpoolEntry { .. }))
+        );
+        // Heard: forgotten, and only now its spool entry goes.
+        let effects = kcm.handle(
+            Event::ComponentReported {
+                job: g.clone(),
+                component: 1,
+            },
+            clock.at(32_000),
+        );
+        assert!(matches!(
+            effects.as_slice(),
+            [Effect::DeleteSpoolEntry { job, component: 1 }] if *job == g
+        ));
+        assert!(ended(&poll(&mut kcm, cluster(4, Vec::new()), clock.at(33_000))).is_empty());
+    }
+
+    #[test]
+    fn components_without_an_exit_status_end_once_gone_or_a_minute_unseen() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let g = job("g");
+        for component in [0, 1] {
+            let submitted = Event::ComponentSubmitted {
+                spec: spec(&g, component, 1),
+                result: Ok(()),
+            };
+            kcm.handle(submitted, clock.at(0));
+        }
+        // Component 1 shows up, then leaves without an exit status (qdel).
+        let seen = Snapshot {
+            components: vec![component("8", &g, 1, 1)],
+            ..cluster(4, Vec::new())
+        };
+        assert!(ended(&poll(&mut kcm, seen, clock.at(1_000))).is_empty());
+        let ends = ended(&poll(&mut kcm, cluster(4, Vec::new()), clock.at(2_000)));
+        let summary: Vec<_> = ends
+            .iter()
+            .map(|(_, o)| (o.component, o.exit_code, o.runtime_ms))
+            .collect();
+        assert_eq!(summary, [(1, None, 2_000)]);
+        kcm.handle(
+            Event::ComponentReported {
+                job: g.clone(),
+                component: 1,
+            },
+            clock.at(2_000),
+        );
+        // Component 0 never showed up: given up on after a minute.
+        assert!(ended(&poll(&mut kcm, cluster(4, Vec::new()), clock.at(60_000))).is_empty());
+        let ends = ended(&poll(&mut kcm, cluster(4, Vec::new()), clock.at(60_001)));
+        let summary: Vec<_> = ends
+            .iter()
+            .map(|(_, o)| (o.component, o.exit_code, o.runtime_ms))
+            .collect();
+        assert_eq!(summary, [(0, None, 60_001)]);
+    }
+
+    #[test]
+    fn a_component_that_cannot_be_submitted_ends_at_once_with_the_error() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let g = job("g");
+        let spec = spec(&g, 2, 64);
+        let result = Err(failure("qsub -pe make 64"));
+        let effects = kcm.handle(Event::ComponentSubmitted { spec, result }, clock.at(0));
+        let [
+            Effect::Tell {
+                job,
+                message: ControlMsg::ComponentEnded(outcome),
+            },
+        ] = effects.as_slice()
+        else {
+            panic!("{effects:?}");
+        };
+        assert_eq!((job, outcome.component, outcome.exit_code), (&g, 2, None));
+        assert_eq!(
+            outcome.stderr.data,
+            b"qsub -pe make 64: exit status: 1: denied"
+        );
+        assert!(report(&mut kcm, clock.at(0)).error.is_some());
+        assert!(
+            ended(&poll(&mut kcm, cluster(4, Vec::new()), clock.at(120_000))).is_empty(),
+            "not tracked"
+        );
+    }
+
+    #[test]
+    fn the_report_counts_slots_per_job_and_for_the_cluster() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let (a, b, g) = (job("a"), job("b"), job("g"));
+        let node = Placeholder {
+            slots: 4,
+            ..placeholder("2.1", &b, true)
+        };
+        let snapshot = Snapshot {
+            local_running: 3,
+            grid_running: 4,
+            components: vec![
+                component("8", &g, 0, 4),
+                ComponentRun {
+                    running: false,
+                    ..component("9", &g, 1, 2)
+                },
+            ],
+            ..cluster(
+                16,
+                vec![
+                    placeholder("1.1", &a, true),
+                    placeholder("1.2", &a, true),
+                    placeholder("1.3", &a, false),
+                    node,
+                ],
+            )
+        };
+        poll(&mut kcm, snapshot, clock.at(0));
+        let r = report(&mut kcm, clock.at(1_234));
+        assert_eq!((r.cluster.as_str(), r.backend.as_str()), ("c1", "sge"));
+        assert_eq!((r.total_slots, r.local_slots, r.grid_slots), (16, 3, 4));
+        assert_eq!(
+            r.idle_slots, 2,
+            "16 - 3 local - 4 grid - 7 claimed by placeholders"
+        );
+        assert_eq!(r.local_waiting, 0);
+        assert_eq!(
+            r.jobs,
+            [
+                (
+                    a,
+                    Holding {
+                        running: 2,
+                        pending: 1
+                    }
+                ),
+                (
+                    b,
+                    Holding {
+                        running: 4,
+                        pending: 0
+                    }
+                ),
+            ]
+            .into()
+        );
+        assert_eq!(
+            r.grid,
+            [(
+                g,
+                Holding {
+                    running: 4,
+                    pending: 2
+                }
+            )]
+            .into()
+        );
+        assert_eq!((r.error, r.failed_starts), (None, 0));
+        assert_eq!(r.at, 1_700_000_001_234);
+    }
+}

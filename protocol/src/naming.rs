@@ -1,0 +1,149 @@
+//! How gleaner names things in a cluster's batch system, and how a kcm
+//! starts a launcher.
+//!
+//! These names are a contract, not a detail: a restarted kcm recognises its
+//! predecessor's placeholders and components by name alone, a launcher's id
+//! names its queue, and tests, benchmarks and operators look for the same
+//! names in `qstat`. So each is spelled here once, for the kcm that makes
+//! them and for everyone who looks for them (without depending on the kcm).
+
+use std::time::Duration;
+
+use gleaner_manifest::JobId;
+
+/// Name prefix of gleaner's placeholder jobs (`gl-<job>`).
+pub const PLACEHOLDER_PREFIX: &str = "gl-";
+
+/// Name prefix of grid job components (`gg-<job>.<n>`).
+pub const COMPONENT_PREFIX: &str = "gg-";
+
+/// The batch-system name of job `job`'s placeholders: `gl-<job>`.
+pub fn placeholder_name(job: &str) -> String {
+    format!("{PLACEHOLDER_PREFIX}{job}")
+}
+
+/// The gleaner job a placeholder's batch-system name belongs to.
+pub fn parse_placeholder_name(name: &str) -> Option<JobId> {
+    name.strip_prefix(PLACEHOLDER_PREFIX)?.parse().ok()
+}
+
+/// The batch-system name of a grid job's component: `gg-<job>.<n>`.
+pub fn component_name(job: &JobId, component: u32) -> String {
+    format!("{COMPONENT_PREFIX}{job}.{component}")
+}
+
+/// The job and component a batch job name belongs to, if it is a component.
+pub fn parse_component_name(name: &str) -> Option<(JobId, u32)> {
+    let (job, component) = name.strip_prefix(COMPONENT_PREFIX)?.rsplit_once('.')?;
+    Some((job.parse().ok()?, component.parse().ok()?))
+}
+
+/// A launcher's id: `<cluster>-<batch id>`, unique across clusters because
+/// batch ids are unique within one. `batch_id` is the placeholder's id in
+/// the batch system (`4711.3`), or how a job script spells it
+/// ([`SGE_TASK_ID`]).
+pub fn launcher_id(cluster: &str, batch_id: &str) -> String {
+    format!("{cluster}-{batch_id}")
+}
+
+/// The batch id inside a launcher id of `cluster`; `None` for another cluster's.
+pub fn batch_id<'a>(cluster: &str, launcher: &'a str) -> Option<&'a str> {
+    launcher.strip_prefix(cluster)?.strip_prefix('-')
+}
+
+/// A Grid Engine array task's batch id as its job script sees it (shell
+/// variables, expanded when the placeholder starts).
+pub const SGE_TASK_ID: &str = "$JOB_ID.$SGE_TASK_ID";
+
+/// The local backend's batch id of its `n`th child, a launcher: unique
+/// across kcm restarts through the kcm's process id.
+pub fn local_launcher_batch_id(kcm_pid: u32, n: u64) -> String {
+    format!("l{kcm_pid}-{n}")
+}
+
+/// The local backend's batch id of its `n`th child, a grid component.
+pub fn local_component_batch_id(kcm_pid: u32, n: u64) -> String {
+    format!("c{kcm_pid}-{n}")
+}
+
+/// The `gleaner` subcommand that runs one launcher.
+pub const LAUNCHER_SUBCOMMAND: &str = "launcher";
+
+/// One launcher's own arguments, after [`LAUNCHER_SUBCOMMAND`]. Values are
+/// used as given: a job script passes them shell-quoted, or as shell
+/// variables.
+#[derive(Debug, Clone, Copy)]
+pub struct LauncherArgs<'a> {
+    pub job: &'a str,
+    pub cluster: &'a str,
+    /// The launcher's id ([`launcher_id`]); names its queue.
+    pub id: &'a str,
+    /// The batch system's name for the slot, for the consumer tag.
+    pub slot: &'a str,
+    /// Tasks run at once.
+    pub slots: u32,
+    /// The placeholder's walltime: the launcher drains before it ends.
+    pub walltime: Option<Duration>,
+}
+
+impl LauncherArgs<'_> {
+    pub fn to_vec(&self) -> Vec<String> {
+        let mut args = vec![
+            "--job".to_owned(),
+            self.job.to_owned(),
+            "--cluster".to_owned(),
+            self.cluster.to_owned(),
+            "--id".to_owned(),
+            self.id.to_owned(),
+            "--slot".to_owned(),
+            self.slot.to_owned(),
+            "--slots".to_owned(),
+            self.slots.to_string(),
+        ];
+        if let Some(walltime) = self.walltime {
+            args.extend(["--walltime".to_owned(), format!("{}s", walltime.as_secs())]);
+        }
+        args
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_read_back() {
+        let job: JobId = "sweep-3fa9c2".parse().unwrap();
+        assert_eq!(placeholder_name(job.as_str()), "gl-sweep-3fa9c2");
+        assert_eq!(parse_placeholder_name("gl-sweep-3fa9c2"), Some(job.clone()));
+        assert_eq!(parse_placeholder_name("gg-sweep-3fa9c2.1"), None);
+        assert_eq!(component_name(&job, 2), "gg-sweep-3fa9c2.2");
+        assert_eq!(parse_component_name("gg-sweep-3fa9c2.2"), Some((job, 2)));
+        assert_eq!(parse_component_name("gl-sweep-3fa9c2"), None);
+    }
+
+    #[test]
+    fn launcher_ids_name_their_cluster() {
+        let id = launcher_id("c1", "4711.3");
+        assert_eq!(id, "c1-4711.3");
+        assert_eq!(batch_id("c1", &id), Some("4711.3"));
+        assert_eq!(batch_id("c1", "c10-4711.3"), None);
+        assert_eq!(batch_id("c2", &id), None);
+    }
+
+    #[test]
+    fn launcher_arguments_in_order() {
+        let args = LauncherArgs {
+            job: "j",
+            cluster: "c1",
+            id: "c1-7",
+            slot: "0",
+            slots: 2,
+            walltime: Some(Duration::from_secs(60)),
+        };
+        assert_eq!(
+            args.to_vec().join(" "),
+            "--job j --cluster c1 --id c1-7 --slot 0 --slots 2 --walltime 60s"
+        );
+    }
+}
