@@ -6,11 +6,17 @@
 //! leaves when its job's queue is deleted, when it has been idle for
 //! `idle_timeout`, or when told to (preempt, drain, SIGTERM, its placeholder's
 //! walltime).
+//!
+//! What to do and when is decided in [`state`], without I/O; this file is the
+//! shell that connects, turns what happens into events for it, and carries
+//! out its effects.
 
 mod exec;
+mod state;
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap, VecDeque},
+    ops::ControlFlow,
     path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -20,16 +26,17 @@ use gleaner_broker::{
     Broker, BrokerError, ConsumeOptions, Inbox, Incoming, Publisher,
     topology::{JobQueues, declare_launcher},
 };
-use gleaner_protocol::{
-        ControlMsg, LauncherInfo, LauncherMsg, LauncherStatus, ResultMsg, RunningTask, TaskMsg,
-        now_ms,
-    };
 use gleaner_manifest::JobId;
+use gleaner_protocol::{
+    Captured, ControlMsg, LauncherInfo, LauncherMsg, LauncherStatus, ResultMsg, RunStatus,
+    RunningTask, TaskMsg, now_ms,
+};
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 pub use exec::Limits;
+use state::{Effect, Event, State, Status};
 
 /// Everything a launcher needs to know; the kcm passes most of it on the
 /// command line.
@@ -89,22 +96,11 @@ pub enum LauncherError {
     Broker(#[from] BrokerError),
 }
 
-/// What running tasks do when they are stopped before they end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum StopMode {
-    /// Republish the task (preemption count +1) and ack the original.
-    Republish,
-    /// Nothing: the job is over.
-    Abandon,
-}
-
-/// Shared between the main loop and the running tasks.
+/// Shared between the shell's loop and the futures it spawns.
 struct Shared {
     config: LauncherConfig,
     queues: JobQueues,
     publisher: Publisher,
-    running: Mutex<BTreeMap<u64, RunningTask>>,
-    stop_mode: Mutex<StopMode>,
     sandboxes: Sandboxes,
 }
 
@@ -162,7 +158,7 @@ pub async fn run(
 
     let own_channel = connection.channel().await?;
     let own_queue = declare_launcher(&own_channel, &config.id).await?;
-    let mut own: Inbox<LauncherMsg> = Inbox::open(
+    let own: Inbox<LauncherMsg> = Inbox::open(
         &own_channel,
         publisher.clone(),
         &own_queue,
@@ -192,7 +188,7 @@ pub async fn run(
     }
     let task_channel = connection.channel().await?;
     let prefetch = u16::try_from(config.slots.max(1)).unwrap_or(u16::MAX);
-    let mut tasks: Inbox<TaskMsg> = match Inbox::open(
+    let tasks: Inbox<TaskMsg> = match Inbox::open(
         &task_channel,
         publisher.clone(),
         &queues.tasks,
@@ -214,10 +210,10 @@ pub async fn run(
         config,
         queues,
         publisher,
-        running: Mutex::default(),
-        stop_mode: Mutex::new(StopMode::Republish),
     });
-    let result = serve(&shared, &mut tasks, &mut own, signals).await;
+    let result = Shell::new(shared.clone(), tasks, own, signals)
+        .serve()
+        .await;
     shared.sandboxes.remove_all();
     let config = &shared.config;
     match &result {
@@ -228,7 +224,7 @@ pub async fn run(
                 reason: exit.describe().to_owned(),
             };
             if let Err(e) = shared.publisher.send(&shared.queues.control, &gone).await {
-                debug!(launcher = %config.id, error = %e, "cannot say goodbye");
+                debug!(job = %config.job, launcher = %config.id, cluster = %config.cluster, error = %e, "cannot say goodbye");
             }
             info!(job = %config.job, launcher = %config.id, cluster = %config.cluster, exit = exit.describe(), "launcher leaves");
         }
@@ -248,155 +244,223 @@ fn job_over_or(e: BrokerError) -> Result<Exit, LauncherError> {
     }
 }
 
-async fn serve(
-    shared: &Arc<Shared>,
-    tasks: &mut Inbox<TaskMsg>,
-    own: &mut Inbox<LauncherMsg>,
+/// The launcher's I/O: turns deliveries, messages, signals, timers and the
+/// ends of spawned work into [`Event`]s for [`State`], and applies the
+/// [`Effect`]s it answers.
+struct Shell {
+    shared: Arc<Shared>,
+    tasks: Inbox<TaskMsg>,
+    own: Inbox<LauncherMsg>,
+    /// The own queue's consumer may still deliver.
+    own_open: bool,
     signals: CancellationToken,
-) -> Result<Exit, LauncherError> {
-    let config = &shared.config;
-    let (stop, stop_seen) = watch::channel(false);
-    let mut running: JoinSet<Result<(), BrokerError>> = JoinSet::new();
-    let mut heartbeat = tokio::time::interval(config.heartbeat);
-    heartbeat.tick().await;
-    let mut idle_since = Some(Instant::now());
-    // `Some(reason)` once we stopped taking tasks; we leave when the last one ends.
-    let mut leaving: Option<Exit> = None;
-    let mut consuming = true;
-    let mut completed = 0u64;
-    let stop_at = config.deadline.map(|deadline| {
-        deadline
-            .checked_sub(config.deadline_margin)
-            .unwrap_or(deadline)
-    });
-    // What a fresh placeholder like this one offers a task, start to stop.
-    let window = stop_at.map(|stop| stop.saturating_duration_since(Instant::now()));
-    let mut walltime_reached = false;
+    signalled: bool,
+    /// Task runs and settlements, each for one delivery (its tag).
+    work: JoinSet<(u64, Done)>,
+    /// The delivery each spawned future is for, to settle it if it panics.
+    work_tags: HashMap<tokio::task::Id, u64>,
+    /// Deliveries waiting for the effect that names them.
+    held: BTreeMap<u64, Held>,
+    /// Turned true by [`Effect::StopTasks`]; every run watches it.
+    stop: watch::Sender<bool>,
+}
 
-    loop {
-        let idle_deadline = idle_since.map(|since| since + config.idle_timeout);
-        let reason = tokio::select! {
-            delivery = tasks.next(), if consuming => match delivery {
-                Some(Ok(incoming)) => {
-                    idle_since = None;
-                    if fits(stop_at, &incoming.msg) {
-                        running.spawn(run_task(shared.clone(), incoming, stop_seen.clone()));
-                        None
-                    } else if let Some(window) = window.filter(|w| {
-                        incoming.msg.walltime_ms.is_some_and(|ms| Duration::from_millis(ms) > *w)
-                    }) {
-                        // No placeholder like this one could ever run it:
-                        // a failed attempt, not a task passed on forever.
-                        running.spawn(refuse(shared.clone(), incoming, window));
-                        None
-                    } else {
-                        info!(job = %config.job, task = incoming.msg.task, launcher = %config.id, "task would outlast the placeholder; giving it back and draining");
-                        running.spawn(give_back(shared.clone(), incoming));
-                        Some(Exit::Walltime)
+/// A delivery in the shell's hands, acked only once settled.
+struct Held {
+    incoming: Incoming<TaskMsg>,
+    /// The run's outcome, once it ended by itself.
+    outcome: Option<exec::Outcome>,
+}
+
+/// What a spawned future hands back.
+enum Done {
+    /// The task's process is over (boxed: an outcome is large).
+    Ran(Box<Held>),
+    /// Published and acked, or not.
+    Settled(Result<(), BrokerError>),
+}
+
+impl Shell {
+    fn new(
+        shared: Arc<Shared>,
+        tasks: Inbox<TaskMsg>,
+        own: Inbox<LauncherMsg>,
+        signals: CancellationToken,
+    ) -> Self {
+        Self {
+            shared,
+            tasks,
+            own,
+            own_open: true,
+            signals,
+            signalled: false,
+            work: JoinSet::new(),
+            work_tags: HashMap::new(),
+            held: BTreeMap::new(),
+            stop: watch::Sender::new(false),
+        }
+    }
+
+    /// Runs until the state says to leave.
+    async fn serve(mut self) -> Result<Exit, LauncherError> {
+        let mut state = State::new(&self.shared.config, Instant::now());
+        loop {
+            let mut events = VecDeque::from(self.next_events(&state).await);
+            while let Some(event) = events.pop_front() {
+                for effect in state.handle(event, Instant::now()) {
+                    match self.apply(effect).await {
+                        ControlFlow::Break(exit) => return exit,
+                        ControlFlow::Continue(failure) => events.extend(failure),
                     }
                 }
-                Some(Err(e)) => {
-                    abandon(shared, &stop, &mut running).await;
-                    return Err(e.into());
-                }
-                None => {
-                    consuming = false;
-                    if leaving.is_none() {
-                        // Cancelled by the broker: the queue was deleted.
-                        abandon(shared, &stop, &mut running).await;
-                        return Ok(Exit::JobOver);
-                    }
-                    None
-                }
-            },
-            Some(ended) = running.join_next() => {
-                completed += 1;
-                match ended {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) if e.is_not_found() => {
-                        abandon(shared, &stop, &mut running).await;
-                        return Ok(Exit::JobOver);
-                    }
-                    Ok(Err(e)) => {
-                        abandon(shared, &stop, &mut running).await;
-                        return Err(e.into());
-                    }
-                    Err(e) => warn!(launcher = %config.id, error = %e, "task supervisor failed"),
-                }
-                if running.is_empty() {
-                    idle_since = Some(Instant::now());
-                }
-                None
             }
-            message = own.next() => match message {
+        }
+    }
+
+    /// Waits for what happens next.
+    async fn next_events(&mut self, state: &State<LauncherError>) -> Vec<Event<LauncherError>> {
+        tokio::select! {
+            delivery = self.tasks.next(), if state.consuming() => vec![match delivery {
+                Some(Ok(incoming)) => {
+                    let tag = incoming.delivery_tag();
+                    let event = Event::Delivered {
+                        tag,
+                        task: incoming.msg.task,
+                        walltime: incoming.msg.walltime_ms.map(Duration::from_millis),
+                    };
+                    self.held.insert(tag, Held { incoming, outcome: None });
+                    event
+                }
+                Some(Err(e)) => Event::Failed(e.into()),
+                None => Event::TasksEnded,
+            }],
+            Some(joined) = self.work.join_next_with_id() => self.joined(joined),
+            message = self.own.next(), if self.own_open && state.listening() => match message {
                 Some(Ok(incoming)) => {
                     let _ = incoming.ack().await;
-                    match incoming.msg {
-                        LauncherMsg::Preempt { reason } => {
-                            info!(job = %config.job, launcher = %config.id, reason, "preempted");
-                            let _ = stop.send(true);
-                            Some(Exit::Preempted)
-                        }
-                        LauncherMsg::Drain { reason } => {
-                            info!(job = %config.job, launcher = %config.id, reason, "draining");
-                            Some(Exit::Drained)
-                        }
-                        LauncherMsg::Poll {} => {
-                            if let Err(e) = send_status(shared, completed).await {
-                                abandon(shared, &stop, &mut running).await;
-                                return Err(e);
-                            }
-                            None
-                        }
-                    }
+                    vec![Event::Message(incoming.msg)]
                 }
-                Some(Err(e)) => {
-                    abandon(shared, &stop, &mut running).await;
-                    return Err(e.into());
+                Some(Err(e)) => vec![Event::Failed(e.into())],
+                None => {
+                    self.own_open = false;
+                    Vec::new()
                 }
-                None => None,
             },
-            () = signals.cancelled(), if leaving != Some(Exit::Preempted) => {
-                info!(job = %config.job, launcher = %config.id, "signalled: preempting own tasks");
-                let _ = stop.send(true);
-                Some(Exit::Preempted)
+            () = self.signals.cancelled(), if !self.signalled && state.listening() => {
+                self.signalled = true;
+                vec![Event::Signal]
             }
-            () = sleep_until(idle_deadline), if leaving.is_none() => Some(Exit::Idle),
-            () = sleep_until(stop_at), if !walltime_reached && leaving != Some(Exit::Preempted) => {
-                info!(job = %config.job, launcher = %config.id, "placeholder walltime ending: preempting own tasks");
-                walltime_reached = true;
-                let _ = stop.send(true);
-                Some(Exit::Walltime)
+            () = sleep_until(state.next_wakeup()) => vec![Event::Tick],
+        }
+    }
+
+    fn joined(
+        &mut self,
+        joined: Result<(tokio::task::Id, (u64, Done)), tokio::task::JoinError>,
+    ) -> Vec<Event<LauncherError>> {
+        let (tag, done) = match joined {
+            Ok((id, done)) => {
+                self.work_tags.remove(&id);
+                done
             }
-            _ = heartbeat.tick() => {
-                if let Err(e) = send_status(shared, completed).await {
-                    abandon(shared, &stop, &mut running).await;
-                    return Err(e);
-                }
-                None
+            Err(e) => {
+                let config = &self.shared.config;
+                warn!(job = %config.job, launcher = %config.id, cluster = %config.cluster, error = %e, "task supervisor failed");
+                // Its delivery went with it, unacked: the broker redelivers it.
+                return self
+                    .work_tags
+                    .remove(&e.id())
+                    .map(|tag| Event::Settled { tag })
+                    .into_iter()
+                    .collect();
             }
         };
-        if let Some(exit) = reason {
-            let first = leaving.is_none();
-            // A preemption overrides a drain already under way.
-            if leaving.is_none() || exit == Exit::Preempted {
-                leaving = Some(exit);
+        match done {
+            Done::Ran(held) => {
+                let killed = held.outcome.is_none();
+                self.held.insert(tag, *held);
+                vec![Event::Ended { tag, killed }]
             }
-            if first
-                && consuming
-                && let Err(e) = tasks.stop().await
-            {
-                abandon(shared, &stop, &mut running).await;
-                return Err(e.into());
+            Done::Settled(Ok(())) => vec![Event::Settled { tag }],
+            // The fault first, so that the state ends for it rather than for
+            // a drain this settlement completes.
+            Done::Settled(Err(e)) if e.is_not_found() => {
+                vec![Event::QueueGone, Event::Settled { tag }]
             }
+            Done::Settled(Err(e)) => vec![Event::Failed(e.into()), Event::Settled { tag }],
         }
-        // Leaving once no task runs and no delivery can arrive any more.
-        if let Some(exit) = leaving
-            && running.is_empty()
-            && !consuming
-        {
-            return Ok(exit);
+    }
+
+    /// Applies one effect: leaving breaks, and a broker failure doing
+    /// anything else comes back as an event.
+    async fn apply(
+        &mut self,
+        effect: Effect<LauncherError>,
+    ) -> ControlFlow<Result<Exit, LauncherError>, Option<Event<LauncherError>>> {
+        let shared = self.shared.clone();
+        match effect {
+            Effect::Run { tag } => {
+                if let Some(held) = self.held.remove(&tag) {
+                    let run = run_task(shared, held.incoming, self.stop.subscribe());
+                    self.spawn(tag, run);
+                }
+            }
+            Effect::Report { tag } => {
+                if let Some(Held {
+                    incoming,
+                    outcome: Some(outcome),
+                }) = self.held.remove(&tag)
+                {
+                    self.settle(tag, report(shared, incoming, outcome));
+                }
+            }
+            Effect::Refuse { tag, reason } => {
+                if let Some(held) = self.held.remove(&tag) {
+                    self.settle(tag, refuse(shared, held.incoming, reason));
+                }
+            }
+            Effect::GiveBack { tag } => {
+                if let Some(held) = self.held.remove(&tag) {
+                    self.settle(tag, give_back(shared, held.incoming));
+                }
+            }
+            Effect::Republish { tag } => {
+                if let Some(held) = self.held.remove(&tag) {
+                    self.settle(tag, republish(shared, held.incoming));
+                }
+            }
+            Effect::Abandon { tag } => {
+                self.held.remove(&tag);
+            }
+            Effect::StopConsuming => {
+                if let Err(e) = self.tasks.stop().await {
+                    return ControlFlow::Continue(Some(Event::Failed(e.into())));
+                }
+            }
+            Effect::StopTasks => {
+                self.stop.send_replace(true);
+            }
+            Effect::SendStatus(status) => {
+                if let Err(e) = send_status(&shared, status).await {
+                    return ControlFlow::Continue(Some(Event::Failed(e.into())));
+                }
+            }
+            Effect::Leave(exit) => return ControlFlow::Break(exit),
         }
+        ControlFlow::Continue(None)
+    }
+
+    fn spawn(&mut self, tag: u64, work: impl Future<Output = Done> + Send + 'static) {
+        let id = self.work.spawn(async move { (tag, work.await) }).id();
+        self.work_tags.insert(id, tag);
+    }
+
+    fn settle(
+        &mut self,
+        tag: u64,
+        settlement: impl Future<Output = Result<(), BrokerError>> + Send + 'static,
+    ) {
+        self.spawn(tag, async move { Done::Settled(settlement.await) });
     }
 }
 
@@ -407,46 +471,100 @@ async fn sleep_until(deadline: Option<Instant>) {
     }
 }
 
-/// Whether a task's walltime fits before the launcher must stop. A task
-/// without a walltime might take any time: it is taken while time remains.
-fn fits(stop_at: Option<Instant>, task: &TaskMsg) -> bool {
-    match (stop_at, task.walltime_ms) {
-        (Some(stop_at), Some(walltime)) => {
-            Instant::now() + Duration::from_millis(walltime) <= stop_at
-        }
-        _ => true,
-    }
-}
-
-/// Fails a task whose walltime exceeds what any placeholder offers.
-async fn refuse(
+/// Runs one delivered task in a sandbox, unless the tasks were stopped before
+/// it could start.
+async fn run_task(
     shared: Arc<Shared>,
     incoming: Incoming<TaskMsg>,
-    window: Duration,
+    stop: watch::Receiver<bool>,
+) -> Done {
+    if *stop.borrow() {
+        return Done::Ran(Box::new(Held {
+            incoming,
+            outcome: None,
+        }));
+    }
+    let config = &shared.config;
+    let task = &incoming.msg;
+    let mut env = task.env.clone();
+    env.extend([
+        ("GLEANER_JOB".to_owned(), task.job.to_string()),
+        ("GLEANER_TASK".to_owned(), task.task.to_string()),
+        ("GLEANER_ATTEMPT".to_owned(), task.attempt.to_string()),
+    ]);
+    let sandbox = shared.sandboxes.take();
+    let run = exec::TaskRun {
+        command: &task.command,
+        env: &env,
+        walltime: task.walltime_ms.map(Duration::from_millis),
+        outputs: &task.outputs,
+        workdir: task.workdir.as_deref().map(std::path::Path::new),
+        sandbox: sandbox.clone(),
+    };
+    debug!(job = %task.job, task = task.task, attempt = task.attempt, launcher = %config.id, cluster = %config.cluster, "task started");
+    let outcome = exec::run(run, config.limits, stop).await;
+    shared.sandboxes.give_back(sandbox);
+    if let Some(outcome) = &outcome {
+        debug!(job = %task.job, task = task.task, attempt = task.attempt, launcher = %config.id, cluster = %config.cluster, status = ?outcome.status, "task ended");
+    }
+    Done::Ran(Box::new(Held { incoming, outcome }))
+}
+
+/// Publishes the result of a run that ended by itself, then acks the task.
+async fn report(
+    shared: Arc<Shared>,
+    incoming: Incoming<TaskMsg>,
+    outcome: exec::Outcome,
 ) -> Result<(), BrokerError> {
     let config = &shared.config;
     let task = &incoming.msg;
-    let reason = format!(
-        "the task's walltime ({} s) exceeds what a placeholder of cluster {} offers ({} s)",
-        task.walltime_ms.unwrap_or(0) / 1000,
-        config.cluster,
-        window.as_secs()
-    );
-    warn!(job = %task.job, task = task.task, launcher = %config.id, reason, "task refused");
     let result = ResultMsg {
         job: task.job.clone(),
         task: task.task,
         attempt: task.attempt,
         preemptions: task.preemptions,
-        status: gleaner_protocol::RunStatus::Failed,
+        status: outcome.status,
+        exit_code: outcome.exit_code,
+        signal: outcome.signal,
+        runtime_ms: outcome.runtime.as_millis() as u64,
+        launcher: config.id.clone(),
+        cluster: config.cluster.clone(),
+        host: config.host.clone(),
+        stdout: outcome.stdout,
+        stderr: outcome.stderr,
+        outputs: outcome.outputs,
+        error: outcome.error,
+    };
+    shared
+        .publisher
+        .send(&shared.queues.results, &result)
+        .await?;
+    incoming.ack().await
+}
+
+/// Fails a task no placeholder of this cluster could run, with the reason as
+/// its stderr.
+async fn refuse(
+    shared: Arc<Shared>,
+    incoming: Incoming<TaskMsg>,
+    reason: String,
+) -> Result<(), BrokerError> {
+    let config = &shared.config;
+    let task = &incoming.msg;
+    let result = ResultMsg {
+        job: task.job.clone(),
+        task: task.task,
+        attempt: task.attempt,
+        preemptions: task.preemptions,
+        status: RunStatus::Failed,
         exit_code: None,
         signal: None,
         runtime_ms: 0,
         launcher: config.id.clone(),
         cluster: config.cluster.clone(),
         host: config.host.clone(),
-        stdout: Default::default(),
-        stderr: gleaner_protocol::Captured {
+        stdout: Captured::default(),
+        stderr: Captured {
             data: reason.into_bytes(),
             dropped: 0,
         },
@@ -469,127 +587,43 @@ async fn give_back(shared: Arc<Shared>, incoming: Incoming<TaskMsg>) -> Result<(
     incoming.ack().await
 }
 
-/// The job is over or the launcher is failing: kill everything, report nothing.
-async fn abandon(
-    shared: &Shared,
-    stop: &watch::Sender<bool>,
-    running: &mut JoinSet<Result<(), BrokerError>>,
-) {
-    if let Ok(mut mode) = shared.stop_mode.lock() {
-        *mode = StopMode::Abandon;
-    }
-    let _ = stop.send(true);
-    while running.join_next().await.is_some() {}
+/// Returns a stopped task to the queue with one more preemption (not a
+/// failure: its attempts are untouched), then acks the original.
+async fn republish(shared: Arc<Shared>, incoming: Incoming<TaskMsg>) -> Result<(), BrokerError> {
+    let config = &shared.config;
+    let task = &incoming.msg;
+    let again = TaskMsg {
+        preemptions: task.preemptions + 1,
+        ..task.clone()
+    };
+    shared.publisher.send(&shared.queues.tasks, &again).await?;
+    info!(job = %task.job, task = task.task, launcher = %config.id, cluster = %config.cluster, "task preempted and republished");
+    incoming.ack().await
 }
 
-async fn send_status(shared: &Shared, completed: u64) -> Result<(), LauncherError> {
-    let running = shared
+/// Sends a status to the runner, start instants turned into wall-clock times.
+async fn send_status(shared: &Shared, status: Status) -> Result<(), BrokerError> {
+    let now = Instant::now();
+    let wall = now_ms();
+    let running = status
         .running
-        .lock()
-        .map(|r| r.values().cloned().collect())
-        .unwrap_or_default();
+        .into_iter()
+        .map(|running| RunningTask {
+            task: running.task,
+            started_at: wall
+                .saturating_sub(now.saturating_duration_since(running.started).as_millis() as u64),
+        })
+        .collect();
     let status = ControlMsg::LauncherStatus(LauncherStatus {
         launcher: shared.config.id.clone(),
         cluster: shared.config.cluster.clone(),
         running,
-        completed,
+        completed: status.completed,
     });
     match shared.publisher.send(&shared.queues.control, &status).await {
         Ok(()) => Ok(()),
         // The job's queues are going away; the task consumer will tell.
         Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// Runs one delivered task and settles it: result published then task acked,
-/// or (stopped) republished then acked, or (abandoned) left to the broker.
-async fn run_task(
-    shared: Arc<Shared>,
-    incoming: Incoming<TaskMsg>,
-    stop: watch::Receiver<bool>,
-) -> Result<(), BrokerError> {
-    let config = &shared.config;
-    let task = &incoming.msg;
-    let tag = incoming.delivery_tag();
-    let started_at = now_ms();
-    if let Ok(mut running) = shared.running.lock() {
-        running.insert(
-            tag,
-            RunningTask {
-                task: task.task,
-                started_at,
-            },
-        );
-    }
-    let sandbox = shared.sandboxes.take();
-    let stopped = *stop.borrow();
-    let outcome = if stopped {
-        None
-    } else {
-        let mut env = task.env.clone();
-        env.extend([
-            ("GLEANER_JOB".to_owned(), task.job.to_string()),
-            ("GLEANER_TASK".to_owned(), task.task.to_string()),
-            ("GLEANER_ATTEMPT".to_owned(), task.attempt.to_string()),
-        ]);
-        let workdir = task.workdir.as_deref().map(std::path::Path::new);
-        let run = exec::TaskRun {
-            command: &task.command,
-            env: &env,
-            walltime: task.walltime_ms.map(Duration::from_millis),
-            outputs: &task.outputs,
-            workdir,
-            sandbox: sandbox.clone(),
-        };
-        debug!(job = %task.job, task = task.task, attempt = task.attempt, launcher = %config.id, "task started");
-        exec::run(run, config.limits, stop).await
-    };
-    shared.sandboxes.give_back(sandbox);
-    if let Ok(mut running) = shared.running.lock() {
-        running.remove(&tag);
-    }
-    match outcome {
-        Some(outcome) => {
-            debug!(job = %task.job, task = task.task, attempt = task.attempt, launcher = %config.id, status = ?outcome.status, "task ended");
-            let result = ResultMsg {
-                job: task.job.clone(),
-                task: task.task,
-                attempt: task.attempt,
-                preemptions: task.preemptions,
-                status: outcome.status,
-                exit_code: outcome.exit_code,
-                signal: outcome.signal,
-                runtime_ms: outcome.runtime.as_millis() as u64,
-                launcher: config.id.clone(),
-                cluster: config.cluster.clone(),
-                host: config.host.clone(),
-                stdout: outcome.stdout,
-                stderr: outcome.stderr,
-                outputs: outcome.outputs,
-                error: outcome.error,
-            };
-            shared
-                .publisher
-                .send(&shared.queues.results, &result)
-                .await?;
-            incoming.ack().await
-        }
-        None => {
-            let mode = shared
-                .stop_mode
-                .lock()
-                .map_or(StopMode::Abandon, |mode| *mode);
-            if mode == StopMode::Abandon {
-                return Ok(());
-            }
-            let again = TaskMsg {
-                preemptions: task.preemptions + 1,
-                ..task.clone()
-            };
-            shared.publisher.send(&shared.queues.tasks, &again).await?;
-            info!(job = %task.job, task = task.task, launcher = %config.id, "task preempted and republished");
-            incoming.ack().await
-        }
+        Err(e) => Err(e),
     }
 }

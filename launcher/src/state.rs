@@ -1,0 +1,747 @@
+//! Everything a launcher decides, apart from the I/O that carries it out.
+//!
+//! [`State`] is told what happened — a task delivered, a task's process
+//! over, a delivery settled with the broker, a message on the launcher's own
+//! queue, a signal, the clock reaching [`State::next_wakeup`] — together with
+//! the time, and answers with the [`Effect`]s the shell (`lib.rs`) must apply.
+//! It decides which tasks to run, refuse or give back, when to stop taking
+//! tasks, when to stop running ones and whether they are then republished or
+//! abandoned, when to report status, and when and why to leave.
+//!
+//! It touches no broker, process, file or clock: the time is an argument, so
+//! every decision, the timed ones included, is tested here without RabbitMQ
+//! and without waiting.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, Instant},
+};
+
+use gleaner_manifest::JobId;
+use gleaner_protocol::LauncherMsg;
+use tracing::{info, warn};
+
+use crate::{Exit, LauncherConfig};
+
+/// Something that happened, as the shell saw it. Deliveries are named by
+/// their delivery tag, unique on the task channel. `E` is the shell's error,
+/// handed back when the launcher leaves because of it.
+#[derive(Debug)]
+pub enum Event<E> {
+    /// A task arrived from the job's task queue.
+    Delivered {
+        tag: u64,
+        task: u64,
+        walltime: Option<Duration>,
+    },
+    /// The task consumer ended: cancelled by us, or by the broker because the
+    /// job's task queue was deleted.
+    TasksEnded,
+    /// A task's process is over: it ended by itself, or was `killed` after
+    /// [`Effect::StopTasks`].
+    Ended { tag: u64, killed: bool },
+    /// The shell is done with a delivery: acked once its result, republish,
+    /// give-back or refusal was confirmed by the broker (or lost with a failed
+    /// supervisor, for the broker to redeliver).
+    Settled { tag: u64 },
+    /// The broker says the job's queues are gone.
+    QueueGone,
+    /// The broker connection or a channel failed.
+    Failed(E),
+    /// A message on the launcher's own queue.
+    Message(LauncherMsg),
+    /// SIGTERM, SIGINT or the batch system's kill warning.
+    Signal,
+    /// The clock reached [`State::next_wakeup`].
+    Tick,
+}
+
+/// What the shell must do. Every effect naming a delivery but
+/// [`Effect::Run`] and [`Effect::Abandon`] ends with an [`Event::Settled`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Effect<E> {
+    /// Run the task in a sandbox; its end comes back as [`Event::Ended`].
+    Run { tag: u64 },
+    /// Publish the result of a task that ended by itself, then ack it.
+    Report { tag: u64 },
+    /// Publish a failed result with `reason` as its stderr, then ack the task.
+    Refuse { tag: u64, reason: String },
+    /// Publish the task unchanged to its queue, then ack the original.
+    GiveBack { tag: u64 },
+    /// Publish the task with one more preemption, then ack the original.
+    Republish { tag: u64 },
+    /// Drop the delivery unacked: the broker redelivers it if anyone still wants it.
+    Abandon { tag: u64 },
+    /// Ask the broker for no more deliveries.
+    StopConsuming,
+    /// Kill every running task, and any started from now on.
+    StopTasks,
+    /// Tell the job's runner what runs here.
+    SendStatus(Status),
+    /// Leave: no task is left and no delivery can arrive any more.
+    Leave(Result<Exit, E>),
+}
+
+/// A launcher's status, for the runner's heartbeat bookkeeping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub running: Vec<Running>,
+    /// Deliveries settled so far.
+    pub completed: u64,
+}
+
+/// A task whose process runs, and since when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Running {
+    pub task: u64,
+    pub started: Instant,
+}
+
+/// A delivery the shell holds, until it is settled or abandoned.
+#[derive(Debug)]
+struct Held {
+    task: u64,
+    started: Instant,
+    /// Its process runs (rather than its result or republish being sent).
+    running: bool,
+}
+
+/// The launcher's state between events.
+#[derive(Debug)]
+pub struct State<E> {
+    job: JobId,
+    launcher: String,
+    cluster: String,
+    idle_timeout: Duration,
+    heartbeat: Duration,
+    /// When running tasks are preempted: `deadline_margin` before the
+    /// placeholder's deadline, so the batch system's kill never costs a task
+    /// its retry budget.
+    stop_at: Option<Instant>,
+    /// What a fresh placeholder like this one offers a task, start to stop.
+    window: Option<Duration>,
+    held: BTreeMap<u64, Held>,
+    completed: u64,
+    /// Since when nothing was held; `None` while anything is.
+    idle_since: Option<Instant>,
+    next_heartbeat: Option<Instant>,
+    /// The task consumer may still deliver.
+    consuming: bool,
+    /// Why we leave, once we stopped taking tasks.
+    leaving: Option<Exit>,
+    /// Running tasks were told to stop (they are republished unless abandoned).
+    tasks_stopped: bool,
+    walltime_reached: bool,
+    /// The job is over or the broker failed: tasks are killed and left to the
+    /// broker, and we leave with this once none is held.
+    abandoned: Option<Result<Exit, E>>,
+    left: bool,
+}
+
+impl<E> State<E> {
+    pub fn new(config: &LauncherConfig, now: Instant) -> Self {
+        let stop_at = config.deadline.map(|deadline| {
+            deadline
+                .checked_sub(config.deadline_margin)
+                .unwrap_or(deadline)
+        });
+        Self {
+            job: config.job.clone(),
+            launcher: config.id.clone(),
+            cluster: config.cluster.clone(),
+            idle_timeout: config.idle_timeout,
+            heartbeat: config.heartbeat,
+            stop_at,
+            window: stop_at.map(|stop| stop.saturating_duration_since(now)),
+            held: BTreeMap::new(),
+            completed: 0,
+            idle_since: Some(now),
+            next_heartbeat: now.checked_add(config.heartbeat),
+            consuming: true,
+            leaving: None,
+            tasks_stopped: false,
+            walltime_reached: false,
+            abandoned: None,
+            left: false,
+        }
+    }
+
+    /// Whether the shell should read the task consumer.
+    pub fn consuming(&self) -> bool {
+        self.consuming && self.abandoned.is_none()
+    }
+
+    /// Whether the shell should read the launcher's own queue and signals:
+    /// not once tasks are being abandoned, when only their ends matter.
+    pub fn listening(&self) -> bool {
+        self.abandoned.is_none()
+    }
+
+    /// When the shell should send [`Event::Tick`]: the next of the idle
+    /// timeout, the walltime stop and the heartbeat.
+    pub fn next_wakeup(&self) -> Option<Instant> {
+        if self.left || self.abandoned.is_some() {
+            return None;
+        }
+        let idle = self
+            .idle_since
+            .filter(|_| self.leaving.is_none())
+            .and_then(|since| since.checked_add(self.idle_timeout));
+        let walltime = self
+            .stop_at
+            .filter(|_| !self.walltime_reached && self.leaving != Some(Exit::Preempted));
+        [idle, walltime, self.next_heartbeat]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Takes one event at `now`; after [`Effect::Leave`] nothing more happens.
+    pub fn handle(&mut self, event: Event<E>, now: Instant) -> Vec<Effect<E>> {
+        let mut effects = Vec::new();
+        if self.left {
+            return effects;
+        }
+        match event {
+            Event::Delivered {
+                tag,
+                task,
+                walltime,
+            } => self.delivered(tag, task, walltime, now, &mut effects),
+            Event::TasksEnded => {
+                self.consuming = false;
+                if self.leaving.is_none() {
+                    // Cancelled by the broker: the queue was deleted.
+                    self.abandon(Ok(Exit::JobOver), &mut effects);
+                }
+            }
+            Event::Ended { tag, killed } => self.ended(tag, killed, now, &mut effects),
+            Event::Settled { tag } => self.forget(tag, now),
+            Event::QueueGone => self.abandon(Ok(Exit::JobOver), &mut effects),
+            Event::Failed(error) => self.abandon(Err(error), &mut effects),
+            Event::Message(msg) if self.listening() => self.message(msg, &mut effects),
+            Event::Signal if self.listening() && self.leaving != Some(Exit::Preempted) => {
+                info!(job = %self.job, launcher = %self.launcher, cluster = %self.cluster, "signalled: preempting own tasks");
+                self.stop_tasks(&mut effects);
+                self.leave(Exit::Preempted, &mut effects);
+            }
+            Event::Tick if self.listening() => self.tick(now, &mut effects),
+            Event::Message(_) | Event::Signal | Event::Tick => {}
+        }
+        self.leave_if_done(&mut effects);
+        effects
+    }
+
+    fn delivered(
+        &mut self,
+        tag: u64,
+        task: u64,
+        walltime: Option<Duration>,
+        now: Instant,
+        effects: &mut Vec<Effect<E>>,
+    ) {
+        if self.abandoned.is_some() {
+            effects.push(Effect::Abandon { tag });
+            return;
+        }
+        self.idle_since = None;
+        if self.fits(walltime, now) {
+            if self.tasks_stopped {
+                // Arrived after the stop: back to the queue like the tasks
+                // that were running.
+                self.hold(tag, task, now, false);
+                effects.push(Effect::Republish { tag });
+            } else {
+                self.hold(tag, task, now, true);
+                effects.push(Effect::Run { tag });
+            }
+        } else if let (Some(window), Some(walltime)) = (self.window, walltime)
+            && walltime > window
+        {
+            // No placeholder like this one could ever run it: a failed
+            // attempt, not a task passed on forever.
+            let reason = format!(
+                "the task's walltime ({} s) exceeds what a placeholder of cluster {} offers ({} s)",
+                walltime.as_secs(),
+                self.cluster,
+                window.as_secs()
+            );
+            warn!(job = %self.job, task, launcher = %self.launcher, cluster = %self.cluster, reason, "task refused");
+            self.hold(tag, task, now, false);
+            effects.push(Effect::Refuse { tag, reason });
+        } else {
+            info!(job = %self.job, task, launcher = %self.launcher, cluster = %self.cluster, "task would outlast the placeholder; giving it back and draining");
+            self.hold(tag, task, now, false);
+            effects.push(Effect::GiveBack { tag });
+            self.leave(Exit::Walltime, effects);
+        }
+    }
+
+    /// Whether a task's walltime fits before the launcher must stop. A task
+    /// without a walltime might take any time: it is taken while time remains.
+    fn fits(&self, walltime: Option<Duration>, now: Instant) -> bool {
+        match (self.stop_at, walltime) {
+            (Some(stop_at), Some(walltime)) => {
+                now.checked_add(walltime).is_some_and(|end| end <= stop_at)
+            }
+            _ => true,
+        }
+    }
+
+    fn ended(&mut self, tag: u64, killed: bool, now: Instant, effects: &mut Vec<Effect<E>>) {
+        let Some(held) = self.held.get_mut(&tag) else {
+            return;
+        };
+        if !killed {
+            held.running = false;
+            effects.push(Effect::Report { tag });
+        } else if self.abandoned.is_some() {
+            self.forget(tag, now);
+            effects.push(Effect::Abandon { tag });
+        } else {
+            held.running = false;
+            effects.push(Effect::Republish { tag });
+        }
+    }
+
+    fn message(&mut self, msg: LauncherMsg, effects: &mut Vec<Effect<E>>) {
+        match msg {
+            LauncherMsg::Preempt { reason } => {
+                info!(job = %self.job, launcher = %self.launcher, cluster = %self.cluster, reason, "preempted");
+                self.stop_tasks(effects);
+                self.leave(Exit::Preempted, effects);
+            }
+            LauncherMsg::Drain { reason } => {
+                info!(job = %self.job, launcher = %self.launcher, cluster = %self.cluster, reason, "draining");
+                self.leave(Exit::Drained, effects);
+            }
+            LauncherMsg::Poll {} => effects.push(Effect::SendStatus(self.status())),
+        }
+    }
+
+    fn tick(&mut self, now: Instant, effects: &mut Vec<Effect<E>>) {
+        if self.leaving.is_none()
+            && let Some(since) = self.idle_since
+            && since
+                .checked_add(self.idle_timeout)
+                .is_some_and(|at| at <= now)
+        {
+            self.leave(Exit::Idle, effects);
+        }
+        if let Some(stop_at) = self.stop_at
+            && stop_at <= now
+            && !self.walltime_reached
+            && self.leaving != Some(Exit::Preempted)
+        {
+            info!(job = %self.job, launcher = %self.launcher, cluster = %self.cluster, "placeholder walltime ending: preempting own tasks");
+            self.walltime_reached = true;
+            self.stop_tasks(effects);
+            self.leave(Exit::Walltime, effects);
+        }
+        if self.next_heartbeat.is_some_and(|at| at <= now) {
+            effects.push(Effect::SendStatus(self.status()));
+            self.next_heartbeat = now.checked_add(self.heartbeat);
+        }
+    }
+
+    fn hold(&mut self, tag: u64, task: u64, now: Instant, running: bool) {
+        self.held.insert(
+            tag,
+            Held {
+                task,
+                started: now,
+                running,
+            },
+        );
+    }
+
+    fn forget(&mut self, tag: u64, now: Instant) {
+        if self.held.remove(&tag).is_some() {
+            self.completed += 1;
+            if self.held.is_empty() {
+                self.idle_since = Some(now);
+            }
+        }
+    }
+
+    fn stop_tasks(&mut self, effects: &mut Vec<Effect<E>>) {
+        if !self.tasks_stopped {
+            self.tasks_stopped = true;
+            effects.push(Effect::StopTasks);
+        }
+    }
+
+    /// Stops taking tasks for `exit`; a preemption overrides a drain (or any
+    /// other reason) already under way.
+    fn leave(&mut self, exit: Exit, effects: &mut Vec<Effect<E>>) {
+        let first = self.leaving.is_none();
+        if first || exit == Exit::Preempted {
+            self.leaving = Some(exit);
+        }
+        if first && self.consuming {
+            effects.push(Effect::StopConsuming);
+        }
+    }
+
+    /// The job is over or the launcher is failing: kill everything, report
+    /// nothing. The first reason stands.
+    fn abandon(&mut self, ending: Result<Exit, E>, effects: &mut Vec<Effect<E>>) {
+        if self.abandoned.is_none() {
+            self.abandoned = Some(ending);
+            self.stop_tasks(effects);
+        }
+    }
+
+    fn leave_if_done(&mut self, effects: &mut Vec<Effect<E>>) {
+        if !self.held.is_empty() {
+            return;
+        }
+        let ending = match self.abandoned.take() {
+            Some(ending) => ending,
+            None => match self.leaving {
+                Some(exit) if !self.consuming => Ok(exit),
+                _ => return,
+            },
+        };
+        self.left = true;
+        effects.push(Effect::Leave(ending));
+    }
+
+    fn status(&self) -> Status {
+        Status {
+            running: self
+                .held
+                .values()
+                .filter(|held| held.running)
+                .map(|held| Running {
+                    task: held.task,
+                    started: held.started,
+                })
+                .collect(),
+            completed: self.completed,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+    use crate::Limits;
+
+    type Effects = Vec<Effect<&'static str>>;
+
+    /// A launcher started at `t0`; events are given at whole seconds after it.
+    struct Launcher {
+        state: State<&'static str>,
+        t0: Instant,
+    }
+
+    /// Idle after 60 s, a heartbeat every 1000 s (out of the way), no deadline.
+    fn launcher(configure: impl FnOnce(&mut LauncherConfig, Instant)) -> Launcher {
+        let t0 = Instant::now();
+        let mut config = LauncherConfig {
+            job: JobId::new("sweep", 1),
+            cluster: "c1".to_owned(),
+            id: "l1".to_owned(),
+            host: "h1".to_owned(),
+            slot: "1".to_owned(),
+            slots: 2,
+            idle_timeout: Duration::from_secs(60),
+            heartbeat: Duration::from_secs(1000),
+            deadline: None,
+            deadline_margin: Duration::from_secs(10),
+            scratch: PathBuf::from("/nonexistent"),
+            limits: Limits::default(),
+        };
+        configure(&mut config, t0);
+        Launcher {
+            state: State::new(&config, t0),
+            t0,
+        }
+    }
+
+    /// A placeholder whose walltime ends 200 s after start: tasks stop at 190 s.
+    fn placeholder() -> Launcher {
+        launcher(|config, t0| config.deadline = Some(t0 + Duration::from_secs(200)))
+    }
+
+    impl Launcher {
+        fn at(&mut self, secs: u64, event: Event<&'static str>) -> Effects {
+            self.state
+                .handle(event, self.t0 + Duration::from_secs(secs))
+        }
+
+        fn wakeup(&self) -> Option<Duration> {
+            self.state
+                .next_wakeup()
+                .map(|at| at.duration_since(self.t0))
+        }
+    }
+
+    /// Delivery `tag` carries task `100 + tag`.
+    fn deliver(tag: u64, walltime_secs: Option<u64>) -> Event<&'static str> {
+        Event::Delivered {
+            tag,
+            task: 100 + tag,
+            walltime: walltime_secs.map(Duration::from_secs),
+        }
+    }
+
+    fn drain() -> Event<&'static str> {
+        Event::Message(LauncherMsg::Drain {
+            reason: "fair share".to_owned(),
+        })
+    }
+
+    fn preempt() -> Event<&'static str> {
+        Event::Message(LauncherMsg::Preempt {
+            reason: "local job waiting".to_owned(),
+        })
+    }
+
+    fn ended(tag: u64) -> Event<&'static str> {
+        Event::Ended { tag, killed: false }
+    }
+
+    fn killed(tag: u64) -> Event<&'static str> {
+        Event::Ended { tag, killed: true }
+    }
+
+    fn settled(tag: u64) -> Event<&'static str> {
+        Event::Settled { tag }
+    }
+
+    #[test]
+    fn drain_lets_running_tasks_finish_and_takes_no_new_ones() {
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(l.at(2, drain()), [Effect::StopConsuming]);
+        // Sent before the broker saw the cancel: still run, not lost.
+        assert_eq!(l.at(2, deliver(2, None)), [Effect::Run { tag: 2 }]);
+        assert_eq!(l.at(3, Event::TasksEnded), []);
+        assert_eq!(l.at(4, ended(1)), [Effect::Report { tag: 1 }]);
+        assert_eq!(l.at(5, settled(1)), []);
+        assert_eq!(l.at(6, ended(2)), [Effect::Report { tag: 2 }]);
+        assert_eq!(l.at(7, settled(2)), [Effect::Leave(Ok(Exit::Drained))]);
+    }
+
+    #[test]
+    fn preempt_message_kills_and_republishes_running_tasks() {
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(
+            l.at(2, preempt()),
+            [Effect::StopTasks, Effect::StopConsuming]
+        );
+        assert_eq!(l.at(2, killed(1)), [Effect::Republish { tag: 1 }]);
+        assert_eq!(l.at(3, Event::TasksEnded), []);
+        assert_eq!(l.at(3, settled(1)), [Effect::Leave(Ok(Exit::Preempted))]);
+    }
+
+    #[test]
+    fn signal_preempts_like_a_message_and_only_once() {
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(
+            l.at(2, Event::Signal),
+            [Effect::StopTasks, Effect::StopConsuming]
+        );
+        assert_eq!(l.at(2, Event::Signal), []);
+        assert_eq!(l.at(2, preempt()), []);
+        assert_eq!(l.at(2, killed(1)), [Effect::Republish { tag: 1 }]);
+        assert_eq!(l.at(3, Event::TasksEnded), []);
+        assert_eq!(l.at(3, settled(1)), [Effect::Leave(Ok(Exit::Preempted))]);
+    }
+
+    #[test]
+    fn preemption_overrides_a_drain_under_way() {
+        for preemption in [preempt(), Event::Signal] {
+            let mut l = launcher(|_, _| {});
+            assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+            assert_eq!(l.at(2, drain()), [Effect::StopConsuming]);
+            assert_eq!(l.at(3, preemption), [Effect::StopTasks]);
+            assert_eq!(l.at(3, killed(1)), [Effect::Republish { tag: 1 }]);
+            // A later drain does not turn the preemption back into one.
+            assert_eq!(l.at(4, drain()), []);
+            assert_eq!(l.at(4, Event::TasksEnded), []);
+            assert_eq!(l.at(4, settled(1)), [Effect::Leave(Ok(Exit::Preempted))]);
+        }
+    }
+
+    #[test]
+    fn walltime_preempts_tasks_deadline_margin_before_the_deadline() {
+        let mut l = placeholder();
+        assert_eq!(l.at(0, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(l.wakeup(), Some(Duration::from_secs(190)));
+        assert_eq!(l.at(189, Event::Tick), []);
+        assert_eq!(
+            l.at(190, Event::Tick),
+            [Effect::StopTasks, Effect::StopConsuming]
+        );
+        assert_eq!(l.at(190, killed(1)), [Effect::Republish { tag: 1 }]);
+        assert_eq!(l.at(191, Event::TasksEnded), []);
+        assert_eq!(l.at(191, settled(1)), [Effect::Leave(Ok(Exit::Walltime))]);
+    }
+
+    #[test]
+    fn a_task_that_would_outlast_the_placeholder_is_given_back_and_the_launcher_drains() {
+        let mut l = placeholder();
+        // Ends exactly when tasks must stop: fits.
+        assert_eq!(l.at(100, deliver(1, Some(90))), [Effect::Run { tag: 1 }]);
+        assert_eq!(
+            l.at(101, deliver(2, Some(90))),
+            [Effect::GiveBack { tag: 2 }, Effect::StopConsuming]
+        );
+        assert_eq!(l.at(102, settled(2)), []);
+        assert_eq!(l.at(102, Event::TasksEnded), []);
+        // The running task is left to finish.
+        assert_eq!(l.at(150, Event::Tick), []);
+        assert_eq!(l.at(160, ended(1)), [Effect::Report { tag: 1 }]);
+        assert_eq!(l.at(161, settled(1)), [Effect::Leave(Ok(Exit::Walltime))]);
+    }
+
+    #[test]
+    fn a_task_longer_than_any_fresh_placeholder_offers_is_refused() {
+        let mut l = placeholder();
+        assert_eq!(
+            l.at(0, deliver(1, Some(191))),
+            [Effect::Refuse {
+                tag: 1,
+                reason: "the task's walltime (191 s) exceeds what a placeholder of cluster c1 \
+                         offers (190 s)"
+                    .to_owned(),
+            }]
+        );
+        assert_eq!(l.at(1, settled(1)), []);
+        // The launcher goes on taking tasks.
+        assert_eq!(l.at(2, deliver(2, Some(10))), [Effect::Run { tag: 2 }]);
+    }
+
+    #[test]
+    fn an_idle_launcher_leaves_after_idle_timeout() {
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.wakeup(), Some(Duration::from_secs(60)));
+        assert_eq!(l.at(59, Event::Tick), []);
+        assert_eq!(l.at(60, Event::Tick), [Effect::StopConsuming]);
+        assert_eq!(l.at(60, Event::TasksEnded), [Effect::Leave(Ok(Exit::Idle))]);
+    }
+
+    #[test]
+    fn no_idle_exit_while_a_task_runs_and_idle_counts_from_its_end() {
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(10, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(l.wakeup(), Some(Duration::from_secs(1000)));
+        assert_eq!(l.at(500, Event::Tick), []);
+        assert_eq!(l.at(600, ended(1)), [Effect::Report { tag: 1 }]);
+        assert_eq!(l.at(600, settled(1)), []);
+        assert_eq!(l.wakeup(), Some(Duration::from_secs(660)));
+        assert_eq!(l.at(659, Event::Tick), []);
+        assert_eq!(l.at(660, Event::Tick), [Effect::StopConsuming]);
+    }
+
+    #[test]
+    fn job_over_abandons_running_tasks_and_leaves_once_none_is_held() {
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(l.at(1, deliver(2, None)), [Effect::Run { tag: 2 }]);
+        assert_eq!(l.at(2, ended(1)), [Effect::Report { tag: 1 }]);
+        // The consumer ended without our asking: the queue is gone.
+        assert_eq!(l.at(3, Event::TasksEnded), [Effect::StopTasks]);
+        assert_eq!(l.state.next_wakeup(), None);
+        assert_eq!(l.at(3, preempt()), []);
+        assert_eq!(l.at(3, killed(2)), [Effect::Abandon { tag: 2 }]);
+        assert_eq!(l.at(4, settled(1)), [Effect::Leave(Ok(Exit::JobOver))]);
+    }
+
+    #[test]
+    fn a_queue_gone_while_draining_ends_the_job() {
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(l.at(2, drain()), [Effect::StopConsuming]);
+        assert_eq!(l.at(2, Event::TasksEnded), []);
+        assert_eq!(l.at(3, ended(1)), [Effect::Report { tag: 1 }]);
+        assert_eq!(l.at(4, Event::QueueGone), [Effect::StopTasks]);
+        assert_eq!(l.at(4, settled(1)), [Effect::Leave(Ok(Exit::JobOver))]);
+    }
+
+    #[test]
+    fn leaves_only_after_the_last_task_and_the_end_of_consuming() {
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(l.at(1, deliver(2, None)), [Effect::Run { tag: 2 }]);
+        assert_eq!(
+            l.at(2, preempt()),
+            [Effect::StopTasks, Effect::StopConsuming]
+        );
+        assert_eq!(l.at(2, killed(1)), [Effect::Republish { tag: 1 }]);
+        assert_eq!(l.at(3, settled(1)), []);
+        assert_eq!(l.at(3, Event::TasksEnded), []);
+        assert_eq!(l.at(3, killed(2)), [Effect::Republish { tag: 2 }]);
+        assert_eq!(l.at(4, settled(2)), [Effect::Leave(Ok(Exit::Preempted))]);
+        // Nothing more once gone.
+        assert_eq!(l.at(5, Event::Signal), []);
+
+        // The other order: all tasks settled while deliveries may still come.
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(
+            l.at(2, preempt()),
+            [Effect::StopTasks, Effect::StopConsuming]
+        );
+        assert_eq!(l.at(2, killed(1)), [Effect::Republish { tag: 1 }]);
+        assert_eq!(l.at(3, settled(1)), []);
+        // Delivered after the stop: back to the queue without running.
+        assert_eq!(l.at(3, deliver(2, None)), [Effect::Republish { tag: 2 }]);
+        assert_eq!(l.at(4, settled(2)), []);
+        assert_eq!(
+            l.at(4, Event::TasksEnded),
+            [Effect::Leave(Ok(Exit::Preempted))]
+        );
+    }
+
+    #[test]
+    fn status_on_poll_and_on_heartbeat() {
+        let mut l = launcher(|config, _| config.heartbeat = Duration::from_secs(30));
+        assert_eq!(l.at(5, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(l.at(6, deliver(2, None)), [Effect::Run { tag: 2 }]);
+        assert_eq!(l.at(10, ended(1)), [Effect::Report { tag: 1 }]);
+        assert_eq!(l.at(11, settled(1)), []);
+        let status = Status {
+            running: vec![Running {
+                task: 102,
+                started: l.t0 + Duration::from_secs(6),
+            }],
+            completed: 1,
+        };
+        assert_eq!(
+            l.at(12, Event::Message(LauncherMsg::Poll {})),
+            [Effect::SendStatus(status.clone())]
+        );
+        assert_eq!(l.wakeup(), Some(Duration::from_secs(30)));
+        assert_eq!(l.at(29, Event::Tick), []);
+        assert_eq!(l.at(30, Event::Tick), [Effect::SendStatus(status)]);
+        assert_eq!(l.wakeup(), Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn a_broker_failure_abandons_tasks_and_leaves_with_the_error() {
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(
+            l.at(2, Event::Failed("channel closed")),
+            [Effect::StopTasks]
+        );
+        assert!(!l.state.consuming() && !l.state.listening());
+        // The first reason stands.
+        assert_eq!(l.at(2, Event::QueueGone), []);
+        assert_eq!(
+            l.at(3, killed(1)),
+            [
+                Effect::Abandon { tag: 1 },
+                Effect::Leave(Err("channel closed"))
+            ]
+        );
+    }
+}
