@@ -5,8 +5,8 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_protocol::{LauncherInfo, LauncherStatus, RunningTask};
 use gleaner_policy::preempt::{Candidate, choose_victims};
+use gleaner_protocol::{LauncherInfo, LauncherStatus, RunningTask};
 
 #[derive(Debug, Clone)]
 struct Entry {

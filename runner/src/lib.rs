@@ -6,9 +6,14 @@
 //! them from their queues and results directories.
 
 mod book;
+mod effect;
+mod grid;
 mod job;
+mod job_core;
 mod launchers;
+mod records;
 mod results;
+mod sweep;
 
 use std::{collections::HashSet, sync::Arc, time::Duration};
 
@@ -22,8 +27,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 pub use book::{FinalStatus, TaskBook, Verdict};
-pub use job::{JobError, JobSettings};
-pub use results::{IndexEntry, JobFile};
+pub use job::JobError;
+pub use job_core::JobSettings;
+pub use records::{IndexEntry, JobFile};
 
 #[derive(Debug, Clone)]
 pub struct RunnerConfig {

@@ -5,54 +5,17 @@
 
 use std::{
     fs::{File, OpenOptions},
-    io::{self, BufRead, BufReader, Seek, Write},
+    io::{self, BufReader, Seek, Write},
     path::{Component, Path, PathBuf},
 };
 
-use gleaner_protocol::{Captured, JobState, Millis, OutputFile, ResultMsg, TaskCounts};
-use gleaner_manifest::ParamValue;
-use indexmap::IndexMap;
-use serde::{Deserialize, Serialize};
+use gleaner_protocol::{Captured, OutputFile, ResultMsg};
 use tracing::warn;
 
-use crate::book::FinalStatus;
-
-/// One line of `index.jsonl`: the final state of one task.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct IndexEntry {
-    pub task: u64,
-    pub command: String,
-    pub params: IndexMap<String, ParamValue>,
-    pub status: FinalStatus,
-    pub exit_code: Option<i32>,
-    pub attempts: u32,
-    pub preemptions: u32,
-    pub runtime_s: f64,
-    pub cluster: Option<String>,
-    pub host: Option<String>,
-}
-
-/// `job.json`: the job's summary, rewritten as it progresses.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct JobFile {
-    pub job: String,
-    pub name: String,
-    pub state: JobState,
-    pub runner: String,
-    pub results: String,
-    pub submitted_at: Millis,
-    pub started_at: Millis,
-    pub finished_at: Option<Millis>,
-    pub makespan_s: Option<f64>,
-    pub tasks: TaskCounts,
-    pub duplicates: u64,
-    pub preemptions: u64,
-    /// Every task was published once; a resumed job need not publish again.
-    pub tasks_published: bool,
-    /// Grid jobs: the cluster each component was placed on, once placed.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub components: Vec<Option<String>>,
-}
+use crate::{
+    book::FinalStatus,
+    records::{IndexEntry, JobFile, read_index},
+};
 
 pub struct ResultsDir {
     root: PathBuf,
@@ -69,7 +32,7 @@ impl ResultsDir {
             .read(true)
             .append(true)
             .open(root.join("index.jsonl"))?;
-        let finished = read_index(&mut index, root)?;
+        let finished = recover_index(&mut index, root)?;
         Ok((
             Self {
                 root: root.to_path_buf(),
@@ -209,50 +172,31 @@ fn safe_relative(path: &str) -> Option<PathBuf> {
     (normal && !reserved && path.components().next().is_some()).then(|| path.to_path_buf())
 }
 
-#[derive(Deserialize)]
-struct IndexLine {
-    task: u64,
-    status: FinalStatus,
-}
-
-fn read_index(index: &mut File, root: &Path) -> io::Result<Vec<(u64, FinalStatus)>> {
+/// Reads the index back, and cuts off a line a crash left half-written so
+/// that appending starts on a fresh line.
+fn recover_index(index: &mut File, root: &Path) -> io::Result<Vec<(u64, FinalStatus)>> {
     index.rewind()?;
-    let mut reader = BufReader::new(&*index);
-    let mut finished = Vec::new();
-    let mut complete_bytes = 0u64;
-    // Bytes, not text: a line cut in the middle of a UTF-8 character must
-    // not make the whole index unreadable.
-    let mut line = Vec::new();
-    loop {
-        line.clear();
-        let n = reader.read_until(b'\n', &mut line)?;
-        if n == 0 || line.last() != Some(&b'\n') {
-            break;
-        }
-        complete_bytes += n as u64;
-        match serde_json::from_slice::<IndexLine>(&line) {
-            Ok(entry) => finished.push((entry.task, entry.status)),
-            Err(e) => {
-                warn!(results = %root.display(), error = %e, "unreadable index line skipped");
-            }
-        }
+    let contents = read_index(BufReader::new(&*index))?;
+    for e in &contents.unreadable {
+        warn!(results = %root.display(), error = %e, "unreadable index line skipped");
     }
     let length = index.metadata()?.len();
-    if length > complete_bytes {
+    if length > contents.whole_bytes {
         warn!(
             results = %root.display(),
-            bytes = length - complete_bytes,
+            bytes = length - contents.whole_bytes,
             "index ended in a partial line (a crash while writing); dropping it"
         );
-        index.set_len(complete_bytes)?;
+        index.set_len(contents.whole_bytes)?;
     }
-    Ok(finished)
+    Ok(contents.finished)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use gleaner_protocol::RunStatus;
+    use gleaner_protocol::{JobState, RunStatus, TaskCounts};
+    use indexmap::IndexMap;
 
     fn entry(task: u64, status: FinalStatus) -> IndexEntry {
         IndexEntry {

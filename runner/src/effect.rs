@@ -1,0 +1,85 @@
+//! What the job cores (`sweep.rs`, `grid.rs`) and their shell (`job.rs`)
+//! say to each other: the time a decision is made at, and the effects the
+//! shell applies for it.
+
+use std::{borrow::Cow, time::Instant};
+
+use gleaner_protocol::{Event, KcmMsg, LauncherMsg, Millis, ResultMsg, SchedulerMsg, TaskMsg};
+
+use crate::{records::IndexEntry, sweep::FirstAttempts};
+
+/// The time, read once by the shell per event: the monotonic clock for
+/// intervals, the wall clock for what goes on the wire and on disk.
+#[derive(Debug, Clone, Copy)]
+pub struct Now {
+    pub instant: Instant,
+    pub ms: Millis,
+}
+
+/// Something the shell does for a core, in the order given.
+#[derive(Debug)]
+pub enum Effect<'r> {
+    /// To the scheduler, whose queue must exist.
+    ToScheduler(SchedulerMsg),
+    /// To a cluster's kcm. The queue may be gone (a cluster without a kcm):
+    /// whether the message arrived goes back to the core with `followup`.
+    ToKcm {
+        cluster: String,
+        msg: KcmMsg,
+        followup: Followup,
+    },
+    /// To a launcher, whose queue may be gone (it died), as for a kcm.
+    ToLauncher {
+        launcher: String,
+        msg: LauncherMsg,
+        followup: Followup,
+    },
+    /// For watchers, on the events exchange.
+    Event(Event),
+    /// Empties the job's task queue: a publication cut short by a crash left
+    /// an unknown part of it there.
+    PurgeTasks,
+    /// Publishes the first attempt of each of these tasks.
+    PublishFirst(FirstAttempts),
+    /// Publishes these tasks (retries); before the results that caused them
+    /// are acked.
+    Publish(Vec<TaskMsg>),
+    /// Writes a run's captured output under `tasks/<task>/`. Borrowed from
+    /// the batch being handled: outputs can be large.
+    WriteOutputs(Cow<'r, ResultMsg>),
+    /// Appends these lines to the index, then makes everything written so
+    /// far durable (even with no lines: outputs may have been written).
+    Record(Vec<IndexEntry>),
+    /// Writes `job.json` as the core has it when this effect is applied, so
+    /// that it reflects what came back from the effects before it.
+    SaveJobFile,
+    /// Reports where the job stands (silent launchers polled first, then the
+    /// report), once the effects before it and what came back from them are
+    /// applied.
+    Report,
+    /// Deletes the job's queues: its launchers leave.
+    DeleteQueues,
+}
+
+/// What a core wants to hear back about a message to a queue that may be
+/// gone. The shell hands it back with whether the message arrived.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Followup {
+    /// A missing queue changes nothing.
+    Nothing,
+    /// Launchers asked of a kcm: the cluster counts as one of the job's once
+    /// the kcm has the order.
+    Grow {
+        cluster: String,
+        grant: u64,
+        slots: u32,
+        offered: u32,
+    },
+    /// A launcher told to preempt or drain: forgotten if its queue is gone.
+    Leave { launcher: String },
+    /// A silent launcher asked to report: forgotten if its queue is gone.
+    Poll { launcher: String },
+    /// A grid job's component sent to its cluster's kcm: failed if there is
+    /// no kcm.
+    Component { component: u32, cluster: String },
+}

@@ -1,0 +1,499 @@
+//! The core of a grid job: rigid components run as ordinary batch jobs, all
+//! at once, where the scheduler places them.
+//!
+//! It decides when the job waits for placement, which kcm gets which
+//! component once placed, and what a component's end means (final at once:
+//! a rigid job is not retried; a cluster without a kcm fails its
+//! component). No I/O here: the shell (`job.rs`) applies the effects.
+
+use std::{
+    borrow::Cow,
+    collections::{BTreeMap, BTreeSet},
+};
+
+use gleaner_protocol::{
+    ComponentOutcome, ComponentSpec, ControlMsg, JobReport, JobState, KcmMsg, ResultMsg, RunStatus,
+    SchedulerMsg, TaskMsg,
+};
+use indexmap::IndexMap;
+use tracing::{debug, info, warn};
+
+use crate::{
+    book::FinalStatus,
+    effect::{Effect, Followup, Now},
+    job_core::{JobCore, Ledger, Opening, Refusal, index_entry},
+    records::IndexEntry,
+};
+
+/// The core of a grid job; its tasks are its components.
+#[derive(Debug)]
+pub struct Grid {
+    ledger: Ledger,
+}
+
+impl Grid {
+    pub fn open(opening: Opening<'_>, now: Now) -> Result<Self, Refusal> {
+        let components = opening.submission.manifest.components.len() as u64;
+        Ok(Self {
+            ledger: Ledger::open(opening, components, now)?,
+        })
+    }
+
+    /// The scheduler placed the job: each component goes to its cluster's
+    /// kcm, which submits it to the batch system.
+    fn place(&mut self, clusters: Vec<String>) -> Vec<Effect<'static>> {
+        let ledger = &mut self.ledger;
+        let components = &ledger.manifest.components;
+        if ledger.file.state != JobState::Waiting || clusters.len() != components.len() {
+            debug!(job = %ledger.id, "placement ignored: already placed, or not for this job");
+            return Vec::new();
+        }
+        info!(job = %ledger.id, clusters = ?clusters, "grid job placed");
+        let env: Vec<(String, String)> = ledger
+            .manifest
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let walltime_ms = ledger.manifest.walltime.map(|w| w.as_millis() as u64);
+        let workdir = ledger
+            .manifest
+            .workdir
+            .as_ref()
+            .map(|w| w.display().to_string());
+        let mut effects = Vec::with_capacity(clusters.len() + 2);
+        for (i, (component, cluster)) in components.iter().zip(clusters).enumerate() {
+            let spec = ComponentSpec {
+                job: ledger.id.clone(),
+                component: i as u32,
+                slots: component.slots,
+                command: component.command.clone(),
+                env: env.clone(),
+                walltime_ms,
+                workdir: workdir.clone(),
+            };
+            effects.push(Effect::ToKcm {
+                cluster: cluster.clone(),
+                msg: KcmMsg::SubmitComponent(spec),
+                followup: Followup::Component {
+                    component: i as u32,
+                    cluster: cluster.clone(),
+                },
+            });
+            if let Some(placed) = ledger.file.components.get_mut(i) {
+                *placed = Some(cluster.clone());
+            }
+            ledger.clusters.insert(cluster);
+        }
+        ledger.file.state = JobState::Running;
+        effects.extend([Effect::SaveJobFile, Effect::Report]);
+        effects
+    }
+
+    /// A component ended: its result is final (a rigid job is not retried).
+    fn component_ended(&mut self, outcome: ComponentOutcome) -> Vec<Effect<'static>> {
+        let task = u64::from(outcome.component);
+        if self.ledger.book.is_finished(task) {
+            return Vec::new();
+        }
+        let status = match outcome.exit_code {
+            Some(0) => RunStatus::Succeeded,
+            _ => RunStatus::Failed,
+        };
+        let result = ResultMsg {
+            job: self.ledger.id.clone(),
+            task,
+            attempt: 1,
+            preemptions: 0,
+            status,
+            exit_code: outcome.exit_code,
+            signal: None,
+            runtime_ms: outcome.runtime_ms,
+            launcher: String::new(),
+            cluster: outcome.cluster,
+            host: String::new(),
+            stdout: outcome.stdout,
+            stderr: outcome.stderr,
+            outputs: Vec::new(),
+            error: None,
+        };
+        info!(job = %self.ledger.id, component = task, cluster = %result.cluster, exit_code = ?result.exit_code, "grid component ended");
+        let entry = self.entry(task, status.into(), Some(&result));
+        self.ledger.book.finish(task, status.into());
+        vec![
+            Effect::WriteOutputs(Cow::Owned(result)),
+            Effect::Record(vec![entry]),
+        ]
+    }
+}
+
+impl JobCore for Grid {
+    fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    fn ledger_mut(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+
+    /// Registers the job with the scheduler: waiting to be placed, or
+    /// running where it was placed before a restart.
+    fn start(&mut self) -> Vec<Effect<'static>> {
+        let ledger = &mut self.ledger;
+        ledger.take_over();
+        let components = ledger.manifest.components.len();
+        ledger.file.components.resize(components, None);
+        ledger
+            .clusters
+            .extend(ledger.file.components.iter().flatten().cloned());
+        let placed = ledger.file.components.iter().all(Option::is_some);
+        ledger.file.state = if placed {
+            JobState::Running
+        } else {
+            JobState::Waiting
+        };
+        info!(job = %ledger.id, components, placed, "grid job registered");
+        vec![Effect::SaveJobFile, Effect::Report]
+    }
+
+    /// Components report through their kcm, never as results.
+    fn on_results<'r>(
+        &mut self,
+        batch: impl IntoIterator<Item = &'r ResultMsg>,
+        _now: Now,
+    ) -> Vec<Effect<'r>> {
+        for result in batch {
+            debug!(job = %self.ledger.id, task = result.task, "result ignored: this job is a grid job");
+        }
+        Vec::new()
+    }
+
+    fn on_lost(&mut self, task: &TaskMsg) -> Vec<Effect<'static>> {
+        debug!(job = %self.ledger.id, task = task.task, "lost task ignored: this job is a grid job");
+        Vec::new()
+    }
+
+    fn on_control(&mut self, msg: ControlMsg, _now: Now) -> Vec<Effect<'static>> {
+        let job = &self.ledger.id;
+        match msg {
+            ControlMsg::Place { clusters } => self.place(clusters),
+            ControlMsg::PlacementFailed { reason } => {
+                warn!(job = %job, reason, "the scheduler gave up placing the job");
+                vec![self.finish_unfinished(FinalStatus::Failed)]
+            }
+            ControlMsg::ComponentEnded(outcome) => self.component_ended(outcome),
+            ControlMsg::Cancel { reason } => self.cancel(&reason),
+            // Components hold their slots for good: no launchers to add.
+            ControlMsg::GrowOffer { grant, cluster, .. } => {
+                vec![Effect::ToScheduler(SchedulerMsg::GrowAck {
+                    grant,
+                    job: job.clone(),
+                    cluster,
+                    accepted: 0,
+                })]
+            }
+            ControlMsg::Shrink { .. }
+            | ControlMsg::LauncherUp(_)
+            | ControlMsg::LauncherStatus(_)
+            | ControlMsg::LauncherGone { .. } => {
+                debug!(job = %job, "launcher message ignored: this job is a grid job");
+                Vec::new()
+            }
+        }
+    }
+
+    fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect<'static>> {
+        match followup {
+            Followup::Component { component, cluster } if !arrived => {
+                warn!(job = %self.ledger.id, component, cluster = %cluster, "no kcm for the cluster; component failed");
+                let task = u64::from(component);
+                let entry = self.entry(task, FinalStatus::Failed, None);
+                self.ledger.book.finish(task, FinalStatus::Failed);
+                vec![Effect::Record(vec![entry])]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    fn poll(&mut self, _now: Now) -> Vec<Effect<'static>> {
+        Vec::new()
+    }
+
+    /// Running components are those placed and not yet ended.
+    fn standing(&mut self, now: Now) -> JobReport {
+        let ledger = &self.ledger;
+        let running = ledger
+            .file
+            .components
+            .iter()
+            .enumerate()
+            .filter(|(i, placed)| placed.is_some() && !ledger.book.is_finished(*i as u64))
+            .count() as u64;
+        self.ledger.report(running, BTreeMap::new(), 0, now)
+    }
+
+    fn entry(&self, task: u64, status: FinalStatus, result: Option<&ResultMsg>) -> IndexEntry {
+        let command = self
+            .ledger
+            .manifest
+            .components
+            .get(task as usize)
+            .map(|c| c.command.clone())
+            .unwrap_or_default();
+        index_entry(task, command, IndexMap::new(), status, result)
+    }
+
+    fn clusters(&self) -> BTreeSet<String> {
+        self.ledger.clusters.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use gleaner_protocol::Captured;
+
+    use super::*;
+    use crate::job_core::testing::{at, grow_ack, opening, recorded, submission, told};
+
+    const MANIFEST: &str = "name = \"mpi\"\nkind = \"grid\"\npriority = \"high\"\n\
+        env = { A = \"1\" }\nwalltime = \"1m\"\n\
+        [[component]]\nslots = 4\ncommand = \"mpirun a\"\n\
+        [[component]]\nslots = 2\ncommand = \"mpirun b\"\n";
+
+    fn started(t0: Instant) -> Grid {
+        let submission = submission(MANIFEST);
+        let mut grid = Grid::open(opening(&submission, vec![], None), at(t0, 0)).unwrap();
+        grid.start();
+        grid
+    }
+
+    fn placed(t0: Instant) -> Grid {
+        let mut grid = started(t0);
+        grid.on_control(
+            ControlMsg::Place {
+                clusters: vec!["c1".into(), "c2".into()],
+            },
+            at(t0, 1),
+        );
+        grid
+    }
+
+    fn ended(component: u32, exit_code: Option<i32>) -> ControlMsg {
+        ControlMsg::ComponentEnded(ComponentOutcome {
+            component,
+            cluster: "c1".into(),
+            exit_code,
+            runtime_ms: 2000,
+            stdout: Captured {
+                data: b"out\n".to_vec(),
+                dropped: 0,
+            },
+            stderr: Captured::default(),
+        })
+    }
+
+    #[test]
+    fn a_new_grid_job_waits_to_be_placed() {
+        let t0 = Instant::now();
+        let submission = submission(MANIFEST);
+        let mut grid = Grid::open(opening(&submission, vec![], None), at(t0, 0)).unwrap();
+        let effects = grid.start();
+        assert!(matches!(effects[..], [Effect::SaveJobFile, Effect::Report]));
+        let report = grid.standing(at(t0, 0));
+        assert_eq!(report.state, JobState::Waiting);
+        assert_eq!(report.components, [4, 2]);
+        assert_eq!(report.tasks.running, 0);
+    }
+
+    #[test]
+    fn placement_sends_each_component_to_its_clusters_kcm() {
+        let t0 = Instant::now();
+        let mut grid = started(t0);
+        let place = ControlMsg::Place {
+            clusters: vec!["c1".into(), "c2".into()],
+        };
+        let effects = grid.on_control(place.clone(), at(t0, 1));
+        let submitted: Vec<(String, u32, u32, String)> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::ToKcm {
+                    cluster,
+                    msg: KcmMsg::SubmitComponent(spec),
+                    followup: Followup::Component { component, .. },
+                } => {
+                    assert_eq!(spec.component, *component);
+                    assert_eq!(spec.env, [("A".to_owned(), "1".to_owned())]);
+                    assert_eq!(spec.walltime_ms, Some(60_000));
+                    Some((
+                        cluster.clone(),
+                        spec.component,
+                        spec.slots,
+                        spec.command.clone(),
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            submitted,
+            [
+                ("c1".to_owned(), 0, 4, "mpirun a".to_owned()),
+                ("c2".to_owned(), 1, 2, "mpirun b".to_owned())
+            ]
+        );
+        assert!(matches!(
+            effects[2..],
+            [Effect::SaveJobFile, Effect::Report]
+        ));
+        let file = grid.job_file();
+        assert_eq!(file.state, JobState::Running);
+        assert_eq!(
+            file.components,
+            [Some("c1".to_owned()), Some("c2".to_owned())]
+        );
+        assert_eq!(grid.standing(at(t0, 2)).tasks.running, 2);
+        assert!(grid.on_control(place, at(t0, 3)).is_empty(), "placed once");
+        let effects = grid.wind_up(at(t0, 4));
+        assert_eq!(
+            told(&effects),
+            [
+                ("c1".to_owned(), "job_ended"),
+                ("c2".to_owned(), "job_ended")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_placement_that_does_not_fit_the_job_is_ignored() {
+        let t0 = Instant::now();
+        let mut grid = started(t0);
+        let place = ControlMsg::Place {
+            clusters: vec!["c1".into()],
+        };
+        assert!(grid.on_control(place, at(t0, 1)).is_empty());
+        assert_eq!(grid.job_file().state, JobState::Waiting);
+    }
+
+    #[test]
+    fn a_component_for_a_cluster_without_a_kcm_fails() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        let effects = grid.on_delivery(
+            Followup::Component {
+                component: 0,
+                cluster: "c1".into(),
+            },
+            true,
+        );
+        assert!(effects.is_empty());
+        let effects = grid.on_delivery(
+            Followup::Component {
+                component: 1,
+                cluster: "c2".into(),
+            },
+            false,
+        );
+        let entries = recorded(&effects);
+        assert_eq!(
+            entries
+                .iter()
+                .map(|e| (e.task, e.status, e.command.as_str()))
+                .collect::<Vec<_>>(),
+            [(1, FinalStatus::Failed, "mpirun b")]
+        );
+        assert_eq!(grid.standing(at(t0, 2)).tasks.running, 1);
+    }
+
+    #[test]
+    fn component_ends_are_final_and_end_the_job() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        let effects = grid.on_control(ended(0, Some(0)), at(t0, 2));
+        let [Effect::WriteOutputs(result), Effect::Record(entries)] = &effects[..] else {
+            panic!("{effects:?}");
+        };
+        assert_eq!(
+            (result.task, result.stdout.data.as_slice()),
+            (0, &b"out\n"[..])
+        );
+        assert_eq!(
+            (
+                entries[0].task,
+                entries[0].status,
+                entries[0].runtime_s,
+                entries[0].cluster.as_deref()
+            ),
+            (0, FinalStatus::Succeeded, 2.0, Some("c1"))
+        );
+        assert!(
+            grid.on_control(ended(0, Some(1)), at(t0, 3)).is_empty(),
+            "ended once"
+        );
+        assert_eq!(grid.ending(), None);
+        let effects = grid.on_control(ended(1, None), at(t0, 4));
+        assert_eq!(
+            recorded(&effects)[0].status,
+            FinalStatus::Failed,
+            "removed: no exit code"
+        );
+        assert_eq!(grid.ending(), Some(JobState::Done));
+        let counts = grid.job_file().tasks;
+        assert_eq!((counts.succeeded, counts.failed), (1, 1));
+    }
+
+    #[test]
+    fn a_job_the_scheduler_cannot_place_fails() {
+        let t0 = Instant::now();
+        let mut grid = started(t0);
+        let effects = grid.on_control(
+            ControlMsg::PlacementFailed {
+                reason: "too big".into(),
+            },
+            at(t0, 1),
+        );
+        assert_eq!(
+            recorded(&effects)
+                .iter()
+                .map(|e| (e.task, e.status))
+                .collect::<Vec<_>>(),
+            [(0, FinalStatus::Failed), (1, FinalStatus::Failed)]
+        );
+        assert_eq!(grid.ending(), Some(JobState::Done));
+    }
+
+    #[test]
+    fn a_resumed_placed_job_runs_where_it_was_placed() {
+        let t0 = Instant::now();
+        let submission = submission(MANIFEST);
+        let file = placed(t0).job_file();
+        let mut grid = Grid::open(
+            opening(&submission, vec![(0, FinalStatus::Succeeded)], Some(file)),
+            at(t0, 5),
+        )
+        .unwrap();
+        grid.start();
+        let report = grid.standing(at(t0, 6));
+        assert_eq!(report.state, JobState::Running);
+        assert_eq!(report.tasks.running, 1, "component 0 had ended");
+        assert_eq!(
+            grid.clusters().into_iter().collect::<Vec<_>>(),
+            ["c1", "c2"]
+        );
+    }
+
+    #[test]
+    fn grow_offers_are_refused() {
+        let t0 = Instant::now();
+        let mut grid = started(t0);
+        let offer = ControlMsg::GrowOffer {
+            grant: 1,
+            cluster: "c1".into(),
+            slots: 8,
+        };
+        let effects = grid.on_control(offer, at(t0, 1));
+        assert_eq!(grow_ack(&effects), Some(0));
+        assert!(told(&effects).is_empty());
+    }
+}

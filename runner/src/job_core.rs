@@ -1,0 +1,428 @@
+//! What the cores of both kinds of job share: the [`JobCore`] trait the
+//! shell (`job.rs`) drives, and the [`Ledger`] every job keeps.
+//!
+//! The ledger decides what is the same for every job: how a job opens from
+//! what its results directory holds, what it reports, how it is cancelled,
+//! when it is over and how it ends. No I/O here; the time comes in as
+//! [`Now`].
+
+use std::{collections::BTreeSet, path::PathBuf, time::Duration};
+
+use gleaner_manifest::{JobId, Manifest, ParamValue};
+use gleaner_protocol::{
+    ControlMsg, Event, JobReport, JobState, KcmMsg, ResultMsg, SchedulerMsg, Submission, TaskMsg,
+};
+use indexmap::IndexMap;
+use tracing::info;
+
+use crate::{
+    book::{FinalStatus, TaskBook},
+    effect::{Effect, Followup, Now},
+    records::{IndexEntry, JobFile},
+};
+
+/// Settings every job controller of a runner shares.
+#[derive(Debug, Clone)]
+pub struct JobSettings {
+    /// Relative `results` paths are resolved against this.
+    pub results_root: PathBuf,
+    /// How often the job reports to the scheduler and checks its launchers.
+    pub heartbeat: Duration,
+    /// A launcher silent this long is considered dead.
+    pub launcher_silence: Duration,
+    /// How long a preempted launcher has before the kcm removes it.
+    pub preempt_grace: Duration,
+}
+
+/// Throughput is finished tasks per second over this window.
+pub const THROUGHPUT_WINDOW: Duration = Duration::from_secs(60);
+
+/// What the shell found before the job could start.
+#[derive(Debug)]
+pub struct Opening<'a> {
+    pub submission: &'a Submission,
+    pub settings: JobSettings,
+    /// This runner, named in `job.json` and the reports once the job starts.
+    pub runner: String,
+    /// The results directory, as reported (absolute).
+    pub results: String,
+    /// Final states the index already holds.
+    pub finished: Vec<(u64, FinalStatus)>,
+    /// `job.json`, if there is one.
+    pub job_file: Option<JobFile>,
+}
+
+/// The results directory belongs to another job: running this one there
+/// would mix two jobs' results.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub owner: String,
+}
+
+/// What every job keeps, whatever its kind.
+#[derive(Debug)]
+pub struct Ledger {
+    pub id: JobId,
+    pub manifest: Manifest,
+    pub settings: JobSettings,
+    pub book: TaskBook,
+    /// `job.json` as last decided; counts are filled in when it is written.
+    pub file: JobFile,
+    runner: String,
+    pub preemptions: u64,
+    /// Clusters involved in the job, whose kcms are told when it ends.
+    pub clusters: BTreeSet<String>,
+    /// Progress (finished, running) last told to watchers.
+    reported: Option<(u64, u64)>,
+}
+
+impl Ledger {
+    /// Opens a job of `total` tasks from what its results directory holds.
+    pub fn open(opening: Opening<'_>, total: u64, now: Now) -> Result<Self, Refusal> {
+        let submission = opening.submission;
+        let mut book = TaskBook::new(total, submission.manifest.max_attempts);
+        for (task, status) in opening.finished {
+            book.finish(task, status);
+        }
+        if let Some(other) = opening
+            .job_file
+            .as_ref()
+            .filter(|f| f.job != submission.job.as_str())
+        {
+            return Err(Refusal {
+                owner: other.job.clone(),
+            });
+        }
+        let file = opening.job_file.unwrap_or_else(|| JobFile {
+            job: submission.job.to_string(),
+            name: submission.manifest.name.clone(),
+            state: JobState::Starting,
+            runner: opening.runner.clone(),
+            results: opening.results,
+            submitted_at: submission.submitted_at,
+            started_at: now.ms,
+            finished_at: None,
+            makespan_s: None,
+            tasks: book.counts(),
+            duplicates: 0,
+            preemptions: 0,
+            tasks_published: false,
+            components: Vec::new(),
+        });
+        Ok(Self {
+            id: submission.job.clone(),
+            manifest: submission.manifest.clone(),
+            settings: opening.settings,
+            book,
+            preemptions: file.preemptions,
+            file,
+            runner: opening.runner,
+            clusters: BTreeSet::new(),
+            reported: None,
+        })
+    }
+
+    /// The job ended before (a runner died while winding it up): only the
+    /// wind-up is left to do.
+    pub fn has_ended(&self) -> bool {
+        matches!(self.file.state, JobState::Done | JobState::Cancelled)
+    }
+
+    /// This runner takes the job over.
+    pub fn take_over(&mut self) {
+        self.file.runner = self.runner.clone();
+    }
+
+    /// The report to the scheduler, with what only the job's kind knows.
+    pub fn report(
+        &mut self,
+        running: u64,
+        launchers: std::collections::BTreeMap<String, u32>,
+        finished_recently: usize,
+        now: Now,
+    ) -> JobReport {
+        self.book.set_running(running);
+        let age = Duration::from_millis(now.ms.saturating_sub(self.file.started_at));
+        let span = age.min(THROUGHPUT_WINDOW).as_secs_f64().max(1.0);
+        JobReport {
+            job: self.id.clone(),
+            kind: self.manifest.kind,
+            priority: self.manifest.effective_priority(),
+            state: self.file.state,
+            runner: self.file.runner.clone(),
+            tasks: self.book.counts(),
+            launchers,
+            throughput: finished_recently as f64 / span,
+            preemptions: self.preemptions,
+            started_at: self.file.started_at,
+            results: self.file.results.clone(),
+            components: self.manifest.components.iter().map(|c| c.slots).collect(),
+        }
+    }
+
+    /// The scheduler hears every report; watchers, and `job.json`, only
+    /// those where the progress changed.
+    pub fn publish(&mut self, report: JobReport) -> Vec<Effect<'static>> {
+        let mut effects = vec![Effect::ToScheduler(SchedulerMsg::JobUpdate(report.clone()))];
+        let progress = (report.tasks.finished(), report.tasks.running);
+        if self.reported != Some(progress) {
+            self.reported = Some(progress);
+            effects.push(Effect::Event(Event::Progress(report)));
+            effects.push(Effect::SaveJobFile);
+        }
+        effects
+    }
+}
+
+/// An index line: what the task ran, and how its final run went, if any.
+pub fn index_entry(
+    task: u64,
+    command: String,
+    params: IndexMap<String, ParamValue>,
+    status: FinalStatus,
+    result: Option<&ResultMsg>,
+) -> IndexEntry {
+    IndexEntry {
+        task,
+        command,
+        params,
+        status,
+        exit_code: result.and_then(|r| r.exit_code),
+        attempts: result.map_or(0, |r| r.attempt),
+        preemptions: result.map_or(0, |r| r.preemptions),
+        runtime_s: result.map_or(0.0, |r| r.runtime_ms as f64 / 1000.0),
+        cluster: result.map(|r| r.cluster.clone()),
+        host: result.map(|r| r.host.clone()).filter(|h| !h.is_empty()),
+    }
+}
+
+/// A job's decisions: the shell feeds it what happens, with the time, and
+/// applies the effects it returns, in order. Everything a job decides the
+/// same way whatever its kind is provided here.
+pub trait JobCore {
+    fn ledger(&self) -> &Ledger;
+    fn ledger_mut(&mut self) -> &mut Ledger;
+
+    /// Starts (or resumes) the job, once its queues exist.
+    fn start(&mut self) -> Vec<Effect<'static>>;
+    /// Results in delivery order; the shell acks them once the effects are applied.
+    fn on_results<'r>(
+        &mut self,
+        batch: impl IntoIterator<Item = &'r ResultMsg>,
+        now: Now,
+    ) -> Vec<Effect<'r>>;
+    /// A task dead-lettered after crashing its launchers too often.
+    fn on_lost(&mut self, task: &TaskMsg) -> Vec<Effect<'static>>;
+    /// A message on the job's control queue.
+    fn on_control(&mut self, msg: ControlMsg, now: Now) -> Vec<Effect<'static>>;
+    /// Whether a message to a kcm or launcher arrived (its queue may be gone).
+    fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect<'static>>;
+    /// Asks launchers that went quiet whether they are still there: the
+    /// first half of a report, whose answers (a queue gone) the report reflects.
+    fn poll(&mut self, now: Now) -> Vec<Effect<'static>>;
+    /// Where the job stands.
+    fn standing(&mut self, now: Now) -> JobReport;
+    /// The index line of a task's final state.
+    fn entry(&self, task: u64, status: FinalStatus, result: Option<&ResultMsg>) -> IndexEntry;
+    /// Clusters whose kcm is told when the job ends.
+    fn clusters(&self) -> BTreeSet<String>;
+
+    /// The second half of a report: the scheduler, watchers, `job.json`.
+    fn report(&mut self, now: Now) -> Vec<Effect<'static>> {
+        let report = self.standing(now);
+        self.ledger_mut().publish(report)
+    }
+
+    /// `job.json` with the current counts.
+    fn job_file(&self) -> JobFile {
+        let ledger = self.ledger();
+        JobFile {
+            tasks: ledger.book.counts(),
+            duplicates: ledger.book.duplicates(),
+            preemptions: ledger.preemptions,
+            ..ledger.file.clone()
+        }
+    }
+
+    /// Gives every task without a final state this one, durably.
+    fn finish_unfinished(&mut self, status: FinalStatus) -> Effect<'static> {
+        let entries: Vec<IndexEntry> = self
+            .ledger()
+            .book
+            .unfinished()
+            .map(|task| self.entry(task, status, None))
+            .collect();
+        for entry in &entries {
+            self.ledger_mut().book.finish(entry.task, status);
+        }
+        Effect::Record(entries)
+    }
+
+    /// `gleaner cancel`: what has not finished is cancelled, on disk before
+    /// the order is acked. The job then ends.
+    fn cancel(&mut self, reason: &str) -> Vec<Effect<'static>> {
+        info!(job = %self.ledger().id, reason, "cancelling");
+        let record = self.finish_unfinished(FinalStatus::Cancelled);
+        self.ledger_mut().file.state = JobState::Cancelled;
+        vec![record, Effect::SaveJobFile]
+    }
+
+    /// The job is over, and how: cancelled, or done once every task has a
+    /// final state.
+    fn ending(&self) -> Option<JobState> {
+        let ledger = self.ledger();
+        if ledger.file.state == JobState::Cancelled {
+            Some(JobState::Cancelled)
+        } else if ledger.book.is_complete() {
+            Some(JobState::Done)
+        } else {
+            None
+        }
+    }
+
+    /// Records the end in `job.json`; [`JobCore::wind_up`] follows.
+    fn finish(&mut self, state: JobState, now: Now) -> Vec<Effect<'static>> {
+        let ledger = self.ledger_mut();
+        let file = &mut ledger.file;
+        file.state = state;
+        file.finished_at = Some(now.ms);
+        file.makespan_s = Some(now.ms.saturating_sub(file.submitted_at) as f64 / 1000.0);
+        let counts = ledger.book.counts();
+        info!(
+            job = %ledger.id,
+            ?state,
+            succeeded = counts.succeeded,
+            failed = counts.failed,
+            timed_out = counts.timed_out,
+            lost = counts.lost,
+            cancelled = counts.cancelled,
+            duplicates = ledger.book.duplicates(),
+            makespan_s = file.makespan_s,
+            "job ended"
+        );
+        vec![Effect::SaveJobFile]
+    }
+
+    /// The end of a job, repeatable after a crash: queues deleted (launchers
+    /// leave), scheduler and kcms told, watchers notified.
+    fn wind_up(&mut self, now: Now) -> Vec<Effect<'static>> {
+        let clusters = self.clusters();
+        let report = self.standing(now);
+        let job = self.ledger().id.clone();
+        let mut effects = vec![
+            Effect::DeleteQueues,
+            Effect::ToScheduler(SchedulerMsg::JobDone { job: job.clone() }),
+        ];
+        effects.extend(clusters.into_iter().map(|cluster| Effect::ToKcm {
+            cluster,
+            msg: KcmMsg::JobEnded { job: job.clone() },
+            followup: Followup::Nothing,
+        }));
+        effects.push(Effect::Event(Event::Done(report)));
+        effects
+    }
+}
+
+/// What the cores' tests share: a job opened on a manifest, at a known time.
+#[cfg(test)]
+pub mod testing {
+    use std::time::Instant;
+
+    use super::*;
+    use gleaner_protocol::{Captured, Message, Millis, RunStatus};
+
+    pub const HEARTBEAT: Duration = Duration::from_secs(5);
+    pub const SILENCE: Duration = Duration::from_secs(30);
+    pub const GRACE: Duration = Duration::from_secs(10);
+    /// The wall clock at the first instant of a test, in ms.
+    const EPOCH_MS: Millis = 1_000_000;
+
+    /// A submission of this manifest (TOML), submitted at 1 s.
+    pub fn submission(manifest: &str) -> Submission {
+        Submission {
+            job: "sweep-3fa9c2".parse().unwrap(),
+            manifest: Manifest::from_toml(manifest).unwrap(),
+            submitted_at: 1_000,
+        }
+    }
+
+    pub fn opening(
+        submission: &Submission,
+        finished: Vec<(u64, FinalStatus)>,
+        job_file: Option<JobFile>,
+    ) -> Opening<'_> {
+        Opening {
+            submission,
+            settings: JobSettings {
+                results_root: PathBuf::from("/results"),
+                heartbeat: HEARTBEAT,
+                launcher_silence: SILENCE,
+                preempt_grace: GRACE,
+            },
+            runner: "runner@here".into(),
+            results: "/results/sweep".into(),
+            finished,
+            job_file,
+        }
+    }
+
+    /// `secs` seconds after `start`, on both clocks.
+    pub fn at(start: Instant, secs: u64) -> Now {
+        Now {
+            instant: start + Duration::from_secs(secs),
+            ms: EPOCH_MS + secs * 1000,
+        }
+    }
+
+    pub fn result(task: u64, attempt: u32, status: RunStatus) -> ResultMsg {
+        ResultMsg {
+            job: "sweep-3fa9c2".parse().unwrap(),
+            task,
+            attempt,
+            preemptions: 0,
+            status,
+            exit_code: Some(if status == RunStatus::Succeeded { 0 } else { 1 }),
+            signal: None,
+            runtime_ms: 1500,
+            launcher: "l".into(),
+            cluster: "c1".into(),
+            host: "node1".into(),
+            stdout: Captured::default(),
+            stderr: Captured::default(),
+            outputs: vec![],
+            error: None,
+        }
+    }
+
+    /// The messages to kcms and launchers among `effects`, as
+    /// (queue owner, message kind).
+    pub fn told(effects: &[Effect<'_>]) -> Vec<(String, &'static str)> {
+        effects
+            .iter()
+            .filter_map(|effect| match effect {
+                Effect::ToKcm { cluster, msg, .. } => Some((cluster.clone(), msg.kind())),
+                Effect::ToLauncher { launcher, msg, .. } => Some((launcher.clone(), msg.kind())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The index lines recorded among `effects`.
+    pub fn recorded(effects: &[Effect<'_>]) -> Vec<IndexEntry> {
+        effects
+            .iter()
+            .flat_map(|effect| match effect {
+                Effect::Record(entries) => entries.clone(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    /// The grow acceptance among `effects`.
+    pub fn grow_ack(effects: &[Effect<'_>]) -> Option<u32> {
+        effects.iter().find_map(|effect| match effect {
+            Effect::ToScheduler(SchedulerMsg::GrowAck { accepted, .. }) => Some(*accepted),
+            _ => None,
+        })
+    }
+}

@@ -1,0 +1,118 @@
+//! What a job keeps in its results directory, as plain data: the lines of
+//! `index.jsonl`, `job.json`, and how a resumed job reads the index back.
+//!
+//! No filesystem here (`results.rs` writes and reads the files), so that
+//! resuming from an index can be tested on bytes.
+
+use std::io::{self, BufRead};
+
+use gleaner_manifest::ParamValue;
+use gleaner_protocol::{JobState, Millis, TaskCounts};
+use indexmap::IndexMap;
+use serde::{Deserialize, Serialize};
+
+use crate::book::FinalStatus;
+
+/// One line of `index.jsonl`: the final state of one task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IndexEntry {
+    pub task: u64,
+    pub command: String,
+    pub params: IndexMap<String, ParamValue>,
+    pub status: FinalStatus,
+    pub exit_code: Option<i32>,
+    pub attempts: u32,
+    pub preemptions: u32,
+    pub runtime_s: f64,
+    pub cluster: Option<String>,
+    pub host: Option<String>,
+}
+
+/// `job.json`: the job's summary, rewritten as it progresses.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobFile {
+    pub job: String,
+    pub name: String,
+    pub state: JobState,
+    pub runner: String,
+    pub results: String,
+    pub submitted_at: Millis,
+    pub started_at: Millis,
+    pub finished_at: Option<Millis>,
+    pub makespan_s: Option<f64>,
+    pub tasks: TaskCounts,
+    pub duplicates: u64,
+    pub preemptions: u64,
+    /// Every task was published once; a resumed job need not publish again.
+    pub tasks_published: bool,
+    /// Grid jobs: the cluster each component was placed on, once placed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub components: Vec<Option<String>>,
+}
+
+/// What an index holds, read back.
+#[derive(Debug, Default)]
+pub struct IndexContents {
+    /// Tasks with a final state, in the order they were recorded.
+    pub finished: Vec<(u64, FinalStatus)>,
+    /// Bytes in whole lines: anything after them is a line cut short by a
+    /// crash, which the caller cuts off before appending.
+    pub whole_bytes: u64,
+    /// Whole lines that do not parse; skipped, for the caller to report.
+    pub unreadable: Vec<serde_json::Error>,
+}
+
+#[derive(Deserialize)]
+struct IndexLine {
+    task: u64,
+    status: FinalStatus,
+}
+
+/// Reads an index. Only a reader's own errors fail it: unreadable lines are
+/// skipped, and a torn last line is left out.
+pub fn read_index(mut index: impl BufRead) -> io::Result<IndexContents> {
+    let mut contents = IndexContents::default();
+    // Bytes, not text: a line cut in the middle of a UTF-8 character must
+    // not make the whole index unreadable.
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        let n = index.read_until(b'\n', &mut line)?;
+        if n == 0 || line.last() != Some(&b'\n') {
+            return Ok(contents);
+        }
+        contents.whole_bytes += n as u64;
+        match serde_json::from_slice::<IndexLine>(&line) {
+            Ok(entry) => contents.finished.push((entry.task, entry.status)),
+            Err(e) => contents.unreadable.push(e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn torn_and_unreadable_lines_are_left_out() {
+        let mut index = b"{\"task\":3,\"status\":\"succeeded\",\"command\":\"x\"}\n\
+                          not json\n\
+                          {\"task\":0,\"status\":\"lost\"}\n"
+            .to_vec();
+        let whole = index.len() as u64;
+        index.extend_from_slice(
+            "{\"task\":1,\"command\":\"é"
+                .as_bytes()
+                .split_last()
+                .unwrap()
+                .1,
+        );
+        let contents = read_index(&index[..]).unwrap();
+        assert_eq!(
+            contents.finished,
+            [(3, FinalStatus::Succeeded), (0, FinalStatus::Lost)]
+        );
+        assert_eq!(contents.whole_bytes, whole);
+        assert_eq!(contents.unreadable.len(), 1);
+    }
+}

@@ -1,0 +1,1020 @@
+//! The core of a scavenging job (a sweep): its tasks wait on the job's task
+//! queue, and launchers on idle slots of any cluster pull them.
+//!
+//! It decides how many offered slots to accept (as many as unfinished work
+//! can keep busy), which launchers give slots back on a shrink (idle ones
+//! first, then those that would lose least work; a shrink the cluster's
+//! launchers cannot cover yet is owed, and applied as the next launcher
+//! there comes up), which silent launchers to poll or forget, and what each
+//! result means: recorded exactly once, retried up to `max_attempts`.
+//! No I/O here: the shell (`job.rs`) applies the effects.
+
+use std::{
+    borrow::Cow,
+    collections::{BTreeSet, VecDeque},
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use gleaner_manifest::{JobId, Manifest, TaskList};
+use gleaner_protocol::{
+    ControlMsg, JobReport, JobState, KcmMsg, LauncherMsg, ResultMsg, SchedulerMsg, ShrinkMode,
+    TaskMsg,
+};
+use tracing::{debug, info, warn};
+
+use crate::{
+    book::{FinalStatus, Verdict},
+    effect::{Effect, Followup, Now},
+    job_core::{JobCore, Ledger, Opening, Refusal, THROUGHPUT_WINDOW, index_entry},
+    launchers::LauncherTable,
+    records::IndexEntry,
+};
+
+/// How long an unfulfilled shrink waits for launchers to stop; the
+/// scheduler decides afresh after that.
+const OWED_SHRINK_LIFETIME: Duration = Duration::from_secs(30);
+
+/// A shrink that found too few launchers to stop: the launchers still on
+/// their way (placeholders starting) are stopped as they announce themselves.
+#[derive(Debug, Clone)]
+struct OwedShrink {
+    cluster: String,
+    slots: u32,
+    mode: ShrinkMode,
+    reason: String,
+    since: Instant,
+}
+
+/// Makes task messages when they are needed: a sweep can have millions of
+/// tasks, too many to hold as messages at once.
+#[derive(Debug)]
+struct TaskMaker {
+    job: JobId,
+    tasks: TaskList,
+    env: Vec<(String, String)>,
+    walltime_ms: Option<u64>,
+    outputs: Vec<String>,
+    workdir: Option<String>,
+}
+
+impl TaskMaker {
+    fn new(job: JobId, manifest: &Manifest, tasks: TaskList) -> Self {
+        Self {
+            job,
+            tasks,
+            env: manifest
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            walltime_ms: manifest.walltime.map(|w| w.as_millis() as u64),
+            outputs: manifest.outputs.clone(),
+            workdir: manifest.workdir.as_ref().map(|w| w.display().to_string()),
+        }
+    }
+
+    fn msg(&self, task: u64, attempt: u32, preemptions: u32) -> Option<TaskMsg> {
+        let spec = self.tasks.get(task)?;
+        Some(TaskMsg {
+            job: self.job.clone(),
+            task,
+            attempt,
+            preemptions,
+            command: spec.command,
+            env: self.env.clone(),
+            walltime_ms: self.walltime_ms,
+            outputs: self.outputs.clone(),
+            workdir: self.workdir.clone(),
+        })
+    }
+}
+
+/// First attempts of tasks, made as they are published.
+#[derive(Debug)]
+pub struct FirstAttempts {
+    maker: Arc<TaskMaker>,
+    tasks: Vec<u64>,
+}
+
+impl FirstAttempts {
+    pub fn tasks(&self) -> &[u64] {
+        &self.tasks
+    }
+
+    /// The messages, `size` at a time.
+    pub fn chunks(&self, size: usize) -> impl Iterator<Item = Vec<TaskMsg>> + '_ {
+        self.tasks.chunks(size.max(1)).map(|chunk| {
+            chunk
+                .iter()
+                .filter_map(|&task| self.maker.msg(task, 1, 0))
+                .collect()
+        })
+    }
+}
+
+/// The core of a scavenging job.
+#[derive(Debug)]
+pub struct Sweep {
+    ledger: Ledger,
+    tasks: Arc<TaskMaker>,
+    launchers: LauncherTable,
+    owed: Vec<OwedShrink>,
+    /// When recent tasks finished, for the throughput figure.
+    recent: VecDeque<Instant>,
+}
+
+impl Sweep {
+    pub fn open(opening: Opening<'_>, tasks: TaskList, now: Now) -> Result<Self, Refusal> {
+        let ledger = Ledger::open(opening, tasks.len(), now)?;
+        let tasks = Arc::new(TaskMaker::new(ledger.id.clone(), &ledger.manifest, tasks));
+        Ok(Self {
+            ledger,
+            tasks,
+            launchers: LauncherTable::default(),
+            owed: Vec::new(),
+            recent: VecDeque::new(),
+        })
+    }
+
+    /// Accepts as many offered slots as there are tasks to keep them busy.
+    fn grow(&mut self, grant: u64, cluster: String, slots: u32) -> Vec<Effect<'static>> {
+        let job = &self.ledger.id;
+        let wanted = self
+            .ledger
+            .book
+            .counts()
+            .unfinished()
+            .saturating_sub(u64::from(self.launchers.total_slots()));
+        let accepted = slots.min(u32::try_from(wanted).unwrap_or(u32::MAX));
+        let mut effects = vec![Effect::ToScheduler(SchedulerMsg::GrowAck {
+            grant,
+            job: job.clone(),
+            cluster: cluster.clone(),
+            accepted,
+        })];
+        if accepted > 0 {
+            effects.push(Effect::ToKcm {
+                cluster: cluster.clone(),
+                msg: KcmMsg::StartLaunchers {
+                    job: job.clone(),
+                    grant,
+                    slots: accepted,
+                },
+                followup: Followup::Grow {
+                    cluster,
+                    grant,
+                    slots: accepted,
+                    offered: slots,
+                },
+            });
+        }
+        effects
+    }
+
+    /// Gives back slots on a cluster: idle launchers first, then those whose
+    /// task started most recently.
+    fn shrink(
+        &mut self,
+        cluster: &str,
+        slots: u32,
+        mode: ShrinkMode,
+        reason: &str,
+        now: Now,
+    ) -> Vec<Effect<'static>> {
+        let (victims, freed) = self.launchers.pick_victims(cluster, slots);
+        info!(job = %self.ledger.id, cluster, slots, ?mode, reason, launchers = ?victims, "shrinking");
+        if freed < slots {
+            self.owed.push(OwedShrink {
+                cluster: cluster.to_owned(),
+                slots: slots - freed,
+                mode,
+                reason: reason.to_owned(),
+                since: now.instant,
+            });
+        }
+        let order = match mode {
+            ShrinkMode::Preempt => LauncherMsg::Preempt {
+                reason: reason.to_owned(),
+            },
+            ShrinkMode::Drain => LauncherMsg::Drain {
+                reason: reason.to_owned(),
+            },
+        };
+        let mut effects: Vec<Effect<'static>> = victims
+            .iter()
+            .map(|launcher| Effect::ToLauncher {
+                launcher: launcher.clone(),
+                msg: order.clone(),
+                followup: Followup::Leave {
+                    launcher: launcher.clone(),
+                },
+            })
+            .collect();
+        if mode == ShrinkMode::Preempt && !victims.is_empty() {
+            effects.push(Effect::ToKcm {
+                cluster: cluster.to_owned(),
+                msg: KcmMsg::Release {
+                    job: self.ledger.id.clone(),
+                    launchers: victims,
+                    grace_ms: self.ledger.settings.preempt_grace.as_millis() as u64,
+                },
+                followup: Followup::Nothing,
+            });
+        }
+        effects
+    }
+
+    /// Forgets launchers silent for longer than `launcher_silence`: they
+    /// died, and the broker gave their tasks to others. Their slots stop
+    /// counting, so grows can replace them. Returns them; nothing is sent
+    /// about them (the kcm is not told: a known gap).
+    fn expire_silent(&mut self, now: Now) -> Vec<String> {
+        self.launchers
+            .expire(now.instant, self.ledger.settings.launcher_silence)
+    }
+}
+
+impl JobCore for Sweep {
+    fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    fn ledger_mut(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+
+    /// Publishes every task not yet published. A crash mid-publication
+    /// leaves an unknown prefix published: the publication starts over
+    /// (duplicates are harmless).
+    fn start(&mut self) -> Vec<Effect<'static>> {
+        self.ledger.take_over();
+        let mut effects = Vec::new();
+        if self.ledger.file.tasks_published {
+            let counts = self.ledger.book.counts();
+            info!(job = %self.ledger.id, finished = counts.finished(), total = counts.total, "job resumed");
+        } else {
+            effects.push(Effect::PurgeTasks);
+            effects.push(Effect::PublishFirst(FirstAttempts {
+                maker: self.tasks.clone(),
+                tasks: self.ledger.book.unfinished().collect(),
+            }));
+            self.ledger.file.tasks_published = true;
+        }
+        self.ledger.file.state = JobState::Running;
+        effects.extend([Effect::SaveJobFile, Effect::Report]);
+        effects
+    }
+
+    fn on_results<'r>(
+        &mut self,
+        batch: impl IntoIterator<Item = &'r ResultMsg>,
+        now: Now,
+    ) -> Vec<Effect<'r>> {
+        let job = self.ledger.id.clone();
+        let mut effects = Vec::new();
+        let mut retries = Vec::new();
+        let mut entries = Vec::new();
+        for result in batch {
+            if result.job != job {
+                warn!(job = %job, other = %result.job, "result of another job ignored");
+                continue;
+            }
+            match self.ledger.book.judge(result) {
+                Verdict::Final(status) => {
+                    effects.push(Effect::WriteOutputs(Cow::Borrowed(result)));
+                    entries.push(self.entry(result.task, status, Some(result)));
+                    self.ledger.book.finish(result.task, status);
+                    self.ledger.preemptions += u64::from(result.preemptions);
+                    self.recent.push_back(now.instant);
+                    debug!(job = %job, task = result.task, ?status, "task finished");
+                }
+                Verdict::Retry { attempt } => {
+                    effects.push(Effect::WriteOutputs(Cow::Borrowed(result)));
+                    info!(job = %job, task = result.task, attempt, status = ?result.status, exit_code = ?result.exit_code, "task failed; retrying");
+                    retries.extend(self.tasks.msg(result.task, attempt, result.preemptions));
+                }
+                Verdict::Duplicate => {
+                    debug!(job = %job, task = result.task, attempt = result.attempt, "duplicate result");
+                }
+            }
+        }
+        if !retries.is_empty() {
+            effects.push(Effect::Publish(retries));
+        }
+        effects.push(Effect::Record(entries));
+        effects
+    }
+
+    fn on_lost(&mut self, task: &TaskMsg) -> Vec<Effect<'static>> {
+        if task.job != self.ledger.id || self.ledger.book.is_finished(task.task) {
+            return Vec::new();
+        }
+        warn!(job = %self.ledger.id, task = task.task, attempt = task.attempt, "task lost: its launchers died every time it ran");
+        let mut entry = self.entry(task.task, FinalStatus::Lost, None);
+        entry.attempts = task.attempt;
+        entry.preemptions = task.preemptions;
+        self.ledger.book.finish(task.task, FinalStatus::Lost);
+        vec![Effect::Record(vec![entry])]
+    }
+
+    fn on_control(&mut self, msg: ControlMsg, now: Now) -> Vec<Effect<'static>> {
+        let job = &self.ledger.id;
+        match msg {
+            ControlMsg::LauncherUp(info) => {
+                debug!(job = %job, launcher = %info.launcher, cluster = %info.cluster, host = %info.host, "launcher up");
+                self.ledger.clusters.insert(info.cluster.clone());
+                self.launchers.up(&info, now.instant);
+                match self.owed.iter().position(|o| o.cluster == info.cluster) {
+                    Some(i) => {
+                        let owed = self.owed.remove(i);
+                        self.shrink(&owed.cluster, owed.slots, owed.mode, &owed.reason, now)
+                    }
+                    None => Vec::new(),
+                }
+            }
+            ControlMsg::LauncherStatus(status) => {
+                self.launchers.status(status, now.instant);
+                Vec::new()
+            }
+            ControlMsg::LauncherGone {
+                launcher, reason, ..
+            } => {
+                debug!(job = %job, launcher = %launcher, reason, "launcher gone");
+                self.launchers.gone(&launcher);
+                Vec::new()
+            }
+            ControlMsg::GrowOffer {
+                grant,
+                cluster,
+                slots,
+            } => self.grow(grant, cluster, slots),
+            ControlMsg::Shrink {
+                cluster,
+                slots,
+                mode,
+                reason,
+            } => self.shrink(&cluster, slots, mode, &reason, now),
+            ControlMsg::Cancel { reason } => self.cancel(&reason),
+            ControlMsg::Place { .. } => {
+                debug!(job = %job, "placement ignored: already placed, or not for this job");
+                Vec::new()
+            }
+            ControlMsg::PlacementFailed { .. } | ControlMsg::ComponentEnded(_) => {
+                debug!(job = %job, "grid job message ignored: this job is a sweep");
+                Vec::new()
+            }
+        }
+    }
+
+    fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect<'static>> {
+        let job = &self.ledger.id;
+        match followup {
+            Followup::Grow {
+                cluster,
+                grant,
+                slots,
+                offered,
+            } => {
+                if arrived {
+                    info!(job = %job, cluster = %cluster, grant, slots, offered, "grow accepted");
+                    self.ledger.clusters.insert(cluster);
+                } else {
+                    warn!(job = %job, cluster = %cluster, "no kcm queue for the cluster; grow dropped");
+                }
+            }
+            Followup::Leave { launcher } if !arrived => self.launchers.gone(&launcher),
+            Followup::Poll { launcher } if !arrived => {
+                debug!(job = %job, launcher = %launcher, "silent launcher is gone");
+                self.launchers.gone(&launcher);
+            }
+            Followup::Leave { .. }
+            | Followup::Poll { .. }
+            | Followup::Component { .. }
+            | Followup::Nothing => {}
+        }
+        Vec::new()
+    }
+
+    /// A launcher that died has lost its queue, which answers the poll at once.
+    fn poll(&mut self, now: Now) -> Vec<Effect<'static>> {
+        let after = self.ledger.settings.heartbeat.saturating_mul(2);
+        self.launchers
+            .poll_silent(now.instant, after)
+            .into_iter()
+            .map(|launcher| Effect::ToLauncher {
+                launcher: launcher.clone(),
+                msg: LauncherMsg::Poll {},
+                followup: Followup::Poll { launcher },
+            })
+            .collect()
+    }
+
+    fn standing(&mut self, now: Now) -> JobReport {
+        self.expire_silent(now);
+        self.owed
+            .retain(|o| now.instant.duration_since(o.since) < OWED_SHRINK_LIFETIME);
+        while self
+            .recent
+            .front()
+            .is_some_and(|t| now.instant.duration_since(*t) > THROUGHPUT_WINDOW)
+        {
+            self.recent.pop_front();
+        }
+        let running = self.launchers.running_tasks();
+        let slots = self.launchers.slots_by_cluster();
+        self.ledger.report(running, slots, self.recent.len(), now)
+    }
+
+    fn entry(&self, task: u64, status: FinalStatus, result: Option<&ResultMsg>) -> IndexEntry {
+        let (command, params) = self
+            .tasks
+            .tasks
+            .get(task)
+            .map(|spec| (spec.command, spec.params))
+            .unwrap_or_default();
+        index_entry(task, command, params, status, result)
+    }
+
+    fn clusters(&self) -> BTreeSet<String> {
+        let mut clusters = self.ledger.clusters.clone();
+        clusters.extend(self.launchers.clusters().map(str::to_owned));
+        clusters
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use gleaner_protocol::{LauncherInfo, LauncherStatus, RunStatus, RunningTask};
+
+    use super::*;
+    use crate::{
+        job_core::testing::{GRACE, at, grow_ack, opening, recorded, result, submission, told},
+        records::read_index,
+    };
+
+    /// A sweep of `tasks` tasks (`echo 0` … ), retried up to `max_attempts`.
+    fn manifest(tasks: u64, max_attempts: u32) -> String {
+        format!(
+            "name = \"sweep\"\nmax_attempts = {max_attempts}\n\
+             [sweep]\ncommand = \"echo {{i}}\"\nparams = {{ i = {{ from = 0, to = {} }} }}\n",
+            tasks - 1
+        )
+    }
+
+    /// A new sweep, started at `start`.
+    fn started(tasks: u64, max_attempts: u32, start: Instant) -> Sweep {
+        let submission = submission(&manifest(tasks, max_attempts));
+        let mut sweep = Sweep::open(
+            opening(&submission, vec![], None),
+            tasks_of(&submission),
+            at(start, 0),
+        )
+        .unwrap();
+        sweep.start();
+        sweep
+    }
+
+    fn tasks_of(submission: &gleaner_protocol::Submission) -> TaskList {
+        TaskList::new(&submission.manifest).unwrap()
+    }
+
+    fn up(launcher: &str, cluster: &str, slots: u32) -> ControlMsg {
+        ControlMsg::LauncherUp(LauncherInfo {
+            launcher: launcher.into(),
+            cluster: cluster.into(),
+            host: "node1".into(),
+            slots,
+            started_at: 0,
+            deadline: None,
+        })
+    }
+
+    /// A heartbeat of a launcher running tasks started at these times.
+    fn status(launcher: &str, cluster: &str, started: &[u64]) -> ControlMsg {
+        ControlMsg::LauncherStatus(LauncherStatus {
+            launcher: launcher.into(),
+            cluster: cluster.into(),
+            running: started
+                .iter()
+                .enumerate()
+                .map(|(task, &started_at)| RunningTask {
+                    task: task as u64,
+                    started_at,
+                })
+                .collect(),
+            completed: 0,
+        })
+    }
+
+    fn offer(cluster: &str, slots: u32) -> ControlMsg {
+        ControlMsg::GrowOffer {
+            grant: 7,
+            cluster: cluster.into(),
+            slots,
+        }
+    }
+
+    fn shrink(cluster: &str, slots: u32, mode: ShrinkMode) -> ControlMsg {
+        ControlMsg::Shrink {
+            cluster: cluster.into(),
+            slots,
+            mode,
+            reason: "a grid job".into(),
+        }
+    }
+
+    fn owned(pairs: &[(&str, &'static str)]) -> Vec<(String, &'static str)> {
+        pairs
+            .iter()
+            .map(|&(to, kind)| (to.to_owned(), kind))
+            .collect()
+    }
+
+    #[test]
+    fn grow_accepts_what_unfinished_tasks_can_keep_busy() {
+        let t0 = Instant::now();
+        let mut sweep = started(5, 1, t0);
+        let effects = sweep.on_control(offer("c1", 3), at(t0, 1));
+        assert_eq!(grow_ack(&effects), Some(3));
+        assert!(matches!(
+            &effects[1],
+            Effect::ToKcm { cluster, msg: KcmMsg::StartLaunchers { grant: 7, slots: 3, .. }, followup: Followup::Grow { offered: 3, .. } } if cluster == "c1"
+        ));
+        for launcher in ["a", "b", "c"] {
+            sweep.on_control(up(launcher, "c1", 1), at(t0, 2));
+        }
+        let effects = sweep.on_control(offer("c2", 4), at(t0, 3));
+        assert_eq!(grow_ack(&effects), Some(2), "5 tasks, 3 slots already");
+        assert_eq!(told(&effects), owned(&[("c2", "start_launchers")]));
+        sweep.on_control(up("d", "c2", 2), at(t0, 4));
+        let effects = sweep.on_control(offer("c2", 4), at(t0, 5));
+        assert_eq!(grow_ack(&effects), Some(0));
+        assert!(told(&effects).is_empty(), "no launchers asked for");
+    }
+
+    #[test]
+    fn grow_is_refused_once_every_task_is_final() {
+        let t0 = Instant::now();
+        let mut sweep = started(2, 1, t0);
+        let results = [
+            result(0, 1, RunStatus::Succeeded),
+            result(1, 1, RunStatus::Failed),
+        ];
+        sweep.on_results(&results, at(t0, 1));
+        assert_eq!(sweep.ending(), Some(JobState::Done));
+        let effects = sweep.on_control(offer("c1", 4), at(t0, 2));
+        assert_eq!(grow_ack(&effects), Some(0));
+        assert!(told(&effects).is_empty());
+    }
+
+    #[test]
+    fn a_cluster_counts_as_the_jobs_once_its_kcm_has_the_grow() {
+        let t0 = Instant::now();
+        let mut sweep = started(4, 1, t0);
+        let grow = |cluster: &str| Followup::Grow {
+            cluster: cluster.into(),
+            grant: 7,
+            slots: 1,
+            offered: 1,
+        };
+        assert!(sweep.on_delivery(grow("nokcm"), false).is_empty());
+        assert!(sweep.on_delivery(grow("c1"), true).is_empty());
+        let effects = sweep.wind_up(at(t0, 1));
+        assert_eq!(
+            told(&effects),
+            owned(&[("c1", "job_ended")]),
+            "only c1 is told of the end"
+        );
+    }
+
+    #[test]
+    fn shrink_stops_idle_launchers_first_then_those_losing_least_work() {
+        let t0 = Instant::now();
+        let mut sweep = started(10, 1, t0);
+        for launcher in ["a", "b", "c"] {
+            sweep.on_control(up(launcher, "c1", 1), at(t0, 1));
+        }
+        sweep.on_control(up("d", "c2", 1), at(t0, 1));
+        sweep.on_control(status("a", "c1", &[100]), at(t0, 2));
+        sweep.on_control(status("b", "c1", &[200]), at(t0, 2));
+        let effects = sweep.on_control(shrink("c1", 2, ShrinkMode::Preempt), at(t0, 3));
+        assert_eq!(
+            told(&effects),
+            owned(&[("c", "preempt"), ("b", "preempt"), ("c1", "release")]),
+            "idle c, then b whose task started last"
+        );
+        assert!(matches!(
+            effects.last(),
+            Some(Effect::ToKcm { msg: KcmMsg::Release { launchers, grace_ms, .. }, .. })
+                if launchers == &["c", "b"] && *grace_ms == GRACE.as_millis() as u64
+        ));
+        let effects = sweep.on_control(shrink("c1", 1, ShrinkMode::Drain), at(t0, 4));
+        assert_eq!(
+            told(&effects),
+            owned(&[("a", "drain")]),
+            "a drain releases nothing"
+        );
+        let report = sweep.standing(at(t0, 5));
+        assert_eq!(
+            report.launchers.get("c1"),
+            None,
+            "leaving launchers are not capacity"
+        );
+        assert_eq!(report.launchers["c2"], 1);
+    }
+
+    #[test]
+    fn a_launcher_whose_queue_is_gone_is_forgotten_when_told_to_leave() {
+        let t0 = Instant::now();
+        let mut sweep = started(10, 1, t0);
+        sweep.on_control(up("a", "c1", 1), at(t0, 1));
+        sweep.on_control(status("a", "c1", &[100]), at(t0, 1));
+        sweep.on_control(shrink("c1", 1, ShrinkMode::Drain), at(t0, 2));
+        assert_eq!(
+            sweep.standing(at(t0, 3)).tasks.running,
+            1,
+            "draining, still running"
+        );
+        sweep.on_delivery(
+            Followup::Leave {
+                launcher: "a".into(),
+            },
+            false,
+        );
+        assert_eq!(sweep.standing(at(t0, 3)).tasks.running, 0);
+    }
+
+    #[test]
+    fn a_shrink_beyond_the_clusters_launchers_is_owed_to_the_next_ones_up() {
+        let t0 = Instant::now();
+        let mut sweep = started(10, 1, t0);
+        sweep.on_control(up("a", "c1", 1), at(t0, 1));
+        let effects = sweep.on_control(shrink("c1", 3, ShrinkMode::Preempt), at(t0, 2));
+        assert_eq!(
+            told(&effects),
+            owned(&[("a", "preempt"), ("c1", "release")])
+        );
+        assert!(
+            sweep.on_control(up("x", "c2", 1), at(t0, 3)).is_empty(),
+            "owed on c1 only"
+        );
+        let effects = sweep.on_control(up("b", "c1", 1), at(t0, 4));
+        assert_eq!(
+            told(&effects),
+            owned(&[("b", "preempt"), ("c1", "release")])
+        );
+        let effects = sweep.on_control(up("c", "c1", 1), at(t0, 5));
+        assert_eq!(
+            told(&effects),
+            owned(&[("c", "preempt"), ("c1", "release")])
+        );
+        assert!(
+            sweep.on_control(up("d", "c1", 1), at(t0, 6)).is_empty(),
+            "the 3 slots are given back"
+        );
+    }
+
+    #[test]
+    fn an_owed_shrink_lapses() {
+        let t0 = Instant::now();
+        let mut sweep = started(10, 1, t0);
+        sweep.on_control(shrink("c1", 2, ShrinkMode::Preempt), at(t0, 1));
+        sweep.standing(at(t0, 1 + OWED_SHRINK_LIFETIME.as_secs()));
+        assert!(sweep.on_control(up("a", "c1", 1), at(t0, 40)).is_empty());
+    }
+
+    #[test]
+    fn silent_launchers_are_polled_once_and_forgotten_if_gone() {
+        let t0 = Instant::now();
+        let mut sweep = started(10, 1, t0);
+        sweep.on_control(up("a", "c1", 1), at(t0, 0));
+        sweep.on_control(up("b", "c1", 1), at(t0, 0));
+        sweep.on_control(status("b", "c1", &[]), at(t0, 8));
+        let effects = sweep.poll(at(t0, 11));
+        assert_eq!(
+            told(&effects),
+            owned(&[("a", "poll")]),
+            "silent for two heartbeats"
+        );
+        assert!(sweep.poll(at(t0, 12)).is_empty(), "asked once");
+        sweep.on_delivery(
+            Followup::Poll {
+                launcher: "b".into(),
+            },
+            true,
+        );
+        sweep.on_delivery(
+            Followup::Poll {
+                launcher: "a".into(),
+            },
+            false,
+        );
+        assert_eq!(sweep.standing(at(t0, 12)).launchers["c1"], 1, "a is gone");
+    }
+
+    /// Today an expiry only forgets: nothing is sent about the launcher,
+    /// and its slot is offered to grows again.
+    #[test]
+    fn launchers_silent_too_long_are_forgotten_and_nothing_is_sent() {
+        let t0 = Instant::now();
+        let mut sweep = started(5, 1, t0);
+        sweep.on_control(up("a", "c1", 1), at(t0, 0));
+        sweep.on_control(up("b", "c1", 1), at(t0, 0));
+        sweep.on_control(status("b", "c1", &[]), at(t0, 20));
+        sweep.poll(at(t0, 31));
+        let effects = sweep.report(at(t0, 31));
+        assert!(told(&effects).is_empty(), "nobody told of the expiry");
+        assert!(matches!(
+            &effects[0],
+            Effect::ToScheduler(SchedulerMsg::JobUpdate(report)) if report.launchers["c1"] == 1
+        ));
+        assert_eq!(
+            grow_ack(&sweep.on_control(offer("c1", 5), at(t0, 32))),
+            Some(4)
+        );
+        sweep.on_control(status("a", "c1", &[]), at(t0, 33));
+        assert_eq!(
+            sweep.standing(at(t0, 33)).launchers["c1"],
+            2,
+            "a launcher heard from again is adopted"
+        );
+    }
+
+    #[test]
+    fn a_resumed_job_publishes_only_what_its_index_lacks() {
+        let t0 = Instant::now();
+        let submission = submission(&manifest(5, 1));
+        let mut index =
+            b"{\"task\":0,\"status\":\"succeeded\"}\n{\"task\":2,\"status\":\"failed\"}\n".to_vec();
+        index.extend_from_slice(b"{\"task\":3,\"sta");
+        let finished = read_index(&index[..]).unwrap().finished;
+        let mut sweep = Sweep::open(
+            opening(&submission, finished, None),
+            tasks_of(&submission),
+            at(t0, 0),
+        )
+        .unwrap();
+        let effects = sweep.start();
+        assert!(matches!(effects[0], Effect::PurgeTasks));
+        let Effect::PublishFirst(first) = &effects[1] else {
+            panic!("no publication: {effects:?}");
+        };
+        assert_eq!(first.tasks(), [1, 3, 4], "the torn line's task runs again");
+        let msgs: Vec<TaskMsg> = first.chunks(2).flatten().collect();
+        assert_eq!(msgs.len(), 3);
+        assert_eq!(
+            (msgs[1].task, msgs[1].attempt, msgs[1].command.as_str()),
+            (3, 1, "echo 3")
+        );
+        assert!(matches!(
+            effects[2..],
+            [Effect::SaveJobFile, Effect::Report]
+        ));
+        let file = sweep.job_file();
+        assert!(file.tasks_published);
+        assert_eq!(
+            (file.tasks.succeeded, file.tasks.failed, file.tasks.pending),
+            (1, 1, 3)
+        );
+
+        let mut again = Sweep::open(
+            opening(&submission, vec![], Some(file)),
+            tasks_of(&submission),
+            at(t0, 9),
+        )
+        .unwrap();
+        let effects = again.start();
+        assert!(
+            matches!(effects[..], [Effect::SaveJobFile, Effect::Report]),
+            "published before"
+        );
+    }
+
+    #[test]
+    fn a_results_directory_of_another_job_is_refused() {
+        let t0 = Instant::now();
+        let submission = submission(&manifest(2, 1));
+        let mut file = started(2, 1, t0).job_file();
+        file.job = "other-000000".into();
+        let refusal = Sweep::open(
+            opening(&submission, vec![], Some(file)),
+            tasks_of(&submission),
+            at(t0, 0),
+        )
+        .unwrap_err();
+        assert_eq!(refusal.owner, "other-000000");
+    }
+
+    #[test]
+    fn results_are_recorded_once_and_failures_retried_up_to_max_attempts() {
+        let t0 = Instant::now();
+        let mut sweep = started(3, 2, t0);
+        let mut preempted = result(1, 1, RunStatus::Failed);
+        preempted.preemptions = 2;
+        let mut stranger = result(2, 1, RunStatus::Succeeded);
+        stranger.job = "other-000000".parse().unwrap();
+        let batch = [
+            result(0, 1, RunStatus::Succeeded),
+            result(0, 1, RunStatus::Succeeded),
+            preempted,
+            stranger,
+        ];
+        let effects = sweep.on_results(&batch, at(t0, 1));
+        let written: Vec<u64> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::WriteOutputs(r) => Some(r.task),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            written,
+            [0, 1],
+            "outputs of the first result and the failed run"
+        );
+        let Some(Effect::Publish(retries)) =
+            effects.iter().find(|e| matches!(e, Effect::Publish(_)))
+        else {
+            panic!("no retry: {effects:?}");
+        };
+        assert_eq!(
+            retries
+                .iter()
+                .map(|t| (t.task, t.attempt, t.preemptions))
+                .collect::<Vec<_>>(),
+            [(1, 2, 2)],
+            "preemptions are carried, not counted as attempts"
+        );
+        assert!(
+            matches!(effects.last(), Some(Effect::Record(_))),
+            "recorded after the retry is out"
+        );
+        let entries = recorded(&effects);
+        assert_eq!(entries.len(), 1);
+        assert_eq!(
+            (
+                entries[0].task,
+                entries[0].status,
+                entries[0].command.as_str()
+            ),
+            (0, FinalStatus::Succeeded, "echo 0")
+        );
+
+        let batch = [
+            result(1, 1, RunStatus::Failed),
+            result(1, 2, RunStatus::TimedOut),
+        ];
+        let effects = sweep.on_results(&batch, at(t0, 2));
+        let entries = recorded(&effects);
+        assert_eq!(entries.len(), 1, "the stale first attempt is a duplicate");
+        assert_eq!(
+            (entries[0].task, entries[0].status, entries[0].attempts),
+            (1, FinalStatus::TimedOut, 2)
+        );
+        assert!(
+            !effects.iter().any(|e| matches!(e, Effect::Publish(_))),
+            "no third attempt"
+        );
+        let file = sweep.job_file();
+        assert_eq!(file.duplicates, 2);
+        assert_eq!(
+            (
+                file.tasks.succeeded,
+                file.tasks.timed_out,
+                file.tasks.pending
+            ),
+            (1, 1, 1)
+        );
+    }
+
+    #[test]
+    fn final_results_count_their_preemptions_and_throughput() {
+        let t0 = Instant::now();
+        let mut sweep = started(3, 1, t0);
+        let mut r = result(2, 1, RunStatus::Succeeded);
+        r.preemptions = 3;
+        let effects = sweep.on_results([&r], at(t0, 10));
+        assert_eq!(recorded(&effects)[0].preemptions, 3);
+        let report = sweep.standing(at(t0, 20));
+        assert_eq!(report.preemptions, 3);
+        assert_eq!(report.throughput, 1.0 / 20.0);
+        assert_eq!(
+            sweep.standing(at(t0, 71)).throughput,
+            0.0,
+            "outside the window"
+        );
+    }
+
+    #[test]
+    fn a_lost_task_is_recorded_once() {
+        let t0 = Instant::now();
+        let mut sweep = started(2, 1, t0);
+        let mut lost = sweep.tasks.msg(1, 3, 1).unwrap();
+        let effects = sweep.on_lost(&lost);
+        let entries = recorded(&effects);
+        assert_eq!(
+            (
+                entries[0].task,
+                entries[0].status,
+                entries[0].attempts,
+                entries[0].preemptions
+            ),
+            (1, FinalStatus::Lost, 3, 1)
+        );
+        assert!(sweep.on_lost(&lost).is_empty());
+        lost.task = 0;
+        lost.job = "other-000000".parse().unwrap();
+        assert!(sweep.on_lost(&lost).is_empty(), "another job's task");
+    }
+
+    #[test]
+    fn the_job_ends_when_every_task_is_final() {
+        let t0 = Instant::now();
+        let mut sweep = started(2, 1, t0);
+        sweep.on_control(up("a", "c1", 1), at(t0, 1));
+        sweep.on_control(status("b", "c2", &[]), at(t0, 1));
+        sweep.on_results([&result(0, 1, RunStatus::Succeeded)], at(t0, 2));
+        assert_eq!(sweep.ending(), None);
+        sweep.on_results([&result(1, 1, RunStatus::Succeeded)], at(t0, 3));
+        assert_eq!(sweep.ending(), Some(JobState::Done));
+        assert!(matches!(
+            sweep.finish(JobState::Done, at(t0, 4))[..],
+            [Effect::SaveJobFile]
+        ));
+        let file = sweep.job_file();
+        assert_eq!(file.state, JobState::Done);
+        assert_eq!(file.finished_at, Some(at(t0, 4).ms));
+        assert_eq!(
+            file.makespan_s,
+            Some((at(t0, 4).ms - 1_000) as f64 / 1000.0)
+        );
+        let effects = sweep.wind_up(at(t0, 4));
+        assert!(matches!(effects[0], Effect::DeleteQueues));
+        assert!(matches!(
+            effects[1],
+            Effect::ToScheduler(SchedulerMsg::JobDone { .. })
+        ));
+        assert_eq!(
+            told(&effects),
+            owned(&[("c1", "job_ended"), ("c2", "job_ended")])
+        );
+        assert!(
+            matches!(effects.last(), Some(Effect::Event(gleaner_protocol::Event::Done(report))) if report.state == JobState::Done)
+        );
+    }
+
+    #[test]
+    fn cancel_gives_what_is_unfinished_a_final_state_and_ends_the_job() {
+        let t0 = Instant::now();
+        let mut sweep = started(3, 1, t0);
+        sweep.on_results([&result(1, 1, RunStatus::Succeeded)], at(t0, 1));
+        let effects = sweep.on_control(
+            ControlMsg::Cancel {
+                reason: "user".into(),
+            },
+            at(t0, 2),
+        );
+        let entries = recorded(&effects);
+        assert_eq!(
+            entries
+                .iter()
+                .map(|e| (e.task, e.status))
+                .collect::<Vec<_>>(),
+            [(0, FinalStatus::Cancelled), (2, FinalStatus::Cancelled)]
+        );
+        assert!(
+            matches!(effects.last(), Some(Effect::SaveJobFile)),
+            "on disk before the ack"
+        );
+        assert_eq!(sweep.job_file().state, JobState::Cancelled);
+        assert_eq!(sweep.ending(), Some(JobState::Cancelled));
+        assert_eq!(
+            grow_ack(&sweep.on_control(offer("c1", 2), at(t0, 3))),
+            Some(0)
+        );
+    }
+
+    #[test]
+    fn watchers_hear_of_progress_only() {
+        let t0 = Instant::now();
+        let mut sweep = started(3, 1, t0);
+        assert_eq!(
+            sweep.report(at(t0, 1)).len(),
+            3,
+            "update, progress event, job.json"
+        );
+        let effects = sweep.report(at(t0, 2));
+        assert!(matches!(
+            effects[..],
+            [Effect::ToScheduler(SchedulerMsg::JobUpdate(_))]
+        ));
+        sweep.on_results([&result(1, 1, RunStatus::Succeeded)], at(t0, 3));
+        assert!(matches!(
+            sweep.report(at(t0, 4))[1],
+            Effect::Event(gleaner_protocol::Event::Progress(ref report)) if report.tasks.succeeded == 1
+        ));
+    }
+}
