@@ -4,6 +4,7 @@
 
 use std::{collections::BTreeSet, time::Duration};
 
+use gleaner_protocol::naming::placeholder_name;
 use gleaner_testkit::{Gleaner, SgeQueues, by_task, sge, wait_for};
 use nix::sys::signal::Signal;
 
@@ -32,7 +33,7 @@ fn sweep(name: &str, tasks: u32, command: &str) -> String {
 /// Entries of a job's placeholders in `qstat` whose state contains `state`
 /// (a running task each; pending tasks may share an entry).
 fn placeholders(queues: &SgeQueues, queue: &str, job: &str, state: char) -> usize {
-    let name = format!("gl-{job}");
+    let name = placeholder_name(job);
     queues
         .jobs(queue)
         .iter()
@@ -100,10 +101,12 @@ fn a_sweep_runs_on_two_sge_clusters_and_leaves_no_placeholder() {
         .collect();
     assert_eq!(clusters, BTreeSet::from(["c1", "c2"]));
     wait_for("the placeholders to end", MINUTE, || {
-        queues
-            .names
-            .iter()
-            .all(|q| queues.jobs(q).iter().all(|j| j.name != format!("gl-{job}")))
+        queues.names.iter().all(|q| {
+            queues
+                .jobs(q)
+                .iter()
+                .all(|j| j.name != placeholder_name(&job))
+        })
     });
 }
 
@@ -150,7 +153,7 @@ fn pending_placeholders_are_withdrawn_when_a_local_job_waits() {
     let (queues, g, job) = busy_cluster("sge-withdraw", 2, 20);
     let queue = &queues.names[0];
     // Placeholders that lost the race for slots wait in the queue.
-    let name = format!("gl-{job}");
+    let name = placeholder_name(&job);
     qsub(&[
         "-N",
         &name,
@@ -199,7 +202,7 @@ fn a_restarted_kcm_adopts_the_running_placeholders() {
     std::thread::sleep(Duration::from_secs(2));
     g.start("kcm2", &["kcm", "--cluster", "c1"]);
 
-    let name = format!("gl-{job}");
+    let name = placeholder_name(&job);
     let mut arrays = BTreeSet::new();
     let mut adopted = false;
     wait_for("the job to end", 3 * MINUTE, || {
@@ -292,7 +295,7 @@ fn launchers_leave_before_their_placeholder_walltime_without_losing_a_task() {
     let job = g.submit(
         "name = \"rotating\"\nwalltime = \"5s\"\n[sweep]\ncommand = \"sleep 2; echo {n}\"\nparams = { n = { from = 1, to = 16 } }\n",
     );
-    let name = format!("gl-{job}");
+    let name = placeholder_name(&job);
     let mut arrays = BTreeSet::new();
     wait_for("the job to end", 3 * MINUTE, || {
         arrays.extend(arrays_named(&queues, queue, &name));

@@ -8,6 +8,7 @@ use std::{
 };
 
 use anyhow::{Context, ensure};
+use gleaner_protocol::naming::{LAUNCHER_SUBCOMMAND, LauncherArgs, launcher_id};
 use gleaner_testkit::{Gleaner, wait_for};
 
 const TIMEOUT: Duration = Duration::from_secs(900);
@@ -197,19 +198,23 @@ pub fn memory(exe: &Path, tasks: u32) -> anyhow::Result<()> {
     wait_for("the small job's queues", Duration::from_secs(60), || {
         g.job_state(&small).as_deref() == Some("running")
     });
-    let launcher = [
-        "launcher",
-        "--job",
-        small.as_str(),
-        "--cluster",
-        "bench",
-        "--id",
-    ];
-    let busy = g.start("busy", &[&launcher[..], &["bench-busy"]].concat());
+    let launcher = |name: &str| -> Vec<String> {
+        let args = LauncherArgs {
+            job: &small,
+            cluster: "bench",
+            id: &launcher_id("bench", name),
+            slot: "0",
+            slots: 1,
+            walltime: None,
+        };
+        [vec![LAUNCHER_SUBCOMMAND.to_owned()], args.to_vec()].concat()
+    };
+    let (busy, idle) = (launcher("busy"), launcher("idle"));
+    let busy = g.start("busy", &busy.iter().map(String::as_str).collect::<Vec<_>>());
     std::thread::sleep(Duration::from_secs(2));
     let idle = g.start_with(
         "idle",
-        &[&launcher[..], &["bench-idle"]].concat(),
+        &idle.iter().map(String::as_str).collect::<Vec<_>>(),
         &[("GLEANER_LAUNCHER__IDLE_TIMEOUT", "10m")],
     );
     std::thread::sleep(Duration::from_secs(3));

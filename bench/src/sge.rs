@@ -6,6 +6,7 @@ use std::{
 };
 
 use anyhow::{Context, ensure};
+use gleaner_protocol::naming::placeholder_name;
 use gleaner_testkit::{Gleaner, SgeQueues, sge, wait_for};
 
 use crate::measure::{run_job, sweep, wait_until_serving};
@@ -87,7 +88,7 @@ pub fn local_delay(exe: &Path, slots: u32) -> anyhow::Result<()> {
         queues
             .jobs(&queue)
             .iter()
-            .filter(|j| j.name == format!("gl-{job}") && j.state.contains('r'))
+            .filter(|j| j.name == placeholder_name(&job) && j.state.contains('r'))
             .count() as u32
             == slots
     };
@@ -189,7 +190,7 @@ pub fn grid_delay(exe: &Path, slots: u32, runs: u32) -> anyhow::Result<()> {
                 queues
                     .jobs(&queue)
                     .iter()
-                    .filter(|j| j.name == format!("gl-{load}") && j.state.contains('r'))
+                    .filter(|j| j.name == placeholder_name(&load) && j.state.contains('r'))
                     .count() as u32
                     == slots
             },
