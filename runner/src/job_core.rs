@@ -6,7 +6,11 @@
 //! when it is over and how it ends. No I/O here; the time comes in as
 //! [`Now`].
 
-use std::{collections::BTreeSet, path::PathBuf, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    path::PathBuf,
+    time::Duration,
+};
 
 use gleaner_manifest::{JobId, Manifest, ParamValue};
 use gleaner_protocol::{
@@ -137,7 +141,7 @@ impl Ledger {
     pub fn report(
         &mut self,
         running: u64,
-        launchers: std::collections::BTreeMap<String, u32>,
+        launchers: BTreeMap<String, u32>,
         finished_recently: usize,
         now: Now,
     ) -> JobReport {
