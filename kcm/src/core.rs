@@ -5,9 +5,9 @@
 //! found in the spool, the outcome of a command it asked for, the moment to
 //! report — with the time as an argument, and returns the [`Effect`]s to
 //! carry out. It never reads a clock, the batch system or the spool, and
-//! never sends anything, so it can be driven by `lib.rs` (RabbitMQ and a
-//! real batch system) or by a simulator (a simulated clock and cluster)
-//! alike, and tested by feeding it events.
+//! never sends anything (it only logs), so it can be driven by `lib.rs`
+//! (RabbitMQ and a real batch system) or by a simulator (a simulated clock
+//! and cluster) alike, and tested by feeding it events.
 //!
 //! How a shell drives it:
 //!
@@ -186,10 +186,6 @@ impl KcmCore {
             answered: Answered::default(),
             components: BTreeMap::new(),
         }
-    }
-
-    pub fn config(&self) -> &CoreConfig {
-        &self.config
     }
 
     /// Decides what `event`, at `now`, calls for.

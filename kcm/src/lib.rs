@@ -144,9 +144,10 @@ impl<B: Backend> Kcm<B> {
     /// its decisions out, and then reports.
     async fn poll(&mut self, publisher: &Publisher) -> Result<(), BrokerError> {
         let snapshot = self.backend.snapshot().await;
-        let spooled = match snapshot {
-            Ok(_) => spooled_exits(&self.config.spool_dir),
-            Err(_) => Vec::new(),
+        let spooled = if snapshot.is_ok() {
+            spooled_exits(&self.config.spool_dir)
+        } else {
+            Vec::new()
         };
         let effects = self.core.handle(Event::Polled { snapshot, spooled }, now());
         self.apply(effects, publisher).await?;
