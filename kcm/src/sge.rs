@@ -266,6 +266,8 @@ impl Backend for SgeBackend {
 
 #[cfg(test)]
 mod tests {
+    use gleaner_protocol::naming::LAUNCHER_SUBCOMMAND;
+
     use super::*;
 
     fn backend() -> SgeBackend {
@@ -277,7 +279,7 @@ mod tests {
             command_timeout: Duration::from_secs(10),
             launcher: LauncherCommand {
                 program: "/opt/gleaner's bin/gleaner".into(),
-                args: vec!["launcher".into()],
+                args: vec![LAUNCHER_SUBCOMMAND.into()],
                 env: vec![(
                     "GLEANER_BROKER_URL".into(),
                     "amqp://u:p@h/v?heartbeat=10".into(),
