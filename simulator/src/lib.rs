@@ -1,14 +1,22 @@
-//! gleaner's policies on a simulated grid.
+//! gleaner's scheduling on a simulated grid.
 //!
-//! The scheduler's CS policies, the kcm's answer to waiting local jobs, grid
-//! placement and the runner's choice of launchers are the very functions of
-//! `gleaner-policy`; only the clusters, the jobs and the clock are simulated.
-//! A scenario runs once without scavenging jobs (the baseline) and once per
-//! policy, with the same background load, so that the delay scavenging adds
-//! to local and grid jobs is measured job by job.
+//! The scheduler is the scheduler's own state ([`gleaner_scheduler::state`]:
+//! its settings, grants, drains in flight, grid placement), fed reports and
+//! answers on a simulated clock. Simulated runners and kcms speak the
+//! protocol's messages with it: runners accept grow offers and choose the
+//! launchers to give up with the runner's preemption policy; each kcm answers
+//! waiting local jobs with the kcm's local policy, behind one seam
+//! ([`kcm::ClusterManager`]) where the kcm's own core fits. Only the batch
+//! systems, the jobs and the clock are simulated. A scenario runs once
+//! without scavenging jobs (the baseline) and once per policy, with the same
+//! background load, so that the delay scavenging adds to local and grid jobs
+//! is measured job by job.
 
+mod batch;
+mod kcm;
 mod model;
 mod plot;
+mod runner;
 mod scenario;
 
 use std::{collections::BTreeMap, path::Path};
@@ -246,6 +254,53 @@ mod tests {
         );
         let renamed = text.replace("name = \"runner-1\"", "name = \"runner 1\"");
         assert!(Scenario::from_toml(&renamed).is_err());
+    }
+
+    #[test]
+    fn without_rebalance_nobody_is_drained() {
+        let no_drain = scenario("das3-spike-no-drain.toml");
+        let config = no_drain.state_config(CsPolicy::GridEquipartition);
+        assert!(!config.policy.rebalance);
+        let drains = |s: &Scenario| {
+            simulate(s, Some(CsPolicy::GridEquipartition))
+                .jobs
+                .iter()
+                .map(|j| j.drains)
+                .sum::<u64>()
+        };
+        assert_eq!(drains(&no_drain), 0);
+        assert!(
+            drains(&scenario("das3-spike.toml")) > 0,
+            "GEP drains for fair share unless told not to"
+        );
+    }
+
+    #[test]
+    fn scheduler_settings_are_the_schedulers_own() {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/das3-free.toml"),
+        )
+        .unwrap();
+        let with =
+            |settings: &str| Scenario::from_toml(&format!("{text}\n[scheduler]\n{settings}\n"));
+        let s = with("idle_settle = \"5s\"\nupgrade_after = 3").unwrap();
+        let config = s.state_config(CsPolicy::SiteEquipartition);
+        assert_eq!(config.idle_settle, std::time::Duration::from_secs(5));
+        assert_eq!(config.grid.upgrade_after, 3);
+        assert_eq!(
+            config.grant_timeout,
+            gleaner_scheduler::state::StateConfig::default().grant_timeout
+        );
+        for refused in [
+            "idle_setle = \"5s\"",
+            "policy = \"grid-equipartition\"",
+            "load_cap = 2.0",
+        ] {
+            assert!(
+                matches!(with(refused), Err(ScenarioError::Invalid(_))),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

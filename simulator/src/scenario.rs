@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use gleaner_policy::share::CsPolicy;
+use gleaner_scheduler::state::StateConfig;
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -20,6 +21,11 @@ pub struct Scenario {
     pub policies: Vec<CsPolicy>,
     #[serde(default)]
     pub timing: Timing,
+    /// The scheduler's settings, as `[scheduler]` of `gleaner.toml` has
+    /// them (but the policy, which `policies` names): those left out keep
+    /// the scheduler's defaults.
+    #[serde(default)]
+    pub scheduler: StateConfig,
     #[serde(rename = "cluster")]
     pub clusters: Vec<ClusterSpec>,
     #[serde(rename = "job")]
@@ -50,6 +56,18 @@ pub struct Timing {
     /// From a shrink order to the launcher's slot being free.
     #[serde(with = "humantime_serde")]
     pub preempt_delay: Duration,
+    /// The runner's `preempt_grace`: how long a preempted launcher has
+    /// before the kcm removes it.
+    #[serde(with = "humantime_serde")]
+    pub preempt_grace: Duration,
+    /// How often each job's runner reports to the scheduler.
+    #[serde(with = "humantime_serde")]
+    pub job_report: Duration,
+    /// The kcm's `local_settle`: how long a shrink for waiting local jobs
+    /// gets before the same jobs are answered again (`gleaner kcm` uses the
+    /// runner's `preempt_grace` and two polls, 12 s by default).
+    #[serde(with = "humantime_serde")]
+    pub local_settle: Duration,
     /// Resolution of the load plot.
     #[serde(with = "humantime_serde")]
     pub sample: Duration,
@@ -63,6 +81,9 @@ impl Default for Timing {
             scheduler_round: Duration::from_secs(1),
             launcher_start: Duration::from_secs(2),
             preempt_delay: Duration::from_secs(1),
+            preempt_grace: Duration::from_secs(10),
+            job_report: Duration::from_secs(2),
+            local_settle: Duration::from_secs(12),
             sample: Duration::from_secs(30),
         }
     }
@@ -166,6 +187,11 @@ impl Scenario {
     pub fn from_toml(text: &str) -> Result<Self, ScenarioError> {
         let scenario: Scenario =
             toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
+        let table: toml::Table =
+            toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
+        if let Some(scheduler) = table.get("scheduler").and_then(toml::Value::as_table) {
+            check_scheduler_keys(scheduler)?;
+        }
         scenario.validate()?;
         Ok(scenario)
     }
@@ -204,6 +230,9 @@ impl Scenario {
                 ));
             }
         }
+        if !(0.0..=1.0).contains(&self.scheduler.policy.load_cap) {
+            return invalid("scheduler.load_cap must be between 0 and 1".into());
+        }
         let [low, high] = self.local_jobs.nodes;
         if low == 0 || high < low {
             return invalid("local_jobs.nodes must be [min, max] with 1 <= min <= max".into());
@@ -217,6 +246,13 @@ impl Scenario {
         Ok(())
     }
 
+    /// The scheduler's configuration for a run under `policy`.
+    pub fn state_config(&self, policy: CsPolicy) -> StateConfig {
+        let mut config = self.scheduler.clone();
+        config.policy.policy = policy;
+        config
+    }
+
     /// The policies to run: those named, or both.
     pub fn policies(&self) -> Vec<CsPolicy> {
         if self.policies.is_empty() {
@@ -225,4 +261,26 @@ impl Scenario {
             self.policies.clone()
         }
     }
+}
+
+/// The scheduler's settings flatten several types into one table, which
+/// serde cannot hold to known keys: they are checked against the
+/// settings' own defaults, written out. The policy is not among them: a
+/// scenario names the policies it compares in `policies`.
+fn check_scheduler_keys(given: &toml::Table) -> Result<(), ScenarioError> {
+    let known = serde_json::to_value(StateConfig::default())
+        .map_err(|e| ScenarioError::Invalid(e.to_string()))?;
+    for key in given.keys() {
+        if key == "policy" {
+            return Err(ScenarioError::Invalid(
+                "the policies to compare go in `policies`, not `scheduler.policy`".into(),
+            ));
+        }
+        if known.get(key).is_none() {
+            return Err(ScenarioError::Invalid(format!(
+                "unknown setting `scheduler.{key}`"
+            )));
+        }
+    }
+    Ok(())
 }
