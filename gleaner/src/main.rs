@@ -1,6 +1,8 @@
 //! `gleaner`: bag-of-tasks work on the idle slots of batch clusters.
 
 mod client;
+mod error;
+mod output;
 mod services;
 mod settings;
 mod table;
@@ -13,7 +15,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::error;
 use tracing_subscriber::EnvFilter;
 
-use crate::{services::LauncherArgs, settings::Settings};
+use crate::{
+    error::CliError,
+    output::{Output, OutputMode},
+    services::LauncherArgs,
+    settings::Settings,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -25,6 +32,12 @@ struct Cli {
     /// Configuration file (default: $GLEANER_CONFIG, ./gleaner.toml, /etc/gleaner/gleaner.toml).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// How `submit`, `status`, `cancel` and `simulate` show what they found.
+    #[arg(long, global = true, value_enum, default_value_t)]
+    output: OutputMode,
+    /// The same as `--output json`.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -43,16 +56,9 @@ enum Command {
         /// Show progress until the job ends; exit 0 only if every task succeeded.
         #[arg(long)]
         wait: bool,
-        /// Machine-readable output.
-        #[arg(long)]
-        json: bool,
     },
     /// Clusters and jobs as the scheduler sees them.
-    Status {
-        job: Option<String>,
-        #[arg(long)]
-        json: bool,
-    },
+    Status { job: Option<String> },
     /// Stop a job: running tasks are killed, results so far are kept.
     Cancel { job: String },
     /// Run the scheduler alone.
@@ -75,8 +81,6 @@ enum Command {
         /// Write a load plot (SVG) per policy into this directory.
         #[arg(long, value_name = "DIR")]
         plot: Option<PathBuf>,
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -101,15 +105,30 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let settings = match Settings::load(cli.config.as_deref()) {
-        Ok(settings) => settings,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            return ExitCode::from(client::BAD_INPUT);
-        }
+    let mode = if cli.json {
+        OutputMode::Json
+    } else {
+        cli.output
     };
-    // A launcher is small: one thread is plenty and keeps its footprint low.
-    let runtime = match cli.command {
+    let output = output::for_mode(mode);
+    let outcome = Settings::load(cli.config.as_deref())
+        .map_err(|e| CliError::BadInput(format!("{e:#}")))
+        .and_then(|settings| run(cli.command, settings, output.as_ref()));
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if let Some(message) = e.message() {
+                eprintln!("error: {message}");
+            }
+            e.exit_code()
+        }
+    }
+}
+
+/// Runs a command on its runtime: a launcher is small, and one thread is
+/// plenty and keeps its footprint low.
+fn run(command: Command, settings: Settings, output: &dyn Output) -> Result<(), CliError> {
+    let runtime = match command {
         Command::Launcher(_) => tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build(),
@@ -117,54 +136,46 @@ fn main() -> ExitCode {
             .enable_all()
             .build(),
     };
-    let runtime = match runtime {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    runtime.block_on(dispatch(cli.command, settings))
+    let runtime = runtime
+        .map_err(|e| CliError::Service(anyhow::anyhow!("cannot start the async runtime: {e}")))?;
+    runtime.block_on(dispatch(command, settings, output))
 }
 
-async fn dispatch(command: Command, settings: Settings) -> ExitCode {
-    let service = |result: anyhow::Result<()>| match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+async fn dispatch(
+    command: Command,
+    settings: Settings,
+    output: &dyn Output,
+) -> Result<(), CliError> {
+    let service = |result: anyhow::Result<()>| {
+        result.map_err(|e| {
             error!("{e:#}");
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
+            CliError::Service(e)
+        })
     };
     match command {
-        Command::Submit { file, wait, json } => client::submit(&settings, &file, wait, json).await,
-        Command::Status { job, json } => client::status(&settings, job.as_deref(), json).await,
-        Command::Cancel { job } => client::cancel(&settings, &job).await,
+        Command::Submit { file, wait } => client::submit(&settings, &file, wait, output).await,
+        Command::Status { job } => client::status(&settings, job.as_deref(), output).await,
+        Command::Cancel { job } => client::cancel(&settings, &job, output).await,
         Command::Simulate {
             scenario,
             policy,
             plot,
-            json,
-        } => simulate(&scenario, policy, plot.as_deref(), json),
+        } => simulate(&scenario, policy, plot.as_deref(), output),
         Command::Up { slots } => service(services::up(settings, slots, on_signals(false)).await),
         Command::Scheduler => service(services::scheduler(&settings, on_signals(false)).await),
         Command::Runner => service(services::runner(&settings, on_signals(false)).await),
-        Command::Kcm { cluster } => match settings.cluster(&cluster) {
-            Ok(c) => {
-                let c = c.clone();
-                service(services::kcm(&settings, &c, on_signals(false)).await)
-            }
-            Err(e) => service(Err(e)),
-        },
-        Command::Launcher(args) => {
-            match services::launcher(&settings, args, on_signals(true)).await {
-                Ok(_) => ExitCode::SUCCESS,
-                Err(e) => {
-                    error!("{e:#}");
-                    ExitCode::FAILURE
-                }
-            }
+        Command::Kcm { cluster } => {
+            let cluster = settings
+                .cluster(&cluster)
+                .map_err(CliError::Service)?
+                .clone();
+            service(services::kcm(&settings, &cluster, on_signals(false)).await)
         }
+        Command::Launcher(args) => service(
+            services::launcher(&settings, args, on_signals(true))
+                .await
+                .map(|_exit| ()),
+        ),
     }
 }
 
@@ -173,44 +184,26 @@ fn simulate(
     path: &std::path::Path,
     policy: Option<gleaner_policy::share::CsPolicy>,
     plot: Option<&std::path::Path>,
-    json: bool,
-) -> ExitCode {
-    let scenario = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))
-        .and_then(|text| {
-            gleaner_simulator::Scenario::from_toml(&text)
-                .map_err(|e| format!("{}: invalid scenario\n{e}", path.display()))
-        });
-    let scenario = match scenario {
-        Ok(scenario) => scenario,
-        Err(message) => {
-            eprintln!("error: {message}");
-            return ExitCode::from(client::BAD_INPUT);
-        }
-    };
+    output: &dyn Output,
+) -> Result<(), CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| CliError::BadInput(format!("cannot read {}: {e}", path.display())))?;
+    let scenario = gleaner_simulator::Scenario::from_toml(&text)
+        .map_err(|e| CliError::BadInput(format!("{}: invalid scenario\n{e}", path.display())))?;
     let comparison = gleaner_simulator::Comparison::run(&scenario, policy);
-    if json {
-        println!("{}", comparison.json());
-    } else {
-        print!("{}", comparison.text());
-    }
+    output.simulation(&comparison);
     if let Some(dir) = plot {
         let stem = path
             .file_stem()
             .map_or("scenario".into(), |s| s.to_string_lossy().into_owned());
-        match comparison.plot(dir, &stem) {
-            Ok(files) => {
-                for file in files {
-                    eprintln!("plot: {}", file.display());
-                }
-            }
-            Err(e) => {
-                eprintln!("error: cannot write the plot: {e}");
-                return ExitCode::FAILURE;
-            }
+        let files = comparison
+            .plot(dir, &stem)
+            .map_err(|e| CliError::Unsuccessful(Some(format!("cannot write the plot: {e}"))))?;
+        for file in files {
+            output.file_written("plot", &file);
         }
     }
-    ExitCode::SUCCESS
+    Ok(())
 }
 
 /// `RUST_LOG` if set, else `default`. Two of lapin's own messages are

@@ -1,0 +1,50 @@
+//! The one error type of the user's commands, and the exit codes it maps to.
+//!
+//! Exit codes (the contract scripts rely on): 0 all went well, 1 the job did
+//! not fully succeed or the named job is unknown, 2 bad input, 3 the broker
+//! or a service is unreachable.
+
+use std::process::ExitCode;
+
+use gleaner_broker::BrokerError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// A manifest, a scenario, a job id or the configuration is wrong.
+    #[error("{0}")]
+    BadInput(String),
+    /// The broker, or the service that should answer, is not there.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The job is unknown, or ended without every task succeeding; the
+    /// output has already said how, so there may be nothing to add.
+    #[error("{}", .0.as_deref().unwrap_or_default())]
+    Unsuccessful(Option<String>),
+    /// A service stopped on an error.
+    #[error("{0:#}")]
+    Service(anyhow::Error),
+}
+
+impl CliError {
+    pub fn exit_code(&self) -> ExitCode {
+        ExitCode::from(match self {
+            Self::Unsuccessful(_) | Self::Service(_) => 1,
+            Self::BadInput(_) => 2,
+            Self::Unreachable(_) => 3,
+        })
+    }
+
+    /// What to tell the user on stderr, if anything is left to tell.
+    pub fn message(&self) -> Option<String> {
+        match self {
+            Self::Unsuccessful(None) => None,
+            other => Some(other.to_string()),
+        }
+    }
+}
+
+impl From<BrokerError> for CliError {
+    fn from(e: BrokerError) -> Self {
+        Self::Unreachable(e.to_string())
+    }
+}

@@ -1,0 +1,262 @@
+//! What the user's commands print, in one place: `--output cli` for people
+//! (tables, a progress bar, sentences), `json` for scripts (JSON on stdout,
+//! nothing else there), `quiet` for exit codes alone. Errors are not output:
+//! `main` prints them, whatever the mode.
+
+use std::{
+    io::IsTerminal,
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use gleaner_manifest::JobId;
+use gleaner_protocol::{JobReport, StatusReply};
+use gleaner_simulator::Comparison;
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum OutputMode {
+    #[default]
+    Cli,
+    Json,
+    Quiet,
+}
+
+/// Everything a command shows besides errors.
+pub trait Output {
+    /// The job is on the submission queue; `waiting` when progress follows.
+    fn job_submitted(&self, job: &JobId, waiting: bool);
+    /// A display of the job's progress until it ends.
+    fn progress(&self, job: &JobId) -> Progress;
+    /// The job ended as `report` says.
+    fn job_ended(&self, report: &JobReport);
+    /// The scheduler's picture; `job` when only one job was asked for.
+    fn status(&self, reply: &StatusReply, job: Option<&str>);
+    fn cancel_requested(&self, job: &JobId);
+    fn simulation(&self, comparison: &Comparison);
+    fn file_written(&self, what: &str, path: &Path);
+}
+
+pub fn for_mode(mode: OutputMode) -> Box<dyn Output> {
+    match mode {
+        OutputMode::Cli => Box::new(Cli),
+        OutputMode::Json => Box::new(Json),
+        OutputMode::Quiet => Box::new(Quiet),
+    }
+}
+
+struct Cli;
+
+impl Output for Cli {
+    fn job_submitted(&self, job: &JobId, _waiting: bool) {
+        println!("{job}");
+    }
+
+    fn progress(&self, job: &JobId) -> Progress {
+        Progress::new(job, true)
+    }
+
+    fn job_ended(&self, report: &JobReport) {
+        let t = &report.tasks;
+        eprintln!(
+            "{}: {:?}: {} of {} tasks succeeded{}; results in {}",
+            report.job,
+            report.state,
+            t.succeeded,
+            t.total,
+            match t.total.saturating_sub(t.succeeded) {
+                0 => String::new(),
+                n => format!(" ({n} did not: {})", describe(report)),
+            },
+            report.results
+        );
+    }
+
+    fn status(&self, reply: &StatusReply, job: Option<&str>) {
+        if job.is_none() {
+            println!("scheduler {} ({})\n", reply.scheduler, reply.policy);
+            println!("{}", crate::table::clusters(&reply.clusters));
+        }
+        print!("{}", crate::table::jobs(&reply.jobs));
+    }
+
+    fn cancel_requested(&self, job: &JobId) {
+        println!("cancel requested for {job}");
+    }
+
+    fn simulation(&self, comparison: &Comparison) {
+        print!("{}", comparison.text());
+    }
+
+    fn file_written(&self, what: &str, path: &Path) {
+        eprintln!("{what}: {}", path.display());
+    }
+}
+
+struct Json;
+
+impl Json {
+    fn print(value: &impl serde::Serialize) {
+        match serde_json::to_string_pretty(value) {
+            Ok(text) => println!("{text}"),
+            Err(e) => eprintln!("error: cannot write JSON: {e}"),
+        }
+    }
+}
+
+impl Output for Json {
+    fn job_submitted(&self, job: &JobId, waiting: bool) {
+        // With --wait, the final report is the one document on stdout.
+        if !waiting {
+            println!("{}", serde_json::json!({ "job": job.as_str() }));
+        }
+    }
+
+    fn progress(&self, job: &JobId) -> Progress {
+        Progress::new(job, false)
+    }
+
+    fn job_ended(&self, report: &JobReport) {
+        Self::print(report);
+    }
+
+    fn status(&self, reply: &StatusReply, _job: Option<&str>) {
+        Self::print(reply);
+    }
+
+    fn cancel_requested(&self, job: &JobId) {
+        println!(
+            "{}",
+            serde_json::json!({ "job": job.as_str(), "cancel": "requested" })
+        );
+    }
+
+    fn simulation(&self, comparison: &Comparison) {
+        println!("{}", comparison.json());
+    }
+
+    fn file_written(&self, what: &str, path: &Path) {
+        eprintln!("{what}: {}", path.display());
+    }
+}
+
+struct Quiet;
+
+impl Output for Quiet {
+    fn job_submitted(&self, _job: &JobId, _waiting: bool) {}
+
+    fn progress(&self, job: &JobId) -> Progress {
+        Progress::new(job, false)
+    }
+
+    fn job_ended(&self, _report: &JobReport) {}
+
+    fn status(&self, _reply: &StatusReply, _job: Option<&str>) {}
+
+    fn cancel_requested(&self, _job: &JobId) {}
+
+    fn simulation(&self, _comparison: &Comparison) {}
+
+    fn file_written(&self, _what: &str, _path: &Path) {}
+}
+
+/// A job's task counts in a few words.
+fn describe(report: &JobReport) -> String {
+    let t = &report.tasks;
+    let mut parts = vec![format!("{} running", t.running)];
+    for (n, what) in [
+        (t.failed, "failed"),
+        (t.timed_out, "timed out"),
+        (t.lost, "lost"),
+        (t.cancelled, "cancelled"),
+    ] {
+        if n > 0 {
+            parts.push(format!("{n} {what}"));
+        }
+    }
+    let launchers = report
+        .launchers
+        .values()
+        .fold(0u32, |sum, n| sum.saturating_add(*n));
+    parts.push(format!("{launchers} launchers"));
+    if report.throughput > 0.0 {
+        parts.push(format!("{:.1} tasks/s", report.throughput));
+    }
+    parts.join(", ")
+}
+
+/// Progress of a job on stderr: a bar on a terminal, a plain line every few
+/// seconds otherwise, nothing when not `shown`.
+pub struct Progress {
+    job: String,
+    bar: Option<ProgressBar>,
+    shown: bool,
+    last_line: Option<Instant>,
+}
+
+impl Progress {
+    fn new(job: &JobId, shown: bool) -> Self {
+        let bar = (shown && std::io::stderr().is_terminal()).then(|| {
+            let bar = ProgressBar::new(0);
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}",
+                )
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+            );
+            bar.set_prefix(job.to_string());
+            bar.enable_steady_tick(Duration::from_millis(200));
+            bar
+        });
+        Self {
+            job: job.to_string(),
+            bar,
+            shown,
+            last_line: None,
+        }
+    }
+
+    pub fn update(&mut self, report: &JobReport) {
+        let t = &report.tasks;
+        if let Some(bar) = &self.bar {
+            bar.set_length(t.total);
+            bar.set_position(t.finished());
+            bar.set_message(describe(report));
+        } else if self.shown
+            && self
+                .last_line
+                .is_none_or(|at| at.elapsed() >= Duration::from_secs(2))
+        {
+            eprintln!(
+                "{}: {}/{} done, {}",
+                self.job,
+                t.finished(),
+                t.total,
+                describe(report)
+            );
+            self.last_line = Some(Instant::now());
+        }
+    }
+
+    /// A line about the wait itself (no runner yet, the broker away).
+    pub fn note(&self, text: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(text),
+            None if self.shown => eprintln!("{}: {text}", self.job),
+            None => {}
+        }
+    }
+
+    pub fn abandon(&self) {
+        if let Some(bar) = &self.bar {
+            bar.abandon();
+        }
+    }
+
+    pub fn finish(&mut self, report: &JobReport) {
+        self.update(report);
+        if let Some(bar) = &self.bar {
+            bar.finish();
+        }
+    }
+}
