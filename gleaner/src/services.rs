@@ -4,15 +4,14 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context;
 use gleaner_broker::Broker;
-use gleaner_kcm::{KcmConfig, LauncherCommand, LocalBackend, SgeBackend, SgeConfig};
-use gleaner_launcher::{Exit, LauncherConfig, Limits};
+use gleaner_kcm::{BackendKind, ClusterConfig, LauncherCommand, LocalBackend, SgeBackend};
+use gleaner_launcher::{Exit, LauncherConfig};
 use gleaner_manifest::JobId;
-use gleaner_protocol::now_ms;
-use gleaner_runner::{JobSettings, RunnerConfig};
+use gleaner_protocol::{naming, now_ms};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use crate::settings::{BackendKind, ClusterSettings, Settings};
+use crate::settings::Settings;
 
 pub fn hostname() -> String {
     nix::unistd::gethostname()
@@ -39,43 +38,13 @@ pub async fn scheduler(settings: &Settings, shutdown: CancellationToken) -> anyh
 }
 
 pub async fn runner(settings: &Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let r = &settings.runner;
-    let config = RunnerConfig {
-        job: JobSettings {
-            results_root: r.results_root.clone(),
-            heartbeat: r.heartbeat,
-            launcher_silence: settings.launcher.heartbeat * 3 + Duration::from_secs(5),
-            preempt_grace: r.preempt_grace,
-        },
-        max_jobs: r.max_jobs,
-    };
-    gleaner_runner::run(broker(settings, "runner")?, config, shutdown).await;
+    gleaner_runner::run(
+        broker(settings, "runner")?,
+        settings.runner.clone(),
+        shutdown,
+    )
+    .await;
     Ok(())
-}
-
-/// A name for the gleaner a broker URL serves (its host and vhost), so that
-/// two deployments on one host never share a kcm's spool directory.
-fn deployment(broker_url: &str) -> String {
-    let rest = broker_url
-        .split_once("://")
-        .map_or(broker_url, |(_, rest)| rest);
-    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
-    let rest = rest.split('?').next().unwrap_or(rest);
-    let (host, vhost) = rest.split_once('/').unwrap_or((rest, ""));
-    let vhost = match vhost {
-        "" | "%2f" | "%2F" => "default",
-        other => other,
-    };
-    format!("{host}-{vhost}")
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
 }
 
 /// How this very binary starts a launcher, with the settings it runs under:
@@ -90,28 +59,17 @@ fn launcher_command(settings: &Settings) -> anyhow::Result<LauncherCommand> {
     }
     Ok(LauncherCommand {
         program,
-        args: vec!["launcher".to_owned()],
+        args: vec![naming::LAUNCHER_SUBCOMMAND.to_owned()],
         env,
     })
 }
 
 pub async fn kcm(
     settings: &Settings,
-    cluster: &ClusterSettings,
+    cluster: &ClusterConfig,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let config = KcmConfig {
-        cluster: cluster.name.clone(),
-        poll_interval: cluster.poll_interval,
-        job_end_grace: Duration::from_secs(10),
-        local_settle: settings.runner.preempt_grace + cluster.poll_interval * 2,
-        spool_dir: cluster.spool_dir.clone().unwrap_or_else(|| {
-            std::env::temp_dir()
-                .join("gleaner-kcm")
-                .join(deployment(&settings.broker_url))
-                .join(&cluster.name)
-        }),
-    };
+    let config = settings.kcm(cluster);
     let broker = broker(settings, &format!("kcm.{}", cluster.name))?;
     match cluster.backend {
         BackendKind::Local => {
@@ -125,14 +83,7 @@ pub async fn kcm(
             gleaner_kcm::run(broker, config, backend, shutdown).await;
         }
         BackendKind::Sge => {
-            let backend = SgeBackend::new(SgeConfig {
-                cluster: cluster.name.clone(),
-                queue: cluster.queue.clone().unwrap_or_default(),
-                h_rt: cluster.h_rt,
-                log_dir: cluster.log_dir.clone(),
-                command_timeout: cluster.command_timeout,
-                launcher: launcher_command(settings)?,
-            });
+            let backend = SgeBackend::new(cluster.sge(launcher_command(settings)?));
             gleaner_kcm::run(broker, config, backend, shutdown).await;
         }
     }
@@ -179,12 +130,7 @@ pub async fn launcher(
         deadline: args.walltime.map(|w| std::time::Instant::now() + w),
         deadline_margin: l.deadline_margin,
         scratch: scratch_dir(&l.scratch),
-        limits: Limits {
-            stream_bytes: l.max_stream_bytes,
-            file_bytes: l.max_file_bytes,
-            outputs_bytes: l.max_outputs_bytes,
-            kill_grace: l.kill_grace,
-        },
+        limits: l.limits,
     };
     let broker = Broker::new(
         &settings.broker_url,
@@ -207,32 +153,14 @@ pub async fn up(
 ) -> anyhow::Result<()> {
     let clusters = match (slots, settings.clusters.is_empty()) {
         (None, false) => settings.clusters.clone(),
-        _ => vec![ClusterSettings {
-            name: "local".to_owned(),
-            backend: BackendKind::Local,
-            slots: Some(slots.unwrap_or_else(default_slots)),
-            launcher_slots: 1,
-            poll_interval: Duration::from_secs(1),
-            queue: None,
-            h_rt: None,
-            log_dir: None,
-            command_timeout: Duration::from_secs(30),
-            spool_dir: None,
-        }],
+        _ => vec![ClusterConfig::local(
+            "local",
+            slots.unwrap_or_else(default_slots),
+        )],
     };
-    let results = std::path::absolute(&settings.runner.results_root)
-        .unwrap_or_else(|_| settings.runner.results_root.clone());
-    let described: Vec<String> = clusters
-        .iter()
-        .map(|c| match c.backend {
-            BackendKind::Local => format!("{} (local, {} slots)", c.name, c.slots.unwrap_or(0)),
-            BackendKind::Sge => format!(
-                "{} (sge queue {})",
-                c.name,
-                c.queue.as_deref().unwrap_or("?")
-            ),
-        })
-        .collect();
+    let results_root = &settings.runner.job.results_root;
+    let results = std::path::absolute(results_root).unwrap_or_else(|_| results_root.clone());
+    let described: Vec<String> = clusters.iter().map(ClusterConfig::describe).collect();
     eprintln!(
         "gleaner up: broker {}, clusters {}, results under {}",
         gleaner_broker::redact(&settings.broker_url),
@@ -289,18 +217,34 @@ async fn management_ui(broker_url: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
+    use clap::Parser;
+
     use super::*;
 
+    #[derive(Debug, Parser)]
+    struct Command {
+        #[command(flatten)]
+        args: LauncherArgs,
+    }
+
+    /// What a kcm writes on a launcher's command line is what the launcher reads.
     #[test]
-    fn deployments_are_told_apart_by_host_and_vhost() {
-        assert_eq!(
-            deployment(gleaner_broker::DEFAULT_URL),
-            "127.0.0.1_5672-default"
-        );
-        assert_eq!(
-            deployment("amqp://u:p@broker:5672/science?heartbeat=10"),
-            "broker_5672-science"
-        );
-        assert_ne!(deployment("amqp://h/a"), deployment("amqp://h/b"));
+    fn launchers_read_the_arguments_kcms_write() {
+        let written = naming::LauncherArgs {
+            job: "sweep-3fa9c2",
+            cluster: "c1",
+            id: "c1-4711.3",
+            slot: "4711.3",
+            slots: 4,
+            walltime: Some(Duration::from_secs(3600)),
+        };
+        let argv = std::iter::once(naming::LAUNCHER_SUBCOMMAND.to_owned()).chain(written.to_vec());
+        let read = Command::try_parse_from(argv).unwrap().args;
+        assert_eq!(read.job.as_str(), written.job);
+        assert_eq!(read.cluster, written.cluster);
+        assert_eq!(read.id, written.id);
+        assert_eq!(read.slot, written.slot);
+        assert_eq!(read.slots, written.slots);
+        assert_eq!(read.walltime, written.walltime);
     }
 }

@@ -2,12 +2,12 @@
 //! `/etc/gleaner/gleaner.toml`, then `GLEANER_*` environment variables
 //! (`GLEANER_BROKER_URL`, `GLEANER_RUNNER__RESULTS_ROOT`, …) on top.
 
-use std::{
-    path::{Path, PathBuf},
-    time::Duration,
-};
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use gleaner_kcm::{ClusterConfig, KcmConfig};
+use gleaner_launcher::LauncherSettings;
+use gleaner_runner::{JobSettings, RunnerConfig};
 use gleaner_scheduler::SchedulerConfig;
 use serde::{Deserialize, Serialize};
 
@@ -20,10 +20,10 @@ const NOT_SETTINGS: &[&str] = &["CONFIG", "JOB", "TASK", "ATTEMPT", "SANDBOX"];
 pub struct Settings {
     pub broker_url: String,
     pub scheduler: SchedulerConfig,
-    pub runner: RunnerSettings,
+    pub runner: RunnerConfig,
     pub launcher: LauncherSettings,
     #[serde(rename = "cluster")]
-    pub clusters: Vec<ClusterSettings>,
+    pub clusters: Vec<ClusterConfig>,
     /// The file these settings came from, if any (passed on to launchers).
     #[serde(skip)]
     pub source: Option<PathBuf>,
@@ -34,7 +34,7 @@ impl Default for Settings {
         Self {
             broker_url: gleaner_broker::DEFAULT_URL.to_owned(),
             scheduler: SchedulerConfig::default(),
-            runner: RunnerSettings::default(),
+            runner: RunnerConfig::default(),
             launcher: LauncherSettings::default(),
             clusters: Vec::new(),
             source: None,
@@ -42,118 +42,29 @@ impl Default for Settings {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct RunnerSettings {
-    /// Relative `results` paths of manifests are resolved against this.
-    pub results_root: PathBuf,
-    pub max_jobs: u16,
-    #[serde(with = "humantime_serde")]
-    pub heartbeat: Duration,
-    #[serde(with = "humantime_serde")]
-    pub preempt_grace: Duration,
-}
-
-impl Default for RunnerSettings {
-    fn default() -> Self {
-        Self {
-            results_root: PathBuf::from("."),
-            max_jobs: 64,
-            heartbeat: Duration::from_secs(2),
-            preempt_grace: Duration::from_secs(10),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct LauncherSettings {
-    #[serde(with = "humantime_serde")]
-    pub idle_timeout: Duration,
-    #[serde(with = "humantime_serde")]
-    pub heartbeat: Duration,
-    /// Where task sandboxes are made.
-    pub scratch: PathBuf,
-    /// Bytes kept of each task's stdout and stderr (the tail).
-    pub max_stream_bytes: usize,
-    /// Bytes kept of each declared output file.
-    pub max_file_bytes: usize,
-    /// Bytes of output files per task in all.
-    pub max_outputs_bytes: usize,
-    /// Between SIGTERM and SIGKILL when a task's walltime ends.
-    #[serde(with = "humantime_serde")]
-    pub kill_grace: Duration,
-    /// How long before its placeholder's walltime a launcher preempts its
-    /// own tasks (they are republished, not lost to the batch system's kill).
-    #[serde(with = "humantime_serde")]
-    pub deadline_margin: Duration,
-}
-
-impl Default for LauncherSettings {
-    fn default() -> Self {
-        let limits = gleaner_launcher::Limits::default();
-        Self {
-            idle_timeout: Duration::from_secs(5),
-            heartbeat: Duration::from_secs(2),
-            scratch: std::env::temp_dir().join("gleaner"),
-            max_stream_bytes: limits.stream_bytes,
-            max_file_bytes: limits.file_bytes,
-            max_outputs_bytes: limits.outputs_bytes,
-            kill_grace: limits.kill_grace,
-            deadline_margin: Duration::from_secs(10),
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum BackendKind {
-    Local,
-    Sge,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ClusterSettings {
-    pub name: String,
-    pub backend: BackendKind,
-    /// `local`: slots of the cluster (tasks that may run at once).
-    #[serde(default)]
-    pub slots: Option<u32>,
-    /// Slots of each launcher: 1 is a launcher per core; more is one per node.
-    #[serde(default = "one")]
-    pub launcher_slots: u32,
-    #[serde(default = "default_poll_interval", with = "humantime_serde")]
-    pub poll_interval: Duration,
-    /// `sge`: the cluster queue placeholders go to.
-    #[serde(default)]
-    pub queue: Option<String>,
-    /// `sge`: walltime of each placeholder (`-l h_rt`).
-    #[serde(default, with = "humantime_serde")]
-    pub h_rt: Option<Duration>,
-    /// `sge`: where placeholders' output goes (discarded when unset).
-    #[serde(default)]
-    pub log_dir: Option<PathBuf>,
-    /// How long a batch-system command may take before it counts as failed.
-    #[serde(default = "default_command_timeout", with = "humantime_serde")]
-    pub command_timeout: Duration,
-    /// Where grid job components leave their output and exit status; the
-    /// cluster's nodes must see it (default: a directory under the system's
-    /// temporary directory).
-    #[serde(default)]
-    pub spool_dir: Option<PathBuf>,
-}
-
-fn one() -> u32 {
-    1
-}
-
-fn default_command_timeout() -> Duration {
-    Duration::from_secs(30)
-}
-
-fn default_poll_interval() -> Duration {
-    Duration::from_secs(1)
+/// A name for the gleaner a broker URL serves (its host and vhost), so that
+/// two deployments on one host never share a kcm's spool directory.
+fn deployment(broker_url: &str) -> String {
+    let rest = broker_url
+        .split_once("://")
+        .map_or(broker_url, |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+    let rest = rest.split('?').next().unwrap_or(rest);
+    let (host, vhost) = rest.split_once('/').unwrap_or((rest, ""));
+    let vhost = match vhost {
+        "" | "%2f" | "%2F" => "default",
+        other => other,
+    };
+    format!("{host}-{vhost}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
 }
 
 /// Keys of `given` that `known` does not have, as dotted paths. Lists (the
@@ -230,7 +141,7 @@ impl Settings {
             .with_context(|| format!("invalid configuration ({where_from})"))?;
         settings.source = file.map(|p| std::path::absolute(&p).unwrap_or(p));
         settings.validate()?;
-        Ok(settings)
+        Ok(settings.resolved())
     }
 
     /// Settings from a configuration tree. Library settings are flattened
@@ -251,47 +162,40 @@ impl Settings {
         }
         let intervals = [
             ("scheduler.round_interval", self.scheduler.round_interval),
-            ("runner.heartbeat", self.runner.heartbeat),
+            ("runner.heartbeat", self.runner.job.heartbeat),
             ("launcher.heartbeat", self.launcher.heartbeat),
             ("launcher.idle_timeout", self.launcher.idle_timeout),
-        ]
-        .into_iter()
-        .chain(
-            self.clusters
-                .iter()
-                .map(|c| ("cluster.poll_interval", c.poll_interval)),
-        );
+        ];
         for (key, interval) in intervals {
             if interval.is_zero() {
                 bail!("{key} must be longer than 0s");
             }
         }
         for cluster in &self.clusters {
-            let valid = !cluster.name.is_empty()
-                && cluster
-                    .name
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-            if !valid {
-                bail!(
-                    "cluster name {:?} must be made of A-Z a-z 0-9 . _ -",
-                    cluster.name
-                );
-            }
-            match cluster.backend {
-                BackendKind::Local if cluster.slots.is_none() => {
-                    bail!("cluster {}: the local backend needs `slots`", cluster.name)
-                }
-                BackendKind::Sge if cluster.queue.is_none() => {
-                    bail!("cluster {}: the sge backend needs `queue`", cluster.name)
-                }
-                _ => {}
-            }
+            cluster.validate().map_err(anyhow::Error::msg)?;
         }
         Ok(())
     }
 
-    pub fn cluster(&self, name: &str) -> anyhow::Result<&ClusterSettings> {
+    /// Settings that follow from others, computed here once: how long the
+    /// runner waits for a silent launcher follows from the launchers'
+    /// heartbeat.
+    fn resolved(mut self) -> Self {
+        self.runner.job.launcher_silence = JobSettings::silence_after(self.launcher.heartbeat);
+        self
+    }
+
+    /// The kcm of `cluster`: its settle time follows from the runners'
+    /// preempt grace, its default spool directory from the deployment.
+    pub fn kcm(&self, cluster: &ClusterConfig) -> KcmConfig {
+        let spool = std::env::temp_dir()
+            .join("gleaner-kcm")
+            .join(deployment(&self.broker_url))
+            .join(&cluster.name);
+        cluster.kcm(self.runner.job.preempt_grace, spool)
+    }
+
+    pub fn cluster(&self, name: &str) -> anyhow::Result<&ClusterConfig> {
         self.clusters
             .iter()
             .find(|c| c.name == name)
@@ -301,9 +205,24 @@ impl Settings {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use gleaner_policy::share::CsPolicy;
 
     use super::*;
+
+    #[test]
+    fn deployments_are_told_apart_by_host_and_vhost() {
+        assert_eq!(
+            deployment(gleaner_broker::DEFAULT_URL),
+            "127.0.0.1_5672-default"
+        );
+        assert_eq!(
+            deployment("amqp://u:p@broker:5672/science?heartbeat=10"),
+            "broker_5672-science"
+        );
+        assert_ne!(deployment("amqp://h/a"), deployment("amqp://h/b"));
+    }
 
     #[test]
     fn a_full_file_parses() {
@@ -342,7 +261,7 @@ h_rt = "1h"
         assert_eq!(state.policy.policy, CsPolicy::GridEquipartition);
         assert_eq!(state.grid.weights.super_high, 8);
         assert_eq!(state.grid.max_tries, 100);
-        assert_eq!(settings.runner.heartbeat, Duration::from_secs(3));
+        assert_eq!(settings.runner.job.heartbeat, Duration::from_secs(3));
         assert_eq!(settings.launcher.idle_timeout, Duration::from_secs(10));
         assert_eq!(
             settings.cluster("c1").unwrap().poll_interval,

@@ -9,6 +9,7 @@
 //! and publishing.
 
 mod backend;
+mod config;
 pub mod core;
 mod local;
 mod qstat;
@@ -30,12 +31,14 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 pub use backend::{Backend, BackendError, ComponentFiles, LauncherCommand};
+pub use config::{BackendKind, ClusterConfig};
 pub use local::LocalBackend;
 pub use sge::{SgeBackend, SgeConfig};
 pub use snapshot::{ComponentRun, Placeholder, Snapshot};
 
 use crate::core::{CoreConfig, Effect, Event, KcmCore, Now, SpooledExit};
 
+/// What a kcm runs with, derived from its [`ClusterConfig`].
 #[derive(Debug, Clone)]
 pub struct KcmConfig {
     pub cluster: String,

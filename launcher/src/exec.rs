@@ -21,16 +21,21 @@ use tokio::{
 };
 use tracing::debug;
 
-/// Size bounds on what a task sends back.
-#[derive(Debug, Clone, Copy)]
+/// Size bounds on what a task sends back (keys of `[launcher]`).
+#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct Limits {
     /// Bytes kept of stdout and of stderr each (the tail).
+    #[serde(rename = "max_stream_bytes")]
     pub stream_bytes: usize,
     /// Bytes kept of each declared output file (the head).
+    #[serde(rename = "max_file_bytes")]
     pub file_bytes: usize,
     /// Bytes of output files per task in all.
+    #[serde(rename = "max_outputs_bytes")]
     pub outputs_bytes: usize,
     /// Between SIGTERM and SIGKILL when a walltime ends.
+    #[serde(with = "humantime_serde")]
     pub kill_grace: Duration,
 }
 

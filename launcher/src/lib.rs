@@ -63,6 +63,39 @@ pub struct LauncherConfig {
     pub limits: Limits,
 }
 
+/// `[launcher]` of the configuration: what every launcher of a deployment
+/// shares, with its defaults here and nowhere else. A launcher's own
+/// [`LauncherConfig`] adds what its kcm tells it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct LauncherSettings {
+    /// A launcher with no task for this long gives its slot back.
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    #[serde(with = "humantime_serde")]
+    pub heartbeat: Duration,
+    /// Where task sandboxes are made.
+    pub scratch: PathBuf,
+    #[serde(flatten)]
+    pub limits: Limits,
+    /// How long before its placeholder's walltime a launcher preempts its
+    /// own tasks (they are republished, not lost to the batch system's kill).
+    #[serde(with = "humantime_serde")]
+    pub deadline_margin: Duration,
+}
+
+impl Default for LauncherSettings {
+    fn default() -> Self {
+        Self {
+            idle_timeout: Duration::from_secs(5),
+            heartbeat: Duration::from_secs(2),
+            scratch: std::env::temp_dir().join("gleaner"),
+            limits: Limits::default(),
+            deadline_margin: Duration::from_secs(10),
+        }
+    }
+}
+
 /// Why a launcher left.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Exit {

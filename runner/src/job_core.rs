@@ -25,17 +25,44 @@ use crate::{
     records::{IndexEntry, JobFile},
 };
 
-/// Settings every job controller of a runner shares.
-#[derive(Debug, Clone)]
+/// Settings every job controller of a runner shares: keys of `[runner]`,
+/// with their defaults here and nowhere else.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct JobSettings {
     /// Relative `results` paths are resolved against this.
     pub results_root: PathBuf,
     /// How often the job reports to the scheduler and checks its launchers.
+    #[serde(with = "humantime_serde")]
     pub heartbeat: Duration,
-    /// A launcher silent this long is considered dead.
+    /// A launcher silent this long is considered dead. Derived from the
+    /// launchers' heartbeat when the settings are resolved, never set.
+    #[serde(skip)]
     pub launcher_silence: Duration,
     /// How long a preempted launcher has before the kcm removes it.
+    #[serde(with = "humantime_serde")]
     pub preempt_grace: Duration,
+}
+
+impl JobSettings {
+    /// How long a launcher that beats every `heartbeat` may stay silent:
+    /// three missed beats and a margin for a busy broker.
+    pub fn silence_after(heartbeat: Duration) -> Duration {
+        heartbeat
+            .saturating_mul(3)
+            .saturating_add(Duration::from_secs(5))
+    }
+}
+
+impl Default for JobSettings {
+    fn default() -> Self {
+        Self {
+            results_root: PathBuf::from("."),
+            heartbeat: Duration::from_secs(2),
+            launcher_silence: Self::silence_after(Duration::from_secs(2)),
+            preempt_grace: Duration::from_secs(10),
+        }
+    }
 }
 
 /// Throughput is finished tasks per second over this window.

@@ -31,11 +31,23 @@ pub use job::JobError;
 pub use job_core::JobSettings;
 pub use records::{IndexEntry, JobFile};
 
-#[derive(Debug, Clone)]
+/// `[runner]` of the configuration.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct RunnerConfig {
+    #[serde(flatten)]
     pub job: JobSettings,
     /// Jobs this runner runs at once (its prefetch on `gleaner.submit`).
     pub max_jobs: u16,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        Self {
+            job: JobSettings::default(),
+            max_jobs: 64,
+        }
+    }
 }
 
 /// Serves `gleaner.submit` until `shutdown`, reconnecting after broker outages.
