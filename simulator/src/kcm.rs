@@ -10,7 +10,7 @@
 use std::{collections::BTreeMap, time::Duration};
 
 use gleaner_kcm::{
-    Snapshot,
+    KcmConfig, Snapshot,
     core::{Now, SpooledExit},
 };
 use gleaner_manifest::JobId;
@@ -57,11 +57,11 @@ pub trait ClusterManager {
     fn handle(&mut self, event: Event, now: Now) -> Vec<Effect>;
 }
 
-/// The manager of each simulated cluster.
-pub fn cluster_manager(cluster: &str, local_settle: Duration) -> Box<dyn ClusterManager> {
+/// The manager of a simulated cluster, with the kcm's settings.
+pub fn cluster_manager(config: &KcmConfig) -> Box<dyn ClusterManager> {
     Box::new(PolicyKcm {
-        cluster: cluster.to_owned(),
-        local_settle,
+        cluster: config.cluster.clone(),
+        local_settle: config.local_settle,
         last: Snapshot::default(),
         applied_grants: Vec::new(),
         answered: Answered::default(),

@@ -183,7 +183,7 @@ impl<'a> Sim<'a> {
                         local.duration.as_secs_f64(),
                         rng,
                     ),
-                    kcm: cluster_manager(&spec.name, scenario.timing.local_settle),
+                    kcm: cluster_manager(&scenario.timing.kcm(spec)),
                 }
             })
             .collect();

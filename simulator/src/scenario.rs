@@ -1,9 +1,11 @@
 //! A simulation scenario: clusters, scavenging jobs and background load.
 
-use std::time::Duration;
+use std::{path::PathBuf, time::Duration};
 
+use gleaner_kcm::{ClusterConfig, KcmConfig};
 use gleaner_policy::share::CsPolicy;
-use gleaner_scheduler::state::StateConfig;
+use gleaner_runner::JobSettings;
+use gleaner_scheduler::{SchedulerConfig, state::StateConfig};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -36,17 +38,18 @@ pub struct Scenario {
     pub grid_jobs: GridJobs,
 }
 
-/// How fast the simulated system reacts.
+/// How fast the simulated system reacts. The services' intervals default
+/// to the services' own defaults.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Timing {
     /// Simulation step.
     #[serde(with = "humantime_serde")]
     pub step: Duration,
-    /// How often each kcm reads its batch system.
+    /// How often each kcm reads its batch system (`poll_interval`).
     #[serde(with = "humantime_serde")]
     pub kcm_poll: Duration,
-    /// How often the scheduler runs a round.
+    /// How often the scheduler runs a round (`round_interval`).
     #[serde(with = "humantime_serde")]
     pub scheduler_round: Duration,
     /// From a grow to the launcher taking its first task (the batch
@@ -60,14 +63,10 @@ pub struct Timing {
     /// before the kcm removes it.
     #[serde(with = "humantime_serde")]
     pub preempt_grace: Duration,
-    /// How often each job's runner reports to the scheduler.
+    /// How often each job's runner reports to the scheduler (the runner's
+    /// `heartbeat`).
     #[serde(with = "humantime_serde")]
     pub job_report: Duration,
-    /// The kcm's `local_settle`: how long a shrink for waiting local jobs
-    /// gets before the same jobs are answered again (`gleaner kcm` uses the
-    /// runner's `preempt_grace` and two polls, 12 s by default).
-    #[serde(with = "humantime_serde")]
-    pub local_settle: Duration,
     /// Resolution of the load plot.
     #[serde(with = "humantime_serde")]
     pub sample: Duration,
@@ -75,17 +74,29 @@ pub struct Timing {
 
 impl Default for Timing {
     fn default() -> Self {
+        let runner = JobSettings::default();
         Self {
             step: Duration::from_secs(1),
-            kcm_poll: Duration::from_secs(1),
-            scheduler_round: Duration::from_secs(1),
+            kcm_poll: ClusterConfig::local("", 1).poll_interval,
+            scheduler_round: SchedulerConfig::default().round_interval,
             launcher_start: Duration::from_secs(2),
             preempt_delay: Duration::from_secs(1),
-            preempt_grace: Duration::from_secs(10),
-            job_report: Duration::from_secs(2),
-            local_settle: Duration::from_secs(12),
+            preempt_grace: runner.preempt_grace,
+            job_report: runner.heartbeat,
             sample: Duration::from_secs(30),
         }
+    }
+}
+
+impl Timing {
+    /// The settings of the kcm of `cluster`, derived as the kcm derives them.
+    pub fn kcm(&self, cluster: &ClusterSpec) -> KcmConfig {
+        let config = ClusterConfig {
+            poll_interval: self.kcm_poll,
+            ..ClusterConfig::local(&cluster.name, cluster.nodes)
+        };
+        // Simulated grid components leave nothing to spool.
+        config.kcm(self.preempt_grace, PathBuf::new())
     }
 }
 
