@@ -1,6 +1,6 @@
 //! One cluster's batch system: its nodes, its own users' jobs, grid job
-//! components, and gleaner's placeholders with the launchers in them. Only
-//! this and the clock are simulated; every decision is taken elsewhere.
+//! components, and gleaner's placeholders with the launchers in them. It
+//! runs what it is given and decides nothing for gleaner.
 
 use std::collections::VecDeque;
 
@@ -277,6 +277,8 @@ impl Batch {
                 break;
             }
             free -= 1;
+            // The launcher announces itself as its placeholder starts, so
+            // its runner knows every launcher that holds a node.
             l.dispatched = Some(t);
             l.first_task = l.first_task.max(t);
             out.to_runners.push((

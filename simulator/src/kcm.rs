@@ -51,8 +51,10 @@ pub enum Effect {
     PollNow,
 }
 
-/// The seam: whatever manages a simulated cluster. The kcm's pure core goes
-/// here in place of [`PolicyKcm`].
+/// The seam: whatever manages a simulated cluster. The kcm's pure core
+/// (`gleaner_kcm::core::KcmCore`) goes here in place of [`PolicyKcm`]: its
+/// events and effects cover these, and it also wants each launcher
+/// submission answered and each reading followed by the moment to report.
 pub trait ClusterManager {
     fn handle(&mut self, event: Event, now: Now) -> Vec<Effect>;
 }

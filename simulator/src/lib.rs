@@ -6,9 +6,9 @@
 //! protocol's messages with it: runners accept grow offers and choose the
 //! launchers to give up with the runner's preemption policy; each kcm answers
 //! waiting local jobs with the kcm's local policy, behind one seam
-//! ([`kcm::ClusterManager`]) where the kcm's own core fits. Only the batch
-//! systems, the jobs and the clock are simulated. A scenario runs once
-//! without scavenging jobs (the baseline) and once per policy, with the same
+//! (`kcm::ClusterManager`) where the kcm's own core fits. The batch systems
+//! and what runs in them are simulated. A scenario runs once without
+//! scavenging jobs (the baseline) and once per policy, with the same
 //! background load, so that the delay scavenging adds to local and grid jobs
 //! is measured job by job.
 
