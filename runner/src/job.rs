@@ -62,13 +62,14 @@ pub async fn run(
         path: root.display().to_string(),
         error,
     };
-    let (results, finished) = ResultsDir::open(&root).map_err(io_error)?;
     let publisher = connection.publisher().await?;
-
-    if !wait_for_lock(&connection, &queues, &results, &id, &shutdown).await? {
+    if !wait_for_lock(&connection, &queues, &root, &id, &shutdown).await? {
         info!(job = %id, "another runner finished the job meanwhile");
         return Ok(());
     }
+    // Only the lock holder reads (and repairs) the index: another runner
+    // may still have been appending to it until now.
+    let (results, finished) = ResultsDir::open(&root).map_err(io_error)?;
 
     let opening = Opening {
         submission,
@@ -124,7 +125,7 @@ pub async fn run(
 async fn wait_for_lock(
     connection: &Connection,
     queues: &JobQueues,
-    results: &ResultsDir,
+    root: &std::path::Path,
     job: &JobId,
     shutdown: &CancellationToken,
 ) -> Result<bool, JobError> {
@@ -133,8 +134,7 @@ async fn wait_for_lock(
         if topology::lock_job(connection.lapin(), queues).await? {
             return Ok(true);
         }
-        if results
-            .read_job_file()
+        if ResultsDir::job_file_at(root)
             .is_some_and(|f| matches!(f.state, JobState::Done | JobState::Cancelled))
         {
             return Ok(false);

@@ -105,11 +105,17 @@ impl ResultsDir {
     }
 
     pub fn read_job_file(&self) -> Option<JobFile> {
-        let text = std::fs::read(self.root.join("job.json")).ok()?;
+        Self::job_file_at(&self.root)
+    }
+
+    /// The `job.json` of the results directory at `root`, without opening
+    /// the directory: its index belongs to whoever holds the job's lock.
+    pub fn job_file_at(root: &Path) -> Option<JobFile> {
+        let text = std::fs::read(root.join("job.json")).ok()?;
         match serde_json::from_slice(&text) {
             Ok(file) => Some(file),
             Err(e) => {
-                warn!(results = %self.root.display(), error = %e, "unreadable job.json ignored");
+                warn!(results = %root.display(), error = %e, "unreadable job.json ignored");
                 None
             }
         }
