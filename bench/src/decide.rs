@@ -6,16 +6,16 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_protocol::{ClusterReport, Holding, JobReport, JobState, TaskCounts};
 use gleaner_manifest::{JobId, JobKind, Priority};
 use gleaner_policy::share::{CsPolicy, PolicyConfig};
+use gleaner_protocol::{ClusterReport, GrantId, Holding, JobReport, JobState, TaskCounts};
 use gleaner_scheduler::state::{Action, State, StateConfig};
 
 /// A grid of `clusters` clusters of 100 slots (20 used by local jobs, 60 by
 /// scavenging jobs, 20 idle), `jobs` hungry scavenging jobs and `grid` grid
 /// jobs of 70 slots that must shrink scavengers to fit.
 fn state(clusters: usize, jobs: usize, grid: usize, config: &StateConfig, now: Instant) -> State {
-    let mut state = State::new(1);
+    let mut state = State::new(GrantId::new(1));
     let ids: Vec<JobId> = (0..jobs).map(|i| JobId::new("sweep", i as u32)).collect();
     for id in &ids {
         state.on_job_update(report(id.clone(), JobKind::Scavenge, vec![]), now);
@@ -37,7 +37,7 @@ fn state(clusters: usize, jobs: usize, grid: usize, config: &StateConfig, now: I
             })
             .collect();
         let report = ClusterReport {
-            cluster: format!("c{c}"),
+            cluster: format!("c{c}").into(),
             backend: "sge".into(),
             total_slots: 100,
             idle_slots: 20,

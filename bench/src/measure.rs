@@ -8,7 +8,10 @@ use std::{
 };
 
 use anyhow::{Context, ensure};
-use gleaner_protocol::naming::{LAUNCHER_SUBCOMMAND, LauncherArgs, launcher_id};
+use gleaner_protocol::{
+    ClusterName,
+    naming::{LAUNCHER_SUBCOMMAND, LauncherArgs, launcher_id},
+};
 use gleaner_testkit::{Gleaner, wait_for};
 
 const TIMEOUT: Duration = Duration::from_secs(900);
@@ -198,11 +201,13 @@ pub fn memory(exe: &Path, tasks: u32) -> anyhow::Result<()> {
     wait_for("the small job's queues", Duration::from_secs(60), || {
         g.job_state(&small).as_deref() == Some("running")
     });
+    let cluster = ClusterName::from("bench");
     let launcher = |name: &str| -> Vec<String> {
+        let id = launcher_id(&cluster, name);
         let args = LauncherArgs {
             job: &small,
-            cluster: "bench",
-            id: &launcher_id("bench", name),
+            cluster: cluster.as_str(),
+            id: id.as_str(),
             slot: "0",
             slots: 1,
             walltime: None,

@@ -70,7 +70,7 @@ pub fn local_delay(exe: &Path, slots: u32) -> anyhow::Result<()> {
     let queue = queues.names[0].clone();
     let shapes: Vec<(u32, u32)> = [1, 2, 4, 8]
         .into_iter()
-        .filter(|jobs| slots % jobs == 0)
+        .filter(|jobs| slots.is_multiple_of(*jobs))
         .map(|jobs| (jobs, slots / jobs))
         .collect();
 

@@ -2,8 +2,8 @@
 
 use lapin::BasicProperties;
 
-pub use gleaner_protocol::codec::{DecodeError, JSON, MSGPACK, decode, encode};
 use gleaner_protocol::Message;
+pub use gleaner_protocol::codec::{DecodeError, JSON, MSGPACK, decode, encode};
 
 /// Something a delivery can be turned into: an enveloped message, or a type
 /// with its own rules (a submission may be JSON published by hand).

@@ -4,9 +4,7 @@
 use gleaner_manifest::{JobId, Manifest};
 use lapin::BasicProperties;
 
-use crate::{
-    codec::{Decode, DecodeError, JSON, MSGPACK, decode},
-};
+use crate::codec::{Decode, DecodeError, JSON, MSGPACK, decode};
 use gleaner_protocol::{Submission, now_ms};
 
 /// A submission that decoded and whose manifest is valid.

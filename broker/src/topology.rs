@@ -5,6 +5,7 @@
 //! from exactly one function here.
 
 use gleaner_manifest::JobId;
+use gleaner_protocol::{ClusterName, LauncherId};
 
 use crate::BrokerError;
 
@@ -25,11 +26,11 @@ pub const DEAD_QUEUE: &str = "gleaner.dead";
 /// count: a preempted launcher republishes the task and acks the original.
 pub const TASK_DELIVERY_LIMIT: i64 = 4;
 
-pub fn kcm_queue(cluster: &str) -> String {
+pub fn kcm_queue(cluster: &ClusterName) -> String {
     format!("gleaner.kcm.{cluster}")
 }
 
-pub fn launcher_queue(launcher: &str) -> String {
+pub fn launcher_queue(launcher: &LauncherId) -> String {
     format!("gleaner.launcher.{launcher}")
 }
 
@@ -136,7 +137,7 @@ pub async fn declare_core(channel: &Channel) -> Result<()> {
 }
 
 /// A cluster manager's inbox; single active consumer so a standby kcm waits.
-pub async fn declare_kcm(channel: &Channel, cluster: &str) -> Result<()> {
+pub async fn declare_kcm(channel: &Channel, cluster: &ClusterName) -> Result<()> {
     durable(
         channel,
         &kcm_queue(cluster),
@@ -223,7 +224,7 @@ pub async fn lock_job(connection: &lapin::Connection, queues: &JobQueues) -> Res
 }
 
 /// A launcher's own inbox: it lives and dies with the launcher's connection.
-pub async fn declare_launcher(channel: &Channel, launcher: &str) -> Result<String> {
+pub async fn declare_launcher(channel: &Channel, launcher: &LauncherId) -> Result<String> {
     let name = launcher_queue(launcher);
     let options = QueueDeclareOptions {
         exclusive: true,
@@ -269,7 +270,7 @@ mod tests {
         assert_eq!(q.control, "gleaner.job.sweep-3fa9c2.control");
         assert_eq!(q.results, "gleaner.job.sweep-3fa9c2.results");
         assert_eq!(q.dead, "gleaner.job.sweep-3fa9c2.dead");
-        assert_eq!(kcm_queue("c1"), "gleaner.kcm.c1");
-        assert_eq!(launcher_queue("c1-h-1"), "gleaner.launcher.c1-h-1");
+        assert_eq!(kcm_queue(&"c1".into()), "gleaner.kcm.c1");
+        assert_eq!(launcher_queue(&"c1-h-1".into()), "gleaner.launcher.c1-h-1");
     }
 }

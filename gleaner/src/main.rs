@@ -68,7 +68,7 @@ enum Command {
     /// Run the cluster manager of one configured cluster.
     Kcm {
         #[arg(long)]
-        cluster: String,
+        cluster: gleaner_protocol::ClusterName,
     },
     /// Run one launcher (started by a kcm).
     Launcher(LauncherArgs),

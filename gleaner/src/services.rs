@@ -7,7 +7,7 @@ use gleaner_broker::Broker;
 use gleaner_kcm::{BackendKind, ClusterConfig, LauncherCommand, LocalBackend, SgeBackend};
 use gleaner_launcher::{Exit, LauncherConfig};
 use gleaner_manifest::JobId;
-use gleaner_protocol::{naming, now_ms};
+use gleaner_protocol::{ClusterName, LauncherId, naming, now_ms};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -96,10 +96,10 @@ pub struct LauncherArgs {
     #[arg(long)]
     pub job: JobId,
     #[arg(long)]
-    pub cluster: String,
+    pub cluster: ClusterName,
     /// Unique launcher id (names its queue).
     #[arg(long)]
-    pub id: String,
+    pub id: LauncherId,
     /// The batch system's name for the slot, for the consumer tag.
     #[arg(long, default_value = "0")]
     pub slot: String,
@@ -241,8 +241,8 @@ mod tests {
         let argv = std::iter::once(naming::LAUNCHER_SUBCOMMAND.to_owned()).chain(written.to_vec());
         let read = Command::try_parse_from(argv).unwrap().args;
         assert_eq!(read.job.as_str(), written.job);
-        assert_eq!(read.cluster, written.cluster);
-        assert_eq!(read.id, written.id);
+        assert_eq!(read.cluster.as_str(), written.cluster);
+        assert_eq!(read.id.as_str(), written.id);
         assert_eq!(read.slot, written.slot);
         assert_eq!(read.slots, written.slots);
         assert_eq!(read.walltime, written.walltime);

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use gleaner_kcm::{ClusterConfig, KcmConfig};
 use gleaner_launcher::LauncherSettings;
+use gleaner_protocol::ClusterName;
 use gleaner_runner::{JobSettings, RunnerConfig};
 use gleaner_scheduler::SchedulerConfig;
 use serde::{Deserialize, Serialize};
@@ -191,15 +192,18 @@ impl Settings {
         let spool = std::env::temp_dir()
             .join("gleaner-kcm")
             .join(deployment(&self.broker_url))
-            .join(&cluster.name);
+            .join(cluster.name.as_str());
         cluster.kcm(self.runner.job.preempt_grace, spool)
     }
 
-    pub fn cluster(&self, name: &str) -> anyhow::Result<&ClusterConfig> {
+    pub fn cluster(&self, name: &ClusterName) -> anyhow::Result<&ClusterConfig> {
         self.clusters
             .iter()
-            .find(|c| c.name == name)
-            .with_context(|| format!("no [[cluster]] named {name:?} in the configuration"))
+            .find(|c| &c.name == name)
+            .with_context(|| {
+                let name = name.as_str();
+                format!("no [[cluster]] named {name:?} in the configuration")
+            })
     }
 }
 
@@ -264,14 +268,14 @@ h_rt = "1h"
         assert_eq!(settings.runner.job.heartbeat, Duration::from_secs(3));
         assert_eq!(settings.launcher.idle_timeout, Duration::from_secs(10));
         assert_eq!(
-            settings.cluster("c1").unwrap().poll_interval,
+            settings.cluster(&"c1".into()).unwrap().poll_interval,
             Duration::from_millis(500)
         );
         assert_eq!(
-            settings.cluster("c2").unwrap().h_rt,
+            settings.cluster(&"c2".into()).unwrap().h_rt,
             Some(Duration::from_secs(3600))
         );
-        assert!(settings.cluster("c3").is_err());
+        assert!(settings.cluster(&"c3".into()).is_err());
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub fn clusters(clusters: &[ClusterView]) -> String {
                 .map_or_else(|| "ok".to_owned(), |e| format!("error: {e}"))
         };
         vec![
-            r.cluster.clone(),
+            r.cluster.to_string(),
             r.backend.clone(),
             r.total_slots.to_string(),
             r.local_slots.to_string(),

@@ -3,6 +3,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
+use gleaner_protocol::ClusterName;
 use serde::{Deserialize, Serialize};
 
 use crate::{KcmConfig, LauncherCommand, SgeConfig};
@@ -21,7 +22,7 @@ pub enum BackendKind {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    pub name: String,
+    pub name: ClusterName,
     pub backend: BackendKind,
     /// `local`: slots of the cluster (tasks that may run at once).
     #[serde(default)]
@@ -71,7 +72,7 @@ impl ClusterConfig {
     /// its default (what `gleaner up` runs).
     pub fn local(name: &str, slots: u32) -> Self {
         Self {
-            name: name.to_owned(),
+            name: name.into(),
             backend: BackendKind::Local,
             slots: Some(slots),
             launcher_slots: one(),
@@ -86,15 +87,14 @@ impl ClusterConfig {
 
     /// Why this table cannot describe a cluster, if it cannot.
     pub fn validate(&self) -> Result<(), String> {
-        let valid = !self.name.is_empty()
-            && self
-                .name
+        let name = self.name.as_str();
+        let valid = !name.is_empty()
+            && name
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
         if !valid {
             return Err(format!(
-                "cluster name {:?} must be made of A-Z a-z 0-9 . _ -",
-                self.name
+                "cluster name {name:?} must be made of A-Z a-z 0-9 . _ -"
             ));
         }
         if self.poll_interval.is_zero() {

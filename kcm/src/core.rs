@@ -27,8 +27,8 @@ use std::{
 use gleaner_manifest::JobId;
 use gleaner_policy::local::{Answered, LocalState, on_local_wait};
 use gleaner_protocol::{
-    Captured, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, Holding, KcmMsg, Millis,
-    SchedulerMsg, ShrinkMode, naming,
+    Captured, ClusterName, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, GrantId,
+    Holding, KcmMsg, Millis, SchedulerMsg, ShrinkMode, naming,
 };
 use tracing::{error, info, warn};
 
@@ -41,7 +41,7 @@ pub use gleaner_policy::local::WaitingJob;
 /// What the core knows of its cluster.
 #[derive(Debug, Clone)]
 pub struct CoreConfig {
-    pub cluster: String,
+    pub cluster: ClusterName,
     /// The batch system's kind (`local`, `sge`, …), for the report.
     pub backend: String,
     /// How long the launchers of an ended job have to leave by themselves.
@@ -86,7 +86,7 @@ pub enum Event {
     /// Answers [`Effect::SubmitLaunchers`]: the slots actually submitted.
     LaunchersSubmitted {
         job: JobId,
-        grant: u64,
+        grant: GrantId,
         requested: u32,
         result: Result<u32, BackendError>,
     },
@@ -106,7 +106,11 @@ pub enum Event {
 pub enum Effect {
     /// Submit launchers covering `slots` slots for a grant (one placeholder
     /// array); answer with [`Event::LaunchersSubmitted`].
-    SubmitLaunchers { job: JobId, grant: u64, slots: u32 },
+    SubmitLaunchers {
+        job: JobId,
+        grant: GrantId,
+        slots: u32,
+    },
     /// Remove placeholders or components by batch id, running or not;
     /// answer with [`Event::Removed`].
     Remove { ids: Vec<String> },
@@ -160,7 +164,7 @@ pub struct KcmCore {
     config: CoreConfig,
     last: Snapshot,
     /// Grants acted on since the previous report.
-    applied_grants: Vec<u64>,
+    applied_grants: Vec<GrantId>,
     removals: Vec<Removal>,
     /// The last failed command (cleared by the next successful launcher submit).
     command_error: Option<String>,
@@ -209,13 +213,13 @@ impl KcmCore {
                 let cluster = &self.config.cluster;
                 match result {
                     Ok(started) => {
-                        info!(job = %job, cluster = %cluster, grant, requested, started, "launchers submitted");
+                        info!(job = %job, cluster = %cluster, grant = %grant, requested, started, "launchers submitted");
                         self.failed_starts = 0;
                         self.command_error = None;
                     }
                     Err(e) => {
                         self.failed_starts += 1;
-                        error!(job = %job, cluster = %cluster, grant, error = %e, failures = self.failed_starts, "cannot submit launchers");
+                        error!(job = %job, cluster = %cluster, grant = %grant, error = %e, failures = self.failed_starts, "cannot submit launchers");
                         self.command_error = Some(e.to_string());
                     }
                 }
@@ -705,7 +709,7 @@ mod tests {
                             mode: ShrinkMode::Preempt,
                             ..
                         },
-                } if cluster == "c1" => Some((job.clone(), *slots)),
+                } if cluster.as_str() == "c1" => Some((job.clone(), *slots)),
                 _ => None,
             })
             .collect()
@@ -774,7 +778,7 @@ mod tests {
             &mut kcm,
             KcmMsg::StartLaunchers {
                 job: a.clone(),
-                grant: 7,
+                grant: GrantId::new(7),
                 slots: 2,
             },
             clock.at(100),
@@ -785,9 +789,12 @@ mod tests {
             .collect();
         assert!(matches!(
             submits.as_slice(),
-            [Effect::SubmitLaunchers { job, grant: 7, slots: 2 }] if *job == a
+            [Effect::SubmitLaunchers { job, grant, slots: 2 }] if *job == a && *grant == GrantId::new(7)
         ));
-        assert_eq!(report(&mut kcm, clock.at(200)).applied_grants, [7]);
+        assert_eq!(
+            report(&mut kcm, clock.at(200)).applied_grants,
+            [GrantId::new(7)]
+        );
         assert!(report(&mut kcm, clock.at(300)).applied_grants.is_empty());
 
         // The adopted component is the kcm's to report when it ends.
@@ -959,7 +966,7 @@ mod tests {
         let mut kcm = core();
         let a = job("a");
         poll(&mut kcm, cluster(4, Vec::new()), clock.at(0));
-        for (grant, failures) in [(1, 1), (2, 2)] {
+        for (grant, failures) in [(GrantId::new(1), 1), (GrantId::new(2), 2)] {
             let effects = message(
                 &mut kcm,
                 KcmMsg::StartLaunchers {
@@ -997,14 +1004,14 @@ mod tests {
             &mut kcm,
             KcmMsg::StartLaunchers {
                 job: a.clone(),
-                grant: 3,
+                grant: GrantId::new(3),
                 slots: 4,
             },
             clock.at(0),
         );
         let event = Event::LaunchersSubmitted {
             job: a,
-            grant: 3,
+            grant: GrantId::new(3),
             requested: 4,
             result: Ok(4),
         };

@@ -26,7 +26,7 @@ use gleaner_broker::{
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue},
 };
 use gleaner_manifest::JobId;
-use gleaner_protocol::{Captured, ComponentSpec, ControlMsg, KcmMsg, now_ms};
+use gleaner_protocol::{Captured, ClusterName, ComponentSpec, ControlMsg, KcmMsg, now_ms};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -41,7 +41,7 @@ use crate::core::{CoreConfig, Effect, Event, KcmCore, Now, SpooledExit};
 /// What a kcm runs with, derived from its [`ClusterConfig`].
 #[derive(Debug, Clone)]
 pub struct KcmConfig {
-    pub cluster: String,
+    pub cluster: ClusterName,
     /// How often the batch system is read and the cluster reported.
     pub poll_interval: Duration,
     /// How long the launchers of an ended job have to leave by themselves.

@@ -11,7 +11,7 @@ use nix::{
 use tokio::process::{Child, Command};
 
 use gleaner_protocol::{
-    ComponentSpec,
+    ClusterName, ComponentSpec,
     naming::{LauncherArgs, launcher_id, local_component_batch_id, local_launcher_batch_id},
 };
 
@@ -38,7 +38,7 @@ struct Component {
 }
 
 pub struct LocalBackend {
-    cluster: String,
+    cluster: ClusterName,
     slots: u32,
     /// Slots of one launcher: 1 for a launcher per core, more for one per node.
     launcher_slots: u32,
@@ -49,9 +49,14 @@ pub struct LocalBackend {
 }
 
 impl LocalBackend {
-    pub fn new(cluster: &str, slots: u32, launcher_slots: u32, command: LauncherCommand) -> Self {
+    pub fn new(
+        cluster: &ClusterName,
+        slots: u32,
+        launcher_slots: u32,
+        command: LauncherCommand,
+    ) -> Self {
         Self {
-            cluster: cluster.to_owned(),
+            cluster: cluster.clone(),
             slots,
             launcher_slots: launcher_slots.max(1),
             command,
@@ -181,8 +186,8 @@ impl Backend for LocalBackend {
             self.next_id += 1;
             let args = self.command.arguments(&LauncherArgs {
                 job: job.as_str(),
-                cluster: &self.cluster,
-                id: &launcher_id(&self.cluster, &id),
+                cluster: self.cluster.as_str(),
+                id: launcher_id(&self.cluster, &id).as_str(),
                 slot: &slot.to_string(),
                 slots: length,
                 walltime: None,

@@ -17,13 +17,13 @@ use crate::{
     snapshot::Snapshot,
 };
 use gleaner_protocol::{
-    ComponentSpec,
-    naming::{LauncherArgs, SGE_TASK_ID, component_name, launcher_id, placeholder_name},
+    ClusterName, ComponentSpec,
+    naming::{LauncherArgs, SGE_TASK_ID, component_name, launcher_id_word, placeholder_name},
 };
 
 #[derive(Debug, Clone)]
 pub struct SgeConfig {
-    pub cluster: String,
+    pub cluster: ClusterName,
     /// The cluster queue placeholders go to (`-q`).
     pub queue: String,
     /// Walltime of each placeholder (`-l h_rt`); launchers drain before it.
@@ -132,11 +132,11 @@ impl SgeBackend {
         }
         // The array task's id is only known once it runs: the shell expands it.
         let task = format!("\"{SGE_TASK_ID}\"");
-        let cluster = quote(&c.cluster);
+        let cluster = quote(c.cluster.as_str());
         let launcher = LauncherArgs {
             job: &quote(job.as_str()),
             cluster: &cluster,
-            id: &launcher_id(&cluster, &task),
+            id: &launcher_id_word(&cluster, &task),
             slot: &task,
             slots: 1,
             walltime: c.h_rt,

@@ -28,8 +28,8 @@ use gleaner_broker::{
 };
 use gleaner_manifest::JobId;
 use gleaner_protocol::{
-    Captured, ControlMsg, LauncherInfo, LauncherMsg, LauncherStatus, ResultMsg, RunStatus,
-    RunningTask, TaskMsg, now_ms,
+    Captured, ClusterName, ControlMsg, LauncherId, LauncherInfo, LauncherMsg, LauncherStatus,
+    ResultMsg, RunStatus, RunningTask, TaskMsg, now_ms,
 };
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -43,9 +43,9 @@ use state::{Effect, Event, State, Status};
 #[derive(Debug, Clone)]
 pub struct LauncherConfig {
     pub job: JobId,
-    pub cluster: String,
+    pub cluster: ClusterName,
     /// Unique among live launchers; names the launcher's own queue.
-    pub id: String,
+    pub id: LauncherId,
     pub host: String,
     /// The batch system's name for this slot (`3`, `4711.2`), for the consumer tag.
     pub slot: String,
@@ -239,7 +239,7 @@ pub async fn run(
     info!(job = %config.job, launcher = %config.id, cluster = %config.cluster, slots = config.slots, "launcher up");
 
     let shared = Arc::new(Shared {
-        sandboxes: Sandboxes::new(config.scratch.join(&config.id)),
+        sandboxes: Sandboxes::new(config.scratch.join(config.id.as_str())),
         config,
         queues,
         publisher,

@@ -18,7 +18,7 @@ use std::{
 };
 
 use gleaner_manifest::JobId;
-use gleaner_protocol::LauncherMsg;
+use gleaner_protocol::{ClusterName, LauncherId, LauncherMsg};
 use tracing::{info, warn};
 
 use crate::{Exit, LauncherConfig};
@@ -110,8 +110,8 @@ struct Held {
 #[derive(Debug)]
 pub struct State<E> {
     job: JobId,
-    launcher: String,
-    cluster: String,
+    launcher: LauncherId,
+    cluster: ClusterName,
     idle_timeout: Duration,
     heartbeat: Duration,
     /// When running tasks are preempted: `deadline_margin` before the
@@ -443,8 +443,8 @@ mod tests {
         let t0 = Instant::now();
         let mut config = LauncherConfig {
             job: JobId::new("sweep", 1),
-            cluster: "c1".to_owned(),
-            id: "l1".to_owned(),
+            cluster: "c1".into(),
+            id: "l1".into(),
             host: "h1".to_owned(),
             slot: "1".to_owned(),
             slots: 2,

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use gleaner_manifest::{JobId, Priority};
+use gleaner_protocol::ClusterName;
 use serde::{Deserialize, Serialize};
 
 /// How often each placement queue is scanned relative to the others.
@@ -39,7 +40,7 @@ pub struct GridJob {
 /// A cluster as placement sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Site {
-    pub name: String,
+    pub name: ClusterName,
     /// Slots nobody uses or has been promised.
     pub free: u32,
     /// Slots scavenging jobs hold here, which they would give back.
@@ -51,9 +52,9 @@ pub struct Site {
 pub struct Placement {
     pub job: JobId,
     /// The cluster of each component, in component order.
-    pub clusters: Vec<String>,
+    pub clusters: Vec<ClusterName>,
     /// Slots to reclaim from scavenging jobs, per cluster.
-    pub reclaim: Vec<(String, u32)>,
+    pub reclaim: Vec<(ClusterName, u32)>,
 }
 
 /// The order in which waiting jobs are tried: super-high, high and low in
@@ -218,7 +219,7 @@ mod tests {
             &sites,
             Weights::default(),
         );
-        assert_eq!(placed[0].clusters, ["c", "a", "b"]);
+        assert_eq!(placed[0].clusters, ["c", "a", "b"].map(ClusterName::from));
         assert!(placed[0].reclaim.is_empty());
     }
 
@@ -230,8 +231,8 @@ mod tests {
             &sites,
             Weights::default(),
         );
-        assert_eq!(placed[0].clusters, ["a"]);
-        assert_eq!(placed[0].reclaim, [("a".to_owned(), 6)]);
+        assert_eq!(placed[0].clusters, [ClusterName::from("a")]);
+        assert_eq!(placed[0].reclaim, [(ClusterName::from("a"), 6)]);
         let placed = place(
             &[job("g", Priority::High, &[3])],
             &sites,

@@ -1,9 +1,11 @@
 //! Which launchers a job gives up when it must shrink.
 
+use gleaner_protocol::LauncherId;
+
 /// A launcher as the preemption policy sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Candidate {
-    pub launcher: String,
+    pub launcher: LauncherId,
     pub slots: u32,
     /// Start of its most recently started task; `None` when idle.
     pub newest_start: Option<u64>,
@@ -11,7 +13,7 @@ pub struct Candidate {
 
 /// Which launchers to give up to free `slots` slots: idle ones first, then
 /// those whose current task started most recently (least work lost).
-pub fn choose_victims(mut candidates: Vec<Candidate>, slots: u32) -> Vec<String> {
+pub fn choose_victims(mut candidates: Vec<Candidate>, slots: u32) -> Vec<LauncherId> {
     candidates.sort_by(|a, b| match (a.newest_start, b.newest_start) {
         (None, None) => a.launcher.cmp(&b.launcher),
         (None, Some(_)) => std::cmp::Ordering::Less,
@@ -34,6 +36,10 @@ pub fn choose_victims(mut candidates: Vec<Candidate>, slots: u32) -> Vec<String>
 mod tests {
     use super::*;
 
+    fn ids(names: &[&str]) -> Vec<LauncherId> {
+        names.iter().map(|&n| n.into()).collect()
+    }
+
     fn candidate(id: &str, newest: Option<u64>) -> Candidate {
         Candidate {
             launcher: id.into(),
@@ -50,10 +56,10 @@ mod tests {
             candidate("new", Some(900)),
             candidate("mid", Some(500)),
         ];
-        assert_eq!(choose_victims(candidates.clone(), 1), ["idle"]);
+        assert_eq!(choose_victims(candidates.clone(), 1), ids(&["idle"]));
         assert_eq!(
             choose_victims(candidates.clone(), 3),
-            ["idle", "new", "mid"]
+            ids(&["idle", "new", "mid"])
         );
         assert_eq!(choose_victims(candidates, 10).len(), 4);
     }
@@ -63,6 +69,6 @@ mod tests {
         let mut big = candidate("big", None);
         big.slots = 4;
         let candidates = vec![big, candidate("one", None)];
-        assert_eq!(choose_victims(candidates, 3), ["big"]);
+        assert_eq!(choose_victims(candidates, 3), ids(&["big"]));
     }
 }

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_manifest::JobId;
+use gleaner_protocol::ClusterName;
 use serde::{Deserialize, Serialize};
 
 /// Which CS policy splits the idle slots.
@@ -68,7 +69,7 @@ impl Default for PolicyConfig {
 /// A cluster as the policy sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClusterInput {
-    pub name: String,
+    pub name: ClusterName,
     pub total: u32,
     /// Free slots not yet promised to anyone.
     pub idle: u32,
@@ -103,7 +104,7 @@ pub struct JobInput {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Offer {
     pub job: JobId,
-    pub cluster: String,
+    pub cluster: ClusterName,
     pub slots: u32,
 }
 
@@ -111,7 +112,7 @@ pub struct Offer {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Drain {
     pub job: JobId,
-    pub cluster: String,
+    pub cluster: ClusterName,
     pub slots: u32,
 }
 
@@ -271,7 +272,7 @@ fn share<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, rebalance: bool, pl
     let draining = |job: &JobId| pool.iter().any(|c| c.draining.contains(job));
     let mut holders: BTreeMap<&'a JobId, u32> = BTreeMap::new();
     // Where each job holds most: where a drain takes its slots.
-    let mut most_held: BTreeMap<&'a JobId, (&'a str, u32)> = BTreeMap::new();
+    let mut most_held: BTreeMap<&'a JobId, (&'a ClusterName, u32)> = BTreeMap::new();
     for cluster in pool {
         for (job, held) in &cluster.held {
             *holders.entry(job).or_default() += held;
@@ -359,7 +360,7 @@ fn share<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, rebalance: bool, pl
             if let Some((cluster, held)) = most_held.get(member.job) {
                 plan.drains.push(Drain {
                     job: member.job.clone(),
-                    cluster: (*cluster).to_owned(),
+                    cluster: (*cluster).clone(),
                     slots: slots.min(*held),
                 });
             }
@@ -471,7 +472,7 @@ mod tests {
     fn offered(plan: &Plan, j: &str, c: &str) -> u32 {
         plan.offers
             .iter()
-            .filter(|o| o.job == job(j) && o.cluster == c)
+            .filter(|o| o.job == job(j) && o.cluster.as_str() == c)
             .map(|o| o.slots)
             .sum()
     }

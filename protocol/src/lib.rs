@@ -1,13 +1,16 @@
 //! gleaner's protocol: every message its components exchange, one type per
-//! queue, how bodies are encoded, and the names gleaner's jobs and launchers
-//! have in a batch system ([`naming`]).
+//! queue, the identifiers they carry ([`ClusterName`], [`LauncherId`],
+//! [`GrantId`]), how bodies are encoded, and the names gleaner's jobs and
+//! launchers have in a batch system ([`naming`]).
 //!
 //! Nothing here knows about AMQP, so the services' pure cores can speak in
 //! these types without depending on the transport; `gleaner-broker` carries
 //! them.
 
 pub mod codec;
+mod ids;
 mod messages;
 pub mod naming;
 
+pub use ids::{ClusterName, GrantId, LauncherId};
 pub use messages::*;

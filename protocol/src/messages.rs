@@ -10,6 +10,8 @@ use std::collections::BTreeMap;
 use gleaner_manifest::{JobId, JobKind, Manifest, Priority};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
+use crate::{ClusterName, GrantId, LauncherId};
+
 /// Version of the wire format; bumped only for changes old readers cannot skip.
 pub const PROTOCOL_VERSION: u16 = 1;
 
@@ -69,9 +71,9 @@ pub enum SchedulerMsg {
     ClusterStatus(ClusterReport),
     /// A runner's answer to a grow offer: it took `accepted` of the offered slots.
     GrowAck {
-        grant: u64,
+        grant: GrantId,
         job: JobId,
-        cluster: String,
+        cluster: ClusterName,
         accepted: u32,
     },
     /// `gleaner status` asking for the picture; answered to the AMQP `reply_to`.
@@ -139,7 +141,7 @@ pub struct JobReport {
     pub runner: String,
     pub tasks: TaskCounts,
     /// Slots of the launchers that announced themselves, per cluster.
-    pub launchers: BTreeMap<String, u32>,
+    pub launchers: BTreeMap<ClusterName, u32>,
     /// Finished tasks per second over the last minute.
     pub throughput: f64,
     pub preemptions: u64,
@@ -154,7 +156,7 @@ pub struct JobReport {
 /// everything else in the batch system is "local".
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct ClusterReport {
-    pub cluster: String,
+    pub cluster: ClusterName,
     pub backend: String,
     pub total_slots: u32,
     /// Slots neither local jobs nor gleaner use.
@@ -172,7 +174,7 @@ pub struct ClusterReport {
     pub grid: BTreeMap<JobId, Holding>,
     /// Grants the kcm has acted on since its previous report.
     #[serde(default)]
-    pub applied_grants: Vec<u64>,
+    pub applied_grants: Vec<GrantId>,
     /// The last batch-system failure, if the last attempt failed.
     #[serde(default)]
     pub error: Option<String>,
@@ -226,12 +228,16 @@ pub struct ClusterView {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum KcmMsg {
     /// Submit launchers for `job` covering `slots` slots (one placeholder array job).
-    StartLaunchers { job: JobId, grant: u64, slots: u32 },
+    StartLaunchers {
+        job: JobId,
+        grant: GrantId,
+        slots: u32,
+    },
     /// Make sure these launchers are gone after `grace_ms` (preempted ones that
     /// may not have exited by themselves).
     Release {
         job: JobId,
-        launchers: Vec<String>,
+        launchers: Vec<LauncherId>,
         grace_ms: u64,
     },
     /// The job ended: withdraw every placeholder it still has, and stop its
@@ -275,13 +281,13 @@ impl Message for KcmMsg {
 pub enum ControlMsg {
     /// The scheduler offers up to `slots` slots on `cluster`.
     GrowOffer {
-        grant: u64,
-        cluster: String,
+        grant: GrantId,
+        cluster: ClusterName,
         slots: u32,
     },
     /// Give back `slots` slots on `cluster`.
     Shrink {
-        cluster: String,
+        cluster: ClusterName,
         slots: u32,
         mode: ShrinkMode,
         reason: String,
@@ -289,8 +295,8 @@ pub enum ControlMsg {
     LauncherUp(LauncherInfo),
     LauncherStatus(LauncherStatus),
     LauncherGone {
-        launcher: String,
-        cluster: String,
+        launcher: LauncherId,
+        cluster: ClusterName,
         reason: String,
     },
     /// `gleaner cancel`.
@@ -299,7 +305,7 @@ pub enum ControlMsg {
     },
     /// The scheduler placed a grid job: component `i` goes to `clusters[i]`.
     Place {
-        clusters: Vec<String>,
+        clusters: Vec<ClusterName>,
     },
     /// The scheduler gave up placing a grid job.
     PlacementFailed {
@@ -313,7 +319,7 @@ pub enum ControlMsg {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ComponentOutcome {
     pub component: u32,
-    pub cluster: String,
+    pub cluster: ClusterName,
     /// `None` when the batch system did not say (the job was removed).
     pub exit_code: Option<i32>,
     pub runtime_ms: u64,
@@ -350,8 +356,8 @@ pub enum ShrinkMode {
 /// A launcher announcing itself to its job's runner.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LauncherInfo {
-    pub launcher: String,
-    pub cluster: String,
+    pub launcher: LauncherId,
+    pub cluster: ClusterName,
     pub host: String,
     pub slots: u32,
     pub started_at: Millis,
@@ -363,8 +369,8 @@ pub struct LauncherInfo {
 /// A launcher's heartbeat: what it is running right now.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LauncherStatus {
-    pub launcher: String,
-    pub cluster: String,
+    pub launcher: LauncherId,
+    pub cluster: ClusterName,
     pub running: Vec<RunningTask>,
     pub completed: u64,
 }
@@ -428,8 +434,8 @@ pub struct ResultMsg {
     #[serde(default)]
     pub signal: Option<i32>,
     pub runtime_ms: u64,
-    pub launcher: String,
-    pub cluster: String,
+    pub launcher: LauncherId,
+    pub cluster: ClusterName,
     pub host: String,
     pub stdout: Captured,
     pub stderr: Captured,
@@ -572,7 +578,7 @@ mod tests {
             SchedulerMsg::JobDone { job: job() },
             SchedulerMsg::ClusterStatus(ClusterReport::default()),
             SchedulerMsg::GrowAck {
-                grant: 1,
+                grant: GrantId::new(1),
                 job: job(),
                 cluster: "c".into(),
                 accepted: 1,
@@ -591,7 +597,7 @@ mod tests {
         assert_kinds(&[
             KcmMsg::StartLaunchers {
                 job: job(),
-                grant: 1,
+                grant: GrantId::new(1),
                 slots: 1,
             },
             KcmMsg::Release {
@@ -604,7 +610,7 @@ mod tests {
         ]);
         assert_kinds(&[
             ControlMsg::GrowOffer {
-                grant: 1,
+                grant: GrantId::new(1),
                 cluster: "c".into(),
                 slots: 1,
             },
@@ -669,5 +675,204 @@ mod tests {
             },
             Event::Cluster(ClusterReport::default()),
         ]);
+    }
+
+    /// The messages that carry identifiers, as they were when those were
+    /// bare strings and integers.
+    mod before {
+        use std::collections::BTreeMap;
+
+        use gleaner_manifest::{JobId, JobKind, Priority};
+        use serde::Serialize;
+
+        use crate::{Holding, JobState, Millis, TaskCounts};
+
+        #[derive(Serialize)]
+        #[serde(tag = "type", rename_all = "snake_case")]
+        pub enum ControlMsg {
+            GrowOffer {
+                grant: u64,
+                cluster: String,
+                slots: u32,
+            },
+            LauncherGone {
+                launcher: String,
+                cluster: String,
+                reason: String,
+            },
+            Place {
+                clusters: Vec<String>,
+            },
+        }
+
+        #[derive(Serialize)]
+        #[serde(tag = "type", rename_all = "snake_case")]
+        pub enum KcmMsg {
+            StartLaunchers {
+                job: JobId,
+                grant: u64,
+                slots: u32,
+            },
+            Release {
+                job: JobId,
+                launchers: Vec<String>,
+                grace_ms: u64,
+            },
+        }
+
+        #[derive(Serialize)]
+        pub struct JobReport {
+            pub job: JobId,
+            pub kind: JobKind,
+            pub priority: Priority,
+            pub state: JobState,
+            pub runner: String,
+            pub tasks: TaskCounts,
+            pub launchers: BTreeMap<String, u32>,
+            pub throughput: f64,
+            pub preemptions: u64,
+            pub started_at: Millis,
+            pub results: String,
+            pub components: Vec<u32>,
+        }
+
+        #[derive(Serialize)]
+        pub struct ClusterReport {
+            pub cluster: String,
+            pub backend: String,
+            pub total_slots: u32,
+            pub idle_slots: u32,
+            pub local_slots: u32,
+            pub local_waiting: u32,
+            pub grid_slots: u32,
+            pub jobs: BTreeMap<JobId, Holding>,
+            pub grid: BTreeMap<JobId, Holding>,
+            pub applied_grants: Vec<u64>,
+            pub error: Option<String>,
+            pub failed_starts: u32,
+            pub at: Millis,
+        }
+    }
+
+    /// Asserts that `new` travels exactly as `old` did, as MessagePack and as
+    /// JSON, and that what `old` sent reads back as `new`.
+    fn assert_same_encoding<N: Serialize + DeserializeOwned, O: Serialize>(new: &N, old: &O) {
+        let old_body = rmp_serde::to_vec_named(old).unwrap();
+        assert_eq!(rmp_serde::to_vec_named(new).unwrap(), old_body);
+        let read: N = rmp_serde::from_slice(&old_body).unwrap();
+        assert_eq!(rmp_serde::to_vec_named(&read).unwrap(), old_body);
+        assert_eq!(
+            serde_json::to_string(new).unwrap(),
+            serde_json::to_string(old).unwrap()
+        );
+    }
+
+    #[test]
+    fn identifiers_travel_as_the_bare_values_they_were() {
+        assert_same_encoding(
+            &ControlMsg::GrowOffer {
+                grant: GrantId::new(1_700_000_000_042),
+                cluster: "c1".into(),
+                slots: 3,
+            },
+            &before::ControlMsg::GrowOffer {
+                grant: 1_700_000_000_042,
+                cluster: "c1".into(),
+                slots: 3,
+            },
+        );
+        assert_same_encoding(
+            &ControlMsg::LauncherGone {
+                launcher: "c1-4711.3".into(),
+                cluster: "c1".into(),
+                reason: "preempted".into(),
+            },
+            &before::ControlMsg::LauncherGone {
+                launcher: "c1-4711.3".into(),
+                cluster: "c1".into(),
+                reason: "preempted".into(),
+            },
+        );
+        assert_same_encoding(
+            &ControlMsg::Place {
+                clusters: vec!["c1".into(), "c2".into()],
+            },
+            &before::ControlMsg::Place {
+                clusters: vec!["c1".into(), "c2".into()],
+            },
+        );
+        assert_same_encoding(
+            &KcmMsg::StartLaunchers {
+                job: job(),
+                grant: GrantId::new(7),
+                slots: 2,
+            },
+            &before::KcmMsg::StartLaunchers {
+                job: job(),
+                grant: 7,
+                slots: 2,
+            },
+        );
+        assert_same_encoding(
+            &KcmMsg::Release {
+                job: job(),
+                launchers: vec!["c1-1".into(), "c1-2".into()],
+                grace_ms: 3000,
+            },
+            &before::KcmMsg::Release {
+                job: job(),
+                launchers: vec!["c1-1".into(), "c1-2".into()],
+                grace_ms: 3000,
+            },
+        );
+        let mut new_report = report();
+        new_report.launchers = [("c1".into(), 4), ("c2".into(), 1)].into();
+        assert_same_encoding(
+            &new_report,
+            &before::JobReport {
+                job: job(),
+                kind: JobKind::Scavenge,
+                priority: Priority::Low,
+                state: JobState::Running,
+                runner: "r".into(),
+                tasks: TaskCounts::default(),
+                launchers: [("c1".to_owned(), 4), ("c2".to_owned(), 1)].into(),
+                throughput: 0.0,
+                preemptions: 0,
+                started_at: 0,
+                results: "results/j-1".into(),
+                components: Vec::new(),
+            },
+        );
+        let holding = Holding {
+            running: 2,
+            pending: 1,
+        };
+        assert_same_encoding(
+            &ClusterReport {
+                cluster: "c1".into(),
+                backend: "sge".into(),
+                total_slots: 8,
+                jobs: [(job(), holding)].into(),
+                applied_grants: vec![GrantId::new(7), GrantId::new(8)],
+                at: 1_700_000_000_000,
+                ..ClusterReport::default()
+            },
+            &before::ClusterReport {
+                cluster: "c1".into(),
+                backend: "sge".into(),
+                total_slots: 8,
+                idle_slots: 0,
+                local_slots: 0,
+                local_waiting: 0,
+                grid_slots: 0,
+                jobs: [(job(), holding)].into(),
+                grid: BTreeMap::new(),
+                applied_grants: vec![7, 8],
+                error: None,
+                failed_starts: 0,
+                at: 1_700_000_000_000,
+            },
+        );
     }
 }

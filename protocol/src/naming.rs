@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use gleaner_manifest::JobId;
 
+use crate::{ClusterName, LauncherId};
+
 /// Name prefix of gleaner's placeholder jobs (`gl-<job>`).
 pub const PLACEHOLDER_PREFIX: &str = "gl-";
 
@@ -40,15 +42,24 @@ pub fn parse_component_name(name: &str) -> Option<(JobId, u32)> {
 
 /// A launcher's id: `<cluster>-<batch id>`, unique across clusters because
 /// batch ids are unique within one. `batch_id` is the placeholder's id in
-/// the batch system (`4711.3`), or how a job script spells it
-/// ([`SGE_TASK_ID`]).
-pub fn launcher_id(cluster: &str, batch_id: &str) -> String {
+/// the batch system (`4711.3`).
+pub fn launcher_id(cluster: &ClusterName, batch_id: &str) -> LauncherId {
+    LauncherId::new(launcher_id_word(cluster.as_str(), batch_id))
+}
+
+/// A launcher's id as a job script spells it, from how the script spells
+/// the cluster's name (shell-quoted) and the batch id ([`SGE_TASK_ID`]):
+/// the shell expands it to the [`launcher_id`].
+pub fn launcher_id_word(cluster: &str, batch_id: &str) -> String {
     format!("{cluster}-{batch_id}")
 }
 
 /// The batch id inside a launcher id of `cluster`; `None` for another cluster's.
-pub fn batch_id<'a>(cluster: &str, launcher: &'a str) -> Option<&'a str> {
-    launcher.strip_prefix(cluster)?.strip_prefix('-')
+pub fn batch_id<'a>(cluster: &ClusterName, launcher: &'a LauncherId) -> Option<&'a str> {
+    launcher
+        .as_str()
+        .strip_prefix(cluster.as_str())?
+        .strip_prefix('-')
 }
 
 /// A Grid Engine array task's batch id as its job script sees it (shell
@@ -124,11 +135,16 @@ mod tests {
 
     #[test]
     fn launcher_ids_name_their_cluster() {
-        let id = launcher_id("c1", "4711.3");
-        assert_eq!(id, "c1-4711.3");
-        assert_eq!(batch_id("c1", &id), Some("4711.3"));
-        assert_eq!(batch_id("c1", "c10-4711.3"), None);
-        assert_eq!(batch_id("c2", &id), None);
+        let c1 = ClusterName::from("c1");
+        let id = launcher_id(&c1, "4711.3");
+        assert_eq!(id.as_str(), "c1-4711.3");
+        assert_eq!(batch_id(&c1, &id), Some("4711.3"));
+        assert_eq!(batch_id(&c1, &"c10-4711.3".into()), None);
+        assert_eq!(batch_id(&"c2".into(), &id), None);
+        assert_eq!(
+            launcher_id_word("'c1'", SGE_TASK_ID),
+            "'c1'-$JOB_ID.$SGE_TASK_ID"
+        );
     }
 
     #[test]

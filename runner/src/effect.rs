@@ -4,7 +4,10 @@
 
 use std::{borrow::Cow, time::Instant};
 
-use gleaner_protocol::{Event, KcmMsg, LauncherMsg, Millis, ResultMsg, SchedulerMsg, TaskMsg};
+use gleaner_protocol::{
+    ClusterName, Event, GrantId, KcmMsg, LauncherId, LauncherMsg, Millis, ResultMsg, SchedulerMsg,
+    TaskMsg,
+};
 
 use crate::{records::IndexEntry, sweep::FirstAttempts};
 
@@ -24,13 +27,13 @@ pub enum Effect<'r> {
     /// To a cluster's kcm. The queue may be gone (a cluster without a kcm):
     /// whether the message arrived goes back to the core with `followup`.
     ToKcm {
-        cluster: String,
+        cluster: ClusterName,
         msg: KcmMsg,
         followup: Followup,
     },
     /// To a launcher, whose queue may be gone (it died), as for a kcm.
     ToLauncher {
-        launcher: String,
+        launcher: LauncherId,
         msg: LauncherMsg,
         followup: Followup,
     },
@@ -70,16 +73,19 @@ pub enum Followup {
     /// Launchers asked of a kcm: the cluster counts as one of the job's once
     /// the kcm has the order.
     Grow {
-        cluster: String,
-        grant: u64,
+        cluster: ClusterName,
+        grant: GrantId,
         slots: u32,
         offered: u32,
     },
     /// A launcher told to preempt or drain: forgotten if its queue is gone.
-    Leave { launcher: String },
+    Leave { launcher: LauncherId },
     /// A silent launcher asked to report: forgotten if its queue is gone.
-    Poll { launcher: String },
+    Poll { launcher: LauncherId },
     /// A grid job's component sent to its cluster's kcm: failed if there is
     /// no kcm.
-    Component { component: u32, cluster: String },
+    Component {
+        component: u32,
+        cluster: ClusterName,
+    },
 }

@@ -12,8 +12,8 @@ use std::{
 };
 
 use gleaner_protocol::{
-    ComponentOutcome, ComponentSpec, ControlMsg, JobReport, JobState, KcmMsg, ResultMsg, RunStatus,
-    SchedulerMsg, TaskMsg,
+    ClusterName, ComponentOutcome, ComponentSpec, ControlMsg, JobReport, JobState, KcmMsg,
+    LauncherId, ResultMsg, RunStatus, SchedulerMsg, TaskMsg,
 };
 use indexmap::IndexMap;
 use tracing::{debug, info, warn};
@@ -41,7 +41,7 @@ impl Grid {
 
     /// The scheduler placed the job: each component goes to its cluster's
     /// kcm, which submits it to the batch system.
-    fn place(&mut self, clusters: Vec<String>) -> Vec<Effect<'static>> {
+    fn place(&mut self, clusters: Vec<ClusterName>) -> Vec<Effect<'static>> {
         let ledger = &mut self.ledger;
         let components = &ledger.manifest.components;
         if ledger.file.state != JobState::Waiting || clusters.len() != components.len() {
@@ -109,7 +109,7 @@ impl Grid {
             exit_code: outcome.exit_code,
             signal: None,
             runtime_ms: outcome.runtime_ms,
-            launcher: String::new(),
+            launcher: LauncherId::default(),
             cluster: outcome.cluster,
             host: String::new(),
             stdout: outcome.stdout,
@@ -243,7 +243,7 @@ impl JobCore for Grid {
         index_entry(task, command, IndexMap::new(), status, result)
     }
 
-    fn clusters(&self) -> BTreeSet<String> {
+    fn clusters(&self) -> BTreeSet<ClusterName> {
         self.ledger.clusters.clone()
     }
 }
@@ -252,7 +252,7 @@ impl JobCore for Grid {
 mod tests {
     use std::time::Instant;
 
-    use gleaner_protocol::Captured;
+    use gleaner_protocol::{Captured, GrantId};
 
     use super::*;
     use crate::job_core::testing::{at, grow_ack, opening, recorded, submission, told};
@@ -327,7 +327,7 @@ mod tests {
                     assert_eq!(spec.env, [("A".to_owned(), "1".to_owned())]);
                     assert_eq!(spec.walltime_ms, Some(60_000));
                     Some((
-                        cluster.clone(),
+                        cluster.to_string(),
                         spec.component,
                         spec.slots,
                         spec.command.clone(),
@@ -351,7 +351,7 @@ mod tests {
         assert_eq!(file.state, JobState::Running);
         assert_eq!(
             file.components,
-            [Some("c1".to_owned()), Some("c2".to_owned())]
+            [Some(ClusterName::from("c1")), Some(ClusterName::from("c2"))]
         );
         assert_eq!(grid.standing(at(t0, 2)).tasks.running, 2);
         assert!(grid.on_control(place, at(t0, 3)).is_empty(), "placed once");
@@ -423,7 +423,7 @@ mod tests {
                 entries[0].task,
                 entries[0].status,
                 entries[0].runtime_s,
-                entries[0].cluster.as_deref()
+                entries[0].cluster.as_ref().map(ClusterName::as_str)
             ),
             (0, FinalStatus::Succeeded, 2.0, Some("c1"))
         );
@@ -478,7 +478,10 @@ mod tests {
         assert_eq!(report.state, JobState::Running);
         assert_eq!(report.tasks.running, 1, "component 0 had ended");
         assert_eq!(
-            grid.clusters().into_iter().collect::<Vec<_>>(),
+            grid.clusters()
+                .iter()
+                .map(ClusterName::as_str)
+                .collect::<Vec<_>>(),
             ["c1", "c2"]
         );
     }
@@ -488,7 +491,7 @@ mod tests {
         let t0 = Instant::now();
         let mut grid = started(t0);
         let offer = ControlMsg::GrowOffer {
-            grant: 1,
+            grant: GrantId::new(1),
             cluster: "c1".into(),
             slots: 8,
         };

@@ -14,7 +14,8 @@ use std::{
 
 use gleaner_manifest::{JobId, Manifest, ParamValue};
 use gleaner_protocol::{
-    ControlMsg, Event, JobReport, JobState, KcmMsg, ResultMsg, SchedulerMsg, Submission, TaskMsg,
+    ClusterName, ControlMsg, Event, JobReport, JobState, KcmMsg, ResultMsg, SchedulerMsg,
+    Submission, TaskMsg,
 };
 use indexmap::IndexMap;
 use tracing::info;
@@ -102,7 +103,7 @@ pub struct Ledger {
     runner: String,
     pub preemptions: u64,
     /// Clusters involved in the job, whose kcms are told when it ends.
-    pub clusters: BTreeSet<String>,
+    pub clusters: BTreeSet<ClusterName>,
     /// Progress (finished, running) last told to watchers.
     reported: Option<(u64, u64)>,
 }
@@ -168,7 +169,7 @@ impl Ledger {
     pub fn report(
         &mut self,
         running: u64,
-        launchers: BTreeMap<String, u32>,
+        launchers: BTreeMap<ClusterName, u32>,
         finished_recently: usize,
         now: Now,
     ) -> JobReport {
@@ -256,7 +257,7 @@ pub trait JobCore {
     /// The index line of a task's final state.
     fn entry(&self, task: u64, status: FinalStatus, result: Option<&ResultMsg>) -> IndexEntry;
     /// Clusters whose kcm is told when the job ends.
-    fn clusters(&self) -> BTreeSet<String>;
+    fn clusters(&self) -> BTreeSet<ClusterName>;
 
     /// The second half of a report: the scheduler, watchers, `job.json`.
     fn report(&mut self, now: Now) -> Vec<Effect<'static>> {
@@ -431,8 +432,10 @@ pub mod testing {
         effects
             .iter()
             .filter_map(|effect| match effect {
-                Effect::ToKcm { cluster, msg, .. } => Some((cluster.clone(), msg.kind())),
-                Effect::ToLauncher { launcher, msg, .. } => Some((launcher.clone(), msg.kind())),
+                Effect::ToKcm { cluster, msg, .. } => Some((cluster.to_string(), msg.kind())),
+                Effect::ToLauncher { launcher, msg, .. } => {
+                    Some((launcher.to_string(), msg.kind()))
+                }
                 _ => None,
             })
             .collect()

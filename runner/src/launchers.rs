@@ -6,11 +6,11 @@ use std::{
 };
 
 use gleaner_policy::preempt::{Candidate, choose_victims};
-use gleaner_protocol::{LauncherInfo, LauncherStatus, RunningTask};
+use gleaner_protocol::{ClusterName, LauncherId, LauncherInfo, LauncherStatus, RunningTask};
 
 #[derive(Debug, Clone)]
 struct Entry {
-    cluster: String,
+    cluster: ClusterName,
     slots: u32,
     running: Vec<RunningTask>,
     last_seen: Instant,
@@ -23,7 +23,7 @@ struct Entry {
 /// Every launcher that announced itself and has not left.
 #[derive(Debug, Default)]
 pub struct LauncherTable {
-    launchers: BTreeMap<String, Entry>,
+    launchers: BTreeMap<LauncherId, Entry>,
 }
 
 impl LauncherTable {
@@ -61,14 +61,14 @@ impl LauncherTable {
         entry.polled = false;
     }
 
-    pub fn gone(&mut self, launcher: &str) {
+    pub fn gone(&mut self, launcher: &LauncherId) {
         self.launchers.remove(launcher);
     }
 
     /// Forgets launchers silent for longer than `silence` (they died; the
     /// broker already gave their tasks to others). Returns their ids.
-    pub fn expire(&mut self, now: Instant, silence: Duration) -> Vec<String> {
-        let dead: Vec<String> = self
+    pub fn expire(&mut self, now: Instant, silence: Duration) -> Vec<LauncherId> {
+        let dead: Vec<LauncherId> = self
             .launchers
             .iter()
             .filter(|(_, e)| now.duration_since(e.last_seen) > silence)
@@ -82,7 +82,7 @@ impl LauncherTable {
 
     /// Launchers silent for longer than `after` and not asked yet: they are
     /// asked now (and marked so).
-    pub fn poll_silent(&mut self, now: Instant, after: Duration) -> Vec<String> {
+    pub fn poll_silent(&mut self, now: Instant, after: Duration) -> Vec<LauncherId> {
         self.launchers
             .iter_mut()
             .filter(|(_, e)| !e.polled && now.duration_since(e.last_seen) > after)
@@ -94,7 +94,7 @@ impl LauncherTable {
     }
 
     /// Slots per cluster of launchers that are staying.
-    pub fn slots_by_cluster(&self) -> BTreeMap<String, u32> {
+    pub fn slots_by_cluster(&self) -> BTreeMap<ClusterName, u32> {
         let mut slots = BTreeMap::new();
         for entry in self.launchers.values().filter(|e| !e.leaving) {
             let total = slots.entry(entry.cluster.clone()).or_default();
@@ -117,18 +117,18 @@ impl LauncherTable {
             .sum()
     }
 
-    pub fn clusters(&self) -> impl Iterator<Item = &str> {
-        self.launchers.values().map(|e| e.cluster.as_str())
+    pub fn clusters(&self) -> impl Iterator<Item = &ClusterName> {
+        self.launchers.values().map(|e| &e.cluster)
     }
 
     /// Picks launchers on `cluster` to free `slots` slots and marks them
     /// leaving. Returns them and the slots they free (fewer than asked when
     /// the cluster's launchers have not all announced themselves yet).
-    pub fn pick_victims(&mut self, cluster: &str, slots: u32) -> (Vec<String>, u32) {
+    pub fn pick_victims(&mut self, cluster: &ClusterName, slots: u32) -> (Vec<LauncherId>, u32) {
         let candidates = self
             .launchers
             .iter()
-            .filter(|(_, e)| e.cluster == cluster && !e.leaving)
+            .filter(|(_, e)| &e.cluster == cluster && !e.leaving)
             .map(|(id, e)| Candidate {
                 launcher: id.clone(),
                 slots: e.slots,
@@ -180,19 +180,22 @@ mod tests {
         );
         assert_eq!(table.running_tasks(), 1);
         assert_eq!(
-            table.pick_victims("c1", 1),
-            (vec!["b".to_owned()], 1),
+            table.pick_victims(&"c1".into(), 1),
+            (vec![LauncherId::from("b")], 1),
             "idle b goes before busy a"
         );
         assert_eq!(table.slots_by_cluster()["c1"], 1, "b is leaving");
         let later = start + Duration::from_secs(25);
-        assert_eq!(table.poll_silent(later, Duration::from_secs(6)), ["b", "c"]);
+        assert_eq!(
+            table.poll_silent(later, Duration::from_secs(6)),
+            ["b", "c"].map(LauncherId::from)
+        );
         assert!(
             table.poll_silent(later, Duration::from_secs(6)).is_empty(),
             "asked once"
         );
         let dead = table.expire(later, Duration::from_secs(10));
-        assert_eq!(dead, ["b", "c"]);
+        assert_eq!(dead, ["b", "c"].map(LauncherId::from));
         assert_eq!(table.total_slots(), 1);
     }
 }

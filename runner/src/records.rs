@@ -7,7 +7,7 @@
 use std::io::{self, BufRead};
 
 use gleaner_manifest::ParamValue;
-use gleaner_protocol::{JobState, Millis, TaskCounts};
+use gleaner_protocol::{ClusterName, JobState, Millis, TaskCounts};
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
@@ -24,7 +24,7 @@ pub struct IndexEntry {
     pub attempts: u32,
     pub preemptions: u32,
     pub runtime_s: f64,
-    pub cluster: Option<String>,
+    pub cluster: Option<ClusterName>,
     pub host: Option<String>,
 }
 
@@ -47,7 +47,7 @@ pub struct JobFile {
     pub tasks_published: bool,
     /// Grid jobs: the cluster each component was placed on, once placed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub components: Vec<Option<String>>,
+    pub components: Vec<Option<ClusterName>>,
 }
 
 /// What an index holds, read back.

@@ -18,8 +18,8 @@ use std::{
 
 use gleaner_manifest::{JobId, Manifest, TaskList};
 use gleaner_protocol::{
-    ControlMsg, JobReport, JobState, KcmMsg, LauncherMsg, ResultMsg, SchedulerMsg, ShrinkMode,
-    TaskMsg,
+    ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherId, LauncherMsg,
+    ResultMsg, SchedulerMsg, ShrinkMode, TaskMsg,
 };
 use tracing::{debug, info, warn};
 
@@ -39,7 +39,7 @@ const OWED_SHRINK_LIFETIME: Duration = Duration::from_secs(30);
 /// their way (placeholders starting) are stopped as they announce themselves.
 #[derive(Debug, Clone)]
 struct OwedShrink {
-    cluster: String,
+    cluster: ClusterName,
     slots: u32,
     mode: ShrinkMode,
     reason: String,
@@ -138,7 +138,7 @@ impl Sweep {
     }
 
     /// Accepts as many offered slots as there are tasks to keep them busy.
-    fn grow(&mut self, grant: u64, cluster: String, slots: u32) -> Vec<Effect<'static>> {
+    fn grow(&mut self, grant: GrantId, cluster: ClusterName, slots: u32) -> Vec<Effect<'static>> {
         let job = &self.ledger.id;
         let wanted = self
             .ledger
@@ -176,17 +176,17 @@ impl Sweep {
     /// task started most recently.
     fn shrink(
         &mut self,
-        cluster: &str,
+        cluster: &ClusterName,
         slots: u32,
         mode: ShrinkMode,
         reason: &str,
         now: Now,
     ) -> Vec<Effect<'static>> {
         let (victims, freed) = self.launchers.pick_victims(cluster, slots);
-        info!(job = %self.ledger.id, cluster, slots, ?mode, reason, launchers = ?victims, "shrinking");
+        info!(job = %self.ledger.id, cluster = %cluster, slots, ?mode, reason, launchers = ?victims, "shrinking");
         if freed < slots {
             self.owed.push(OwedShrink {
-                cluster: cluster.to_owned(),
+                cluster: cluster.clone(),
                 slots: slots - freed,
                 mode,
                 reason: reason.to_owned(),
@@ -213,7 +213,7 @@ impl Sweep {
             .collect();
         if mode == ShrinkMode::Preempt && !victims.is_empty() {
             effects.push(Effect::ToKcm {
-                cluster: cluster.to_owned(),
+                cluster: cluster.clone(),
                 msg: KcmMsg::Release {
                     job: self.ledger.id.clone(),
                     launchers: victims,
@@ -229,7 +229,7 @@ impl Sweep {
     /// died, and the broker gave their tasks to others. Their slots stop
     /// counting, so grows can replace them. Returns them; nothing is sent
     /// about them (the kcm is not told: a known gap).
-    fn expire_silent(&mut self, now: Now) -> Vec<String> {
+    fn expire_silent(&mut self, now: Now) -> Vec<LauncherId> {
         self.launchers
             .expire(now.instant, self.ledger.settings.launcher_silence)
     }
@@ -377,7 +377,7 @@ impl JobCore for Sweep {
                 offered,
             } => {
                 if arrived {
-                    info!(job = %job, cluster = %cluster, grant, slots, offered, "grow accepted");
+                    info!(job = %job, cluster = %cluster, grant = %grant, slots, offered, "grow accepted");
                     self.ledger.clusters.insert(cluster);
                 } else {
                     warn!(job = %job, cluster = %cluster, "no kcm queue for the cluster; grow dropped");
@@ -436,9 +436,9 @@ impl JobCore for Sweep {
         index_entry(task, command, params, status, result)
     }
 
-    fn clusters(&self) -> BTreeSet<String> {
+    fn clusters(&self) -> BTreeSet<ClusterName> {
         let mut clusters = self.ledger.clusters.clone();
-        clusters.extend(self.launchers.clusters().map(str::to_owned));
+        clusters.extend(self.launchers.clusters().cloned());
         clusters
     }
 }
@@ -511,7 +511,7 @@ mod tests {
 
     fn offer(cluster: &str, slots: u32) -> ControlMsg {
         ControlMsg::GrowOffer {
-            grant: 7,
+            grant: GrantId::new(7),
             cluster: cluster.into(),
             slots,
         }
@@ -541,7 +541,8 @@ mod tests {
         assert_eq!(grow_ack(&effects), Some(3));
         assert!(matches!(
             &effects[1],
-            Effect::ToKcm { cluster, msg: KcmMsg::StartLaunchers { grant: 7, slots: 3, .. }, followup: Followup::Grow { offered: 3, .. } } if cluster == "c1"
+            Effect::ToKcm { cluster, msg: KcmMsg::StartLaunchers { grant, slots: 3, .. }, followup: Followup::Grow { offered: 3, .. } }
+                if cluster.as_str() == "c1" && *grant == GrantId::new(7)
         ));
         for launcher in ["a", "b", "c"] {
             sweep.on_control(up(launcher, "c1", 1), at(t0, 2));
@@ -576,7 +577,7 @@ mod tests {
         let mut sweep = started(4, 1, t0);
         let grow = |cluster: &str| Followup::Grow {
             cluster: cluster.into(),
-            grant: 7,
+            grant: GrantId::new(7),
             slots: 1,
             offered: 1,
         };
@@ -609,7 +610,7 @@ mod tests {
         assert!(matches!(
             effects.last(),
             Some(Effect::ToKcm { msg: KcmMsg::Release { launchers, grace_ms, .. }, .. })
-                if launchers == &["c", "b"] && *grace_ms == GRACE.as_millis() as u64
+                if *launchers == ["c", "b"].map(LauncherId::from) && *grace_ms == GRACE.as_millis() as u64
         ));
         let effects = sweep.on_control(shrink("c1", 1, ShrinkMode::Drain), at(t0, 4));
         assert_eq!(

@@ -7,7 +7,7 @@ use std::{
 
 use gleaner_manifest::{JobId, Priority};
 use gleaner_policy::placement::{GridJob, Weights, upgraded};
-use gleaner_protocol::{JobReport, JobState};
+use gleaner_protocol::{ClusterName, JobReport, JobState};
 use serde::{Deserialize, Serialize};
 
 /// Grid job placement settings (keys of `[scheduler]`).
@@ -50,7 +50,7 @@ struct Entry {
 #[derive(Debug)]
 struct Reservation {
     job: JobId,
-    cluster: String,
+    cluster: ClusterName,
     slots: u32,
     issued: Instant,
 }
@@ -107,7 +107,7 @@ impl GridBook {
         now: Instant,
         stale: Duration,
         config: &GridConfig,
-        held: impl Fn(&str, &JobId) -> u32,
+        held: impl Fn(&ClusterName, &JobId) -> u32,
     ) {
         let gone: Vec<JobId> = self
             .entries
@@ -118,7 +118,7 @@ impl GridBook {
         for job in gone {
             self.done(&job);
         }
-        let mut promised: BTreeMap<(String, JobId), u32> = BTreeMap::new();
+        let mut promised: BTreeMap<(ClusterName, JobId), u32> = BTreeMap::new();
         for r in &self.reservations {
             *promised
                 .entry((r.cluster.clone(), r.job.clone()))
@@ -132,10 +132,10 @@ impl GridBook {
     }
 
     /// Slots promised to placed jobs on a cluster.
-    pub fn reserved(&self, cluster: &str) -> u32 {
+    pub fn reserved(&self, cluster: &ClusterName) -> u32 {
         self.reservations
             .iter()
-            .filter(|r| r.cluster == cluster)
+            .filter(|r| &r.cluster == cluster)
             .map(|r| r.slots)
             .sum()
     }
@@ -164,7 +164,7 @@ impl GridBook {
     }
 
     /// A job was placed: its slots are promised until the clusters show them.
-    pub fn placed(&mut self, job: &JobId, clusters: &[String], now: Instant) {
+    pub fn placed(&mut self, job: &JobId, clusters: &[ClusterName], now: Instant) {
         let Some(entry) = self.entries.get_mut(job) else {
             return;
         };

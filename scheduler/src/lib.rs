@@ -17,7 +17,7 @@ use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
     topology::{self, JobQueues, SCHEDULER_QUEUE},
 };
-use gleaner_protocol::{ControlMsg, SchedulerMsg, ShrinkMode, now_ms};
+use gleaner_protocol::{ControlMsg, GrantId, SchedulerMsg, ShrinkMode, now_ms};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -46,7 +46,7 @@ impl Default for SchedulerConfig {
 
 /// Serves `gleaner.scheduler` until `shutdown`, reconnecting after outages.
 pub async fn run(broker: Broker, config: SchedulerConfig, shutdown: CancellationToken) {
-    let mut state = State::new(now_ms());
+    let mut state = State::new(GrantId::new(now_ms()));
     broker
         .supervise(&shutdown, async |connection| {
             session(&connection, &config, &mut state, &shutdown).await
@@ -101,7 +101,7 @@ async fn session(
                         round_now = true;
                     }
                     SchedulerMsg::GrowAck { grant, ref job, ref cluster, accepted } => {
-                        debug!(job = %job, cluster = %cluster, grant, accepted, "grow acknowledged");
+                        debug!(job = %job, cluster = %cluster, grant = %grant, accepted, "grow acknowledged");
                         state.on_grow_ack(grant, accepted);
                     }
                     SchedulerMsg::StatusRequest {} => {
@@ -136,7 +136,7 @@ async fn round(
                 cluster,
                 slots,
             } => {
-                info!(job = %job, cluster = %cluster, grant, slots, "grow offer");
+                info!(job = %job, cluster = %cluster, grant = %grant, slots, "grow offer");
                 (
                     job,
                     ControlMsg::GrowOffer {

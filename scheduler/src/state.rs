@@ -15,7 +15,7 @@ use gleaner_policy::{
     placement::{self, Site},
     share::{self, ClusterInput, JobInput, PolicyConfig, split_shrink},
 };
-use gleaner_protocol::{ClusterReport, ClusterView, JobReport, StatusReply};
+use gleaner_protocol::{ClusterName, ClusterReport, ClusterView, GrantId, JobReport, StatusReply};
 
 use serde::{Deserialize, Serialize};
 
@@ -67,25 +67,28 @@ impl Default for StateConfig {
 pub enum Action {
     Offer {
         job: JobId,
-        grant: u64,
-        cluster: String,
+        grant: GrantId,
+        cluster: ClusterName,
         slots: u32,
     },
     /// Give back slots without losing work (fair share).
     Drain {
         job: JobId,
-        cluster: String,
+        cluster: ClusterName,
         slots: u32,
     },
     /// Give back slots now: a grid job needs them.
     Preempt {
         job: JobId,
-        cluster: String,
+        cluster: ClusterName,
         slots: u32,
         reason: String,
     },
     /// A grid job goes to these clusters (component `i` to `clusters[i]`).
-    Place { job: JobId, clusters: Vec<String> },
+    Place {
+        job: JobId,
+        clusters: Vec<ClusterName>,
+    },
     /// A grid job will not be placed.
     Abort { job: JobId, reason: String },
 }
@@ -130,7 +133,7 @@ struct JobEntry {
 #[derive(Debug, Clone)]
 struct Grant {
     job: JobId,
-    cluster: String,
+    cluster: ClusterName,
     slots: u32,
     issued: Instant,
 }
@@ -138,7 +141,7 @@ struct Grant {
 #[derive(Debug, Clone)]
 struct DrainOrder {
     job: JobId,
-    cluster: String,
+    cluster: ClusterName,
     slots: u32,
     held_before: u32,
     issued: Instant,
@@ -146,18 +149,18 @@ struct DrainOrder {
 
 #[derive(Debug, Default)]
 pub struct State {
-    clusters: BTreeMap<String, ClusterEntry>,
+    clusters: BTreeMap<ClusterName, ClusterEntry>,
     jobs: BTreeMap<JobId, JobEntry>,
-    grants: BTreeMap<u64, Grant>,
+    grants: BTreeMap<GrantId, Grant>,
     drains: Vec<DrainOrder>,
-    next_grant: u64,
+    next_grant: GrantId,
     grid: GridBook,
 }
 
 impl State {
     /// Grant ids start from the clock so that a restarted scheduler does not
     /// reuse the ids of grants still in flight.
-    pub fn new(first_grant: u64) -> Self {
+    pub fn new(first_grant: GrantId) -> Self {
         Self {
             next_grant: first_grant,
             ..Self::default()
@@ -211,7 +214,7 @@ impl State {
     }
 
     /// The runner took `accepted` of a grant's slots; the rest are free again.
-    pub fn on_grow_ack(&mut self, grant: u64, accepted: u32) {
+    pub fn on_grow_ack(&mut self, grant: GrantId, accepted: u32) {
         if accepted == 0 {
             self.grants.remove(&grant);
         } else if let Some(g) = self.grants.get_mut(&grant) {
@@ -279,7 +282,7 @@ impl State {
         let plan = share::plan(&clusters, &jobs, &config.policy);
         for offer in plan.offers {
             let grant = self.next_grant;
-            self.next_grant += 1;
+            self.next_grant = grant.next();
             self.grants.insert(
                 grant,
                 Grant {
@@ -381,7 +384,7 @@ impl State {
     /// placement, and not wanted by waiting local jobs.
     fn free_slots(
         &self,
-        name: &str,
+        name: &ClusterName,
         cluster: &ClusterEntry,
         now: Instant,
         config: &StateConfig,
@@ -389,7 +392,7 @@ impl State {
         let granted: u32 = self
             .grants
             .values()
-            .filter(|g| g.cluster == name)
+            .filter(|g| &g.cluster == name)
             .map(|g| g.slots)
             .sum();
         cluster
@@ -399,7 +402,7 @@ impl State {
             .saturating_sub(cluster.report.local_waiting)
     }
 
-    fn held(&self, cluster: &str, job: &JobId) -> u32 {
+    fn held(&self, cluster: &ClusterName, job: &JobId) -> u32 {
         self.clusters
             .get(cluster)
             .and_then(|c| c.report.jobs.get(job))
@@ -407,16 +410,16 @@ impl State {
     }
 
     fn policy_clusters(&mut self, now: Instant, config: &StateConfig) -> Vec<ClusterInput> {
-        let growable: BTreeMap<String, Option<u32>> = self
+        let growable: BTreeMap<ClusterName, Option<u32>> = self
             .clusters
             .iter_mut()
             .map(|(name, entry)| (name.clone(), Self::growable(entry, now, config)))
             .collect();
-        let mut grants: BTreeMap<&str, Vec<&Grant>> = BTreeMap::new();
+        let mut grants: BTreeMap<&ClusterName, Vec<&Grant>> = BTreeMap::new();
         for grant in self.grants.values() {
             grants.entry(&grant.cluster).or_default().push(grant);
         }
-        let mut drains: BTreeMap<&str, Vec<&DrainOrder>> = BTreeMap::new();
+        let mut drains: BTreeMap<&ClusterName, Vec<&DrainOrder>> = BTreeMap::new();
         for drain in &self.drains {
             drains.entry(&drain.cluster).or_default().push(drain);
         }
@@ -431,12 +434,12 @@ impl State {
                     .map(|(job, h)| (job.clone(), h.total()))
                     .collect();
                 let mut promised = 0;
-                for grant in grants.get(name.as_str()).into_iter().flatten() {
+                for grant in grants.get(name).into_iter().flatten() {
                     *held.entry(grant.job.clone()).or_default() += grant.slots;
                     promised += grant.slots;
                 }
                 let mut draining = std::collections::BTreeSet::new();
-                for drain in drains.get(name.as_str()).into_iter().flatten() {
+                for drain in drains.get(name).into_iter().flatten() {
                     if let Some(h) = held.get_mut(&drain.job) {
                         *h = h.saturating_sub(drain.slots);
                     }
@@ -563,7 +566,7 @@ mod tests {
                     )
                 })
                 .collect(),
-            applied_grants: applied,
+            applied_grants: applied.into_iter().map(GrantId::new).collect(),
             ..ClusterReport::default()
         }
     }
@@ -582,16 +585,16 @@ mod tests {
     fn a_slot_is_never_offered_twice() {
         let config = StateConfig::default();
         let now = Instant::now();
-        let mut state = State::new(1);
+        let mut state = State::new(GrantId::new(1));
         state.on_job_update(job_report("a", 100), now);
         state.on_cluster(cluster_report(8, &[], vec![]), now, &config);
         assert_eq!(offers(&state.round(now, &config)), [("a".into(), 8)]);
         assert!(state.round(now, &config).is_empty(), "grant in flight");
         // The runner took 5; 3 come free again for the next round.
-        state.on_grow_ack(1, 5);
+        state.on_grow_ack(GrantId::new(1), 5);
         assert_eq!(offers(&state.round(now, &config)), [("a".into(), 3)]);
         // The kcm applied grant 1: its placeholders now hold the slots.
-        state.on_grow_ack(2, 0);
+        state.on_grow_ack(GrantId::new(2), 0);
         state.on_cluster(cluster_report(3, &[("a", 5)], vec![1]), now, &config);
         assert_eq!(offers(&state.round(now, &config)), [("a".into(), 3)]);
     }
@@ -600,7 +603,7 @@ mod tests {
     fn demand_counts_what_a_job_holds() {
         let config = StateConfig::default();
         let now = Instant::now();
-        let mut state = State::new(1);
+        let mut state = State::new(GrantId::new(1));
         state.on_job_update(job_report("a", 6), now);
         state.on_cluster(cluster_report(4, &[("a", 4)], vec![]), now, &config);
         assert_eq!(offers(&state.round(now, &config)), [("a".into(), 2)]);
@@ -613,7 +616,7 @@ mod tests {
             ..StateConfig::default()
         };
         let start = Instant::now();
-        let mut state = State::new(1);
+        let mut state = State::new(GrantId::new(1));
         state.on_job_update(job_report("a", 100), start);
         state.on_cluster(cluster_report(8, &[], vec![]), start, &config);
         assert!(
@@ -635,7 +638,7 @@ mod tests {
     fn slots_local_jobs_wait_for_are_not_offered() {
         let config = StateConfig::default();
         let now = Instant::now();
-        let mut state = State::new(1);
+        let mut state = State::new(GrantId::new(1));
         state.on_job_update(job_report("a", 100), now);
         let mut report = cluster_report(4, &[("a", 4)], vec![]);
         report.local_waiting = 3;
@@ -647,7 +650,7 @@ mod tests {
     fn failing_and_silent_clusters_get_nothing() {
         let config = StateConfig::default();
         let now = Instant::now();
-        let mut state = State::new(1);
+        let mut state = State::new(GrantId::new(1));
         state.on_job_update(job_report("a", 100), now);
         let mut failing = cluster_report(8, &[], vec![]);
         failing.failed_starts = 3;
@@ -657,7 +660,7 @@ mod tests {
             [("a".into(), 1)],
             "a trial slot"
         );
-        state.on_grow_ack(1, 0);
+        state.on_grow_ack(GrantId::new(1), 0);
         assert!(
             state.round(now, &config).is_empty(),
             "no second trial so soon"
@@ -690,7 +693,7 @@ mod tests {
     fn a_grid_job_takes_free_slots_and_blocks_grows_on_them() {
         let config = StateConfig::default();
         let now = Instant::now();
-        let mut state = State::new(1);
+        let mut state = State::new(GrantId::new(1));
         state.on_job_update(grid_report("g", Priority::High, &[6]), now);
         state.on_job_update(job_report("a", 100), now);
         state.on_cluster(cluster_report(8, &[], vec![]), now, &config);
@@ -722,7 +725,7 @@ mod tests {
     fn scavengers_are_preempted_for_a_grid_job() {
         let config = StateConfig::default();
         let now = Instant::now();
-        let mut state = State::new(1);
+        let mut state = State::new(GrantId::new(1));
         state.on_job_update(job_report("a", 100), now);
         state.on_job_update(job_report("b", 100), now);
         state.on_job_update(grid_report("g", Priority::High, &[8]), now);
@@ -755,7 +758,7 @@ mod tests {
             ..StateConfig::default()
         };
         let now = Instant::now();
-        let mut state = State::new(1);
+        let mut state = State::new(GrantId::new(1));
         state.on_job_update(grid_report("g", Priority::Low, &[16]), now);
         state.on_cluster(cluster_report(8, &[], vec![]), now, &config);
         assert!(state.round(now, &config).is_empty());
@@ -771,7 +774,7 @@ mod tests {
     fn drains_are_not_repeated_while_in_flight() {
         let config = StateConfig::default();
         let now = Instant::now();
-        let mut state = State::new(1);
+        let mut state = State::new(GrantId::new(1));
         state.on_job_update(job_report("a", 100), now);
         state.on_job_update(job_report("b", 100), now);
         state.on_cluster(cluster_report(0, &[("a", 8)], vec![]), now, &config);

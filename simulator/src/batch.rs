@@ -7,7 +7,9 @@ use std::collections::VecDeque;
 use gleaner_kcm::{ComponentRun, Placeholder, Snapshot, core::SpooledExit};
 use gleaner_manifest::JobId;
 use gleaner_policy::local::WaitingJob;
-use gleaner_protocol::{ControlMsg, LauncherInfo, LauncherStatus, RunningTask, naming};
+use gleaner_protocol::{
+    ClusterName, ControlMsg, LauncherId, LauncherInfo, LauncherStatus, RunningTask, naming,
+};
 use rand::{RngExt, rngs::StdRng};
 
 /// A job's tasks as the broker and its runner see them.
@@ -47,7 +49,7 @@ struct Launcher {
     /// The placeholder's id in the batch system.
     batch_id: String,
     /// The launcher's own id.
-    id: String,
+    id: LauncherId,
     job: usize,
     /// When the batch system started the placeholder (it holds a node).
     dispatched: Option<f64>,
@@ -73,7 +75,7 @@ pub struct Happenings {
 }
 
 pub struct Batch {
-    pub name: String,
+    pub name: ClusterName,
     pub nodes: u32,
     speed: f64,
     rng: StdRng,
@@ -94,7 +96,7 @@ pub struct Batch {
 impl Batch {
     /// A cluster whose own jobs already use their share (a warm start).
     pub fn new(
-        name: &str,
+        name: &ClusterName,
         nodes: u32,
         speed: f64,
         local_load: f64,
@@ -116,7 +118,7 @@ impl Batch {
         }
         let next_arrival = exponential(&mut rng, arrival_rate);
         Self {
-            name: name.to_owned(),
+            name: name.clone(),
             nodes,
             speed,
             rng,
@@ -361,8 +363,8 @@ impl Batch {
 
     /// A launcher told to preempt kills its task (which goes back to the
     /// queue) and is gone `delay` later.
-    pub fn preempt(&mut self, id: &str, t: f64, delay: f64, tasks: &mut [Tasks]) {
-        let Some(l) = self.launchers.iter_mut().find(|l| l.id == id) else {
+    pub fn preempt(&mut self, id: &LauncherId, t: f64, delay: f64, tasks: &mut [Tasks]) {
+        let Some(l) = self.launchers.iter_mut().find(|l| &l.id == id) else {
             return;
         };
         if l.leaving_at.is_some() {
@@ -379,8 +381,8 @@ impl Batch {
 
     /// A launcher told to drain finishes its task and leaves; an idle one
     /// is gone `delay` later.
-    pub fn drain(&mut self, id: &str, t: f64, delay: f64, tasks: &mut [Tasks]) {
-        let Some(l) = self.launchers.iter_mut().find(|l| l.id == id) else {
+    pub fn drain(&mut self, id: &LauncherId, t: f64, delay: f64, tasks: &mut [Tasks]) {
+        let Some(l) = self.launchers.iter_mut().find(|l| &l.id == id) else {
             return;
         };
         if l.leaving_at.is_some() || l.draining {

@@ -16,8 +16,8 @@ use gleaner_kcm::{
 use gleaner_manifest::JobId;
 use gleaner_policy::local::{Answered, LocalState, on_local_wait};
 use gleaner_protocol::{
-    ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, Holding, KcmMsg, SchedulerMsg,
-    ShrinkMode,
+    ClusterName, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, GrantId, Holding,
+    KcmMsg, SchedulerMsg, ShrinkMode,
 };
 
 #[derive(Debug, Clone)]
@@ -73,11 +73,11 @@ pub fn cluster_manager(config: &KcmConfig) -> Box<dyn ClusterManager> {
 /// Stands in for the kcm's core: grows become placeholders, grid components
 /// batch jobs, and waiting local jobs are answered by the local policy.
 struct PolicyKcm {
-    cluster: String,
+    cluster: ClusterName,
     local_settle: Duration,
     last: Snapshot,
     /// Grants acted on since the previous report.
-    applied_grants: Vec<u64>,
+    applied_grants: Vec<GrantId>,
     answered: Answered,
 }
 

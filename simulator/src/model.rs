@@ -10,7 +10,9 @@ use std::{
 use gleaner_kcm::core::Now;
 use gleaner_manifest::JobId;
 use gleaner_policy::share::CsPolicy;
-use gleaner_protocol::{ControlMsg, KcmMsg, LauncherMsg, SchedulerMsg, ShrinkMode};
+use gleaner_protocol::{
+    ClusterName, ControlMsg, GrantId, KcmMsg, LauncherId, LauncherMsg, SchedulerMsg, ShrinkMode,
+};
 use gleaner_scheduler::state::{Action, State, StateConfig};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
@@ -25,10 +27,10 @@ use crate::{
 pub enum Mail {
     Scheduler(SchedulerMsg),
     Runner(JobId, ControlMsg),
-    Kcm(String, KcmMsg),
+    Kcm(ClusterName, KcmMsg),
     Launcher {
-        cluster: String,
-        launcher: String,
+        cluster: ClusterName,
+        launcher: LauncherId,
         message: LauncherMsg,
     },
 }
@@ -105,7 +107,7 @@ struct Sim<'a> {
     state: State,
     config: StateConfig,
     clusters: Vec<Cluster>,
-    cluster_index: BTreeMap<String, usize>,
+    cluster_index: BTreeMap<ClusterName, usize>,
     ids: Vec<JobId>,
     tasks: Vec<Tasks>,
     sweeps: BTreeMap<JobId, SweepRunner>,
@@ -234,7 +236,7 @@ impl<'a> Sim<'a> {
                 base: Instant::now(),
                 t: 0.0,
             },
-            state: State::new(1),
+            state: State::new(GrantId::new(1)),
             config: scenario.state_config(policy.unwrap_or_default()),
             clusters,
             cluster_index,
@@ -372,7 +374,7 @@ impl<'a> Sim<'a> {
         mail
     }
 
-    fn at_launcher(&mut self, cluster: &str, launcher: &str, message: LauncherMsg) {
+    fn at_launcher(&mut self, cluster: &ClusterName, launcher: &LauncherId, message: LauncherMsg) {
         let Some(&c) = self.cluster_index.get(cluster) else {
             return;
         };

@@ -7,15 +7,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use gleaner_manifest::{JobId, JobKind, Priority};
 use gleaner_policy::preempt::{Candidate, choose_victims};
 use gleaner_protocol::{
-    ComponentSpec, ControlMsg, JobReport, JobState, KcmMsg, LauncherMsg, Millis, SchedulerMsg,
-    ShrinkMode, TaskCounts,
+    ClusterName, ComponentSpec, ControlMsg, JobReport, JobState, KcmMsg, LauncherId, LauncherMsg,
+    Millis, SchedulerMsg, ShrinkMode, TaskCounts,
 };
 
 use crate::{batch::Tasks, model::Mail};
 
 /// A launcher that announced itself.
 struct Known {
-    cluster: String,
+    cluster: ClusterName,
     /// Start of its task; `None` when idle.
     newest_start: Option<Millis>,
     /// Told to preempt or drain: no longer capacity.
@@ -29,8 +29,8 @@ pub struct SweepRunner {
     pub index: usize,
     /// How long preempted launchers get before the kcm removes them.
     preempt_grace: Millis,
-    launchers: BTreeMap<String, Known>,
-    clusters: BTreeSet<String>,
+    launchers: BTreeMap<LauncherId, Known>,
+    clusters: BTreeSet<ClusterName>,
 }
 
 impl SweepRunner {
@@ -111,11 +111,17 @@ impl SweepRunner {
 
     /// Gives back slots on a cluster: the launchers the preemption policy
     /// picks are told to go, and the kcm to remove those preempted.
-    fn shrink(&mut self, cluster: &str, slots: u32, mode: ShrinkMode, reason: &str) -> Vec<Mail> {
+    fn shrink(
+        &mut self,
+        cluster: &ClusterName,
+        slots: u32,
+        mode: ShrinkMode,
+        reason: &str,
+    ) -> Vec<Mail> {
         let candidates = self
             .launchers
             .iter()
-            .filter(|(_, l)| l.cluster == cluster && !l.leaving)
+            .filter(|(_, l)| &l.cluster == cluster && !l.leaving)
             .map(|(id, l)| Candidate {
                 launcher: id.clone(),
                 slots: 1,
@@ -137,14 +143,14 @@ impl SweepRunner {
                 known.leaving = true;
             }
             mail.push(Mail::Launcher {
-                cluster: cluster.to_owned(),
+                cluster: cluster.clone(),
                 launcher: id.clone(),
                 message: order.clone(),
             });
         }
         if mode == ShrinkMode::Preempt && !victims.is_empty() {
             mail.push(Mail::Kcm(
-                cluster.to_owned(),
+                cluster.clone(),
                 KcmMsg::Release {
                     job: self.id.clone(),
                     launchers: victims,
@@ -156,7 +162,7 @@ impl SweepRunner {
     }
 
     pub fn report(&self, tasks: &Tasks) -> Mail {
-        let mut launchers: BTreeMap<String, u32> = BTreeMap::new();
+        let mut launchers: BTreeMap<ClusterName, u32> = BTreeMap::new();
         for known in self.launchers.values().filter(|l| !l.leaving) {
             *launchers.entry(known.cluster.clone()).or_default() += 1;
         }
@@ -186,7 +192,7 @@ pub struct GridRunner {
     components: Vec<u32>,
     registered: Millis,
     state: JobState,
-    clusters: BTreeSet<String>,
+    clusters: BTreeSet<ClusterName>,
     ended: BTreeSet<u32>,
 }
 
@@ -294,7 +300,7 @@ fn report(job: JobId, kind: JobKind, state: JobState) -> JobReport {
 }
 
 /// A job's end, as its runner announces it.
-fn ended(job: &JobId, clusters: &BTreeSet<String>) -> Vec<Mail> {
+fn ended(job: &JobId, clusters: &BTreeSet<ClusterName>) -> Vec<Mail> {
     std::iter::once(Mail::Scheduler(SchedulerMsg::JobDone { job: job.clone() }))
         .chain(
             clusters

@@ -4,6 +4,7 @@ use std::{path::PathBuf, time::Duration};
 
 use gleaner_kcm::{ClusterConfig, KcmConfig};
 use gleaner_policy::share::CsPolicy;
+use gleaner_protocol::ClusterName;
 use gleaner_runner::JobSettings;
 use gleaner_scheduler::{SchedulerConfig, state::StateConfig};
 use serde::Deserialize;
@@ -93,7 +94,7 @@ impl Timing {
     pub fn kcm(&self, cluster: &ClusterSpec) -> KcmConfig {
         let config = ClusterConfig {
             poll_interval: self.kcm_poll,
-            ..ClusterConfig::local(&cluster.name, cluster.nodes)
+            ..ClusterConfig::local(cluster.name.as_str(), cluster.nodes)
         };
         // Simulated grid components leave nothing to spool.
         config.kcm(self.preempt_grace, PathBuf::new())
@@ -103,7 +104,7 @@ impl Timing {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterSpec {
-    pub name: String,
+    pub name: ClusterName,
     pub nodes: u32,
     /// Task speed relative to the reference node (a task of duration `d`
     /// takes `d / speed`).
