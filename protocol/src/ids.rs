@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 /// A cluster's name, as its kcm calls it: it keys every per-cluster map and
 /// names the kcm's queue, so it must not be confused with a launcher's id or
 /// a host.
-#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct ClusterName(String);
 
@@ -22,7 +22,7 @@ pub struct ClusterName(String);
 /// queue and is what a runner tells a kcm to remove, so it must not be
 /// confused with the cluster it runs on. The default, empty, is no launcher
 /// (a grid component's result).
-#[derive(Debug, Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct LauncherId(String);
 
@@ -69,6 +69,13 @@ macro_rules! string_id {
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(&self.0)
+            }
+        }
+
+        /// As the string itself: lists of ids in logs read `["c1", "c2"]`.
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                self.0.fmt(f)
             }
         }
     };
