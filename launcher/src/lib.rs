@@ -543,7 +543,7 @@ async fn run_task(
     Done::Ran(Box::new(Held { incoming, outcome }))
 }
 
-/// Publishes the result of a run that ended by itself, then acks the task.
+/// Publishes the result of a run (or of a refusal), then acks the task.
 async fn report(
     shared: Arc<Shared>,
     incoming: Incoming<TaskMsg>,
@@ -582,20 +582,11 @@ async fn refuse(
     incoming: Incoming<TaskMsg>,
     reason: String,
 ) -> Result<(), BrokerError> {
-    let config = &shared.config;
-    let task = &incoming.msg;
-    let result = ResultMsg {
-        job: task.job.clone(),
-        task: task.task,
-        attempt: task.attempt,
-        preemptions: task.preemptions,
+    let outcome = exec::Outcome {
         status: RunStatus::Failed,
         exit_code: None,
         signal: None,
-        runtime_ms: 0,
-        launcher: config.id.clone(),
-        cluster: config.cluster.clone(),
-        host: config.host.clone(),
+        runtime: Duration::ZERO,
         stdout: Captured::default(),
         stderr: Captured {
             data: reason.into_bytes(),
@@ -604,11 +595,7 @@ async fn refuse(
         outputs: Vec::new(),
         error: None,
     };
-    shared
-        .publisher
-        .send(&shared.queues.results, &result)
-        .await?;
-    incoming.ack().await
+    report(shared, incoming, outcome).await
 }
 
 /// Returns a task this launcher will not run to the queue, unchanged.
