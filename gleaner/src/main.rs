@@ -95,13 +95,10 @@ impl Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let default_level = if cli.command.is_service() {
-        "info"
-    } else {
-        "warn"
-    };
+    let service = cli.command.is_service();
+    let default_level = if service { "info" } else { "warn" };
     tracing_subscriber::fmt()
-        .with_env_filter(log_filter(default_level))
+        .with_env_filter(log_filter(default_level, service))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
@@ -206,12 +203,22 @@ fn simulate(
     Ok(())
 }
 
-/// `RUST_LOG` if set, else `default`. Two of lapin's own messages are
-/// muted: gleaner publishes with `mandatory` on purpose and handles returns
-/// itself, and reports connection failures itself, with context.
-fn log_filter(default: &str) -> EnvFilter {
+/// `RUST_LOG` if set, else `default`. lapin's own lines are muted: gleaner
+/// publishes with `mandatory` on purpose and handles returns itself, and it
+/// reports a closed channel or a lost connection itself, with context. The
+/// user's commands hear nothing from lapin at all.
+fn log_filter(default: &str, service: bool) -> EnvFilter {
     let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    for muted in ["lapin::returned_messages=error", "lapin::channels=off"] {
+    let muted: &[&str] = if service {
+        &[
+            "lapin::returned_messages=error",
+            "lapin::channels=off",
+            "lapin::channel=off",
+        ]
+    } else {
+        &["lapin=off"]
+    };
+    for muted in muted {
         if let Ok(directive) = muted.parse() {
             filter = filter.add_directive(directive);
         }

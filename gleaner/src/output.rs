@@ -4,7 +4,7 @@
 //! `main` prints them, whatever the mode.
 
 use std::{
-    io::IsTerminal,
+    io::{IsTerminal, Write},
     path::Path,
     time::{Duration, Instant},
 };
@@ -37,6 +37,12 @@ pub trait Output {
     fn file_written(&self, what: &str, path: &Path);
 }
 
+/// One line on stdout. A reader that went away (`| head`) has what it
+/// wanted: a closed pipe ends nothing and is no error.
+fn out(text: impl std::fmt::Display) {
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
+}
+
 pub fn for_mode(mode: OutputMode) -> Box<dyn Output> {
     match mode {
         OutputMode::Cli => Box::new(Cli),
@@ -49,7 +55,7 @@ struct Cli;
 
 impl Output for Cli {
     fn job_submitted(&self, job: &JobId, _waiting: bool) {
-        println!("{job}");
+        out(job);
     }
 
     fn progress(&self, job: &JobId) -> Progress {
@@ -74,18 +80,22 @@ impl Output for Cli {
 
     fn status(&self, reply: &StatusReply, job: Option<&str>) {
         if job.is_none() {
-            println!("scheduler {} ({})\n", reply.scheduler, reply.policy);
-            println!("{}", crate::table::clusters(&reply.clusters));
+            out(format_args!(
+                "scheduler {} ({})\n\n{}",
+                reply.scheduler,
+                reply.policy,
+                crate::table::clusters(&reply.clusters)
+            ));
         }
-        print!("{}", crate::table::jobs(&reply.jobs));
+        out(crate::table::jobs(&reply.jobs).trim_end());
     }
 
     fn cancel_requested(&self, job: &JobId) {
-        println!("cancel requested for {job}");
+        out(format_args!("cancel requested for {job}"));
     }
 
     fn simulation(&self, comparison: &Comparison) {
-        print!("{}", comparison.text());
+        out(comparison.text().trim_end());
     }
 
     fn file_written(&self, what: &str, path: &Path) {
@@ -98,7 +108,7 @@ struct Json;
 impl Json {
     fn print(value: &impl serde::Serialize) {
         match serde_json::to_string_pretty(value) {
-            Ok(text) => println!("{text}"),
+            Ok(text) => out(text),
             Err(e) => eprintln!("error: cannot write JSON: {e}"),
         }
     }
@@ -108,7 +118,7 @@ impl Output for Json {
     fn job_submitted(&self, job: &JobId, waiting: bool) {
         // With --wait, the final report is the one document on stdout.
         if !waiting {
-            println!("{}", serde_json::json!({ "job": job.as_str() }));
+            out(serde_json::json!({ "job": job.as_str() }));
         }
     }
 
@@ -125,14 +135,11 @@ impl Output for Json {
     }
 
     fn cancel_requested(&self, job: &JobId) {
-        println!(
-            "{}",
-            serde_json::json!({ "job": job.as_str(), "cancel": "requested" })
-        );
+        out(serde_json::json!({ "job": job.as_str(), "cancel": "requested" }));
     }
 
     fn simulation(&self, comparison: &Comparison) {
-        println!("{}", comparison.json());
+        out(comparison.json());
     }
 
     fn file_written(&self, what: &str, path: &Path) {
