@@ -416,3 +416,23 @@ command = "sleep 12"
     assert_eq!(g.job_state(&job).as_deref(), Some("running"));
     assert_eq!(g.wait_for_end(&job, MINUTE), "done");
 }
+
+#[test]
+fn output_to_a_closed_pipe_ends_quietly() {
+    let mut g = gleaner("closed-pipe");
+    g.up(1);
+    wait_for("the scheduler to answer", MINUTE, || g.status().is_some());
+    // Like `gleaner status | head -0`: the reader is gone before a byte is written.
+    let (read, write) = nix::unistd::pipe().unwrap();
+    drop(read);
+    for args in [&["status"][..], &["status", "--output", "json"]] {
+        let output = g
+            .command(args)
+            .stdout(std::process::Stdio::from(write.try_clone().unwrap()))
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(output.status.success(), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
