@@ -99,23 +99,15 @@ pub async fn run(
                 }
             })?;
             let core = Sweep::open(opening, tasks, now()).map_err(refused)?;
-            let job = Job {
-                core,
-                queues,
-                results,
-                publisher,
-            };
-            job.run(&connection, &shutdown).await
+            Job::new(core, queues, results, publisher)
+                .run(&connection, &shutdown)
+                .await
         }
         JobKind::Grid => {
             let core = Grid::open(opening, now()).map_err(refused)?;
-            let job = Job {
-                core,
-                queues,
-                results,
-                publisher,
-            };
-            job.run(&connection, &shutdown).await
+            Job::new(core, queues, results, publisher)
+                .run(&connection, &shutdown)
+                .await
         }
     }
 }
@@ -175,6 +167,15 @@ enum Step<'r> {
 }
 
 impl<C: JobCore> Job<C> {
+    fn new(core: C, queues: JobQueues, results: ResultsDir, publisher: Publisher) -> Self {
+        Self {
+            core,
+            queues,
+            results,
+            publisher,
+        }
+    }
+
     fn io_error(&self, error: std::io::Error) -> JobError {
         JobError::Results {
             path: self.results.root().display().to_string(),
