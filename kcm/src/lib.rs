@@ -54,6 +54,18 @@ pub struct KcmConfig {
     pub spool_dir: std::path::PathBuf,
 }
 
+impl KcmConfig {
+    /// What the core knows of the cluster, with the batch system's kind.
+    pub fn core(&self, backend: &str) -> CoreConfig {
+        CoreConfig {
+            cluster: self.cluster.clone(),
+            backend: backend.to_owned(),
+            job_end_grace: self.job_end_grace,
+            local_settle: self.local_settle,
+        }
+    }
+}
+
 /// Bytes of a component's stdout and stderr sent back (the tail).
 const COMPONENT_OUTPUT: u64 = 1 << 20;
 
@@ -78,12 +90,7 @@ pub async fn run<B: Backend>(
     backend: B,
     shutdown: CancellationToken,
 ) {
-    let core = KcmCore::new(CoreConfig {
-        cluster: config.cluster.clone(),
-        backend: backend.kind().to_owned(),
-        job_end_grace: config.job_end_grace,
-        local_settle: config.local_settle,
-    });
+    let core = KcmCore::new(config.core(backend.kind()));
     let mut kcm = Kcm {
         config,
         backend,

@@ -1,6 +1,6 @@
 //! Which launchers a job gives up when it must shrink.
 
-use gleaner_protocol::LauncherId;
+use gleaner_protocol::{LauncherId, LauncherMsg, ShrinkMode};
 
 /// A launcher as the preemption policy sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +30,22 @@ pub fn choose_victims(mut candidates: Vec<Candidate>, slots: u32) -> Vec<Launche
         })
         .map(|c| c.launcher)
         .collect()
+}
+
+/// What the launchers a shrink chose are told: a drain lets their tasks
+/// finish, a preemption stops them now.
+pub fn order(mode: ShrinkMode, reason: &str) -> LauncherMsg {
+    let reason = reason.to_owned();
+    match mode {
+        ShrinkMode::Preempt => LauncherMsg::Preempt { reason },
+        ShrinkMode::Drain => LauncherMsg::Drain { reason },
+    }
+}
+
+/// Whether the kcm is asked to remove the chosen launchers that outstay
+/// their grace: a preemption must free the slots, a drain waits for tasks.
+pub fn releases(mode: ShrinkMode, victims: &[LauncherId]) -> bool {
+    mode == ShrinkMode::Preempt && !victims.is_empty()
 }
 
 #[cfg(test)]

@@ -29,6 +29,9 @@ use tracing::{error, info, warn};
 pub use book::{FinalStatus, TaskBook, Verdict};
 pub use job::JobError;
 pub use job_core::JobSettings;
+/// Public so that the simulator's runners pick victims and count capacity
+/// exactly as a sweep does.
+pub use launchers::LauncherTable;
 pub use records::{IndexEntry, JobFile};
 
 /// `[runner]` of the configuration.

@@ -17,6 +17,7 @@ use std::{
 };
 
 use gleaner_manifest::{JobId, Manifest, TaskList};
+use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
     ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherId, LauncherMsg,
     ResultMsg, SchedulerMsg, ShrinkMode, TaskMsg,
@@ -140,13 +141,11 @@ impl Sweep {
     /// Accepts as many offered slots as there are tasks to keep them busy.
     fn grow(&mut self, grant: GrantId, cluster: ClusterName, slots: u32) -> Vec<Effect<'static>> {
         let job = &self.ledger.id;
-        let wanted = self
-            .ledger
-            .book
-            .counts()
-            .unfinished()
-            .saturating_sub(u64::from(self.launchers.total_slots()));
-        let accepted = slots.min(u32::try_from(wanted).unwrap_or(u32::MAX));
+        let accepted = share::accepted(
+            slots,
+            self.ledger.book.counts().unfinished(),
+            u64::from(self.launchers.total_slots()),
+        );
         let mut effects = vec![Effect::ToScheduler(SchedulerMsg::GrowAck {
             grant,
             job: job.clone(),
@@ -193,14 +192,7 @@ impl Sweep {
                 since: now.instant,
             });
         }
-        let order = match mode {
-            ShrinkMode::Preempt => LauncherMsg::Preempt {
-                reason: reason.to_owned(),
-            },
-            ShrinkMode::Drain => LauncherMsg::Drain {
-                reason: reason.to_owned(),
-            },
-        };
+        let order = preempt::order(mode, reason);
         let mut effects: Vec<Effect<'static>> = victims
             .iter()
             .map(|launcher| Effect::ToLauncher {
@@ -211,7 +203,7 @@ impl Sweep {
                 },
             })
             .collect();
-        if mode == ShrinkMode::Preempt && !victims.is_empty() {
+        if preempt::releases(mode, &victims) {
             effects.push(Effect::ToKcm {
                 cluster: cluster.clone(),
                 msg: KcmMsg::Release {

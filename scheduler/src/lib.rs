@@ -7,6 +7,7 @@
 //! messages.
 
 mod grid;
+pub mod outbox;
 pub mod state;
 
 pub use grid::GridConfig;
@@ -17,12 +18,12 @@ use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
     topology::{self, JobQueues, SCHEDULER_QUEUE},
 };
-use gleaner_protocol::{ControlMsg, GrantId, SchedulerMsg, ShrinkMode, now_ms};
+use gleaner_protocol::{GrantId, SchedulerMsg, now_ms};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::state::{Action, State, StateConfig};
+use crate::state::{Reaction, State, StateConfig};
 
 /// `[scheduler]` of the configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -86,33 +87,15 @@ async fn session(
                     None => return Err(BrokerError::NoQueue(SCHEDULER_QUEUE.to_owned())),
                 };
                 let now = Instant::now();
-                let mut round_now = false;
-                match incoming.msg.clone() {
-                    SchedulerMsg::JobUpdate(report) => {
-                        // A new job need not wait for the next round.
-                        round_now = state.on_job_update(report, now);
-                    }
-                    SchedulerMsg::JobDone { ref job } => {
-                        info!(job = %job, "job done");
-                        state.on_job_done(job);
-                    }
-                    SchedulerMsg::ClusterStatus(report) => {
-                        state.on_cluster(report, now, &config.state);
-                        round_now = true;
-                    }
-                    SchedulerMsg::GrowAck { grant, ref job, ref cluster, accepted } => {
-                        debug!(job = %job, cluster = %cluster, grant = %grant, accepted, "grow acknowledged");
-                        state.on_grow_ack(grant, accepted);
-                    }
-                    SchedulerMsg::StatusRequest {} => {
-                        let reply = state.status(connection.identity(), now, &config.state);
-                        if let Err(e) = publisher.reply(&incoming.reply, &reply).await {
-                            warn!(error = %e, "cannot answer a status request");
-                        }
+                let reaction = state.on_message(incoming.msg.clone(), now, &config.state);
+                if reaction == Reaction::Status {
+                    let reply = state.status(connection.identity(), now, &config.state);
+                    if let Err(e) = publisher.reply(&incoming.reply, &reply).await {
+                        warn!(error = %e, "cannot answer a status request");
                     }
                 }
                 incoming.ack().await?;
-                if round_now {
+                if reaction == Reaction::Round {
                     round(state, config, &publisher).await?;
                 }
             }
@@ -129,66 +112,7 @@ async fn round(
     publisher: &Publisher,
 ) -> Result<(), BrokerError> {
     for action in state.round(Instant::now(), &config.state) {
-        let (job, message) = match action {
-            Action::Offer {
-                job,
-                grant,
-                cluster,
-                slots,
-            } => {
-                info!(job = %job, cluster = %cluster, grant = %grant, slots, "grow offer");
-                (
-                    job,
-                    ControlMsg::GrowOffer {
-                        grant,
-                        cluster,
-                        slots,
-                    },
-                )
-            }
-            Action::Drain {
-                job,
-                cluster,
-                slots,
-            } => {
-                info!(job = %job, cluster = %cluster, slots, "drain for fair share");
-                let reason = "fair share: another job is below its share".to_owned();
-                (
-                    job,
-                    ControlMsg::Shrink {
-                        cluster,
-                        slots,
-                        mode: ShrinkMode::Drain,
-                        reason,
-                    },
-                )
-            }
-            Action::Preempt {
-                job,
-                cluster,
-                slots,
-                reason,
-            } => {
-                info!(job = %job, cluster = %cluster, slots, reason, "shrink for a grid job");
-                (
-                    job,
-                    ControlMsg::Shrink {
-                        cluster,
-                        slots,
-                        mode: ShrinkMode::Preempt,
-                        reason,
-                    },
-                )
-            }
-            Action::Place { job, clusters } => {
-                info!(job = %job, clusters = ?clusters, "grid job placed");
-                (job, ControlMsg::Place { clusters })
-            }
-            Action::Abort { job, reason } => {
-                warn!(job = %job, reason, "grid job aborted");
-                (job, ControlMsg::PlacementFailed { reason })
-            }
-        };
+        let (job, message) = outbox::message(action);
         match publisher
             .send(&JobQueues::new(&job).control, &message)
             .await

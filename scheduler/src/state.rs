@@ -15,7 +15,10 @@ use gleaner_policy::{
     placement::{self, Site},
     share::{self, ClusterInput, JobInput, PolicyConfig, split_shrink},
 };
-use gleaner_protocol::{ClusterName, ClusterReport, ClusterView, GrantId, JobReport, StatusReply};
+use gleaner_protocol::{
+    ClusterName, ClusterReport, ClusterView, GrantId, JobReport, SchedulerMsg, StatusReply,
+};
+use tracing::{debug, info};
 
 use serde::{Deserialize, Serialize};
 
@@ -93,6 +96,17 @@ pub enum Action {
     Abort { job: JobId, reason: String },
 }
 
+/// What the service does about a message, besides acknowledging it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reaction {
+    Nothing,
+    /// Run a round now rather than at the next tick: a cluster reported,
+    /// or a job is new and need not wait.
+    Round,
+    /// Answer the sender with [`State::status`].
+    Status,
+}
+
 #[derive(Debug)]
 struct ClusterEntry {
     report: ClusterReport,
@@ -164,6 +178,44 @@ impl State {
         Self {
             next_grant: first_grant,
             ..Self::default()
+        }
+    }
+
+    /// Takes in a message from the scheduler's inbox.
+    pub fn on_message(
+        &mut self,
+        message: SchedulerMsg,
+        now: Instant,
+        config: &StateConfig,
+    ) -> Reaction {
+        match message {
+            SchedulerMsg::JobUpdate(report) => {
+                if self.on_job_update(report, now) {
+                    Reaction::Round
+                } else {
+                    Reaction::Nothing
+                }
+            }
+            SchedulerMsg::JobDone { job } => {
+                info!(job = %job, "job done");
+                self.on_job_done(&job);
+                Reaction::Nothing
+            }
+            SchedulerMsg::ClusterStatus(report) => {
+                self.on_cluster(report, now, config);
+                Reaction::Round
+            }
+            SchedulerMsg::GrowAck {
+                grant,
+                job,
+                cluster,
+                accepted,
+            } => {
+                debug!(job = %job, cluster = %cluster, grant = %grant, accepted, "grow acknowledged");
+                self.on_grow_ack(grant, accepted);
+                Reaction::Nothing
+            }
+            SchedulerMsg::StatusRequest {} => Reaction::Status,
         }
     }
 
@@ -482,11 +534,10 @@ impl State {
             .values()
             .filter(|j| j.report.kind == JobKind::Scavenge)
             .map(|j| {
-                let unfinished = u32::try_from(j.report.tasks.unfinished()).unwrap_or(u32::MAX);
                 let covered = covered.get(&j.report.job).copied().unwrap_or(0);
                 JobInput {
                     id: j.report.job.clone(),
-                    demand: unfinished.saturating_sub(covered),
+                    demand: share::demand(j.report.tasks.unfinished(), u64::from(covered)),
                 }
             })
             .collect()
@@ -597,6 +648,23 @@ mod tests {
         state.on_grow_ack(GrantId::new(2), 0);
         state.on_cluster(cluster_report(3, &[("a", 5)], vec![1]), now, &config);
         assert_eq!(offers(&state.round(now, &config)), [("a".into(), 3)]);
+    }
+
+    #[test]
+    fn a_round_follows_each_cluster_report_and_each_new_job() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(GrantId::new(1));
+        let update = || SchedulerMsg::JobUpdate(job_report("a", 100));
+        assert_eq!(state.on_message(update(), now, &config), Reaction::Round);
+        assert_eq!(state.on_message(update(), now, &config), Reaction::Nothing);
+        let report = SchedulerMsg::ClusterStatus(cluster_report(8, &[], vec![]));
+        assert_eq!(state.on_message(report, now, &config), Reaction::Round);
+        let status = SchedulerMsg::StatusRequest {};
+        assert_eq!(state.on_message(status, now, &config), Reaction::Status);
+        let done = SchedulerMsg::JobDone { job: job("a") };
+        assert_eq!(state.on_message(done, now, &config), Reaction::Nothing);
+        assert!(state.round(now, &config).is_empty(), "a is forgotten");
     }
 
     #[test]

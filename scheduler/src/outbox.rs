@@ -1,0 +1,73 @@
+//! How the scheduler's decisions become messages: each [`Action`] goes to
+//! its job's control queue as one [`ControlMsg`]. Pure, so that the service
+//! and a simulator send the same.
+
+use gleaner_manifest::JobId;
+use gleaner_protocol::{ControlMsg, ShrinkMode};
+use tracing::{info, warn};
+
+use crate::state::Action;
+
+/// The job an action is for, and what its runner is told.
+pub fn message(action: Action) -> (JobId, ControlMsg) {
+    match action {
+        Action::Offer {
+            job,
+            grant,
+            cluster,
+            slots,
+        } => {
+            info!(job = %job, cluster = %cluster, grant = %grant, slots, "grow offer");
+            (
+                job,
+                ControlMsg::GrowOffer {
+                    grant,
+                    cluster,
+                    slots,
+                },
+            )
+        }
+        Action::Drain {
+            job,
+            cluster,
+            slots,
+        } => {
+            info!(job = %job, cluster = %cluster, slots, "drain for fair share");
+            let reason = "fair share: another job is below its share".to_owned();
+            (
+                job,
+                ControlMsg::Shrink {
+                    cluster,
+                    slots,
+                    mode: ShrinkMode::Drain,
+                    reason,
+                },
+            )
+        }
+        Action::Preempt {
+            job,
+            cluster,
+            slots,
+            reason,
+        } => {
+            info!(job = %job, cluster = %cluster, slots, reason, "shrink for a grid job");
+            (
+                job,
+                ControlMsg::Shrink {
+                    cluster,
+                    slots,
+                    mode: ShrinkMode::Preempt,
+                    reason,
+                },
+            )
+        }
+        Action::Place { job, clusters } => {
+            info!(job = %job, clusters = ?clusters, "grid job placed");
+            (job, ControlMsg::Place { clusters })
+        }
+        Action::Abort { job, reason } => {
+            warn!(job = %job, reason, "grid job aborted");
+            (job, ControlMsg::PlacementFailed { reason })
+        }
+    }
+}
