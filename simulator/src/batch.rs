@@ -86,9 +86,9 @@ pub struct Batch {
     /// Running local jobs: (nodes, end).
     local: Vec<(u32, f64)>,
     components: Vec<Component>,
-    /// Exit statuses of the components that ended since the kcm last read
-    /// the batch system.
-    ended: Vec<SpooledExit>,
+    /// Exit statuses of the components that ended, until the kcm deletes
+    /// them (the spool directory).
+    spool: Vec<SpooledExit>,
     launchers: Vec<Launcher>,
     next_id: u64,
 }
@@ -128,7 +128,7 @@ impl Batch {
             queue: VecDeque::new(),
             local,
             components: Vec::new(),
-            ended: Vec::new(),
+            spool: Vec::new(),
             launchers: Vec::new(),
             next_id: 0,
         }
@@ -160,10 +160,10 @@ impl Batch {
     /// done leave.
     pub fn progress(&mut self, t: f64, dt: f64, tasks: &mut [Tasks], out: &mut Happenings) {
         self.local.retain(|(_, end)| *end > t);
-        let ended = &mut self.ended;
+        let spool = &mut self.spool;
         self.components.retain(|c| match c.started {
             Some(start) if start + c.length <= t => {
-                ended.push(SpooledExit {
+                spool.push(SpooledExit {
                     job: c.job.clone(),
                     component: c.index,
                     exit_code: Some(0),
@@ -333,9 +333,11 @@ impl Batch {
         self.next_id.to_string()
     }
 
-    /// Removes placeholders by batch id (a running one's launcher dies with
-    /// its task, which goes back to the queue).
+    /// Removes placeholders and components by batch id (a running
+    /// placeholder's launcher dies with its task, which goes back to the
+    /// queue; a removed component leaves no exit status).
     pub fn remove(&mut self, ids: &[String], tasks: &mut [Tasks], out: &mut Happenings) {
+        self.components.retain(|c| !ids.contains(&c.batch_id));
         let name = &self.name;
         self.launchers.retain(|l| {
             if !ids.contains(&l.batch_id) {
@@ -395,9 +397,15 @@ impl Batch {
         }
     }
 
-    /// What the kcm reads: the batch system, and the exits of the
-    /// components that ended since it last did.
-    pub fn read(&mut self, jobs: &[JobId]) -> (Snapshot, Vec<SpooledExit>) {
+    /// A component's exit status, once its job has heard of it.
+    pub fn delete_spool_entry(&mut self, job: &JobId, component: u32) {
+        self.spool
+            .retain(|exit| !(&exit.job == job && exit.component == component));
+    }
+
+    /// What the kcm reads: the batch system, and the exit statuses in the
+    /// spool.
+    pub fn read(&self, jobs: &[JobId]) -> (Snapshot, Vec<SpooledExit>) {
         let snapshot = Snapshot {
             total_slots: self.nodes,
             local_running: self.local_nodes(),
@@ -433,7 +441,7 @@ impl Batch {
                 .collect(),
             problem: None,
         };
-        (snapshot, std::mem::take(&mut self.ended))
+        (snapshot, self.spool.clone())
     }
 
     /// Nodes in use: (local, grid, launchers at work).

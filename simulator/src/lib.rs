@@ -1,19 +1,20 @@
 //! gleaner's scheduling on a simulated grid.
 //!
-//! The scheduler is the scheduler's own state ([`gleaner_scheduler::state`]:
-//! its settings, grants, drains in flight, grid placement), fed reports and
-//! answers on a simulated clock. Simulated runners and kcms speak the
-//! protocol's messages with it: runners accept grow offers and choose the
-//! launchers to give up with the runner's preemption policy; each kcm answers
-//! waiting local jobs with the kcm's local policy, behind one seam
-//! (`kcm::ClusterManager`) where the kcm's own core fits. The batch systems
-//! and what runs in them are simulated. A scenario runs once without
-//! scavenging jobs (the baseline) and once per policy, with the same
-//! background load, so that the delay scavenging adds to local and grid jobs
-//! is measured job by job.
+//! The services' own cores run here on a simulated clock, driven as their
+//! shells drive them: the scheduler's [`gleaner_scheduler::state`] (its
+//! settings, grants, drains in flight, grid placement; a round after each
+//! cluster report and each new job, its actions sent as
+//! [`gleaner_scheduler::outbox`] words them) and one kcm core
+//! ([`gleaner_kcm::core::KcmCore`]) per cluster, whose commands act on the
+//! simulated batch system and are answered at once. Simulated runners speak
+//! the protocol's messages and decide with the runner's own rules: how many
+//! offered slots to take, and which launchers give up theirs. The batch
+//! systems and what runs in them are simulated and decide nothing for
+//! gleaner. A scenario runs once without scavenging jobs (the baseline) and
+//! once per policy, with the same background load, so that the delay
+//! scavenging adds to local and grid jobs is measured job by job.
 
 mod batch;
-mod kcm;
 mod model;
 mod plot;
 mod runner;

@@ -1,24 +1,27 @@
 //! The simulated grid, stepped by a simulated clock. The scheduler is the
-//! scheduler's own [`State`]; simulated runners and kcms exchange the
-//! protocol's messages with it, and simulated batch systems run the jobs.
+//! scheduler's own [`State`] and each cluster's manager the kcm's own
+//! [`KcmCore`]; simulated runners exchange the protocol's messages with
+//! them, and simulated batch systems run the jobs.
 
 use std::{
     collections::{BTreeMap, VecDeque},
     time::{Duration, Instant},
 };
 
-use gleaner_kcm::core::Now;
+use gleaner_kcm::core::{Effect, Event, KcmCore, Now};
 use gleaner_manifest::JobId;
 use gleaner_policy::share::CsPolicy;
 use gleaner_protocol::{
-    ClusterName, ControlMsg, GrantId, KcmMsg, LauncherId, LauncherMsg, SchedulerMsg, ShrinkMode,
+    ClusterName, ControlMsg, GrantId, KcmMsg, LauncherId, LauncherMsg, SchedulerMsg,
 };
-use gleaner_scheduler::state::{Action, State, StateConfig};
+use gleaner_scheduler::{
+    outbox,
+    state::{Reaction, State, StateConfig},
+};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
 use crate::{
     batch::{Batch, Happenings, Tasks, millis},
-    kcm::{ClusterManager, Effect, Event, cluster_manager},
     runner::{GridRunner, SweepRunner},
     scenario::{GridWorkload, Scenario},
 };
@@ -88,7 +91,7 @@ impl Clock {
 
 struct Cluster {
     batch: Batch,
-    kcm: Box<dyn ClusterManager>,
+    kcm: KcmCore,
 }
 
 struct GridSim {
@@ -185,7 +188,7 @@ impl<'a> Sim<'a> {
                         local.duration.as_secs_f64(),
                         rng,
                     ),
-                    kcm: cluster_manager(&scenario.timing.kcm(spec)),
+                    kcm: KcmCore::new(scenario.timing.kcm(spec).core("simulated")),
                 }
             })
             .collect();
@@ -259,7 +262,7 @@ impl<'a> Sim<'a> {
                 Mail::Scheduler(message) => self.at_scheduler(message),
                 Mail::Runner(job, message) => self.at_runner(&job, message),
                 Mail::Kcm(cluster, message) => match self.cluster_index.get(&cluster) {
-                    Some(&c) => self.at_kcm(c, Event::Message(message)),
+                    Some(&c) => self.at_kcm(c, message),
                     None => Vec::new(),
                 },
                 Mail::Launcher {
@@ -275,29 +278,14 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// The scheduler service's handling of its inbox: a round after each
-    /// cluster report and each new job.
+    /// The scheduler service's handling of its inbox: the state reacts,
+    /// and a round runs when it says so (nobody asks for its status here).
     fn at_scheduler(&mut self, message: SchedulerMsg) -> Vec<Mail> {
         let now = self.clock.now().instant;
-        let round_now = match message {
-            SchedulerMsg::JobUpdate(report) => self.state.on_job_update(report, now),
-            SchedulerMsg::JobDone { job } => {
-                self.state.on_job_done(&job);
-                false
-            }
-            SchedulerMsg::ClusterStatus(report) => {
-                self.state.on_cluster(report, now, &self.config);
-                true
-            }
-            SchedulerMsg::GrowAck {
-                grant, accepted, ..
-            } => {
-                self.state.on_grow_ack(grant, accepted);
-                false
-            }
-            SchedulerMsg::StatusRequest {} => false,
-        };
-        if round_now { self.round() } else { Vec::new() }
+        match self.state.on_message(message, now, &self.config) {
+            Reaction::Round => self.round(),
+            Reaction::Nothing | Reaction::Status => Vec::new(),
+        }
     }
 
     /// A scheduling round; its actions go to the jobs' runners as the
@@ -306,50 +294,7 @@ impl<'a> Sim<'a> {
         let now = self.clock.now().instant;
         let mut mail = Vec::new();
         for action in self.state.round(now, &self.config) {
-            let (job, message) = match action {
-                Action::Offer {
-                    job,
-                    grant,
-                    cluster,
-                    slots,
-                } => (
-                    job,
-                    ControlMsg::GrowOffer {
-                        grant,
-                        cluster,
-                        slots,
-                    },
-                ),
-                Action::Drain {
-                    job,
-                    cluster,
-                    slots,
-                } => (
-                    job,
-                    ControlMsg::Shrink {
-                        cluster,
-                        slots,
-                        mode: ShrinkMode::Drain,
-                        reason: "fair share".to_owned(),
-                    },
-                ),
-                Action::Preempt {
-                    job,
-                    cluster,
-                    slots,
-                    reason,
-                } => (
-                    job,
-                    ControlMsg::Shrink {
-                        cluster,
-                        slots,
-                        mode: ShrinkMode::Preempt,
-                        reason,
-                    },
-                ),
-                Action::Place { job, clusters } => (job, ControlMsg::Place { clusters }),
-                Action::Abort { job, reason } => (job, ControlMsg::PlacementFailed { reason }),
-            };
+            let (job, message) = outbox::message(action);
             if self.sweeps.contains_key(&job) || self.grid_runners.contains_key(&job) {
                 mail.push(Mail::Runner(job, message));
             } else {
@@ -362,7 +307,8 @@ impl<'a> Sim<'a> {
 
     fn at_runner(&mut self, job: &JobId, message: ControlMsg) -> Vec<Mail> {
         if let Some(runner) = self.sweeps.get_mut(job) {
-            return runner.receive(message, &self.tasks[runner.index]);
+            let now = self.clock.now().instant;
+            return runner.receive(message, &self.tasks[runner.index], now);
         }
         let Some(runner) = self.grid_runners.get_mut(job) else {
             return Vec::new();
@@ -390,19 +336,58 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Hands the kcm of cluster `c` an event and carries out its effects.
-    fn at_kcm(&mut self, c: usize, event: Event) -> Vec<Mail> {
-        let now = self.clock.now();
+    /// Hands the kcm of cluster `c` a message, as the kcm's shell does:
+    /// its effects, then a poll if it asked for one.
+    fn at_kcm(&mut self, c: usize, message: KcmMsg) -> Vec<Mail> {
+        let effects = self.clusters[c]
+            .kcm
+            .handle(Event::Message(message), self.clock.now());
+        let (mut mail, poll_now) = self.apply(c, effects);
+        if poll_now {
+            mail.extend(self.poll(c));
+        }
+        mail
+    }
+
+    /// The kcm of cluster `c` reads its batch system and the spool, then
+    /// reports.
+    fn poll(&mut self, c: usize) -> Vec<Mail> {
+        let (snapshot, spooled) = self.clusters[c].batch.read(&self.ids);
+        let event = Event::Polled {
+            snapshot: Ok(snapshot),
+            spooled,
+        };
+        let effects = self.clusters[c].kcm.handle(event, self.clock.now());
+        let (mut mail, _) = self.apply(c, effects);
+        let report = self.clusters[c]
+            .kcm
+            .handle(Event::ReportDue, self.clock.now());
+        mail.extend(self.apply(c, report).0);
+        mail
+    }
+
+    /// Carries out the kcm's effects in order on the simulated batch
+    /// system, answering each command at once (its follow-ups go first),
+    /// as the kcm's shell does; `true` when the kcm asked for a poll.
+    fn apply(&mut self, c: usize, effects: Vec<Effect>) -> (Vec<Mail>, bool) {
+        let mut effects = VecDeque::from(effects);
         let mut mail = Vec::new();
-        for effect in self.clusters[c].kcm.handle(event, now) {
-            match effect {
-                Effect::SubmitLaunchers { job, slots } => {
+        let mut poll_now = false;
+        while let Some(effect) = effects.pop_front() {
+            let answer = match effect {
+                Effect::SubmitLaunchers { job, grant, slots } => {
                     if let Some(j) = self.ids.iter().position(|id| *id == job) {
                         let start = self.scenario.timing.launcher_start.as_secs_f64();
                         self.clusters[c]
                             .batch
                             .submit_launchers(j, slots, self.clock.t, start);
                     }
+                    Some(Event::LaunchersSubmitted {
+                        job,
+                        grant,
+                        requested: slots,
+                        result: Ok(slots),
+                    })
                 }
                 Effect::Remove { ids } => {
                     let mut out = Happenings::default();
@@ -410,30 +395,57 @@ impl<'a> Sim<'a> {
                         .batch
                         .remove(&ids, &mut self.tasks, &mut out);
                     mail.extend(self.launcher_mail(out));
+                    Some(Event::Removed(Ok(())))
+                }
+                Effect::DeleteSpoolEntry { job, component } => {
+                    self.clusters[c].batch.delete_spool_entry(&job, component);
+                    None
                 }
                 Effect::SubmitComponent(spec) => {
                     if let Some(&g) = self.grid_index.get(&spec.job) {
                         let length = self.grid[g].length;
                         self.clusters[c].batch.submit_component(
-                            spec.job,
+                            spec.job.clone(),
                             spec.component,
                             spec.slots,
                             length,
                         );
                     }
+                    Some(Event::ComponentSubmitted {
+                        spec,
+                        result: Ok(()),
+                    })
                 }
-                Effect::Tell { job, message } => mail.push(Mail::Runner(job, message)),
-                Effect::ToScheduler(message) => mail.push(Mail::Scheduler(message)),
-                Effect::PollNow => mail.extend(self.poll(c)),
+                Effect::Tell { job, message } => {
+                    mail.push(Mail::Runner(job, message));
+                    None
+                }
+                Effect::ReportComponentEnd { job, outcome } => {
+                    let component = outcome.component;
+                    mail.push(Mail::Runner(
+                        job.clone(),
+                        ControlMsg::ComponentEnded(outcome),
+                    ));
+                    Some(Event::ComponentReported { job, component })
+                }
+                Effect::ToScheduler(message) => {
+                    mail.push(Mail::Scheduler(message));
+                    None
+                }
+                Effect::Announce(_) => None,
+                Effect::PollNow => {
+                    poll_now = true;
+                    None
+                }
+            };
+            if let Some(event) = answer {
+                let follow_ups = self.clusters[c].kcm.handle(event, self.clock.now());
+                for follow_up in follow_ups.into_iter().rev() {
+                    effects.push_front(follow_up);
+                }
             }
         }
-        mail
-    }
-
-    /// The kcm of cluster `c` reads its batch system.
-    fn poll(&mut self, c: usize) -> Vec<Mail> {
-        let (snapshot, spooled) = self.clusters[c].batch.read(&self.ids);
-        self.at_kcm(c, Event::Polled { snapshot, spooled })
+        (mail, poll_now)
     }
 
     fn launcher_mail(&self, out: Happenings) -> Vec<Mail> {

@@ -1,26 +1,23 @@
 //! The simulated runners: one per job, answering the scheduler and the kcms
-//! with the messages the real runner sends. Which launchers give up their
-//! slots is the preemption policy's choice, as in the runner.
+//! with the messages the real runner sends. How many offered slots a job
+//! takes, and which launchers give up their slots, are the runner's own
+//! rules (`gleaner_policy::share::accepted`, `gleaner_policy::preempt`) over
+//! the runner's own launcher table.
 
-use std::collections::{BTreeMap, BTreeSet};
-
-use gleaner_manifest::{JobId, JobKind, Priority};
-use gleaner_policy::preempt::{Candidate, choose_victims};
-use gleaner_protocol::{
-    ClusterName, ComponentSpec, ControlMsg, JobReport, JobState, KcmMsg, LauncherId, LauncherMsg,
-    Millis, SchedulerMsg, ShrinkMode, TaskCounts,
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Instant,
 };
 
-use crate::{batch::Tasks, model::Mail};
+use gleaner_manifest::{JobId, JobKind, Priority};
+use gleaner_policy::{preempt, share};
+use gleaner_protocol::{
+    ClusterName, ComponentSpec, ControlMsg, JobReport, JobState, KcmMsg, Millis, SchedulerMsg,
+    ShrinkMode, TaskCounts,
+};
+use gleaner_runner::LauncherTable;
 
-/// A launcher that announced itself.
-struct Known {
-    cluster: ClusterName,
-    /// Start of its task; `None` when idle.
-    newest_start: Option<Millis>,
-    /// Told to preempt or drain: no longer capacity.
-    leaving: bool,
-}
+use crate::{batch::Tasks, model::Mail};
 
 /// The runner of a scavenging job.
 pub struct SweepRunner {
@@ -29,7 +26,7 @@ pub struct SweepRunner {
     pub index: usize,
     /// How long preempted launchers get before the kcm removes them.
     preempt_grace: Millis,
-    launchers: BTreeMap<LauncherId, Known>,
+    launchers: LauncherTable,
     clusters: BTreeSet<ClusterName>,
 }
 
@@ -39,26 +36,23 @@ impl SweepRunner {
             id,
             index,
             preempt_grace,
-            launchers: BTreeMap::new(),
+            launchers: LauncherTable::default(),
             clusters: BTreeSet::new(),
         }
     }
 
-    fn capacity(&self) -> u64 {
-        self.launchers.values().filter(|l| !l.leaving).count() as u64
-    }
-
-    pub fn receive(&mut self, message: ControlMsg, tasks: &Tasks) -> Vec<Mail> {
+    pub fn receive(&mut self, message: ControlMsg, tasks: &Tasks, now: Instant) -> Vec<Mail> {
         match message {
             ControlMsg::GrowOffer {
                 grant,
                 cluster,
                 slots,
             } => {
-                // As many slots as there are tasks to keep busy.
-                let unfinished = tasks.total - tasks.done;
-                let wanted = unfinished.saturating_sub(self.capacity());
-                let accepted = slots.min(u32::try_from(wanted).unwrap_or(u32::MAX));
+                let accepted = share::accepted(
+                    slots,
+                    tasks.total - tasks.done,
+                    u64::from(self.launchers.total_slots()),
+                );
                 let mut mail = vec![Mail::Scheduler(SchedulerMsg::GrowAck {
                     grant,
                     job: self.id.clone(),
@@ -85,31 +79,22 @@ impl SweepRunner {
                 reason,
             } => self.shrink(&cluster, slots, mode, &reason),
             ControlMsg::LauncherUp(info) => {
-                self.launchers.insert(
-                    info.launcher,
-                    Known {
-                        cluster: info.cluster,
-                        newest_start: None,
-                        leaving: false,
-                    },
-                );
+                self.launchers.up(&info, now);
                 Vec::new()
             }
             ControlMsg::LauncherStatus(status) => {
-                if let Some(known) = self.launchers.get_mut(&status.launcher) {
-                    known.newest_start = status.running.iter().map(|t| t.started_at).max();
-                }
+                self.launchers.status(status, now);
                 Vec::new()
             }
             ControlMsg::LauncherGone { launcher, .. } => {
-                self.launchers.remove(&launcher);
+                self.launchers.gone(&launcher);
                 Vec::new()
             }
             _ => Vec::new(),
         }
     }
 
-    /// Gives back slots on a cluster: the launchers the preemption policy
+    /// Gives back slots on a cluster: the launchers the runner's table
     /// picks are told to go, and the kcm to remove those preempted.
     fn shrink(
         &mut self,
@@ -118,37 +103,17 @@ impl SweepRunner {
         mode: ShrinkMode,
         reason: &str,
     ) -> Vec<Mail> {
-        let candidates = self
-            .launchers
+        let (victims, _) = self.launchers.pick_victims(cluster, slots);
+        let order = preempt::order(mode, reason);
+        let mut mail: Vec<Mail> = victims
             .iter()
-            .filter(|(_, l)| &l.cluster == cluster && !l.leaving)
-            .map(|(id, l)| Candidate {
-                launcher: id.clone(),
-                slots: 1,
-                newest_start: l.newest_start,
-            })
-            .collect();
-        let victims = choose_victims(candidates, slots);
-        let order = match mode {
-            ShrinkMode::Preempt => LauncherMsg::Preempt {
-                reason: reason.to_owned(),
-            },
-            ShrinkMode::Drain => LauncherMsg::Drain {
-                reason: reason.to_owned(),
-            },
-        };
-        let mut mail = Vec::new();
-        for id in &victims {
-            if let Some(known) = self.launchers.get_mut(id) {
-                known.leaving = true;
-            }
-            mail.push(Mail::Launcher {
+            .map(|id| Mail::Launcher {
                 cluster: cluster.clone(),
                 launcher: id.clone(),
                 message: order.clone(),
-            });
-        }
-        if mode == ShrinkMode::Preempt && !victims.is_empty() {
+            })
+            .collect();
+        if preempt::releases(mode, &victims) {
             mail.push(Mail::Kcm(
                 cluster.clone(),
                 KcmMsg::Release {
@@ -162,12 +127,8 @@ impl SweepRunner {
     }
 
     pub fn report(&self, tasks: &Tasks) -> Mail {
-        let mut launchers: BTreeMap<ClusterName, u32> = BTreeMap::new();
-        for known in self.launchers.values().filter(|l| !l.leaving) {
-            *launchers.entry(known.cluster.clone()).or_default() += 1;
-        }
         Mail::Scheduler(SchedulerMsg::JobUpdate(JobReport {
-            launchers,
+            launchers: self.launchers.slots_by_cluster(),
             preemptions: tasks.preemptions,
             tasks: TaskCounts {
                 total: tasks.total,
