@@ -77,7 +77,7 @@ impl SweepRunner {
                 slots,
                 mode,
                 reason,
-            } => self.shrink(&cluster, slots, mode, &reason),
+            } => self.shrink(cluster, slots, mode, &reason),
             ControlMsg::LauncherUp(info) => {
                 self.launchers.up(&info, now);
                 Vec::new()
@@ -98,13 +98,13 @@ impl SweepRunner {
     /// picks are told to go, and the kcm to remove those preempted.
     fn shrink(
         &mut self,
-        cluster: &ClusterName,
+        cluster: ClusterName,
         slots: u32,
         mode: ShrinkMode,
-        reason: &str,
+        why: &str,
     ) -> Vec<Mail> {
-        let (victims, _) = self.launchers.pick_victims(cluster, slots);
-        let order = preempt::order(mode, reason);
+        let (victims, _) = self.launchers.pick_victims(&cluster, slots);
+        let order = preempt::order(mode, why);
         let mut mail: Vec<Mail> = victims
             .iter()
             .map(|id| Mail::Launcher {
@@ -115,7 +115,7 @@ impl SweepRunner {
             .collect();
         if preempt::releases(mode, &victims) {
             mail.push(Mail::Kcm(
-                cluster.clone(),
+                cluster,
                 KcmMsg::Release {
                     job: self.id.clone(),
                     launchers: victims,
