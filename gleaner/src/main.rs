@@ -88,7 +88,7 @@ impl Command {
     fn is_service(&self) -> bool {
         !matches!(
             self,
-            Self::Submit { .. } | Self::Status { .. } | Self::Cancel { .. }
+            Self::Submit { .. } | Self::Status { .. } | Self::Cancel { .. } | Self::Simulate { .. }
         )
     }
 }

@@ -122,15 +122,9 @@ struct Sim<'a> {
 }
 
 /// Runs a scenario under `policy`, or without scavenging jobs (`None`).
-/// The cores log each decision as their services would; here that would be
-/// thousands of lines about simulated events, so the run is silent and its
-/// figures say what matters.
+/// The cores log each decision as their services would (at `info`, which
+/// `gleaner simulate` shows only when `RUST_LOG` asks for it).
 pub fn simulate(scenario: &Scenario, policy: Option<CsPolicy>) -> Run {
-    let silent = tracing::subscriber::NoSubscriber::default();
-    tracing::subscriber::with_default(silent, || run(scenario, policy))
-}
-
-fn run(scenario: &Scenario, policy: Option<CsPolicy>) -> Run {
     let mut sim = Sim::new(scenario, policy);
     let timing = &scenario.timing;
     let dt = timing.step.as_secs_f64();
