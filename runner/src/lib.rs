@@ -27,12 +27,13 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 pub use book::{FinalStatus, TaskBook, Verdict};
+/// Public, with what it takes to drive it, so that the simulator's
+/// scavenging jobs are run by the runner's own core.
+pub use effect::{Effect, Followup, Now};
 pub use job::JobError;
-pub use job_core::JobSettings;
-/// Public so that the simulator's runners pick victims and count capacity
-/// exactly as a sweep does.
-pub use launchers::LauncherTable;
+pub use job_core::{JobCore, JobSettings, Ledger, Opening, Refusal};
 pub use records::{IndexEntry, JobFile};
+pub use sweep::{FirstAttempts, Sweep};
 
 /// `[runner]` of the configuration.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

@@ -8,18 +8,19 @@ use gleaner_kcm::{ComponentRun, Placeholder, Snapshot, core::SpooledExit};
 use gleaner_manifest::JobId;
 use gleaner_policy::local::WaitingJob;
 use gleaner_protocol::{
-    ClusterName, ControlMsg, LauncherId, LauncherInfo, LauncherStatus, RunningTask, naming,
+    Captured, ClusterName, ControlMsg, LauncherId, LauncherInfo, LauncherStatus, ResultMsg,
+    RunStatus, RunningTask, TaskMsg, naming,
 };
 use rand::{RngExt, rngs::StdRng};
 
-/// A job's tasks as the broker and its runner see them.
+use crate::scenario::{ClusterSpec, LocalJobs};
+
+/// A job's tasks as the broker holds them, and what became of their runs.
 #[derive(Debug, Clone)]
 pub struct Tasks {
-    pub total: u64,
-    /// In the task queue (never started, or republished after a preemption).
-    pub queued: u64,
-    pub running: u64,
-    pub done: u64,
+    /// The job's task queue: what its runner published, and what launchers
+    /// gave back.
+    pub queue: VecDeque<TaskMsg>,
     /// Runs lost to preemption (the task went back to the queue).
     pub preemptions: u64,
     /// Launchers told to drain.
@@ -55,12 +56,56 @@ struct Launcher {
     dispatched: Option<f64>,
     /// When it takes its first task.
     first_task: f64,
-    /// Work left and start of its task.
-    task: Option<(f64, f64)>,
+    task: Option<Run>,
+    /// When it next tells its runner it is alive.
+    next_beat: f64,
     draining: bool,
     /// Preempted or drained while idle: its node is free from then on.
     leaving_at: Option<f64>,
     completed: u64,
+}
+
+/// A task a launcher runs.
+struct Run {
+    msg: TaskMsg,
+    /// Work left.
+    left: f64,
+    started: f64,
+}
+
+impl Launcher {
+    /// The heartbeat a launcher sends, and its answer to a poll.
+    fn status(&self, cluster: &ClusterName) -> (usize, ControlMsg) {
+        let running = self
+            .task
+            .iter()
+            .map(|run| RunningTask {
+                task: run.msg.task,
+                started_at: millis(run.started),
+            })
+            .collect();
+        let status = LauncherStatus {
+            launcher: self.id.clone(),
+            cluster: cluster.clone(),
+            running,
+            completed: self.completed,
+        };
+        (self.job, ControlMsg::LauncherStatus(status))
+    }
+
+    /// Its task goes back to the queue: republished by a preempted
+    /// launcher, redelivered by the broker for a killed one.
+    fn give_back(&mut self, tasks: &mut [Tasks], republish: bool) {
+        if let Some(run) = self.task.take() {
+            let job = &mut tasks[self.job];
+            let mut msg = run.msg;
+            if republish {
+                msg.preemptions += 1;
+            }
+            job.queue.push_back(msg);
+            job.preemptions += 1;
+        }
+    }
 }
 
 /// What happened in the batch system that others hear of.
@@ -68,6 +113,8 @@ struct Launcher {
 pub struct Happenings {
     /// Messages launchers send their jobs' runners (by job index).
     pub to_runners: Vec<(usize, ControlMsg)>,
+    /// Results of finished tasks, for their jobs' results queues.
+    pub results: Vec<ResultMsg>,
     /// Local jobs started, with their waits.
     pub local_started: Vec<(String, f64)>,
     /// Grid components started: (job, component).
@@ -91,20 +138,21 @@ pub struct Batch {
     spool: Vec<SpooledExit>,
     launchers: Vec<Launcher>,
     next_id: u64,
+    /// The launchers' heartbeat (s).
+    heartbeat: f64,
 }
 
 impl Batch {
     /// A cluster whose own jobs already use their share (a warm start).
     pub fn new(
-        name: &ClusterName,
-        nodes: u32,
-        speed: f64,
-        local_load: f64,
-        local_nodes: [u32; 2],
-        mean_duration: f64,
+        spec: &ClusterSpec,
+        local_jobs: &LocalJobs,
+        heartbeat: f64,
         mut rng: StdRng,
     ) -> Self {
-        let [low, high] = local_nodes;
+        let (nodes, local_load) = (spec.nodes, spec.local_load);
+        let mean_duration = local_jobs.duration.as_secs_f64();
+        let [low, high] = local_jobs.nodes;
         let mean_nodes = f64::from(low + high) / 2.0;
         let arrival_rate = local_load * f64::from(nodes) / (mean_nodes * mean_duration.max(1.0));
         // Each job already running has an exponential (memoryless) time left.
@@ -118,9 +166,9 @@ impl Batch {
         }
         let next_arrival = exponential(&mut rng, arrival_rate);
         Self {
-            name: name.clone(),
+            name: spec.name.clone(),
             nodes,
-            speed,
+            speed: spec.speed,
             rng,
             arrival_rate,
             next_arrival,
@@ -131,6 +179,7 @@ impl Batch {
             spool: Vec::new(),
             launchers: Vec::new(),
             next_id: 0,
+            heartbeat,
         }
     }
 
@@ -156,8 +205,9 @@ impl Batch {
             .saturating_sub(self.local_nodes() + self.grid_nodes() + launchers)
     }
 
-    /// Jobs end and launchers work for `dt` up to `t`; launchers that are
-    /// done leave.
+    /// Jobs end and launchers work for `dt` up to `t`: they beat, report
+    /// each finished task and take the next from their job's queue; those
+    /// that are done leave.
     pub fn progress(&mut self, t: f64, dt: f64, tasks: &mut [Tasks], out: &mut Happenings) {
         self.local.retain(|(_, end)| *end > t);
         let spool = &mut self.spool;
@@ -173,7 +223,7 @@ impl Batch {
             _ => true,
         });
         let name = &self.name;
-        let speed = self.speed;
+        let (speed, heartbeat) = (self.speed, self.heartbeat);
         self.launchers.retain_mut(|l| {
             let gone = |l: &Launcher, out: &mut Happenings, reason: &str| {
                 out.to_runners.push((
@@ -189,44 +239,40 @@ impl Batch {
                 gone(l, out, "told to leave");
                 return false;
             }
-            if l.dispatched.is_none() || l.leaving_at.is_some() || l.first_task > t {
+            if l.dispatched.is_none() {
                 return true;
             }
-            let job = &mut tasks[l.job];
-            if let Some((work, started)) = l.task {
-                let left = work - speed * dt;
-                if left > 0.0 {
-                    l.task = Some((left, started));
+            if l.next_beat <= t {
+                l.next_beat = t + heartbeat;
+                out.to_runners.push(l.status(name));
+            }
+            if l.leaving_at.is_some() || l.first_task > t {
+                return true;
+            }
+            if let Some(run) = &mut l.task {
+                run.left -= speed * dt;
+                if run.left > 0.0 {
                     return true;
                 }
-                l.task = None;
+            }
+            if let Some(run) = l.task.take() {
+                out.results.push(result(&l.id, run, name, t));
                 l.completed += 1;
-                job.running -= 1;
-                job.done += 1;
             }
             if l.draining {
                 gone(l, out, "drained");
                 return false;
             }
-            if job.queued == 0 {
+            let job = &mut tasks[l.job];
+            let Some(msg) = job.queue.pop_front() else {
                 gone(l, out, "no tasks left");
                 return false;
-            }
-            job.queued -= 1;
-            job.running += 1;
-            l.task = Some((job.work, t));
-            out.to_runners.push((
-                l.job,
-                ControlMsg::LauncherStatus(LauncherStatus {
-                    launcher: l.id.clone(),
-                    cluster: name.clone(),
-                    running: vec![RunningTask {
-                        task: 0,
-                        started_at: millis(t),
-                    }],
-                    completed: l.completed,
-                }),
-            ));
+            };
+            l.task = Some(Run {
+                msg,
+                left: job.work,
+                started: t,
+            });
             true
         });
     }
@@ -283,6 +329,7 @@ impl Batch {
             // its runner knows every launcher that holds a node.
             l.dispatched = Some(t);
             l.first_task = l.first_task.max(t);
+            l.next_beat = t + self.heartbeat;
             out.to_runners.push((
                 l.job,
                 ControlMsg::LauncherUp(LauncherInfo {
@@ -309,6 +356,7 @@ impl Batch {
                 dispatched: None,
                 first_task: t + start,
                 task: None,
+                next_beat: f64::INFINITY,
                 draining: false,
                 leaving_at: None,
                 completed: 0,
@@ -339,16 +387,11 @@ impl Batch {
     pub fn remove(&mut self, ids: &[String], tasks: &mut [Tasks], out: &mut Happenings) {
         self.components.retain(|c| !ids.contains(&c.batch_id));
         let name = &self.name;
-        self.launchers.retain(|l| {
+        self.launchers.retain_mut(|l| {
             if !ids.contains(&l.batch_id) {
                 return true;
             }
-            if l.task.is_some() {
-                let job = &mut tasks[l.job];
-                job.running -= 1;
-                job.queued += 1;
-                job.preemptions += 1;
-            }
+            l.give_back(tasks, false);
             if l.dispatched.is_some() {
                 out.to_runners.push((
                     l.job,
@@ -372,12 +415,7 @@ impl Batch {
         if l.leaving_at.is_some() {
             return;
         }
-        if l.task.take().is_some() {
-            let job = &mut tasks[l.job];
-            job.running -= 1;
-            job.queued += 1;
-            job.preemptions += 1;
-        }
+        l.give_back(tasks, true);
         l.leaving_at = Some(t + delay);
     }
 
@@ -395,6 +433,23 @@ impl Batch {
         if l.task.is_none() {
             l.leaving_at = Some(t + delay);
         }
+    }
+
+    /// A running launcher's answer to its runner's poll; `None` when it
+    /// is not running (its queue does not exist).
+    pub fn poll(&self, id: &LauncherId) -> Option<(usize, ControlMsg)> {
+        self.running(id).map(|l| l.status(&self.name))
+    }
+
+    /// Whether a launcher runs here, and so has a queue.
+    pub fn has_launcher(&self, id: &LauncherId) -> bool {
+        self.running(id).is_some()
+    }
+
+    fn running(&self, id: &LauncherId) -> Option<&Launcher> {
+        self.launchers
+            .iter()
+            .find(|l| &l.id == id && l.dispatched.is_some())
     }
 
     /// A component's exit status, once its job has heard of it.
@@ -452,6 +507,27 @@ impl Batch {
             .filter(|l| l.dispatched.is_some() && l.first_task <= t && l.leaving_at.is_none())
             .count() as u32;
         (self.local_nodes(), self.grid_nodes(), scavenged)
+    }
+}
+
+/// The result a launcher reports for a task it ran to its end.
+fn result(launcher: &LauncherId, run: Run, cluster: &ClusterName, t: f64) -> ResultMsg {
+    ResultMsg {
+        job: run.msg.job,
+        task: run.msg.task,
+        attempt: run.msg.attempt,
+        preemptions: run.msg.preemptions,
+        status: RunStatus::Succeeded,
+        exit_code: Some(0),
+        signal: None,
+        runtime_ms: millis(t - run.started),
+        launcher: launcher.clone(),
+        cluster: cluster.clone(),
+        host: String::new(),
+        stdout: Captured::default(),
+        stderr: Captured::default(),
+        outputs: Vec::new(),
+        error: None,
     }
 }
 

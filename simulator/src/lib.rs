@@ -6,11 +6,11 @@
 //! cluster report and each new job, its actions sent as
 //! [`gleaner_scheduler::outbox`] words them) and one kcm core
 //! ([`gleaner_kcm::core::KcmCore`]) per cluster, whose commands act on the
-//! simulated batch system and are answered at once. Simulated runners speak
-//! the protocol's messages and decide with the runner's own rules: how many
-//! offered slots to take, and which launchers give up theirs. The batch
-//! systems and what runs in them are simulated and decide nothing for
-//! gleaner. A scenario runs once without scavenging jobs (the baseline) and
+//! simulated batch system and are answered at once, and the runner's own
+//! core ([`gleaner_runner::Sweep`]) per scavenging job, which publishes its
+//! tasks to a simulated task queue and hears from simulated launchers as
+//! from real ones. The batch systems and what runs in them are simulated
+//! and decide nothing for gleaner. A scenario runs once without scavenging jobs (the baseline) and
 //! once per policy, with the same background load, so that the delay
 //! scavenging adds to local and grid jobs is measured job by job.
 

@@ -1,7 +1,8 @@
 //! The simulated grid, stepped by a simulated clock. The scheduler is the
-//! scheduler's own [`State`] and each cluster's manager the kcm's own
-//! [`KcmCore`]; simulated runners exchange the protocol's messages with
-//! them, and simulated batch systems run the jobs.
+//! scheduler's own [`State`], each cluster's manager the kcm's own
+//! [`KcmCore`] and each scavenging job's runner the runner's own core;
+//! they exchange the protocol's messages, and simulated batch systems run
+//! the jobs.
 
 use std::{
     collections::{BTreeMap, VecDeque},
@@ -12,7 +13,7 @@ use gleaner_kcm::core::{Effect, Event, KcmCore, Now};
 use gleaner_manifest::JobId;
 use gleaner_policy::share::CsPolicy;
 use gleaner_protocol::{
-    ClusterName, ControlMsg, GrantId, KcmMsg, LauncherId, LauncherMsg, SchedulerMsg,
+    ClusterName, ControlMsg, GrantId, KcmMsg, LauncherId, LauncherMsg, ResultMsg, SchedulerMsg,
 };
 use gleaner_scheduler::{
     outbox,
@@ -22,7 +23,7 @@ use rand::{RngExt, SeedableRng, rngs::StdRng};
 
 use crate::{
     batch::{Batch, Happenings, Tasks, millis},
-    runner::{GridRunner, SweepRunner},
+    runner::{GridRunner, Reach, SweepRunner},
     scenario::{GridWorkload, Scenario},
 };
 
@@ -31,11 +32,9 @@ pub enum Mail {
     Scheduler(SchedulerMsg),
     Runner(JobId, ControlMsg),
     Kcm(ClusterName, KcmMsg),
-    Launcher {
-        cluster: ClusterName,
-        launcher: LauncherId,
-        message: LauncherMsg,
-    },
+    Launcher(LauncherId, LauncherMsg),
+    /// On its job's results queue.
+    Result(ResultMsg),
 }
 
 /// What one run produced.
@@ -87,6 +86,15 @@ impl Clock {
             wall_ms: millis(self.t),
         }
     }
+
+    /// The same moment, as the runner's core takes it.
+    fn runner(&self) -> gleaner_runner::Now {
+        let now = self.now();
+        gleaner_runner::Now {
+            instant: now.instant,
+            ms: now.wall_ms,
+        }
+    }
 }
 
 struct Cluster {
@@ -113,7 +121,8 @@ struct Sim<'a> {
     cluster_index: BTreeMap<ClusterName, usize>,
     ids: Vec<JobId>,
     tasks: Vec<Tasks>,
-    sweeps: BTreeMap<JobId, SweepRunner>,
+    /// The runners of the scavenging jobs, by job index.
+    sweeps: Vec<SweepRunner>,
     grid: Vec<GridSim>,
     grid_index: BTreeMap<JobId, usize>,
     grid_runners: BTreeMap<JobId, GridRunner>,
@@ -136,12 +145,10 @@ pub fn simulate(scenario: &Scenario, policy: Option<CsPolicy>) -> Run {
         every(timing.scheduler_round),
         every(timing.sample),
     );
-    let registrations: Vec<Mail> = sim
-        .sweeps
-        .values()
-        .map(|r| r.report(&sim.tasks[r.index]))
-        .collect();
-    sim.deliver(registrations);
+    for j in 0..sim.sweeps.len() {
+        let mail = sim.at_sweep(j, |runner, now, reach| runner.start(now, reach));
+        sim.deliver(mail);
+    }
     let mut step = 0u64;
     while sim.clock.t < end {
         step += 1;
@@ -182,12 +189,9 @@ impl<'a> Sim<'a> {
                 );
                 Cluster {
                     batch: Batch::new(
-                        &spec.name,
-                        spec.nodes,
-                        spec.speed,
-                        spec.local_load,
-                        local.nodes,
-                        local.duration.as_secs_f64(),
+                        spec,
+                        local,
+                        scenario.timing.launcher_heartbeat.as_secs_f64(),
                         rng,
                     ),
                     kcm: KcmCore::new(scenario.timing.kcm(spec).core("simulated")),
@@ -213,20 +217,21 @@ impl<'a> Sim<'a> {
         let tasks = jobs
             .iter()
             .map(|j| Tasks {
-                total: j.tasks,
-                queued: j.tasks,
-                running: 0,
-                done: 0,
+                queue: VecDeque::new(),
                 preemptions: 0,
                 drains: 0,
                 work: j.task_duration.as_secs_f64(),
             })
             .collect();
-        let grace = millis(scenario.timing.preempt_grace.as_secs_f64());
+        let clock = Clock {
+            base: Instant::now(),
+            t: 0.0,
+        };
+        let settings = scenario.timing.runner();
         let sweeps = ids
             .iter()
-            .enumerate()
-            .map(|(i, id)| (id.clone(), SweepRunner::new(id.clone(), i, grace)))
+            .zip(jobs)
+            .map(|(id, spec)| SweepRunner::open(id.clone(), spec, settings.clone(), clock.runner()))
             .collect();
         let grid = grid_arrivals(scenario);
         let grid_index = grid
@@ -237,10 +242,7 @@ impl<'a> Sim<'a> {
         Self {
             scenario,
             policy,
-            clock: Clock {
-                base: Instant::now(),
-                t: 0.0,
-            },
+            clock,
             state: State::new(GrantId::new(1)),
             config: scenario.state_config(policy.unwrap_or_default()),
             clusters,
@@ -267,14 +269,14 @@ impl<'a> Sim<'a> {
                     Some(&c) => self.at_kcm(c, message),
                     None => Vec::new(),
                 },
-                Mail::Launcher {
-                    cluster,
-                    launcher,
-                    message,
-                } => {
-                    self.at_launcher(&cluster, &launcher, message);
-                    Vec::new()
-                }
+                Mail::Launcher(launcher, message) => self.at_launcher(&launcher, message),
+                Mail::Result(result) => match self.live_sweep(&result.job) {
+                    Some(j) => {
+                        self.at_sweep(j, |runner, now, reach| runner.result(&result, now, reach))
+                    }
+                    // Its results queue is gone.
+                    None => Vec::new(),
+                },
             };
             queue.extend(more);
         }
@@ -297,7 +299,7 @@ impl<'a> Sim<'a> {
         let mut mail = Vec::new();
         for action in self.state.round(now, &self.config) {
             let (job, message) = outbox::message(action);
-            if self.sweeps.contains_key(&job) || self.grid_runners.contains_key(&job) {
+            if self.live_sweep(&job).is_some() || self.grid_runners.contains_key(&job) {
                 mail.push(Mail::Runner(job, message));
             } else {
                 // Its control queue is gone: the scheduler forgets the job.
@@ -307,10 +309,36 @@ impl<'a> Sim<'a> {
         mail
     }
 
+    /// The index of a scavenging job whose queues exist.
+    fn live_sweep(&self, job: &JobId) -> Option<usize> {
+        self.ids
+            .iter()
+            .position(|id| id == job)
+            .filter(|&j| self.sweeps[j].is_live())
+    }
+
+    /// Hands the runner of scavenging job `j` an event, with what its
+    /// effects reach: the job's task queue, and which queues exist.
+    fn at_sweep(
+        &mut self,
+        j: usize,
+        event: impl FnOnce(&mut SweepRunner, gleaner_runner::Now, &mut Reach<'_>) -> Vec<Mail>,
+    ) -> Vec<Mail> {
+        let now = self.clock.runner();
+        let (clusters, index) = (&self.clusters, &self.cluster_index);
+        let kcm = |cluster: &ClusterName| index.contains_key(cluster);
+        let launcher = |id: &LauncherId| clusters.iter().any(|c| c.batch.has_launcher(id));
+        let mut reach = Reach {
+            queue: &mut self.tasks[j].queue,
+            kcm: &kcm,
+            launcher: &launcher,
+        };
+        event(&mut self.sweeps[j], now, &mut reach)
+    }
+
     fn at_runner(&mut self, job: &JobId, message: ControlMsg) -> Vec<Mail> {
-        if let Some(runner) = self.sweeps.get_mut(job) {
-            let now = self.clock.now().instant;
-            return runner.receive(message, &self.tasks[runner.index], now);
+        if let Some(j) = self.live_sweep(job) {
+            return self.at_sweep(j, |runner, now, reach| runner.receive(message, now, reach));
         }
         let Some(runner) = self.grid_runners.get_mut(job) else {
             return Vec::new();
@@ -322,9 +350,14 @@ impl<'a> Sim<'a> {
         mail
     }
 
-    fn at_launcher(&mut self, cluster: &ClusterName, launcher: &LauncherId, message: LauncherMsg) {
-        let Some(&c) = self.cluster_index.get(cluster) else {
-            return;
+    /// A launcher's queue gets a message (if the launcher runs).
+    fn at_launcher(&mut self, launcher: &LauncherId, message: LauncherMsg) -> Vec<Mail> {
+        let Some(c) = self
+            .clusters
+            .iter()
+            .position(|c| c.batch.has_launcher(launcher))
+        else {
+            return Vec::new();
         };
         let (t, delay) = (
             self.clock.t,
@@ -334,8 +367,15 @@ impl<'a> Sim<'a> {
         match message {
             LauncherMsg::Preempt { .. } => batch.preempt(launcher, t, delay, &mut self.tasks),
             LauncherMsg::Drain { .. } => batch.drain(launcher, t, delay, &mut self.tasks),
-            LauncherMsg::Poll {} => {}
+            LauncherMsg::Poll {} => {
+                return batch
+                    .poll(launcher)
+                    .map(|(j, status)| Mail::Runner(self.ids[j].clone(), status))
+                    .into_iter()
+                    .collect();
+            }
         }
+        Vec::new()
     }
 
     /// Hands the kcm of cluster `c` a message, as the kcm's shell does:
@@ -454,29 +494,18 @@ impl<'a> Sim<'a> {
         out.to_runners
             .into_iter()
             .map(|(j, message)| Mail::Runner(self.ids[j].clone(), message))
+            .chain(out.results.into_iter().map(Mail::Result))
             .collect()
     }
 
-    /// Jobs end and launchers work for one step; a job whose tasks are all
-    /// done ends.
+    /// Jobs end and launchers work for one step.
     fn progress(&mut self, dt: f64) {
         let t = self.clock.t;
         let mut out = Happenings::default();
         for cluster in &mut self.clusters {
             cluster.batch.progress(t, dt, &mut self.tasks, &mut out);
         }
-        let mut mail = self.launcher_mail(out);
-        let complete: Vec<JobId> = self
-            .sweeps
-            .values()
-            .filter(|r| self.tasks[r.index].done == self.tasks[r.index].total)
-            .map(|r| r.id.clone())
-            .collect();
-        for job in complete {
-            if let Some(runner) = self.sweeps.remove(&job) {
-                mail.extend(runner.finish());
-            }
-        }
+        let mail = self.launcher_mail(out);
         self.deliver(mail);
     }
 
@@ -521,14 +550,15 @@ impl<'a> Sim<'a> {
         self.deliver(mail);
     }
 
-    /// Every runner's periodic report.
+    /// Every runner's heartbeat.
     fn reports(&mut self) {
-        let mail: Vec<Mail> = self
-            .sweeps
-            .values()
-            .map(|r| r.report(&self.tasks[r.index]))
-            .chain(self.grid_runners.values().map(GridRunner::report))
-            .collect();
+        let mut mail = Vec::new();
+        for j in 0..self.sweeps.len() {
+            if self.sweeps[j].is_live() {
+                mail.extend(self.at_sweep(j, |runner, now, reach| runner.report(now, reach)));
+            }
+        }
+        mail.extend(self.grid_runners.values().map(GridRunner::report));
         self.deliver(mail);
     }
 
@@ -563,11 +593,11 @@ impl<'a> Sim<'a> {
                 .scenario
                 .jobs
                 .iter()
-                .zip(&self.tasks)
-                .map(|(spec, tasks)| JobResult {
+                .zip(self.tasks.iter().zip(&self.sweeps))
+                .map(|(spec, (tasks, runner))| JobResult {
                     name: spec.name.clone(),
-                    done: tasks.done,
-                    throughput: tasks.done as f64 / end,
+                    done: runner.done(),
+                    throughput: runner.done() as f64 / end,
                     preemptions: tasks.preemptions,
                     drains: tasks.drains,
                 })

@@ -1,149 +1,158 @@
-//! The simulated runners: one per job, answering the scheduler and the kcms
-//! with the messages the real runner sends. How many offered slots a job
-//! takes, and which launchers give up their slots, are the runner's own
-//! rules (`gleaner_policy::share::accepted`, `gleaner_policy::preempt`) over
-//! the runner's own launcher table.
+//! The simulated runners. A scavenging job's runner is the runner's own
+//! core ([`Sweep`]), driven as the runner's shell (`runner/src/job.rs`)
+//! drives it: control messages and results in, effects applied in order,
+//! a message to a queue that may be gone answered at once with whether it
+//! exists. Its task queue is the simulated broker's. A grid job's runner
+//! is simulated here: it places its components and reports their ends.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    time::Instant,
-};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use gleaner_manifest::{JobId, JobKind, Priority};
-use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
-    ClusterName, ComponentSpec, ControlMsg, JobReport, JobState, KcmMsg, Millis, SchedulerMsg,
-    ShrinkMode, TaskCounts,
+    ClusterName, ComponentSpec, ControlMsg, JobReport, JobState, KcmMsg, LauncherId, Millis,
+    ResultMsg, SchedulerMsg, Submission, TaskCounts, TaskMsg,
 };
-use gleaner_runner::LauncherTable;
+use gleaner_runner::{Effect, JobCore, JobSettings, Now, Opening, Sweep};
 
-use crate::{batch::Tasks, model::Mail};
+use crate::{model::Mail, scenario::JobSpec};
 
-/// The runner of a scavenging job.
+/// The runner of a scavenging job: the runner's core and what its shell
+/// keeps.
 pub struct SweepRunner {
-    pub id: JobId,
-    /// Its tasks' index in the simulation.
-    pub index: usize,
-    /// How long preempted launchers get before the kcm removes them.
-    preempt_grace: Millis,
-    launchers: LauncherTable,
-    clusters: BTreeSet<ClusterName>,
+    core: Sweep,
+    /// The job ended and its queues are gone.
+    ended: bool,
+}
+
+/// What a sweep's effects reach in the simulated world.
+pub struct Reach<'a> {
+    /// The job's task queue.
+    pub queue: &'a mut VecDeque<TaskMsg>,
+    /// Whether a cluster's kcm has a queue.
+    pub kcm: &'a dyn Fn(&ClusterName) -> bool,
+    /// Whether a launcher has a queue (it runs).
+    pub launcher: &'a dyn Fn(&LauncherId) -> bool,
 }
 
 impl SweepRunner {
-    pub fn new(id: JobId, index: usize, preempt_grace: Millis) -> Self {
-        Self {
-            id,
-            index,
-            preempt_grace,
-            launchers: LauncherTable::default(),
-            clusters: BTreeSet::new(),
-        }
+    /// Opens the job as a runner opens a new one: no results yet.
+    pub fn open(job: JobId, spec: &JobSpec, settings: JobSettings, now: Now) -> Self {
+        let submission = Submission {
+            job,
+            manifest: spec.manifest.clone(),
+            submitted_at: now.ms,
+        };
+        let opening = Opening {
+            submission: &submission,
+            settings,
+            runner: "simulated".to_owned(),
+            results: String::new(),
+            finished: Vec::new(),
+            job_file: None,
+        };
+        let core = match Sweep::open(opening, spec.task_list.clone(), now) {
+            Ok(core) => core,
+            Err(refusal) => unreachable!("a job without a job.json is nobody else's: {refusal:?}"),
+        };
+        Self { core, ended: false }
     }
 
-    pub fn receive(&mut self, message: ControlMsg, tasks: &Tasks, now: Instant) -> Vec<Mail> {
-        match message {
-            ControlMsg::GrowOffer {
-                grant,
-                cluster,
-                slots,
-            } => {
-                let accepted = share::accepted(
-                    slots,
-                    tasks.total - tasks.done,
-                    u64::from(self.launchers.total_slots()),
-                );
-                let mut mail = vec![Mail::Scheduler(SchedulerMsg::GrowAck {
-                    grant,
-                    job: self.id.clone(),
-                    cluster: cluster.clone(),
-                    accepted,
-                })];
-                if accepted > 0 {
-                    self.clusters.insert(cluster.clone());
-                    mail.push(Mail::Kcm(
-                        cluster,
-                        KcmMsg::StartLaunchers {
-                            job: self.id.clone(),
-                            grant,
-                            slots: accepted,
-                        },
-                    ));
+    pub fn is_live(&self) -> bool {
+        !self.ended
+    }
+
+    /// Tasks that succeeded, as the job's index has them.
+    pub fn done(&self) -> u64 {
+        self.core.ledger().book.counts().succeeded
+    }
+
+    /// Publishes the tasks and registers with the scheduler.
+    pub fn start(&mut self, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
+        let effects = self.core.start();
+        self.apply(effects, now, reach)
+    }
+
+    pub fn receive(&mut self, msg: ControlMsg, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
+        let effects = self.core.on_control(msg, now);
+        self.apply(effects, now, reach)
+    }
+
+    pub fn result(&mut self, result: &ResultMsg, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
+        let effects = self.core.on_results([result], now);
+        self.apply(effects, now, reach)
+    }
+
+    /// The heartbeat: silent launchers polled, then the report.
+    pub fn report(&mut self, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
+        self.apply(vec![Effect::Report], now, reach)
+    }
+
+    /// Applies effects in order, what comes back from a message first;
+    /// then, if the job is over, ends it as the shell does. Writing
+    /// outputs, index lines and `job.json` changes nothing here.
+    fn apply(&mut self, effects: Vec<Effect<'_>>, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
+        let mut mail = Vec::new();
+        // `None`: the report an `Effect::Report` asked for, once its polls
+        // are answered.
+        let mut work: VecDeque<Option<Effect<'_>>> = effects.into_iter().map(Some).collect();
+        while let Some(step) = work.pop_front() {
+            let Some(effect) = step else {
+                push_front(&mut work, self.core.report(now));
+                continue;
+            };
+            match effect {
+                Effect::ToScheduler(msg) => mail.push(Mail::Scheduler(msg)),
+                Effect::ToKcm {
+                    cluster,
+                    msg,
+                    followup,
+                } => {
+                    let arrived = (reach.kcm)(&cluster);
+                    mail.push(Mail::Kcm(cluster, msg));
+                    push_front(&mut work, self.core.on_delivery(followup, arrived));
                 }
-                mail
+                Effect::ToLauncher {
+                    launcher,
+                    msg,
+                    followup,
+                } => {
+                    let arrived = (reach.launcher)(&launcher);
+                    mail.push(Mail::Launcher(launcher, msg));
+                    push_front(&mut work, self.core.on_delivery(followup, arrived));
+                }
+                Effect::PurgeTasks | Effect::DeleteQueues => reach.queue.clear(),
+                Effect::PublishFirst(first) => {
+                    reach
+                        .queue
+                        .extend(first.chunks(first.tasks().len()).flatten());
+                }
+                Effect::Publish(tasks) => reach.queue.extend(tasks),
+                Effect::Report => {
+                    work.push_front(None);
+                    push_front(&mut work, self.core.poll(now));
+                }
+                Effect::Event(_)
+                | Effect::WriteOutputs(_)
+                | Effect::Record(_)
+                | Effect::SaveJobFile => {}
             }
-            ControlMsg::Shrink {
-                cluster,
-                slots,
-                mode,
-                reason,
-            } => self.shrink(cluster, slots, mode, &reason),
-            ControlMsg::LauncherUp(info) => {
-                self.launchers.up(&info, now);
-                Vec::new()
-            }
-            ControlMsg::LauncherStatus(status) => {
-                self.launchers.status(status, now);
-                Vec::new()
-            }
-            ControlMsg::LauncherGone { launcher, .. } => {
-                self.launchers.gone(&launcher);
-                Vec::new()
-            }
-            _ => Vec::new(),
         }
-    }
-
-    /// Gives back slots on a cluster: the launchers the runner's table
-    /// picks are told to go, and the kcm to remove those preempted.
-    fn shrink(
-        &mut self,
-        cluster: ClusterName,
-        slots: u32,
-        mode: ShrinkMode,
-        why: &str,
-    ) -> Vec<Mail> {
-        let (victims, _) = self.launchers.pick_victims(&cluster, slots);
-        let order = preempt::order(mode, why);
-        let mut mail: Vec<Mail> = victims
-            .iter()
-            .map(|id| Mail::Launcher {
-                cluster: cluster.clone(),
-                launcher: id.clone(),
-                message: order.clone(),
-            })
-            .collect();
-        if preempt::releases(mode, &victims) {
-            mail.push(Mail::Kcm(
-                cluster,
-                KcmMsg::Release {
-                    job: self.id.clone(),
-                    launchers: victims,
-                    grace_ms: self.preempt_grace,
-                },
-            ));
+        if !self.ended
+            && let Some(state) = self.core.ending()
+        {
+            self.ended = true;
+            let mut end = self.core.finish(state, now);
+            end.extend(self.core.wind_up(now));
+            mail.extend(self.apply(end, now, reach));
         }
         mail
     }
+}
 
-    pub fn report(&self, tasks: &Tasks) -> Mail {
-        Mail::Scheduler(SchedulerMsg::JobUpdate(JobReport {
-            launchers: self.launchers.slots_by_cluster(),
-            preemptions: tasks.preemptions,
-            tasks: TaskCounts {
-                total: tasks.total,
-                pending: tasks.queued,
-                running: tasks.running,
-                succeeded: tasks.done,
-                ..TaskCounts::default()
-            },
-            ..report(self.id.clone(), JobKind::Scavenge, JobState::Running)
-        }))
-    }
-
-    /// Every task is done: the scheduler and the kcms hear of it.
-    pub fn finish(&self) -> Vec<Mail> {
-        ended(&self.id, &self.clusters)
+/// Puts effects at the front of the work, in their order.
+fn push_front<'r>(work: &mut VecDeque<Option<Effect<'r>>>, effects: Vec<Effect<'r>>) {
+    for effect in effects.into_iter().rev() {
+        work.push_front(Some(effect));
     }
 }
 
@@ -238,25 +247,15 @@ impl GridRunner {
             },
             started_at: self.registered,
             components: self.components.clone(),
-            ..report(self.id.clone(), JobKind::Grid, self.state)
+            job: self.id.clone(),
+            kind: JobKind::Grid,
+            state: self.state,
+            runner: "simulated".to_owned(),
+            launchers: BTreeMap::new(),
+            throughput: 0.0,
+            preemptions: 0,
+            results: String::new(),
         }))
-    }
-}
-
-fn report(job: JobId, kind: JobKind, state: JobState) -> JobReport {
-    JobReport {
-        job,
-        kind,
-        priority: Priority::SuperLow,
-        state,
-        runner: "simulated".to_owned(),
-        tasks: TaskCounts::default(),
-        launchers: BTreeMap::new(),
-        throughput: 0.0,
-        preemptions: 0,
-        started_at: 0,
-        results: String::new(),
-        components: Vec::new(),
     }
 }
 

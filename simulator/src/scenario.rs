@@ -3,6 +3,8 @@
 use std::{path::PathBuf, time::Duration};
 
 use gleaner_kcm::{ClusterConfig, KcmConfig};
+use gleaner_launcher::LauncherSettings;
+use gleaner_manifest::{Manifest, TaskList};
 use gleaner_policy::share::CsPolicy;
 use gleaner_protocol::ClusterName;
 use gleaner_runner::JobSettings;
@@ -68,6 +70,10 @@ pub struct Timing {
     /// `heartbeat`).
     #[serde(with = "humantime_serde")]
     pub job_report: Duration,
+    /// How often each launcher tells its runner it is alive (the
+    /// launcher's `heartbeat`, from which the runner's silence rule follows).
+    #[serde(with = "humantime_serde")]
+    pub launcher_heartbeat: Duration,
     /// Resolution of the load plot.
     #[serde(with = "humantime_serde")]
     pub sample: Duration,
@@ -84,6 +90,7 @@ impl Default for Timing {
             preempt_delay: Duration::from_secs(1),
             preempt_grace: runner.preempt_grace,
             job_report: runner.heartbeat,
+            launcher_heartbeat: LauncherSettings::default().heartbeat,
             sample: Duration::from_secs(30),
         }
     }
@@ -98,6 +105,16 @@ impl Timing {
         };
         // Simulated grid components leave nothing to spool.
         config.kcm(self.preempt_grace, PathBuf::new())
+    }
+
+    /// The settings of every job's runner, resolved as the runner's are.
+    pub fn runner(&self) -> JobSettings {
+        JobSettings {
+            heartbeat: self.job_report,
+            launcher_silence: JobSettings::silence_after(self.launcher_heartbeat),
+            preempt_grace: self.preempt_grace,
+            ..JobSettings::default()
+        }
     }
 }
 
@@ -119,14 +136,52 @@ fn one() -> f64 {
     1.0
 }
 
+/// A scavenging job: a sweep of `tasks` tasks, as its runner's core
+/// opens it.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "JobToml")]
 pub struct JobSpec {
     pub name: String,
-    pub tasks: u64,
     /// On a node of speed 1.
-    #[serde(with = "humantime_serde")]
     pub task_duration: Duration,
+    pub manifest: Manifest,
+    pub task_list: TaskList,
+}
+
+/// A `[[job]]` as written.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct JobToml {
+    name: String,
+    tasks: u64,
+    #[serde(with = "humantime_serde")]
+    task_duration: Duration,
+}
+
+impl TryFrom<JobToml> for JobSpec {
+    type Error = String;
+
+    /// The manifest is made, and refused, here: the simulation cannot
+    /// fail once it has its scenario.
+    fn try_from(job: JobToml) -> Result<Self, String> {
+        let last = job
+            .tasks
+            .checked_sub(1)
+            .ok_or_else(|| format!("job {}: at least one task is needed", job.name))?;
+        let text = format!(
+            "name = {}\n[sweep]\ncommand = \"task {{i}}\"\nparams = {{ i = {{ from = 0, to = {last} }} }}\n",
+            toml::Value::from(job.name.as_str())
+        );
+        let invalid = |e: gleaner_manifest::ManifestError| format!("job {}: {e}", job.name);
+        let manifest = Manifest::from_toml(&text).map_err(invalid)?;
+        let task_list = TaskList::new(&manifest).map_err(invalid)?;
+        Ok(Self {
+            name: job.name,
+            task_duration: job.task_duration,
+            manifest,
+            task_list,
+        })
+    }
 }
 
 /// The cluster's own jobs: Poisson arrivals sized to `local_load`.
