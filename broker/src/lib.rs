@@ -9,7 +9,6 @@ pub mod codec;
 mod connection;
 mod consume;
 mod error;
-
 mod publish;
 mod submission;
 pub mod topology;

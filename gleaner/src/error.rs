@@ -34,10 +34,11 @@ impl CliError {
         })
     }
 
-    /// What to tell the user on stderr, if anything is left to tell.
+    /// What to tell the user on stderr, if anything is left to tell (a
+    /// service's error is already in its log).
     pub fn message(&self) -> Option<String> {
         match self {
-            Self::Unsuccessful(None) => None,
+            Self::Unsuccessful(None) | Self::Service(_) => None,
             other => Some(other.to_string()),
         }
     }

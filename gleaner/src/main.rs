@@ -36,7 +36,7 @@ struct Cli {
     #[arg(long, global = true, value_enum, default_value_t)]
     output: OutputMode,
     /// The same as `--output json`.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, conflicts_with = "output")]
     json: bool,
     #[command(subcommand)]
     command: Command,
@@ -164,7 +164,7 @@ async fn dispatch(
         Command::Kcm { cluster } => {
             let cluster = settings
                 .cluster(&cluster)
-                .map_err(CliError::Service)?
+                .map_err(|e| CliError::BadInput(format!("{e:#}")))?
                 .clone();
             service(services::kcm(&settings, &cluster, on_signals(false)).await)
         }

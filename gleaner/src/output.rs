@@ -1,7 +1,8 @@
 //! What the user's commands print, in one place: `--output cli` for people
 //! (tables, a progress bar, sentences), `json` for scripts (JSON on stdout,
-//! nothing else there), `quiet` for exit codes alone. Errors are not output:
-//! `main` prints them, whatever the mode.
+//! nothing else there), `quiet` for exit codes alone (and the id of a job
+//! submitted without waiting). Errors are not output: `main` prints them,
+//! whatever the mode.
 
 use std::{
     io::{IsTerminal, Write},
@@ -126,8 +127,12 @@ impl Output for Json {
         Progress::new(job, false)
     }
 
+    /// One line, as `submit --wait --json` always printed it.
     fn job_ended(&self, report: &JobReport) {
-        Self::print(report);
+        match serde_json::to_string(report) {
+            Ok(text) => out(text),
+            Err(e) => eprintln!("error: cannot write JSON: {e}"),
+        }
     }
 
     fn status(&self, reply: &StatusReply, _job: Option<&str>) {
@@ -149,8 +154,14 @@ impl Output for Json {
 
 struct Quiet;
 
+/// Nothing but what a script cannot do without: the id of a job submitted
+/// without waiting for it.
 impl Output for Quiet {
-    fn job_submitted(&self, _job: &JobId, _waiting: bool) {}
+    fn job_submitted(&self, job: &JobId, waiting: bool) {
+        if !waiting {
+            out(job);
+        }
+    }
 
     fn progress(&self, job: &JobId) -> Progress {
         Progress::new(job, false)

@@ -127,7 +127,9 @@ pub async fn launcher(
         slots: args.slots,
         idle_timeout: l.idle_timeout,
         heartbeat: l.heartbeat,
-        deadline: args.walltime.map(|w| std::time::Instant::now() + w),
+        deadline: args
+            .walltime
+            .and_then(|w| std::time::Instant::now().checked_add(w)),
         deadline_margin: l.deadline_margin,
         scratch: scratch_dir(&l.scratch),
         limits: l.limits,

@@ -163,6 +163,19 @@ impl Settings {
         }
         let intervals = [
             ("scheduler.round_interval", self.scheduler.round_interval),
+            ("scheduler.stale_after", self.scheduler.state.stale_after),
+            (
+                "scheduler.grant_timeout",
+                self.scheduler.state.grant_timeout,
+            ),
+            (
+                "scheduler.probe_interval",
+                self.scheduler.state.probe_interval,
+            ),
+            (
+                "scheduler.reservation_timeout",
+                self.scheduler.state.grid.reservation_timeout,
+            ),
             ("runner.heartbeat", self.runner.job.heartbeat),
             ("launcher.heartbeat", self.launcher.heartbeat),
             ("launcher.idle_timeout", self.launcher.idle_timeout),
@@ -313,6 +326,9 @@ h_rt = "1h"
         std::fs::write(&path, "[scheduler]\nplacement_weights = { hi = 1 }\n").unwrap();
         let err = format!("{:#}", Settings::load(Some(&path)).unwrap_err());
         assert!(err.contains("placement_weights.hi"), "{err}");
+        std::fs::write(&path, "[scheduler]\nstale_after = \"0s\"\n").unwrap();
+        let err = format!("{:#}", Settings::load(Some(&path)).unwrap_err());
+        assert!(err.contains("scheduler.stale_after"), "{err}");
         std::fs::write(
             &path,
             "[[cluster]]\nname = \"a b\"\nbackend = \"local\"\nslots = 1\n",

@@ -434,7 +434,8 @@ impl KcmCore {
             .collect();
         let mut held: BTreeMap<JobId, u32> = BTreeMap::new();
         for placeholder in snapshot.placeholders.iter().filter(|p| p.running) {
-            *held.entry(placeholder.job.clone()).or_default() += placeholder.slots;
+            let held = held.entry(placeholder.job.clone()).or_default();
+            *held = held.saturating_add(placeholder.slots);
         }
         let state = LocalState {
             waiting: &snapshot.waiting,
@@ -531,20 +532,12 @@ impl KcmCore {
         let mut jobs: BTreeMap<JobId, Holding> = BTreeMap::new();
         for placeholder in &snapshot.placeholders {
             let holding = jobs.entry(placeholder.job.clone()).or_default();
-            if placeholder.running {
-                holding.running += placeholder.slots;
-            } else {
-                holding.pending += placeholder.slots;
-            }
+            holding.add(placeholder.running, placeholder.slots);
         }
         let mut grid: BTreeMap<JobId, Holding> = BTreeMap::new();
         for component in &snapshot.components {
             let holding = grid.entry(component.job.clone()).or_default();
-            if component.running {
-                holding.running += component.slots;
-            } else {
-                holding.pending += component.slots;
-            }
+            holding.add(component.running, component.slots);
         }
         ClusterReport {
             cluster: self.config.cluster.clone(),

@@ -88,7 +88,7 @@ impl Default for LauncherSettings {
     fn default() -> Self {
         Self {
             idle_timeout: Duration::from_secs(5),
-            heartbeat: Duration::from_secs(2),
+            heartbeat: gleaner_protocol::LAUNCHER_HEARTBEAT,
             scratch: std::env::temp_dir().join("gleaner"),
             limits: Limits::default(),
             deadline_margin: Duration::from_secs(10),
@@ -613,7 +613,7 @@ async fn republish(shared: Arc<Shared>, incoming: Incoming<TaskMsg>) -> Result<(
     let config = &shared.config;
     let task = &incoming.msg;
     let again = TaskMsg {
-        preemptions: task.preemptions + 1,
+        preemptions: task.preemptions.saturating_add(1),
         ..task.clone()
     };
     shared.publisher.send(&shared.queues.tasks, &again).await?;

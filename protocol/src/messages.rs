@@ -122,7 +122,9 @@ pub struct TaskCounts {
 impl TaskCounts {
     /// Tasks with a final state.
     pub fn finished(&self) -> u64 {
-        self.succeeded + self.failed + self.timed_out + self.lost + self.cancelled
+        [self.failed, self.timed_out, self.lost, self.cancelled]
+            .into_iter()
+            .fold(self.succeeded, u64::saturating_add)
     }
 
     /// Tasks that still need a slot, now or later.
@@ -194,6 +196,17 @@ pub struct Holding {
 impl Holding {
     pub fn total(&self) -> u32 {
         self.running.saturating_add(self.pending)
+    }
+
+    /// Counts `slots` more, running or pending; batch-system counts
+    /// saturate rather than wrap.
+    pub fn add(&mut self, running: bool, slots: u32) {
+        let count = if running {
+            &mut self.running
+        } else {
+            &mut self.pending
+        };
+        *count = count.saturating_add(slots);
     }
 }
 
@@ -365,6 +378,10 @@ pub struct LauncherInfo {
     #[serde(default)]
     pub deadline: Option<Millis>,
 }
+
+/// How often a launcher sends its [`LauncherStatus`] unless configured
+/// otherwise; runners judge a launcher's silence by the same interval.
+pub const LAUNCHER_HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A launcher's heartbeat: what it is running right now.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -60,7 +60,7 @@ impl Default for JobSettings {
         Self {
             results_root: PathBuf::from("."),
             heartbeat: Duration::from_secs(2),
-            launcher_silence: Self::silence_after(Duration::from_secs(2)),
+            launcher_silence: Self::silence_after(gleaner_protocol::LAUNCHER_HEARTBEAT),
             preempt_grace: Duration::from_secs(10),
         }
     }

@@ -301,7 +301,8 @@ impl State {
             let held = clusters
                 .get(&d.cluster)
                 .map_or(0, |c| c.report.jobs.get(&d.job).map_or(0, |h| h.total()));
-            held + d.slots > d.held_before && now.duration_since(d.issued) <= config.grant_timeout
+            held.saturating_add(d.slots) > d.held_before
+                && now.duration_since(d.issued) <= config.grant_timeout
         });
     }
 
