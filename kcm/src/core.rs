@@ -28,7 +28,7 @@ use gleaner_manifest::JobId;
 use gleaner_policy::local::{Answered, LocalState, on_local_wait};
 use gleaner_protocol::{
     Captured, ClusterName, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, GrantId,
-    Holding, KcmMsg, Millis, SchedulerMsg, ShrinkMode, naming,
+    Holding, KcmMsg, SchedulerMsg, ShrinkMode, naming,
 };
 use tracing::{error, info, warn};
 
@@ -51,15 +51,7 @@ pub struct CoreConfig {
     pub local_settle: Duration,
 }
 
-/// When an event happens, on the two clocks the kcm uses: the monotonic one
-/// for grace periods and runtimes, and the wall clock (ms since the Unix
-/// epoch) stamped on reports and kept by the local-job policy. A simulator
-/// sets both from its own clock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Now {
-    pub instant: Instant,
-    pub wall_ms: Millis,
-}
+pub use gleaner_protocol::Now;
 
 /// A component's exit status found in the spool directory: that component
 /// ended. The spool outlives a kcm restart, so these are found again.

@@ -16,17 +16,14 @@ mod qstat;
 mod sge;
 mod snapshot;
 
-use std::{
-    collections::VecDeque,
-    time::{Duration, Instant},
-};
+use std::{collections::VecDeque, time::Duration};
 
 use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue},
 };
 use gleaner_manifest::JobId;
-use gleaner_protocol::{Captured, ClusterName, ComponentSpec, ControlMsg, KcmMsg, now_ms};
+use gleaner_protocol::{Captured, ClusterName, ComponentSpec, ControlMsg, KcmMsg};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -73,14 +70,6 @@ struct Kcm<B> {
     config: KcmConfig,
     backend: B,
     core: KcmCore,
-}
-
-/// The core's time: read here, never inside it.
-fn now() -> Now {
-    Now {
-        instant: Instant::now(),
-        wall_ms: now_ms(),
-    }
 }
 
 /// Serves the cluster until `shutdown`, reconnecting after broker outages.
@@ -134,7 +123,7 @@ impl<B: Backend> Kcm<B> {
             tokio::select! {
                 message = inbox.next() => match message {
                     Some(Ok(incoming)) => {
-                        let effects = self.core.handle(Event::Message(incoming.msg.clone()), now());
+                        let effects = self.core.handle(Event::Message(incoming.msg.clone()), Now::read());
                         let poll_now = self.apply(effects, &publisher).await?;
                         incoming.ack().await?;
                         if poll_now {
@@ -159,9 +148,11 @@ impl<B: Backend> Kcm<B> {
         } else {
             Vec::new()
         };
-        let effects = self.core.handle(Event::Polled { snapshot, spooled }, now());
+        let effects = self
+            .core
+            .handle(Event::Polled { snapshot, spooled }, Now::read());
         self.apply(effects, publisher).await?;
-        let report = self.core.handle(Event::ReportDue, now());
+        let report = self.core.handle(Event::ReportDue, Now::read());
         self.apply(report, publisher).await?;
         Ok(())
     }
@@ -225,7 +216,7 @@ impl<B: Backend> Kcm<B> {
                 }
             };
             if let Some(event) = answer {
-                for follow_up in self.core.handle(event, now()).into_iter().rev() {
+                for follow_up in self.core.handle(event, Now::read()).into_iter().rev() {
                     effects.push_front(follow_up);
                 }
             }

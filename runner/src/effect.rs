@@ -2,22 +2,15 @@
 //! say to each other: the time a decision is made at, and the effects the
 //! shell applies for it.
 
-use std::{borrow::Cow, time::Instant};
+use std::borrow::Cow;
 
 use gleaner_protocol::{
-    ClusterName, Event, GrantId, KcmMsg, LauncherId, LauncherMsg, Millis, ResultMsg, SchedulerMsg,
-    TaskMsg,
+    ClusterName, Event, GrantId, KcmMsg, LauncherId, LauncherMsg, ResultMsg, SchedulerMsg, TaskMsg,
 };
 
 use crate::{records::IndexEntry, sweep::FirstAttempts};
 
-/// The time, read once by the shell per event: the monotonic clock for
-/// intervals, the wall clock for what goes on the wire and on disk.
-#[derive(Debug, Clone, Copy)]
-pub struct Now {
-    pub instant: Instant,
-    pub ms: Millis,
-}
+pub use gleaner_protocol::Now;
 
 /// Something the shell does for a core, in the order given.
 #[derive(Debug)]

@@ -15,7 +15,7 @@ use gleaner_broker::{
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
 };
 use gleaner_manifest::{JobId, JobKind, TaskList};
-use gleaner_protocol::{ControlMsg, JobState, ResultMsg, Submission, TaskMsg, now_ms};
+use gleaner_protocol::{ControlMsg, JobState, ResultMsg, Submission, TaskMsg};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -98,13 +98,13 @@ pub async fn run(
                     error: std::io::Error::other(e.to_string()),
                 }
             })?;
-            let core = Sweep::open(opening, tasks, now()).map_err(refused)?;
+            let core = Sweep::open(opening, tasks, Now::read()).map_err(refused)?;
             Job::new(core, queues, results, publisher)
                 .run(&connection, &shutdown)
                 .await
         }
         JobKind::Grid => {
-            let core = Grid::open(opening, now()).map_err(refused)?;
+            let core = Grid::open(opening, Now::read()).map_err(refused)?;
             Job::new(core, queues, results, publisher)
                 .run(&connection, &shutdown)
                 .await
@@ -139,14 +139,6 @@ async fn wait_for_lock(
             () = tokio::time::sleep(Duration::from_secs(5)) => {}
             () = shutdown.cancelled() => return Err(JobError::Shutdown),
         }
-    }
-}
-
-/// The time, for the core: read here and nowhere in the cores.
-fn now() -> Now {
-    Now {
-        instant: std::time::Instant::now(),
-        ms: now_ms(),
     }
 }
 
@@ -194,14 +186,14 @@ impl<C: JobCore> Job<C> {
     ) -> Result<(), JobError> {
         if self.core.ledger().has_ended() {
             info!(job = %self.id(), "job had already ended; cleaning up");
-            let now = now();
+            let now = Now::read();
             let effects = self.core.wind_up(now);
             return self.apply(effects, now).await;
         }
         let channel = connection.channel().await?;
         topology::declare_job(&channel, &self.queues).await?;
         let effects = self.core.start();
-        self.apply(effects, now()).await?;
+        self.apply(effects, Now::read()).await?;
         self.serve(connection, shutdown).await
     }
 
@@ -244,17 +236,17 @@ impl<C: JobCore> Job<C> {
                 lost = dead.next() => {
                     let incoming = delivered(lost)?;
                     let effects = self.core.on_lost(&incoming.msg);
-                    self.apply(effects, now()).await?;
+                    self.apply(effects, Now::read()).await?;
                     incoming.ack().await?;
                 }
                 message = control.next() => {
                     let incoming = delivered(message)?;
-                    let now = now();
+                    let now = Now::read();
                     let effects = self.core.on_control(incoming.msg.clone(), now);
                     self.apply(effects, now).await?;
                     incoming.ack().await?;
                 }
-                _ = heartbeat.tick() => self.apply(vec![Effect::Report], now()).await?,
+                _ = heartbeat.tick() => self.apply(vec![Effect::Report], Now::read()).await?,
                 () = shutdown.cancelled() => return Err(JobError::Shutdown),
             }
         }
@@ -262,7 +254,7 @@ impl<C: JobCore> Job<C> {
 
     /// Results are on disk, and their retries published, before they are acked.
     async fn on_results(&mut self, batch: Vec<Incoming<ResultMsg>>) -> Result<(), JobError> {
-        let now = now();
+        let now = Now::read();
         let effects = self.core.on_results(batch.iter().map(|i| &i.msg), now);
         self.apply(effects, now).await?;
         if let Some(last) = batch.last() {
@@ -273,7 +265,7 @@ impl<C: JobCore> Job<C> {
 
     /// The job is over: its end recorded, then wound up.
     async fn end(&mut self, state: JobState) -> Result<(), JobError> {
-        let now = now();
+        let now = Now::read();
         let effects = self.core.finish(state, now);
         self.apply(effects, now).await?;
         let effects = self.core.wind_up(now);

@@ -132,7 +132,7 @@ impl Ledger {
             runner: opening.runner.clone(),
             results: opening.results,
             submitted_at: submission.submitted_at,
-            started_at: now.ms,
+            started_at: now.wall_ms,
             finished_at: None,
             makespan_s: None,
             tasks: book.counts(),
@@ -174,7 +174,7 @@ impl Ledger {
         now: Now,
     ) -> JobReport {
         self.book.set_running(running);
-        let age = Duration::from_millis(now.ms.saturating_sub(self.file.started_at));
+        let age = Duration::from_millis(now.wall_ms.saturating_sub(self.file.started_at));
         let span = age.min(THROUGHPUT_WINDOW).as_secs_f64().max(1.0);
         JobReport {
             job: self.id.clone(),
@@ -317,8 +317,8 @@ pub trait JobCore {
         let ledger = self.ledger_mut();
         let file = &mut ledger.file;
         file.state = state;
-        file.finished_at = Some(now.ms);
-        file.makespan_s = Some(now.ms.saturating_sub(file.submitted_at) as f64 / 1000.0);
+        file.finished_at = Some(now.wall_ms);
+        file.makespan_s = Some(now.wall_ms.saturating_sub(file.submitted_at) as f64 / 1000.0);
         let counts = ledger.book.counts();
         info!(
             job = %ledger.id,
@@ -402,7 +402,7 @@ pub mod testing {
     pub fn at(start: Instant, secs: u64) -> Now {
         Now {
             instant: start + Duration::from_secs(secs),
-            ms: EPOCH_MS + secs * 1000,
+            wall_ms: EPOCH_MS + secs * 1000,
         }
     }
 

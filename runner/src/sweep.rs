@@ -939,10 +939,10 @@ mod tests {
         ));
         let file = sweep.job_file();
         assert_eq!(file.state, JobState::Done);
-        assert_eq!(file.finished_at, Some(at(t0, 4).ms));
+        assert_eq!(file.finished_at, Some(at(t0, 4).wall_ms));
         assert_eq!(
             file.makespan_s,
-            Some((at(t0, 4).ms - 1_000) as f64 / 1000.0)
+            Some((at(t0, 4).wall_ms - 1_000) as f64 / 1000.0)
         );
         let effects = sweep.wind_up(at(t0, 4));
         assert!(matches!(effects[0], Effect::DeleteQueues));

@@ -86,15 +86,6 @@ impl Clock {
             wall_ms: millis(self.t),
         }
     }
-
-    /// The same moment, as the runner's core takes it.
-    fn runner(&self) -> gleaner_runner::Now {
-        let now = self.now();
-        gleaner_runner::Now {
-            instant: now.instant,
-            ms: now.wall_ms,
-        }
-    }
 }
 
 struct Cluster {
@@ -231,7 +222,7 @@ impl<'a> Sim<'a> {
         let sweeps = ids
             .iter()
             .zip(jobs)
-            .map(|(id, spec)| SweepRunner::open(id.clone(), spec, settings.clone(), clock.runner()))
+            .map(|(id, spec)| SweepRunner::open(id.clone(), spec, settings.clone(), clock.now()))
             .collect();
         let grid = grid_arrivals(scenario);
         let grid_index = grid
@@ -324,7 +315,7 @@ impl<'a> Sim<'a> {
         j: usize,
         event: impl FnOnce(&mut SweepRunner, gleaner_runner::Now, &mut Reach<'_>) -> Vec<Mail>,
     ) -> Vec<Mail> {
-        let now = self.clock.runner();
+        let now = self.clock.now();
         let (clusters, index) = (&self.clusters, &self.cluster_index);
         let kcm = |cluster: &ClusterName| index.contains_key(cluster);
         let launcher = |id: &LauncherId| clusters.iter().any(|c| c.batch.has_launcher(id));

@@ -40,7 +40,7 @@ impl SweepRunner {
         let submission = Submission {
             job,
             manifest: spec.manifest.clone(),
-            submitted_at: now.ms,
+            submitted_at: now.wall_ms,
         };
         let opening = Opening {
             submission: &submission,
