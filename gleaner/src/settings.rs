@@ -317,18 +317,23 @@ h_rt = "1h"
     fn mistakes_are_reported() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("g.toml");
-        std::fs::write(&path, "[runner]\nheartbeet = \"1s\"\n").unwrap();
-        let err = format!("{:#}", Settings::load(Some(&path)).unwrap_err());
-        assert!(err.contains("heartbeet"), "{err}");
-        std::fs::write(&path, "[scheduler]\nload_cup = 0.5\n").unwrap();
-        let err = format!("{:#}", Settings::load(Some(&path)).unwrap_err());
-        assert!(err.contains("scheduler.load_cup"), "{err}");
-        std::fs::write(&path, "[scheduler]\nplacement_weights = { hi = 1 }\n").unwrap();
-        let err = format!("{:#}", Settings::load(Some(&path)).unwrap_err());
-        assert!(err.contains("placement_weights.hi"), "{err}");
-        std::fs::write(&path, "[scheduler]\nstale_after = \"0s\"\n").unwrap();
-        let err = format!("{:#}", Settings::load(Some(&path)).unwrap_err());
-        assert!(err.contains("scheduler.stale_after"), "{err}");
+        let cases = [
+            ("[runner]\nheartbeet = \"1s\"\n", "heartbeet"),
+            ("[scheduler]\nload_cup = 0.5\n", "scheduler.load_cup"),
+            (
+                "[scheduler]\nplacement_weights = { hi = 1 }\n",
+                "placement_weights.hi",
+            ),
+            (
+                "[scheduler]\nstale_after = \"0s\"\n",
+                "scheduler.stale_after",
+            ),
+        ];
+        for (text, named) in cases {
+            std::fs::write(&path, text).unwrap();
+            let err = format!("{:#}", Settings::load(Some(&path)).unwrap_err());
+            assert!(err.contains(named), "{err}");
+        }
         std::fs::write(
             &path,
             "[[cluster]]\nname = \"a b\"\nbackend = \"local\"\nslots = 1\n",
