@@ -98,6 +98,17 @@ impl Publisher {
         check(confirm.await?, queue)
     }
 
+    /// Sends to a queue that may be gone (a job that ended, a launcher that
+    /// left, a cluster without a kcm): `false` when it is, which is news,
+    /// not a failure.
+    pub async fn deliver<M: Message>(&self, queue: &str, msg: &M) -> Result<bool, BrokerError> {
+        match self.send(queue, msg).await {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Sends every message to `queue`, pipelined, and waits for all confirms.
     pub async fn send_all<'a, M: Message + 'a>(
         &self,

@@ -243,11 +243,10 @@ async fn tell_job(
     job: &JobId,
     message: ControlMsg,
 ) -> Result<(), BrokerError> {
-    match publisher.send(&JobQueues::new(job).control, &message).await {
-        Ok(()) => Ok(()),
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(e),
-    }
+    publisher
+        .deliver(&JobQueues::new(job).control, &message)
+        .await
+        .map(|_| ())
 }
 
 /// The components whose exit status waits in the spool directory.

@@ -640,10 +640,10 @@ async fn send_status(shared: &Shared, status: Status) -> Result<(), BrokerError>
         running,
         completed: status.completed,
     });
-    match shared.publisher.send(&shared.queues.control, &status).await {
-        Ok(()) => Ok(()),
-        // The job's queues are going away; the task consumer will tell.
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(e),
-    }
+    // The job's queues may be going away; the task consumer will tell.
+    shared
+        .publisher
+        .deliver(&shared.queues.control, &status)
+        .await
+        .map(|_| ())
 }

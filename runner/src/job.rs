@@ -295,7 +295,7 @@ impl<C: JobCore> Job<C> {
                     msg,
                     followup,
                 } => {
-                    let arrived = arrived(self.publisher.send(&kcm_queue(&cluster), &msg).await)?;
+                    let arrived = self.publisher.deliver(&kcm_queue(&cluster), &msg).await?;
                     let more = self.core.on_delivery(followup, arrived);
                     push_front(&mut work, more);
                 }
@@ -304,8 +304,10 @@ impl<C: JobCore> Job<C> {
                     msg,
                     followup,
                 } => {
-                    let arrived =
-                        arrived(self.publisher.send(&launcher_queue(&launcher), &msg).await)?;
+                    let arrived = self
+                        .publisher
+                        .deliver(&launcher_queue(&launcher), &msg)
+                        .await?;
                     let more = self.core.on_delivery(followup, arrived);
                     push_front(&mut work, more);
                 }
@@ -356,15 +358,6 @@ impl<C: JobCore> Job<C> {
 fn push_front<'r>(work: &mut VecDeque<Step<'r>>, effects: Vec<Effect<'r>>) {
     for effect in effects.into_iter().rev() {
         work.push_front(Step::Apply(Box::new(effect)));
-    }
-}
-
-/// Whether a message arrived; a kcm's or launcher's queue may be gone.
-fn arrived(sent: Result<(), BrokerError>) -> Result<bool, BrokerError> {
-    match sent {
-        Ok(()) => Ok(true),
-        Err(e) if e.is_not_found() => Ok(false),
-        Err(e) => Err(e),
     }
 }
 

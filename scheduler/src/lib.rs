@@ -113,16 +113,12 @@ async fn round(
 ) -> Result<(), BrokerError> {
     for action in state.round(Instant::now(), &config.state) {
         let (job, message) = outbox::message(action);
-        match publisher
-            .send(&JobQueues::new(&job).control, &message)
-            .await
+        if !publisher
+            .deliver(&JobQueues::new(&job).control, &message)
+            .await?
         {
-            Ok(()) => {}
-            Err(e) if e.is_not_found() => {
-                debug!(job = %job, "job has no control queue any more; forgotten");
-                state.on_job_done(&job);
-            }
-            Err(e) => return Err(e),
+            debug!(job = %job, "job has no control queue any more; forgotten");
+            state.on_job_done(&job);
         }
     }
     Ok(())
