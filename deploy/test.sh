@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Sets up what the tests need (idempotently: RabbitMQ, a single-host Grid
-# Engine cell) and runs every test.
+# Engine cell, and beside it the multi-host dev grid of test hosts in network
+# namespaces) and runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 deploy/rabbitmq/setup.sh
 deploy/sge/setup.sh
+deploy/sge/hosts.sh
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --no-fail-fast "$@"
 else

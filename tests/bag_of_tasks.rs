@@ -436,3 +436,19 @@ fn output_to_a_closed_pipe_ends_quietly() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn a_job_holds_no_more_launchers_than_its_max() {
+    let mut g = gleaner("max-launchers");
+    g.up(8);
+    let job = g.submit(
+        "name = \"capped\"\nmax_launchers = 3\n[sweep]\ncommand = \"sleep 0.3\"\nparams = { i = { from = 1, to = 40 } }\n",
+    );
+    let mut most = 0;
+    wait_for("the job to end", 2 * MINUTE, || {
+        most = most.max(g.launchers(&job).len());
+        g.job_state(&job).as_deref() == Some("done")
+    });
+    assert_eq!(most, 3, "three launchers at most, and three used");
+    assert_eq!(by_task(&g.index(&job)).len(), 40);
+}

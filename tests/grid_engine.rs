@@ -1,11 +1,12 @@
-//! gleaner on a real Grid Engine cell (set up by `deploy/sge/setup.sh`):
+//! gleaner on a real Grid Engine cell (`deploy/sge/setup.sh`, and the
+//! multi-host grid of `deploy/sge/hosts.sh`):
 //! placeholders, local jobs first, kcm restarts, failing clusters. Every test
 //! makes its own cluster queues and its own RabbitMQ vhost.
 
 use std::{collections::BTreeSet, time::Duration};
 
 use gleaner_protocol::naming::placeholder_name;
-use gleaner_testkit::{Gleaner, SgeQueues, by_task, sge, wait_for};
+use gleaner_testkit::{Gleaner, SgeQueues, by_task, qsub, sge, wait_for};
 use nix::sys::signal::Signal;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -63,16 +64,6 @@ fn arrays_named(queues: &SgeQueues, queue: &str, name: &str) -> Vec<String> {
         .filter(|j| j.name == name)
         .map(|j| j.number)
         .collect()
-}
-
-fn qsub(args: &[&str]) -> String {
-    let answer = sge(
-        "qsub",
-        &[&["-terse", "-o", "/dev/null", "-e", "/dev/null"], args].concat(),
-    );
-    let number = answer.trim().split('.').next().unwrap_or("").to_owned();
-    assert!(number.parse::<u64>().is_ok(), "qsub answered {answer:?}");
-    number
 }
 
 #[test]
@@ -186,8 +177,9 @@ fn pending_placeholders_are_withdrawn_when_a_local_job_waits() {
 }
 
 #[test]
-fn a_restarted_kcm_adopts_the_running_placeholders() {
-    let queues = SgeQueues::new(1, 4);
+fn a_restarted_kcm_adopts_the_running_placeholders_on_every_host() {
+    // Two slots on each host of the multi-host grid.
+    let queues = SgeQueues::on_nodes(1, 2);
     let queue = &queues.names[0];
     let mut g = gleaner("sge-adopt");
     g.write("gleaner.toml", &config(&[("c1", queue)]));
@@ -195,14 +187,21 @@ fn a_restarted_kcm_adopts_the_running_placeholders() {
     g.start("runner", &["runner"]);
     let kcm = g.start("kcm", &["kcm", "--cluster", "c1"]);
     let job = g.submit(&sweep("adopted", 24, "sleep 2; echo {n}"));
-    wait_for("four launchers", MINUTE, || {
-        placeholders(&queues, queue, &job, 'r') == 4
+    wait_for("six launchers", MINUTE, || {
+        placeholders(&queues, queue, &job, 'r') == 6
     });
+    let name = placeholder_name(&job);
+    let hosts: BTreeSet<String> = queues
+        .jobs(queue)
+        .into_iter()
+        .filter(|j| j.name == name)
+        .map(|j| j.host)
+        .collect();
+    assert_eq!(hosts.len(), 3, "launchers on every host: {hosts:?}");
     g.signal(kcm, Signal::SIGKILL);
     std::thread::sleep(Duration::from_secs(2));
     g.start("kcm2", &["kcm", "--cluster", "c1"]);
 
-    let name = placeholder_name(&job);
     let mut arrays = BTreeSet::new();
     let mut adopted = false;
     wait_for("the job to end", 3 * MINUTE, || {
@@ -211,6 +210,12 @@ fn a_restarted_kcm_adopts_the_running_placeholders() {
             s["clusters"].as_array().into_iter().flatten().any(|c| {
                 c["report"]["cluster"] == "c1"
                     && c["report"]["jobs"][&job]["running"].as_u64() > Some(0)
+                    && c["report"]["hosts"].as_array().is_some_and(|h| {
+                        h.iter()
+                            .filter(|h| h["scavenged"].as_u64() > Some(0))
+                            .count()
+                            == 3
+                    })
             })
         });
         g.job_state(&job).as_deref() == Some("done")
@@ -330,4 +335,73 @@ fn launchers_leave_before_their_placeholder_walltime_without_losing_a_task() {
             .all(|l| l.split_whitespace().nth(1) == Some("0")),
         "every placeholder ended by itself"
     );
+}
+
+/// A resource quota that lets one slot of a queue run at a time, removed
+/// on drop: more jobs wait there for a reason gleaner cannot see (and one
+/// runs, so that Grid Engine accepts them: `qsub -w e`).
+struct OneSlotRuns {
+    name: String,
+}
+
+impl OneSlotRuns {
+    fn new(queue: &str) -> Self {
+        let name = format!("gl{}", gleaner_testkit::rand_suffix());
+        let file = std::env::temp_dir().join(format!("{name}.rqs"));
+        std::fs::write(
+            &file,
+            format!("{{\n name {name}\n description NONE\n enabled TRUE\n limit queues {queue} to slots=1\n}}\n"),
+        )
+        .unwrap();
+        sge("qconf", &["-Arqs", &file.display().to_string()]);
+        let _ = std::fs::remove_file(file);
+        assert!(
+            sge("qconf", &["-srqsl"]).lines().any(|l| l == name),
+            "quota added"
+        );
+        Self { name }
+    }
+}
+
+impl Drop for OneSlotRuns {
+    fn drop(&mut self) {
+        sge("qconf", &["-drqs", &self.name]);
+    }
+}
+
+#[test]
+fn placeholders_stuck_in_the_queue_are_withdrawn_and_the_job_runs_elsewhere() {
+    let queues = SgeQueues::new(2, 4);
+    let (stuck, good) = (&queues.names[0], &queues.names[1]);
+    let _quota = OneSlotRuns::new(stuck);
+    let mut g = gleaner("sge-stuck");
+    let clusters = config(&[("c1", stuck), ("c2", good)]).replacen(
+        "h_rt = \"10m\"\n",
+        "h_rt = \"10m\"\nmax_pending = \"5s\"\n",
+        1,
+    );
+    g.write("gleaner.toml", &clusters);
+    g.start("scheduler", &["scheduler"]);
+    g.start("runner", &["runner"]);
+    g.start("kcm1", &["kcm", "--cluster", "c1"]);
+    // Four tasks: c1's four placeholders cover the job, one runs.
+    let job = g.submit(&sweep("moved", 4, "sleep 6; echo {n}"));
+    wait_for("placeholders waiting on c1", MINUTE, || {
+        placeholders(&queues, stuck, &job, 'q') > 0
+    });
+    // c2 comes up while c1 holds the job's demand in waiting placeholders.
+    g.start("kcm2", &["kcm", "--cluster", "c2"]);
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 4);
+    assert!(
+        tasks.values().any(|t| t["cluster"] == "c2"),
+        "the withdrawn slots were offered on c2: {tasks:?}\n{}\n{}",
+        g.log("scheduler"),
+        g.log("runner")
+    );
+    assert!(g.log("kcm1").contains("longer than 5s: withdrawn"));
+    wait_for("no placeholder left waiting on c1", MINUTE, || {
+        placeholders(&queues, stuck, &job, 'q') == 0
+    });
 }

@@ -76,6 +76,7 @@ fn report(job: JobId, kind: JobKind, components: Vec<u32>) -> JobReport {
         started_at: 0,
         results: String::new(),
         components,
+        max_slots: None,
     }
 }
 

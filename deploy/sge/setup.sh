@@ -12,7 +12,8 @@ slots=${2:-${SGE_SLOTS:-8}}
 export SGE_ROOT=/var/lib/gridengine SGE_CELL=default
 host=$(hostname)
 log() { printf 'sge-setup: %s\n' "$*" >&2; }
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo --preserve-env=SGE_ROOT,SGE_CELL "$@"; fi; }
+# shellcheck source=deploy/sge/common.sh
+. "$(dirname "$0")/common.sh"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
@@ -78,54 +79,33 @@ if ! diff -q <(qconf -ssconf) "$work/sched" >/dev/null; then
 fi
 
 # 6. This host executes jobs.
-if ! qconf -sel 2>/dev/null | grep -qx "$host"; then
-    cat > "$work/exechost" <<HOST
-hostname              $host
-load_scaling          NONE
-complex_values        NONE
-user_lists            NONE
-xuser_lists           NONE
-projects              NONE
-xprojects             NONE
-usage_scaling         NONE
-report_variables      NONE
-HOST
-    as_root qconf -Ae "$work/exechost" >/dev/null
-fi
-if $restart_execd && pgrep -x sge_execd >/dev/null; then
+add_exec_host "$host"
+# This host's sge_execd is the one in this network namespace: those of the
+# test hosts of deploy/sge/hosts.sh run in namespaces of their own.
+own_execd() {
+    local pid here
+    here=$(readlink /proc/self/ns/net)
+    for pid in $(pgrep -x sge_execd); do
+        [ "$(as_root readlink "/proc/$pid/ns/net" 2>/dev/null)" = "$here" ] && echo "$pid"
+    done
+    return 0
+}
+if $restart_execd && [ -n "$(own_execd)" ]; then
     log "restarting sge_execd after the configuration change"
-    as_root pkill -x sge_execd || true
-    for _ in $(seq 1 20); do pgrep -x sge_execd >/dev/null || break; sleep 0.5; done
+    as_root kill $(own_execd) || true
+    for _ in $(seq 1 20); do [ -n "$(own_execd)" ] || break; sleep 0.5; done
 fi
-if ! pgrep -x sge_execd >/dev/null; then
+if [ -z "$(own_execd)" ]; then
     log "starting sge_execd"
     as_root install -d -o sgeadmin -g sgeadmin /var/spool/gridengine/execd
     as_root env SGE_ROOT=$SGE_ROOT SGE_CELL=$SGE_CELL /usr/sbin/sge_execd
 fi
 
-# 7. The `make` parallel environment the queue template names.
-if ! qconf -spl 2>/dev/null | grep -qx make; then
-    cat > "$work/pe" <<'PE'
-pe_name            make
-slots              999
-user_lists         NONE
-xuser_lists        NONE
-start_proc_args    NONE
-stop_proc_args     NONE
-allocation_rule    $round_robin
-control_slaves     TRUE
-job_is_first_task  FALSE
-urgency_slots      min
-accounting_summary TRUE
-qsort_args         NONE
-PE
-    as_root qconf -Ap "$work/pe" >/dev/null
-fi
-
-# 8. The cluster queues.
+# 7. The cluster queues (queue.sh also makes the parallel environments
+#    `make` and `smp` they offer).
 "$(dirname "$0")/queue.sh" add $(seq -f 'c%g.q' 1 "$queues") "$slots"
 
-# 9. Ready when the exec host reports and the queues take jobs.
+# 8. Ready when the exec host reports and the queues take jobs.
 for _ in $(seq 1 60); do
     if qstat -f -q c1.q 2>/dev/null | grep -q "c1.q@" && ! qstat -f -q c1.q | grep -Eq 'c1\.q@\S+\s+\S+\s+\S+\s+\S+\s+\S+\s+\S*[auE]'; then
         log "ready: $queues queues of $slots slots on $host"

@@ -128,6 +128,7 @@ pub async fn submit(
 pub async fn status(
     settings: &Settings,
     job: Option<&str>,
+    hosts: bool,
     output: &dyn Output,
 ) -> Result<(), CliError> {
     let connection = connect(settings).await?;
@@ -150,7 +151,7 @@ pub async fn status(
             return Err(not_running(job));
         }
     }
-    output.status(&reply, job);
+    output.status(&reply, job, hosts);
     Ok(())
 }
 

@@ -57,8 +57,13 @@ enum Command {
         #[arg(long)]
         wait: bool,
     },
-    /// Clusters and jobs as the scheduler sees them.
-    Status { job: Option<String> },
+    /// Clusters, their hosts and jobs as the scheduler sees them.
+    Status {
+        job: Option<String>,
+        /// Every execution host, not only how many are in which state.
+        #[arg(long)]
+        hosts: bool,
+    },
     /// Stop a job: running tasks are killed, results so far are kept.
     Cancel { job: String },
     /// Run the scheduler alone.
@@ -151,7 +156,9 @@ async fn dispatch(
     };
     match command {
         Command::Submit { file, wait } => client::submit(&settings, &file, wait, output).await,
-        Command::Status { job } => client::status(&settings, job.as_deref(), output).await,
+        Command::Status { job, hosts } => {
+            client::status(&settings, job.as_deref(), hosts, output).await
+        }
         Command::Cancel { job } => client::cancel(&settings, &job, output).await,
         Command::Simulate {
             scenario,

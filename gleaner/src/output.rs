@@ -32,7 +32,8 @@ pub trait Output {
     /// The job ended as `report` says.
     fn job_ended(&self, report: &JobReport);
     /// The scheduler's picture; `job` when only one job was asked for.
-    fn status(&self, reply: &StatusReply, job: Option<&str>);
+    /// `hosts`: every execution host, not only a count per state.
+    fn status(&self, reply: &StatusReply, job: Option<&str>, hosts: bool);
     fn cancel_requested(&self, job: &JobId);
     fn simulation(&self, comparison: &Comparison);
     fn file_written(&self, what: &str, path: &Path);
@@ -79,7 +80,7 @@ impl Output for Cli {
         );
     }
 
-    fn status(&self, reply: &StatusReply, job: Option<&str>) {
+    fn status(&self, reply: &StatusReply, job: Option<&str>, hosts: bool) {
         if job.is_none() {
             out(format_args!(
                 "scheduler {} ({})\n\n{}",
@@ -87,6 +88,13 @@ impl Output for Cli {
                 reply.policy,
                 crate::table::clusters(&reply.clusters)
             ));
+            if reply.clusters.iter().any(|c| !c.report.hosts.is_empty()) {
+                out(if hosts {
+                    crate::table::each_host(&reply.clusters)
+                } else {
+                    crate::table::hosts(&reply.clusters)
+                });
+            }
         }
         out(crate::table::jobs(&reply.jobs).trim_end());
     }
@@ -135,7 +143,7 @@ impl Output for Json {
         }
     }
 
-    fn status(&self, reply: &StatusReply, _job: Option<&str>) {
+    fn status(&self, reply: &StatusReply, _job: Option<&str>, _hosts: bool) {
         Self::print(reply);
     }
 
@@ -169,7 +177,7 @@ impl Output for Quiet {
 
     fn job_ended(&self, _report: &JobReport) {}
 
-    fn status(&self, _reply: &StatusReply, _job: Option<&str>) {}
+    fn status(&self, _reply: &StatusReply, _job: Option<&str>, _hosts: bool) {}
 
     fn cancel_requested(&self, _job: &JobId) {}
 

@@ -13,12 +13,7 @@ use tracing::info;
 
 use crate::settings::Settings;
 
-pub fn hostname() -> String {
-    nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_else(|| "localhost".to_owned())
-}
+pub use gleaner_kcm::hostname;
 
 fn broker(settings: &Settings, role: &str) -> anyhow::Result<Broker> {
     Ok(Broker::new(

@@ -2,7 +2,7 @@
 
 use comfy_table::{Table, presets::NOTHING};
 
-use gleaner_protocol::{ClusterView, JobReport};
+use gleaner_protocol::{ClusterView, HostReport, JobReport};
 
 /// Borderless columns, as terminals and `grep` like them.
 fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> String {
@@ -64,6 +64,108 @@ pub fn clusters(clusters: &[ClusterView]) -> String {
     )
 }
 
+/// What a host is doing, as `gleaner status` counts hosts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum HostState {
+    /// Takes no jobs now (down, disabled, in error).
+    Closed,
+    /// Every slot runs local jobs or grid components.
+    Full,
+    /// Some slots run launchers.
+    Scavenged,
+    /// Nothing runs.
+    Idle,
+    /// Local work on part of it, the rest free.
+    Partly,
+}
+
+fn host_state(host: &HostReport) -> HostState {
+    if host.slots == 0 {
+        HostState::Closed
+    } else if host.local.saturating_add(host.grid) >= host.slots {
+        HostState::Full
+    } else if host.scavenged > 0 {
+        HostState::Scavenged
+    } else if host.free() == host.slots {
+        HostState::Idle
+    } else {
+        HostState::Partly
+    }
+}
+
+/// Per cluster: how many hosts are full of local work, scavenged, idle.
+pub fn hosts(clusters: &[ClusterView]) -> String {
+    let rows = clusters.iter().map(|c| {
+        let hosts = &c.report.hosts;
+        let count = |state| {
+            hosts
+                .iter()
+                .filter(|h| host_state(h) == state)
+                .count()
+                .to_string()
+        };
+        vec![
+            c.report.cluster.to_string(),
+            hosts.len().to_string(),
+            count(HostState::Full),
+            count(HostState::Partly),
+            count(HostState::Scavenged),
+            count(HostState::Idle),
+            count(HostState::Closed),
+        ]
+    });
+    table(
+        &[
+            "CLUSTER",
+            "HOSTS",
+            "FULL OF LOCAL WORK",
+            "PARTLY LOCAL",
+            "SCAVENGED",
+            "IDLE",
+            "CLOSED",
+        ],
+        rows,
+    )
+}
+
+/// Every execution host of every cluster.
+pub fn each_host(clusters: &[ClusterView]) -> String {
+    let rows = clusters.iter().flat_map(|c| {
+        c.report.hosts.iter().map(|h| {
+            let state = match host_state(h) {
+                HostState::Closed => "closed",
+                HostState::Full => "full of local work",
+                HostState::Scavenged => "scavenged",
+                HostState::Idle => "idle",
+                HostState::Partly => "partly local",
+            };
+            vec![
+                c.report.cluster.to_string(),
+                h.name.clone(),
+                h.slots.to_string(),
+                h.local.to_string(),
+                h.grid.to_string(),
+                h.scavenged.to_string(),
+                h.free().to_string(),
+                state.to_owned(),
+            ]
+        })
+    });
+    table(
+        &[
+            "CLUSTER",
+            "HOST",
+            "SLOTS",
+            "LOCAL",
+            "GRID",
+            "SCAVENGED",
+            "FREE",
+            "STATE",
+        ],
+        rows,
+    )
+}
+
 /// Per job: how far it is, where it runs, how fast.
 pub fn jobs(jobs: &[JobReport]) -> String {
     let rows = jobs.iter().map(|j| {
@@ -104,4 +206,56 @@ pub fn jobs(jobs: &[JobReport]) -> String {
         ],
         rows,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use gleaner_protocol::ClusterReport;
+
+    use super::*;
+
+    fn host(name: &str, slots: u32, local: u32, grid: u32, scavenged: u32) -> HostReport {
+        HostReport {
+            name: name.into(),
+            slots,
+            local,
+            grid,
+            scavenged,
+        }
+    }
+
+    #[test]
+    fn hosts_are_counted_by_what_they_do() {
+        let hosts = vec![
+            host("n1", 4, 3, 1, 0),
+            host("n2", 4, 1, 0, 0),
+            host("n3", 4, 1, 0, 2),
+            host("n4", 4, 0, 0, 0),
+            host("n5", 0, 0, 0, 0),
+        ];
+        let states: Vec<HostState> = hosts.iter().map(host_state).collect();
+        assert_eq!(
+            states,
+            [
+                HostState::Full,
+                HostState::Partly,
+                HostState::Scavenged,
+                HostState::Idle,
+                HostState::Closed
+            ]
+        );
+        let view = ClusterView {
+            report: ClusterReport {
+                cluster: "c1".into(),
+                hosts,
+                ..ClusterReport::default()
+            },
+            ..ClusterView::default()
+        };
+        let summary = super::hosts(std::slice::from_ref(&view));
+        let row: Vec<&str> = summary.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(row, ["c1", "5", "1", "1", "1", "1", "1"]);
+        let each = each_host(&[view]);
+        assert!(each.contains("n3") && each.contains("scavenged"), "{each}");
+    }
 }

@@ -35,6 +35,14 @@ pub struct ClusterConfig {
     /// `sge`: the cluster queue placeholders go to.
     #[serde(default)]
     pub queue: Option<String>,
+    /// `sge`: the parallel environment that keeps a job's slots on one host
+    /// (`allocation_rule $pe_slots`), for multi-slot launchers.
+    #[serde(default = "default_pe_one_host")]
+    pub pe_one_host: String,
+    /// `sge`: the parallel environment for grid components, spread over
+    /// hosts (`$round_robin` or `$fill_up`).
+    #[serde(default = "default_pe_spread")]
+    pub pe_spread: String,
     /// `sge`: walltime of each placeholder (`-l h_rt`).
     #[serde(default, with = "humantime_serde")]
     pub h_rt: Option<Duration>,
@@ -44,6 +52,18 @@ pub struct ClusterConfig {
     /// How long a batch-system command may take before it counts as failed.
     #[serde(default = "default_command_timeout", with = "humantime_serde")]
     pub command_timeout: Duration,
+    /// A placeholder or grid component waiting in the batch queue longer
+    /// than this (a queue limit, a host down, a hold) is withdrawn: its
+    /// slots are offered elsewhere, the component placed again.
+    #[serde(default = "default_max_pending", with = "humantime_serde")]
+    pub max_pending: Duration,
+    /// At most this many of the cluster's slots are scavenged (`16`, or
+    /// `"50%"` of them): the grid is not filled up entirely.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_scavenged: Option<Cap>,
+    /// Hosts kept free of placeholders, for local jobs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub reserve_hosts: Vec<String>,
     /// Where grid job components leave their output and exit status; the
     /// cluster's nodes must see it (default: a directory under the system's
     /// temporary directory).
@@ -55,8 +75,20 @@ fn one() -> u32 {
     1
 }
 
+fn default_pe_one_host() -> String {
+    "smp".to_owned()
+}
+
+fn default_pe_spread() -> String {
+    "make".to_owned()
+}
+
 fn default_command_timeout() -> Duration {
     Duration::from_secs(30)
+}
+
+fn default_max_pending() -> Duration {
+    Duration::from_secs(60)
 }
 
 fn default_poll_interval() -> Duration {
@@ -78,9 +110,14 @@ impl ClusterConfig {
             launcher_slots: one(),
             poll_interval: default_poll_interval(),
             queue: None,
+            pe_one_host: default_pe_one_host(),
+            pe_spread: default_pe_spread(),
             h_rt: None,
             log_dir: None,
             command_timeout: default_command_timeout(),
+            max_pending: default_max_pending(),
+            max_scavenged: None,
+            reserve_hosts: Vec::new(),
             spool_dir: None,
         }
     }
@@ -96,6 +133,17 @@ impl ClusterConfig {
             return Err(format!(
                 "cluster name {name:?} must be made of A-Z a-z 0-9 . _ -"
             ));
+        }
+        if let Some(Cap::Fraction(f)) = self.max_scavenged
+            && !(0.0..=1.0).contains(&f)
+        {
+            return Err(format!(
+                "cluster {}: max_scavenged must be between 0% and 100%",
+                self.name
+            ));
+        }
+        if self.max_pending.is_zero() {
+            return Err("cluster.max_pending must be longer than 0s".to_owned());
         }
         if self.poll_interval.is_zero() {
             return Err("cluster.poll_interval must be longer than 0s".to_owned());
@@ -123,6 +171,9 @@ impl ClusterConfig {
             poll_interval: self.poll_interval,
             job_end_grace: JOB_END_GRACE,
             local_settle: preempt_grace.saturating_add(self.poll_interval.saturating_mul(2)),
+            max_pending: self.max_pending,
+            max_scavenged: self.max_scavenged,
+            reserve_hosts: self.reserve_hosts.clone(),
             spool_dir: self.spool_dir.clone().unwrap_or(default_spool),
         }
     }
@@ -132,6 +183,10 @@ impl ClusterConfig {
         SgeConfig {
             cluster: self.name.clone(),
             queue: self.queue.clone().unwrap_or_default(),
+            launcher_slots: self.launcher_slots.max(1),
+            reserve_hosts: self.reserve_hosts.clone(),
+            pe_one_host: self.pe_one_host.clone(),
+            pe_spread: self.pe_spread.clone(),
             h_rt: self.h_rt,
             log_dir: self.log_dir.clone(),
             command_timeout: self.command_timeout,
@@ -150,6 +205,57 @@ impl ClusterConfig {
                 self.name,
                 self.queue.as_deref().unwrap_or("?")
             ),
+        }
+    }
+}
+
+/// A limit on slots: a number, or a share of the cluster's (`"50%"`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Cap {
+    Slots(u32),
+    Fraction(f64),
+}
+
+impl Cap {
+    /// The limit on a cluster of `total` slots.
+    pub fn of(self, total: u32) -> u32 {
+        match self {
+            Self::Slots(slots) => slots,
+            Self::Fraction(f) => (f64::from(total) * f).floor() as u32,
+        }
+    }
+}
+
+impl Serialize for Cap {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Slots(slots) => serializer.serialize_u32(*slots),
+            Self::Fraction(f) => serializer.serialize_str(&format!("{}%", f * 100.0)),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Cap {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Written {
+            Slots(u32),
+            Text(String),
+        }
+        match Written::deserialize(deserializer)? {
+            Written::Slots(slots) => Ok(Self::Slots(slots)),
+            Written::Text(text) => text
+                .trim()
+                .strip_suffix('%')
+                .and_then(|n| n.trim().parse::<f64>().ok())
+                .filter(|n| n.is_finite())
+                .map(|n| Self::Fraction(n / 100.0))
+                .ok_or_else(|| {
+                    serde::de::Error::custom(format!(
+                        "{text:?} is neither a number of slots nor a percentage like \"50%\""
+                    ))
+                }),
         }
     }
 }

@@ -34,7 +34,7 @@ use tracing::{error, info, warn};
 
 pub use crate::{
     backend::BackendError,
-    snapshot::{ComponentRun, Placeholder, Snapshot},
+    snapshot::{ComponentRun, Host, Placeholder, Snapshot},
 };
 pub use gleaner_policy::local::WaitingJob;
 
@@ -49,6 +49,13 @@ pub struct CoreConfig {
     /// How long a shrink for waiting local jobs gets to take effect before
     /// the same waiting jobs are answered again.
     pub local_settle: Duration,
+    /// How long a placeholder or component may wait in the batch queue
+    /// before it is withdrawn.
+    pub max_pending: Duration,
+    /// The most slots gleaner may hold here.
+    pub max_scavenged: Option<crate::Cap>,
+    /// Hosts placeholders must leave alone.
+    pub reserve_hosts: Vec<String>,
 }
 
 pub use gleaner_protocol::Now;
@@ -163,6 +170,14 @@ pub struct KcmCore {
     /// The last failure to read the batch system (cleared by the next read).
     read_error: Option<String>,
     failed_starts: u32,
+    /// Placeholders withdrawn for waiting too long since one last ran:
+    /// failed starts too, cleared only by a placeholder that runs.
+    stuck_starts: u32,
+    /// When each waiting placeholder or component was first seen waiting.
+    pending_since: BTreeMap<String, Instant>,
+    /// Slots of withdrawn stuck placeholders, not reported idle (so not
+    /// offered here again) until a placeholder runs or `max_pending` passed.
+    blocked: Option<(u32, Instant)>,
     answered: Answered,
     components: BTreeMap<(JobId, u32), TrackedComponent>,
 }
@@ -179,6 +194,9 @@ impl KcmCore {
             command_error: None,
             read_error: None,
             failed_starts: 0,
+            stuck_starts: 0,
+            pending_since: BTreeMap::new(),
+            blocked: None,
             answered: Answered::default(),
             components: BTreeMap::new(),
         }
@@ -339,9 +357,26 @@ impl KcmCore {
                     warn!(cluster = %self.config.cluster, problem, "batch system problem");
                 }
                 self.read_error = None;
+                let ran: BTreeSet<&str> = self
+                    .last
+                    .placeholders
+                    .iter()
+                    .filter(|p| p.running())
+                    .map(|p| p.id.as_str())
+                    .collect();
+                // A placeholder that started since: the cluster runs them.
+                if snapshot
+                    .placeholders
+                    .iter()
+                    .any(|p| p.running() && !ran.contains(p.id.as_str()))
+                {
+                    self.stuck_starts = 0;
+                    self.blocked = None;
+                }
                 self.last = snapshot;
                 effects.extend(self.settle_components(spooled, now));
                 effects.extend(self.make_room(now));
+                effects.extend(self.withdraw_stuck(now));
             }
             Err(e) => {
                 error!(cluster = %self.config.cluster, error = %e, "cannot read the batch system");
@@ -415,25 +450,21 @@ impl KcmCore {
     }
 
     /// Local jobs wait: withdraw pending placeholders, then order the
-    /// scavenging jobs here to give back what is still missing.
+    /// scavenging jobs here to give back what is still missing, where the
+    /// waiting jobs can use it.
     fn make_room(&mut self, now: Now) -> Vec<Effect> {
         let snapshot = &self.last;
         let pending: Vec<String> = snapshot
             .placeholders
             .iter()
-            .filter(|p| !p.running)
+            .filter(|p| !p.running())
             .map(|p| p.id.clone())
             .collect();
-        let mut held: BTreeMap<JobId, u32> = BTreeMap::new();
-        for placeholder in snapshot.placeholders.iter().filter(|p| p.running) {
-            let held = held.entry(placeholder.job.clone()).or_default();
-            *held = held.saturating_add(placeholder.slots);
-        }
+        let hosts = snapshot.host_loads();
         let state = LocalState {
             waiting: &snapshot.waiting,
-            idle: snapshot.free_slots(),
+            hosts: &hosts,
             pending_placeholders: &pending,
-            held: &held,
         };
         let plan = on_local_wait(
             state,
@@ -445,6 +476,11 @@ impl KcmCore {
         let waiting = snapshot.waiting.len();
         let wanted = snapshot.local_waiting();
         let mut effects = Vec::new();
+        for job in &plan.unplaceable {
+            if let Some(w) = snapshot.waiting.iter().find(|w| &w.id == job) {
+                info!(cluster = %cluster, local_job = %job, slots = w.slots, together = w.together, exclusive = w.exclusive, "a local job waits that no host could take even without gleaner: nothing preempted for it");
+            }
+        }
         if !plan.withdraw.is_empty() {
             info!(cluster = %cluster, placeholders = plan.withdraw.len(), waiting, "local jobs wait: withdrawing pending placeholders");
             self.last
@@ -452,16 +488,124 @@ impl KcmCore {
                 .retain(|p| !plan.withdraw.contains(&p.id));
             effects.push(Effect::Remove { ids: plan.withdraw });
         }
-        for (job, slots) in plan.shrink {
-            info!(job = %job, cluster = %cluster, slots, waiting, wanted, "local jobs wait: shrinking");
+        for order in plan.shrink {
+            info!(job = %order.job, cluster = %cluster, slots = order.slots, hosts = ?order.hosts, waiting, wanted, "local jobs wait: shrinking");
             let message = ControlMsg::Shrink {
                 cluster: cluster.clone(),
-                slots,
+                slots: order.slots,
                 mode: ShrinkMode::Preempt,
                 reason: format!("{waiting} local job(s) wait for {wanted} slot(s) on {cluster}"),
+                hosts: order.hosts,
             };
-            effects.push(Effect::Tell { job, message });
+            effects.push(Effect::Tell {
+                job: order.job,
+                message,
+            });
         }
+        effects
+    }
+
+    /// Placeholders and components waiting in the batch queue for longer
+    /// than `max_pending` (not for local jobs: those withdraw them at once)
+    /// wait for something gleaner cannot see; they are withdrawn. The
+    /// placeholders count as failed starts, so that the scheduler offers
+    /// their slots elsewhere and, if it keeps happening, stops offering
+    /// this cluster's; a component ends, to be placed again.
+    fn withdraw_stuck(&mut self, now: Now) -> Vec<Effect> {
+        let waiting: BTreeSet<&str> = self
+            .last
+            .placeholders
+            .iter()
+            .filter(|p| !p.running())
+            .map(|p| p.id.as_str())
+            .chain(
+                self.last
+                    .components
+                    .iter()
+                    .filter(|c| !c.running)
+                    .map(|c| c.id.as_str()),
+            )
+            .collect();
+        self.pending_since
+            .retain(|id, _| waiting.contains(id.as_str()));
+        for id in waiting {
+            self.pending_since
+                .entry(id.to_owned())
+                .or_insert(now.instant);
+        }
+        let limit = self.config.max_pending;
+        let stuck = |id: &str| {
+            self.pending_since
+                .get(id)
+                .is_some_and(|since| now.instant.saturating_duration_since(*since) > limit)
+        };
+        let placeholders: Vec<String> = self
+            .last
+            .placeholders
+            .iter()
+            .filter(|p| !p.running() && stuck(&p.id))
+            .map(|p| p.id.clone())
+            .collect();
+        let components: Vec<ComponentRun> = self
+            .last
+            .components
+            .iter()
+            .filter(|c| !c.running && stuck(&c.id))
+            .cloned()
+            .collect();
+        if placeholders.is_empty() && components.is_empty() {
+            return Vec::new();
+        }
+        let cluster = self.config.cluster.clone();
+        let mut effects = Vec::new();
+        if !placeholders.is_empty() {
+            self.stuck_starts += 1;
+            let slots = self
+                .last
+                .placeholders
+                .iter()
+                .filter(|p| placeholders.contains(&p.id))
+                .fold(0, |all: u32, p| all.saturating_add(p.slots));
+            self.blocked = Some((slots, now.instant + limit));
+            let message = format!(
+                "{} placeholder(s) waited in the batch queue longer than {limit:?}: withdrawn",
+                placeholders.len(),
+            );
+            warn!(cluster = %cluster, placeholders = ?placeholders, failures = self.stuck_starts, "{message}");
+            self.command_error = Some(message);
+        }
+        for run in &components {
+            warn!(job = %run.job, component = run.component, cluster = %cluster, "grid component waited in the batch queue longer than max_pending: withdrawn, to be placed again");
+            self.components.remove(&(run.job.clone(), run.component));
+            let outcome = ComponentOutcome {
+                component: run.component,
+                cluster: cluster.clone(),
+                exit_code: None,
+                runtime_ms: 0,
+                stdout: Captured::default(),
+                stderr: Captured {
+                    data: format!(
+                        "waited in {cluster}'s batch queue longer than {limit:?}: withdrawn"
+                    )
+                    .into_bytes(),
+                    dropped: 0,
+                },
+            };
+            effects.push(Effect::Tell {
+                job: run.job.clone(),
+                message: ControlMsg::ComponentEnded(outcome),
+            });
+        }
+        let ids: Vec<String> = placeholders
+            .into_iter()
+            .chain(components.iter().map(|c| c.id.clone()))
+            .collect();
+        for id in &ids {
+            self.pending_since.remove(id);
+        }
+        self.last.placeholders.retain(|p| !ids.contains(&p.id));
+        self.last.components.retain(|c| !ids.contains(&c.id));
+        effects.push(Effect::Remove { ids });
         effects
     }
 
@@ -491,7 +635,7 @@ impl KcmCore {
             .placeholders
             .iter()
             .filter(|p| &p.job == job)
-            .partition(|p| !p.running);
+            .partition(|p| !p.running());
         let pending: Vec<String> = pending
             .iter()
             .map(|p| p.id.clone())
@@ -519,12 +663,47 @@ impl KcmCore {
         effects
     }
 
+    /// Of `idle` slots, those the admins' caps let gleaner take: no more
+    /// than `max_scavenged` in all, none on reserved hosts.
+    fn offerable(&self, idle: u32) -> u32 {
+        let snapshot = &self.last;
+        let reserved = &self.config.reserve_hosts;
+        let on_reserved = |host: &str| reserved.iter().any(|r| naming::same_host(r, host));
+        let allowed_hosts = snapshot
+            .hosts
+            .iter()
+            .filter(|h| !on_reserved(&h.name))
+            .fold(0, |all: u32, h| all.saturating_add(h.slots));
+        let limit = self
+            .config
+            .max_scavenged
+            .map_or(u32::MAX, |cap| cap.of(snapshot.total_slots()))
+            .min(allowed_hosts);
+        let held = snapshot
+            .placeholders
+            .iter()
+            .fold(0, |all: u32, p| all.saturating_add(p.slots));
+        idle.min(limit.saturating_sub(held))
+    }
+
+    /// Slots not to offer because placeholders there got stuck.
+    fn blocked_slots(&mut self, now: Now) -> u32 {
+        match self.blocked {
+            Some((slots, until)) if now.instant < until => slots,
+            _ => {
+                self.blocked = None;
+                0
+            }
+        }
+    }
+
     fn report(&mut self, now: Now) -> ClusterReport {
+        let blocked = self.blocked_slots(now);
         let snapshot = &self.last;
         let mut jobs: BTreeMap<JobId, Holding> = BTreeMap::new();
         for placeholder in &snapshot.placeholders {
             let holding = jobs.entry(placeholder.job.clone()).or_default();
-            holding.add(placeholder.running, placeholder.slots);
+            holding.add(placeholder.running(), placeholder.slots);
         }
         let mut grid: BTreeMap<JobId, Holding> = BTreeMap::new();
         for component in &snapshot.components {
@@ -535,11 +714,12 @@ impl KcmCore {
             cluster: self.config.cluster.clone(),
             grid,
             backend: self.config.backend.clone(),
-            total_slots: snapshot.total_slots,
-            idle_slots: snapshot.idle_slots(),
-            local_slots: snapshot.local_running,
+            total_slots: snapshot.total_slots(),
+            idle_slots: self.offerable(snapshot.idle_slots().saturating_sub(blocked)),
+            local_slots: snapshot.local_running(),
             local_waiting: snapshot.local_waiting(),
-            grid_slots: snapshot.grid_running,
+            grid_slots: snapshot.grid_running(),
+            hosts: snapshot.host_reports(),
             jobs,
             applied_grants: std::mem::take(&mut self.applied_grants),
             error: self
@@ -547,7 +727,7 @@ impl KcmCore {
                 .clone()
                 .or_else(|| self.read_error.clone())
                 .or_else(|| snapshot.problem.clone()),
-            failed_starts: self.failed_starts,
+            failed_starts: self.failed_starts.saturating_add(self.stuck_starts),
             at: now.wall_ms,
         }
     }
@@ -565,6 +745,7 @@ mod tests {
 
     /// `preempt_grace` 3 s + 2 × a 1 s poll.
     const SETTLE: Duration = Duration::from_secs(5);
+    const MAX_PENDING: Duration = Duration::from_secs(60);
 
     fn core() -> KcmCore {
         KcmCore::new(CoreConfig {
@@ -572,6 +753,9 @@ mod tests {
             backend: "sge".into(),
             job_end_grace: Duration::from_secs(10),
             local_settle: SETTLE,
+            max_pending: MAX_PENDING,
+            max_scavenged: None,
+            reserve_hosts: Vec::new(),
         })
     }
 
@@ -596,7 +780,7 @@ mod tests {
             id: id.into(),
             job: job.clone(),
             slots: 1,
-            running,
+            host: running.then(|| "n1".to_owned()),
         }
     }
 
@@ -622,9 +806,19 @@ mod tests {
         }
     }
 
+    /// One host, `n1`, of `total_slots` slots.
     fn cluster(total_slots: u32, placeholders: Vec<Placeholder>) -> Snapshot {
+        busy(total_slots, 0, 0, placeholders)
+    }
+
+    /// One host, `n1`, with local jobs and grid components on it.
+    fn busy(slots: u32, local: u32, grid: u32, placeholders: Vec<Placeholder>) -> Snapshot {
         Snapshot {
-            total_slots,
+            hosts: vec![Host {
+                local,
+                grid,
+                ..Host::new("n1", slots)
+            }],
             placeholders,
             ..Snapshot::default()
         }
@@ -632,10 +826,7 @@ mod tests {
 
     fn waiting(jobs: &[(&str, u32)]) -> Vec<WaitingJob> {
         jobs.iter()
-            .map(|(id, slots)| WaitingJob {
-                id: (*id).into(),
-                slots: *slots,
-            })
+            .map(|(id, slots)| WaitingJob::anywhere(*id, *slots))
             .collect()
     }
 
@@ -723,10 +914,11 @@ mod tests {
         let mut kcm = core();
         let (a, g) = (job("a"), job("g"));
         let found = Snapshot {
-            grid_running: 2,
             components: vec![component("9", &g, 0, 2)],
-            ..cluster(
+            ..busy(
                 6,
+                0,
+                2,
                 (1..=4)
                     .map(|t| placeholder(&format!("3.{t}"), &a, true))
                     .collect(),
@@ -785,8 +977,7 @@ mod tests {
         // The adopted component is the kcm's to report when it ends.
         let gone = Snapshot {
             components: Vec::new(),
-            grid_running: 0,
-            ..found
+            ..cluster(6, found.placeholders.clone())
         };
         let ends = ended(&poll(&mut kcm, gone, clock.at(1_000)));
         assert_eq!(ends.len(), 1);
@@ -1197,6 +1388,110 @@ mod tests {
     }
 
     #[test]
+    fn placeholders_and_components_waiting_too_long_are_withdrawn() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let (a, g) = (job("a"), job("g"));
+        let waiting = Snapshot {
+            components: vec![ComponentRun {
+                running: false,
+                ..component("9", &g, 1, 2)
+            }],
+            ..cluster(
+                4,
+                vec![placeholder("3.1", &a, true), placeholder("3.2", &a, false)],
+            )
+        };
+        assert!(removed(&poll(&mut kcm, waiting.clone(), clock.at(0))).is_empty());
+        assert!(removed(&poll(&mut kcm, waiting.clone(), clock.at(60_000))).is_empty());
+        let effects = poll(&mut kcm, waiting.clone(), clock.at(61_000));
+        assert_eq!(removed(&effects), [vec!["3.2".to_owned(), "9".to_owned()]]);
+        let ends = ended(&effects);
+        assert!(
+            ends.is_empty(),
+            "a withdrawn component is told, not reported from the spool"
+        );
+        assert!(effects.iter().any(|e| matches!(
+            e,
+            Effect::Tell { job, message: ControlMsg::ComponentEnded(outcome) }
+                if job == &g && outcome.exit_code.is_none() && outcome.component == 1
+        )));
+        let r = report(&mut kcm, clock.at(61_000));
+        assert_eq!(r.failed_starts, 1, "counted as a failed start");
+        assert_eq!(
+            r.idle_slots,
+            4 - 1 - 1,
+            "one slot runs a launcher; the withdrawn one is not offered again"
+        );
+        assert!(r.error.unwrap().contains("longer than"));
+        // A successful submit does not clear it; a placeholder that runs does.
+        kcm.handle(
+            Event::LaunchersSubmitted {
+                job: a.clone(),
+                grant: GrantId::new(8),
+                requested: 1,
+                result: Ok(1),
+            },
+            clock.at(62_000),
+        );
+        assert_eq!(report(&mut kcm, clock.at(62_000)).failed_starts, 1);
+        let started = cluster(
+            4,
+            vec![placeholder("3.1", &a, true), placeholder("4.1", &a, true)],
+        );
+        poll(&mut kcm, started, clock.at(63_000));
+        assert_eq!(report(&mut kcm, clock.at(63_000)).failed_starts, 0);
+    }
+
+    #[test]
+    fn caps_limit_the_slots_offered() {
+        let clock = Clock::new();
+        let capped = |max_scavenged, reserve_hosts: &[&str]| {
+            KcmCore::new(CoreConfig {
+                max_scavenged,
+                reserve_hosts: reserve_hosts.iter().map(|h| (*h).to_owned()).collect(),
+                ..core().config
+            })
+        };
+        let a = job("a");
+        let grid = |placeholders: Vec<Placeholder>| Snapshot {
+            hosts: vec![Host::new("n1", 4), Host::new("n2", 4), Host::new("n3", 4)],
+            placeholders,
+            ..Snapshot::default()
+        };
+        let idle = |kcm: &mut KcmCore, snapshot| {
+            poll(kcm, snapshot, clock.at(0));
+            report(kcm, clock.at(0)).idle_slots
+        };
+        let two = vec![placeholder("1.1", &a, true), placeholder("1.2", &a, false)];
+        assert_eq!(idle(&mut capped(None, &[]), grid(two.clone())), 10);
+        assert_eq!(
+            idle(
+                &mut capped(Some(crate::Cap::Slots(5)), &[]),
+                grid(two.clone())
+            ),
+            3
+        );
+        assert_eq!(
+            idle(
+                &mut capped(Some(crate::Cap::Fraction(0.5)), &[]),
+                grid(two.clone())
+            ),
+            4
+        );
+        assert_eq!(
+            idle(&mut capped(None, &["n3.grid.example"]), grid(two.clone())),
+            6,
+            "n3's slots are not offered"
+        );
+        assert_eq!(
+            idle(&mut capped(Some(crate::Cap::Slots(1)), &[]), grid(two)),
+            0,
+            "never below what is held"
+        );
+    }
+
+    #[test]
     fn the_report_counts_slots_per_job_and_for_the_cluster() {
         let clock = Clock::new();
         let mut kcm = core();
@@ -1206,8 +1501,6 @@ mod tests {
             ..placeholder("2.1", &b, true)
         };
         let snapshot = Snapshot {
-            local_running: 3,
-            grid_running: 4,
             components: vec![
                 component("8", &g, 0, 4),
                 ComponentRun {
@@ -1215,8 +1508,10 @@ mod tests {
                     ..component("9", &g, 1, 2)
                 },
             ],
-            ..cluster(
+            ..busy(
                 16,
+                3,
+                4,
                 vec![
                     placeholder("1.1", &a, true),
                     placeholder("1.2", &a, true),

@@ -28,10 +28,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 pub use backend::{Backend, BackendError, ComponentFiles, LauncherCommand};
-pub use config::{BackendKind, ClusterConfig};
-pub use local::LocalBackend;
+pub use config::{BackendKind, Cap, ClusterConfig};
+pub use local::{LocalBackend, hostname};
 pub use sge::{SgeBackend, SgeConfig};
-pub use snapshot::{ComponentRun, Placeholder, Snapshot};
+pub use snapshot::{ComponentRun, Host, Placeholder, Snapshot};
 
 use crate::core::{CoreConfig, Effect, Event, KcmCore, Now, SpooledExit};
 
@@ -46,6 +46,10 @@ pub struct KcmConfig {
     /// How long a shrink for waiting local jobs gets to take effect before
     /// the same waiting jobs are answered again.
     pub local_settle: Duration,
+    /// How long a placeholder or component may wait in the batch queue.
+    pub max_pending: Duration,
+    pub max_scavenged: Option<config::Cap>,
+    pub reserve_hosts: Vec<String>,
     /// Where grid components leave their output and exit status; the
     /// cluster's nodes must see it at the same path.
     pub spool_dir: std::path::PathBuf,
@@ -59,6 +63,9 @@ impl KcmConfig {
             backend: backend.to_owned(),
             job_end_grace: self.job_end_grace,
             local_settle: self.local_settle,
+            max_pending: self.max_pending,
+            max_scavenged: self.max_scavenged,
+            reserve_hosts: self.reserve_hosts.clone(),
         }
     }
 }

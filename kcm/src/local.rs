@@ -17,7 +17,7 @@ use gleaner_protocol::{
 
 use crate::{
     backend::{Backend, BackendError, ComponentFiles, LauncherCommand},
-    snapshot::{ComponentRun, Placeholder, Snapshot},
+    snapshot::{ComponentRun, Host, Placeholder, Snapshot},
 };
 
 struct Launcher {
@@ -139,6 +139,14 @@ impl LocalBackend {
     }
 }
 
+/// This machine's name, as the launchers it starts report it.
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
 impl Backend for LocalBackend {
     fn kind(&self) -> &'static str {
         "local"
@@ -146,9 +154,12 @@ impl Backend for LocalBackend {
 
     async fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
         self.reap();
+        let host = hostname();
         Ok(Snapshot {
-            total_slots: self.slots,
-            grid_running: self.component_slots(true),
+            hosts: vec![Host {
+                grid: self.component_slots(true),
+                ..Host::new(host.clone(), self.slots)
+            }],
             components: self
                 .components
                 .iter()
@@ -167,7 +178,7 @@ impl Backend for LocalBackend {
                     id: l.id.clone(),
                     job: l.job.clone(),
                     slots: l.slots,
-                    running: true,
+                    host: Some(host.clone()),
                 })
                 .collect(),
             ..Snapshot::default()

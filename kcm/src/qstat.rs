@@ -1,11 +1,14 @@
 //! Reading Grid Engine's `qstat -f -r -xml` into a [`Snapshot`] of one
-//! cluster queue. Pure: the command is run elsewhere.
+//! cluster queue, host by host, and `qconf -sp` into a parallel
+//! environment's allocation rule. Pure: the commands are run elsewhere.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_policy::local::WaitingJob;
 use gleaner_protocol::naming::{parse_component_name, parse_placeholder_name};
 use serde::Deserialize;
 
-use crate::snapshot::{ComponentRun, Placeholder, Snapshot};
+use crate::snapshot::{ComponentRun, Host, Placeholder, Snapshot};
 
 #[derive(Debug, Default, Deserialize)]
 struct Root {
@@ -29,6 +32,7 @@ struct PendingInfo {
 
 #[derive(Debug, Deserialize)]
 struct QueueInstance {
+    /// `queue@host`.
     name: String,
     #[serde(default)]
     slots_total: u32,
@@ -51,111 +55,219 @@ struct JobEntry {
     /// One task id when running; ranges like `2-8:1,10` when pending.
     #[serde(default)]
     tasks: Option<String>,
+    /// `-pe NAME N` of a waiting job.
+    #[serde(rename = "requested_pe", default)]
+    requested_pe: Option<Named>,
+    /// `-l NAME=VALUE`.
+    #[serde(rename = "hard_request", default)]
+    hard_requests: Vec<Named>,
+}
+
+/// An element like `<requested_pe name="smp">4</requested_pe>`.
+#[derive(Debug, Deserialize)]
+struct Named {
+    #[serde(rename = "@name", default)]
+    name: String,
+    #[serde(rename = "$text", default)]
+    value: String,
+}
+
+impl JobEntry {
+    fn exclusive(&self) -> bool {
+        self.hard_requests.iter().any(|r| {
+            r.name.eq_ignore_ascii_case("exclusive")
+                && matches!(r.value.trim().to_ascii_lowercase().as_str(), "true" | "1")
+        })
+    }
+}
+
+/// How a parallel environment spreads a job's slots over hosts
+/// (`allocation_rule` in `qconf -sp`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllocationRule {
+    /// `$pe_slots`: every slot on one host.
+    OneHost,
+    /// A number: that many slots on each host.
+    PerHost(u32),
+    /// `$round_robin`, `$fill_up`: any slots on any hosts.
+    Spread,
+}
+
+/// The allocation rule in `qconf -sp NAME`'s output.
+pub fn allocation_rule(qconf_sp: &str) -> Option<AllocationRule> {
+    let value = qconf_sp.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        (words.next() == Some("allocation_rule")).then(|| words.next())?
+    })?;
+    Some(match value {
+        "$pe_slots" => AllocationRule::OneHost,
+        "$round_robin" | "$fill_up" => AllocationRule::Spread,
+        n => AllocationRule::PerHost(n.parse().ok().filter(|n| *n > 0)?),
+    })
+}
+
+/// `qstat -f -r -xml` read, before the allocation rules it names are known.
+#[derive(Debug)]
+pub struct Qstat(Root);
+
+/// Reads `qstat -f -r -xml -q <queue> -u '*'`. `Err` says what was wrong.
+pub fn read(xml: &str) -> Result<Qstat, String> {
+    quick_xml::de::from_str(xml)
+        .map(Qstat)
+        .map_err(|e| format!("unreadable qstat XML: {e}"))
+}
+
+impl Qstat {
+    /// The parallel environments waiting jobs ask for.
+    pub fn requested_pes(&self) -> BTreeSet<&str> {
+        self.0
+            .job_info
+            .job_list
+            .iter()
+            .filter_map(|job| job.requested_pe.as_ref())
+            .map(|pe| pe.name.as_str())
+            .collect()
+    }
+
+    /// The cluster's snapshot, reading waiting jobs' parallel environments
+    /// by `rules` (one it does not know counts as spread).
+    pub fn snapshot(
+        &self,
+        queue: &str,
+        rules: &BTreeMap<String, AllocationRule>,
+    ) -> Result<Snapshot, String> {
+        let root = &self.0;
+        let instance_prefix = format!("{queue}@");
+        let mut snapshot = Snapshot::default();
+        let mut problems = Vec::new();
+        for instance in &root.queue_info.queues {
+            let Some(host_name) = instance.name.strip_prefix(&instance_prefix) else {
+                continue;
+            };
+            let state = instance.state.as_deref().unwrap_or("");
+            let usable = !state.contains(UNUSABLE);
+            if !usable {
+                problems.push(format!("{} is in state {state}", instance.name));
+            }
+            let mut host = Host::new(host_name, if usable { instance.slots_total } else { 0 });
+            for job in &instance.job_list {
+                let id = match &job.tasks {
+                    Some(task) => format!("{}.{task}", job.number),
+                    None => job.number.to_string(),
+                };
+                if let Some(owner) = parse_placeholder_name(&job.name) {
+                    snapshot.placeholders.push(Placeholder {
+                        id,
+                        job: owner,
+                        slots: job.slots.max(1),
+                        host: Some(host_name.to_owned()),
+                    });
+                } else if let Some((owner, component)) = parse_component_name(&job.name) {
+                    host.grid = host.grid.saturating_add(job.slots);
+                    // A component on many hosts is one run with their slots.
+                    match snapshot.components.iter_mut().find(|c| c.id == id) {
+                        Some(run) => run.slots = run.slots.saturating_add(job.slots),
+                        None => snapshot.components.push(ComponentRun {
+                            id,
+                            job: owner,
+                            component,
+                            slots: job.slots.max(1),
+                            running: true,
+                        }),
+                    }
+                } else {
+                    host.local = host.local.saturating_add(job.slots);
+                }
+            }
+            snapshot.hosts.push(host);
+        }
+        if snapshot.hosts.is_empty() {
+            return Err(format!("no queue {queue} in the batch system"));
+        }
+        let largest_host = snapshot.hosts.iter().map(|h| h.slots).max().unwrap_or(0);
+        for job in &root.job_info.job_list {
+            let tasks = match &job.tasks {
+                Some(ranges) => expand_tasks(ranges),
+                None => vec![None],
+            };
+            if let Some((owner, component)) = parse_component_name(&job.name) {
+                snapshot.components.push(ComponentRun {
+                    id: job.number.to_string(),
+                    job: owner,
+                    component,
+                    slots: job.slots.max(1),
+                    running: false,
+                });
+                continue;
+            }
+            match parse_placeholder_name(&job.name) {
+                Some(owner) => {
+                    if job.state.contains('E') {
+                        problems.push(format!(
+                            "placeholder job {} is in error state {}",
+                            job.number, job.state
+                        ));
+                    }
+                    snapshot
+                        .placeholders
+                        .extend(tasks.iter().map(|task| Placeholder {
+                            id: match task {
+                                Some(task) => format!("{}.{task}", job.number),
+                                None => job.number.to_string(),
+                            },
+                            job: owner.clone(),
+                            slots: job.slots.max(1),
+                            host: None,
+                        }));
+                }
+                // A job on hold, or in error, is not waiting for slots.
+                None if job.state.contains(['h', 'E']) => {}
+                None => snapshot.waiting.push(waiting_job(
+                    job,
+                    tasks.len() as u32,
+                    snapshot.total_slots().max(1),
+                    largest_host,
+                    rules,
+                )),
+            }
+        }
+        snapshot.problem = (!problems.is_empty()).then(|| problems.join("; "));
+        Ok(snapshot)
+    }
+}
+
+/// A waiting local job: its slots (a pending array's tasks together, at
+/// most the whole queue) and which of them must share a host.
+fn waiting_job(
+    job: &JobEntry,
+    tasks: u32,
+    total_slots: u32,
+    largest_host: u32,
+    rules: &BTreeMap<String, AllocationRule>,
+) -> WaitingJob {
+    let each = job.slots.max(1);
+    let together = match job.requested_pe.as_ref().and_then(|pe| rules.get(&pe.name)) {
+        Some(AllocationRule::OneHost) => each,
+        Some(AllocationRule::PerHost(n)) => (*n).min(each),
+        Some(AllocationRule::Spread) | None => 1,
+    };
+    // Each task of an array is its own job: its slots stay together.
+    let copies = tasks.min(total_slots.div_ceil(each).max(1));
+    let exclusive = job.exclusive();
+    WaitingJob {
+        id: job.number.to_string(),
+        slots: each.saturating_mul(copies),
+        together: if exclusive {
+            together.max(each.min(largest_host))
+        } else {
+            together
+        },
+        exclusive,
+    }
 }
 
 /// Queue instance states in which it runs nothing new.
 const UNUSABLE: &[char] = &['a', 'u', 'E', 'd', 's', 'S', 'D', 'C', 'o'];
-
-/// Turns `qstat -f -r -xml -q <queue> -u '*'` output into the cluster's
-/// snapshot. `Err` carries what was wrong with the output.
-pub fn snapshot(xml: &str, queue: &str) -> Result<Snapshot, String> {
-    let root: Root =
-        quick_xml::de::from_str(xml).map_err(|e| format!("unreadable qstat XML: {e}"))?;
-    let instance_prefix = format!("{queue}@");
-    let mut snapshot = Snapshot::default();
-    let mut problems = Vec::new();
-    let mut instances = 0;
-    for instance in root
-        .queue_info
-        .queues
-        .iter()
-        .filter(|q| q.name.starts_with(&instance_prefix))
-    {
-        instances += 1;
-        let state = instance.state.as_deref().unwrap_or("");
-        if state.contains(UNUSABLE) {
-            problems.push(format!("{} is in state {state}", instance.name));
-        } else {
-            snapshot.total_slots = snapshot.total_slots.saturating_add(instance.slots_total);
-        }
-        for job in &instance.job_list {
-            let id = match &job.tasks {
-                Some(task) => format!("{}.{task}", job.number),
-                None => job.number.to_string(),
-            };
-            if let Some(owner) = parse_placeholder_name(&job.name) {
-                snapshot.placeholders.push(Placeholder {
-                    id,
-                    job: owner,
-                    slots: job.slots.max(1),
-                    running: true,
-                });
-            } else if let Some((owner, component)) = parse_component_name(&job.name) {
-                snapshot.grid_running = snapshot.grid_running.saturating_add(job.slots);
-                snapshot.components.push(ComponentRun {
-                    id,
-                    job: owner,
-                    component,
-                    slots: job.slots.max(1),
-                    running: true,
-                });
-            } else {
-                snapshot.local_running = snapshot.local_running.saturating_add(job.slots);
-            }
-        }
-    }
-    if instances == 0 {
-        return Err(format!("no queue {queue} in the batch system"));
-    }
-    for job in &root.job_info.job_list {
-        let tasks = match &job.tasks {
-            Some(ranges) => expand_tasks(ranges),
-            None => vec![None],
-        };
-        if let Some((owner, component)) = parse_component_name(&job.name) {
-            snapshot.components.push(ComponentRun {
-                id: job.number.to_string(),
-                job: owner,
-                component,
-                slots: job.slots.max(1),
-                running: false,
-            });
-            continue;
-        }
-        match parse_placeholder_name(&job.name) {
-            Some(owner) => {
-                if job.state.contains('E') {
-                    problems.push(format!(
-                        "placeholder job {} is in error state {}",
-                        job.number, job.state
-                    ));
-                }
-                snapshot
-                    .placeholders
-                    .extend(tasks.iter().map(|task| Placeholder {
-                        id: match task {
-                            Some(task) => format!("{}.{task}", job.number),
-                            None => job.number.to_string(),
-                        },
-                        job: owner.clone(),
-                        slots: job.slots.max(1),
-                        running: false,
-                    }));
-            }
-            // A job on hold, or in error, is not waiting for slots.
-            None if job.state.contains(['h', 'E']) => {}
-            None => {
-                let copies = (tasks.len() as u32).min(snapshot.total_slots.max(1));
-                snapshot.waiting.push(WaitingJob {
-                    id: job.number.to_string(),
-                    slots: job.slots.max(1).saturating_mul(copies),
-                });
-            }
-        }
-    }
-    snapshot.problem = (!problems.is_empty()).then(|| problems.join("; "));
-    Ok(snapshot)
-}
 
 /// `2-8:2,10` → 2, 4, 6, 8, 10. Bounded: a pending array of a million tasks
 /// is not a million placeholders to look at.
@@ -191,16 +303,26 @@ fn expand_tasks(ranges: &str) -> Vec<Option<u64>> {
 mod tests {
     use super::*;
 
+    fn snapshot(xml: &str, queue: &str) -> Result<Snapshot, String> {
+        let rules = [
+            ("smp".to_owned(), AllocationRule::OneHost),
+            ("make".to_owned(), AllocationRule::Spread),
+            ("two".to_owned(), AllocationRule::PerHost(2)),
+        ]
+        .into();
+        read(xml)?.snapshot(queue, &rules)
+    }
+
     const SAMPLE: &str = include_str!("../tests/data/qstat-c1.xml");
 
     #[test]
     fn the_real_output_of_a_busy_queue() {
         let s = snapshot(SAMPLE, "c1.q").unwrap();
-        assert_eq!(s.total_slots, 8);
+        assert_eq!(s.total_slots(), 8);
         let running: Vec<&str> = s
             .placeholders
             .iter()
-            .filter(|p| p.running)
+            .filter(|p| p.running())
             .map(|p| p.id.as_str())
             .collect();
         assert_eq!(
@@ -210,7 +332,7 @@ mod tests {
         let pending: Vec<&str> = s
             .placeholders
             .iter()
-            .filter(|p| !p.running)
+            .filter(|p| !p.running())
             .map(|p| p.id.as_str())
             .collect();
         assert_eq!(pending, ["3.9", "3.10"]);
@@ -219,13 +341,10 @@ mod tests {
                 .iter()
                 .all(|p| p.job.as_str() == "sweep-3fa9c2")
         );
-        assert_eq!(s.local_running, 0);
+        assert_eq!(s.local_running(), 0);
         assert_eq!(
             s.waiting,
-            [WaitingJob {
-                id: "4".into(),
-                slots: 2
-            }],
+            [WaitingJob::anywhere("4", 2)],
             "the held job does not wait for slots"
         );
         assert_eq!(s.problem, None);
@@ -238,13 +357,76 @@ mod tests {
             </Queue-List></queue_info>
             <job_info><job_list state="pending"><JB_job_number>6</JB_job_number><JB_name>gg-mpi-00beef.1</JB_name><state>qw</state><slots>2</slots></job_list></job_info></job_info>"#;
         let s = snapshot(xml, "c1.q").unwrap();
-        assert_eq!((s.grid_running, s.local_running), (4, 0));
+        assert_eq!((s.grid_running(), s.local_running()), (4, 0));
         assert!(s.waiting.is_empty() && s.placeholders.is_empty());
         assert_eq!(s.components.len(), 2);
         assert_eq!(
             (s.components[1].component, s.components[1].running),
             (1, false)
         );
+    }
+
+    #[test]
+    fn hosts_of_a_real_multi_host_queue() {
+        // A local `-pe make 6` on 2 slots of each of 3 hosts, and a
+        // `-pe smp 5` that no 4-slot host can take.
+        let s = snapshot(include_str!("../tests/data/qstat-g1.xml"), "g1.q").unwrap();
+        let hosts: Vec<(&str, u32, u32)> = s
+            .hosts
+            .iter()
+            .map(|h| (h.name.as_str(), h.slots, h.local))
+            .collect();
+        assert_eq!(hosts, [("node1", 4, 2), ("node2", 4, 2), ("node3", 4, 2)]);
+        assert_eq!(s.waiting, [WaitingJob::one_host("16", 5)]);
+    }
+
+    #[test]
+    fn placeholders_and_components_know_their_hosts() {
+        let xml = r#"<job_info><queue_info>
+            <Queue-List><name>g1.q@n1</name><slots_total>4</slots_total>
+              <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00beef.0</JB_name><state>r</state><slots>2</slots></job_list>
+              <job_list state="running"><JB_job_number>7</JB_job_number><JB_name>gl-sweep-00beef</JB_name><state>r</state><slots>2</slots><tasks>1</tasks></job_list>
+            </Queue-List>
+            <Queue-List><name>g1.q@n2</name><slots_total>4</slots_total>
+              <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00beef.0</JB_name><state>r</state><slots>4</slots></job_list>
+            </Queue-List></queue_info>
+            <job_info>
+              <job_list state="pending"><JB_job_number>8</JB_job_number><JB_name>whole</JB_name><state>qw</state><slots>1</slots>
+                <hard_request name="exclusive" resource_contribution="0.0">true</hard_request></job_list>
+              <job_list state="pending"><JB_job_number>9</JB_job_number><JB_name>pairs</JB_name><state>qw</state><slots>4</slots>
+                <requested_pe name="two">4</requested_pe></job_list>
+              <job_list state="pending"><JB_job_number>10</JB_job_number><JB_name>odd</JB_name><state>qw</state><slots>3</slots>
+                <requested_pe name="unknown">3</requested_pe></job_list>
+            </job_info></job_info>"#;
+        let s = snapshot(xml, "g1.q").unwrap();
+        assert_eq!(s.placeholders[0].host.as_deref(), Some("n1"));
+        assert_eq!((s.components.len(), s.components[0].slots), (1, 6));
+        assert_eq!((s.hosts[0].grid, s.hosts[1].grid), (2, 4));
+        let shapes: Vec<(u32, u32, bool)> = s
+            .waiting
+            .iter()
+            .map(|w| (w.slots, w.together, w.exclusive))
+            .collect();
+        assert_eq!(shapes, [(1, 1, true), (4, 2, false), (3, 1, false)]);
+        assert_eq!(
+            read(xml).unwrap().requested_pes(),
+            ["two", "unknown"].into()
+        );
+    }
+
+    #[test]
+    fn allocation_rules_read_from_qconf() {
+        let pe = |rule: &str| {
+            allocation_rule(&format!(
+                "pe_name smp\nslots 999\nallocation_rule {rule}\ncontrol_slaves FALSE\n"
+            ))
+        };
+        assert_eq!(pe("$pe_slots"), Some(AllocationRule::OneHost));
+        assert_eq!(pe("$round_robin"), Some(AllocationRule::Spread));
+        assert_eq!(pe("$fill_up"), Some(AllocationRule::Spread));
+        assert_eq!(pe("4"), Some(AllocationRule::PerHost(4)));
+        assert_eq!(pe("0"), None);
+        assert_eq!(allocation_rule("error: no such PE"), None);
     }
 
     #[test]
@@ -266,7 +448,7 @@ mod tests {
     fn broken_queues_and_output_are_reported() {
         let xml = r#"<?xml version='1.0'?><job_info><queue_info><Queue-List><name>c1.q@vm</name><slots_used>0</slots_used><slots_total>8</slots_total><state>E</state></Queue-List></queue_info><job_info></job_info></job_info>"#;
         let s = snapshot(xml, "c1.q").unwrap();
-        assert_eq!(s.total_slots, 0);
+        assert_eq!(s.total_slots(), 0);
         assert!(s.problem.unwrap().contains("state E"));
         assert!(snapshot(xml, "c9.q").unwrap_err().contains("no queue c9.q"));
         assert!(snapshot("<html>error</html>", "c1.q").is_err());
@@ -280,7 +462,7 @@ mod tests {
             </Queue-List><Queue-List><name>c1.q@b</name><slots_total>4</slots_total></Queue-List></queue_info>
             <job_info><job_list state="pending"><JB_job_number>6</JB_job_number><JB_name>array</JB_name><state>qw</state><slots>1</slots><tasks>1-100:1</tasks></job_list></job_info></job_info>"#;
         let s = snapshot(xml, "c1.q").unwrap();
-        assert_eq!((s.total_slots, s.local_running), (8, 2));
+        assert_eq!((s.total_slots(), s.local_running()), (8, 2));
         assert_eq!(
             s.waiting[0].slots, 8,
             "a pending array wants at most the whole queue"

@@ -6,19 +6,22 @@
 //! read on every poll; placeholders are recognised by their name alone, so a
 //! restarted kcm adopts whatever its predecessor left running.
 
-use std::{path::PathBuf, process::Stdio, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, process::Stdio, time::Duration};
 
 use gleaner_manifest::JobId;
 use tokio::{io::AsyncWriteExt, process::Command};
+use tracing::warn;
 
 use crate::{
     backend::{Backend, BackendError, ComponentFiles, LauncherCommand, quote},
-    qstat,
+    qstat::{self, AllocationRule, allocation_rule},
     snapshot::Snapshot,
 };
 use gleaner_protocol::{
     ClusterName, ComponentSpec,
-    naming::{LauncherArgs, SGE_TASK_ID, component_name, launcher_id_word, placeholder_name},
+    naming::{
+        LauncherArgs, SGE_TASK_ID, component_name, launcher_id_word, placeholder_name, same_host,
+    },
 };
 
 #[derive(Debug, Clone)]
@@ -26,6 +29,15 @@ pub struct SgeConfig {
     pub cluster: ClusterName,
     /// The cluster queue placeholders go to (`-q`).
     pub queue: String,
+    /// Slots of each launcher; more than 1 asks for them on one host
+    /// through `pe_one_host`.
+    pub launcher_slots: u32,
+    /// Parallel environment keeping a job's slots on one host (`$pe_slots`).
+    pub pe_one_host: String,
+    /// Parallel environment spreading a job over hosts (`$round_robin`).
+    pub pe_spread: String,
+    /// Hosts placeholders must not go to.
+    pub reserve_hosts: Vec<String>,
     /// Walltime of each placeholder (`-l h_rt`); launchers drain before it.
     pub h_rt: Option<Duration>,
     /// Where placeholders' stdout/stderr go; discarded when unset.
@@ -35,13 +47,54 @@ pub struct SgeConfig {
     pub launcher: LauncherCommand,
 }
 
+/// The placeholder arrays covering `slots`: `(launchers, slots each)` —
+/// whole launchers of `size`, and one smaller for the rest.
+fn launcher_arrays(slots: u32, size: u32) -> Vec<(u32, u32)> {
+    let size = size.max(1);
+    [
+        (slots / size, size),
+        (u32::from(!slots.is_multiple_of(size)), slots % size),
+    ]
+    .into_iter()
+    .filter(|(count, _)| *count > 0)
+    .collect()
+}
+
 pub struct SgeBackend {
     config: SgeConfig,
+    /// Allocation rules of the parallel environments waiting jobs asked
+    /// for, read once each with `qconf -sp`.
+    pe_rules: BTreeMap<String, AllocationRule>,
+    /// The queue's hosts, as last read.
+    hosts: Vec<String>,
 }
 
 impl SgeBackend {
     pub fn new(config: SgeConfig) -> Self {
-        Self { config }
+        Self {
+            config,
+            pe_rules: BTreeMap::new(),
+            hosts: Vec::new(),
+        }
+    }
+
+    /// Learns the allocation rules of parallel environments not seen yet.
+    /// One that cannot be read counts as spread (and is not asked again).
+    async fn learn_pe_rules(&mut self, names: Vec<String>) {
+        for name in names {
+            let rule = match self
+                .run("qconf", &["-sp".to_owned(), name.clone()], None)
+                .await
+            {
+                Ok(text) => allocation_rule(&text),
+                Err(e) => {
+                    warn!(cluster = %self.config.cluster, pe = name, error = %e, "cannot read a parallel environment; its jobs count as spread over hosts");
+                    None
+                }
+            };
+            self.pe_rules
+                .insert(name, rule.unwrap_or(AllocationRule::Spread));
+        }
     }
 
     /// Runs a batch-system command; its failure carries its own output.
@@ -99,13 +152,13 @@ impl SgeBackend {
     /// What every submission says: its name and queue, the script on stdin
     /// run by `/bin/sh`, and `-w e`, which refuses a job that could never
     /// run rather than leave it waiting.
-    fn qsub_args(&self, name: String) -> Vec<String> {
+    fn qsub_args(&self, name: String, queue: String) -> Vec<String> {
         vec![
             "-terse".into(),
             "-N".into(),
             name,
             "-q".into(),
-            self.config.queue.clone(),
+            queue,
             "-w".into(),
             "e".into(),
             "-S".into(),
@@ -115,8 +168,80 @@ impl SgeBackend {
         ]
     }
 
+    /// Where placeholders may go: the queue, or its instances on the hosts
+    /// that are not reserved.
+    fn placeholder_queue(&self) -> Result<String, BackendError> {
+        let c = &self.config;
+        if c.reserve_hosts.is_empty() {
+            return Ok(c.queue.clone());
+        }
+        let instances: Vec<String> = self
+            .hosts
+            .iter()
+            .filter(|h| !c.reserve_hosts.iter().any(|r| same_host(r, h)))
+            .map(|h| format!("{}@{h}", c.queue))
+            .collect();
+        if instances.is_empty() {
+            return Err(BackendError {
+                command: "qsub".to_owned(),
+                message: format!(
+                    "no host of {} is free of reserve_hosts (or none read yet)",
+                    c.queue
+                ),
+            });
+        }
+        Ok(instances.join(","))
+    }
+
+    /// One placeholder array of `count` launchers of `each` slots.
+    async fn submit_array(&self, job: &JobId, count: u32, each: u32) -> Result<(), BackendError> {
+        let c = &self.config;
+        let mut args = self.qsub_args(placeholder_name(job.as_str()), self.placeholder_queue()?);
+        args.extend([
+            "-t".into(),
+            format!("1-{count}"),
+            "-p".into(),
+            "-1023".into(),
+            "-notify".into(),
+        ]);
+        if each > 1 {
+            args.extend(["-pe".into(), c.pe_one_host.clone(), each.to_string()]);
+        }
+        if let Some(h_rt) = c.h_rt {
+            args.extend(["-l".into(), format!("h_rt={}", h_rt.as_secs().max(1))]);
+        }
+        match &c.log_dir {
+            Some(dir) => {
+                let dir = dir.display();
+                args.extend([
+                    "-j".into(),
+                    "y".into(),
+                    "-o".into(),
+                    format!("{dir}/$JOB_NAME.$JOB_ID.$TASK_ID.log"),
+                ]);
+            }
+            None => args.extend([
+                "-o".into(),
+                "/dev/null".into(),
+                "-e".into(),
+                "/dev/null".into(),
+            ]),
+        }
+        let script = self.script(job, each);
+        let answer = self.run("qsub", &args, Some(&script)).await?;
+        // `-terse` answers `4711.1-8:1` for an array job.
+        let number = answer.trim().split('.').next().unwrap_or("");
+        if number.parse::<u64>().is_err() {
+            return Err(BackendError {
+                command: format!("qsub {}", args.join(" ")),
+                message: format!("unexpected answer {:?}", answer.trim()),
+            });
+        }
+        Ok(())
+    }
+
     /// The job script: the launcher, named after its array task.
-    fn script(&self, job: &JobId) -> String {
+    fn script(&self, job: &JobId, slots: u32) -> String {
         let c = &self.config;
         let mut script = String::from("#!/bin/sh\n# gleaner placeholder: one launcher\n");
         for (key, value) in &c.launcher.env {
@@ -138,7 +263,7 @@ impl SgeBackend {
             cluster: &cluster,
             id: &launcher_id_word(&cluster, &task),
             slot: &task,
-            slots: 1,
+            slots,
             walltime: c.h_rt,
         };
         for arg in launcher.to_vec() {
@@ -171,56 +296,38 @@ impl Backend for SgeBackend {
             }
             e
         })?;
-        qstat::snapshot(&xml, &self.config.queue).map_err(|message| BackendError {
+        let failed = |message| BackendError {
             command: format!("qstat {}", args.join(" ")),
             message,
-        })
+        };
+        let read = qstat::read(&xml).map_err(failed)?;
+        let unknown: Vec<String> = read
+            .requested_pes()
+            .into_iter()
+            .filter(|pe| !self.pe_rules.contains_key(*pe))
+            .map(str::to_owned)
+            .collect();
+        self.learn_pe_rules(unknown).await;
+        let snapshot = read
+            .snapshot(&self.config.queue, &self.pe_rules)
+            .map_err(failed)?;
+        self.hosts = snapshot.hosts.iter().map(|h| h.name.clone()).collect();
+        Ok(snapshot)
     }
 
     async fn submit(&mut self, job: &JobId, slots: u32) -> Result<u32, BackendError> {
-        if slots == 0 {
-            return Ok(0);
-        }
-        let c = &self.config;
-        let mut args = self.qsub_args(placeholder_name(job.as_str()));
-        args.extend([
-            "-t".into(),
-            format!("1-{slots}"),
-            "-p".into(),
-            "-1023".into(),
-            "-notify".into(),
-        ]);
-        if let Some(h_rt) = c.h_rt {
-            args.extend(["-l".into(), format!("h_rt={}", h_rt.as_secs().max(1))]);
-        }
-        match &c.log_dir {
-            Some(dir) => {
-                let dir = dir.display();
-                args.extend([
-                    "-j".into(),
-                    "y".into(),
-                    "-o".into(),
-                    format!("{dir}/$JOB_NAME.$JOB_ID.$TASK_ID.log"),
-                ]);
+        let mut started = 0;
+        for (count, each) in launcher_arrays(slots, self.config.launcher_slots) {
+            if let Err(e) = self.submit_array(job, count, each).await {
+                if started == 0 {
+                    return Err(e);
+                }
+                warn!(job = %job, cluster = %self.config.cluster, started, error = %e, "only part of the launchers submitted");
+                break;
             }
-            None => args.extend([
-                "-o".into(),
-                "/dev/null".into(),
-                "-e".into(),
-                "/dev/null".into(),
-            ]),
+            started += count * each;
         }
-        let script = self.script(job);
-        let answer = self.run("qsub", &args, Some(&script)).await?;
-        // `-terse` answers `4711.1-8:1` for an array job.
-        let number = answer.trim().split('.').next().unwrap_or("");
-        if number.parse::<u64>().is_err() {
-            return Err(BackendError {
-                command: format!("qsub {}", args.join(" ")),
-                message: format!("unexpected answer {:?}", answer.trim()),
-            });
-        }
-        Ok(slots)
+        Ok(started)
     }
 
     async fn remove(&mut self, ids: &[String]) -> Result<(), BackendError> {
@@ -240,7 +347,10 @@ impl Backend for SgeBackend {
         spec: &ComponentSpec,
         files: &ComponentFiles,
     ) -> Result<(), BackendError> {
-        let mut args = self.qsub_args(component_name(&spec.job, spec.component));
+        let mut args = self.qsub_args(
+            component_name(&spec.job, spec.component),
+            self.config.queue.clone(),
+        );
         args.extend([
             "-o".into(),
             "/dev/null".into(),
@@ -248,7 +358,13 @@ impl Backend for SgeBackend {
             "/dev/null".into(),
         ]);
         if spec.slots > 1 {
-            args.extend(["-pe".into(), "make".into(), spec.slots.to_string()]);
+            // Spread: the scheduler frees slots for a component cluster-wide,
+            // not on one host, so a one-host component could wait for good.
+            args.extend([
+                "-pe".into(),
+                self.config.pe_spread.clone(),
+                spec.slots.to_string(),
+            ]);
         }
         if let Some(walltime) = spec.walltime_ms {
             args.extend([
@@ -274,6 +390,10 @@ mod tests {
         SgeBackend::new(SgeConfig {
             cluster: "c1".into(),
             queue: "c1.q".into(),
+            launcher_slots: 1,
+            pe_one_host: "smp".into(),
+            pe_spread: "make".into(),
+            reserve_hosts: Vec::new(),
             h_rt: Some(Duration::from_secs(3600)),
             log_dir: None,
             command_timeout: Duration::from_secs(10),
@@ -289,8 +409,30 @@ mod tests {
     }
 
     #[test]
+    fn grants_become_arrays_of_whole_launchers_and_one_for_the_rest() {
+        assert_eq!(launcher_arrays(8, 1), [(8, 1)]);
+        assert_eq!(launcher_arrays(8, 4), [(2, 4)]);
+        assert_eq!(launcher_arrays(10, 4), [(2, 4), (1, 2)]);
+        assert_eq!(launcher_arrays(3, 4), [(1, 3)]);
+        assert!(launcher_arrays(0, 4).is_empty());
+        assert_eq!(launcher_arrays(2, 0), [(2, 1)], "0 counts as 1");
+    }
+
+    #[test]
+    fn reserved_hosts_get_no_placeholders() {
+        let mut sge = backend();
+        assert_eq!(sge.placeholder_queue().unwrap(), "c1.q");
+        sge.config.reserve_hosts = vec!["node3".into()];
+        assert!(sge.placeholder_queue().is_err(), "no hosts read yet");
+        sge.hosts = ["node1", "node2", "node3.grid.example"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(sge.placeholder_queue().unwrap(), "c1.q@node1,c1.q@node2");
+    }
+
+    #[test]
     fn the_job_script_names_the_launcher_after_its_array_task() {
-        let script = backend().script(&"sweep-3fa9c2".parse().unwrap());
+        let script = backend().script(&"sweep-3fa9c2".parse().unwrap(), 1);
         assert!(script.starts_with("#!/bin/sh\n"));
         assert!(script.contains("export GLEANER_BROKER_URL='amqp://u:p@h/v?heartbeat=10'\n"));
         assert!(

@@ -637,6 +637,7 @@ async fn send_status(shared: &Shared, status: Status) -> Result<(), BrokerError>
     let status = ControlMsg::LauncherStatus(LauncherStatus {
         launcher: shared.config.id.clone(),
         cluster: shared.config.cluster.clone(),
+        host: shared.config.host.clone(),
         running,
         completed: status.completed,
     });

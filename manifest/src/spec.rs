@@ -33,6 +33,10 @@ pub struct Manifest {
     pub outputs: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workdir: Option<PathBuf>,
+    /// Scavenging jobs: the most launcher slots the job holds at once, all
+    /// clusters together (a launcher of S slots counts S); unlimited when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_launchers: Option<u32>,
     #[serde(default, rename = "task", skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<TaskDef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -144,6 +148,12 @@ impl Manifest {
                 "components belong to grid jobs (kind = \"grid\")",
             ));
         }
+        if self.max_launchers == Some(0) {
+            return Err(ManifestError::invalid(
+                "max_launchers",
+                "must be at least 1 (leave it out for no limit)",
+            ));
+        }
         for (i, task) in self.tasks.iter().enumerate() {
             if task.command.trim().is_empty() {
                 return Err(ManifestError::invalid(
@@ -245,6 +255,18 @@ mod tests {
 
     fn parse(text: &str) -> Result<Manifest, ManifestError> {
         Manifest::from_toml(text)
+    }
+
+    #[test]
+    fn max_launchers_is_a_positive_limit() {
+        let with = |n: &str| {
+            parse(&format!(
+                "name = \"s\"\nmax_launchers = {n}\n[[task]]\ncommand = \"true\"\n"
+            ))
+        };
+        assert_eq!(with("4").unwrap().max_launchers, Some(4));
+        assert!(with("0").unwrap_err().to_string().contains("max_launchers"));
+        assert!(with("-1").is_err());
     }
 
     #[test]

@@ -1,10 +1,15 @@
 //! What a cluster manager does when the cluster's own jobs wait.
 //!
 //! gleaner must never make a local job wait. When one does: withdraw
-//! gleaner's pending placeholders (they would compete with it), then split
-//! the slots still missing between the scavenging jobs on the cluster —
-//! together covering the need once, not each job the full amount — and
-//! answer each waiting job once, until the answer has had time to work.
+//! gleaner's pending placeholders (they would compete with it), then free
+//! the slots still missing — where the job can use them. A job whose slots
+//! must share a host (an SMP code, a whole-node request) is not helped by
+//! slots scattered over many hosts: the host that can give them at the
+//! least cost in scavenged slots is chosen, and only launchers there are
+//! preempted; a job that could not start on any host even then costs
+//! nothing. Slots any host can give are split between the scavenging jobs
+//! once (together covering the need, not each job the full amount). Each
+//! waiting job is answered once, until the answer has had time to work.
 
 use std::collections::BTreeMap;
 
@@ -17,18 +22,92 @@ use crate::share::split_shrink;
 pub struct WaitingJob {
     pub id: String,
     pub slots: u32,
+    /// How many of its slots must be on one host: 1 when any slot anywhere
+    /// will do, `slots` for an SMP job (Grid Engine's `$pe_slots`).
+    pub together: u32,
+    /// It wants hosts to itself (`-l exclusive`).
+    pub exclusive: bool,
+}
+
+impl WaitingJob {
+    /// A job of `slots` slots that may be spread over any hosts.
+    pub fn anywhere(id: impl Into<String>, slots: u32) -> Self {
+        Self {
+            id: id.into(),
+            slots,
+            together: 1,
+            exclusive: false,
+        }
+    }
+
+    /// A job whose `slots` slots must all be on one host.
+    pub fn one_host(id: impl Into<String>, slots: u32) -> Self {
+        Self {
+            together: slots.max(1),
+            ..Self::anywhere(id, slots)
+        }
+    }
+
+    /// Whether any free slot helps it (else it needs particular hosts).
+    fn spreads(&self) -> bool {
+        self.together <= 1 && !self.exclusive
+    }
+
+    /// The groups of slots that must each be on one host.
+    fn chunks(&self) -> Vec<u32> {
+        let together = self.together.clamp(1, self.slots.max(1));
+        let mut chunks = vec![together; (self.slots / together).max(1) as usize];
+        if self.slots > together && !self.slots.is_multiple_of(together) {
+            chunks.push(self.slots % together);
+        }
+        chunks
+    }
+}
+
+/// One execution host as the local policy sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostLoad {
+    pub name: String,
+    /// Slots of the host gleaner may use.
+    pub slots: u32,
+    /// Slots free right now.
+    pub free: u32,
+    /// Slots each scavenging job's running launchers hold here.
+    pub held: BTreeMap<JobId, u32>,
+}
+
+impl HostLoad {
+    fn scavenged(&self) -> u32 {
+        self.held.values().fold(0, |a, b| a.saturating_add(*b))
+    }
+
+    /// Slots a waiting job could have here once gleaner left.
+    fn reachable(&self) -> u32 {
+        self.free.saturating_add(self.scavenged()).min(self.slots)
+    }
+
+    /// Nothing but gleaner runs here: an exclusive job can have it.
+    fn only_gleaner(&self) -> bool {
+        self.reachable() == self.slots
+    }
 }
 
 /// The cluster as the local policy sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct LocalState<'a> {
     pub waiting: &'a [WaitingJob],
-    /// Slots free right now.
-    pub idle: u32,
+    pub hosts: &'a [HostLoad],
     /// gleaner's placeholders that wait in the batch system.
     pub pending_placeholders: &'a [String],
-    /// Slots each scavenging job's running launchers hold.
-    pub held: &'a BTreeMap<JobId, u32>,
+}
+
+/// An order to one scavenging job: give back `slots`, from launchers on
+/// `hosts` (anywhere when empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShrinkOrder {
+    pub job: JobId,
+    pub slots: u32,
+    pub hosts: Vec<String>,
 }
 
 /// What to do about the waiting jobs.
@@ -36,14 +115,175 @@ pub struct LocalState<'a> {
 pub struct LocalPlan {
     /// Pending placeholders to remove.
     pub withdraw: Vec<String>,
-    /// Slots each scavenging job must give back now.
-    pub shrink: Vec<(JobId, u32)>,
+    pub shrink: Vec<ShrinkOrder>,
+    /// Waiting jobs no host could take even without gleaner: nothing is
+    /// preempted for them.
+    pub unplaceable: Vec<String>,
+}
+
+/// Slots promised to a waiting job already answered: on a host, or anywhere.
+#[derive(Debug, Clone)]
+struct Promise {
+    at: u64,
+    slots: Vec<(Option<String>, u32)>,
 }
 
 /// Waiting jobs already answered, and when; kept between polls.
 #[derive(Debug, Clone, Default)]
 pub struct Answered {
-    jobs: BTreeMap<String, (u64, u32)>,
+    jobs: BTreeMap<String, Promise>,
+}
+
+impl Answered {
+    fn promised(&self, host: Option<&str>) -> u32 {
+        self.jobs
+            .values()
+            .flat_map(|p| &p.slots)
+            .filter(|(h, _)| h.as_deref() == host)
+            .fold(0, |a, (_, n)| a.saturating_add(*n))
+    }
+}
+
+/// The hosts as the answers so far leave them.
+struct Room {
+    hosts: Vec<HostLoad>,
+    /// Free slots anywhere not promised yet.
+    free_anywhere: u32,
+    /// Slots to preempt per host (index into `hosts`).
+    needed: BTreeMap<usize, u32>,
+    needed_anywhere: u32,
+}
+
+impl Room {
+    fn new(hosts: &[HostLoad], answered: &Answered) -> Self {
+        let hosts: Vec<HostLoad> = hosts
+            .iter()
+            .map(|h| {
+                let promised = answered.promised(Some(&h.name));
+                let mut host = h.clone();
+                host.slots = host.slots.saturating_sub(promised);
+                host.free = host.free.saturating_sub(promised);
+                host
+            })
+            .collect();
+        let free = hosts.iter().fold(0, |a: u32, h| a.saturating_add(h.free));
+        Self {
+            free_anywhere: free.saturating_sub(answered.promised(None)),
+            hosts,
+            needed: BTreeMap::new(),
+            needed_anywhere: 0,
+        }
+    }
+
+    /// Promises the slots of a job that may spread anywhere.
+    fn spread(&mut self, job: &WaitingJob) -> Vec<(Option<String>, u32)> {
+        let from_free = job.slots.min(self.free_anywhere);
+        self.free_anywhere -= from_free;
+        self.needed_anywhere = self.needed_anywhere.saturating_add(job.slots - from_free);
+        vec![(None, job.slots)]
+    }
+
+    /// Picks a host for each of the job's chunks (each a different host):
+    /// the one that can give it with the fewest scavenged slots preempted. `None` (and nothing
+    /// promised) when some chunk fits no host.
+    fn place(&mut self, job: &WaitingJob) -> Option<Vec<(Option<String>, u32)>> {
+        let mut hosts = self.hosts.clone();
+        let mut taken: Vec<usize> = Vec::new();
+        let mut picks = Vec::new();
+        for chunk in job.chunks() {
+            // Each chunk on a host of its own, as a fixed allocation rule
+            // (and an exclusive job) places them.
+            let fits = |i: usize, h: &HostLoad| {
+                !taken.contains(&i)
+                    && if job.exclusive {
+                        h.only_gleaner() && h.slots >= chunk
+                    } else {
+                        h.reachable() >= chunk
+                    }
+            };
+            let cost = |h: &HostLoad| {
+                let wanted = if job.exclusive { h.slots } else { chunk };
+                wanted.saturating_sub(h.free)
+            };
+            let (best, host) = hosts
+                .iter()
+                .enumerate()
+                .filter(|(i, h)| fits(*i, h))
+                .min_by(|(_, a), (_, b)| cost(a).cmp(&cost(b)).then_with(|| a.name.cmp(&b.name)))?;
+            let used = if job.exclusive { host.slots } else { chunk };
+            let preempt = cost(host);
+            picks.push((best, used, preempt));
+            taken.push(best);
+            let host = &mut hosts[best];
+            let from_free = used.min(host.free);
+            host.free -= from_free;
+            host.slots = host.slots.saturating_sub(used);
+            take_held(&mut host.held, used - from_free);
+        }
+        for &(i, used, preempt) in &picks {
+            let from_free = used.saturating_sub(preempt);
+            self.free_anywhere = self.free_anywhere.saturating_sub(from_free);
+            if preempt > 0 {
+                *self.needed.entry(i).or_default() += preempt;
+            }
+        }
+        self.hosts = hosts;
+        Some(
+            picks
+                .into_iter()
+                .map(|(i, used, _)| (Some(self.hosts[i].name.clone()), used))
+                .collect(),
+        )
+    }
+
+    /// The orders: per host from the launchers there, then what any host
+    /// may give, split over what the jobs hold and are not already giving.
+    fn orders(self, original: &[HostLoad]) -> Vec<ShrinkOrder> {
+        let mut orders = Vec::new();
+        let mut remaining: BTreeMap<JobId, u32> = BTreeMap::new();
+        for host in original {
+            for (job, held) in &host.held {
+                let total = remaining.entry(job.clone()).or_default();
+                *total = total.saturating_add(*held);
+            }
+        }
+        for (&i, &needed) in &self.needed {
+            let host = &original[i];
+            for (job, slots) in split_shrink(needed, &host.held) {
+                if let Some(left) = remaining.get_mut(&job) {
+                    *left = left.saturating_sub(slots);
+                }
+                orders.push(ShrinkOrder {
+                    job,
+                    slots,
+                    hosts: vec![host.name.clone()],
+                });
+            }
+        }
+        for (job, slots) in split_shrink(self.needed_anywhere, &remaining) {
+            orders.push(ShrinkOrder {
+                job,
+                slots,
+                hosts: Vec::new(),
+            });
+        }
+        orders
+    }
+}
+
+/// Takes `slots` from the holders, largest first: what is left for others.
+fn take_held(held: &mut BTreeMap<JobId, u32>, mut slots: u32) {
+    while slots > 0 {
+        let Some((_, most)) = held.iter_mut().max_by_key(|(_, n)| **n) else {
+            return;
+        };
+        if *most == 0 {
+            return;
+        }
+        let taken = slots.min(*most);
+        *most -= taken;
+        slots -= taken;
+    }
 }
 
 /// Decides, at `now` (ms), what to do for the waiting local jobs. A job
@@ -55,28 +295,36 @@ pub fn on_local_wait(
     now: u64,
     settle: u64,
 ) -> LocalPlan {
-    answered.jobs.retain(|id, (at, _)| {
-        now.saturating_sub(*at) < settle && state.waiting.iter().any(|w| &w.id == id)
+    answered.jobs.retain(|id, promise| {
+        now.saturating_sub(promise.at) < settle && state.waiting.iter().any(|w| &w.id == id)
     });
     if state.waiting.is_empty() {
         return LocalPlan::default();
     }
-    let withdraw = state.pending_placeholders.to_vec();
-    // Idle slots may already have been freed for jobs answered earlier.
-    let reserved: u32 = answered.jobs.values().map(|(_, slots)| slots).sum();
+    let mut room = Room::new(state.hosts, answered);
+    let mut unplaceable = Vec::new();
     let fresh: Vec<&WaitingJob> = state
         .waiting
         .iter()
         .filter(|w| !answered.jobs.contains_key(&w.id))
         .collect();
-    let wanted: u32 = fresh.iter().map(|w| w.slots).sum();
-    let needed = wanted.saturating_sub(state.idle.saturating_sub(reserved));
     for job in fresh {
-        answered.jobs.insert(job.id.clone(), (now, job.slots));
+        let slots = if job.spreads() {
+            room.spread(job)
+        } else {
+            room.place(job).unwrap_or_else(|| {
+                unplaceable.push(job.id.clone());
+                Vec::new()
+            })
+        };
+        answered
+            .jobs
+            .insert(job.id.clone(), Promise { at: now, slots });
     }
     LocalPlan {
-        withdraw,
-        shrink: split_shrink(needed, state.held),
+        withdraw: state.pending_placeholders.to_vec(),
+        shrink: room.orders(state.hosts),
+        unplaceable,
     }
 }
 
@@ -88,23 +336,44 @@ mod tests {
         format!("{name}-000000").parse().unwrap()
     }
 
-    fn waiting(jobs: &[(&str, u32)]) -> Vec<WaitingJob> {
-        jobs.iter()
-            .map(|(id, slots)| WaitingJob {
-                id: (*id).into(),
-                slots: *slots,
-            })
-            .collect()
+    fn host(name: &str, slots: u32, free: u32, held: &[(&str, u32)]) -> HostLoad {
+        HostLoad {
+            name: name.into(),
+            slots,
+            free,
+            held: held.iter().map(|(j, n)| (job(j), *n)).collect(),
+        }
+    }
+
+    fn order(name: &str, slots: u32, hosts: &[&str]) -> ShrinkOrder {
+        ShrinkOrder {
+            job: job(name),
+            slots,
+            hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
+        }
+    }
+
+    fn plan(
+        waiting: &[WaitingJob],
+        hosts: &[HostLoad],
+        answered: &mut Answered,
+        now: u64,
+    ) -> LocalPlan {
+        let state = LocalState {
+            waiting,
+            hosts,
+            pending_placeholders: &[],
+        };
+        on_local_wait(state, answered, now, 5000)
     }
 
     #[test]
     fn nothing_waits_nothing_happens() {
-        let held = [(job("a"), 8)].into();
+        let hosts = [host("n1", 8, 0, &[("a", 8)])];
         let state = LocalState {
             waiting: &[],
-            idle: 0,
+            hosts: &hosts,
             pending_placeholders: &["1.2".into()],
-            held: &held,
         };
         assert_eq!(
             on_local_wait(state, &mut Answered::default(), 0, 5000),
@@ -114,81 +383,183 @@ mod tests {
 
     #[test]
     fn pending_placeholders_go_first_and_the_need_is_split_once() {
-        let held = [(job("a"), 4), (job("b"), 4)].into();
-        let w = waiting(&[("7", 4)]);
+        let hosts = [host("n1", 8, 0, &[("a", 4), ("b", 4)])];
+        let waiting = [WaitingJob::anywhere("7", 4)];
         let pending = ["9.1".to_owned(), "9.2".to_owned()];
         let state = LocalState {
-            waiting: &w,
-            idle: 0,
+            waiting: &waiting,
+            hosts: &hosts,
             pending_placeholders: &pending,
-            held: &held,
         };
         let plan = on_local_wait(state, &mut Answered::default(), 0, 5000);
         assert_eq!(plan.withdraw, pending);
         assert_eq!(
             plan.shrink,
-            [(job("a"), 2), (job("b"), 2)],
+            [order("a", 2, &[]), order("b", 2, &[])],
             "4 slots in all, not 4 each"
         );
     }
 
     #[test]
     fn idle_slots_count_and_a_wait_is_answered_once() {
-        let held = [(job("a"), 6)].into();
         let mut answered = Answered::default();
-        let w = waiting(&[("7", 4)]);
-        let state = LocalState {
-            waiting: &w,
-            idle: 2,
-            pending_placeholders: &[],
-            held: &held,
-        };
+        let hosts = [host("n1", 8, 2, &[("a", 6)])];
+        let w = [WaitingJob::anywhere("7", 4)];
         assert_eq!(
-            on_local_wait(state, &mut answered, 0, 5000).shrink,
-            [(job("a"), 2)]
+            plan(&w, &hosts, &mut answered, 0).shrink,
+            [order("a", 2, &[])]
         );
         // Still waiting a second later: the order is under way.
-        let state = LocalState { idle: 4, ..state };
-        assert!(
-            on_local_wait(state, &mut answered, 1000, 5000)
-                .shrink
-                .is_empty()
-        );
+        let hosts = [host("n1", 8, 4, &[("a", 4)])];
+        assert!(plan(&w, &hosts, &mut answered, 1000).shrink.is_empty());
         // A new local job arrives; the 4 idle slots are meant for the first one.
-        let w2 = waiting(&[("7", 4), ("8", 2)]);
-        let state = LocalState {
-            waiting: &w2,
-            ..state
-        };
+        let w2 = [WaitingJob::anywhere("7", 4), WaitingJob::anywhere("8", 2)];
         assert_eq!(
-            on_local_wait(state, &mut answered, 1500, 5000).shrink,
-            [(job("a"), 2)]
+            plan(&w2, &hosts, &mut answered, 1500).shrink,
+            [order("a", 2, &[])]
         );
         // Still waiting after the settle time: answered again.
-        let state = LocalState {
-            waiting: &w,
-            idle: 0,
-            ..state
-        };
+        let hosts = [host("n1", 8, 0, &[("a", 8)])];
         assert_eq!(
-            on_local_wait(state, &mut answered, 7000, 5000).shrink,
-            [(job("a"), 4)]
+            plan(&w, &hosts, &mut answered, 7000).shrink,
+            [order("a", 4, &[])]
         );
     }
 
     #[test]
     fn never_more_than_gleaner_holds() {
-        let held = [(job("a"), 1)].into();
-        let w = waiting(&[("7", 8)]);
-        let state = LocalState {
-            waiting: &w,
-            idle: 0,
-            pending_placeholders: &[],
-            held: &held,
-        };
+        let hosts = [host("n1", 8, 0, &[("a", 1)])];
+        let w = [WaitingJob::anywhere("7", 8)];
         assert_eq!(
-            on_local_wait(state, &mut Answered::default(), 0, 5000).shrink,
-            [(job("a"), 1)]
+            plan(&w, &hosts, &mut Answered::default(), 0).shrink,
+            [order("a", 1, &[])]
         );
+    }
+
+    #[test]
+    fn a_one_host_job_empties_the_cheapest_host_only() {
+        // n2 has 1 slot idle: it costs 3 preempted slots, the others 4.
+        let hosts = [
+            host("n1", 4, 0, &[("a", 4)]),
+            host("n2", 4, 1, &[("a", 2), ("b", 1)]),
+            host("n3", 4, 0, &[("b", 4)]),
+        ];
+        let w = [WaitingJob::one_host("7", 4)];
+        let plan = plan(&w, &hosts, &mut Answered::default(), 0);
+        assert_eq!(
+            plan.shrink,
+            [order("a", 2, &["n2"]), order("b", 1, &["n2"])]
+        );
+        assert!(plan.unplaceable.is_empty());
+    }
+
+    #[test]
+    fn local_work_on_a_host_rules_it_out() {
+        // n1 runs a 2-slot local job: 4 slots can never be had there.
+        let hosts = [host("n1", 4, 0, &[("a", 2)]), host("n2", 4, 0, &[("a", 4)])];
+        let w = [WaitingJob::one_host("7", 4)];
+        assert_eq!(
+            plan(&w, &hosts, &mut Answered::default(), 0).shrink,
+            [order("a", 4, &["n2"])]
+        );
+    }
+
+    #[test]
+    fn two_one_host_jobs_empty_two_hosts_and_no_more() {
+        let hosts = [
+            host("n1", 4, 0, &[("a", 4)]),
+            host("n2", 4, 0, &[("a", 4)]),
+            host("n3", 4, 0, &[("a", 4)]),
+        ];
+        let w = [WaitingJob::one_host("7", 4), WaitingJob::one_host("8", 4)];
+        let mut answered = Answered::default();
+        assert_eq!(
+            plan(&w, &hosts, &mut answered, 0).shrink,
+            [order("a", 4, &["n1"]), order("a", 4, &["n2"])]
+        );
+        // A poll later n1 is free and its job started; n2 is being emptied.
+        let hosts = [
+            host("n1", 4, 0, &[]),
+            host("n2", 4, 2, &[("a", 2)]),
+            host("n3", 4, 0, &[("a", 4)]),
+        ];
+        let w = [WaitingJob::one_host("8", 4)];
+        assert!(plan(&w, &hosts, &mut answered, 1000).shrink.is_empty());
+    }
+
+    #[test]
+    fn a_job_no_host_can_take_preempts_nothing_however_often_it_is_seen() {
+        let hosts = [host("n1", 4, 0, &[("a", 4)]), host("n2", 4, 0, &[("a", 4)])];
+        let w = [WaitingJob::one_host("7", 5)];
+        let mut answered = Answered::default();
+        for (now, told) in [(0, true), (1000, false), (6000, true), (7000, false)] {
+            let plan = plan(&w, &hosts, &mut answered, now);
+            assert!(plan.shrink.is_empty());
+            assert_eq!(plan.unplaceable.len(), usize::from(told), "once a settle");
+        }
+    }
+
+    #[test]
+    fn fixed_allocations_take_a_chunk_per_host() {
+        // 4 slots, 2 per host (Grid Engine allocation_rule 2).
+        let hosts = [
+            host("n1", 4, 2, &[("a", 2)]),
+            host("n2", 4, 1, &[("a", 3)]),
+            host("n3", 4, 0, &[("a", 4)]),
+        ];
+        let w = [WaitingJob {
+            together: 2,
+            ..WaitingJob::anywhere("7", 4)
+        }];
+        assert_eq!(
+            plan(&w, &hosts, &mut Answered::default(), 0).shrink,
+            [order("a", 1, &["n2"])],
+            "n1's 2 idle slots, then n2 at the cost of 1"
+        );
+    }
+
+    #[test]
+    fn an_exclusive_job_wants_a_host_with_nothing_else_on_it() {
+        let hosts = [
+            host("n1", 4, 3, &[]),
+            host("n2", 4, 0, &[("a", 4)]),
+            host("n3", 4, 2, &[("a", 2)]),
+        ];
+        // n1 has a 1-slot local job: not exclusive however free.
+        let w = [WaitingJob {
+            exclusive: true,
+            ..WaitingJob::anywhere("7", 1)
+        }];
+        assert_eq!(
+            plan(&w, &hosts, &mut Answered::default(), 0).shrink,
+            [order("a", 2, &["n3"])]
+        );
+    }
+
+    #[test]
+    fn a_one_slot_job_asks_for_one_slot_anywhere() {
+        // One 4-slot launcher per host: the runner preempts one whole.
+        let hosts = [host("n1", 4, 0, &[("a", 4)]), host("n2", 4, 0, &[("a", 4)])];
+        let w = [WaitingJob::one_host("7", 1)];
+        assert_eq!(
+            plan(&w, &hosts, &mut Answered::default(), 0).shrink,
+            [order("a", 1, &[])]
+        );
+    }
+
+    #[test]
+    fn chunks_cover_the_slots() {
+        let chunks = |slots, together| {
+            WaitingJob {
+                together,
+                ..WaitingJob::anywhere("x", slots)
+            }
+            .chunks()
+        };
+        assert_eq!(chunks(4, 4), [4]);
+        assert_eq!(chunks(4, 2), [2, 2]);
+        assert_eq!(chunks(5, 2), [2, 2, 1]);
+        assert_eq!(chunks(3, 8), [3]);
+        assert_eq!(chunks(0, 1), [1], "a job asks for a slot at least");
     }
 }

@@ -102,16 +102,19 @@ pub struct JobInput {
 }
 
 /// More slots a scavenging job could use: one per unfinished task that the
-/// slots it holds or was promised (`covered`) do not already serve. The
-/// scheduler offers no more than this, and a runner takes no more.
-pub fn demand(unfinished: u64, covered: u64) -> u32 {
-    u32::try_from(unfinished.saturating_sub(covered)).unwrap_or(u32::MAX)
+/// slots it holds or was promised (`covered`) do not already serve, within
+/// its own limit (`max_slots`). The scheduler offers no more than this, and
+/// a runner takes no more.
+pub fn demand(unfinished: u64, covered: u64, max_slots: Option<u32>) -> u32 {
+    let wanted = max_slots.map_or(unfinished, |max| unfinished.min(u64::from(max)));
+    u32::try_from(wanted.saturating_sub(covered)).unwrap_or(u32::MAX)
 }
 
 /// How many of `offered` slots a job with `unfinished` tasks and launchers
-/// on `capacity` slots accepts: as many as its tasks can keep busy.
-pub fn accepted(offered: u32, unfinished: u64, capacity: u64) -> u32 {
-    offered.min(demand(unfinished, capacity))
+/// on `capacity` slots accepts: as many as its tasks can keep busy, within
+/// its limit.
+pub fn accepted(offered: u32, unfinished: u64, capacity: u64, max_slots: Option<u32>) -> u32 {
+    offered.min(demand(unfinished, capacity, max_slots))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

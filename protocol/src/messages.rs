@@ -172,6 +172,9 @@ pub struct JobReport {
     /// Grid jobs: the slots of each component.
     #[serde(default)]
     pub components: Vec<u32>,
+    /// The most slots the job's launchers may hold (`max_launchers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_slots: Option<u32>,
 }
 
 /// A kcm's view of its cluster. Slots held by gleaner are counted per job;
@@ -204,6 +207,33 @@ pub struct ClusterReport {
     #[serde(default)]
     pub failed_starts: u32,
     pub at: Millis,
+    /// The cluster's execution hosts (empty from a kcm that does not say).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hosts: Vec<HostReport>,
+}
+
+/// Slots of one execution host, as its cluster's kcm last saw them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostReport {
+    pub name: String,
+    pub slots: u32,
+    /// Held by local (non-gleaner) jobs.
+    pub local: u32,
+    /// Held by grid job components.
+    pub grid: u32,
+    /// Held by running launchers.
+    pub scavenged: u32,
+}
+
+impl HostReport {
+    /// Slots nobody uses right now.
+    pub fn free(&self) -> u32 {
+        self.slots.saturating_sub(
+            self.local
+                .saturating_add(self.grid)
+                .saturating_add(self.scavenged),
+        )
+    }
 }
 
 /// Slots a job holds on one cluster.
@@ -318,12 +348,16 @@ pub enum ControlMsg {
         cluster: ClusterName,
         slots: u32,
     },
-    /// Give back `slots` slots on `cluster`.
+    /// Give back `slots` slots on `cluster`, from launchers on `hosts`
+    /// (anywhere on the cluster when empty): a local job that needs its
+    /// slots on one host is helped by launchers there only.
     Shrink {
         cluster: ClusterName,
         slots: u32,
         mode: ShrinkMode,
         reason: String,
+        #[serde(default)]
+        hosts: Vec<String>,
     },
     LauncherUp(LauncherInfo),
     LauncherStatus(LauncherStatus),
@@ -408,6 +442,10 @@ pub const LAUNCHER_HEARTBEAT: std::time::Duration = std::time::Duration::from_se
 pub struct LauncherStatus {
     pub launcher: LauncherId,
     pub cluster: ClusterName,
+    /// Where it runs, so that a runner that missed its announcement can
+    /// still choose it for a shrink on its host.
+    #[serde(default)]
+    pub host: String,
     pub running: Vec<RunningTask>,
     pub completed: u64,
 }
@@ -605,6 +643,7 @@ mod tests {
             started_at: 0,
             results: "results/j-1".into(),
             components: Vec::new(),
+            max_slots: None,
         }
     }
 
@@ -656,6 +695,7 @@ mod tests {
                 slots: 1,
                 mode: ShrinkMode::Drain,
                 reason: String::new(),
+                hosts: Vec::new(),
             },
             ControlMsg::LauncherUp(LauncherInfo {
                 launcher: "l".into(),
@@ -668,6 +708,7 @@ mod tests {
             ControlMsg::LauncherStatus(LauncherStatus {
                 launcher: "l".into(),
                 cluster: "c".into(),
+                host: "h".into(),
                 running: Vec::new(),
                 completed: 0,
             }),

@@ -62,6 +62,17 @@ pub fn batch_id<'a>(cluster: &ClusterName, launcher: &'a LauncherId) -> Option<&
         .strip_prefix('-')
 }
 
+/// Whether two names are the same host: batch systems and `gethostname`
+/// may disagree on the domain (`node1` against `node1.cluster.example`).
+pub fn same_host(a: &str, b: &str) -> bool {
+    !a.is_empty() && host_key(a) == host_key(b)
+}
+
+/// A host's name as [`same_host`] compares it: short and lowercase.
+pub fn host_key(name: &str) -> String {
+    name.split('.').next().unwrap_or(name).to_ascii_lowercase()
+}
+
 /// A Grid Engine array task's batch id as its job script sees it (shell
 /// variables, expanded when the placeholder starts).
 pub const SGE_TASK_ID: &str = "$JOB_ID.$SGE_TASK_ID";
@@ -131,6 +142,14 @@ mod tests {
         assert_eq!(component_name(&job, 2), "gg-sweep-3fa9c2.2");
         assert_eq!(parse_component_name("gg-sweep-3fa9c2.2"), Some((job, 2)));
         assert_eq!(parse_component_name("gl-sweep-3fa9c2"), None);
+    }
+
+    #[test]
+    fn hosts_match_without_their_domain() {
+        assert!(same_host("node1", "node1.grid.example"));
+        assert!(same_host("Node1", "node1"));
+        assert!(!same_host("node1", "node10"));
+        assert!(!same_host("", ""), "an unknown host is no host");
     }
 
     #[test]

@@ -189,6 +189,7 @@ impl Ledger {
             started_at: self.file.started_at,
             results: self.file.results.clone(),
             components: self.manifest.components.iter().map(|c| c.slots).collect(),
+            max_slots: self.manifest.max_launchers,
         }
     }
 

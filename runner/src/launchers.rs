@@ -6,11 +6,15 @@ use std::{
 };
 
 use gleaner_policy::preempt::{Candidate, choose_victims};
-use gleaner_protocol::{ClusterName, LauncherId, LauncherInfo, LauncherStatus, RunningTask};
+use gleaner_protocol::{
+    ClusterName, LauncherId, LauncherInfo, LauncherStatus, RunningTask, naming::same_host,
+};
 
 #[derive(Debug, Clone)]
 struct Entry {
     cluster: ClusterName,
+    /// Empty until it says.
+    host: String,
     slots: u32,
     running: Vec<RunningTask>,
     last_seen: Instant,
@@ -32,6 +36,7 @@ impl LauncherTable {
             info.launcher.clone(),
             Entry {
                 cluster: info.cluster.clone(),
+                host: info.host.clone(),
                 slots: info.slots,
                 running: Vec::new(),
                 last_seen: now,
@@ -49,12 +54,16 @@ impl LauncherTable {
             .entry(status.launcher)
             .or_insert_with(|| Entry {
                 cluster: status.cluster,
+                host: String::new(),
                 slots: 1,
                 running: Vec::new(),
                 last_seen: now,
                 leaving: false,
                 polled: false,
             });
+        if !status.host.is_empty() {
+            entry.host = status.host;
+        }
         entry.slots = entry.slots.max(status.running.len() as u32);
         entry.running = status.running;
         entry.last_seen = now;
@@ -121,14 +130,21 @@ impl LauncherTable {
         self.launchers.values().map(|e| &e.cluster)
     }
 
-    /// Picks launchers on `cluster` to free `slots` slots and marks them
-    /// leaving. Returns them and the slots they free (fewer than asked when
-    /// the cluster's launchers have not all announced themselves yet).
-    pub fn pick_victims(&mut self, cluster: &ClusterName, slots: u32) -> (Vec<LauncherId>, u32) {
+    /// Picks launchers on `cluster` (on `hosts`, unless empty) to free
+    /// `slots` slots and marks them leaving. Returns them and the slots
+    /// they free: fewer than asked when the launchers there have not all
+    /// announced themselves yet, more when a multi-slot launcher goes whole.
+    pub fn pick_victims(
+        &mut self,
+        cluster: &ClusterName,
+        slots: u32,
+        hosts: &[String],
+    ) -> (Vec<LauncherId>, u32) {
+        let on_hosts = |e: &Entry| hosts.is_empty() || hosts.iter().any(|h| same_host(h, &e.host));
         let candidates = self
             .launchers
             .iter()
-            .filter(|(_, e)| &e.cluster == cluster && !e.leaving)
+            .filter(|(_, e)| &e.cluster == cluster && !e.leaving && on_hosts(e))
             .map(|(id, e)| Candidate {
                 launcher: id.clone(),
                 slots: e.slots,
@@ -170,6 +186,7 @@ mod tests {
             LauncherStatus {
                 launcher: "a".into(),
                 cluster: "c1".into(),
+                host: "h".into(),
                 running: vec![RunningTask {
                     task: 7,
                     started_at: 10,
@@ -180,7 +197,7 @@ mod tests {
         );
         assert_eq!(table.running_tasks(), 1);
         assert_eq!(
-            table.pick_victims(&"c1".into(), 1),
+            table.pick_victims(&"c1".into(), 1, &[]),
             (vec![LauncherId::from("b")], 1),
             "idle b goes before busy a"
         );

@@ -19,8 +19,8 @@ use std::{
 use gleaner_manifest::{JobId, Manifest, TaskList};
 use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
-    ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherId, LauncherMsg,
-    ResultMsg, SchedulerMsg, ShrinkMode, TaskMsg,
+    ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherId, LauncherInfo,
+    LauncherMsg, ResultMsg, SchedulerMsg, ShrinkMode, TaskMsg, naming::same_host,
 };
 use tracing::{debug, info, warn};
 
@@ -40,11 +40,27 @@ const OWED_SHRINK_LIFETIME: Duration = Duration::from_secs(30);
 /// their way (placeholders starting) are stopped as they announce themselves.
 #[derive(Debug, Clone)]
 struct OwedShrink {
+    order: ShrinkOrder,
+    since: Instant,
+}
+
+/// A shrink as the runner carries it out.
+#[derive(Debug, Clone)]
+struct ShrinkOrder {
     cluster: ClusterName,
     slots: u32,
     mode: ShrinkMode,
     reason: String,
-    since: Instant,
+    /// Launchers on these hosts only; any host when empty.
+    hosts: Vec<String>,
+}
+
+impl ShrinkOrder {
+    /// Whether a launcher that came up could serve this order.
+    fn covers(&self, info: &LauncherInfo) -> bool {
+        self.cluster == info.cluster
+            && (self.hosts.is_empty() || self.hosts.iter().any(|h| same_host(h, &info.host)))
+    }
 }
 
 /// Makes task messages when they are needed: a sweep can have millions of
@@ -145,6 +161,7 @@ impl Sweep {
             slots,
             self.ledger.book.counts().unfinished(),
             u64::from(self.launchers.total_slots()),
+            self.ledger.manifest.max_launchers,
         );
         let mut effects = vec![Effect::ToScheduler(SchedulerMsg::GrowAck {
             grant,
@@ -173,31 +190,31 @@ impl Sweep {
 
     /// Gives back slots on a cluster: idle launchers first, then those whose
     /// task started most recently.
-    fn shrink(
-        &mut self,
-        cluster: &ClusterName,
-        slots: u32,
-        mode: ShrinkMode,
-        reason: &str,
-        now: Now,
-    ) -> Vec<Effect<'static>> {
-        let (victims, freed) = self.launchers.pick_victims(cluster, slots);
-        info!(job = %self.ledger.id, cluster = %cluster, slots, ?mode, reason, launchers = ?victims, "shrinking");
-        if freed < slots {
+    fn shrink(&mut self, order: ShrinkOrder, now: Now) -> Vec<Effect<'static>> {
+        let (victims, freed) =
+            self.launchers
+                .pick_victims(&order.cluster, order.slots, &order.hosts);
+        let job = &self.ledger.id;
+        info!(job = %job, cluster = %order.cluster, slots = order.slots, mode = ?order.mode, reason = order.reason, hosts = ?order.hosts, launchers = ?victims, freed, "shrinking");
+        if freed > order.slots {
+            info!(job = %job, cluster = %order.cluster, asked = order.slots, freed, "multi-slot launchers preempted whole: more slots freed than asked");
+        }
+        let (cluster, mode) = (order.cluster.clone(), order.mode);
+        let message = preempt::order(mode, &order.reason);
+        if freed < order.slots {
             self.owed.push(OwedShrink {
-                cluster: cluster.clone(),
-                slots: slots - freed,
-                mode,
-                reason: reason.to_owned(),
+                order: ShrinkOrder {
+                    slots: order.slots - freed,
+                    ..order
+                },
                 since: now.instant,
             });
         }
-        let order = preempt::order(mode, reason);
         let mut effects: Vec<Effect<'static>> = victims
             .iter()
             .map(|launcher| Effect::ToLauncher {
                 launcher: launcher.clone(),
-                msg: order.clone(),
+                msg: message.clone(),
                 followup: Followup::Leave {
                     launcher: launcher.clone(),
                 },
@@ -317,10 +334,10 @@ impl JobCore for Sweep {
                 debug!(job = %job, launcher = %info.launcher, cluster = %info.cluster, host = %info.host, "launcher up");
                 self.ledger.clusters.insert(info.cluster.clone());
                 self.launchers.up(&info, now.instant);
-                match self.owed.iter().position(|o| o.cluster == info.cluster) {
+                match self.owed.iter().position(|o| o.order.covers(&info)) {
                     Some(i) => {
                         let owed = self.owed.remove(i);
-                        self.shrink(&owed.cluster, owed.slots, owed.mode, &owed.reason, now)
+                        self.shrink(owed.order, now)
                     }
                     None => Vec::new(),
                 }
@@ -346,7 +363,17 @@ impl JobCore for Sweep {
                 slots,
                 mode,
                 reason,
-            } => self.shrink(&cluster, slots, mode, &reason, now),
+                hosts,
+            } => self.shrink(
+                ShrinkOrder {
+                    cluster,
+                    slots,
+                    mode,
+                    reason,
+                    hosts,
+                },
+                now,
+            ),
             ControlMsg::Cancel { reason } => self.cancel(&reason),
             ControlMsg::Place { .. } => {
                 debug!(job = %job, "placement ignored: already placed, or not for this job");
@@ -489,6 +516,7 @@ mod tests {
         ControlMsg::LauncherStatus(LauncherStatus {
             launcher: launcher.into(),
             cluster: cluster.into(),
+            host: "node1".into(),
             running: started
                 .iter()
                 .enumerate()
@@ -515,6 +543,7 @@ mod tests {
             slots,
             mode,
             reason: "a grid job".into(),
+            hosts: Vec::new(),
         }
     }
 

@@ -41,6 +41,7 @@ pub fn message(action: Action) -> (JobId, ControlMsg) {
                     slots,
                     mode: ShrinkMode::Drain,
                     reason,
+                    hosts: Vec::new(),
                 },
             )
         }
@@ -58,6 +59,7 @@ pub fn message(action: Action) -> (JobId, ControlMsg) {
                     slots,
                     mode: ShrinkMode::Preempt,
                     reason,
+                    hosts: Vec::new(),
                 },
             )
         }

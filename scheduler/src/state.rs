@@ -538,7 +538,11 @@ impl State {
                 let covered = covered.get(&j.report.job).copied().unwrap_or(0);
                 JobInput {
                     id: j.report.job.clone(),
-                    demand: share::demand(j.report.tasks.unfinished(), u64::from(covered)),
+                    demand: share::demand(
+                        j.report.tasks.unfinished(),
+                        u64::from(covered),
+                        j.report.max_slots,
+                    ),
                 }
             })
             .collect()
@@ -597,6 +601,7 @@ mod tests {
             started_at: 0,
             results: String::new(),
             components: Vec::new(),
+            max_slots: None,
         }
     }
 
@@ -676,6 +681,28 @@ mod tests {
         state.on_job_update(job_report("a", 6), now);
         state.on_cluster(cluster_report(4, &[("a", 4)], vec![]), now, &config);
         assert_eq!(offers(&state.round(now, &config)), [("a".into(), 2)]);
+    }
+
+    #[test]
+    fn a_job_never_grows_past_its_max_launchers() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(GrantId::new(1));
+        state.on_job_update(
+            JobReport {
+                max_slots: Some(5),
+                ..job_report("a", 100)
+            },
+            now,
+        );
+        state.on_cluster(cluster_report(6, &[("a", 2)], vec![]), now, &config);
+        assert_eq!(offers(&state.round(now, &config)), [("a".into(), 3)]);
+        state.on_grow_ack(GrantId::new(1), 3);
+        state.on_cluster(cluster_report(3, &[("a", 5)], vec![1]), now, &config);
+        assert!(
+            offers(&state.round(now, &config)).is_empty(),
+            "5 held: no more"
+        );
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 
-use gleaner_kcm::{ComponentRun, Placeholder, Snapshot, core::SpooledExit};
+use gleaner_kcm::{ComponentRun, Host, Placeholder, Snapshot, core::SpooledExit};
 use gleaner_manifest::JobId;
 use gleaner_policy::local::WaitingJob;
 use gleaner_protocol::{
@@ -87,6 +87,7 @@ impl Launcher {
         let status = LauncherStatus {
             launcher: self.id.clone(),
             cluster: cluster.clone(),
+            host: cluster.to_string(),
             running,
             completed: self.completed,
         };
@@ -335,7 +336,7 @@ impl Batch {
                 ControlMsg::LauncherUp(LauncherInfo {
                     launcher: l.id.clone(),
                     cluster: self.name.clone(),
-                    host: String::new(),
+                    host: self.name.to_string(),
                     slots: 1,
                     started_at: millis(t),
                     deadline: None,
@@ -461,18 +462,19 @@ impl Batch {
     /// What the kcm reads: the batch system, and the exit statuses in the
     /// spool.
     pub fn read(&self, jobs: &[JobId]) -> (Snapshot, Vec<SpooledExit>) {
+        // The cluster is one host of `nodes` slots: DAS-3's jobs take
+        // whole nodes, any of them, so no waiting job needs a particular one.
         let snapshot = Snapshot {
-            total_slots: self.nodes,
-            local_running: self.local_nodes(),
+            hosts: vec![Host {
+                local: self.local_nodes(),
+                grid: self.grid_nodes(),
+                ..Host::new(self.name.as_str(), self.nodes)
+            }],
             waiting: self
                 .queue
                 .iter()
-                .map(|j| WaitingJob {
-                    id: j.id.clone(),
-                    slots: j.nodes,
-                })
+                .map(|j| WaitingJob::anywhere(j.id.clone(), j.nodes))
                 .collect(),
-            grid_running: self.grid_nodes(),
             placeholders: self
                 .launchers
                 .iter()
@@ -480,7 +482,7 @@ impl Batch {
                     id: l.batch_id.clone(),
                     job: jobs[l.job].clone(),
                     slots: 1,
-                    running: l.dispatched.is_some(),
+                    host: l.dispatched.map(|_| self.name.to_string()),
                 })
                 .collect(),
             components: self

@@ -255,6 +255,7 @@ impl GridRunner {
             throughput: 0.0,
             preemptions: 0,
             results: String::new(),
+            max_slots: None,
         }))
     }
 }

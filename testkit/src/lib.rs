@@ -439,9 +439,22 @@ pub struct SgeQueues {
 
 impl SgeQueues {
     pub fn new(count: usize, slots: u32) -> Self {
+        Self::make(count, slots, None)
+    }
+
+    /// Queues spanning the multi-host grid's nodes (`deploy/sge/hosts.sh`),
+    /// `slots` on each host.
+    pub fn on_nodes(count: usize, slots: u32) -> Self {
+        Self::make(count, slots, Some("@nodes"))
+    }
+
+    fn make(count: usize, slots: u32, hosts: Option<&str>) -> Self {
         let tag = rand_suffix();
         let names: Vec<String> = (1..=count).map(|i| format!("t{tag}c{i}.q")).collect();
         let mut args = vec!["add".to_owned()];
+        if let Some(hosts) = hosts {
+            args.extend(["--hosts".to_owned(), hosts.to_owned()]);
+        }
         args.extend(names.iter().cloned());
         args.push(slots.to_string());
         let status = Command::new(queue_script())
@@ -451,7 +464,7 @@ impl SgeQueues {
             .expect("deploy/sge/queue.sh (is Grid Engine set up? deploy/sge/setup.sh)");
         assert!(
             status.success(),
-            "cannot create test queues (run deploy/sge/setup.sh)"
+            "cannot create test queues (run deploy/sge/setup.sh, and deploy/sge/hosts.sh for the nodes)"
         );
         let queues = Self { names };
         wait_for(
@@ -485,6 +498,11 @@ impl SgeQueues {
                     name: field("JB_name"),
                     state: field("state"),
                     tasks: field("tasks"),
+                    host: field("queue_name")
+                        .split_once('@')
+                        .map(|(_, host)| host.to_owned())
+                        .unwrap_or_default(),
+                    slots: field("slots").parse().unwrap_or(0),
                 }
             })
             .collect()
@@ -506,6 +524,9 @@ pub struct SgeJob {
     pub name: String,
     pub state: String,
     pub tasks: String,
+    /// Where it runs (empty while it waits).
+    pub host: String,
+    pub slots: u32,
 }
 
 fn queue_script() -> PathBuf {
@@ -521,6 +542,17 @@ fn queue_unusable(qstat: &str, queue: &str) -> bool {
                 .nth(5)
                 .is_some_and(|states| states.contains(['a', 'u', 'E', 'd']))
         })
+}
+
+/// Submits a job (output discarded); returns its number.
+pub fn qsub(args: &[&str]) -> String {
+    let answer = sge(
+        "qsub",
+        &[&["-terse", "-o", "/dev/null", "-e", "/dev/null"], args].concat(),
+    );
+    let number = answer.trim().split('.').next().unwrap_or("").to_owned();
+    assert!(number.parse::<u64>().is_ok(), "qsub answered {answer:?}");
+    number
 }
 
 /// Runs a Grid Engine command; returns its stdout (and panics if it cannot run).

@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# Test hosts node1 … nodeN on this one machine, for a multi-host dev grid:
+# each is a network namespace gleaner-nodeK with its own address on a bridge,
+# and commands run in it with their own UTS host name. Only loopback and the
+# bridge's 10.77.0.0/24 carry their traffic (there is no default route).
+# Idempotent, no systemd: run `up` again to repair or resize.
+#
+#   deploy/grid/hosts.sh up [N]          (default 3 hosts)
+#   deploy/grid/hosts.sh down            (removes everything `up` made)
+#   deploy/grid/hosts.sh exec HOST CMD…  (runs CMD on HOST, e.g. node1)
+#   deploy/grid/hosts.sh list
+#
+# Addresses: the bridge gleaner0 has 10.77.0.1 (this machine, known to the
+# nodes by its own host name), nodeK has 10.77.0.(10+K). RabbitMQ listens on
+# this machine's 127.0.0.1 only (and guest logs in only from loopback), so
+# socat forwarders make 127.0.0.1:5672 (and :15672) inside each node reach
+# the broker through unix sockets in /run/gleaner-grid. The nodes share this
+# machine's file system, /tmp included; /var/tmp/gleaner-grid/nodeK is a
+# scratch directory of each node's own (deploy/sge/queue.sh makes it the
+# node's job tmpdir).
+set -euo pipefail
+
+bridge=gleaner0
+prefix=10.77.0
+run=/run/gleaner-grid
+begin='# gleaner dev grid begin'
+end='# gleaner dev grid end'
+# Forwarded broker ports: name of the unix socket in $run, port.
+forwards="amqp:5672 mgmt:15672"
+master=$(hostname)
+log() { printf 'grid-hosts: %s\n' "$*" >&2; }
+[ "$(id -u)" = 0 ] || { log "run as root (network namespaces, /etc/hosts)"; exit 1; }
+
+ns_of() { echo "gleaner-$1"; }
+addr_of() { echo "$prefix.$((10 + ${1#node}))"; }
+# The nodes that exist now, as node1 node2 …, in order.
+nodes() {
+    local f
+    for f in /run/netns/gleaner-node*; do
+        if [ -e "$f" ]; then echo "${f##*/gleaner-}"; fi
+    done | sort -V
+}
+
+# Rewrites the marked block of a hosts file in place (a bind-mounted
+# /etc/hosts cannot be replaced by a rename). Empty content removes it.
+set_block() {
+    local file=$1 content=$2 tmp
+    tmp=$(mktemp)
+    [ -e "$file" ] && sed "/^$begin\$/,/^$end\$/d" "$file" > "$tmp"
+    [ -n "$content" ] && printf '%s\n%s\n%s\n' "$begin" "$content" "$end" >> "$tmp"
+    if ! cmp -s "$tmp" "$file"; then cat "$tmp" > "$file"; fi
+    rm -f "$tmp"
+}
+
+# Is the process of this pid file alive and socat?
+alive() { [ -s "$1" ] && [ "$(cat "/proc/$(cat "$1")/comm" 2>/dev/null)" = socat ]; }
+# Starts a detached socat (optionally in a netns) that records its own pid.
+start_socat() {
+    local pidfile=$1 ns=$2; shift 2
+    local cmd=(setsid sh -c 'echo $$ > "$0"; exec socat "$@"' "$pidfile" "$@")
+    [ -n "$ns" ] && cmd=(ip netns exec "$ns" "${cmd[@]}")
+    "${cmd[@]}" </dev/null >>"$run/socat.log" 2>&1 &
+    for _ in $(seq 1 20); do alive "$pidfile" && return 0; sleep 0.1; done
+    log "socat $* did not start (see $run/socat.log)"; return 1
+}
+
+# Kills every process in a namespace, politely first.
+kill_ns() {
+    local ns=$1 pids
+    pids=$(ip netns pids "$ns" 2>/dev/null || true)
+    [ -n "$pids" ] || return 0
+    kill $pids 2>/dev/null || true
+    for _ in $(seq 1 20); do
+        [ -n "$(ip netns pids "$ns" 2>/dev/null)" ] || return 0
+        sleep 0.25
+    done
+    kill -9 $(ip netns pids "$ns" 2>/dev/null) 2>/dev/null || true
+}
+
+remove_node() {
+    local node=$1 ns
+    ns=$(ns_of "$node")
+    log "removing $node"
+    kill_ns "$ns"
+    rm -f "$run/$node".*.pid
+    # Deleting the namespace deletes its veth end, and with it the bridge end.
+    ip netns del "$ns" 2>/dev/null || true
+    ip link del "gl-$node" 2>/dev/null || true
+    rm -rf "/etc/netns/$ns" "/var/tmp/gleaner-grid/$node"
+}
+
+up() {
+    local count=${1:-3} k node ns addr hosts name port
+    [[ $count =~ ^[1-9][0-9]*$ ]] && [ "$count" -le 200 ] || { log "bad host count: $count"; exit 2; }
+    command -v socat >/dev/null || {
+        log "installing socat"
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq socat >/dev/null
+    }
+    install -d "$run"
+
+    # Nodes beyond the count go (a smaller `up` shrinks the grid).
+    for node in $(nodes); do
+        [ "${node#node}" -le "$count" ] || remove_node "$node"
+    done
+
+    # The bridge, this machine's address on it.
+    ip link show "$bridge" >/dev/null 2>&1 || ip link add "$bridge" type bridge
+    ip -4 addr show dev "$bridge" | grep -q " $prefix.1/24 " || ip addr add "$prefix.1/24" dev "$bridge"
+    ip link set "$bridge" up
+
+    # Names: the master (qmaster) resolves the nodes forwards and backwards
+    # through the root /etc/hosts; each node gets its own hosts file (which
+    # `ip netns exec` bind-mounts over /etc/hosts) where this machine's name
+    # is its bridge address, not the loopback one of the root /etc/hosts.
+    hosts=$(for k in $(seq 1 "$count"); do echo "$(addr_of node$k) node$k"; done)
+    set_block /etc/hosts "$hosts"
+
+    for k in $(seq 1 "$count"); do
+        node=node$k ns=$(ns_of node$k) addr=$(addr_of node$k)
+        [ -e "/run/netns/$ns" ] || ip netns add "$ns"
+        if ! ip -n "$ns" link show eth0 >/dev/null 2>&1; then
+            ip link del "gl-$node" 2>/dev/null || true
+            ip link add "gl-$node" type veth peer name eth0 netns "$ns"
+        fi
+        ip link set "gl-$node" master "$bridge"
+        ip link set "gl-$node" up
+        ip -n "$ns" link set lo up
+        ip -n "$ns" -4 addr show dev eth0 | grep -q " $addr/24 " || ip -n "$ns" addr add "$addr/24" dev eth0
+        ip -n "$ns" link set eth0 up
+        install -d -m 1777 "/var/tmp/gleaner-grid/$node"
+        install -d "/etc/netns/$ns"
+        printf '127.0.0.1 localhost\n%s.1 %s\n%s\n' "$prefix" "$master" "$hosts" > "$run/hosts.tmp"
+        cmp -s "$run/hosts.tmp" "/etc/netns/$ns/hosts" || cp "$run/hosts.tmp" "/etc/netns/$ns/hosts"
+        rm -f "$run/hosts.tmp"
+    done
+
+    # The broker forwarders: one listener on a unix socket here (reaching the
+    # broker on loopback, so guest may log in), one on 127.0.0.1 per node.
+    for fwd in $forwards; do
+        name=${fwd%%:*} port=${fwd##*:}
+        alive "$run/$name.pid" || start_socat "$run/$name.pid" "" \
+            "UNIX-LISTEN:$run/$name.sock,fork,unlink-early" "TCP:127.0.0.1:$port"
+        for k in $(seq 1 "$count"); do
+            alive "$run/node$k.$name.pid" || start_socat "$run/node$k.$name.pid" "$(ns_of node$k)" \
+                "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork" "UNIX-CONNECT:$run/$name.sock"
+        done
+    done
+
+    # Check: the broker's port answers in each node.
+    for k in $(seq 1 "$count"); do
+        if ! ip netns exec "$(ns_of node$k)" timeout 5 bash -c 'exec 3<>/dev/tcp/127.0.0.1/5672' 2>/dev/null; then
+            log "node$k: 127.0.0.1:5672 does not connect (is RabbitMQ running here?)"
+        fi
+    done
+    log "up: $count hosts (node1 … node$count at $(addr_of node1) …), bridge $bridge $prefix.1"
+}
+
+down() {
+    local node fwd
+    for node in $(nodes); do remove_node "$node"; done
+    # Veths whose namespace went some other way.
+    for node in $(ip -o link show 2>/dev/null | sed -nE 's/^[0-9]+: (gl-node[0-9]+)[@:].*/\1/p'); do
+        ip link del "$node" 2>/dev/null || true
+    done
+    for fwd in $forwards; do
+        if alive "$run/${fwd%%:*}.pid"; then kill "$(cat "$run/${fwd%%:*}.pid")" 2>/dev/null || true; fi
+    done
+    ip link del "$bridge" 2>/dev/null || true
+    set_block /etc/hosts ""
+    rm -rf "$run" /etc/netns/gleaner-node* /var/tmp/gleaner-grid
+    log "down"
+}
+
+case "${1:-}" in
+up) shift; up "$@" ;;
+down) down ;;
+exec)
+    [ $# -ge 3 ] || { log "usage: $0 exec HOST CMD..."; exit 2; }
+    node=$2; shift 2
+    [ -e "/run/netns/$(ns_of "$node")" ] || { log "no such host: $node (deploy/grid/hosts.sh up)"; exit 1; }
+    # A UTS namespace of its own, so that `hostname` (and daemons started
+    # here, for as long as they live) see the node's name.
+    exec ip netns exec "$(ns_of "$node")" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$node" "$@"
+    ;;
+list)
+    for node in $(nodes); do
+        ns=$(ns_of "$node")
+        procs=$(for p in $(ip netns pids "$ns" 2>/dev/null); do cat "/proc/$p/comm" 2>/dev/null; done | sort | uniq -c | awk '{printf "%s%s(%s)", sep, $2, $1; sep=" "}')
+        printf '%s\t%s\t%s\t%s\n' "$node" "$(addr_of "$node")" "$ns" "${procs:-no processes}"
+    done
+    ;;
+*)
+    echo "usage: $0 up [N] | down | exec HOST CMD... | list" >&2
+    exit 2
+    ;;
+esac

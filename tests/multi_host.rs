@@ -1,0 +1,278 @@
+//! gleaner on the multi-host Grid Engine grid (`deploy/sge/hosts.sh`: three
+//! hosts in network namespaces, queues spanning all of them): local jobs
+//! that need one host are given one host, and only that host's launchers
+//! are preempted. Every test makes its own queue and RabbitMQ vhost.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::{Duration, Instant},
+};
+
+use gleaner_protocol::naming::placeholder_name;
+use gleaner_testkit::{Gleaner, SgeQueues, by_task, qsub, sge, wait_for};
+
+const MINUTE: Duration = Duration::from_secs(60);
+/// Slots of each host in the tests' queues.
+const HOST_SLOTS: u32 = 4;
+
+fn gleaner(test: &str) -> Gleaner {
+    Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"))
+}
+
+/// One SGE cluster on `queue`, with extra keys for its `[[cluster]]`.
+fn config(queue: &str, extra: &str) -> String {
+    format!(
+        "[[cluster]]\nname = \"c1\"\nbackend = \"sge\"\nqueue = \"{queue}\"\nh_rt = \"10m\"\n{extra}\n"
+    )
+}
+
+fn sweep(name: &str, tasks: u32, command: &str) -> String {
+    format!(
+        "name = \"{name}\"\n[sweep]\ncommand = \"{command}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n"
+    )
+}
+
+/// The job's running placeholders: batch id → host.
+fn running(queues: &SgeQueues, job: &str) -> BTreeMap<String, String> {
+    let name = placeholder_name(job);
+    queues
+        .jobs(&queues.names[0])
+        .into_iter()
+        .filter(|j| j.name == name && j.state.contains('r'))
+        .map(|j| (format!("{}.{}", j.number, j.tasks), j.host))
+        .collect()
+}
+
+/// A local job `-pe smp SLOTS` in the queue.
+fn smp_job(queue: &str, slots: u32, seconds: u32) -> String {
+    qsub(&[
+        "-N",
+        "local",
+        "-q",
+        queue,
+        "-pe",
+        "smp",
+        &slots.to_string(),
+        "-b",
+        "y",
+        "/bin/sleep",
+        &seconds.to_string(),
+    ])
+}
+
+/// Where a local job runs, once it does.
+fn host_of(queues: &SgeQueues, number: &str) -> Option<String> {
+    queues
+        .jobs(&queues.names[0])
+        .into_iter()
+        .find(|j| j.number == number && j.state.contains('r'))
+        .map(|j| j.host)
+}
+
+/// `gleaner up` on one cluster spanning the grid's hosts, and a sweep of
+/// two-second tasks filling every host; returns the placeholders running then.
+fn full_grid(
+    test: &str,
+    extra: &str,
+    tasks: u32,
+    launchers: usize,
+) -> (SgeQueues, Gleaner, String, BTreeMap<String, String>) {
+    let queues = SgeQueues::on_nodes(1, HOST_SLOTS);
+    let mut g = gleaner(test);
+    g.write("gleaner.toml", &config(&queues.names[0], extra));
+    g.start("up", &["up"]);
+    let job = g.submit(&sweep("fill", tasks, "sleep 2; echo {n}"));
+    let mut before = BTreeMap::new();
+    wait_for("the sweep to fill every host", 2 * MINUTE, || {
+        before = running(&queues, &job);
+        before.len() == launchers
+    });
+    let hosts: BTreeSet<&String> = before.values().collect();
+    assert_eq!(hosts.len(), 3, "launchers on every host: {before:?}");
+    (queues, g, job, before)
+}
+
+/// Watches the placeholders running at first until `done`; returns those
+/// that went away.
+fn watch_until(
+    queues: &SgeQueues,
+    job: &str,
+    before: &BTreeMap<String, String>,
+    what: &str,
+    timeout: Duration,
+    mut done: impl FnMut() -> bool,
+) -> BTreeSet<String> {
+    let mut gone = BTreeSet::new();
+    wait_for(what, timeout, || {
+        let now = running(queues, job);
+        gone.extend(before.keys().filter(|id| !now.contains_key(*id)).cloned());
+        done()
+    });
+    gone
+}
+
+fn assert_all_done_once(g: &Gleaner, job: &str, tasks: usize) {
+    assert_eq!(g.wait_for_end(job, 3 * MINUTE), "done");
+    let index = by_task(&g.index(job));
+    assert_eq!(index.len(), tasks);
+    assert!(
+        index
+            .values()
+            .all(|t| t["status"] == "succeeded" && t["attempts"] == 1),
+        "every task once, none failed"
+    );
+}
+
+#[test]
+fn a_one_host_local_job_empties_one_host_and_no_other() {
+    let (queues, g, job, before) = full_grid("mh-one", "", 150, 12);
+    let local = smp_job(&queues.names[0], HOST_SLOTS, 3);
+    let mut host = None;
+    let gone = watch_until(
+        &queues,
+        &job,
+        &before,
+        "the local job to start",
+        MINUTE,
+        || {
+            host = host_of(&queues, &local);
+            host.is_some()
+        },
+    );
+    let host = host.unwrap_or_default();
+    let hosts_hit: BTreeSet<&String> = gone.iter().map(|id| &before[id]).collect();
+    assert_eq!(
+        hosts_hit,
+        BTreeSet::from([&host]),
+        "only launchers on {host} were stopped; gone: {gone:?} of {before:?}"
+    );
+    assert!(g.log("up").contains("local jobs wait: shrinking"));
+    assert_all_done_once(&g, &job, 150);
+}
+
+#[test]
+fn two_one_host_local_jobs_empty_two_hosts() {
+    let (queues, g, job, before) = full_grid("mh-two", "", 150, 12);
+    let locals = [
+        smp_job(&queues.names[0], HOST_SLOTS, 3),
+        smp_job(&queues.names[0], HOST_SLOTS, 3),
+    ];
+    let mut hosts = BTreeSet::new();
+    let gone = watch_until(
+        &queues,
+        &job,
+        &before,
+        "both local jobs to start",
+        MINUTE,
+        || {
+            hosts.extend(locals.iter().filter_map(|l| host_of(&queues, l)));
+            hosts.len() == 2
+        },
+    );
+    let hosts_hit: BTreeSet<String> = gone.iter().map(|id| before[id].clone()).collect();
+    assert_eq!(hosts_hit, hosts, "two hosts emptied, no more: {gone:?}");
+    assert_all_done_once(&g, &job, 150);
+}
+
+#[test]
+fn a_local_job_larger_than_any_host_preempts_nothing() {
+    let (queues, g, job, before) = full_grid("mh-too-big", "", 150, 12);
+    let local = smp_job(&queues.names[0], HOST_SLOTS + 1, 1);
+    // Longer than the kcm's settle time: it would have answered twice.
+    let start = Instant::now();
+    let gone = watch_until(&queues, &job, &before, "a while", MINUTE, || {
+        start.elapsed() > Duration::from_secs(15)
+    });
+    assert!(gone.is_empty(), "launchers stopped for nothing: {gone:?}");
+    assert!(
+        g.log("up").contains("no host could take"),
+        "the kcm said why it did nothing"
+    );
+    assert!(host_of(&queues, &local).is_none());
+    sge("qdel", &[&local]);
+    assert_all_done_once(&g, &job, 150);
+}
+
+#[test]
+fn multi_slot_launchers_take_a_host_each_and_one_goes_for_a_small_local_job() {
+    let extra = format!("launcher_slots = {HOST_SLOTS}\n");
+    let (queues, g, job, before) = full_grid("mh-wide", &extra, 120, 3);
+    let placeholders = queues.jobs(&queues.names[0]);
+    assert!(
+        placeholders
+            .iter()
+            .filter(|j| j.name == placeholder_name(&job))
+            .all(|j| j.slots == HOST_SLOTS),
+        "each placeholder holds a host: {placeholders:?}"
+    );
+    wait_for("every slot busy", MINUTE, || {
+        g.status().is_some_and(|s| {
+            s["jobs"].as_array().into_iter().flatten().any(|j| {
+                j["job"] == job.as_str() && j["tasks"]["running"] == u64::from(3 * HOST_SLOTS)
+            })
+        })
+    });
+    let each = String::from_utf8_lossy(&g.run(&["status", "--hosts"]).stdout).into_owned();
+    for host in ["node1", "node2", "node3"] {
+        assert!(
+            each.lines()
+                .any(|l| l.contains(host) && l.contains("scavenged")),
+            "{host} scavenged in:\n{each}"
+        );
+    }
+    let local = qsub(&[
+        "-N",
+        "local",
+        "-q",
+        &queues.names[0],
+        "-b",
+        "y",
+        "/bin/sleep",
+        "3",
+    ]);
+    let gone = watch_until(
+        &queues,
+        &job,
+        &before,
+        "the local job to start",
+        MINUTE,
+        || host_of(&queues, &local).is_some(),
+    );
+    assert_eq!(gone.len(), 1, "one whole launcher went: {gone:?}");
+    assert!(g.log("up").contains("preempted whole"));
+    assert_all_done_once(&g, &job, 120);
+}
+
+#[test]
+fn admin_caps_keep_placeholders_off_reserved_hosts_and_below_the_limit() {
+    let queues = SgeQueues::on_nodes(1, HOST_SLOTS);
+    let mut g = gleaner("mh-caps");
+    // 12 slots; node3 reserved (8 left), at most half of all scavenged (6).
+    g.write(
+        "gleaner.toml",
+        &config(
+            &queues.names[0],
+            "max_scavenged = \"50%\"\nreserve_hosts = [\"node3\"]\n",
+        ),
+    );
+    g.start("up", &["up"]);
+    let job = g.submit(&sweep("capped", 60, "sleep 1; echo {n}"));
+    wait_for("six launchers", MINUTE, || {
+        running(&queues, &job).len() == 6
+    });
+    let start = Instant::now();
+    let mut most = 0;
+    let mut hosts = BTreeSet::new();
+    wait_for("a while", MINUTE, || {
+        let now = running(&queues, &job);
+        most = most.max(now.len());
+        hosts.extend(now.into_values());
+        start.elapsed() > Duration::from_secs(8)
+    });
+    assert_eq!(most, 6, "never more than max_scavenged");
+    assert!(
+        !hosts.contains("node3"),
+        "nothing on the reserved host: {hosts:?}"
+    );
+    assert_all_done_once(&g, &job, 60);
+}
