@@ -221,6 +221,7 @@ mod tests {
             local,
             grid,
             scavenged,
+            ..HostReport::default()
         }
     }
 

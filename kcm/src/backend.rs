@@ -90,11 +90,12 @@ pub trait Backend: Send + 'static {
     fn remove(&mut self, ids: &[String]) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Submits a grid job's component as an ordinary batch job running
-    /// `files.script(spec)`.
+    /// `files.script(spec)`, its slots on one host if `one_host`.
     fn submit_component(
         &mut self,
         spec: &ComponentSpec,
         files: &ComponentFiles,
+        one_host: bool,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// The kcm is stopping. Placeholders that cannot outlive it (the local

@@ -28,7 +28,7 @@ use gleaner_manifest::JobId;
 use gleaner_policy::local::{Answered, LocalState, on_local_wait};
 use gleaner_protocol::{
     Captured, ClusterName, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, GrantId,
-    Holding, KcmMsg, SchedulerMsg, ShrinkMode, naming,
+    Holding, KcmMsg, SchedulerMsg, ShrinkMode, component_on_one_host, naming,
 };
 use tracing::{error, info, warn};
 
@@ -115,9 +115,10 @@ pub enum Effect {
     Remove { ids: Vec<String> },
     /// Delete a component's spool entry (output and exit status).
     DeleteSpoolEntry { job: JobId, component: u32 },
-    /// Submit a grid job's component as an ordinary batch job; answer with
+    /// Submit a grid job's component as an ordinary batch job, all on one
+    /// host when it fits on one (as the scheduler placed it); answer with
     /// [`Event::ComponentSubmitted`].
-    SubmitComponent(ComponentSpec),
+    SubmitComponent { spec: ComponentSpec, one_host: bool },
     /// Send to a job's runner; a job that is gone no longer needs to hear.
     Tell { job: JobId, message: ControlMsg },
     /// Tell a job that its component ended, with `stdout` and `stderr`
@@ -290,7 +291,10 @@ impl KcmCore {
                     job: spec.job.clone(),
                     component: spec.component,
                 },
-                Effect::SubmitComponent(spec),
+                Effect::SubmitComponent {
+                    one_host: component_on_one_host(spec.slots, self.last.largest_host()),
+                    spec,
+                },
                 Effect::PollNow,
             ],
         }
@@ -507,10 +511,11 @@ impl KcmCore {
 
     /// Placeholders and components waiting in the batch queue for longer
     /// than `max_pending` (not for local jobs: those withdraw them at once)
-    /// wait for something gleaner cannot see; they are withdrawn. The
-    /// placeholders count as failed starts, so that the scheduler offers
-    /// their slots elsewhere and, if it keeps happening, stops offering
-    /// this cluster's; a component ends, to be placed again.
+    /// wait for something gleaner cannot see; they are withdrawn. Both
+    /// count as failed starts, and their slots are not reported idle for a
+    /// while, so that the scheduler offers or places them elsewhere and, if
+    /// it keeps happening, stops using this cluster; a withdrawn component
+    /// is told to its job, to be placed again.
     fn withdraw_stuck(&mut self, now: Now) -> Vec<Effect> {
         let waiting: BTreeSet<&str> = self
             .last
@@ -557,43 +562,33 @@ impl KcmCore {
             return Vec::new();
         }
         let cluster = self.config.cluster.clone();
-        let mut effects = Vec::new();
+        self.stuck_starts += 1;
+        let slots = self
+            .last
+            .placeholders
+            .iter()
+            .filter(|p| placeholders.contains(&p.id))
+            .map(|p| p.slots)
+            .chain(components.iter().map(|c| c.slots))
+            .fold(0, u32::saturating_add);
+        self.blocked = Some((slots, now.instant + limit));
+        let reason = format!("waited in {cluster}'s batch queue longer than {limit:?}: withdrawn");
         if !placeholders.is_empty() {
-            self.stuck_starts += 1;
-            let slots = self
-                .last
-                .placeholders
-                .iter()
-                .filter(|p| placeholders.contains(&p.id))
-                .fold(0, |all: u32, p| all.saturating_add(p.slots));
-            self.blocked = Some((slots, now.instant + limit));
-            let message = format!(
-                "{} placeholder(s) waited in the batch queue longer than {limit:?}: withdrawn",
-                placeholders.len(),
-            );
+            let message = format!("{} placeholder(s) {reason}", placeholders.len());
             warn!(cluster = %cluster, placeholders = ?placeholders, failures = self.stuck_starts, "{message}");
             self.command_error = Some(message);
         }
+        let mut effects = Vec::new();
         for run in &components {
-            warn!(job = %run.job, component = run.component, cluster = %cluster, "grid component waited in the batch queue longer than max_pending: withdrawn, to be placed again");
+            warn!(job = %run.job, component = run.component, cluster = %cluster, failures = self.stuck_starts, "grid component {reason}, to be placed again");
             self.components.remove(&(run.job.clone(), run.component));
-            let outcome = ComponentOutcome {
-                component: run.component,
-                cluster: cluster.clone(),
-                exit_code: None,
-                runtime_ms: 0,
-                stdout: Captured::default(),
-                stderr: Captured {
-                    data: format!(
-                        "waited in {cluster}'s batch queue longer than {limit:?}: withdrawn"
-                    )
-                    .into_bytes(),
-                    dropped: 0,
-                },
-            };
             effects.push(Effect::Tell {
                 job: run.job.clone(),
-                message: ControlMsg::ComponentEnded(outcome),
+                message: ControlMsg::ComponentWithdrawn {
+                    component: run.component,
+                    cluster: cluster.clone(),
+                    reason: reason.clone(),
+                },
             });
         }
         let ids: Vec<String> = placeholders
@@ -1244,14 +1239,17 @@ mod tests {
         let g = job("g");
         let spec = spec(&g, 1, 2);
         let effects = message(&mut kcm, KcmMsg::SubmitComponent(spec.clone()), clock.at(0));
-        assert!(matches!(
-            effects.as_slice(),
-            [
-                Effect::DeleteSpoolEntry { component: 1, .. },
-                Effect::SubmitComponent(submitted),
-                Effect::PollNow,
-            ] if *submitted == spec
-        ));
+        assert!(
+            matches!(
+                effects.as_slice(),
+                [
+                    Effect::DeleteSpoolEntry { component: 1, .. },
+                    Effect::SubmitComponent { spec: submitted, one_host: false },
+                    Effect::PollNow,
+                ] if *submitted == spec
+            ),
+            "no host seen yet: spread"
+        );
         let answer = Event::ComponentSubmitted {
             spec,
             result: Ok(()),
@@ -1315,6 +1313,34 @@ mod tests {
             [Effect::DeleteSpoolEntry { job, component: 1 }] if *job == g
         ));
         assert!(ended(&poll(&mut kcm, cluster(4, Vec::new()), clock.at(33_000))).is_empty());
+    }
+
+    #[test]
+    fn components_that_fit_on_one_host_are_kept_on_one() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let g = job("g");
+        let hosts = Snapshot {
+            hosts: vec![Host::new("n1", 4), Host::new("n2", 8)],
+            ..Snapshot::default()
+        };
+        poll(&mut kcm, hosts, clock.at(0));
+        let layouts: Vec<(u32, bool)> = [1, 8, 9]
+            .into_iter()
+            .map(|slots| {
+                let effects = message(
+                    &mut kcm,
+                    KcmMsg::SubmitComponent(spec(&g, 0, slots)),
+                    clock.at(0),
+                );
+                let one_host = effects.iter().find_map(|e| match e {
+                    Effect::SubmitComponent { one_host, .. } => Some(*one_host),
+                    _ => None,
+                });
+                (slots, one_host.unwrap())
+            })
+            .collect();
+        assert_eq!(layouts, [(1, true), (8, true), (9, false)]);
     }
 
     #[test]
@@ -1413,15 +1439,14 @@ mod tests {
         );
         assert!(effects.iter().any(|e| matches!(
             e,
-            Effect::Tell { job, message: ControlMsg::ComponentEnded(outcome) }
-                if job == &g && outcome.exit_code.is_none() && outcome.component == 1
+            Effect::Tell { job, message: ControlMsg::ComponentWithdrawn { component: 1, reason, .. } }
+                if job == &g && reason.contains("longer than")
         )));
         let r = report(&mut kcm, clock.at(61_000));
         assert_eq!(r.failed_starts, 1, "counted as a failed start");
         assert_eq!(
-            r.idle_slots,
-            4 - 1 - 1,
-            "one slot runs a launcher; the withdrawn one is not offered again"
+            r.idle_slots, 0,
+            "one slot runs a launcher; the withdrawn three are not offered again"
         );
         assert!(r.error.unwrap().contains("longer than"));
         // A successful submit does not clear it; a placeholder that runs does.

@@ -193,8 +193,8 @@ impl<B: Backend> Kcm<B> {
                     }
                     None
                 }
-                Effect::SubmitComponent(spec) => {
-                    let result = self.submit_component(&spec).await;
+                Effect::SubmitComponent { spec, one_host } => {
+                    let result = self.submit_component(&spec, one_host).await;
                     Some(Event::ComponentSubmitted { spec, result })
                 }
                 Effect::Tell { job, message } => {
@@ -232,10 +232,14 @@ impl<B: Backend> Kcm<B> {
     }
 
     /// Submits a component whose wrapper writes to the spool directory.
-    async fn submit_component(&mut self, spec: &ComponentSpec) -> Result<(), BackendError> {
+    async fn submit_component(
+        &mut self,
+        spec: &ComponentSpec,
+        one_host: bool,
+    ) -> Result<(), BackendError> {
         let files = ComponentFiles::new(&self.config.spool_dir, &spec.job, spec.component);
         match std::fs::create_dir_all(&self.config.spool_dir) {
-            Ok(()) => self.backend.submit_component(spec, &files).await,
+            Ok(()) => self.backend.submit_component(spec, &files, one_host).await,
             Err(e) => Err(BackendError {
                 command: format!("mkdir {}", self.config.spool_dir.display()),
                 message: e.to_string(),

@@ -244,6 +244,7 @@ impl Backend for LocalBackend {
         &mut self,
         spec: &ComponentSpec,
         files: &ComponentFiles,
+        _one_host: bool,
     ) -> Result<(), BackendError> {
         let id = local_component_batch_id(std::process::id(), self.next_id);
         self.next_id += 1;

@@ -346,6 +346,7 @@ impl Backend for SgeBackend {
         &mut self,
         spec: &ComponentSpec,
         files: &ComponentFiles,
+        one_host: bool,
     ) -> Result<(), BackendError> {
         let mut args = self.qsub_args(
             component_name(&spec.job, spec.component),
@@ -358,13 +359,11 @@ impl Backend for SgeBackend {
             "/dev/null".into(),
         ]);
         if spec.slots > 1 {
-            // Spread: the scheduler frees slots for a component cluster-wide,
-            // not on one host, so a one-host component could wait for good.
-            args.extend([
-                "-pe".into(),
-                self.config.pe_spread.clone(),
-                spec.slots.to_string(),
-            ]);
+            let pe = match one_host {
+                true => &self.config.pe_one_host,
+                false => &self.config.pe_spread,
+            };
+            args.extend(["-pe".into(), pe.clone(), spec.slots.to_string()]);
         }
         if let Some(walltime) = spec.walltime_ms {
             args.extend([

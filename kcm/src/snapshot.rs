@@ -81,6 +81,11 @@ impl Snapshot {
         saturating_sum(self.hosts.iter().map(|h| h.slots))
     }
 
+    /// Slots of the largest host: what a job kept on one host can have.
+    pub fn largest_host(&self) -> u32 {
+        self.hosts.iter().map(|h| h.slots).max().unwrap_or(0)
+    }
+
     /// Slots running jobs that are not gleaner's.
     pub fn local_running(&self) -> u32 {
         saturating_sum(self.hosts.iter().map(|h| h.local))
@@ -161,7 +166,8 @@ impl Snapshot {
                 slots: host.slots,
                 local: host.local,
                 grid: host.grid,
-                scavenged: saturating_sum(held.into_values()),
+                scavenged: saturating_sum(held.values().copied()),
+                jobs: held,
             })
             .collect()
     }

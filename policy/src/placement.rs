@@ -5,8 +5,10 @@
 use std::collections::BTreeMap;
 
 use gleaner_manifest::{JobId, Priority};
-use gleaner_protocol::ClusterName;
+use gleaner_protocol::{ClusterName, component_on_one_host};
 use serde::{Deserialize, Serialize};
+
+use crate::share::split_shrink;
 
 /// How often each placement queue is scanned relative to the others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,6 +47,20 @@ pub struct Site {
     pub free: u32,
     /// Slots scavenging jobs hold here, which they would give back.
     pub scavenged: BTreeMap<JobId, u32>,
+    /// Its execution hosts; a component that fits on one host must find
+    /// its slots on one. Empty: the cluster is one pool of slots.
+    pub hosts: Vec<HostRoom>,
+}
+
+/// One execution host as placement sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostRoom {
+    pub name: String,
+    pub slots: u32,
+    /// Slots nobody uses.
+    pub free: u32,
+    /// Slots scavenging jobs hold on this host.
+    pub scavenged: BTreeMap<JobId, u32>,
 }
 
 /// Where a job goes, and what scavenging must give back for it.
@@ -53,8 +69,19 @@ pub struct Placement {
     pub job: JobId,
     /// The cluster of each component, in component order.
     pub clusters: Vec<ClusterName>,
-    /// Slots to reclaim from scavenging jobs, per cluster.
-    pub reclaim: Vec<(ClusterName, u32)>,
+    /// Slots scavenging jobs must give back.
+    pub reclaim: Vec<Reclaim>,
+}
+
+/// Slots one scavenging job gives back on one cluster for a placement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reclaim {
+    pub cluster: ClusterName,
+    pub job: JobId,
+    pub slots: u32,
+    /// From launchers on these hosts only (a component kept on one host);
+    /// anywhere on the cluster when empty.
+    pub hosts: Vec<String>,
 }
 
 /// The order in which waiting jobs are tried: super-high, high and low in
@@ -98,57 +125,127 @@ fn normalized(priority: Priority) -> Priority {
 /// Places what can be placed, in scan order. Jobs missing from the result
 /// could not be placed this time (a failed try).
 pub fn place(jobs: &[GridJob], sites: &[Site], weights: Weights) -> Vec<Placement> {
-    let mut free: Vec<u32> = sites.iter().map(|s| s.free).collect();
-    let mut reclaimable: Vec<u32> = sites.iter().map(|s| s.scavenged.values().sum()).collect();
+    let mut rooms: Vec<Site> = sites.to_vec();
     let mut placed = Vec::new();
     for i in scan_order(jobs, weights) {
         let job = &jobs[i];
-        let plan = worst_fit(&job.components, &free, None)
-            .or_else(|| worst_fit(&job.components, &free, Some(&reclaimable)));
-        let Some(chosen) = plan else { continue };
-        let mut reclaim: BTreeMap<usize, u32> = BTreeMap::new();
-        for (component, &site) in chosen.iter().enumerate() {
-            let need = job.components[component];
-            let from_free = need.min(free[site]);
-            free[site] -= from_free;
-            let from_scavengers = need - from_free;
-            if from_scavengers > 0 {
-                reclaimable[site] -= from_scavengers;
-                *reclaim.entry(site).or_default() += from_scavengers;
-            }
-        }
+        let plan = worst_fit(&job.components, &rooms, false)
+            .or_else(|| worst_fit(&job.components, &rooms, true));
+        let Some((chosen, after, reclaim)) = plan else {
+            continue;
+        };
+        rooms = after;
         placed.push(Placement {
             job: job.id.clone(),
             clusters: chosen.iter().map(|&s| sites[s].name.clone()).collect(),
-            reclaim: reclaim
-                .into_iter()
-                .map(|(site, slots)| (sites[site].name.clone(), slots))
-                .collect(),
+            reclaim,
         });
     }
     placed
 }
 
 /// Worst fit: each component, largest first, on the site with the most room
-/// left. With `reclaimable`, scavenged slots count as room.
-fn worst_fit(components: &[u32], free: &[u32], reclaimable: Option<&[u32]>) -> Option<Vec<usize>> {
-    let mut room: Vec<u32> = free
-        .iter()
-        .enumerate()
-        .map(|(i, f)| f + reclaimable.map_or(0, |r| r[i]))
-        .collect();
+/// left; one that fits on one host of the site on the host needing least
+/// taken back. With `reclaim`, scavenged slots count as room. Returns each
+/// component's site, the rooms left, and what scavenging gives back.
+fn worst_fit(
+    components: &[u32],
+    rooms: &[Site],
+    reclaim: bool,
+) -> Option<(Vec<usize>, Vec<Site>, Vec<Reclaim>)> {
+    let mut rooms = rooms.to_vec();
     let mut order: Vec<usize> = (0..components.len()).collect();
     order.sort_by(|a, b| components[*b].cmp(&components[*a]).then(a.cmp(b)));
     let mut chosen = vec![0; components.len()];
+    let mut taken: BTreeMap<(ClusterName, JobId, Vec<String>), u32> = BTreeMap::new();
     for component in order {
         let need = components[component];
-        let site = (0..room.len())
-            .filter(|&s| room[s] >= need)
-            .max_by(|&a, &b| room[a].cmp(&room[b]).then(b.cmp(&a)))?;
-        room[site] -= need;
+        let site = (0..rooms.len())
+            .filter_map(|s| {
+                let room = room(rooms[s].free, &rooms[s].scavenged, reclaim);
+                let fits = room >= need
+                    && (!on_one_host(&rooms[s], need)
+                        || best_host(&rooms[s], need, reclaim).is_some());
+                fits.then_some((s, room))
+            })
+            .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))?
+            .0;
         chosen[component] = site;
+        let room = &mut rooms[site];
+        let cluster = room.name.clone();
+        let host = match on_one_host(room, need) {
+            true => best_host(room, need, reclaim),
+            false => None,
+        };
+        let from_free = match host {
+            Some(h) => need.min(room.free).min(room.hosts[h].free),
+            None => need.min(room.free),
+        };
+        room.free -= from_free;
+        let rest = need - from_free;
+        let (holders, hosts) = match host {
+            Some(h) => {
+                room.hosts[h].free -= from_free;
+                (&room.hosts[h].scavenged, vec![room.hosts[h].name.clone()])
+            }
+            None => (&room.scavenged, Vec::new()),
+        };
+        for (job, slots) in split_shrink(rest, holders) {
+            take(&mut room.scavenged, &job, slots);
+            if let Some(h) = host {
+                take(&mut room.hosts[h].scavenged, &job, slots);
+            }
+            *taken
+                .entry((cluster.clone(), job, hosts.clone()))
+                .or_default() += slots;
+        }
     }
-    Some(chosen)
+    let reclaim = taken
+        .into_iter()
+        .map(|((cluster, job, hosts), slots)| Reclaim {
+            cluster,
+            job,
+            slots,
+            hosts,
+        })
+        .collect();
+    Some((chosen, rooms, reclaim))
+}
+
+/// Free slots, and with `reclaim` the scavenged ones too.
+fn room(free: u32, scavenged: &BTreeMap<JobId, u32>, reclaim: bool) -> u32 {
+    let scavenged: u32 = match reclaim {
+        true => scavenged.values().fold(0, |a, b| a.saturating_add(*b)),
+        false => 0,
+    };
+    free.saturating_add(scavenged)
+}
+
+/// Whether a component of `need` slots is kept on one host of `site`.
+fn on_one_host(site: &Site, need: u32) -> bool {
+    let largest = site.hosts.iter().map(|h| h.slots).max();
+    largest.is_some_and(|largest| component_on_one_host(need, largest))
+}
+
+/// The host that can give `need` slots taking back the fewest, the
+/// emptiest among equals.
+fn best_host(site: &Site, need: u32, reclaim: bool) -> Option<usize> {
+    site.hosts
+        .iter()
+        .enumerate()
+        .filter_map(|(i, h)| {
+            let free = h.free.min(site.free);
+            let room = room(free, &h.scavenged, reclaim);
+            (room >= need).then_some((i, need.saturating_sub(free), room))
+        })
+        .min_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)))
+        .map(|(i, _, _)| i)
+}
+
+fn take(held: &mut BTreeMap<JobId, u32>, job: &JobId, slots: u32) {
+    if let Some(n) = held.get_mut(job) {
+        *n = n.saturating_sub(slots);
+    }
 }
 
 /// The queue a job is in after `tries` failed tries: one up every
@@ -184,6 +281,42 @@ mod tests {
             name: name.into(),
             free,
             scavenged: scavenged.iter().map(|(j, n)| (id(j), *n)).collect(),
+            hosts: Vec::new(),
+        }
+    }
+
+    /// A site of hosts given as (free, scavenged by job); `slots` each.
+    fn hosts(name: &str, slots: u32, hosts: &[(u32, &[(&str, u32)])]) -> Site {
+        let hosts: Vec<HostRoom> = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, (free, scavenged))| HostRoom {
+                name: format!("n{}", i + 1),
+                slots,
+                free: *free,
+                scavenged: scavenged.iter().map(|(j, n)| (id(j), *n)).collect(),
+            })
+            .collect();
+        let mut scavenged: BTreeMap<JobId, u32> = BTreeMap::new();
+        for host in &hosts {
+            for (job, n) in &host.scavenged {
+                *scavenged.entry(job.clone()).or_default() += n;
+            }
+        }
+        Site {
+            name: name.into(),
+            free: hosts.iter().map(|h| h.free).sum(),
+            scavenged,
+            hosts,
+        }
+    }
+
+    fn reclaim(cluster: &str, job: &str, slots: u32, hosts: &[&str]) -> Reclaim {
+        Reclaim {
+            cluster: cluster.into(),
+            job: id(job),
+            slots,
+            hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
         }
     }
 
@@ -232,7 +365,7 @@ mod tests {
             Weights::default(),
         );
         assert_eq!(placed[0].clusters, [ClusterName::from("a")]);
-        assert_eq!(placed[0].reclaim, [(ClusterName::from("a"), 6)]);
+        assert_eq!(placed[0].reclaim, [reclaim("a", "s", 6, &[])]);
         let placed = place(
             &[job("g", Priority::High, &[3])],
             &sites,
@@ -242,6 +375,72 @@ mod tests {
             placed[0].reclaim.is_empty(),
             "free slots come before scavenged ones"
         );
+    }
+
+    #[test]
+    fn a_component_that_fits_on_one_host_takes_back_slots_on_one_host_only() {
+        // Three 4-slot hosts full of two sweeps' launchers, one slot free on n2.
+        let site = hosts(
+            "a",
+            4,
+            &[
+                (0, &[("s", 2), ("t", 2)]),
+                (1, &[("s", 3)]),
+                (0, &[("t", 4)]),
+            ],
+        );
+        let placed = place(
+            &[job("g", Priority::High, &[4])],
+            std::slice::from_ref(&site),
+            Weights::default(),
+        );
+        assert_eq!(
+            placed[0].reclaim,
+            [reclaim("a", "s", 3, &["n2"])],
+            "the host with a free slot: three taken back there, from its only holder"
+        );
+        let placed = place(
+            &[job("g", Priority::High, &[4, 4])],
+            std::slice::from_ref(&site),
+            Weights::default(),
+        );
+        assert_eq!(
+            placed[0].reclaim,
+            [
+                reclaim("a", "s", 2, &["n1"]),
+                reclaim("a", "s", 3, &["n2"]),
+                reclaim("a", "t", 2, &["n1"])
+            ],
+            "two components, two hosts"
+        );
+        let placed = place(
+            &[job("g", Priority::High, &[6])],
+            std::slice::from_ref(&site),
+            Weights::default(),
+        );
+        assert_eq!(
+            placed[0].reclaim,
+            [reclaim("a", "s", 2, &[]), reclaim("a", "t", 3, &[])],
+            "larger than a host: spread, from whoever holds most"
+        );
+    }
+
+    #[test]
+    fn a_one_host_component_waits_when_no_host_has_room() {
+        let site = hosts("a", 4, &[(2, &[]), (2, &[])]);
+        let placed = place(
+            &[job("g", Priority::High, &[3])],
+            std::slice::from_ref(&site),
+            Weights::default(),
+        );
+        assert!(placed.is_empty(), "4 free slots, but 2 on each host");
+        let two = place(
+            &[job("g", Priority::High, &[2, 2])],
+            &[site],
+            Weights::default(),
+        );
+        assert_eq!(two.len(), 1);
+        assert!(two[0].reclaim.is_empty());
     }
 
     #[test]

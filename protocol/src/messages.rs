@@ -169,7 +169,9 @@ pub struct JobReport {
     pub preemptions: u64,
     pub started_at: Millis,
     pub results: String,
-    /// Grid jobs: the slots of each component.
+    /// Grid jobs: the slots of each component still to place, in component
+    /// order (all of them until the job is placed; one withdrawn from a
+    /// cluster's queue is placed again).
     #[serde(default)]
     pub components: Vec<u32>,
     /// The most slots the job's launchers may hold (`max_launchers`).
@@ -223,6 +225,18 @@ pub struct HostReport {
     pub grid: u32,
     /// Held by running launchers.
     pub scavenged: u32,
+    /// The scavenged slots by job, so that a grid job's component that
+    /// needs this host shrinks only the jobs with launchers here.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub jobs: BTreeMap<JobId, u32>,
+}
+
+/// Whether a grid component of `slots` slots runs on one host (a one-host
+/// parallel environment) on a cluster whose largest host has
+/// `largest_host` slots; the kcm submits it so and the scheduler places
+/// it so. Larger components spread over hosts.
+pub fn component_on_one_host(slots: u32, largest_host: u32) -> bool {
+    slots <= largest_host
 }
 
 impl HostReport {
@@ -370,7 +384,9 @@ pub enum ControlMsg {
     Cancel {
         reason: String,
     },
-    /// The scheduler placed a grid job: component `i` goes to `clusters[i]`.
+    /// The scheduler placed a grid job: the `i`-th of the components its
+    /// report says are still to place goes to `clusters[i]` (all of them,
+    /// unless one was withdrawn and is placed again).
     Place {
         clusters: Vec<ClusterName>,
     },
@@ -380,6 +396,13 @@ pub enum ControlMsg {
     },
     /// A kcm saw a grid job's component end.
     ComponentEnded(ComponentOutcome),
+    /// A kcm withdrew a component that waited in its batch queue too long:
+    /// it did not run and is to be placed again.
+    ComponentWithdrawn {
+        component: u32,
+        cluster: ClusterName,
+        reason: String,
+    },
 }
 
 /// How a grid job's component ended.
@@ -406,6 +429,7 @@ impl Message for ControlMsg {
             Self::Place { .. } => "place",
             Self::PlacementFailed { .. } => "placement_failed",
             Self::ComponentEnded(_) => "component_ended",
+            Self::ComponentWithdrawn { .. } => "component_withdrawn",
         }
     }
 }
@@ -734,6 +758,11 @@ mod tests {
                 stdout: Captured::default(),
                 stderr: Captured::default(),
             }),
+            ControlMsg::ComponentWithdrawn {
+                component: 0,
+                cluster: "c".into(),
+                reason: String::new(),
+            },
         ]);
         assert_kinds(&[
             LauncherMsg::Preempt {

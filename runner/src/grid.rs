@@ -39,16 +39,16 @@ impl Grid {
         })
     }
 
-    /// The scheduler placed the job: each component goes to its cluster's
-    /// kcm, which submits it to the batch system.
+    /// The scheduler placed the job: each component still to place goes to
+    /// its cluster's kcm, which submits it to the batch system.
     fn place(&mut self, clusters: Vec<ClusterName>) -> Vec<Effect<'static>> {
         let ledger = &mut self.ledger;
-        let components = &ledger.manifest.components;
-        if ledger.file.state != JobState::Waiting || clusters.len() != components.len() {
+        let unplaced: Vec<usize> = ledger.unplaced().map(|(i, _)| i).collect();
+        if ledger.file.state != JobState::Waiting || clusters.len() != unplaced.len() {
             debug!(job = %ledger.id, "placement ignored: already placed, or not for this job");
             return Vec::new();
         }
-        info!(job = %ledger.id, clusters = ?clusters, "grid job placed");
+        info!(job = %ledger.id, components = ?unplaced, clusters = ?clusters, "grid job placed");
         let env: Vec<(String, String)> = ledger
             .manifest
             .env
@@ -62,7 +62,8 @@ impl Grid {
             .as_ref()
             .map(|w| w.display().to_string());
         let mut effects = Vec::with_capacity(clusters.len() + 2);
-        for (i, (component, cluster)) in components.iter().zip(clusters).enumerate() {
+        for (i, cluster) in unplaced.into_iter().zip(clusters) {
+            let component = &ledger.manifest.components[i];
             let spec = ComponentSpec {
                 job: ledger.id.clone(),
                 component: i as u32,
@@ -88,6 +89,30 @@ impl Grid {
         ledger.file.state = JobState::Running;
         effects.extend([Effect::SaveJobFile, Effect::Report]);
         effects
+    }
+
+    /// A cluster withdrew a component that never started there: it waits
+    /// to be placed again, with the job's other components left running.
+    fn component_withdrawn(
+        &mut self,
+        component: u32,
+        cluster: ClusterName,
+        reason: &str,
+    ) -> Vec<Effect<'static>> {
+        let ledger = &mut self.ledger;
+        let placed = ledger.file.components.get_mut(component as usize);
+        let Some(slot @ Some(_)) = placed else {
+            debug!(job = %ledger.id, component, cluster = %cluster, "withdrawal ignored: not placed");
+            return Vec::new();
+        };
+        if slot.as_ref() != Some(&cluster) || ledger.book.is_finished(u64::from(component)) {
+            debug!(job = %ledger.id, component, cluster = %cluster, "withdrawal ignored: placed elsewhere or ended");
+            return Vec::new();
+        }
+        *slot = None;
+        ledger.file.state = JobState::Waiting;
+        warn!(job = %ledger.id, component, cluster = %cluster, reason, "grid component withdrawn; waiting to be placed again");
+        vec![Effect::SaveJobFile, Effect::Report]
     }
 
     /// A component ended: its result is final (a rigid job is not retried).
@@ -182,6 +207,11 @@ impl JobCore for Grid {
                 vec![self.finish_unfinished(FinalStatus::Failed)]
             }
             ControlMsg::ComponentEnded(outcome) => self.component_ended(outcome),
+            ControlMsg::ComponentWithdrawn {
+                component,
+                cluster,
+                reason,
+            } => self.component_withdrawn(component, cluster, &reason),
             ControlMsg::Cancel { reason } => self.cancel(&reason),
             // Components hold their slots for good: no launchers to add.
             ControlMsg::GrowOffer { grant, cluster, .. } => {
@@ -363,6 +393,54 @@ mod tests {
                 ("c2".to_owned(), "job_ended")
             ]
         );
+    }
+
+    #[test]
+    fn a_withdrawn_component_is_placed_again_and_the_others_keep_running() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        let withdrawn = |cluster: &str| ControlMsg::ComponentWithdrawn {
+            component: 1,
+            cluster: cluster.into(),
+            reason: "waited too long".into(),
+        };
+        assert!(
+            grid.on_control(withdrawn("c1"), at(t0, 2)).is_empty(),
+            "not where it was placed"
+        );
+        let effects = grid.on_control(withdrawn("c2"), at(t0, 3));
+        assert!(matches!(effects[..], [Effect::SaveJobFile, Effect::Report]));
+        let report = grid.standing(at(t0, 3));
+        assert_eq!(report.state, JobState::Waiting);
+        assert_eq!(report.components, [2], "only the withdrawn one to place");
+        assert_eq!(report.tasks.running, 1, "component 0 still runs");
+        assert!(grid.on_control(withdrawn("c2"), at(t0, 4)).is_empty());
+
+        let effects = grid.on_control(
+            ControlMsg::Place {
+                clusters: vec!["c3".into()],
+            },
+            at(t0, 5),
+        );
+        let submitted: Vec<(String, u32)> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::ToKcm {
+                    cluster,
+                    msg: KcmMsg::SubmitComponent(spec),
+                    ..
+                } => Some((cluster.to_string(), spec.component)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(submitted, [("c3".to_owned(), 1)]);
+        let file = grid.job_file();
+        assert_eq!(file.state, JobState::Running);
+        assert_eq!(
+            file.components,
+            [Some(ClusterName::from("c1")), Some(ClusterName::from("c3"))]
+        );
+        assert!(grid.standing(at(t0, 6)).components.is_empty());
     }
 
     #[test]

@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use gleaner_manifest::{JobId, Manifest, ParamValue};
+use gleaner_manifest::{Component, JobId, Manifest, ParamValue};
 use gleaner_protocol::{
     ClusterName, ControlMsg, Event, JobReport, JobState, KcmMsg, ResultMsg, SchedulerMsg,
     Submission, TaskMsg,
@@ -188,9 +188,18 @@ impl Ledger {
             preemptions: self.preemptions,
             started_at: self.file.started_at,
             results: self.file.results.clone(),
-            components: self.manifest.components.iter().map(|c| c.slots).collect(),
+            components: self.unplaced().map(|(_, c)| c.slots).collect(),
             max_slots: self.manifest.max_launchers,
         }
+    }
+
+    /// A grid job's components no cluster has (yet), with their indices.
+    pub fn unplaced(&self) -> impl Iterator<Item = (usize, &Component)> {
+        self.manifest
+            .components
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.file.components.get(*i).is_none_or(Option::is_none))
     }
 
     /// The scheduler hears every report; watchers, and `job.json`, only

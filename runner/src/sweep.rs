@@ -379,7 +379,9 @@ impl JobCore for Sweep {
                 debug!(job = %job, "placement ignored: already placed, or not for this job");
                 Vec::new()
             }
-            ControlMsg::PlacementFailed { .. } | ControlMsg::ComponentEnded(_) => {
+            ControlMsg::PlacementFailed { .. }
+            | ControlMsg::ComponentEnded(_)
+            | ControlMsg::ComponentWithdrawn { .. } => {
                 debug!(job = %job, "grid job message ignored: this job is a sweep");
                 Vec::new()
             }

@@ -72,6 +72,9 @@ impl GridBook {
             Some(entry) => {
                 if report.state != JobState::Waiting {
                     entry.placed.get_or_insert(now);
+                } else if entry.report.state != JobState::Waiting {
+                    // A component was withdrawn: placed again at once.
+                    entry.placed = None;
                 }
                 entry.report = report;
                 entry.seen = now;

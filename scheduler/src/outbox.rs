@@ -50,8 +50,9 @@ pub fn message(action: Action) -> (JobId, ControlMsg) {
             cluster,
             slots,
             reason,
+            hosts,
         } => {
-            info!(job = %job, cluster = %cluster, slots, reason, "shrink for a grid job");
+            info!(job = %job, cluster = %cluster, slots, reason, hosts = ?hosts, "shrink for a grid job");
             (
                 job,
                 ControlMsg::Shrink {
@@ -59,7 +60,7 @@ pub fn message(action: Action) -> (JobId, ControlMsg) {
                     slots,
                     mode: ShrinkMode::Preempt,
                     reason,
-                    hosts: Vec::new(),
+                    hosts,
                 },
             )
         }

@@ -12,8 +12,8 @@ use std::{
 
 use gleaner_manifest::{JobId, JobKind};
 use gleaner_policy::{
-    placement::{self, Site},
-    share::{self, ClusterInput, JobInput, PolicyConfig, split_shrink},
+    placement::{self, HostRoom, Site},
+    share::{self, ClusterInput, JobInput, PolicyConfig},
 };
 use gleaner_protocol::{
     ClusterName, ClusterReport, ClusterView, GrantId, JobReport, SchedulerMsg, StatusReply,
@@ -80,12 +80,14 @@ pub enum Action {
         cluster: ClusterName,
         slots: u32,
     },
-    /// Give back slots now: a grid job needs them.
+    /// Give back slots now: a grid job needs them (on `hosts`, when not
+    /// empty).
     Preempt {
         job: JobId,
         cluster: ClusterName,
         slots: u32,
         reason: String,
+        hosts: Vec<String>,
     },
     /// A grid job goes to these clusters (component `i` to `clusters[i]`).
     Place {
@@ -393,25 +395,39 @@ impl State {
                     .iter()
                     .map(|(job, h)| (job.clone(), h.total()))
                     .collect(),
+                hosts: c
+                    .report
+                    .hosts
+                    .iter()
+                    .map(|h| HostRoom {
+                        name: h.name.clone(),
+                        slots: h.slots,
+                        free: h.free(),
+                        scavenged: h.jobs.clone(),
+                    })
+                    .collect(),
             })
             .collect();
         let placements = placement::place(&waiting, &sites, config.grid.weights);
         let mut actions = Vec::new();
         for placed in &placements {
-            for (cluster, slots) in &placed.reclaim {
-                let scavenged = sites
-                    .iter()
-                    .find(|s| &s.name == cluster)
-                    .map(|s| s.scavenged.clone())
-                    .unwrap_or_default();
-                for (job, give) in split_shrink(*slots, &scavenged) {
-                    actions.push(Action::Preempt {
-                        job,
-                        cluster: cluster.clone(),
-                        slots: give,
-                        reason: format!("grid job {} needs {slots} slots on {cluster}", placed.job),
-                    });
-                }
+            for reclaim in &placed.reclaim {
+                let (cluster, slots) = (&reclaim.cluster, reclaim.slots);
+                let reason = match reclaim.hosts.as_slice() {
+                    [] => format!("grid job {} needs slots on {cluster}", placed.job),
+                    hosts => format!(
+                        "grid job {} needs slots on {cluster} host {}",
+                        placed.job,
+                        hosts.join(", ")
+                    ),
+                };
+                actions.push(Action::Preempt {
+                    job: reclaim.job.clone(),
+                    cluster: cluster.clone(),
+                    slots,
+                    reason,
+                    hosts: reclaim.hosts.clone(),
+                });
             }
             self.grid.placed(&placed.job, &placed.clusters, now);
             actions.push(Action::Place {

@@ -434,7 +434,7 @@ impl<'a> Sim<'a> {
                     self.clusters[c].batch.delete_spool_entry(&job, component);
                     None
                 }
-                Effect::SubmitComponent(spec) => {
+                Effect::SubmitComponent { spec, .. } => {
                     if let Some(&g) = self.grid_index.get(&spec.job) {
                         let length = self.grid[g].length;
                         self.clusters[c].batch.submit_component(
