@@ -5,8 +5,8 @@
 
 use std::{collections::BTreeSet, time::Duration};
 
-use gleaner_protocol::naming::placeholder_name;
-use gleaner_testkit::{Gleaner, SgeQueues, by_task, qsub, sge, wait_for};
+use gleaner_protocol::naming::{COMPONENT_PREFIX, placeholder_name};
+use gleaner_testkit::{Gleaner, SgeQueues, by_task, finish, qsub, sge, wait_for};
 use nix::sys::signal::Signal;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -367,6 +367,64 @@ impl Drop for OneSlotRuns {
     fn drop(&mut self) {
         sge("qconf", &["-drqs", &self.name]);
     }
+}
+
+#[test]
+fn a_grid_component_stuck_in_the_queue_is_placed_again_elsewhere() {
+    let queues = SgeQueues::new(2, 4);
+    let (stuck, good) = (&queues.names[0], &queues.names[1]);
+    let _quota = OneSlotRuns::new(stuck);
+    let mut g = gleaner("sge-stuck-grid");
+    let clusters = config(&[("c1", stuck), ("c2", good)]).replacen(
+        "h_rt = \"10m\"\n",
+        "h_rt = \"10m\"\nmax_pending = \"5s\"\n",
+        1,
+    );
+    g.write("gleaner.toml", &clusters);
+    g.start("scheduler", &["scheduler"]);
+    g.start("runner", &["runner"]);
+    // A local job takes the one slot c1's quota lets run.
+    let local = qsub(&["-N", "local", "-q", stuck, "-b", "y", "/bin/sleep", "300"]);
+    wait_for("the local job to run", MINUTE, || {
+        queues
+            .jobs(stuck)
+            .iter()
+            .any(|j| j.number == local && j.state.contains('r'))
+    });
+    g.start("kcm1", &["kcm", "--cluster", "c1"]);
+    let grid = g.submit_waiting(
+        "name = \"rigid\"\nkind = \"grid\"\n[[component]]\nslots = 1\ncommand = \"echo ran\"\n",
+    );
+    wait_for("the component waiting on c1", MINUTE, || {
+        queues
+            .jobs(stuck)
+            .iter()
+            .any(|j| j.name.starts_with(COMPONENT_PREFIX) && j.state.contains("qw"))
+    });
+    g.start("kcm2", &["kcm", "--cluster", "c2"]);
+    let output = finish(grid, 2 * MINUTE);
+    assert!(
+        output.status.success(),
+        "grid job failed: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        g.log("runner")
+    );
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks[&0]["status"], "succeeded");
+    assert_eq!(
+        tasks[&0]["cluster"], "c2",
+        "placed again where it could run"
+    );
+    assert!(g.log("kcm1").contains("to be placed again"));
+    assert!(g.log("runner").contains("waiting to be placed again"));
+    assert!(
+        !queues
+            .jobs(stuck)
+            .iter()
+            .any(|j| j.name.starts_with(COMPONENT_PREFIX)),
+        "nothing left in c1's queue"
+    );
 }
 
 #[test]

@@ -9,7 +9,7 @@ use std::{
 };
 
 use gleaner_protocol::naming::placeholder_name;
-use gleaner_testkit::{Gleaner, SgeQueues, by_task, qsub, sge, wait_for};
+use gleaner_testkit::{Gleaner, SgeQueues, by_task, finish, qsub, sge, wait_for};
 
 const MINUTE: Duration = Duration::from_secs(60);
 /// Slots of each host in the tests' queues.
@@ -171,6 +171,40 @@ fn two_one_host_local_jobs_empty_two_hosts() {
     );
     let hosts_hit: BTreeSet<String> = gone.iter().map(|id| before[id].clone()).collect();
     assert_eq!(hosts_hit, hosts, "two hosts emptied, no more: {gone:?}");
+    assert_all_done_once(&g, &job, 150);
+}
+
+#[test]
+fn a_grid_component_of_one_host_takes_back_one_host() {
+    let (queues, g, job, before) = full_grid("mh-grid", "", 150, 12);
+    let mut grid = g.submit_waiting(&format!(
+        "name = \"rigid\"\nkind = \"grid\"\npriority = \"high\"\n[[component]]\nslots = {HOST_SLOTS}\ncommand = \"echo $NSLOTS $(hostname); sleep 3\"\n"
+    ));
+    let gone = watch_until(
+        &queues,
+        &job,
+        &before,
+        "the grid job to end",
+        2 * MINUTE,
+        || matches!(grid.try_wait(), Ok(Some(_))),
+    );
+    let output = finish(grid, MINUTE);
+    assert!(
+        output.status.success(),
+        "grid job failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let rigid = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let stdout =
+        std::fs::read_to_string(g.results_dir(&rigid).join("tasks/0/stdout")).unwrap_or_default();
+    let (slots, host) = stdout.trim().split_once(' ').unwrap_or_default();
+    assert_eq!(slots, HOST_SLOTS.to_string(), "all its slots: {stdout}");
+    let hosts_hit: BTreeSet<&str> = gone.iter().map(|id| before[id].as_str()).collect();
+    assert_eq!(
+        hosts_hit,
+        BTreeSet::from([host]),
+        "only launchers of the host it ran on were stopped; gone: {gone:?} of {before:?}"
+    );
     assert_all_done_once(&g, &job, 150);
 }
 

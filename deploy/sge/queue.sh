@@ -11,6 +11,17 @@ export SGE_ROOT=${SGE_ROOT:-/var/lib/gridengine} SGE_CELL=${SGE_CELL:-default}
 host=$(hostname)
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo --preserve-env=SGE_ROOT,SGE_CELL "$@"; fi; }
 
+# Jobs running in QUEUE or asking for it (waiting ones too).
+jobs_of() {
+    local id
+    for id in $(qstat -u '*' 2>/dev/null | awk 'NR > 2 { print $1 }' | sort -u); do
+        if qstat -j "$id" 2>/dev/null | grep -q "^hard_queue_list: *\(.*,\)\?$1\(@[^,]*\)\?\(,.*\)\?$" \
+            || qstat -u '*' -s r 2>/dev/null | awk -v id="$id" -v q="$1" '$1 == id && index($8, q "@") == 1 { found = 1 } END { exit !found }'; then
+            echo "$id"
+        fi
+    done
+}
+
 # The parallel environments every queue names: PE NAME, allocation rule,
 # whether the job script counts as one of the slots' tasks.
 ensure_pes() {
@@ -145,7 +156,8 @@ delete)
         # A queue with jobs cannot be deleted: they go first, which takes
         # the execds a moment.
         qconf -sq "$queue" >/dev/null 2>&1 || continue
-        as_root qdel -f -q "$queue" >/dev/null 2>&1 || true
+        jobs=$(jobs_of "$queue")
+        [ -z "$jobs" ] || as_root qdel -f $jobs >/dev/null 2>&1 || true
         for _ in $(seq 1 40); do
             as_root qconf -dq "$queue" >/dev/null 2>&1 && break
             sleep 0.5
