@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/rabbitmq/setup.sh
 deploy/sge/setup.sh
+deploy/sge/hosts.sh
 cargo build --release --quiet -p gleaner -p gleaner-bench
 bench=target/release/gleaner-bench
 export RUST_LOG=warn
@@ -34,6 +35,16 @@ echo "## grid engine: local-job delay"
 echo "| local jobs × slots | wait, empty queue (s) | wait, queue full of gleaner (s) | added, mean (s) | added, worst (s) |"
 echo "|---|---|---|---|---|"
 "$bench" sge-local-delay --slots 8
+
+echo "## multi-host grid engine: local-job delay, jobs on one host"
+echo "| local jobs × slots | wait, empty grid (s) | wait, grid full of gleaner (s) | added, mean (s) | added, worst (s) |"
+echo "|---|---|---|---|---|"
+"$bench" sge-hosts-local-delay --host-slots 4
+
+echo "## multi-host grid engine: no-op throughput through placeholders"
+echo "| launchers × slots | hosts × slots | tasks | makespan (s) | tasks/s |"
+echo "|---|---|---|---|---|"
+"$bench" sge-throughput --tasks 50000 --host-slots 4
 
 echo "## grid engine: grid job delay"
 echo "| grid job | runs | wait, empty queue: mean (worst) s | wait, queue full of sweeps: mean (worst) s | added (s) |"

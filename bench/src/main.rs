@@ -76,6 +76,22 @@ enum Bench {
         #[arg(long, default_value_t = 8)]
         slots: u32,
     },
+    /// Multi-host Grid Engine: how long one-host local jobs wait with and
+    /// without gleaner's load.
+    SgeHostsLocalDelay {
+        /// Slots of each of the grid's hosts.
+        #[arg(long, default_value_t = 4)]
+        host_slots: u32,
+    },
+    /// Multi-host Grid Engine: no-op tasks through single-slot placeholders
+    /// and through one placeholder per host.
+    SgeThroughput {
+        #[arg(long, default_value_t = 50_000)]
+        tasks: u32,
+        /// Slots of each of the grid's hosts.
+        #[arg(long, default_value_t = 4)]
+        host_slots: u32,
+    },
 }
 
 fn gleaner_binary() -> anyhow::Result<PathBuf> {
@@ -124,5 +140,11 @@ fn main() -> anyhow::Result<()> {
         } => sge::launchers_vs_direct(&gleaner_binary()?, tasks, slots, seconds),
         Bench::SgeLocalDelay { slots } => sge::local_delay(&gleaner_binary()?, slots),
         Bench::SgeGridDelay { slots, runs } => sge::grid_delay(&gleaner_binary()?, slots, runs),
+        Bench::SgeHostsLocalDelay { host_slots } => {
+            sge::hosts_local_delay(&gleaner_binary()?, host_slots)
+        }
+        Bench::SgeThroughput { tasks, host_slots } => {
+            sge::throughput(&gleaner_binary()?, tasks, host_slots)
+        }
     }
 }

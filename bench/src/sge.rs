@@ -1,4 +1,5 @@
-//! Benchmarks on the single-host Grid Engine cell (`deploy/sge/setup.sh`).
+//! Benchmarks on the single-host Grid Engine cell (`deploy/sge/setup.sh`)
+//! and on the multi-host grid (`deploy/sge/hosts.sh`).
 
 use std::{
     path::Path,
@@ -28,6 +29,9 @@ fn config(queue: &str) -> String {
         "[[cluster]]\nname = \"bench\"\nbackend = \"sge\"\nqueue = \"{queue}\"\nh_rt = \"1h\"\n"
     )
 }
+
+/// Hosts of the multi-host grid the benchmarks use.
+const GRID_HOSTS: u32 = 3;
 
 /// Seed 000, Table 4.1: the same tasks through gleaner's launchers and by one
 /// `qsub` per task, on one queue.
@@ -67,19 +71,68 @@ pub fn launchers_vs_direct(exe: &Path, tasks: u32, slots: u32, seconds: u32) -> 
 /// queue, empty and full of gleaner launchers.
 pub fn local_delay(exe: &Path, slots: u32) -> anyhow::Result<()> {
     let queues = SgeQueues::new(1, slots);
-    let queue = queues.names[0].clone();
-    let shapes: Vec<(u32, u32)> = [1, 2, 4, 8]
+    let shapes: Vec<Shape> = [1, 2, 4, 8]
         .into_iter()
         .filter(|jobs| slots.is_multiple_of(*jobs))
-        .map(|jobs| (jobs, slots / jobs))
+        .map(|jobs| Shape {
+            jobs,
+            width: slots / jobs,
+            pe: "make",
+            label: String::new(),
+        })
         .collect();
+    local_delays(exe, "bench-sge-delay", &queues, slots, &shapes)
+}
 
+/// Seed 000, Table 4.2 on the multi-host grid: local jobs that need their
+/// slots on one host (`-pe smp`): a whole host, two half hosts, and one-slot
+/// jobs, on the grid empty and full of launchers.
+pub fn hosts_local_delay(exe: &Path, host_slots: u32) -> anyhow::Result<()> {
+    let queues = SgeQueues::on_nodes(1, host_slots);
+    let shape = |jobs: u32, width: u32, label: &str| Shape {
+        jobs,
+        width,
+        pe: "smp",
+        label: label.to_owned(),
+    };
+    let shapes = [
+        shape(1, host_slots, "a whole host"),
+        shape(2, host_slots / 2, "half a host"),
+        shape(host_slots, 1, "one slot"),
+    ];
+    local_delays(
+        exe,
+        "bench-sge-hosts-delay",
+        &queues,
+        GRID_HOSTS * host_slots,
+        &shapes,
+    )
+}
+
+/// Local jobs of one shape: `jobs` jobs of `width` slots through `pe`.
+struct Shape {
+    jobs: u32,
+    width: u32,
+    pe: &'static str,
+    label: String,
+}
+
+/// Each shape's waits on the empty queue, then on the queue full of a
+/// sweep's launchers (all `slots` of it); one Markdown row per shape.
+fn local_delays(
+    exe: &Path,
+    name: &str,
+    queues: &SgeQueues,
+    slots: u32,
+    shapes: &[Shape],
+) -> anyhow::Result<()> {
+    let queue = queues.names[0].clone();
     let mut alone = Vec::new();
-    for &(jobs, width) in &shapes {
-        alone.push(local_waits(&queues, &queue, jobs, width)?);
+    for shape in shapes {
+        alone.push(local_waits(queues, &queue, shape)?);
     }
 
-    let mut g = Gleaner::new("bench-sge-delay", exe);
+    let mut g = Gleaner::new(name, exe);
     g.write("gleaner.toml", &config(&queue));
     g.start("up", &["up"]);
     wait_until_serving(&g);
@@ -92,14 +145,20 @@ pub fn local_delay(exe: &Path, slots: u32) -> anyhow::Result<()> {
             .count() as u32
             == slots
     };
-    for (&(jobs, width), alone) in shapes.iter().zip(&alone) {
+    for (shape, alone) in shapes.iter().zip(&alone) {
         wait_for("gleaner to fill the queue", Duration::from_secs(120), full);
         std::thread::sleep(Duration::from_secs(3));
-        let loaded = local_waits(&queues, &queue, jobs, width)?;
+        let loaded = local_waits(queues, &queue, shape)?;
         let max = |w: &[f64]| w.iter().cloned().fold(0.0, f64::max);
         let mean = |w: &[f64]| w.iter().sum::<f64>() / w.len() as f64;
+        let label = match shape.label.as_str() {
+            "" => String::new(),
+            label => format!(" ({label})"),
+        };
         println!(
-            "| {jobs} × {width} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            "| {} × {}{label} | {:.2} | {:.2} | {:.2} | {:.2} |",
+            shape.jobs,
+            shape.width,
             max(alone),
             max(&loaded),
             mean(&loaded) - mean(alone),
@@ -110,15 +169,15 @@ pub fn local_delay(exe: &Path, slots: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Submits `jobs` local jobs of `width` slots running `sleep 10`; returns how
-/// long each waited to start (seconds). The jobs are removed once started.
-fn local_waits(queues: &SgeQueues, queue: &str, jobs: u32, width: u32) -> anyhow::Result<Vec<f64>> {
+/// Submits a shape's local jobs running `sleep 10`; returns how long each
+/// waited to start (seconds). The jobs are removed once started.
+fn local_waits(queues: &SgeQueues, queue: &str, shape: &Shape) -> anyhow::Result<Vec<f64>> {
     let mut submitted = Vec::new();
-    for _ in 0..jobs {
+    let width = shape.width.to_string();
+    for _ in 0..shape.jobs {
         let mut args = vec!["-N", "local", "-q", queue];
-        let width_arg = width.to_string();
-        if width > 1 {
-            args.extend(["-pe", "make", &width_arg]);
+        if shape.width > 1 {
+            args.extend(["-pe", shape.pe, &width]);
         }
         args.extend(["-b", "y", "/bin/sleep", "10"]);
         submitted.push((qsub(&args)?, Instant::now()));
@@ -209,5 +268,31 @@ pub fn grid_delay(exe: &Path, slots: u32, runs: u32) -> anyhow::Result<()> {
         max(&loaded),
         mean(&loaded) - mean(&alone),
     );
+    Ok(())
+}
+
+/// No-op tasks through Grid Engine placeholders on the multi-host grid,
+/// with single-slot launchers and with one launcher per host.
+pub fn throughput(exe: &Path, tasks: u32, host_slots: u32) -> anyhow::Result<()> {
+    for launcher_slots in [1, host_slots] {
+        let queues = SgeQueues::on_nodes(1, host_slots);
+        let mut g = Gleaner::new(&format!("bench-sge-throughput-{launcher_slots}"), exe);
+        g.write(
+            "gleaner.toml",
+            &format!(
+                "{}launcher_slots = {launcher_slots}\n",
+                config(&queues.names[0])
+            ),
+        );
+        g.start("up", &["up"]);
+        wait_until_serving(&g);
+        let (makespan, _) = run_job(&g, &sweep("noop", tasks, "true"))?;
+        let slots = GRID_HOSTS * host_slots;
+        println!(
+            "| {} × {launcher_slots} | {GRID_HOSTS} × {host_slots} | {tasks} | {makespan:.2} | {:.0} |",
+            slots / launcher_slots,
+            f64::from(tasks) / makespan,
+        );
+    }
     Ok(())
 }
