@@ -45,6 +45,7 @@ echo "## multi-host grid engine: no-op throughput through placeholders"
 echo "| launchers × slots | hosts × slots | tasks | makespan (s) | tasks/s |"
 echo "|---|---|---|---|---|"
 "$bench" sge-throughput --tasks 50000 --host-slots 4
+"$bench" sge-throughput --tasks 50000 --host-slots 8
 
 echo "## grid engine: grid job delay"
 echo "| grid job | runs | wait, empty queue: mean (worst) s | wait, queue full of sweeps: mean (worst) s | added (s) |"
