@@ -147,11 +147,24 @@ if [ -z "$(daemon_in slurmd)" ]; then
     log "starting slurmd for $master"
     setsid slurmd -D -N "$master" </dev/null >/dev/null 2>&1 &
 fi
+# `ip netns exec` gives a test host a sysfs of its own, without the cgroup
+# file systems slurmd needs: the host's are mounted again there, as they
+# are here (cgroup v1 hierarchies by their options, or one cgroup2).
+cgroups=$(awk '
+    $3 == "cgroup2" && $2 == "/sys/fs/cgroup" { print "mount -t cgroup2 none /sys/fs/cgroup"; next }
+    $2 == "/sys/fs/cgroup" { print "mount -t tmpfs cgroup_root /sys/fs/cgroup"; next }
+    $3 == "cgroup2" { printf "mkdir -p %s && mount -t cgroup2 none %s\n", $2, $2; next }
+    $3 == "cgroup" {
+        n = split($4, o, ","); opts = ""
+        for (i = 1; i <= n; i++) if (o[i] != "rw" && o[i] != "relatime") opts = opts (opts ? "," : "") o[i]
+        printf "mkdir -p %s && mount -t cgroup -o %s cgroup %s\n", $2, opts, $2
+    }' /proc/mounts | awk '/cgroup_root|none \/sys\/fs\/cgroup$/ { print; next } { rest = rest $0 "\n" } END { printf "%s", rest }')
 for k in $(seq 1 "$nodes"); do
     if [ -z "$(daemon_in slurmd "node$k")" ]; then
         log "starting slurmd on node$k"
         install -d "/var/lib/slurm/slurmd/node$k"
-        setsid "$grid" exec "node$k" slurmd -D -N "node$k" </dev/null >/dev/null 2>&1 &
+        setsid "$grid" exec "node$k" sh -c "$cgroups
+exec slurmd -D -N node$k" </dev/null >/dev/null 2>&1 &
     fi
 done
 
