@@ -4,7 +4,9 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Context;
 use gleaner_broker::Broker;
-use gleaner_kcm::{BackendKind, ClusterConfig, LauncherCommand, LocalBackend, SgeBackend};
+use gleaner_kcm::{
+    BackendKind, ClusterConfig, LauncherCommand, LocalBackend, SgeBackend, SlurmBackend,
+};
 use gleaner_launcher::{Exit, LauncherConfig};
 use gleaner_manifest::JobId;
 use gleaner_protocol::{ClusterName, LauncherId, naming, now_ms};
@@ -79,6 +81,10 @@ pub async fn kcm(
         }
         BackendKind::Sge => {
             let backend = SgeBackend::new(cluster.sge(launcher_command(settings)?));
+            gleaner_kcm::run(broker, config, backend, shutdown).await;
+        }
+        BackendKind::Slurm => {
+            let backend = SlurmBackend::new(cluster.slurm(launcher_command(settings)?));
             gleaner_kcm::run(broker, config, backend, shutdown).await;
         }
     }

@@ -1,9 +1,13 @@
 //! What a kcm needs from a batch system, whichever it is.
 
-use std::future::Future;
+use std::{future::Future, process::Stdio, time::Duration};
 
 use gleaner_manifest::JobId;
-use gleaner_protocol::{ComponentSpec, naming::LauncherArgs};
+use gleaner_protocol::{
+    ClusterName, ComponentSpec,
+    naming::{LauncherArgs, launcher_id_word},
+};
+use tokio::{io::AsyncWriteExt, process::Command};
 
 use crate::snapshot::Snapshot;
 
@@ -123,4 +127,104 @@ impl LauncherCommand {
         args.extend(launcher.to_vec());
         args
     }
+
+    /// A placeholder's job script: one launcher of `slots` slots, named
+    /// after its array task, whose id only the batch system knows when it
+    /// runs; `batch_id` spells it for the shell (`"$JOB_ID.$SGE_TASK_ID"`).
+    pub fn script(
+        &self,
+        cluster: &ClusterName,
+        job: &JobId,
+        slots: u32,
+        walltime: Option<Duration>,
+        batch_id: &str,
+    ) -> String {
+        let mut script = String::from("#!/bin/sh\n# gleaner placeholder: one launcher\n");
+        for (key, value) in &self.env {
+            script.push_str(&format!("export {key}={}\n", quote(value)));
+        }
+        if let Ok(filter) = std::env::var("RUST_LOG") {
+            script.push_str(&format!("export RUST_LOG={}\n", quote(&filter)));
+        }
+        let mut line = format!("exec {}", quote(&self.program.to_string_lossy()));
+        for arg in &self.args {
+            line.push(' ');
+            line.push_str(&quote(arg));
+        }
+        let cluster = quote(cluster.as_str());
+        let launcher = LauncherArgs {
+            job: &quote(job.as_str()),
+            cluster: &cluster,
+            id: &launcher_id_word(&cluster, batch_id),
+            slot: batch_id,
+            slots,
+            walltime,
+        };
+        for arg in launcher.to_vec() {
+            line.push(' ');
+            line.push_str(&arg);
+        }
+        script.push_str(&line);
+        script.push('\n');
+        script
+    }
+}
+
+/// The placeholder arrays covering `slots`: `(launchers, slots each)` —
+/// whole launchers of `size`, and one smaller for the rest.
+pub fn launcher_arrays(slots: u32, size: u32) -> Vec<(u32, u32)> {
+    let size = size.max(1);
+    [
+        (slots / size, size),
+        (u32::from(!slots.is_multiple_of(size)), slots % size),
+    ]
+    .into_iter()
+    .filter(|(count, _)| *count > 0)
+    .collect()
+}
+
+/// Runs a batch-system command with `env` added, `stdin` written to it;
+/// its failure carries its own output, and one that does not answer
+/// within `timeout` is killed and fails.
+pub async fn run(
+    program: &str,
+    args: &[String],
+    stdin: Option<&str>,
+    env: &[(&str, &str)],
+    timeout: Duration,
+) -> Result<String, BackendError> {
+    let shown = format!("{program} {}", args.join(" "));
+    let failed = |message: String| BackendError {
+        command: shown.clone(),
+        message,
+    };
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .envs(env.iter().copied())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = command.spawn().map_err(|e| failed(e.to_string()))?;
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        pipe.write_all(text.as_bytes())
+            .await
+            .map_err(|e| failed(format!("cannot write the job script: {e}")))?;
+    }
+    let output = tokio::time::timeout(timeout, child.wait_with_output())
+        .await
+        .map_err(|_| failed(format!("no answer within {timeout:?}")))?
+        .map_err(|e| failed(e.to_string()))?;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let said = format!("{} {}", stderr.trim(), stdout.trim());
+        return Err(failed(format!("{}: {}", output.status, said.trim())));
+    }
+    Ok(stdout)
 }

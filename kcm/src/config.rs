@@ -6,7 +6,7 @@ use std::{path::PathBuf, time::Duration};
 use gleaner_protocol::ClusterName;
 use serde::{Deserialize, Serialize};
 
-use crate::{KcmConfig, LauncherCommand, SgeConfig};
+use crate::{KcmConfig, LauncherCommand, SgeConfig, SlurmConfig};
 
 /// Which batch system runs the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,6 +16,8 @@ pub enum BackendKind {
     Local,
     /// Son of Grid Engine: placeholders as array jobs.
     Sge,
+    /// Slurm: placeholders as array jobs.
+    Slurm,
 }
 
 /// One `[[cluster]]` table.
@@ -43,10 +45,23 @@ pub struct ClusterConfig {
     /// hosts (`$round_robin` or `$fill_up`).
     #[serde(default = "default_pe_spread")]
     pub pe_spread: String,
-    /// `sge`: walltime of each placeholder (`-l h_rt`).
-    #[serde(default, with = "humantime_serde")]
+    /// `sge`, `slurm`: walltime of each placeholder (`-l h_rt`, `--time`).
+    #[serde(default, alias = "walltime", with = "humantime_serde")]
     pub h_rt: Option<Duration>,
-    /// `sge`: where placeholders' output goes (discarded when unset).
+    /// `slurm`: the partition placeholders go to.
+    #[serde(default)]
+    pub partition: Option<String>,
+    /// `slurm`: the QOS of placeholders.
+    #[serde(default)]
+    pub qos: Option<String>,
+    /// `slurm`: the account placeholders are charged to.
+    #[serde(default)]
+    pub account: Option<String>,
+    /// `slurm`: the nice value of placeholders (above 0: behind the
+    /// cluster's own jobs).
+    #[serde(default)]
+    pub nice: Option<i32>,
+    /// `sge`, `slurm`: where placeholders' output goes (discarded when unset).
     #[serde(default)]
     pub log_dir: Option<PathBuf>,
     /// How long a batch-system command may take before it counts as failed.
@@ -113,6 +128,10 @@ impl ClusterConfig {
             pe_one_host: default_pe_one_host(),
             pe_spread: default_pe_spread(),
             h_rt: None,
+            partition: None,
+            qos: None,
+            account: None,
+            nice: None,
             log_dir: None,
             command_timeout: default_command_timeout(),
             max_pending: default_max_pending(),
@@ -157,6 +176,10 @@ impl ClusterConfig {
                 "cluster {}: the sge backend needs `queue`",
                 self.name
             )),
+            BackendKind::Slurm if self.partition.is_none() => Err(format!(
+                "cluster {}: the slurm backend needs `partition`",
+                self.name
+            )),
             _ => Ok(()),
         }
     }
@@ -194,6 +217,23 @@ impl ClusterConfig {
         }
     }
 
+    /// The Slurm backend's settings.
+    pub fn slurm(&self, launcher: LauncherCommand) -> SlurmConfig {
+        SlurmConfig {
+            cluster: self.name.clone(),
+            partition: self.partition.clone().unwrap_or_default(),
+            qos: self.qos.clone(),
+            account: self.account.clone(),
+            nice: self.nice,
+            launcher_slots: self.launcher_slots.max(1),
+            reserve_hosts: self.reserve_hosts.clone(),
+            walltime: self.h_rt,
+            log_dir: self.log_dir.clone(),
+            command_timeout: self.command_timeout,
+            launcher,
+        }
+    }
+
     /// One line for people: `c1 (sge queue c1.q)`.
     pub fn describe(&self) -> String {
         match self.backend {
@@ -204,6 +244,11 @@ impl ClusterConfig {
                 "{} (sge queue {})",
                 self.name,
                 self.queue.as_deref().unwrap_or("?")
+            ),
+            BackendKind::Slurm => format!(
+                "{} (slurm partition {})",
+                self.name,
+                self.partition.as_deref().unwrap_or("?")
             ),
         }
     }

@@ -14,7 +14,9 @@ pub mod core;
 mod local;
 mod qstat;
 mod sge;
+mod slurm;
 mod snapshot;
+mod squeue;
 
 use std::{collections::VecDeque, time::Duration};
 
@@ -31,6 +33,7 @@ pub use backend::{Backend, BackendError, ComponentFiles, LauncherCommand};
 pub use config::{BackendKind, Cap, ClusterConfig};
 pub use local::{LocalBackend, hostname};
 pub use sge::{SgeBackend, SgeConfig};
+pub use slurm::{SlurmBackend, SlurmConfig};
 pub use snapshot::{ComponentRun, Host, Placeholder, Snapshot};
 
 use crate::core::{CoreConfig, Effect, Event, KcmCore, Now, SpooledExit};

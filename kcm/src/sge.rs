@@ -6,22 +6,19 @@
 //! read on every poll; placeholders are recognised by their name alone, so a
 //! restarted kcm adopts whatever its predecessor left running.
 
-use std::{collections::BTreeMap, path::PathBuf, process::Stdio, time::Duration};
+use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 
 use gleaner_manifest::JobId;
-use tokio::{io::AsyncWriteExt, process::Command};
 use tracing::warn;
 
 use crate::{
-    backend::{Backend, BackendError, ComponentFiles, LauncherCommand, quote},
+    backend::{Backend, BackendError, ComponentFiles, LauncherCommand, launcher_arrays, run},
     qstat::{self, AllocationRule, allocation_rule},
     snapshot::Snapshot,
 };
 use gleaner_protocol::{
     ClusterName, ComponentSpec,
-    naming::{
-        LauncherArgs, SGE_TASK_ID, component_name, launcher_id_word, placeholder_name, same_host,
-    },
+    naming::{SGE_TASK_ID, component_name, placeholder_name, same_host},
 };
 
 #[derive(Debug, Clone)]
@@ -45,19 +42,6 @@ pub struct SgeConfig {
     /// How long a batch-system command may take before it counts as failed.
     pub command_timeout: Duration,
     pub launcher: LauncherCommand,
-}
-
-/// The placeholder arrays covering `slots`: `(launchers, slots each)` —
-/// whole launchers of `size`, and one smaller for the rest.
-fn launcher_arrays(slots: u32, size: u32) -> Vec<(u32, u32)> {
-    let size = size.max(1);
-    [
-        (slots / size, size),
-        (u32::from(!slots.is_multiple_of(size)), slots % size),
-    ]
-    .into_iter()
-    .filter(|(count, _)| *count > 0)
-    .collect()
 }
 
 pub struct SgeBackend {
@@ -97,56 +81,18 @@ impl SgeBackend {
         }
     }
 
-    /// Runs a batch-system command; its failure carries its own output.
+    /// Runs a Grid Engine command, with its cell's environment.
     async fn run(
         &self,
         program: &str,
         args: &[String],
         stdin: Option<&str>,
     ) -> Result<String, BackendError> {
-        let shown = format!("{program} {}", args.join(" "));
-        let failed = |message: String| BackendError {
-            command: shown.clone(),
-            message,
-        };
-        let mut command = Command::new(program);
-        command
-            .args(args)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        for (key, default) in [("SGE_ROOT", "/var/lib/gridengine"), ("SGE_CELL", "default")] {
-            if std::env::var_os(key).is_none() {
-                command.env(key, default);
-            }
-        }
-        let mut child = command.spawn().map_err(|e| failed(e.to_string()))?;
-        if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            pipe.write_all(text.as_bytes())
-                .await
-                .map_err(|e| failed(format!("cannot write the job script: {e}")))?;
-        }
-        let output = tokio::time::timeout(self.config.command_timeout, child.wait_with_output())
-            .await
-            .map_err(|_| {
-                failed(format!(
-                    "no answer within {:?}",
-                    self.config.command_timeout
-                ))
-            })?
-            .map_err(|e| failed(e.to_string()))?;
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        if !output.status.success() {
-            let stderr = String::from_utf8_lossy(&output.stderr);
-            let said = format!("{} {}", stderr.trim(), stdout.trim());
-            return Err(failed(format!("{}: {}", output.status, said.trim())));
-        }
-        Ok(stdout)
+        let env: Vec<(&str, &str)> = [("SGE_ROOT", "/var/lib/gridengine"), ("SGE_CELL", "default")]
+            .into_iter()
+            .filter(|(key, _)| std::env::var_os(key).is_none())
+            .collect();
+        run(program, args, stdin, &env, self.config.command_timeout).await
     }
 
     /// What every submission says: its name and queue, the script on stdin
@@ -227,7 +173,9 @@ impl SgeBackend {
                 "/dev/null".into(),
             ]),
         }
-        let script = self.script(job, each);
+        let script =
+            c.launcher
+                .script(&c.cluster, job, each, c.h_rt, &format!("\"{SGE_TASK_ID}\""));
         let answer = self.run("qsub", &args, Some(&script)).await?;
         // `-terse` answers `4711.1-8:1` for an array job.
         let number = answer.trim().split('.').next().unwrap_or("");
@@ -238,41 +186,6 @@ impl SgeBackend {
             });
         }
         Ok(())
-    }
-
-    /// The job script: the launcher, named after its array task.
-    fn script(&self, job: &JobId, slots: u32) -> String {
-        let c = &self.config;
-        let mut script = String::from("#!/bin/sh\n# gleaner placeholder: one launcher\n");
-        for (key, value) in &c.launcher.env {
-            script.push_str(&format!("export {key}={}\n", quote(value)));
-        }
-        if let Ok(filter) = std::env::var("RUST_LOG") {
-            script.push_str(&format!("export RUST_LOG={}\n", quote(&filter)));
-        }
-        let mut line = format!("exec {}", quote(&c.launcher.program.to_string_lossy()));
-        for arg in &c.launcher.args {
-            line.push(' ');
-            line.push_str(&quote(arg));
-        }
-        // The array task's id is only known once it runs: the shell expands it.
-        let task = format!("\"{SGE_TASK_ID}\"");
-        let cluster = quote(c.cluster.as_str());
-        let launcher = LauncherArgs {
-            job: &quote(job.as_str()),
-            cluster: &cluster,
-            id: &launcher_id_word(&cluster, &task),
-            slot: &task,
-            slots,
-            walltime: c.h_rt,
-        };
-        for arg in launcher.to_vec() {
-            line.push(' ');
-            line.push_str(&arg);
-        }
-        script.push_str(&line);
-        script.push('\n');
-        script
     }
 }
 
@@ -431,7 +344,11 @@ mod tests {
 
     #[test]
     fn the_job_script_names_the_launcher_after_its_array_task() {
-        let script = backend().script(&"sweep-3fa9c2".parse().unwrap(), 1);
+        let c = backend().config;
+        let job = "sweep-3fa9c2".parse().unwrap();
+        let script = c
+            .launcher
+            .script(&c.cluster, &job, 1, c.h_rt, &format!("\"{SGE_TASK_ID}\""));
         assert!(script.starts_with("#!/bin/sh\n"));
         assert!(script.contains("export GLEANER_BROKER_URL='amqp://u:p@h/v?heartbeat=10'\n"));
         assert!(

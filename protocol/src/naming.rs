@@ -77,6 +77,10 @@ pub fn host_key(name: &str) -> String {
 /// variables, expanded when the placeholder starts).
 pub const SGE_TASK_ID: &str = "$JOB_ID.$SGE_TASK_ID";
 
+/// A Slurm array task's batch id (`123_4`, as `squeue` shows it) as its
+/// job script sees it.
+pub const SLURM_TASK_ID: &str = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}";
+
 /// The local backend's batch id of its `n`th child, a launcher: unique
 /// across kcm restarts through the kcm's process id.
 pub fn local_launcher_batch_id(kcm_pid: u32, n: u64) -> String {

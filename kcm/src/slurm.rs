@@ -1,0 +1,265 @@
+//! Slurm: launchers as placeholder array jobs.
+//!
+//! `sbatch` submits `m` launchers as one array job named `gl-<job>` in the
+//! cluster's partition (with its QOS, account and nice value when set),
+//! each on one node with `--cpus-per-task` of its slots, `--no-requeue`
+//! (gleaner, not Slurm, decides what runs again) and, with a walltime, a
+//! USR1 before it ends. `sinfo` and `squeue` are read on every poll;
+//! placeholders are recognised by their name alone, so a restarted kcm
+//! adopts whatever its predecessor left.
+
+use std::{path::PathBuf, time::Duration};
+
+use gleaner_manifest::JobId;
+use gleaner_protocol::{
+    ClusterName, ComponentSpec,
+    naming::{SLURM_TASK_ID, component_name, placeholder_name},
+};
+use tracing::warn;
+
+use crate::{
+    backend::{Backend, BackendError, ComponentFiles, LauncherCommand, launcher_arrays, run},
+    snapshot::Snapshot,
+    squeue::{self, SINFO_FORMAT, SQUEUE_FORMAT},
+};
+
+/// How long before a placeholder's time limit Slurm signals it (USR1): the
+/// launcher gives its tasks back before the limit kills it.
+const SIGNAL_MARGIN: Duration = Duration::from_secs(60);
+
+#[derive(Debug, Clone)]
+pub struct SlurmConfig {
+    pub cluster: ClusterName,
+    /// The partition placeholders go to.
+    pub partition: String,
+    pub qos: Option<String>,
+    pub account: Option<String>,
+    /// Slurm's nice value for placeholders (`--nice`): above 0 yields to
+    /// the cluster's own jobs.
+    pub nice: Option<i32>,
+    /// Slots of each launcher: CPUs of one node (`--cpus-per-task`).
+    pub launcher_slots: u32,
+    /// Nodes placeholders must not go to (`--exclude`).
+    pub reserve_hosts: Vec<String>,
+    /// Time limit of each placeholder (`--time`); launchers drain before it.
+    pub walltime: Option<Duration>,
+    /// Where placeholders' stdout/stderr go; discarded when unset.
+    pub log_dir: Option<PathBuf>,
+    /// How long a batch-system command may take before it counts as failed.
+    pub command_timeout: Duration,
+    pub launcher: LauncherCommand,
+}
+
+pub struct SlurmBackend {
+    config: SlurmConfig,
+}
+
+impl SlurmBackend {
+    pub fn new(config: SlurmConfig) -> Self {
+        Self { config }
+    }
+
+    async fn run(
+        &self,
+        program: &str,
+        args: &[String],
+        stdin: Option<&str>,
+    ) -> Result<String, BackendError> {
+        run(program, args, stdin, &[], self.config.command_timeout).await
+    }
+
+    /// What every submission says: its name, partition and the site's
+    /// QOS, account and nice value, the script on stdin, no requeue.
+    fn sbatch_args(&self, name: String) -> Vec<String> {
+        let c = &self.config;
+        let mut args = vec![
+            "--parsable".to_owned(),
+            format!("--job-name={name}"),
+            format!("--partition={}", c.partition),
+            "--no-requeue".to_owned(),
+            format!("--chdir={}", std::env::temp_dir().display()),
+        ];
+        if let Some(qos) = &c.qos {
+            args.push(format!("--qos={qos}"));
+        }
+        if let Some(account) = &c.account {
+            args.push(format!("--account={account}"));
+        }
+        if let Some(nice) = c.nice {
+            args.push(format!("--nice={nice}"));
+        }
+        if let Some(walltime) = c.walltime {
+            args.push(format!("--time={}", slurm_time(walltime)));
+        }
+        args
+    }
+
+    /// One placeholder array of `count` launchers of `each` slots.
+    async fn submit_array(&self, job: &JobId, count: u32, each: u32) -> Result<(), BackendError> {
+        let c = &self.config;
+        let mut args = self.sbatch_args(placeholder_name(job.as_str()));
+        args.extend([
+            format!("--array=1-{count}"),
+            "--nodes=1".to_owned(),
+            "--ntasks=1".to_owned(),
+            format!("--cpus-per-task={each}"),
+        ]);
+        if c.walltime.is_some() {
+            args.push(format!("--signal=B:USR1@{}", SIGNAL_MARGIN.as_secs()));
+        }
+        if !c.reserve_hosts.is_empty() {
+            args.push(format!("--exclude={}", c.reserve_hosts.join(",")));
+        }
+        match &c.log_dir {
+            Some(dir) => args.push(format!("--output={}/%x.%A_%a.log", dir.display())),
+            None => args.extend([
+                "--output=/dev/null".to_owned(),
+                "--error=/dev/null".to_owned(),
+            ]),
+        }
+        let script = c.launcher.script(
+            &c.cluster,
+            job,
+            each,
+            c.walltime,
+            &format!("\"{SLURM_TASK_ID}\""),
+        );
+        let answer = self.run("sbatch", &args, Some(&script)).await?;
+        parse_job_id(&answer)
+            .map(|_| ())
+            .ok_or_else(|| BackendError {
+                command: format!("sbatch {}", args.join(" ")),
+                message: format!("unexpected answer {:?}", answer.trim()),
+            })
+    }
+}
+
+/// `--parsable` answers `1234` or `1234;cluster`.
+fn parse_job_id(answer: &str) -> Option<u64> {
+    answer.trim().split(';').next()?.parse().ok()
+}
+
+/// A time limit as Slurm reads it, `minutes:seconds`, rounded up to a
+/// whole second.
+fn slurm_time(limit: Duration) -> String {
+    let seconds = limit.as_secs() + u64::from(limit.subsec_nanos() > 0);
+    let seconds = seconds.max(1);
+    format!("{}:{:02}", seconds / 60, seconds % 60)
+}
+
+impl Backend for SlurmBackend {
+    fn kind(&self) -> &'static str {
+        "slurm"
+    }
+
+    async fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
+        let sinfo_args: Vec<String> = ["-h", "-N", "-o", SINFO_FORMAT].map(str::to_owned).to_vec();
+        let sinfo = self.run("sinfo", &sinfo_args, None).await?;
+        let squeue_args: Vec<String> = ["-h", "-r", "-a", "-o", SQUEUE_FORMAT]
+            .map(str::to_owned)
+            .to_vec();
+        let queue = self.run("squeue", &squeue_args, None).await?;
+        squeue::snapshot(&sinfo, &queue, &self.config.partition).map_err(|message| BackendError {
+            command: format!(
+                "sinfo {} / squeue {}",
+                sinfo_args.join(" "),
+                squeue_args.join(" ")
+            ),
+            message,
+        })
+    }
+
+    async fn submit(&mut self, job: &JobId, slots: u32) -> Result<u32, BackendError> {
+        let mut started = 0;
+        for (count, each) in launcher_arrays(slots, self.config.launcher_slots) {
+            if let Err(e) = self.submit_array(job, count, each).await {
+                if started == 0 {
+                    return Err(e);
+                }
+                warn!(job = %job, cluster = %self.config.cluster, started, error = %e, "only part of the launchers submitted");
+                break;
+            }
+            started += count * each;
+        }
+        Ok(started)
+    }
+
+    async fn remove(&mut self, ids: &[String]) -> Result<(), BackendError> {
+        for chunk in ids.chunks(100) {
+            match self.run("scancel", chunk, None).await {
+                Ok(_) => {}
+                // Gone already (it ended meanwhile) is what we wanted.
+                Err(e) if e.message.contains("Invalid job id") => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    async fn submit_component(
+        &mut self,
+        spec: &ComponentSpec,
+        files: &ComponentFiles,
+        one_host: bool,
+    ) -> Result<(), BackendError> {
+        let mut args = self.sbatch_args(component_name(&spec.job, spec.component));
+        args.extend([
+            format!("--ntasks={}", spec.slots.max(1)),
+            "--output=/dev/null".to_owned(),
+            "--error=/dev/null".to_owned(),
+        ]);
+        if one_host {
+            args.push("--nodes=1".to_owned());
+        }
+        if let Some(walltime) = spec.walltime_ms {
+            let limit = Duration::from_millis(walltime);
+            args.retain(|a| !a.starts_with("--time="));
+            args.push(format!("--time={}", slurm_time(limit)));
+        }
+        let answer = self.run("sbatch", &args, Some(&files.script(spec))).await?;
+        parse_job_id(&answer)
+            .map(|_| ())
+            .ok_or_else(|| BackendError {
+                command: format!("sbatch {}", args.join(" ")),
+                message: format!("unexpected answer {:?}", answer.trim()),
+            })
+    }
+
+    async fn shutdown(&mut self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_and_time_limits() {
+        assert_eq!(parse_job_id("1234\n"), Some(1234));
+        assert_eq!(parse_job_id("1234;gleaner\n"), Some(1234));
+        assert_eq!(parse_job_id("sbatch: error"), None);
+        assert_eq!(slurm_time(Duration::from_secs(3600)), "60:00");
+        assert_eq!(slurm_time(Duration::from_millis(1500)), "0:02");
+        assert_eq!(slurm_time(Duration::ZERO), "0:01");
+    }
+
+    #[test]
+    fn the_job_script_names_the_launcher_after_its_array_task() {
+        let command = LauncherCommand {
+            program: "/opt/gleaner".into(),
+            args: vec!["launcher".into()],
+            env: vec![("GLEANER_BROKER_URL".into(), "amqp://h/v".into())],
+        };
+        let job: JobId = "sweep-00beef".parse().unwrap();
+        let script = command.script(
+            &"c1".into(),
+            &job,
+            4,
+            Some(Duration::from_secs(600)),
+            &format!("\"{SLURM_TASK_ID}\""),
+        );
+        assert!(script.contains("export GLEANER_BROKER_URL='amqp://h/v'"));
+        assert!(script.contains(
+            "--id 'c1'-\"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\" --slot \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\" --slots 4"
+        ), "{script}");
+    }
+}
