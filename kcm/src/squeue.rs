@@ -207,7 +207,7 @@ pub fn snapshot(sinfo: &str, squeue: &str, partition: &str) -> Result<Snapshot, 
 
 /// A job's CPUs over its nodes, as even as they go (Slurm's list does not
 /// say how they are split).
-fn split_over<'a>(cpus: u32, nodes: &'a [String]) -> Vec<(&'a str, u32)> {
+fn split_over(cpus: u32, nodes: &[String]) -> Vec<(&str, u32)> {
     let count = nodes.len() as u32;
     nodes
         .iter()
