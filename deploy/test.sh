@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Sets up what the tests need (idempotently: RabbitMQ, a single-host Grid
-# Engine cell, and beside it the multi-host dev grid of test hosts in network
-# namespaces) and runs every test.
+# Engine cell, beside it the multi-host dev grid of test hosts in network
+# namespaces, and Slurm on those hosts) and runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 deploy/rabbitmq/setup.sh
 deploy/sge/setup.sh
 deploy/sge/hosts.sh
+deploy/slurm/setup.sh
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --no-fail-fast "$@"
 else

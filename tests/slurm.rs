@@ -1,0 +1,195 @@
+//! gleaner on the real Slurm of the dev grid (`deploy/slurm/setup.sh`: three
+//! 4-CPU test hosts in network namespaces, partitions `gleaner` for the
+//! placeholders and `local` for the cluster's own jobs on the same nodes).
+//! The tests share those nodes, so they run one at a time
+//! ([`SlurmCluster::lock`]); each has its own RabbitMQ vhost.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    time::Duration,
+};
+
+use gleaner_protocol::naming::placeholder_name;
+use gleaner_testkit::{Gleaner, SlurmCluster, by_task, sbatch, wait_for};
+use nix::sys::signal::Signal;
+
+const MINUTE: Duration = Duration::from_secs(60);
+/// CPUs of each test host.
+const NODE_CPUS: usize = 4;
+const NODES: usize = 3;
+
+fn gleaner(test: &str) -> Gleaner {
+    Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"))
+}
+
+/// One Slurm cluster: only the partition is required.
+fn config() -> String {
+    format!(
+        "[[cluster]]\nname = \"s1\"\nbackend = \"slurm\"\npartition = \"{}\"\n",
+        SlurmCluster::PARTITION
+    )
+}
+
+fn sweep(name: &str, tasks: u32, command: &str) -> String {
+    format!(
+        "name = \"{name}\"\n[sweep]\ncommand = \"{command}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n"
+    )
+}
+
+/// The job's running placeholders: array task id → node.
+fn running(slurm: &SlurmCluster, job: &str) -> BTreeMap<String, String> {
+    let name = placeholder_name(job);
+    slurm
+        .jobs()
+        .into_iter()
+        .filter(|j| j.name == name && j.state == "RUNNING")
+        .map(|j| (j.id, j.node))
+        .collect()
+}
+
+fn assert_all_done_once(g: &Gleaner, job: &str, tasks: usize) {
+    assert_eq!(g.wait_for_end(job, 3 * MINUTE), "done");
+    let index = by_task(&g.index(job));
+    assert_eq!(index.len(), tasks);
+    assert!(
+        index
+            .values()
+            .all(|t| t["status"] == "succeeded" && t["attempts"] == 1),
+        "every task once, none failed: {index:?}"
+    );
+}
+
+/// Where a local job runs, once it does.
+fn node_of(slurm: &SlurmCluster, id: &str) -> Option<String> {
+    slurm
+        .jobs()
+        .into_iter()
+        .find(|j| j.id == id && j.state == "RUNNING")
+        .map(|j| j.node)
+}
+
+/// Waits until `done`, adding the placeholders running `before` that went
+/// away to `gone`.
+fn watch(
+    slurm: &SlurmCluster,
+    job: &str,
+    before: &BTreeMap<String, String>,
+    gone: &mut BTreeSet<String>,
+    what: &str,
+    mut done: impl FnMut() -> bool,
+) {
+    wait_for(what, MINUTE, || {
+        let now = running(slurm, job);
+        gone.extend(before.keys().filter(|id| !now.contains_key(*id)).cloned());
+        done()
+    });
+}
+
+#[test]
+fn a_sweep_on_slurm_completes_and_leaves_no_placeholder() {
+    let slurm = SlurmCluster::lock();
+    let mut g = gleaner("slurm-sweep");
+    g.write("gleaner.toml", &config());
+    g.start("up", &["up"]);
+    let job = g.submit(&sweep("on-slurm", 60, "sleep 1; echo {n} $(hostname)"));
+    let mut nodes = BTreeSet::new();
+    wait_for("placeholders running on every node", 2 * MINUTE, || {
+        nodes.extend(running(&slurm, &job).into_values());
+        nodes.len() == NODES
+    });
+    assert_all_done_once(&g, &job, 60);
+    let ran_on: BTreeSet<String> = by_task(&g.index(&job))
+        .values()
+        .filter_map(|t| t["host"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(ran_on, nodes, "tasks ran on the nodes of the placeholders");
+    wait_for("no placeholder left", MINUTE, || {
+        !slurm
+            .jobs()
+            .iter()
+            .any(|j| j.name == placeholder_name(&job))
+    });
+}
+
+#[test]
+fn local_jobs_start_while_the_sweep_runs_and_only_the_launchers_needed_go() {
+    let slurm = SlurmCluster::lock();
+    let mut g = gleaner("slurm-local");
+    g.write("gleaner.toml", &config());
+    g.start("up", &["up"]);
+    let job = g.submit(&sweep("fill", 240, "sleep 2; echo {n}"));
+    let mut before = BTreeMap::new();
+    wait_for("the sweep to fill the partition", 2 * MINUTE, || {
+        before = running(&slurm, &job);
+        before.len() == NODES * NODE_CPUS
+    });
+    let mut gone = BTreeSet::new();
+    let one = sbatch(&["-p", SlurmCluster::LOCAL, "-n1", "--wrap", "sleep 120"]);
+    watch(
+        &slurm,
+        &job,
+        &before,
+        &mut gone,
+        "the one-CPU local job to start",
+        || node_of(&slurm, &one).is_some(),
+    );
+    assert_eq!(gone.len(), 1, "one launcher for one CPU: {gone:?}");
+    let whole = sbatch(&[
+        "-p",
+        SlurmCluster::LOCAL,
+        "-N1",
+        "-n4",
+        "--wrap",
+        "sleep 120",
+    ]);
+    let mut node = None;
+    watch(
+        &slurm,
+        &job,
+        &before,
+        &mut gone,
+        "the whole-node local job to start",
+        || {
+            node = node_of(&slurm, &whole);
+            node.is_some()
+        },
+    );
+    let node = node.unwrap_or_default();
+    let hit: Vec<&String> = gone.iter().map(|id| &before[id]).collect();
+    assert_eq!(
+        hit.iter().filter(|n| ***n == node).count(),
+        NODE_CPUS,
+        "the whole node's launchers went: {gone:?} of {before:?}"
+    );
+    assert_eq!(gone.len(), NODE_CPUS + 1, "and no others: {gone:?}");
+    assert_all_done_once(&g, &job, 240);
+}
+
+#[test]
+fn a_restarted_kcm_adopts_the_placeholders_and_submits_no_second_array() {
+    let slurm = SlurmCluster::lock();
+    let mut g = gleaner("slurm-kcm");
+    g.write("gleaner.toml", &config());
+    g.start("scheduler", &["scheduler"]);
+    g.start("runner", &["runner"]);
+    let kcm = g.start("kcm", &["kcm", "--cluster", "s1"]);
+    let job = g.submit(&sweep("adopted", 120, "sleep 2; echo {n}"));
+    let mut before = BTreeMap::new();
+    wait_for("the sweep to fill the partition", 2 * MINUTE, || {
+        before = running(&slurm, &job);
+        before.len() == NODES * NODE_CPUS
+    });
+    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(kcm as i32), Signal::SIGKILL)
+        .expect("kill the kcm");
+    g.start("kcm2", &["kcm", "--cluster", "s1"]);
+    assert_all_done_once(&g, &job, 120);
+    let arrays: BTreeSet<String> = before
+        .keys()
+        .map(|id| id.split('_').next().unwrap_or(id).to_owned())
+        .collect();
+    assert_eq!(arrays.len(), 1, "one array: {before:?}");
+    assert!(
+        !g.log("kcm2").contains("launchers submitted"),
+        "the new kcm adopted the placeholders rather than submitting more"
+    );
+}
