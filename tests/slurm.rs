@@ -179,8 +179,7 @@ fn a_restarted_kcm_adopts_the_placeholders_and_submits_no_second_array() {
         before = running(&slurm, &job);
         before.len() == NODES * NODE_CPUS
     });
-    nix::sys::signal::killpg(nix::unistd::Pid::from_raw(kcm as i32), Signal::SIGKILL)
-        .expect("kill the kcm");
+    g.signal(kcm, Signal::SIGKILL);
     g.start("kcm2", &["kcm", "--cluster", "s1"]);
     assert_all_done_once(&g, &job, 120);
     let arrays: BTreeSet<String> = before
@@ -192,4 +191,57 @@ fn a_restarted_kcm_adopts_the_placeholders_and_submits_no_second_array() {
         !g.log("kcm2").contains("launchers submitted"),
         "the new kcm adopted the placeholders rather than submitting more"
     );
+}
+
+#[test]
+fn slurm_preempting_a_placeholder_itself_loses_nothing_and_requeues_nothing() {
+    let slurm = SlurmCluster::lock();
+    let mut g = gleaner("slurm-preempted");
+    g.write(
+        "gleaner.toml",
+        &config().replace(SlurmCluster::PARTITION, SlurmCluster::SCAVENGER),
+    );
+    g.start("scheduler", &["scheduler"]);
+    g.start("runner", &["runner"]);
+    let kcm = g.start("kcm", &["kcm", "--cluster", "s1"]);
+    let job = g.submit(&sweep("scavenging", 120, "sleep 2; echo {n}"));
+    let mut before = BTreeMap::new();
+    wait_for("the sweep to fill the partition", 2 * MINUTE, || {
+        before = running(&slurm, &job);
+        before.len() == NODES * NODE_CPUS
+    });
+    // Without its kcm gleaner does not see the site's job: Slurm alone
+    // makes room for it, by preempting placeholders.
+    g.signal(kcm, Signal::SIGTERM);
+    let site = sbatch(&["-p", SlurmCluster::SITE, "-N1", "-n4", "--wrap", "sleep 60"]);
+    let mut node = None;
+    wait_for("the site's job to preempt its way in", MINUTE, || {
+        node = node_of(&slurm, &site);
+        node.is_some()
+    });
+    let node = node.unwrap_or_default();
+    let preempted: Vec<&String> = before
+        .iter()
+        .filter(|(_, n)| **n == node)
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(preempted.len(), NODE_CPUS);
+    for id in &preempted {
+        // Signalled at preemption, the launcher gave its tasks back and left.
+        let state = slurm.state(id);
+        assert!(
+            !state.contains("PreemptTime=None") && state.contains("PreemptTime="),
+            "{id} was preempted by Slurm: {state}"
+        );
+        assert!(state.contains("Restarts=0"), "{id} not requeued: {state}");
+    }
+    assert!(
+        !slurm
+            .jobs()
+            .iter()
+            .any(|j| j.name == placeholder_name(&job) && j.state != "RUNNING"),
+        "no placeholder requeued"
+    );
+    g.start("kcm2", &["kcm", "--cluster", "s1"]);
+    assert_all_done_once(&g, &job, 120);
 }

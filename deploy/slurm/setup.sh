@@ -3,14 +3,16 @@
 # munged and slurmctld here, one slurmd per test host of the multi-host dev
 # grid (deploy/grid/hosts.sh: node1 … nodeN, each in its network namespace
 # under its own host name), and one slurmd for this machine itself (the
-# single-host variant, for quick runs). Idempotent: what runs is reused, a
-# changed configuration is applied with `scontrol reconfigure`.
+# single-host variant, for quick runs). Idempotent: what runs is reused; a
+# changed configuration restarts the daemons (PreemptType needs that).
 #
 #   deploy/slurm/setup.sh [N] [S]   N test hosts (default 3) of S CPUs (default 4)
 #   deploy/slurm/setup.sh down      stops the daemons (the packages stay)
 #
 # Partitions: `gleaner` (the test hosts; where placeholders go), `local`
-# (the same hosts; the cluster's own jobs) and `solo` (this machine only).
+# (the same hosts; the cluster's own jobs) and `solo` (this machine only);
+# and a site that preempts scavengers itself: `scavenger` (placeholders)
+# under `batch` (its own jobs, a higher PriorityTier), the same hosts again.
 # Nothing here depends on accounting (`sacct` is unusable without slurmdbd).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -120,11 +122,18 @@ SelectTypeParameters=CR_CPU
 MinJobAge=60
 KillWait=5
 InactiveLimit=0
+# Jobs of a higher PriorityTier preempt those of partitions that allow it
+# (only scavenger), signalling their batch shell first.
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+SlurmctldParameters=preempt_send_user_signal
 $node_lines
 NodeName=$master NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=1000 State=UNKNOWN
-PartitionName=gleaner Nodes=$node_list Default=YES MaxTime=INFINITE State=UP
-PartitionName=local Nodes=$node_list MaxTime=INFINITE State=UP
-PartitionName=solo Nodes=$master MaxTime=INFINITE State=UP
+PartitionName=gleaner Nodes=$node_list Default=YES MaxTime=INFINITE PreemptMode=OFF State=UP
+PartitionName=local Nodes=$node_list MaxTime=INFINITE PreemptMode=OFF State=UP
+PartitionName=scavenger Nodes=$node_list MaxTime=INFINITE PriorityTier=1 PreemptMode=REQUEUE GraceTime=5 State=UP
+PartitionName=batch Nodes=$node_list MaxTime=INFINITE PriorityTier=10 PreemptMode=OFF State=UP
+PartitionName=solo Nodes=$master MaxTime=INFINITE PreemptMode=OFF State=UP
 CONF
 changed=false
 if ! cmp -s "$tmp" "$conf"; then
@@ -134,13 +143,14 @@ fi
 rm -f "$tmp"
 
 # 4. slurmctld here, slurmd for this machine and for each test host.
+if $changed && [ -n "$(daemon_in slurmctld)" ]; then
+    log "configuration changed: restarting the daemons"
+    stop_all
+fi
 if [ -z "$(daemon_in slurmctld)" ]; then
     log "starting slurmctld"
     setsid slurmctld -D -i </dev/null >/dev/null 2>&1 &
     for _ in $(seq 1 40); do scontrol ping >/dev/null 2>&1 && break; sleep 0.25; done
-elif $changed; then
-    log "configuration changed: reconfiguring"
-    scontrol reconfigure
 fi
 scontrol ping >/dev/null 2>&1 || { log "slurmctld does not answer; see /var/log/slurm/slurmctld.log"; exit 1; }
 if [ -z "$(daemon_in slurmd)" ]; then
@@ -172,7 +182,7 @@ done
 for _ in $(seq 1 60); do
     states=$(sinfo -h -N -o '%N %T' | sort -u)
     if ! grep -qvE ' (idle|mixed|allocated)$' <<<"$states"; then
-        log "ready: partitions gleaner and local on $node_list ($cpus CPUs each), solo on $master"
+        log "ready: partitions gleaner, local, scavenger and batch on $node_list ($cpus CPUs each), solo on $master"
         exit 0
     fi
     for node in $(awk '$2 ~ /down|drain/ { print $1 }' <<<"$states"); do

@@ -3,8 +3,8 @@
 //! `sbatch` submits `m` launchers as one array job named `gl-<job>` in the
 //! cluster's partition (with its QOS, account and nice value when set),
 //! each on one node with `--cpus-per-task` of its slots, `--no-requeue`
-//! (gleaner, not Slurm, decides what runs again) and, with a walltime, a
-//! USR1 before it ends. `sinfo` and `squeue` are read on every poll;
+//! (gleaner, not Slurm, decides what runs again) and a USR1 before its time
+//! limit or at preemption. `sinfo` and `squeue` are read on every poll;
 //! placeholders are recognised by their name alone, so a restarted kcm
 //! adopts whatever its predecessor left.
 
@@ -24,7 +24,8 @@ use crate::{
 };
 
 /// How long before a placeholder's time limit Slurm signals it (USR1): the
-/// launcher gives its tasks back before the limit kills it.
+/// launcher gives its tasks back before the limit kills it. A site that
+/// preempts it sends the same signal (`preempt_send_user_signal`).
 const SIGNAL_MARGIN: Duration = Duration::from_secs(60);
 
 #[derive(Debug, Clone)]
@@ -104,9 +105,9 @@ impl SlurmBackend {
             "--ntasks=1".to_owned(),
             format!("--cpus-per-task={each}"),
         ]);
-        if c.walltime.is_some() {
-            args.push(format!("--signal=B:USR1@{}", SIGNAL_MARGIN.as_secs()));
-        }
+        // Before the time limit, and at preemption where the site has
+        // `preempt_send_user_signal`.
+        args.push(format!("--signal=B:USR1@{}", SIGNAL_MARGIN.as_secs()));
         if !c.reserve_hosts.is_empty() {
             args.push(format!("--exclude={}", c.reserve_hosts.join(",")));
         }

@@ -328,10 +328,11 @@ impl Gleaner {
     }
 
     /// Stops a service started with [`Gleaner::start`] with `signal`.
+    /// Signals a service; one killed or told to stop is waited for.
     pub fn signal(&mut self, pid: u32, signal: Signal) {
         let _ = nix::sys::signal::kill(Pid::from_raw(pid as i32), signal);
         if let Some(child) = self.services.iter_mut().find(|c| c.id() == pid)
-            && signal == Signal::SIGKILL
+            && matches!(signal, Signal::SIGKILL | Signal::SIGTERM)
         {
             let _ = child.wait();
         }
@@ -595,6 +596,10 @@ impl SlurmCluster {
     pub const PARTITION: &str = "gleaner";
     /// Partition of the cluster's own jobs, on the same nodes.
     pub const LOCAL: &str = "local";
+    /// Partition of placeholders that the site's jobs preempt …
+    pub const SCAVENGER: &str = "scavenger";
+    /// … the site's jobs, in a higher PriorityTier, on the same nodes.
+    pub const SITE: &str = "batch";
 
     pub fn lock() -> Self {
         let file = std::fs::OpenOptions::new()
@@ -624,6 +629,11 @@ impl SlurmCluster {
                 })
             })
             .collect()
+    }
+
+    /// `scontrol show job ID`: how a job stands, or ended (for `MinJobAge`).
+    pub fn state(&self, id: &str) -> String {
+        slurm("scontrol", &["show", "job", id])
     }
 
     fn clear(&self) {
