@@ -10,7 +10,7 @@ use std::{
 };
 
 use gleaner_protocol::naming::placeholder_name;
-use gleaner_testkit::{Gleaner, SlurmCluster, by_task, sbatch, wait_for};
+use gleaner_testkit::{Gleaner, SgeQueues, SlurmCluster, by_task, finish, sbatch, wait_for};
 use nix::sys::signal::Signal;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -244,4 +244,48 @@ fn slurm_preempting_a_placeholder_itself_loses_nothing_and_requeues_nothing() {
     );
     g.start("kcm2", &["kcm", "--cluster", "s1"]);
     assert_all_done_once(&g, &job, 120);
+}
+
+#[test]
+fn a_grid_component_runs_as_an_ordinary_slurm_job_on_one_node() {
+    let _slurm = SlurmCluster::lock();
+    let mut g = gleaner("slurm-grid");
+    g.write("gleaner.toml", &config());
+    g.start("up", &["up"]);
+    let grid = g.submit_waiting(
+        "name = \"rigid\"\nkind = \"grid\"\n[[component]]\nslots = 4\ncommand = \"echo $SLURM_NTASKS $SLURM_JOB_NUM_NODES\"\n",
+    );
+    let output = finish(grid, 2 * MINUTE);
+    assert!(
+        output.status.success(),
+        "grid job failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let stdout =
+        std::fs::read_to_string(g.results_dir(&job).join("tasks/0/stdout")).unwrap_or_default();
+    assert_eq!(stdout, "4 1\n", "four tasks on one node");
+}
+
+#[test]
+fn one_sweep_runs_across_a_grid_engine_and_a_slurm_cluster() {
+    let _slurm = SlurmCluster::lock();
+    let queues = SgeQueues::new(1, 4);
+    let mut g = gleaner("slurm-mixed");
+    g.write(
+        "gleaner.toml",
+        &format!(
+            "{}[[cluster]]\nname = \"c1\"\nbackend = \"sge\"\nqueue = \"{}\"\nh_rt = \"10m\"\n",
+            config(),
+            queues.names[0]
+        ),
+    );
+    g.start("up", &["up"]);
+    let job = g.submit(&sweep("both", 160, "sleep 1; echo {n}"));
+    assert_all_done_once(&g, &job, 160);
+    let clusters: BTreeSet<String> = by_task(&g.index(&job))
+        .values()
+        .filter_map(|t| t["cluster"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(clusters, BTreeSet::from(["c1".to_owned(), "s1".to_owned()]));
 }
