@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 deploy/rabbitmq/setup.sh
 deploy/sge/setup.sh
 deploy/sge/hosts.sh
+deploy/slurm/setup.sh
 cargo build --release --quiet -p gleaner -p gleaner-bench
 bench=target/release/gleaner-bench
 export RUST_LOG=warn
@@ -46,6 +47,16 @@ echo "| launchers × slots | hosts × slots | tasks | makespan (s) | tasks/s |"
 echo "|---|---|---|---|---|"
 "$bench" sge-throughput --tasks 50000 --host-slots 4
 "$bench" sge-throughput --tasks 50000 --host-slots 8
+
+echo "## slurm: launchers versus direct submission"
+echo "| how | workload | slots | ideal (s) | makespan (s) | ratio |"
+echo "|---|---|---|---|---|---|"
+"$bench" slurm-launchers --tasks 80 --seconds 2
+
+echo "## slurm: local-job delay"
+echo "| local jobs × CPUs | wait, empty partition (s) | wait, partition full of gleaner (s) | added, mean (s) | added, worst (s) |"
+echo "|---|---|---|---|---|"
+"$bench" slurm-local-delay
 
 echo "## grid engine: grid job delay"
 echo "| grid job | runs | wait, empty queue: mean (worst) s | wait, queue full of sweeps: mean (worst) s | added (s) |"

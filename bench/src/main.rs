@@ -6,6 +6,7 @@ mod decide;
 mod fairness;
 mod measure;
 mod sge;
+mod slurm;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -76,6 +77,16 @@ enum Bench {
         #[arg(long, default_value_t = 8)]
         slots: u32,
     },
+    /// Slurm: the same tasks by launchers, by one sbatch per task and as
+    /// one array job.
+    SlurmLaunchers {
+        #[arg(long, default_value_t = 80)]
+        tasks: u32,
+        #[arg(long, default_value_t = 2)]
+        seconds: u32,
+    },
+    /// Slurm: how long local jobs wait with and without gleaner's load.
+    SlurmLocalDelay,
     /// Multi-host Grid Engine: how long one-host local jobs wait with and
     /// without gleaner's load.
     SgeHostsLocalDelay {
@@ -140,6 +151,10 @@ fn main() -> anyhow::Result<()> {
         } => sge::launchers_vs_direct(&gleaner_binary()?, tasks, slots, seconds),
         Bench::SgeLocalDelay { slots } => sge::local_delay(&gleaner_binary()?, slots),
         Bench::SgeGridDelay { slots, runs } => sge::grid_delay(&gleaner_binary()?, slots, runs),
+        Bench::SlurmLaunchers { tasks, seconds } => {
+            slurm::launchers_vs_direct(&gleaner_binary()?, tasks, seconds)
+        }
+        Bench::SlurmLocalDelay => slurm::local_delay(&gleaner_binary()?),
         Bench::SgeHostsLocalDelay { host_slots } => {
             sge::hosts_local_delay(&gleaner_binary()?, host_slots)
         }

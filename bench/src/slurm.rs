@@ -1,0 +1,226 @@
+//! Benchmarks on the dev grid's Slurm (`deploy/slurm/setup.sh`: three
+//! 4-CPU test hosts).
+
+use std::time::{Duration, Instant};
+
+use anyhow::ensure;
+use gleaner_protocol::naming::placeholder_name;
+use gleaner_testkit::{Gleaner, SlurmCluster, sbatch, slurm, wait_for};
+
+use crate::measure::{run_job, sweep, wait_until_serving};
+
+const POLL: Duration = Duration::from_millis(100);
+const TIMEOUT: Duration = Duration::from_secs(900);
+
+fn config(partition: &str) -> String {
+    format!("[[cluster]]\nname = \"bench\"\nbackend = \"slurm\"\npartition = \"{partition}\"\n")
+}
+
+/// A partition of its own on some of the test hosts, deleted at the end.
+struct Partition {
+    name: String,
+}
+
+impl Partition {
+    fn new(name: &str, nodes: &str) -> anyhow::Result<Self> {
+        slurm(
+            "scontrol",
+            &[
+                "create",
+                &format!("PartitionName={name}"),
+                &format!("Nodes={nodes}"),
+                "MaxTime=INFINITE",
+                "State=UP",
+            ],
+        );
+        let shown = slurm("scontrol", &["show", "partition", name]);
+        ensure!(
+            shown.contains(&format!("PartitionName={name}")),
+            "no partition {name}"
+        );
+        Ok(Self {
+            name: name.to_owned(),
+        })
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        slurm(
+            "scontrol",
+            &["delete", &format!("PartitionName={}", self.name)],
+        );
+    }
+}
+
+fn until_empty(cluster: &SlurmCluster) -> anyhow::Result<()> {
+    let deadline = Instant::now() + TIMEOUT;
+    while !cluster.jobs().is_empty() {
+        ensure!(Instant::now() < deadline, "the Slurm queue did not empty");
+        std::thread::sleep(POLL);
+    }
+    Ok(())
+}
+
+/// Seed 000, Table 4.1 on Slurm: the same tasks through gleaner's
+/// launchers, by one `sbatch` per task, and as one `sbatch --array` job,
+/// on 8 CPUs (two test hosts).
+pub fn launchers_vs_direct(exe: &std::path::Path, tasks: u32, seconds: u32) -> anyhow::Result<()> {
+    let cluster = SlurmCluster::lock();
+    let partition = Partition::new("glbench", "node[1-2]")?;
+    let part = partition.name.as_str();
+    let slots = 8;
+    let ideal = f64::from(tasks * seconds) / f64::from(slots);
+    let wrap = format!("sleep {seconds}");
+
+    let started = Instant::now();
+    for _ in 0..tasks {
+        sbatch(&["-p", part, "-n1", "--wrap", &wrap]);
+    }
+    until_empty(&cluster)?;
+    let direct = started.elapsed().as_secs_f64();
+
+    let started = Instant::now();
+    sbatch(&[
+        "-p",
+        part,
+        "-n1",
+        &format!("--array=1-{tasks}"),
+        "--wrap",
+        &wrap,
+    ]);
+    until_empty(&cluster)?;
+    let array = started.elapsed().as_secs_f64();
+
+    let mut g = Gleaner::new("bench-slurm-launchers", exe);
+    g.write("gleaner.toml", &config(part));
+    g.start("up", &["up"]);
+    wait_until_serving(&g);
+    let (gleaner, _) = run_job(&g, &sweep("launchers", tasks, &wrap))?;
+    drop(g);
+    until_empty(&cluster)?;
+
+    let row = |how: &str, makespan: f64| {
+        println!(
+            "| {how} | {tasks} × `sleep {seconds}` | {slots} | {ideal:.1} | {makespan:.2} | {:.3} |",
+            makespan / ideal
+        );
+    };
+    row("one `sbatch` per task", direct);
+    row("one `sbatch --array` job", array);
+    row("gleaner launchers", gleaner);
+    Ok(())
+}
+
+/// A local job shape: `jobs` jobs of `cpus` CPUs, on one node each.
+struct Shape {
+    jobs: u32,
+    cpus: u32,
+    label: &'static str,
+}
+
+/// Seed 000, Table 4.2 on Slurm: local jobs of each shape (`sbatch -p local
+/// -N1 -n N sleep 10`) on the empty partition, then on the partition full
+/// of launchers of a 100,000-task sweep.
+pub fn local_delay(exe: &std::path::Path) -> anyhow::Result<()> {
+    let cluster = SlurmCluster::lock();
+    let shapes = [
+        Shape {
+            jobs: 1,
+            cpus: 4,
+            label: "a whole node",
+        },
+        Shape {
+            jobs: 2,
+            cpus: 2,
+            label: "half a node",
+        },
+        Shape {
+            jobs: 4,
+            cpus: 1,
+            label: "one CPU",
+        },
+    ];
+    let mut alone = Vec::new();
+    for shape in &shapes {
+        alone.push(local_waits(&cluster, shape)?);
+    }
+    let mut g = Gleaner::new("bench-slurm-delay", exe);
+    g.write("gleaner.toml", &config(SlurmCluster::PARTITION));
+    g.start("up", &["up"]);
+    wait_until_serving(&g);
+    let job = g.submit(&sweep("load", 100_000, "sleep 60"));
+    let full = || {
+        cluster
+            .jobs()
+            .iter()
+            .filter(|j| j.name == placeholder_name(&job) && j.state == "RUNNING")
+            .count()
+            == 12
+    };
+    for (shape, alone) in shapes.iter().zip(&alone) {
+        wait_for(
+            "gleaner to fill the partition",
+            Duration::from_secs(120),
+            full,
+        );
+        std::thread::sleep(Duration::from_secs(3));
+        let loaded = local_waits(&cluster, shape)?;
+        let max = |w: &[f64]| w.iter().cloned().fold(0.0, f64::max);
+        let mean = |w: &[f64]| w.iter().sum::<f64>() / w.len() as f64;
+        println!(
+            "| {} × {} ({}) | {:.2} | {:.2} | {:.2} | {:.2} |",
+            shape.jobs,
+            shape.cpus,
+            shape.label,
+            max(alone),
+            max(&loaded),
+            mean(&loaded) - mean(alone),
+            max(&loaded) - max(alone),
+        );
+    }
+    g.run(&["cancel", &job]);
+    Ok(())
+}
+
+/// Submits a shape's local jobs; returns how long each waited to start
+/// (seconds). They are cancelled once started.
+fn local_waits(cluster: &SlurmCluster, shape: &Shape) -> anyhow::Result<Vec<f64>> {
+    let cpus = format!("-n{}", shape.cpus);
+    let submitted: Vec<(String, Instant)> = (0..shape.jobs)
+        .map(|_| {
+            let id = sbatch(&[
+                "-p",
+                SlurmCluster::LOCAL,
+                "-N1",
+                &cpus,
+                "--wrap",
+                "sleep 10",
+            ]);
+            (id, Instant::now())
+        })
+        .collect();
+    let mut waits = vec![None; submitted.len()];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while waits.iter().any(Option::is_none) {
+        ensure!(Instant::now() < deadline, "local jobs did not start");
+        let running: Vec<String> = cluster
+            .jobs()
+            .into_iter()
+            .filter(|j| j.state == "RUNNING")
+            .map(|j| j.id)
+            .collect();
+        for ((id, at), wait) in submitted.iter().zip(waits.iter_mut()) {
+            if wait.is_none() && running.contains(id) {
+                *wait = Some(at.elapsed().as_secs_f64());
+            }
+        }
+        std::thread::sleep(POLL);
+    }
+    let ids: Vec<&str> = submitted.iter().map(|(id, _)| id.as_str()).collect();
+    slurm("scancel", &ids);
+    wait_for("the local jobs to go", Duration::from_secs(60), || {
+        cluster.jobs().iter().all(|j| !ids.contains(&j.id.as_str()))
+    });
+    Ok(waits.into_iter().map(|w| w.unwrap_or_default()).collect())
+}
