@@ -391,6 +391,40 @@ params = { n = { from = 1, to = 4 } }
 }
 
 #[test]
+fn sigusr1_drains_a_launcher_its_task_finishes_and_nothing_is_preempted() {
+    let mut g = gleaner("sigusr1");
+    g.up(2);
+    let job = g.submit(
+        r#"
+name = "drained"
+[sweep]
+command = "sleep 3; echo done-{n}"
+params = { n = { from = 1, to = 4 } }
+"#,
+    );
+    let victim = g.signal_busy_launcher(&job, 2, Signal::SIGUSR1);
+    std::thread::sleep(Duration::from_secs(1));
+    assert!(
+        g.launchers(&job).contains(&victim),
+        "still running its task"
+    );
+    wait_for(
+        "the drained launcher to leave",
+        Duration::from_secs(10),
+        || !g.launchers(&job).contains(&victim),
+    );
+    assert_eq!(g.wait_for_end(&job, MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert!(
+        tasks
+            .values()
+            .all(|t| t["status"] == "succeeded" && t["attempts"] == 1 && t["preemptions"] == 0),
+        "its task finished where it ran: {tasks:?}"
+    );
+    assert_eq!(g.job_file(&job).unwrap()["preemptions"], 0);
+}
+
+#[test]
 fn an_idle_launcher_gives_its_slot_back() {
     let mut g = gleaner("idle");
     g.up(3);

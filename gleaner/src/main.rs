@@ -165,18 +165,18 @@ async fn dispatch(
             policy,
             plot,
         } => simulate(&scenario, policy, plot.as_deref(), output),
-        Command::Up { slots } => service(services::up(settings, slots, on_signals(false)).await),
-        Command::Scheduler => service(services::scheduler(&settings, on_signals(false)).await),
-        Command::Runner => service(services::runner(&settings, on_signals(false)).await),
+        Command::Up { slots } => service(services::up(settings, slots, on_signals()).await),
+        Command::Scheduler => service(services::scheduler(&settings, on_signals()).await),
+        Command::Runner => service(services::runner(&settings, on_signals()).await),
         Command::Kcm { cluster } => {
             let cluster = settings
                 .cluster(&cluster)
                 .map_err(|e| CliError::BadInput(format!("{e:#}")))?
                 .clone();
-            service(services::kcm(&settings, &cluster, on_signals(false)).await)
+            service(services::kcm(&settings, &cluster, on_signals()).await)
         }
         Command::Launcher(args) => service(
-            services::launcher(&settings, args, on_signals(true))
+            services::launcher(&settings, args, launcher_signals())
                 .await
                 .map(|_exit| ()),
         ),
@@ -233,17 +233,29 @@ fn log_filter(default: &str, service: bool) -> EnvFilter {
     filter
 }
 
-/// A token cancelled by SIGTERM or SIGINT, and for launchers also by the
-/// batch system's kill warnings (SIGUSR1, SIGUSR2 with `qsub -notify`). A
-/// second SIGINT exits at once.
-fn on_signals(launcher: bool) -> CancellationToken {
+/// A token cancelled by SIGTERM or SIGINT. A second SIGINT exits at once.
+fn on_signals() -> CancellationToken {
+    cancelled_by(&[SignalKind::terminate(), SignalKind::interrupt()])
+}
+
+/// A launcher's signals: SIGTERM, SIGINT and Grid Engine's kill warning
+/// (SIGUSR2 with `qsub -notify`) stop it; SIGUSR1 (Slurm's `--signal`
+/// before the time limit or at preemption) drains it.
+fn launcher_signals() -> gleaner_launcher::Signals {
+    gleaner_launcher::Signals {
+        stop: cancelled_by(&[
+            SignalKind::terminate(),
+            SignalKind::interrupt(),
+            SignalKind::user_defined2(),
+        ]),
+        drain: cancelled_by(&[SignalKind::user_defined1()]),
+    }
+}
+
+fn cancelled_by(kinds: &[SignalKind]) -> CancellationToken {
     let token = CancellationToken::new();
     let cancel = token.clone();
-    let mut kinds = vec![SignalKind::terminate(), SignalKind::interrupt()];
-    if launcher {
-        kinds.extend([SignalKind::user_defined1(), SignalKind::user_defined2()]);
-    }
-    for kind in kinds {
+    for &kind in kinds {
         let Ok(mut stream) = signal(kind) else {
             continue;
         };

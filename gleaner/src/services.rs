@@ -115,7 +115,7 @@ pub struct LauncherArgs {
 pub async fn launcher(
     settings: &Settings,
     args: LauncherArgs,
-    signals: CancellationToken,
+    signals: gleaner_launcher::Signals,
 ) -> anyhow::Result<Exit> {
     let host = hostname();
     let l = &settings.launcher;

@@ -177,12 +177,23 @@ impl Sandboxes {
     }
 }
 
-/// Runs a launcher until it has a reason to leave. `signals` fires on
-/// SIGTERM/SIGINT (and the batch system's kill warning): that is a preemption.
+/// What the batch system's signals ask of a launcher.
+#[derive(Debug, Clone, Default)]
+pub struct Signals {
+    /// Give the running tasks back and leave (SIGTERM, SIGINT, and Grid
+    /// Engine's kill warning SIGUSR2): a preemption.
+    pub stop: CancellationToken,
+    /// Take no more tasks and leave once the running ones are done
+    /// (SIGUSR1: Slurm's warning before the time limit or at preemption,
+    /// Grid Engine's before a suspension).
+    pub drain: CancellationToken,
+}
+
+/// Runs a launcher until it has a reason to leave, or a signal gives it one.
 pub async fn run(
     broker: &Broker,
     config: LauncherConfig,
-    signals: CancellationToken,
+    signals: Signals,
 ) -> Result<Exit, LauncherError> {
     let connection = broker.connect().await?;
     let publisher = connection.publisher().await?;
@@ -286,8 +297,9 @@ struct Shell {
     own: Inbox<LauncherMsg>,
     /// The own queue's consumer may still deliver.
     own_open: bool,
-    signals: CancellationToken,
+    signals: Signals,
     signalled: bool,
+    drain_signalled: bool,
     /// Task runs and settlements, each for one delivery (its tag).
     work: JoinSet<(u64, Done)>,
     /// The delivery each spawned future is for, to settle it if it panics.
@@ -318,7 +330,7 @@ impl Shell {
         shared: Arc<Shared>,
         tasks: Inbox<TaskMsg>,
         own: Inbox<LauncherMsg>,
-        signals: CancellationToken,
+        signals: Signals,
     ) -> Self {
         Self {
             shared,
@@ -327,6 +339,7 @@ impl Shell {
             own_open: true,
             signals,
             signalled: false,
+            drain_signalled: false,
             work: JoinSet::new(),
             work_tags: HashMap::new(),
             held: BTreeMap::new(),
@@ -379,9 +392,15 @@ impl Shell {
                     Vec::new()
                 }
             },
-            () = self.signals.cancelled(), if !self.signalled && state.listening() => {
+            () = self.signals.stop.cancelled(), if !self.signalled && state.listening() => {
                 self.signalled = true;
                 vec![Event::Signal]
+            }
+            () = self.signals.drain.cancelled(), if !self.drain_signalled && state.listening() => {
+                self.drain_signalled = true;
+                vec![Event::Message(LauncherMsg::Drain {
+                    reason: "the batch system's warning (SIGUSR1)".to_owned(),
+                })]
             }
             () = sleep_until(state.next_wakeup()) => vec![Event::Tick],
         }
