@@ -398,19 +398,21 @@ fn sigusr1_drains_a_launcher_its_task_finishes_and_nothing_is_preempted() {
         r#"
 name = "drained"
 [sweep]
-command = "sleep 3; echo done-{n}"
+command = "sleep 6; echo done-{n}"
 params = { n = { from = 1, to = 4 } }
 "#,
     );
     let victim = g.signal_busy_launcher(&job, 2, Signal::SIGUSR1);
-    std::thread::sleep(Duration::from_secs(1));
+    // A preempted launcher leaves within milliseconds; a drained one once
+    // its task is done.
+    std::thread::sleep(Duration::from_millis(300));
     assert!(
         g.launchers(&job).contains(&victim),
         "still running its task"
     );
     wait_for(
         "the drained launcher to leave",
-        Duration::from_secs(10),
+        Duration::from_secs(20),
         || !g.launchers(&job).contains(&victim),
     );
     assert_eq!(g.wait_for_end(&job, MINUTE), "done");

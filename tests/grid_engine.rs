@@ -6,7 +6,7 @@
 use std::{collections::BTreeSet, time::Duration};
 
 use gleaner_protocol::naming::{COMPONENT_PREFIX, placeholder_name};
-use gleaner_testkit::{Gleaner, SgeQueues, by_task, finish, qsub, sge, wait_for};
+use gleaner_testkit::{Gleaner, SgeQueues, by_task, finish, qsub, sge, sweep, wait_for};
 use nix::sys::signal::Signal;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -23,12 +23,6 @@ fn config(clusters: &[(&str, &str)]) -> String {
             format!("[[cluster]]\nname = \"{name}\"\nbackend = \"sge\"\nqueue = \"{queue}\"\nh_rt = \"10m\"\n\n")
         })
         .collect()
-}
-
-fn sweep(name: &str, tasks: u32, command: &str) -> String {
-    format!(
-        "name = \"{name}\"\n[sweep]\ncommand = \"{command}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n"
-    )
 }
 
 /// Entries of a job's placeholders in `qstat` whose state contains `state`
@@ -369,13 +363,13 @@ impl Drop for OneSlotRuns {
     }
 }
 
-#[test]
-fn a_grid_component_stuck_in_the_queue_is_placed_again_elsewhere() {
+/// Clusters c1, where one slot at most runs, and c2, with `max_pending`
+/// 5 s; the scheduler and a runner, no kcm yet.
+fn stuck_and_good(test: &str) -> (SgeQueues, OneSlotRuns, Gleaner) {
     let queues = SgeQueues::new(2, 4);
-    let (stuck, good) = (&queues.names[0], &queues.names[1]);
-    let _quota = OneSlotRuns::new(stuck);
-    let mut g = gleaner("sge-stuck-grid");
-    let clusters = config(&[("c1", stuck), ("c2", good)]).replacen(
+    let quota = OneSlotRuns::new(&queues.names[0]);
+    let mut g = gleaner(test);
+    let clusters = config(&[("c1", &queues.names[0]), ("c2", &queues.names[1])]).replacen(
         "h_rt = \"10m\"\n",
         "h_rt = \"10m\"\nmax_pending = \"5s\"\n",
         1,
@@ -383,6 +377,13 @@ fn a_grid_component_stuck_in_the_queue_is_placed_again_elsewhere() {
     g.write("gleaner.toml", &clusters);
     g.start("scheduler", &["scheduler"]);
     g.start("runner", &["runner"]);
+    (queues, quota, g)
+}
+
+#[test]
+fn a_grid_component_stuck_in_the_queue_is_placed_again_elsewhere() {
+    let (queues, _quota, mut g) = stuck_and_good("sge-stuck-grid");
+    let stuck = &queues.names[0];
     // A local job takes the one slot c1's quota lets run.
     let local = qsub(&["-N", "local", "-q", stuck, "-b", "y", "/bin/sleep", "300"]);
     wait_for("the local job to run", MINUTE, || {
@@ -429,18 +430,8 @@ fn a_grid_component_stuck_in_the_queue_is_placed_again_elsewhere() {
 
 #[test]
 fn placeholders_stuck_in_the_queue_are_withdrawn_and_the_job_runs_elsewhere() {
-    let queues = SgeQueues::new(2, 4);
-    let (stuck, good) = (&queues.names[0], &queues.names[1]);
-    let _quota = OneSlotRuns::new(stuck);
-    let mut g = gleaner("sge-stuck");
-    let clusters = config(&[("c1", stuck), ("c2", good)]).replacen(
-        "h_rt = \"10m\"\n",
-        "h_rt = \"10m\"\nmax_pending = \"5s\"\n",
-        1,
-    );
-    g.write("gleaner.toml", &clusters);
-    g.start("scheduler", &["scheduler"]);
-    g.start("runner", &["runner"]);
+    let (queues, _quota, mut g) = stuck_and_good("sge-stuck");
+    let stuck = &queues.names[0];
     g.start("kcm1", &["kcm", "--cluster", "c1"]);
     // Four tasks: c1's four placeholders cover the job, one runs.
     let job = g.submit(&sweep("moved", 4, "sleep 6; echo {n}"));

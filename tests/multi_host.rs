@@ -9,7 +9,7 @@ use std::{
 };
 
 use gleaner_protocol::naming::placeholder_name;
-use gleaner_testkit::{Gleaner, SgeQueues, by_task, finish, qsub, sge, wait_for};
+use gleaner_testkit::{Gleaner, SgeQueues, by_task, finish, qsub, sge, sweep, wait_for};
 
 const MINUTE: Duration = Duration::from_secs(60);
 /// Slots of each host in the tests' queues.
@@ -23,12 +23,6 @@ fn gleaner(test: &str) -> Gleaner {
 fn config(queue: &str, extra: &str) -> String {
     format!(
         "[[cluster]]\nname = \"c1\"\nbackend = \"sge\"\nqueue = \"{queue}\"\nh_rt = \"10m\"\n{extra}\n"
-    )
-}
-
-fn sweep(name: &str, tasks: u32, command: &str) -> String {
-    format!(
-        "name = \"{name}\"\n[sweep]\ncommand = \"{command}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n"
     )
 }
 

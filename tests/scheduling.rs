@@ -3,7 +3,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use gleaner_testkit::{Gleaner, SgeQueues, by_task, finish, wait_for};
+use gleaner_testkit::{Gleaner, SgeQueues, by_task, finish, sweep, wait_for};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
@@ -22,12 +22,6 @@ fn config(queues: &SgeQueues) -> String {
             format!("[[cluster]]\nname = \"c{}\"\nbackend = \"sge\"\nqueue = \"{queue}\"\nh_rt = \"10m\"\n\n", i + 1)
         })
         .collect()
-}
-
-fn sweep(name: &str, tasks: u32, command: &str) -> String {
-    format!(
-        "name = \"{name}\"\n[sweep]\ncommand = \"{command}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n"
-    )
 }
 
 /// Slots each job's placeholders hold, per cluster, as the scheduler sees them.

@@ -10,7 +10,7 @@ use std::{
 };
 
 use gleaner_protocol::naming::placeholder_name;
-use gleaner_testkit::{Gleaner, SgeQueues, SlurmCluster, by_task, finish, sbatch, wait_for};
+use gleaner_testkit::{Gleaner, SgeQueues, SlurmCluster, by_task, finish, sbatch, sweep, wait_for};
 use nix::sys::signal::Signal;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -27,12 +27,6 @@ fn config() -> String {
     format!(
         "[[cluster]]\nname = \"s1\"\nbackend = \"slurm\"\npartition = \"{}\"\n",
         SlurmCluster::PARTITION
-    )
-}
-
-fn sweep(name: &str, tasks: u32, command: &str) -> String {
-    format!(
-        "name = \"{name}\"\n[sweep]\ncommand = \"{command}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n"
     )
 }
 

@@ -12,7 +12,7 @@ use gleaner_protocol::{
     ClusterName,
     naming::{LAUNCHER_SUBCOMMAND, LauncherArgs, launcher_id},
 };
-use gleaner_testkit::{Gleaner, wait_for};
+use gleaner_testkit::{Gleaner, sweep, wait_for};
 
 const TIMEOUT: Duration = Duration::from_secs(900);
 
@@ -74,12 +74,6 @@ pub fn wait_until_serving(g: &Gleaner) {
         g.status()
             .is_some_and(|s| s["clusters"].as_array().is_some_and(|c| !c.is_empty()))
     });
-}
-
-pub fn sweep(name: &str, tasks: u32, command: &str) -> String {
-    format!(
-        "name = \"{name}\"\n[sweep]\ncommand = \"{command}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n"
-    )
 }
 
 /// Runs a job to its end; returns (makespan in seconds, job.json).

@@ -8,9 +8,9 @@ use std::{
 
 use anyhow::{Context, ensure};
 use gleaner_protocol::naming::placeholder_name;
-use gleaner_testkit::{Gleaner, SgeQueues, sge, wait_for};
+use gleaner_testkit::{Gleaner, SgeQueues, sge, sweep, wait_for};
 
-use crate::measure::{run_job, sweep, wait_until_serving};
+use crate::measure::{run_job, wait_until_serving};
 
 const POLL: Duration = Duration::from_millis(100);
 

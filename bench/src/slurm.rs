@@ -5,9 +5,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::ensure;
 use gleaner_protocol::naming::placeholder_name;
-use gleaner_testkit::{Gleaner, SlurmCluster, sbatch, slurm, wait_for};
+use gleaner_testkit::{Gleaner, SlurmCluster, sbatch, slurm, sweep, wait_for};
 
-use crate::measure::{run_job, sweep, wait_until_serving};
+use crate::measure::{run_job, wait_until_serving};
 
 const POLL: Duration = Duration::from_millis(100);
 const TIMEOUT: Duration = Duration::from_secs(900);

@@ -183,6 +183,53 @@ pub fn launcher_arrays(slots: u32, size: u32) -> Vec<(u32, u32)> {
     .collect()
 }
 
+/// Submits a grant of `slots` as arrays of whole launchers of `size` (see
+/// [`launcher_arrays`]), one `submit(count, each)` after the other; returns
+/// the slots submitted. A failure after some arrays went in keeps those,
+/// and is returned beside them for the caller to log.
+pub async fn submit_arrays<F, Fut>(
+    slots: u32,
+    size: u32,
+    mut submit: F,
+) -> Result<(u32, Option<BackendError>), BackendError>
+where
+    F: FnMut(u32, u32) -> Fut,
+    Fut: Future<Output = Result<(), BackendError>>,
+{
+    let mut started = 0;
+    for (count, each) in launcher_arrays(slots, size) {
+        if let Err(e) = submit(count, each).await {
+            return match started {
+                0 => Err(e),
+                _ => Ok((started, Some(e))),
+            };
+        }
+        started += count * each;
+    }
+    Ok((started, None))
+}
+
+/// Removes batch jobs by id, a hundred per `remove` command; a job the
+/// batch system no longer knows (its answer contains `gone`) ended
+/// meanwhile, which is what was wanted.
+pub async fn remove_all<F, Fut>(
+    ids: &[String],
+    gone: &str,
+    mut remove: F,
+) -> Result<(), BackendError>
+where
+    F: FnMut(Vec<String>) -> Fut,
+    Fut: Future<Output = Result<String, BackendError>>,
+{
+    for chunk in ids.chunks(100) {
+        match remove(chunk.to_vec()).await {
+            Err(e) if !e.message.contains(gone) => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Runs a batch-system command with `env` added, `stdin` written to it;
 /// its failure carries its own output, and one that does not answer
 /// within `timeout` is killed and fails.
@@ -227,4 +274,19 @@ pub async fn run(
         return Err(failed(format!("{}: {}", output.status, said.trim())));
     }
     Ok(stdout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grants_become_arrays_of_whole_launchers_and_one_for_the_rest() {
+        assert_eq!(launcher_arrays(8, 1), [(8, 1)]);
+        assert_eq!(launcher_arrays(8, 4), [(2, 4)]);
+        assert_eq!(launcher_arrays(10, 4), [(2, 4), (1, 2)]);
+        assert_eq!(launcher_arrays(3, 4), [(1, 3)]);
+        assert!(launcher_arrays(0, 4).is_empty());
+        assert_eq!(launcher_arrays(2, 0), [(2, 1)], "0 counts as 1");
+    }
 }

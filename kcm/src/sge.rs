@@ -12,7 +12,9 @@ use gleaner_manifest::JobId;
 use tracing::warn;
 
 use crate::{
-    backend::{Backend, BackendError, ComponentFiles, LauncherCommand, launcher_arrays, run},
+    backend::{
+        Backend, BackendError, ComponentFiles, LauncherCommand, remove_all, run, submit_arrays,
+    },
     qstat::{self, AllocationRule, allocation_rule},
     snapshot::Snapshot,
 };
@@ -229,30 +231,23 @@ impl Backend for SgeBackend {
     }
 
     async fn submit(&mut self, job: &JobId, slots: u32) -> Result<u32, BackendError> {
-        let mut started = 0;
-        for (count, each) in launcher_arrays(slots, self.config.launcher_slots) {
-            if let Err(e) = self.submit_array(job, count, each).await {
-                if started == 0 {
-                    return Err(e);
-                }
-                warn!(job = %job, cluster = %self.config.cluster, started, error = %e, "only part of the launchers submitted");
-                break;
-            }
-            started += count * each;
+        let this = &*self;
+        let (started, failed) = submit_arrays(slots, this.config.launcher_slots, |count, each| {
+            this.submit_array(job, count, each)
+        })
+        .await?;
+        if let Some(e) = failed {
+            warn!(job = %job, cluster = %this.config.cluster, started, error = %e, "only part of the launchers submitted");
         }
         Ok(started)
     }
 
     async fn remove(&mut self, ids: &[String]) -> Result<(), BackendError> {
-        for chunk in ids.chunks(100) {
-            match self.run("qdel", chunk, None).await {
-                Ok(_) => {}
-                // Gone already (it ended meanwhile) is what we wanted.
-                Err(e) if e.message.contains("does not exist") => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+        let this = &*self;
+        remove_all(ids, "does not exist", |chunk| async move {
+            this.run("qdel", &chunk, None).await
+        })
+        .await
     }
 
     async fn submit_component(
@@ -318,16 +313,6 @@ mod tests {
                 )],
             },
         })
-    }
-
-    #[test]
-    fn grants_become_arrays_of_whole_launchers_and_one_for_the_rest() {
-        assert_eq!(launcher_arrays(8, 1), [(8, 1)]);
-        assert_eq!(launcher_arrays(8, 4), [(2, 4)]);
-        assert_eq!(launcher_arrays(10, 4), [(2, 4), (1, 2)]);
-        assert_eq!(launcher_arrays(3, 4), [(1, 3)]);
-        assert!(launcher_arrays(0, 4).is_empty());
-        assert_eq!(launcher_arrays(2, 0), [(2, 1)], "0 counts as 1");
     }
 
     #[test]

@@ -18,7 +18,9 @@ use gleaner_protocol::{
 use tracing::warn;
 
 use crate::{
-    backend::{Backend, BackendError, ComponentFiles, LauncherCommand, launcher_arrays, run},
+    backend::{
+        Backend, BackendError, ComponentFiles, LauncherCommand, remove_all, run, submit_arrays,
+    },
     snapshot::Snapshot,
     squeue::{self, SINFO_FORMAT, SQUEUE_FORMAT},
 };
@@ -171,30 +173,23 @@ impl Backend for SlurmBackend {
     }
 
     async fn submit(&mut self, job: &JobId, slots: u32) -> Result<u32, BackendError> {
-        let mut started = 0;
-        for (count, each) in launcher_arrays(slots, self.config.launcher_slots) {
-            if let Err(e) = self.submit_array(job, count, each).await {
-                if started == 0 {
-                    return Err(e);
-                }
-                warn!(job = %job, cluster = %self.config.cluster, started, error = %e, "only part of the launchers submitted");
-                break;
-            }
-            started += count * each;
+        let this = &*self;
+        let (started, failed) = submit_arrays(slots, this.config.launcher_slots, |count, each| {
+            this.submit_array(job, count, each)
+        })
+        .await?;
+        if let Some(e) = failed {
+            warn!(job = %job, cluster = %this.config.cluster, started, error = %e, "only part of the launchers submitted");
         }
         Ok(started)
     }
 
     async fn remove(&mut self, ids: &[String]) -> Result<(), BackendError> {
-        for chunk in ids.chunks(100) {
-            match self.run("scancel", chunk, None).await {
-                Ok(_) => {}
-                // Gone already (it ended meanwhile) is what we wanted.
-                Err(e) if e.message.contains("Invalid job id") => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+        let this = &*self;
+        remove_all(ids, "Invalid job id", |chunk| async move {
+            this.run("scancel", &chunk, None).await
+        })
+        .await
     }
 
     async fn submit_component(

@@ -673,3 +673,10 @@ pub fn slurm(program: &str, args: &[&str]) -> String {
         .unwrap_or_else(|e| panic!("{program}: {e} (is Slurm set up? deploy/slurm/setup.sh)"));
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
+
+/// A sweep manifest: `command` once for each `n` in 1..=`tasks`.
+pub fn sweep(name: &str, tasks: u32, command: &str) -> String {
+    format!(
+        "name = \"{name}\"\n[sweep]\ncommand = \"{command}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n"
+    )
+}
