@@ -9,7 +9,7 @@ use std::{
 };
 
 use gleaner_protocol::naming::placeholder_name;
-use gleaner_testkit::{Gleaner, SgeQueues, by_task, finish, qsub, sge, sweep, wait_for};
+use gleaner_testkit::{Gleaner, SgeQueues, finish, qsub, sge, sweep, wait_for};
 
 const MINUTE: Duration = Duration::from_secs(60);
 /// Slots of each host in the tests' queues.
@@ -105,18 +105,6 @@ fn watch_until(
     gone
 }
 
-fn assert_all_done_once(g: &Gleaner, job: &str, tasks: usize) {
-    assert_eq!(g.wait_for_end(job, 3 * MINUTE), "done");
-    let index = by_task(&g.index(job));
-    assert_eq!(index.len(), tasks);
-    assert!(
-        index
-            .values()
-            .all(|t| t["status"] == "succeeded" && t["attempts"] == 1),
-        "every task once, none failed"
-    );
-}
-
 #[test]
 fn a_one_host_local_job_empties_one_host_and_no_other() {
     let (queues, g, job, before) = full_grid("mh-one", "", 150, 12);
@@ -141,7 +129,7 @@ fn a_one_host_local_job_empties_one_host_and_no_other() {
         "only launchers on {host} were stopped; gone: {gone:?} of {before:?}"
     );
     assert!(g.log("up").contains("local jobs wait: shrinking"));
-    assert_all_done_once(&g, &job, 150);
+    g.assert_all_done_once(&job, 150);
 }
 
 #[test]
@@ -165,7 +153,7 @@ fn two_one_host_local_jobs_empty_two_hosts() {
     );
     let hosts_hit: BTreeSet<String> = gone.iter().map(|id| before[id].clone()).collect();
     assert_eq!(hosts_hit, hosts, "two hosts emptied, no more: {gone:?}");
-    assert_all_done_once(&g, &job, 150);
+    g.assert_all_done_once(&job, 150);
 }
 
 #[test]
@@ -199,7 +187,7 @@ fn a_grid_component_of_one_host_takes_back_one_host() {
         BTreeSet::from([host]),
         "only launchers of the host it ran on were stopped; gone: {gone:?} of {before:?}"
     );
-    assert_all_done_once(&g, &job, 150);
+    g.assert_all_done_once(&job, 150);
 }
 
 #[test]
@@ -218,7 +206,7 @@ fn a_local_job_larger_than_any_host_preempts_nothing() {
     );
     assert!(host_of(&queues, &local).is_none());
     sge("qdel", &[&local]);
-    assert_all_done_once(&g, &job, 150);
+    g.assert_all_done_once(&job, 150);
 }
 
 #[test]
@@ -268,7 +256,7 @@ fn multi_slot_launchers_take_a_host_each_and_one_goes_for_a_small_local_job() {
     );
     assert_eq!(gone.len(), 1, "one whole launcher went: {gone:?}");
     assert!(g.log("up").contains("preempted whole"));
-    assert_all_done_once(&g, &job, 120);
+    g.assert_all_done_once(&job, 120);
 }
 
 #[test]
@@ -302,5 +290,5 @@ fn admin_caps_keep_placeholders_off_reserved_hosts_and_below_the_limit() {
         !hosts.contains("node3"),
         "nothing on the reserved host: {hosts:?}"
     );
-    assert_all_done_once(&g, &job, 60);
+    g.assert_all_done_once(&job, 60);
 }

@@ -41,18 +41,6 @@ fn running(slurm: &SlurmCluster, job: &str) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn assert_all_done_once(g: &Gleaner, job: &str, tasks: usize) {
-    assert_eq!(g.wait_for_end(job, 3 * MINUTE), "done");
-    let index = by_task(&g.index(job));
-    assert_eq!(index.len(), tasks);
-    assert!(
-        index
-            .values()
-            .all(|t| t["status"] == "succeeded" && t["attempts"] == 1),
-        "every task once, none failed: {index:?}"
-    );
-}
-
 /// Where a local job runs, once it does.
 fn node_of(slurm: &SlurmCluster, id: &str) -> Option<String> {
     slurm
@@ -91,7 +79,7 @@ fn a_sweep_on_slurm_completes_and_leaves_no_placeholder() {
         nodes.extend(running(&slurm, &job).into_values());
         nodes.len() == NODES
     });
-    assert_all_done_once(&g, &job, 60);
+    g.assert_all_done_once(&job, 60);
     let ran_on: BTreeSet<String> = by_task(&g.index(&job))
         .values()
         .filter_map(|t| t["host"].as_str().map(str::to_owned))
@@ -156,7 +144,7 @@ fn local_jobs_start_while_the_sweep_runs_and_only_the_launchers_needed_go() {
         "the whole node's launchers went: {gone:?} of {before:?}"
     );
     assert_eq!(gone.len(), NODE_CPUS + 1, "and no others: {gone:?}");
-    assert_all_done_once(&g, &job, 240);
+    g.assert_all_done_once(&job, 240);
 }
 
 #[test]
@@ -175,7 +163,7 @@ fn a_restarted_kcm_adopts_the_placeholders_and_submits_no_second_array() {
     });
     g.signal(kcm, Signal::SIGKILL);
     g.start("kcm2", &["kcm", "--cluster", "s1"]);
-    assert_all_done_once(&g, &job, 120);
+    g.assert_all_done_once(&job, 120);
     let arrays: BTreeSet<String> = before
         .keys()
         .map(|id| id.split('_').next().unwrap_or(id).to_owned())
@@ -237,7 +225,7 @@ fn slurm_preempting_a_placeholder_itself_loses_nothing_and_requeues_nothing() {
         "no placeholder requeued"
     );
     g.start("kcm2", &["kcm", "--cluster", "s1"]);
-    assert_all_done_once(&g, &job, 120);
+    g.assert_all_done_once(&job, 120);
 }
 
 #[test]
@@ -276,7 +264,7 @@ fn one_sweep_runs_across_a_grid_engine_and_a_slurm_cluster() {
     );
     g.start("up", &["up"]);
     let job = g.submit(&sweep("both", 160, "sleep 1; echo {n}"));
-    assert_all_done_once(&g, &job, 160);
+    g.assert_all_done_once(&job, 160);
     let clusters: BTreeSet<String> = by_task(&g.index(&job))
         .values()
         .filter_map(|t| t["cluster"].as_str().map(str::to_owned))

@@ -263,6 +263,20 @@ impl Gleaner {
     }
 
     /// The results index of a job, one JSON value per line.
+    /// Waits (3 minutes at most) for a sweep of `tasks` tasks to end, and
+    /// asserts that every task succeeded at its first attempt.
+    pub fn assert_all_done_once(&self, job: &str, tasks: usize) {
+        assert_eq!(self.wait_for_end(job, Duration::from_secs(180)), "done");
+        let index = by_task(&self.index(job));
+        assert_eq!(index.len(), tasks);
+        assert!(
+            index
+                .values()
+                .all(|t| t["status"] == "succeeded" && t["attempts"] == 1),
+            "every task once, none failed: {index:?}"
+        );
+    }
+
     pub fn index(&self, job: &str) -> Vec<Value> {
         std::fs::read_to_string(self.results_dir(job).join("index.jsonl"))
             .unwrap_or_default()
