@@ -427,6 +427,30 @@ params = { n = { from = 1, to = 4 } }
 }
 
 #[test]
+fn a_launcher_that_stops_answering_is_removed_and_its_task_runs_elsewhere() {
+    let mut g = gleaner("silent");
+    g.up(2);
+    let job = g.submit(
+        r#"
+name = "silent"
+[sweep]
+command = "sleep 2; echo done-{n}"
+params = { n = { from = 1, to = 8 } }
+"#,
+    );
+    // Stopped, it neither beats nor answers polls: only its kcm can remove it.
+    let victim = g.signal_busy_launcher(&job, 2, Signal::SIGSTOP);
+    wait_for("the silent launcher to be removed", MINUTE, || {
+        !g.launchers(&job).contains(&victim)
+    });
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 8);
+    assert!(tasks.values().all(|t| t["status"] == "succeeded"));
+    assert!(g.log("up").contains("launchers silent too long"));
+}
+
+#[test]
 fn an_idle_launcher_gives_its_slot_back() {
     let mut g = gleaner("idle");
     g.up(3);

@@ -76,16 +76,19 @@ impl LauncherTable {
 
     /// Forgets launchers silent for longer than `silence` (they died; the
     /// broker already gave their tasks to others). Returns their ids.
-    pub fn expire(&mut self, now: Instant, silence: Duration) -> Vec<LauncherId> {
-        let dead: Vec<LauncherId> = self
-            .launchers
-            .iter()
-            .filter(|(_, e)| now.duration_since(e.last_seen) > silence)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in &dead {
-            self.launchers.remove(id);
-        }
+    pub fn expire(
+        &mut self,
+        now: Instant,
+        silence: Duration,
+    ) -> BTreeMap<ClusterName, Vec<LauncherId>> {
+        let mut dead: BTreeMap<ClusterName, Vec<LauncherId>> = BTreeMap::new();
+        self.launchers.retain(|id, e| {
+            let silent = now.duration_since(e.last_seen) > silence;
+            if silent {
+                dead.entry(e.cluster.clone()).or_default().push(id.clone());
+            }
+            !silent
+        });
         dead
     }
 
@@ -212,7 +215,18 @@ mod tests {
             "asked once"
         );
         let dead = table.expire(later, Duration::from_secs(10));
-        assert_eq!(dead, ["b", "c"].map(LauncherId::from));
+        let dead: Vec<(String, Vec<LauncherId>)> = dead
+            .into_iter()
+            .map(|(cluster, launchers)| (cluster.to_string(), launchers))
+            .collect();
+        assert_eq!(
+            dead,
+            [
+                ("c1".to_owned(), vec![LauncherId::from("b")]),
+                ("c2".to_owned(), vec![LauncherId::from("c")])
+            ],
+            "by cluster, for their kcms"
+        );
         assert_eq!(table.total_slots(), 1);
     }
 }

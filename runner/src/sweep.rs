@@ -19,8 +19,8 @@ use std::{
 use gleaner_manifest::{JobId, Manifest, TaskList};
 use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
-    ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherId, LauncherInfo,
-    LauncherMsg, ResultMsg, SchedulerMsg, ShrinkMode, TaskMsg, naming::same_host,
+    ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherInfo, LauncherMsg,
+    ResultMsg, SchedulerMsg, ShrinkMode, TaskMsg, naming::same_host,
 };
 use tracing::{debug, info, warn};
 
@@ -235,12 +235,28 @@ impl Sweep {
     }
 
     /// Forgets launchers silent for longer than `launcher_silence`: they
-    /// died, and the broker gave their tasks to others. Their slots stop
-    /// counting, so grows can replace them. Returns them; nothing is sent
-    /// about them (the kcm is not told: a known gap).
-    fn expire_silent(&mut self, now: Now) -> Vec<LauncherId> {
+    /// died or lost the broker, which gave their tasks to others. Their
+    /// slots stop counting, so grows can replace them, and their kcms
+    /// remove their placeholders at once, so that a launcher cut off does
+    /// not hold its slots until the batch system's walltime.
+    fn expire_silent(&mut self, now: Now) -> Vec<Effect<'static>> {
+        let job = &self.ledger.id;
         self.launchers
             .expire(now.instant, self.ledger.settings.launcher_silence)
+            .into_iter()
+            .map(|(cluster, launchers)| {
+                warn!(job = %job, cluster = %cluster, launchers = ?launchers, "launchers silent too long: forgotten, their placeholders removed");
+                Effect::ToKcm {
+                    cluster,
+                    msg: KcmMsg::Release {
+                        job: job.clone(),
+                        launchers,
+                        grace_ms: 0,
+                    },
+                    followup: Followup::Nothing,
+                }
+            })
+            .collect()
     }
 }
 
@@ -417,22 +433,25 @@ impl JobCore for Sweep {
         Vec::new()
     }
 
-    /// A launcher that died has lost its queue, which answers the poll at once.
+    /// A launcher that died has lost its queue, which answers the poll at
+    /// once; one silent for too long is forgotten and removed.
     fn poll(&mut self, now: Now) -> Vec<Effect<'static>> {
         let after = self.ledger.settings.heartbeat.saturating_mul(2);
-        self.launchers
-            .poll_silent(now.instant, after)
-            .into_iter()
-            .map(|launcher| Effect::ToLauncher {
-                launcher: launcher.clone(),
-                msg: LauncherMsg::Poll {},
-                followup: Followup::Poll { launcher },
-            })
-            .collect()
+        let mut effects = self.expire_silent(now);
+        effects.extend(
+            self.launchers
+                .poll_silent(now.instant, after)
+                .into_iter()
+                .map(|launcher| Effect::ToLauncher {
+                    launcher: launcher.clone(),
+                    msg: LauncherMsg::Poll {},
+                    followup: Followup::Poll { launcher },
+                }),
+        );
+        effects
     }
 
     fn standing(&mut self, now: Now) -> JobReport {
-        self.expire_silent(now);
         self.owed
             .retain(|o| now.instant.duration_since(o.since) < OWED_SHRINK_LIFETIME);
         while self
@@ -468,11 +487,13 @@ impl JobCore for Sweep {
 mod tests {
     use std::time::Instant;
 
-    use gleaner_protocol::{LauncherInfo, LauncherStatus, RunStatus, RunningTask};
+    use gleaner_protocol::{LauncherId, LauncherInfo, LauncherStatus, RunStatus, RunningTask};
 
     use super::*;
     use crate::{
-        job_core::testing::{GRACE, at, grow_ack, opening, recorded, result, submission, told},
+        job_core::testing::{
+            GRACE, SILENCE, at, grow_ack, opening, recorded, result, submission, told,
+        },
         records::read_index,
     };
 
@@ -577,6 +598,39 @@ mod tests {
         let effects = sweep.on_control(offer("c2", 4), at(t0, 5));
         assert_eq!(grow_ack(&effects), Some(0));
         assert!(told(&effects).is_empty(), "no launchers asked for");
+    }
+
+    #[test]
+    fn launchers_silent_too_long_are_forgotten_and_their_placeholders_removed() {
+        let t0 = Instant::now();
+        let mut sweep = started(10, 3, t0);
+        sweep.on_control(up("a", "c1", 1), at(t0, 1));
+        sweep.on_control(up("b", "c2", 1), at(t0, 20));
+        let effects = sweep.poll(at(t0, 1 + SILENCE.as_secs() + 1));
+        let released: Vec<(String, Vec<LauncherId>, u64)> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::ToKcm {
+                    cluster,
+                    msg:
+                        KcmMsg::Release {
+                            launchers,
+                            grace_ms,
+                            ..
+                        },
+                    ..
+                } => Some((cluster.to_string(), launchers.clone(), *grace_ms)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            released,
+            [("c1".to_owned(), vec![LauncherId::from("a")], 0)],
+            "only the silent one, removed at once"
+        );
+        let report = sweep.standing(at(t0, 33));
+        assert_eq!(report.launchers.get("c1"), None);
+        assert_eq!(report.launchers.get("c2"), Some(&1));
     }
 
     #[test]
