@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use gleaner_testkit::{Gleaner, by_task, finish, wait_for};
+use gleaner_testkit::{Gleaner, by_task, finish, sweep, wait_for};
 use nix::sys::signal::Signal;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -448,6 +448,34 @@ params = { n = { from = 1, to = 8 } }
     assert_eq!(tasks.len(), 8);
     assert!(tasks.values().all(|t| t["status"] == "succeeded"));
     assert!(g.log("up").contains("launchers silent too long"));
+}
+
+#[test]
+fn a_killed_local_kcm_takes_its_launchers_along_and_slots_stay_slots() {
+    let mut g = gleaner("kcmkill");
+    g.write(
+        "gleaner.toml",
+        "[[cluster]]\nname = \"local\"\nbackend = \"local\"\nslots = 3\n",
+    );
+    g.start("scheduler", &["scheduler"]);
+    g.start("runner", &["runner"]);
+    let kcm = g.start("kcm", &["kcm", "--cluster", "local"]);
+    let job = g.submit(&sweep("orphans", 30, "sleep 1; echo {n}"));
+    wait_for("three launchers", MINUTE, || g.launchers(&job).len() == 3);
+    g.signal(kcm, Signal::SIGKILL);
+    wait_for(
+        "its launchers to go with it",
+        Duration::from_secs(15),
+        || g.launchers(&job).is_empty(),
+    );
+    g.start("kcm2", &["kcm", "--cluster", "local"]);
+    let mut most = 0;
+    wait_for("the job to end", 2 * MINUTE, || {
+        most = most.max(g.launchers(&job).len());
+        g.job_state(&job).as_deref() == Some("done")
+    });
+    assert!(most <= 3, "never more launchers than slots: {most}");
+    g.assert_all_done_once(&job, 30);
 }
 
 #[test]

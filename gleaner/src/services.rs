@@ -117,6 +117,7 @@ pub async fn launcher(
     args: LauncherArgs,
     signals: gleaner_launcher::Signals,
 ) -> anyhow::Result<Exit> {
+    die_with_parent();
     let host = hostname();
     let l = &settings.launcher;
     let config = LauncherConfig {
@@ -140,6 +141,20 @@ pub async fn launcher(
         format!("launcher@{host}/{}", args.slot),
     )?;
     Ok(gleaner_launcher::run(&broker, config, signals).await?)
+}
+
+/// A launcher lives no longer than what started it (the local backend's
+/// kcm, the batch system's shepherd): when that dies, the launcher gets
+/// SIGTERM and gives its tasks back, so a restarted kcm's launchers are
+/// not added to orphans still holding the slots.
+fn die_with_parent() {
+    let parent = nix::unistd::getppid();
+    if nix::sys::prctl::set_pdeathsig(nix::sys::signal::Signal::SIGTERM).is_ok()
+        && nix::unistd::getppid() != parent
+    {
+        // It died before the request took hold.
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGTERM);
+    }
 }
 
 fn scratch_dir(base: &std::path::Path) -> PathBuf {
