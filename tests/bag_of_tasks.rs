@@ -479,6 +479,29 @@ fn a_killed_local_kcm_takes_its_launchers_along_and_slots_stay_slots() {
 }
 
 #[test]
+fn nothing_a_task_starts_outlives_it() {
+    let mut g = gleaner("daemons");
+    g.up(2);
+    // Unique among the tests running at once.
+    let daemon = format!("sleep 47.{}", std::process::id());
+    let job = g.submit(&sweep(
+        "daemons",
+        4,
+        &format!("setsid {daemon} & sleep 0.3; echo {{n}}"),
+    ));
+    g.assert_all_done_once(&job, 4);
+    let left = std::process::Command::new("pgrep")
+        .args(["-f", &daemon])
+        .output()
+        .expect("pgrep");
+    assert!(
+        left.stdout.is_empty(),
+        "daemons outlived their tasks: {}",
+        String::from_utf8_lossy(&left.stdout)
+    );
+}
+
+#[test]
 fn an_idle_launcher_gives_its_slot_back() {
     let mut g = gleaner("idle");
     g.up(3);

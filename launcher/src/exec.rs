@@ -21,6 +21,8 @@ use tokio::{
 };
 use tracing::debug;
 
+use crate::orphans;
+
 /// Size bounds on what a task sends back (keys of `[launcher]`).
 #[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -142,7 +144,7 @@ async fn supervise(
         .stderr(Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
-    let mut child = match command.spawn() {
+    let mut child = match orphans::spawn(&mut command) {
         Ok(child) => child,
         Err(e) => {
             return Some(Outcome::not_started(
@@ -177,11 +179,14 @@ async fn supervise(
         () = stop_requested(stop) => {
             signal_group(group, Signal::SIGKILL);
             let _ = child.wait().await;
+            orphans::ended(group.map(|g| g.as_raw() as u32));
             return None;
         }
     };
-    // Whatever the command left running in the background goes too.
+    // Whatever the command left running in the background goes too, in its
+    // group or escaped from it.
     signal_group(group, Signal::SIGKILL);
+    orphans::ended(group.map(|g| g.as_raw() as u32));
     let runtime = started.elapsed();
     let stdout = stdout.finish().await;
     let stderr = stderr.finish().await;
@@ -475,6 +480,30 @@ mod tests {
         let outcome = super::run(run, Limits::default(), never()).await.unwrap();
         assert_eq!(outcome.status, RunStatus::Succeeded);
         assert_eq!(outcome.stdout.data, b"before\nafter\n");
+    }
+
+    #[tokio::test]
+    async fn processes_that_leave_the_group_end_with_the_task() {
+        assert!(orphans::adopt(), "the subreaper is allowed here");
+        let dir = tempfile::tempdir().unwrap();
+        // Unique among the tests running at once.
+        let daemon = format!("sleep 41.{}", std::process::id());
+        // Out of the group before the task ends, which the group kill misses.
+        let command =
+            format!("setsid {daemon} & setsid sh -c '{daemon} & wait' & sleep 0.3; echo started");
+        let outcome = super::run(task(&command, dir.path()), Limits::default(), never())
+            .await
+            .unwrap();
+        assert_eq!(outcome.stdout.data, b"started\n");
+        let left = std::process::Command::new("pgrep")
+            .args(["-f", &daemon])
+            .output()
+            .unwrap();
+        assert!(
+            left.stdout.is_empty(),
+            "escaped processes outlived their task: {}",
+            String::from_utf8_lossy(&left.stdout)
+        );
     }
 
     #[tokio::test]

@@ -12,6 +12,7 @@
 //! out its effects.
 
 mod exec;
+mod orphans;
 mod state;
 
 use std::{
@@ -195,6 +196,9 @@ pub async fn run(
     config: LauncherConfig,
     signals: Signals,
 ) -> Result<Exit, LauncherError> {
+    if !orphans::adopt() {
+        warn!(launcher = %config.id, "cannot be the subreaper of its tasks: processes they move out of their group may outlive them");
+    }
     let connection = broker.connect().await?;
     let publisher = connection.publisher().await?;
     let queues = JobQueues::new(&config.job);
