@@ -357,6 +357,47 @@ params = { n = { from = 1, to = 150 } }
 }
 
 #[test]
+fn submit_wait_rides_out_a_lost_broker_connection() {
+    let mut g = gleaner("waitout");
+    g.up(3);
+    let waiting = g.submit_waiting(&sweep("waited", 150, "sleep 0.2; echo {n}"));
+    let results = g.path().join("results");
+    wait_for("some results", MINUTE, || {
+        std::fs::read_dir(&results).is_ok_and(|dirs| {
+            dirs.flatten().any(|d| {
+                std::fs::read_to_string(d.path().join("index.jsonl"))
+                    .is_ok_and(|index| index.lines().count() >= 15)
+            })
+        })
+    });
+    // The management API lists connections a few seconds late.
+    let mut closed = 0;
+    wait_for(
+        "every connection, the client's too, to be closed",
+        MINUTE,
+        || {
+            closed += g.vhost.close_connections();
+            closed >= 5
+        },
+    );
+    let output = finish(waiting, 2 * MINUTE);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "the client gave up: {stderr}");
+    assert!(stderr.contains("lost the broker"), "{stderr}");
+    assert!(stderr.contains("the broker is back"), "{stderr}");
+    assert!(!stderr.contains("ERROR"), "no library noise: {stderr}");
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    g.assert_all_done_once(&job, 150);
+    assert!(
+        !g.vhost
+            .queue_names()
+            .iter()
+            .any(|q| q.starts_with("gleaner.watch.")),
+        "the client's queue is gone with it"
+    );
+}
+
+#[test]
 fn sigterm_preempts_a_launcher_and_its_task_runs_again_without_a_failure() {
     let mut g = gleaner("sigterm");
     g.up(2);

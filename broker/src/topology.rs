@@ -12,7 +12,10 @@ use crate::BrokerError;
 type Result<T> = std::result::Result<T, BrokerError>;
 use lapin::{
     Channel, ExchangeKind,
-    options::{ExchangeDeclareOptions, QueueDeclareOptions, QueueDeleteOptions, QueuePurgeOptions},
+    options::{
+        ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+        QueuePurgeOptions,
+    },
     types::{AMQPValue, FieldTable},
 };
 
@@ -89,6 +92,14 @@ impl Args {
         self
     }
 
+    /// Deleted once unused (no consumer, no redeclaration) this long.
+    fn expires(mut self, after: std::time::Duration) -> Self {
+        let ms = i64::try_from(after.as_millis()).unwrap_or(i64::MAX).max(1);
+        self.0
+            .insert("x-expires".into(), AMQPValue::LongLongInt(ms));
+        self
+    }
+
     fn delivery_limit(mut self, limit: i64) -> Self {
         self.0
             .insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
@@ -102,6 +113,28 @@ async fn durable(channel: &Channel, name: &str, args: Args) -> Result<()> {
         ..QueueDeclareOptions::default()
     };
     channel.queue_declare(name.into(), options, args.0).await?;
+    Ok(())
+}
+
+/// A client's own queue of events (`gleaner submit --wait`): durable, so
+/// that it outlives a lost connection and a broker restart, and deleted by
+/// the broker once nobody has used it for `expires`.
+pub async fn declare_watch(
+    channel: &Channel,
+    name: &str,
+    pattern: &str,
+    expires: std::time::Duration,
+) -> Result<()> {
+    durable(channel, name, Args(FieldTable::default()).expires(expires)).await?;
+    channel
+        .queue_bind(
+            name.into(),
+            EVENTS_EXCHANGE.into(),
+            pattern.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
     Ok(())
 }
 

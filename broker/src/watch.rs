@@ -4,14 +4,14 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use lapin::{
-    options::{BasicConsumeOptions, ConfirmSelectOptions, QueueBindOptions, QueueDeclareOptions},
+    options::{BasicConsumeOptions, ConfirmSelectOptions, QueueDeleteOptions},
     types::FieldTable,
 };
 
 use crate::{
     BrokerError, Connection, ConsumeOptions, Inbox, Publisher, Reply,
     codec::{Decode, DecodeError},
-    topology::EVENTS_EXCHANGE,
+    topology,
 };
 use gleaner_protocol::{Event, Message};
 
@@ -20,39 +20,22 @@ use gleaner_protocol::{Event, Message};
 const DIRECT_REPLY_TO: &str = "amq.rabbitmq.reply-to";
 
 impl Connection {
-    /// Events whose routing key matches `pattern` (`job.sweep-3fa9c2.#`), from
-    /// now on, on a private queue that goes away with the connection.
-    pub async fn subscribe(
+    /// Events whose routing key matches `pattern` from now on, on the
+    /// client's own queue `queue` ([`topology::declare_watch`]): consumed
+    /// again after a reconnection, it has kept what came meanwhile.
+    pub async fn follow(
         &self,
         publisher: &Publisher,
+        queue: &str,
         pattern: &str,
+        expires: Duration,
     ) -> Result<Inbox<Event>, BrokerError> {
         let channel = self.channel().await?;
-        let queue = channel
-            .queue_declare(
-                "".into(),
-                QueueDeclareOptions {
-                    exclusive: true,
-                    auto_delete: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        let name = queue.name().to_string();
-        channel
-            .queue_bind(
-                name.as_str().into(),
-                EVENTS_EXCHANGE.into(),
-                pattern.into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
+        topology::declare_watch(&channel, queue, pattern, expires).await?;
         Inbox::open(
             &channel,
             publisher.clone(),
-            &name,
+            queue,
             ConsumeOptions {
                 tag: self.identity(),
                 prefetch: 64,
@@ -60,6 +43,16 @@ impl Connection {
             },
         )
         .await
+    }
+
+    /// Deletes a queue of [`Connection::follow`] that served its purpose;
+    /// one that cannot be deleted now expires by itself.
+    pub async fn forget(&self, queue: &str) {
+        if let Ok(channel) = self.channel().await {
+            let _ = channel
+                .queue_delete(queue.into(), QueueDeleteOptions::default())
+                .await;
+        }
     }
 
     /// Sends `request` to `queue` and waits up to `timeout` for the answer;

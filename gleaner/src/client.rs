@@ -7,7 +7,7 @@ use std::{
 };
 
 use gleaner_broker::{
-    Broker, BrokerError, Connection,
+    Broker, BrokerError, Connection, Inbox,
     topology::{self, JobQueues, SCHEDULER_QUEUE, SUBMIT_QUEUE},
 };
 use gleaner_manifest::{JobId, JobIdError, Manifest};
@@ -38,6 +38,10 @@ pub fn read_manifest(path: &Path) -> Result<Manifest, String> {
     parsed.map_err(|e| format!("{}: invalid manifest\n{e}", path.display()))
 }
 
+/// How long the broker keeps a `--wait` client's queue of events once
+/// nobody consumes it (the client died, or the broker was away).
+const WATCH_EXPIRY: Duration = Duration::from_secs(600);
+
 pub async fn submit(
     settings: &Settings,
     path: &Path,
@@ -46,18 +50,15 @@ pub async fn submit(
 ) -> Result<(), CliError> {
     let manifest = read_manifest(path).map_err(CliError::BadInput)?;
     let job = JobId::new(&manifest.name, rand::random::<u32>());
+    let watch = Watch::new(&job);
     let connection = connect(settings).await?;
     let events = async {
         let channel = connection.channel().await?;
         topology::declare_core(&channel).await?;
         let publisher = connection.publisher().await?;
-        // Subscribe before submitting, so that no event can be missed.
+        // Follow before submitting, so that no event can be missed.
         let events = match wait {
-            true => Some(
-                connection
-                    .subscribe(&publisher, &format!("job.{job}.#"))
-                    .await?,
-            ),
+            true => Some(watch.follow(&connection).await?),
             false => None,
         };
         let submission = Submission {
@@ -70,57 +71,110 @@ pub async fn submit(
     }
     .await?;
     output.job_submitted(&job, wait);
-    let Some(mut events) = events else {
+    let Some(events) = events else {
         return Ok(());
     };
-    let mut progress = output.progress(&job);
-    let mut last_news = Instant::now();
-    let mut nudged = false;
-    loop {
-        let next = tokio::time::timeout(Duration::from_secs(1), events.next()).await;
-        let incoming = match next {
-            Err(_) => {
-                if !nudged && last_news.elapsed() > Duration::from_secs(10) {
-                    progress.note("no runner has picked the job up yet (is `gleaner up` or `gleaner runner` running?)");
-                    nudged = true;
+    watch.until_done(settings, connection, events, output).await
+}
+
+/// A `--wait` client's own queue of the job's events.
+struct Watch {
+    job: JobId,
+    queue: String,
+}
+
+impl Watch {
+    fn new(job: &JobId) -> Self {
+        Self {
+            job: job.clone(),
+            queue: format!("gleaner.watch.{job}"),
+        }
+    }
+
+    async fn follow(&self, connection: &Connection) -> Result<Inbox<Event>, BrokerError> {
+        let publisher = connection.publisher().await?;
+        connection
+            .follow(
+                &publisher,
+                &self.queue,
+                &format!("job.{}.#", self.job),
+                WATCH_EXPIRY,
+            )
+            .await
+    }
+
+    /// Shows the job's progress until it ends. A broker that goes away is
+    /// waited for (one line says so): the job goes on without the client,
+    /// and the queue keeps what happens meanwhile.
+    async fn until_done(
+        &self,
+        settings: &Settings,
+        mut connection: Connection,
+        mut events: Inbox<Event>,
+        output: &dyn Output,
+    ) -> Result<(), CliError> {
+        let job = &self.job;
+        let mut progress = output.progress(job);
+        let mut last_news = Instant::now();
+        let mut nudged = false;
+        let ended = loop {
+            let next = tokio::time::timeout(Duration::from_secs(1), events.next()).await;
+            let incoming = match next {
+                Err(_) => {
+                    if !nudged && last_news.elapsed() > Duration::from_secs(10) {
+                        progress.note("no runner has picked the job up yet (is `gleaner up` or `gleaner runner` running?)");
+                        nudged = true;
+                    }
+                    continue;
                 }
-                continue;
-            }
-            Ok(Some(Ok(incoming))) => incoming,
-            Ok(Some(Err(e))) => {
-                progress.abandon();
-                return Err(CliError::Unreachable(format!(
-                    "lost the broker while waiting ({e}); the job goes on: `gleaner status {job}`"
-                )));
-            }
-            Ok(None) => {
-                progress.abandon();
-                return Err(CliError::Unreachable(format!(
-                    "the event subscription was cancelled; the job goes on: `gleaner status {job}`"
-                )));
+                Ok(Some(Ok(incoming))) => incoming,
+                Ok(Some(Err(_)) | None) => {
+                    progress.note(&format!(
+                        "lost the broker; waiting for it to come back (the job goes on; Ctrl-C leaves, `gleaner status {job}` looks later)"
+                    ));
+                    (connection, events) = self.reconnect(settings).await;
+                    progress.note("the broker is back");
+                    continue;
+                }
+            };
+            let _ = incoming.ack().await;
+            last_news = Instant::now();
+            match incoming.msg {
+                Event::Progress(report) => progress.update(&report),
+                Event::Done(report) => {
+                    progress.finish(&report);
+                    output.job_ended(&report);
+                    let t = report.tasks;
+                    break if t.succeeded == t.total {
+                        Ok(())
+                    } else {
+                        Err(CliError::Unsuccessful(None))
+                    };
+                }
+                Event::Rejected { reason, .. } => {
+                    progress.abandon();
+                    break Err(CliError::BadInput(format!(
+                        "the runner refused the job: {reason}"
+                    )));
+                }
+                Event::Cluster(_) => {}
             }
         };
-        let _ = incoming.ack().await;
-        last_news = Instant::now();
-        match incoming.msg {
-            Event::Progress(report) => progress.update(&report),
-            Event::Done(report) => {
-                progress.finish(&report);
-                output.job_ended(&report);
-                let t = report.tasks;
-                return if t.succeeded == t.total {
-                    Ok(())
-                } else {
-                    Err(CliError::Unsuccessful(None))
-                };
+        connection.forget(&self.queue).await;
+        ended
+    }
+
+    /// Connects and follows again, backing off until the broker answers.
+    async fn reconnect(&self, settings: &Settings) -> (Connection, Inbox<Event>) {
+        let mut delay = Duration::from_millis(500);
+        loop {
+            tokio::time::sleep(delay).await;
+            if let Ok(connection) = connect(settings).await
+                && let Ok(events) = self.follow(&connection).await
+            {
+                return (connection, events);
             }
-            Event::Rejected { reason, .. } => {
-                progress.abandon();
-                return Err(CliError::BadInput(format!(
-                    "the runner refused the job: {reason}"
-                )));
-            }
-            Event::Cluster(_) => {}
+            delay = delay.saturating_mul(2).min(Duration::from_secs(10));
         }
     }
 }
