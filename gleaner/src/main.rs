@@ -221,6 +221,7 @@ fn log_filter(default: &str, service: bool) -> EnvFilter {
             "lapin::returned_messages=error",
             "lapin::channels=off",
             "lapin::channel=off",
+            "lapin::io_loop=off",
         ]
     } else {
         &["lapin=off"]
