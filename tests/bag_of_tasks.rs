@@ -351,7 +351,10 @@ params = { n = { from = 1, to = 150 } }
     assert_eq!(tasks.len(), 150);
     assert!(tasks.values().all(|t| t["status"] == "succeeded"));
     let log = g.log("up");
-    assert!(log.contains("reconnecting"), "the services noticed the outage");
+    assert!(
+        log.contains("reconnecting"),
+        "the services noticed the outage"
+    );
     assert!(
         !log.contains("lapin::"),
         "the services said it themselves, without the library's noise"

@@ -1550,8 +1550,8 @@ mod tests {
         assert_eq!((r.cluster.as_str(), r.backend.as_str()), ("c1", "sge"));
         assert_eq!((r.total_slots, r.local_slots, r.grid_slots), (16, 3, 4));
         assert_eq!(
-            r.idle_slots, 2,
-            "16 - 3 local - 4 grid - 7 claimed by placeholders"
+            r.idle_slots, 0,
+            "16 - 3 local - 4 grid - 7 claimed by placeholders - 2 by the waiting component"
         );
         assert_eq!(r.local_waiting, 0);
         assert_eq!(

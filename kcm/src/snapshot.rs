@@ -96,9 +96,18 @@ impl Snapshot {
         saturating_sum(self.hosts.iter().map(|h| h.grid))
     }
 
-    /// Slots nobody uses or has claimed (pending placeholders claim theirs).
+    /// Slots nobody uses or has claimed: pending placeholders and pending
+    /// grid components claim theirs (else the slots a component waits for
+    /// would be offered to sweeps again).
     pub fn idle_slots(&self) -> u32 {
-        let claimed = saturating_sum(self.placeholders.iter().map(|p| p.slots));
+        let claimed = saturating_sum(
+            self.placeholders.iter().map(|p| p.slots).chain(
+                self.components
+                    .iter()
+                    .filter(|c| !c.running)
+                    .map(|c| c.slots),
+            ),
+        );
         self.total_slots().saturating_sub(saturating_sum([
             self.local_running(),
             self.grid_running(),
@@ -211,6 +220,22 @@ mod tests {
             snapshot.idle_slots(),
             8 - 1 - 2 - 5,
             "pending ones claim theirs"
+        );
+        let waiting_component = Snapshot {
+            placeholders: Vec::new(),
+            components: vec![ComponentRun {
+                id: "3".into(),
+                job: "g-000000".parse().unwrap(),
+                component: 0,
+                slots: 3,
+                running: false,
+            }],
+            ..snapshot.clone()
+        };
+        assert_eq!(
+            waiting_component.idle_slots(),
+            8 - 1 - 2 - 3,
+            "so does a pending component"
         );
         let loads = snapshot.host_loads();
         assert_eq!((loads[0].free, loads[1].free), (1, 1));
