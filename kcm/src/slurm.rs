@@ -72,7 +72,8 @@ impl SlurmBackend {
     }
 
     /// What every submission says: its name, partition and the site's
-    /// QOS, account and nice value, the script on stdin, no requeue.
+    /// QOS, account and nice value, the script on stdin, no requeue. Time
+    /// limits differ: a placeholder's walltime, a component's own.
     fn sbatch_args(&self, name: String) -> Vec<String> {
         let c = &self.config;
         let mut args = vec![
@@ -91,9 +92,6 @@ impl SlurmBackend {
         if let Some(nice) = c.nice {
             args.push(format!("--nice={nice}"));
         }
-        if let Some(walltime) = c.walltime {
-            args.push(format!("--time={}", slurm_time(walltime)));
-        }
         args
     }
 
@@ -107,6 +105,9 @@ impl SlurmBackend {
             "--ntasks=1".to_owned(),
             format!("--cpus-per-task={each}"),
         ]);
+        if let Some(walltime) = c.walltime {
+            args.push(format!("--time={}", slurm_time(walltime)));
+        }
         // Before the time limit, and at preemption where the site has
         // `preempt_send_user_signal`.
         args.push(format!("--signal=B:USR1@{}", SIGNAL_MARGIN.as_secs()));
@@ -209,7 +210,6 @@ impl Backend for SlurmBackend {
         }
         if let Some(walltime) = spec.walltime_ms {
             let limit = Duration::from_millis(walltime);
-            args.retain(|a| !a.starts_with("--time="));
             args.push(format!("--time={}", slurm_time(limit)));
         }
         let answer = self.run("sbatch", &args, Some(&files.script(spec))).await?;

@@ -47,11 +47,10 @@ pub fn ended(pid: Option<u32>) {
 
 /// Kills and reaps this process's children that are neither a running
 /// task's shell nor in its group; their own orphans come next, so a few
-/// rounds.
+/// rounds. Reaping never waits: one not dead yet is reaped at a later end.
 fn kill_strays(running: &BTreeSet<i32>) {
-    let me = std::process::id() as i32;
     for _ in 0..5 {
-        let strays: Vec<(i32, i32)> = children(me)
+        let strays: Vec<(i32, i32)> = children()
             .into_iter()
             .filter(|(pid, group)| !running.contains(pid) && !running.contains(group))
             .collect();
@@ -63,26 +62,54 @@ fn kill_strays(running: &BTreeSet<i32>) {
                 let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
             }
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            let _ = waitpid(Pid::from_raw(pid), Some(WaitPidFlag::__WALL));
+            let _ = waitpid(
+                Pid::from_raw(pid),
+                Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL),
+            );
         }
     }
 }
 
-/// `(pid, process group)` of the children of `parent`, from `/proc`.
-fn children(parent: i32) -> Vec<(i32, i32)> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
+/// `(pid, process group)` of this process's children: each thread's
+/// `/proc/self/task/<tid>/children` (a few lines, cheap at every task end);
+/// where the kernel lacks those files, every process's `stat`.
+fn children() -> Vec<(i32, i32)> {
+    let listed: Option<Vec<i32>> = std::fs::read_dir("/proc/self/task").ok().and_then(|tasks| {
+        let mut pids = Vec::new();
+        for task in tasks.flatten() {
+            let text = std::fs::read_to_string(task.path().join("children")).ok()?;
+            pids.extend(
+                text.split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok()),
+            );
+        }
+        Some(pids)
+    });
+    let me = std::process::id() as i32;
+    let candidates: Vec<i32> = match listed {
+        Some(pids) => pids,
+        None => std::fs::read_dir("/proc")
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .filter_map(|e| e.file_name().to_str()?.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default(),
     };
-    entries
-        .flatten()
-        .filter_map(|entry| {
-            let pid: i32 = entry.file_name().to_str()?.parse().ok()?;
-            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
-            // After the command name, which may hold anything: state, ppid, pgrp.
-            let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(1);
-            let ppid: i32 = fields.next()?.parse().ok()?;
-            let group: i32 = fields.next()?.parse().ok()?;
-            (ppid == parent).then_some((pid, group))
+    candidates
+        .into_iter()
+        .filter_map(|pid| {
+            let (ppid, group) = parent_and_group(pid)?;
+            (ppid == me).then_some((pid, group))
         })
         .collect()
+}
+
+/// A process's parent and process group, from its `stat`.
+fn parent_and_group(pid: i32) -> Option<(i32, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name, which may hold anything: state, ppid, pgrp.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(1);
+    Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
 }
