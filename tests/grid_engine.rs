@@ -238,10 +238,10 @@ fn failing_clusters_are_reported_and_the_others_keep_working() {
         &config(&[("c1", &missing), ("c2", refusing), ("c3", good)]),
     );
     g.start("up", &["up"]);
-    let job = g.submit(&sweep("survivor", 16, "sleep 0.5; echo {n}"));
+    let job = g.submit(&sweep("survivor", 48, "sleep 0.5; echo {n}"));
     assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
     let tasks = by_task(&g.index(&job));
-    assert_eq!(tasks.len(), 16);
+    assert_eq!(tasks.len(), 48);
     assert!(tasks.values().all(|t| t["cluster"] == "c3"));
 
     let status = g.status().expect("status");
@@ -271,6 +271,49 @@ fn failing_clusters_are_reported_and_the_others_keep_working() {
     let log = g.log("up");
     assert!(
         log.contains("cannot read the batch system") && log.contains("cannot submit launchers")
+    );
+}
+
+#[test]
+fn placeholders_whose_launcher_cannot_start_exclude_their_cluster() {
+    let queues = SgeQueues::new(2, 4);
+    let (broken, good) = (&queues.names[0], &queues.names[1]);
+    let mut g = gleaner("sge-dead-on-arrival");
+    // c1's nodes have no gleaner where the kcm says: every placeholder
+    // starts and ends at once, without its launcher reaching the broker.
+    let config = config(&[("c1", broken), ("c2", good)]).replacen(
+        "h_rt",
+        "launcher_program = \"/nonexistent/gleaner\"\nh_rt",
+        1,
+    );
+    g.write("gleaner.toml", &config);
+    g.start("up", &["up"]);
+    let job = g.submit(&sweep("elsewhere", 60, "sleep 0.5; echo {n}"));
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 60);
+    assert!(tasks.values().all(|t| t["cluster"] == "c2"));
+
+    let status = g.status().expect("status");
+    let c1 = status["clusters"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["report"]["cluster"] == "c1"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(c1["excluded"], true, "{c1}");
+    let error = c1["report"]["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("ended before its launcher reached the broker"),
+        "{error}"
+    );
+    let log = g.log("up");
+    let submitted = log
+        .lines()
+        .filter(|l| l.contains("launchers submitted") && l.contains("cluster=c1"))
+        .count();
+    assert!(
+        (1..=2).contains(&submitted),
+        "c1 got {submitted} grows after its launchers failed"
     );
 }
 

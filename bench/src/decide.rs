@@ -25,32 +25,38 @@ fn state(clusters: usize, jobs: usize, grid: usize, config: &StateConfig, now: I
         state.on_job_update(report(id, JobKind::Grid, vec![70]), now);
     }
     for c in 0..clusters {
-        let holders: BTreeMap<JobId, Holding> = (0..6)
-            .map(|k| {
-                (
-                    ids[(c * 7 + k * 131) % jobs].clone(),
-                    Holding {
-                        running: 10,
-                        pending: 0,
-                    },
-                )
-            })
-            .collect();
-        let report = ClusterReport {
-            cluster: format!("c{c}").into(),
-            backend: "sge".into(),
-            total_slots: 100,
-            idle_slots: 20,
-            local_slots: 20,
-            jobs: holders,
-            ..ClusterReport::default()
-        };
-        state.on_cluster(report, now, config);
+        state.on_cluster(cluster_report(c, &ids), now, config);
     }
     state
 }
 
-fn report(job: JobId, kind: JobKind, components: Vec<u32>) -> JobReport {
+/// Cluster `c` of the grid: 100 slots, 20 used by local jobs, 60 by six of
+/// `ids`, 20 idle.
+pub fn cluster_report(c: usize, ids: &[JobId]) -> ClusterReport {
+    let jobs = (0..6)
+        .map(|k| {
+            (
+                ids[(c * 7 + k * 131) % ids.len()].clone(),
+                Holding {
+                    running: 10,
+                    pending: 0,
+                },
+            )
+        })
+        .collect();
+    ClusterReport {
+        cluster: format!("c{c}").into(),
+        backend: "sge".into(),
+        total_slots: 100,
+        idle_slots: 20,
+        local_slots: 20,
+        jobs,
+        ..ClusterReport::default()
+    }
+}
+
+/// A hungry scavenging job, or a waiting grid job of `components`.
+pub fn report(job: JobId, kind: JobKind, components: Vec<u32>) -> JobReport {
     JobReport {
         job,
         kind,

@@ -4,6 +4,7 @@
 
 mod decide;
 mod fairness;
+mod inbox;
 mod measure;
 mod sge;
 mod slurm;
@@ -55,6 +56,22 @@ enum Bench {
         jobs: usize,
         #[arg(long, default_value_t = 10)]
         grid: usize,
+    },
+    /// The scheduler service over the broker: every cluster reporting each
+    /// second, every job at the runners' heartbeat; inbox lag and CPU.
+    Inbox {
+        #[arg(long, default_value_t = 1000)]
+        clusters: usize,
+        #[arg(long, default_value_t = 10_000)]
+        jobs: usize,
+        /// How often each job reports (the runners' heartbeat).
+        #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+        job_report: Duration,
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Another build's `gleaner` to run the same load against, first.
+        #[arg(long)]
+        baseline: Option<PathBuf>,
     },
     /// Grid Engine: the same tasks by launchers and by one qsub per task.
     SgeLaunchers {
@@ -143,6 +160,21 @@ fn main() -> anyhow::Result<()> {
         } => {
             decide::round(clusters, jobs, grid);
             Ok(())
+        }
+        Bench::Inbox {
+            clusters,
+            jobs,
+            job_report,
+            seconds,
+            baseline,
+        } => {
+            let exe = gleaner_binary()?;
+            let mut builds = Vec::new();
+            if let Some(baseline) = &baseline {
+                builds.push(("baseline", baseline.as_path()));
+            }
+            builds.push(("this build", exe.as_path()));
+            inbox::lag(&builds, clusters, jobs, job_report, seconds)
         }
         Bench::SgeLaunchers {
             tasks,

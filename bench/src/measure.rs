@@ -18,12 +18,12 @@ const TIMEOUT: Duration = Duration::from_secs(900);
 
 /// CPU seconds of a process: its own, and that of its reaped children.
 #[derive(Debug, Clone, Copy, Default)]
-struct Cpu {
-    own: f64,
-    children: f64,
+pub struct Cpu {
+    pub own: f64,
+    pub children: f64,
 }
 
-fn cpu(pid: u32) -> Cpu {
+pub fn cpu(pid: u32) -> Cpu {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
         return Cpu::default();
     };

@@ -109,6 +109,28 @@ impl Publisher {
         }
     }
 
+    /// [`Publisher::deliver`] for many messages, pipelined: one `bool` per
+    /// message, `false` where its queue is gone.
+    pub async fn deliver_all<M: Message>(
+        &self,
+        mail: &[(String, M)],
+    ) -> Result<Vec<bool>, BrokerError> {
+        let mut pending = Vec::with_capacity(mail.len());
+        for (queue, msg) in mail {
+            let properties = self.properties(msg.kind()).with_delivery_mode(PERSISTENT);
+            pending.push(self.start("", queue, msg, properties, true).await?);
+        }
+        let mut delivered = Vec::with_capacity(mail.len());
+        for (confirm, (queue, _)) in pending.into_iter().zip(mail) {
+            delivered.push(match check(confirm.await?, queue) {
+                Ok(()) => true,
+                Err(e) if e.is_not_found() => false,
+                Err(e) => return Err(e),
+            });
+        }
+        Ok(delivered)
+    }
+
     /// Sends every message to `queue`, pipelined, and waits for all confirms.
     pub async fn send_all<'a, M: Message + 'a>(
         &self,

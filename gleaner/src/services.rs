@@ -46,8 +46,14 @@ pub async fn runner(settings: &Settings, shutdown: CancellationToken) -> anyhow:
 
 /// How this very binary starts a launcher, with the settings it runs under:
 /// the same configuration file and `GLEANER_*` overrides, wherever it runs.
-fn launcher_command(settings: &Settings) -> anyhow::Result<LauncherCommand> {
-    let program = std::env::current_exe().context("cannot find the gleaner executable")?;
+fn launcher_command(
+    settings: &Settings,
+    cluster: &ClusterConfig,
+) -> anyhow::Result<LauncherCommand> {
+    let program = match &cluster.launcher_program {
+        Some(program) => program.clone(),
+        None => std::env::current_exe().context("cannot find the gleaner executable")?,
+    };
     let mut env = crate::settings::environment_overrides();
     env.retain(|(key, _)| key != "GLEANER_BROKER_URL");
     env.push(("GLEANER_BROKER_URL".to_owned(), settings.broker_url.clone()));
@@ -75,16 +81,16 @@ pub async fn kcm(
                 &cluster.name,
                 slots,
                 cluster.launcher_slots,
-                launcher_command(settings)?,
+                launcher_command(settings, cluster)?,
             );
             gleaner_kcm::run(broker, config, backend, shutdown).await;
         }
         BackendKind::Sge => {
-            let backend = SgeBackend::new(cluster.sge(launcher_command(settings)?));
+            let backend = SgeBackend::new(cluster.sge(launcher_command(settings, cluster)?));
             gleaner_kcm::run(broker, config, backend, shutdown).await;
         }
         BackendKind::Slurm => {
-            let backend = SlurmBackend::new(cluster.slurm(launcher_command(settings)?));
+            let backend = SlurmBackend::new(cluster.slurm(launcher_command(settings, cluster)?));
             gleaner_kcm::run(broker, config, backend, shutdown).await;
         }
     }

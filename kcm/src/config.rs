@@ -61,6 +61,10 @@ pub struct ClusterConfig {
     /// cluster's own jobs).
     #[serde(default)]
     pub nice: Option<i32>,
+    /// The `gleaner` binary on the cluster's nodes, when it is not where the
+    /// kcm's own is (default: the kcm's own path).
+    #[serde(default)]
+    pub launcher_program: Option<PathBuf>,
     /// `sge`, `slurm`: where placeholders' output goes (discarded when unset).
     #[serde(default)]
     pub log_dir: Option<PathBuf>,
@@ -132,6 +136,7 @@ impl ClusterConfig {
             qos: None,
             account: None,
             nice: None,
+            launcher_program: None,
             log_dir: None,
             command_timeout: default_command_timeout(),
             max_pending: default_max_pending(),

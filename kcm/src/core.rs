@@ -150,6 +150,9 @@ struct TrackedComponent {
 /// never seen and with no exit status, is reported as ended.
 const COMPONENT_VANISHED: Duration = Duration::from_secs(60);
 
+/// How long a launcher's word is kept for a placeholder not seen yet.
+const HEARD_KEPT: Duration = Duration::from_secs(600);
+
 /// Removals waiting for their grace period to pass.
 #[derive(Debug)]
 struct Removal {
@@ -170,7 +173,18 @@ pub struct KcmCore {
     command_error: Option<String>,
     /// The last failure to read the batch system (cleared by the next read).
     read_error: Option<String>,
+    /// Consecutive starts that failed: refused by the batch system, or a
+    /// placeholder that ended before its launcher reached the broker.
+    /// Cleared only by a launcher that reached it.
     failed_starts: u32,
+    /// Why the last placeholder that ended at once did.
+    start_error: Option<String>,
+    /// Placeholders whose launcher reached the broker, and when it said so.
+    heard: BTreeMap<String, Instant>,
+    /// Placeholders this kcm asked the batch system to remove.
+    withdrawn: BTreeSet<String>,
+    /// The first reading is done: what it found ran under an earlier kcm.
+    adopted: bool,
     /// Placeholders withdrawn for waiting too long since one last ran:
     /// failed starts too, cleared only by a placeholder that runs.
     stuck_starts: u32,
@@ -195,6 +209,10 @@ impl KcmCore {
             command_error: None,
             read_error: None,
             failed_starts: 0,
+            start_error: None,
+            heard: BTreeMap::new(),
+            withdrawn: BTreeSet::new(),
+            adopted: false,
             stuck_starts: 0,
             pending_since: BTreeMap::new(),
             blocked: None,
@@ -205,6 +223,16 @@ impl KcmCore {
 
     /// Decides what `event`, at `now`, calls for.
     pub fn handle(&mut self, event: Event, now: Now) -> Vec<Effect> {
+        let effects = self.decide(event, now);
+        for effect in &effects {
+            if let Effect::Remove { ids } = effect {
+                self.withdrawn.extend(ids.iter().cloned());
+            }
+        }
+        effects
+    }
+
+    fn decide(&mut self, event: Event, now: Now) -> Vec<Effect> {
         match event {
             Event::Message(message) => self.on_message(message, now),
             Event::Polled { snapshot, spooled } => self.on_poll(snapshot, &spooled, now),
@@ -225,7 +253,6 @@ impl KcmCore {
                 match result {
                     Ok(started) => {
                         info!(job = %job, cluster = %cluster, grant = %grant, requested, started, "launchers submitted");
-                        self.failed_starts = 0;
                         self.command_error = None;
                     }
                     Err(e) => {
@@ -284,6 +311,17 @@ impl KcmCore {
                 let mut effects = self.end_job(&job, now);
                 effects.push(Effect::PollNow);
                 effects
+            }
+            KcmMsg::LauncherUp { launcher } => {
+                if let Some(id) = naming::batch_id(&self.config.cluster, &launcher) {
+                    self.heard.insert(id.to_owned(), now.instant);
+                }
+                if self.failed_starts > 0 {
+                    info!(cluster = %self.config.cluster, launcher = %launcher, failures = self.failed_starts, "a launcher reached the broker: starts work again");
+                }
+                self.failed_starts = 0;
+                self.start_error = None;
+                Vec::new()
             }
             KcmMsg::SubmitComponent(spec) => vec![
                 // Left over from an earlier run of the same component.
@@ -377,6 +415,7 @@ impl KcmCore {
                     self.stuck_starts = 0;
                     self.blocked = None;
                 }
+                self.count_early_ends(&snapshot, now);
                 self.last = snapshot;
                 effects.extend(self.settle_components(spooled, now));
                 effects.extend(self.make_room(now));
@@ -389,6 +428,48 @@ impl KcmCore {
         }
         effects.extend(self.due_removals(now));
         effects
+    }
+
+    /// Placeholders that left the batch system without their launcher ever
+    /// reaching the broker, and not because this kcm removed them: the
+    /// launcher cannot run there (a wrong path, a missing library, no
+    /// route to the broker), so each is a failed start.
+    fn count_early_ends(&mut self, next: &Snapshot, now: Now) {
+        if !self.adopted {
+            // An earlier kcm's: their launchers told it.
+            self.adopted = true;
+            for placeholder in next.placeholders.iter().filter(|p| p.running()) {
+                self.heard.insert(placeholder.id.clone(), now.instant);
+            }
+            return;
+        }
+        let still: BTreeSet<&str> = next.placeholders.iter().map(|p| p.id.as_str()).collect();
+        let gone: Vec<Placeholder> = self
+            .last
+            .placeholders
+            .iter()
+            .filter(|p| !still.contains(p.id.as_str()))
+            .cloned()
+            .collect();
+        for placeholder in gone {
+            let heard = self.heard.remove(&placeholder.id).is_some();
+            if self.withdrawn.remove(&placeholder.id) || heard {
+                continue;
+            }
+            self.failed_starts = self.failed_starts.saturating_add(1);
+            let host = placeholder.host.as_deref().unwrap_or("before it ran");
+            error!(job = %placeholder.job, cluster = %self.config.cluster, placeholder = %placeholder.id, host, failures = self.failed_starts, "placeholder ended before its launcher reached the broker");
+            self.start_error = Some(format!(
+                "placeholder {} ({host}) ended before its launcher reached the broker; its output (log_dir) says why",
+                placeholder.id
+            ));
+        }
+        self.withdrawn.retain(|id| still.contains(id.as_str()));
+        // A launcher may speak before the kcm sees its placeholder; one
+        // never seen at all is forgotten after a while.
+        self.heard.retain(|id, at| {
+            still.contains(id.as_str()) || now.instant.saturating_duration_since(*at) < HEARD_KEPT
+        });
     }
 
     /// The components that left the batch system, to be reported to their
@@ -720,6 +801,7 @@ impl KcmCore {
             error: self
                 .command_error
                 .clone()
+                .or_else(|| self.start_error.clone())
                 .or_else(|| self.read_error.clone())
                 .or_else(|| snapshot.problem.clone()),
             failed_starts: self.failed_starts.saturating_add(self.stuck_starts),
@@ -1188,6 +1270,73 @@ mod tests {
         };
         kcm.handle(event, clock.at(0));
         let r = report(&mut kcm, clock.at(0));
+        assert_eq!(
+            (r.failed_starts, r.error),
+            (2, None),
+            "submitted is not started yet"
+        );
+        let up = KcmMsg::LauncherUp {
+            launcher: naming::launcher_id(&"c1".into(), "7.1"),
+        };
+        message(&mut kcm, up, clock.at(1_000));
+        assert_eq!(report(&mut kcm, clock.at(1_000)).failed_starts, 0);
+    }
+
+    #[test]
+    fn placeholders_that_end_before_their_launcher_speaks_are_failed_starts() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let a = job("a");
+        let at = |id: &str, host: Option<&str>| Placeholder {
+            id: id.into(),
+            job: a.clone(),
+            slots: 1,
+            host: host.map(str::to_owned),
+        };
+        let b = job("b");
+        let of_b = Placeholder {
+            job: b.clone(),
+            ..at("4.1", None)
+        };
+        // Adopted from an earlier kcm: ending is not news.
+        poll(
+            &mut kcm,
+            cluster(4, vec![at("1.1", Some("n1"))]),
+            clock.at(0),
+        );
+        let two = vec![at("2.1", None), at("2.2", None)];
+        poll(&mut kcm, cluster(4, two), clock.at(1_000));
+        assert_eq!(report(&mut kcm, clock.at(1_000)).failed_starts, 0);
+        // 2.1 ran and ended unheard; 2.2 ended before it even ran.
+        let next = vec![
+            at("2.1", Some("n1")),
+            at("2.2", None),
+            at("3.1", None),
+            of_b.clone(),
+        ];
+        poll(&mut kcm, cluster(4, next), clock.at(2_000));
+        poll(
+            &mut kcm,
+            cluster(4, vec![at("3.1", None), of_b]),
+            clock.at(3_000),
+        );
+        let r = report(&mut kcm, clock.at(3_000));
+        assert_eq!(r.failed_starts, 2);
+        let error = r.error.unwrap_or_default();
+        assert!(
+            error.contains("before its launcher reached the broker"),
+            "{error}"
+        );
+        // 3.1's launcher speaks before the kcm sees it run, and clears the
+        // count; 4.1 is removed by the kcm. Neither ending is a failure.
+        let up = KcmMsg::LauncherUp {
+            launcher: naming::launcher_id(&"c1".into(), "3.1"),
+        };
+        message(&mut kcm, up, clock.at(3_500));
+        let effects = message(&mut kcm, KcmMsg::JobEnded { job: b }, clock.at(3_500));
+        assert_eq!(removed(&effects), [["4.1"]]);
+        poll(&mut kcm, cluster(4, Vec::new()), clock.at(4_000));
+        let r = report(&mut kcm, clock.at(4_000));
         assert_eq!((r.failed_starts, r.error), (0, None));
     }
 

@@ -25,12 +25,12 @@ use std::{
 
 use gleaner_broker::{
     Broker, BrokerError, ConsumeOptions, Inbox, Incoming, Publisher,
-    topology::{JobQueues, declare_launcher},
+    topology::{JobQueues, declare_launcher, kcm_queue},
 };
 use gleaner_manifest::JobId;
 use gleaner_protocol::{
-    Captured, ClusterName, ControlMsg, LauncherId, LauncherInfo, LauncherMsg, LauncherStatus,
-    ResultMsg, RunStatus, RunningTask, TaskMsg, now_ms,
+    Captured, ClusterName, ControlMsg, KcmMsg, LauncherId, LauncherInfo, LauncherMsg,
+    LauncherStatus, ResultMsg, RunStatus, RunningTask, TaskMsg, now_ms,
 };
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -203,6 +203,13 @@ pub async fn run(
     let publisher = connection.publisher().await?;
     let queues = JobQueues::new(&config.job);
     let tag = format!("launcher@{}/{}", config.host, config.slot);
+    // First of all, so that its kcm counts this start as a good one.
+    let up = KcmMsg::LauncherUp {
+        launcher: config.id.clone(),
+    };
+    if !publisher.deliver(&kcm_queue(&config.cluster), &up).await? {
+        debug!(launcher = %config.id, cluster = %config.cluster, "no kcm queue to tell that the launcher is up");
+    }
 
     let own_channel = connection.channel().await?;
     let own_queue = declare_launcher(&own_channel, &config.id).await?;

@@ -322,6 +322,9 @@ pub enum KcmMsg {
     JobEnded { job: JobId },
     /// Run one component of a grid job as an ordinary batch job.
     SubmitComponent(ComponentSpec),
+    /// A launcher reached the broker: its placeholder started well. One
+    /// that leaves the batch system without saying so is a failed start.
+    LauncherUp { launcher: LauncherId },
 }
 
 /// One rigid component of a grid job, as the kcm submits it.
@@ -346,6 +349,7 @@ impl Message for KcmMsg {
             Self::Release { .. } => "release",
             Self::JobEnded { .. } => "job_ended",
             Self::SubmitComponent(_) => "submit_component",
+            Self::LauncherUp { .. } => "launcher_up",
         }
     }
 }

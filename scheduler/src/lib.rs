@@ -18,12 +18,19 @@ use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
     topology::{self, JobQueues, SCHEDULER_QUEUE},
 };
-use gleaner_protocol::{GrantId, SchedulerMsg, now_ms};
+use gleaner_manifest::JobId;
+use gleaner_protocol::{ControlMsg, GrantId, SchedulerMsg, now_ms};
 use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::state::{Reaction, State, StateConfig};
+use crate::state::{Reaction, RoundClock, State, StateConfig};
+
+/// Inbox messages acknowledged at once under load.
+const ACK_EVERY: u16 = 64;
+/// How long a quiet inbox keeps its last messages unacknowledged.
+const ACK_IDLE: Duration = Duration::from_millis(5);
 
 /// `[scheduler]` of the configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -34,6 +41,10 @@ pub struct SchedulerConfig {
     /// How often a round runs even without news.
     #[serde(with = "humantime_serde")]
     pub round_interval: Duration,
+    /// The least time between two rounds when news (a new job) calls for
+    /// one before the timer.
+    #[serde(with = "humantime_serde")]
+    pub round_min_gap: Duration,
 }
 
 impl Default for SchedulerConfig {
@@ -41,6 +52,7 @@ impl Default for SchedulerConfig {
         Self {
             state: StateConfig::default(),
             round_interval: Duration::from_secs(1),
+            round_min_gap: Duration::from_millis(200),
         }
     }
 }
@@ -76,8 +88,16 @@ async fn session(
         )
         .await?;
     info!(scheduler = %connection.identity(), policy = config.state.policy.policy.name(), "scheduler consuming (active once the broker hands it the inbox)");
-    let mut rounds = tokio::time::interval(config.round_interval);
-    rounds.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut clock = RoundClock::new(config.round_interval, config.round_min_gap, Instant::now());
+    // Rounds are posted by a task of their own, so that a round of
+    // thousands of offers does not keep the inbox waiting.
+    let (mail, outbox) = mpsc::channel(4);
+    let (gone, mut forgotten) = mpsc::unbounded_channel();
+    let mut postman = tokio::spawn(post(publisher.clone(), outbox, gone));
+    // Acknowledged together, every `ACK_EVERY` messages or once the inbox is
+    // quiet: one ack each costs more than reading the message at grid scale,
+    // and an unacked report read again after a crash only repeats news.
+    let (mut unacked, mut last) = (0u16, None);
     loop {
         tokio::select! {
             message = inbox.next() => {
@@ -94,31 +114,68 @@ async fn session(
                         warn!(error = %e, "cannot answer a status request");
                     }
                 }
-                incoming.ack().await?;
                 if reaction == Reaction::Round {
-                    round(state, config, &publisher).await?;
+                    clock.hurry(now);
+                }
+                unacked += 1;
+                if unacked >= ACK_EVERY {
+                    incoming.ack_up_to_here().await?;
+                    (unacked, last) = (0, None);
+                } else {
+                    last = Some(incoming);
                 }
             }
-            _ = rounds.tick() => round(state, config, &publisher).await?,
-            () = shutdown.cancelled() => return Ok(()),
+            () = tokio::time::sleep(ACK_IDLE), if last.is_some() => {
+                if let Some(incoming) = last.take() {
+                    incoming.ack_up_to_here().await?;
+                }
+                unacked = 0;
+            }
+            () = tokio::time::sleep_until(clock.next().into()) => {
+                let now = Instant::now();
+                let actions: Vec<_> = state.round(now, &config.state).into_iter().map(outbox::message).collect();
+                clock.ran(now);
+                if !actions.is_empty() && mail.send(actions).await.is_err() {
+                    return postman.await.unwrap_or_else(|e| Err(BrokerError::Connect(e.to_string())));
+                }
+            }
+            Some(job) = forgotten.recv() => {
+                debug!(job = %job, "job has no control queue any more; forgotten");
+                state.on_job_done(&job);
+            }
+            posted = &mut postman => {
+                return posted.unwrap_or_else(|e| Err(BrokerError::Connect(e.to_string())));
+            }
+            () = shutdown.cancelled() => {
+                drop(mail);
+                return postman.await.unwrap_or_else(|e| Err(BrokerError::Connect(e.to_string())));
+            }
         }
     }
 }
 
-/// Runs the policy and sends its decisions to the jobs' runners.
-async fn round(
-    state: &mut State,
-    config: &SchedulerConfig,
-    publisher: &Publisher,
+/// Sends each round's decisions to the jobs' runners, pipelined (a round at
+/// grid scale makes thousands of offers), and names the jobs whose control
+/// queue is gone. Ends when the session drops `mail`, or at the first
+/// broker error.
+async fn post(
+    publisher: Publisher,
+    mut mail: mpsc::Receiver<Vec<(JobId, ControlMsg)>>,
+    gone: mpsc::UnboundedSender<JobId>,
 ) -> Result<(), BrokerError> {
-    for action in state.round(Instant::now(), &config.state) {
-        let (job, message) = outbox::message(action);
-        if !publisher
-            .deliver(&JobQueues::new(&job).control, &message)
-            .await?
-        {
-            debug!(job = %job, "job has no control queue any more; forgotten");
-            state.on_job_done(&job);
+    while let Some(round) = mail.recv().await {
+        let (jobs, letters): (Vec<_>, Vec<_>) = round
+            .into_iter()
+            .map(|(job, message)| {
+                let queue = JobQueues::new(&job).control;
+                (job, (queue, message))
+            })
+            .unzip();
+        let delivered = publisher.deliver_all(&letters).await?;
+        for (job, delivered) in jobs.into_iter().zip(delivered) {
+            if !delivered && gone.send(job).is_err() {
+                return Ok(());
+            }
         }
     }
     Ok(())

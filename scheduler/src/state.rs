@@ -102,11 +102,50 @@ pub enum Action {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reaction {
     Nothing,
-    /// Run a round now rather than at the next tick: a cluster reported,
-    /// or a job is new and need not wait.
+    /// Run a round soon rather than at the next tick: a job is new and need
+    /// not wait. Cluster reports only update the picture: at grid scale they
+    /// arrive by the thousand each second.
     Round,
     /// Answer the sender with [`State::status`].
     Status,
+}
+
+/// When the next round is due: every `interval`, and sooner after news that
+/// should not wait for the timer (a new job), but never sooner than
+/// `min_gap` after the last round, so that a burst of news (every runner
+/// reporting to a new scheduler) costs a few rounds, not one each.
+#[derive(Debug, Clone, Copy)]
+pub struct RoundClock {
+    interval: Duration,
+    min_gap: Duration,
+    last: Instant,
+    next: Instant,
+}
+
+impl RoundClock {
+    pub fn new(interval: Duration, min_gap: Duration, now: Instant) -> Self {
+        Self {
+            interval,
+            min_gap,
+            last: now,
+            next: now + interval,
+        }
+    }
+
+    pub fn next(&self) -> Instant {
+        self.next
+    }
+
+    /// Brings the next round forward, as far as `min_gap` allows.
+    pub fn hurry(&mut self, now: Instant) {
+        self.next = self.next.min(now.max(self.last + self.min_gap));
+    }
+
+    /// A round ran at `now`: the next one is a whole interval away.
+    pub fn ran(&mut self, now: Instant) {
+        self.last = now;
+        self.next = now + self.interval;
+    }
 }
 
 #[derive(Debug)]
@@ -205,7 +244,7 @@ impl State {
             }
             SchedulerMsg::ClusterStatus(report) => {
                 self.on_cluster(report, now, config);
-                Reaction::Round
+                Reaction::Nothing
             }
             SchedulerMsg::GrowAck {
                 grant,
@@ -673,7 +712,7 @@ mod tests {
     }
 
     #[test]
-    fn a_round_follows_each_cluster_report_and_each_new_job() {
+    fn a_round_follows_each_new_job_but_not_cluster_reports() {
         let config = StateConfig::default();
         let now = Instant::now();
         let mut state = State::new(GrantId::new(1));
@@ -681,12 +720,32 @@ mod tests {
         assert_eq!(state.on_message(update(), now, &config), Reaction::Round);
         assert_eq!(state.on_message(update(), now, &config), Reaction::Nothing);
         let report = SchedulerMsg::ClusterStatus(cluster_report(8, &[], vec![]));
-        assert_eq!(state.on_message(report, now, &config), Reaction::Round);
+        assert_eq!(state.on_message(report, now, &config), Reaction::Nothing);
         let status = SchedulerMsg::StatusRequest {};
         assert_eq!(state.on_message(status, now, &config), Reaction::Status);
         let done = SchedulerMsg::JobDone { job: job("a") };
         assert_eq!(state.on_message(done, now, &config), Reaction::Nothing);
         assert!(state.round(now, &config).is_empty(), "a is forgotten");
+    }
+
+    #[test]
+    fn news_brings_a_round_forward_but_bursts_share_one() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let mut clock = RoundClock::new(ms(1000), ms(200), t0);
+        assert_eq!(clock.next(), t0 + ms(1000));
+        clock.hurry(t0 + ms(500));
+        assert_eq!(clock.next(), t0 + ms(500), "due at once");
+        clock.ran(t0 + ms(500));
+        clock.hurry(t0 + ms(510));
+        clock.hurry(t0 + ms(520));
+        assert_eq!(
+            clock.next(),
+            t0 + ms(700),
+            "not sooner than min_gap after the last"
+        );
+        clock.ran(t0 + ms(700));
+        assert_eq!(clock.next(), t0 + ms(1700), "then on the timer again");
     }
 
     #[test]

@@ -486,6 +486,11 @@ impl<'a> Sim<'a> {
             .into_iter()
             .map(|(j, message)| Mail::Runner(self.ids[j].clone(), message))
             .chain(out.results.into_iter().map(Mail::Result))
+            .chain(
+                out.up
+                    .into_iter()
+                    .map(|(cluster, launcher)| Mail::Kcm(cluster, KcmMsg::LauncherUp { launcher })),
+            )
             .collect()
     }
 
