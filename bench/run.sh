@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark against the release build; prints Markdown rows for
-# BENCHMARKS.md. Run it on an otherwise idle machine.
+# BENCHMARKS.md. Run it on an otherwise idle machine. BASELINE=path/to/gleaner
+# of another build runs it side by side where a benchmark compares builds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/rabbitmq/setup.sh
@@ -67,6 +68,11 @@ echo "## scheduler: decision time"
 echo "| policy | clusters | jobs | grid jobs | offers / shrinks / placements | best (ms) | median (ms) |"
 echo "|---|---|---|---|---|---|---|"
 "$bench" decide --clusters 1000 --jobs 10000 --grid 10
+
+echo "## scheduler: inbox lag at grid scale"
+echo "| build | clusters | jobs | messages/s | inbox lag p50 / p99 / worst (s) | most messages waiting | scheduler CPU |"
+echo "|---|---|---|---|---|---|---|"
+"$bench" inbox --clusters 1000 --jobs 10000 --seconds 60 ${BASELINE:+--baseline "$BASELINE"}
 
 echo "## simulator: DAS-3 fairness (seed 000, section 4.4)"
 echo "| workload | policy | throughput of the 3 jobs (tasks/s) | preemptions | spread | local jobs added wait, mean / worst (s) | grid jobs added wait, mean / worst (s) |"

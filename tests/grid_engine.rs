@@ -318,6 +318,53 @@ fn placeholders_whose_launcher_cannot_start_exclude_their_cluster() {
 }
 
 #[test]
+fn a_grid_job_that_loses_a_component_runs_again_whole() {
+    let queues = SgeQueues::new(2, 4);
+    let mut g = gleaner("sge-lost-component");
+    g.write(
+        "gleaner.toml",
+        &config(&[("c1", &queues.names[0]), ("c2", &queues.names[1])]),
+    );
+    g.start("up", &["up"]);
+    // The first run's components wait until stopped; the second's end at once.
+    let again = g.path().join("again");
+    let command = format!("test -e {} || sleep 300; echo ran", again.display());
+    let job = g.submit(&format!(
+        "name = \"rigid\"\nkind = \"grid\"\n\
+         [[component]]\nslots = 3\ncommand = \"{command}\"\n\
+         [[component]]\nslots = 3\ncommand = \"{command}\"\n"
+    ));
+    let components = || -> Vec<(String, gleaner_testkit::SgeJob)> {
+        queues
+            .names
+            .iter()
+            .flat_map(|q| queues.jobs(q).into_iter().map(move |j| (q.clone(), j)))
+            .filter(|(_, j)| j.name.starts_with(COMPONENT_PREFIX))
+            .collect()
+    };
+    wait_for("both components to run", MINUTE, || {
+        let running = components();
+        running.len() == 2 && running.iter().all(|(_, j)| j.state.contains('r'))
+    });
+    // One component vanishes without an exit status, as with its host.
+    std::fs::write(&again, "").expect("marker");
+    let (_, lost) = components().remove(0);
+    sge("qdel", &[&lost.number]);
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 2, "one index line per component");
+    assert!(
+        tasks.values().all(|t| t["status"] == "succeeded"),
+        "{tasks:?}"
+    );
+    let file = g.job_file(&job).expect("job file");
+    assert_eq!(file["restarts"], 1);
+    let log = g.log("up");
+    assert!(log.contains("grid component lost"), "{log}");
+    assert!(components().is_empty(), "nothing left in the queues");
+}
+
+#[test]
 fn launchers_leave_before_their_placeholder_walltime_without_losing_a_task() {
     let queues = SgeQueues::new(1, 2);
     let queue = &queues.names[0];

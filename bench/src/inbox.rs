@@ -120,26 +120,35 @@ async fn drive(
     }
     let elapsed = started.elapsed().as_secs_f64();
     let cpu = measure::cpu(pid).own - cpu_before;
-    // Until every message sent has been read, so that each has a lag.
-    while read.last().is_none_or(|(_, n)| *n < total) {
+    // Until every message sent has been read, so that each has a lag, or
+    // for a minute: a scheduler that fell behind may never catch up.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while read.last().is_none_or(|(_, n)| *n < total) && Instant::now() < deadline {
         tokio::time::sleep(SAMPLE_EVERY).await;
         let depth = depth(&channel).await?;
         read.push((Instant::now(), total.saturating_sub(u64::from(depth))));
     }
+    let unread = total.saturating_sub(read.last().map_or(0, |(_, n)| *n));
+    let oldest_unread = sent
+        .iter()
+        .find(|(_, n)| *n > total - unread)
+        .map(|(at, _)| at.elapsed().as_secs_f64());
     connection.close().await;
     let mut lags = lags(&sent, &read);
+    // Slices never read wait longer than the oldest of them has so far.
+    lags.resize(sent.len(), f64::INFINITY);
     lags.sort_by(f64::total_cmp);
-    let at = |q: f64| {
-        lags.get(((lags.len() as f64 - 1.0) * q) as usize)
-            .copied()
-            .unwrap_or(f64::NAN)
+    let at = |q: f64| match lags.get(((lags.len() as f64 - 1.0) * q) as usize) {
+        Some(lag) if lag.is_finite() => format!("{lag:.2}"),
+        _ => format!("> {:.0}", oldest_unread.unwrap_or(f64::NAN)),
     };
+    let mut lag = format!("{} / {} / {}", at(0.5), at(0.99), at(1.0));
+    if unread > 0 {
+        lag.push_str(&format!(" ({unread} never read)"));
+    }
     Ok(format!(
-        "| {clusters} | {jobs} | {:.0} | {:.2} / {:.2} / {:.2} | {max_depth} | {:.0} % |",
+        "| {clusters} | {jobs} | {:.0} | {lag} | {max_depth} | {:.0} % |",
         total as f64 / elapsed,
-        at(0.5),
-        at(0.99),
-        at(1.0),
         100.0 * cpu / elapsed,
     ))
 }

@@ -169,6 +169,7 @@ fn main() -> anyhow::Result<()> {
             baseline,
         } => {
             let exe = gleaner_binary()?;
+            let baseline = baseline.map(std::fs::canonicalize).transpose()?;
             let mut builds = Vec::new();
             if let Some(baseline) = &baseline {
                 builds.push(("baseline", baseline.as_path()));

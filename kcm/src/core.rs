@@ -725,7 +725,24 @@ impl KcmCore {
             )
             .collect();
         let running: Vec<String> = running.iter().map(|p| p.id.clone()).collect();
-        let mut effects = Vec::new();
+        // Its components are stopped, not ended: their job has stopped
+        // listening for them (or will place them again).
+        let stopped: Vec<u32> = self
+            .components
+            .keys()
+            .filter(|(j, _)| j == job)
+            .map(|(_, component)| *component)
+            .collect();
+        let mut effects: Vec<Effect> = stopped
+            .into_iter()
+            .map(|component| {
+                self.components.remove(&(job.clone(), component));
+                Effect::DeleteSpoolEntry {
+                    job: job.clone(),
+                    component,
+                }
+            })
+            .collect();
         if !pending.is_empty() {
             info!(job = %job, cluster = %self.config.cluster, placeholders = pending.len(), "withdrawing waiting placeholders of an ended job");
             effects.push(Effect::Remove { ids: pending });

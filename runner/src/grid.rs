@@ -2,9 +2,13 @@
 //! at once, where the scheduler places them.
 //!
 //! It decides when the job waits for placement, which kcm gets which
-//! component once placed, and what a component's end means (final at once:
-//! a rigid job is not retried; a cluster without a kcm fails its
-//! component). No I/O here: the shell (`job.rs`) applies the effects.
+//! component once placed, and what a component's end means: final when its
+//! program exited (a rigid job's program is not retried); when it was lost
+//! instead — it could not start, its cluster has no kcm, or it vanished
+//! without an exit status before its walltime (its host died) — the job's
+//! other components are stopped and the whole job is placed again, up to
+//! `max_attempts` runs, as long as no component has ended. No I/O here:
+//! the shell (`job.rs`) applies the effects.
 
 use std::{
     borrow::Cow,
@@ -115,11 +119,27 @@ impl Grid {
         vec![Effect::SaveJobFile, Effect::Report]
     }
 
-    /// A component ended: its result is final (a rigid job is not retried).
+    /// A component ended. Its program's exit is final (a rigid job is not
+    /// retried); a component lost without one sends the job back to
+    /// placement while that can still make it whole.
     fn component_ended(&mut self, outcome: ComponentOutcome) -> Vec<Effect<'static>> {
         let task = u64::from(outcome.component);
-        if self.ledger.book.is_finished(task) {
+        let placed_here = self
+            .ledger
+            .file
+            .components
+            .get(task as usize)
+            .is_some_and(|placed| placed.as_ref() == Some(&outcome.cluster));
+        if self.ledger.book.is_finished(task) || !placed_here {
+            debug!(job = %self.ledger.id, component = task, cluster = %outcome.cluster, "component end ignored: ended before, or from an earlier run");
             return Vec::new();
+        }
+        if self.lost(&outcome) && self.may_restart() {
+            let reason = match outcome.exit_code {
+                None if outcome.runtime_ms == 0 => "could not start",
+                _ => "vanished without an exit status",
+            };
+            return self.restart(outcome.component, &outcome.cluster, reason);
         }
         let status = match outcome.exit_code {
             Some(0) => RunStatus::Succeeded,
@@ -151,6 +171,58 @@ impl Grid {
         ]
     }
 }
+
+impl Grid {
+    /// Ended without an exit status, and not at its walltime (where the
+    /// batch system kills it and a rerun would be killed again).
+    fn lost(&self, outcome: &ComponentOutcome) -> bool {
+        let walltime_ms = self.ledger.manifest.walltime.map(|w| w.as_millis() as u64);
+        outcome.exit_code.is_none()
+            && walltime_ms.is_none_or(|w| outcome.runtime_ms.saturating_add(WALLTIME_MARGIN_MS) < w)
+    }
+
+    /// Another run can still make the job whole: no component has ended,
+    /// and runs are left.
+    fn may_restart(&self) -> bool {
+        let ledger = &self.ledger;
+        ledger.book.counts().finished() == 0
+            && ledger.file.restarts.saturating_add(1) < ledger.manifest.max_attempts
+    }
+
+    /// Stops every component still standing and sends the job back to
+    /// placement: a rigid job runs whole or not at all.
+    fn restart(
+        &mut self,
+        component: u32,
+        cluster: &ClusterName,
+        reason: &str,
+    ) -> Vec<Effect<'static>> {
+        let ledger = &mut self.ledger;
+        ledger.file.restarts += 1;
+        warn!(job = %ledger.id, component, cluster = %cluster, reason, restarts = ledger.file.restarts, "grid component lost: stopping the others, placing the job again");
+        let mut effects: Vec<Effect<'static>> = std::mem::take(&mut ledger.clusters)
+            .into_iter()
+            .map(|cluster| Effect::ToKcm {
+                cluster,
+                msg: KcmMsg::JobEnded {
+                    job: ledger.id.clone(),
+                },
+                followup: Followup::Nothing,
+            })
+            .collect();
+        ledger
+            .file
+            .components
+            .iter_mut()
+            .for_each(|placed| *placed = None);
+        ledger.file.state = JobState::Waiting;
+        effects.extend([Effect::SaveJobFile, Effect::Report]);
+        effects
+    }
+}
+
+/// A component ending this close to its walltime was killed for it.
+const WALLTIME_MARGIN_MS: u64 = 5_000;
 
 impl JobCore for Grid {
     fn ledger(&self) -> &Ledger {
@@ -234,6 +306,9 @@ impl JobCore for Grid {
 
     fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect<'static>> {
         match followup {
+            Followup::Component { component, cluster } if !arrived && self.may_restart() => {
+                self.restart(component, &cluster, "its cluster has no kcm")
+            }
             Followup::Component { component, cluster } if !arrived => {
                 warn!(job = %self.ledger.id, component, cluster = %cluster, "no kcm for the cluster; component failed");
                 let task = u64::from(component);
@@ -310,12 +385,17 @@ mod tests {
         grid
     }
 
+    /// Component 0 runs on c1, component 1 on c2 ([`placed`]).
     fn ended(component: u32, exit_code: Option<i32>) -> ControlMsg {
+        ended_after(component, exit_code, 2000)
+    }
+
+    fn ended_after(component: u32, exit_code: Option<i32>, runtime_ms: u64) -> ControlMsg {
         ControlMsg::ComponentEnded(ComponentOutcome {
             component,
-            cluster: "c1".into(),
+            cluster: format!("c{}", component + 1).as_str().into(),
             exit_code,
-            runtime_ms: 2000,
+            runtime_ms,
             stdout: Captured {
                 data: b"out\n".to_vec(),
                 dropped: 0,
@@ -455,9 +535,75 @@ mod tests {
     }
 
     #[test]
-    fn a_component_for_a_cluster_without_a_kcm_fails() {
+    fn a_lost_component_stops_the_others_and_the_job_is_placed_again() {
         let t0 = Instant::now();
         let mut grid = placed(t0);
+        let effects = grid.on_control(ended(1, None), at(t0, 2));
+        assert_eq!(
+            told(&effects),
+            [
+                ("c1".to_owned(), "job_ended"),
+                ("c2".to_owned(), "job_ended")
+            ]
+        );
+        assert!(recorded(&effects).is_empty(), "nothing final");
+        let file = grid.job_file();
+        assert_eq!((file.state, file.restarts), (JobState::Waiting, 1));
+        assert_eq!(file.components, [None, None]);
+        let report = grid.standing(at(t0, 2));
+        assert_eq!(report.components, [4, 2], "the whole job to place");
+        assert_eq!(report.tasks.running, 0);
+        // The stopped component's end, reported late, is not this run's.
+        assert!(grid.on_control(ended(0, None), at(t0, 3)).is_empty());
+
+        // Placed again; lost again: the third and last run, as
+        // max_attempts (3) allows; then a loss is final.
+        for (run, t) in [(2u32, 4u64), (3, 6)] {
+            let place = ControlMsg::Place {
+                clusters: vec!["c1".into(), "c2".into()],
+            };
+            assert_eq!(told(&grid.on_control(place, at(t0, t))).len(), 2);
+            let effects = grid.on_control(ended(0, None), at(t0, t + 1));
+            if run < 3 {
+                assert_eq!(grid.job_file().restarts, run);
+                assert!(recorded(&effects).is_empty());
+            } else {
+                assert_eq!(recorded(&effects)[0].status, FinalStatus::Failed);
+                assert_eq!(grid.job_file().restarts, 2);
+            }
+        }
+    }
+
+    #[test]
+    fn a_component_killed_at_its_walltime_is_final() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        // The manifest's walltime is one minute.
+        let effects = grid.on_control(ended_after(0, None, 59_000), at(t0, 2));
+        assert_eq!(recorded(&effects)[0].status, FinalStatus::Failed);
+        assert_eq!(grid.job_file().restarts, 0);
+    }
+
+    #[test]
+    fn a_component_for_a_cluster_without_a_kcm_sends_the_job_back() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        let effects = grid.on_delivery(
+            Followup::Component {
+                component: 1,
+                cluster: "c2".into(),
+            },
+            false,
+        );
+        assert_eq!(told(&effects).len(), 2);
+        assert_eq!(grid.job_file().state, JobState::Waiting);
+    }
+
+    #[test]
+    fn a_component_for_a_cluster_without_a_kcm_fails_once_no_run_is_left() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        grid.ledger.file.restarts = 2;
         let effects = grid.on_delivery(
             Followup::Component {
                 component: 0,
@@ -514,7 +660,7 @@ mod tests {
         assert_eq!(
             recorded(&effects)[0].status,
             FinalStatus::Failed,
-            "removed: no exit code"
+            "lost after component 0 ended: no run could be whole"
         );
         assert_eq!(grid.ending(), Some(JobState::Done));
         let counts = grid.job_file().tasks;

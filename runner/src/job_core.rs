@@ -140,6 +140,7 @@ impl Ledger {
             preemptions: 0,
             tasks_published: false,
             components: Vec::new(),
+            restarts: 0,
         });
         Ok(Self {
             id: submission.job.clone(),

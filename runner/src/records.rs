@@ -48,6 +48,14 @@ pub struct JobFile {
     /// Grid jobs: the cluster each component was placed on, once placed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub components: Vec<Option<ClusterName>>,
+    /// Grid jobs: runs given up because a component was lost (it could
+    /// not start, or died with its host), each followed by a new placement.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// What an index holds, read back.

@@ -350,6 +350,7 @@ mod tests {
             preemptions: 0,
             tasks_published: true,
             components: vec![Some("c1".into()), None],
+            restarts: 1,
         };
         results.write_job_file(&file).unwrap();
         assert_eq!(results.read_job_file(), Some(file));

@@ -73,8 +73,11 @@ impl GridBook {
                 if report.state != JobState::Waiting {
                     entry.placed.get_or_insert(now);
                 } else if entry.report.state != JobState::Waiting {
-                    // A component was withdrawn: placed again at once.
+                    // A component was withdrawn, or lost with the whole run:
+                    // placed again at once, and that was a try.
                     entry.placed = None;
+                    entry.tries += 1;
+                    self.reservations.retain(|r| r.job != report.job);
                 }
                 entry.report = report;
                 entry.seen = now;

@@ -32,6 +32,11 @@ const ACK_EVERY: u16 = 64;
 /// How long a quiet inbox keeps its last messages unacknowledged.
 const ACK_IDLE: Duration = Duration::from_millis(5);
 
+/// A large round goes out in chunks this big, `POST_PAUSE` apart: at most
+/// 10,000 messages a second, so that the broker has room for the inbox.
+const POST_CHUNK: usize = 500;
+const POST_PAUSE: Duration = Duration::from_millis(50);
+
 /// `[scheduler]` of the configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default)]
@@ -164,17 +169,19 @@ async fn post(
     gone: mpsc::UnboundedSender<JobId>,
 ) -> Result<(), BrokerError> {
     while let Some(round) = mail.recv().await {
-        let (jobs, letters): (Vec<_>, Vec<_>) = round
-            .into_iter()
-            .map(|(job, message)| {
-                let queue = JobQueues::new(&job).control;
-                (job, (queue, message))
-            })
-            .unzip();
-        let delivered = publisher.deliver_all(&letters).await?;
-        for (job, delivered) in jobs.into_iter().zip(delivered) {
-            if !delivered && gone.send(job).is_err() {
-                return Ok(());
+        for chunk in round.chunks(POST_CHUNK) {
+            let letters: Vec<_> = chunk
+                .iter()
+                .map(|(job, message)| (JobQueues::new(job).control, message.clone()))
+                .collect();
+            let delivered = publisher.deliver_all(&letters).await?;
+            for ((job, _), delivered) in chunk.iter().zip(delivered) {
+                if !delivered && gone.send(job.clone()).is_err() {
+                    return Ok(());
+                }
+            }
+            if round.len() > POST_CHUNK {
+                tokio::time::sleep(POST_PAUSE).await;
             }
         }
     }

@@ -893,6 +893,31 @@ mod tests {
     }
 
     #[test]
+    fn a_grid_job_whose_run_was_lost_is_placed_again_on_the_slots_it_had() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(GrantId::new(1));
+        state.on_job_update(grid_report("g", Priority::High, &[6]), now);
+        state.on_cluster(cluster_report(8, &[], vec![]), now, &config);
+        let place = Action::Place {
+            job: job("g"),
+            clusters: vec!["c1".into()],
+        };
+        assert!(state.round(now, &config).contains(&place));
+        let running = JobReport {
+            state: JobState::Running,
+            ..grid_report("g", Priority::High, &[6])
+        };
+        state.on_job_update(running, now);
+        // The run is lost before the cluster ever showed its component.
+        state.on_job_update(grid_report("g", Priority::High, &[6]), now);
+        assert!(
+            state.round(now, &config).contains(&place),
+            "its promise is void: the same slots take it again"
+        );
+    }
+
+    #[test]
     fn scavengers_are_preempted_for_a_grid_job() {
         let config = StateConfig::default();
         let now = Instant::now();
