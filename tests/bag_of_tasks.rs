@@ -609,3 +609,48 @@ fn a_job_holds_no_more_launchers_than_its_max() {
     assert_eq!(most, 3, "three launchers at most, and three used");
     assert_eq!(by_task(&g.index(&job)).len(), 40);
 }
+
+/// A small filesystem of its own, unmounted when dropped.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(at: std::path::PathBuf, size: &str) -> Self {
+        std::fs::create_dir_all(&at).expect("mount point");
+        let status = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(&at)
+            .status()
+            .expect("mount");
+        assert!(status.success(), "mount a tmpfs (needs root)");
+        Self(at)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_full_results_disk_holds_results_until_space_returns() {
+    let mut g = gleaner("diskfull");
+    let disk = SmallDisk::mount(g.path().join("results"), "2m");
+    // Nearly full before the job starts.
+    let filler = disk.0.join("filler");
+    let blocks = vec![b'x'; 1900 * 1024];
+    std::fs::write(&filler, &blocks).expect("filler");
+    g.up(2);
+    let job = g.submit(&sweep("bulky", 60, "yes | head -c 20000; echo {n}"));
+    wait_for("the runner to notice the full disk", MINUTE, || {
+        g.log("up").contains("No space left on device")
+    });
+    wait_for("gleaner status to say why the job stalls", MINUTE, || {
+        String::from_utf8_lossy(&g.run(&["status", &job]).stdout).contains("No space left")
+    });
+    std::fs::remove_file(&filler).expect("free the disk");
+    g.assert_all_done_once(&job, 60);
+}

@@ -83,6 +83,7 @@ pub fn report(job: JobId, kind: JobKind, components: Vec<u32>) -> JobReport {
         results: String::new(),
         components,
         max_slots: None,
+        problem: None,
     }
 }
 

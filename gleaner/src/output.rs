@@ -97,6 +97,11 @@ impl Output for Cli {
             }
         }
         out(crate::table::jobs(&reply.jobs).trim_end());
+        for report in &reply.jobs {
+            if let Some(problem) = &report.problem {
+                out(format_args!("{}: {problem}", report.job));
+            }
+        }
     }
 
     fn cancel_requested(&self, job: &JobId) {

@@ -177,6 +177,9 @@ pub struct JobReport {
     /// The most slots the job's launchers may hold (`max_launchers`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_slots: Option<u32>,
+    /// Why the job is stalled, if it is (its results cannot be written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// A kcm's view of its cluster. Slots held by gleaner are counted per job;
@@ -672,6 +675,7 @@ mod tests {
             results: "results/j-1".into(),
             components: Vec::new(),
             max_slots: None,
+            problem: None,
         }
     }
 

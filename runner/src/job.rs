@@ -15,7 +15,7 @@ use gleaner_broker::{
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
 };
 use gleaner_manifest::{JobId, JobKind, TaskList};
-use gleaner_protocol::{ControlMsg, JobState, ResultMsg, Submission, TaskMsg};
+use gleaner_protocol::{ControlMsg, JobReport, JobState, ResultMsg, Submission, TaskMsg};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -32,7 +32,13 @@ pub enum JobError {
     #[error(transparent)]
     Broker(#[from] BrokerError),
     #[error("results directory {path}: {error}")]
-    Results { path: String, error: std::io::Error },
+    Results {
+        path: String,
+        error: std::io::Error,
+        /// Where the job stood when it could not go on, for the scheduler
+        /// (and `gleaner status`) while the runner waits to retry.
+        standing: Option<Box<JobReport>>,
+    },
     #[error("the runner is shutting down")]
     Shutdown,
     /// The job cannot run as submitted (its results directory belongs to
@@ -61,6 +67,7 @@ pub async fn run(
     let io_error = |error| JobError::Results {
         path: root.display().to_string(),
         error,
+        standing: None,
     };
     let publisher = connection.publisher().await?;
     if !wait_for_lock(&connection, &queues, &root, &id, &shutdown).await? {
@@ -96,6 +103,7 @@ pub async fn run(
                 JobError::Results {
                     path: root.display().to_string(),
                     error: std::io::Error::other(e.to_string()),
+                    standing: None,
                 }
             })?;
             let core = Sweep::open(opening, tasks, Now::read()).map_err(refused)?;
@@ -172,6 +180,7 @@ impl<C: JobCore> Job<C> {
         JobError::Results {
             path: self.results.root().display().to_string(),
             error,
+            standing: None,
         }
     }
 
@@ -190,11 +199,22 @@ impl<C: JobCore> Job<C> {
             let effects = self.core.wind_up(now);
             return self.apply(effects, now).await;
         }
-        let channel = connection.channel().await?;
-        topology::declare_job(&channel, &self.queues).await?;
-        let effects = self.core.start();
-        self.apply(effects, Now::read()).await?;
-        self.serve(connection, shutdown).await
+        let outcome = async {
+            let channel = connection.channel().await?;
+            topology::declare_job(&channel, &self.queues).await?;
+            let effects = self.core.start();
+            self.apply(effects, Now::read()).await?;
+            self.serve(connection, shutdown).await
+        }
+        .await;
+        match outcome {
+            Err(JobError::Results { path, error, .. }) => Err(JobError::Results {
+                path,
+                error,
+                standing: Some(Box::new(self.core.standing(Now::read()))),
+            }),
+            outcome => outcome,
+        }
     }
 
     async fn serve(

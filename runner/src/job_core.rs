@@ -191,6 +191,7 @@ impl Ledger {
             results: self.file.results.clone(),
             components: self.unplaced().map(|(_, c)| c.slots).collect(),
             max_slots: self.manifest.max_launchers,
+            problem: None,
         }
     }
 

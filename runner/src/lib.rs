@@ -19,9 +19,10 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, IncomingSubmission,
-    topology::{self, SUBMIT_QUEUE},
+    topology::{self, SCHEDULER_QUEUE, SUBMIT_QUEUE},
 };
 use gleaner_manifest::JobId;
+use gleaner_protocol::SchedulerMsg;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -169,7 +170,28 @@ async fn supervise(
             }
             Err(JobError::Broker(e)) => Err(e),
             Err(e @ JobError::Results { .. }) => {
-                error!(job = %job, error = %e, "cannot write results; retrying in 10 s");
+                error!(job = %job, error = %e, "cannot write results; they wait in the broker, retrying in 10 s");
+                if let JobError::Results {
+                    standing: Some(mut report),
+                    error,
+                    ..
+                } = e
+                {
+                    report.problem = Some(format!(
+                        "cannot write results ({error}); they wait in the broker, retrying every 10 s"
+                    ));
+                    let sent = match connection.publisher().await {
+                        Ok(publisher) => {
+                            publisher
+                                .send(SCHEDULER_QUEUE, &SchedulerMsg::JobUpdate(*report))
+                                .await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = sent {
+                        warn!(job = %job, error = %e, "cannot tell the scheduler why the job stalls");
+                    }
+                }
                 tokio::select! {
                     () = tokio::time::sleep(Duration::from_secs(10)) => continue,
                     () = stop.cancelled() => Ok(()),

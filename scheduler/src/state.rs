@@ -657,6 +657,7 @@ mod tests {
             results: String::new(),
             components: Vec::new(),
             max_slots: None,
+            problem: None,
         }
     }
 
@@ -766,6 +767,7 @@ mod tests {
         state.on_job_update(
             JobReport {
                 max_slots: Some(5),
+                problem: None,
                 ..job_report("a", 100)
             },
             now,

@@ -256,6 +256,7 @@ impl GridRunner {
             preemptions: 0,
             results: String::new(),
             max_slots: None,
+            problem: None,
         }))
     }
 }
