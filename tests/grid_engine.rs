@@ -50,6 +50,29 @@ fn busy_cluster(test: &str, slots: u32, tasks: u32) -> (SgeQueues, Gleaner, Stri
     (queues, g, job)
 }
 
+/// A cluster as `gleaner status --json` shows it (null when absent).
+fn cluster_view(status: &serde_json::Value, name: &str) -> serde_json::Value {
+    status["clusters"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["report"]["cluster"] == name))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// `gleaner up` on two SGE clusters of 4 slots, c1 and c2; `extra` goes
+/// into c1's table.
+fn two_clusters_up(test: &str, extra: &str) -> (SgeQueues, Gleaner) {
+    let queues = SgeQueues::new(2, 4);
+    let mut g = gleaner(test);
+    let clusters = config(&[("c1", &queues.names[0]), ("c2", &queues.names[1])]);
+    g.write(
+        "gleaner.toml",
+        &clusters.replacen("h_rt", &format!("{extra}h_rt"), 1),
+    );
+    g.start("up", &["up"]);
+    (queues, g)
+}
+
 /// The batch job numbers of the jobs named `name` in a queue.
 fn arrays_named(queues: &SgeQueues, queue: &str, name: &str) -> Vec<String> {
     queues
@@ -62,13 +85,7 @@ fn arrays_named(queues: &SgeQueues, queue: &str, name: &str) -> Vec<String> {
 
 #[test]
 fn a_sweep_runs_on_two_sge_clusters_and_leaves_no_placeholder() {
-    let queues = SgeQueues::new(2, 4);
-    let mut g = gleaner("sge-two");
-    g.write(
-        "gleaner.toml",
-        &config(&[("c1", &queues.names[0]), ("c2", &queues.names[1])]),
-    );
-    g.start("up", &["up"]);
+    let (queues, g) = two_clusters_up("sge-two", "");
     let job = g.submit(&sweep("spread", 40, "sleep 1; echo {n}"));
     wait_for("running placeholders on both clusters", MINUTE, || {
         queues
@@ -245,13 +262,7 @@ fn failing_clusters_are_reported_and_the_others_keep_working() {
     assert!(tasks.values().all(|t| t["cluster"] == "c3"));
 
     let status = g.status().expect("status");
-    let cluster = |name: &str| {
-        status["clusters"]
-            .as_array()
-            .and_then(|c| c.iter().find(|c| c["report"]["cluster"] == name))
-            .cloned()
-            .unwrap_or_default()
-    };
+    let cluster = |name: &str| cluster_view(&status, name);
     let error = |name: &str| {
         cluster(name)["report"]["error"]
             .as_str()
@@ -276,30 +287,19 @@ fn failing_clusters_are_reported_and_the_others_keep_working() {
 
 #[test]
 fn placeholders_whose_launcher_cannot_start_exclude_their_cluster() {
-    let queues = SgeQueues::new(2, 4);
-    let (broken, good) = (&queues.names[0], &queues.names[1]);
-    let mut g = gleaner("sge-dead-on-arrival");
     // c1's nodes have no gleaner where the kcm says: every placeholder
     // starts and ends at once, without its launcher reaching the broker.
-    let config = config(&[("c1", broken), ("c2", good)]).replacen(
-        "h_rt",
-        "launcher_program = \"/nonexistent/gleaner\"\nh_rt",
-        1,
+    let (_queues, g) = two_clusters_up(
+        "sge-dead-on-arrival",
+        "launcher_program = \"/nonexistent/gleaner\"\n",
     );
-    g.write("gleaner.toml", &config);
-    g.start("up", &["up"]);
     let job = g.submit(&sweep("elsewhere", 60, "sleep 0.5; echo {n}"));
     assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
     let tasks = by_task(&g.index(&job));
     assert_eq!(tasks.len(), 60);
     assert!(tasks.values().all(|t| t["cluster"] == "c2"));
 
-    let status = g.status().expect("status");
-    let c1 = status["clusters"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["report"]["cluster"] == "c1"))
-        .cloned()
-        .unwrap_or_default();
+    let c1 = cluster_view(&g.status().expect("status"), "c1");
     assert_eq!(c1["excluded"], true, "{c1}");
     let error = c1["report"]["error"].as_str().unwrap_or("");
     assert!(
@@ -319,13 +319,7 @@ fn placeholders_whose_launcher_cannot_start_exclude_their_cluster() {
 
 #[test]
 fn a_grid_job_that_loses_a_component_runs_again_whole() {
-    let queues = SgeQueues::new(2, 4);
-    let mut g = gleaner("sge-lost-component");
-    g.write(
-        "gleaner.toml",
-        &config(&[("c1", &queues.names[0]), ("c2", &queues.names[1])]),
-    );
-    g.start("up", &["up"]);
+    let (queues, g) = two_clusters_up("sge-lost-component", "");
     // The first run's components wait until stopped; the second's end at once.
     let again = g.path().join("again");
     let command = format!("test -e {} || sleep 300; echo ran", again.display());
