@@ -150,6 +150,10 @@ struct TrackedComponent {
 /// never seen and with no exit status, is reported as ended.
 const COMPONENT_VANISHED: Duration = Duration::from_secs(60);
 
+/// Grants remembered against redelivered orders: far more than a kcm gets
+/// between a lost connection and the redelivery.
+const RECENT_GRANTS: usize = 1024;
+
 /// How long a launcher's word is kept for a placeholder not seen yet.
 const HEARD_KEPT: Duration = Duration::from_secs(600);
 
@@ -168,6 +172,9 @@ pub struct KcmCore {
     last: Snapshot,
     /// Grants acted on since the previous report.
     applied_grants: Vec<GrantId>,
+    /// The latest grants acted on, oldest first: an order redelivered after
+    /// a lost connection is acked, not carried out twice.
+    recent_grants: std::collections::VecDeque<GrantId>,
     removals: Vec<Removal>,
     /// The last failed command (cleared by the next successful launcher submit).
     command_error: Option<String>,
@@ -205,6 +212,7 @@ impl KcmCore {
             config,
             last: Snapshot::default(),
             applied_grants: Vec::new(),
+            recent_grants: std::collections::VecDeque::new(),
             removals: Vec::new(),
             command_error: None,
             read_error: None,
@@ -284,6 +292,14 @@ impl KcmCore {
     fn on_message(&mut self, message: KcmMsg, now: Now) -> Vec<Effect> {
         match message {
             KcmMsg::StartLaunchers { job, grant, slots } => {
+                if self.recent_grants.contains(&grant) {
+                    info!(job = %job, cluster = %self.config.cluster, grant = %grant, "grant already carried out; the order came again");
+                    return Vec::new();
+                }
+                if self.recent_grants.len() == RECENT_GRANTS {
+                    self.recent_grants.pop_front();
+                }
+                self.recent_grants.push_back(grant);
                 self.applied_grants.push(grant);
                 vec![
                     Effect::SubmitLaunchers { job, grant, slots },
@@ -1228,6 +1244,25 @@ mod tests {
         let message_for_gone = message(&mut kcm, KcmMsg::JobEnded { job: a }, clock.at(11_000));
         assert!(removed(&message_for_gone).is_empty());
         assert!(removed(&poll(&mut kcm, left, clock.at(30_000))).is_empty());
+    }
+
+    #[test]
+    fn a_grant_ordered_twice_is_carried_out_once() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        poll(&mut kcm, cluster(4, Vec::new()), clock.at(0));
+        let order = || KcmMsg::StartLaunchers {
+            job: job("a"),
+            grant: GrantId::new(7),
+            slots: 2,
+        };
+        let first = message(&mut kcm, order(), clock.at(0));
+        assert!(matches!(first[0], Effect::SubmitLaunchers { slots: 2, .. }));
+        assert!(message(&mut kcm, order(), clock.at(1_000)).is_empty());
+        assert_eq!(
+            report(&mut kcm, clock.at(1_000)).applied_grants,
+            [GrantId::new(7)]
+        );
     }
 
     #[test]
