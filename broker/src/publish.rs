@@ -18,6 +18,9 @@ use crate::{
 };
 use gleaner_protocol::{Message, now_ms};
 
+/// Times a nacked message is sent again before the nack is an error.
+const NACK_RETRIES: u32 = 4;
+
 /// Persistent delivery mode: queued messages survive a broker restart.
 const PERSISTENT: u8 = 2;
 
@@ -92,7 +95,24 @@ impl Publisher {
     /// Sends `msg` to `queue` and waits for the broker to confirm it. A queue
     /// that does not exist is an error ([`BrokerError::NoQueue`]), not a
     /// silent drop.
+    /// A nack (the broker could not store it: a quorum queue just
+    /// declared and not ready yet, say) is answered by sending it again, a
+    /// few times, with a growing pause.
     pub async fn send<M: Message>(&self, queue: &str, msg: &M) -> Result<(), BrokerError> {
+        let mut pause = std::time::Duration::from_millis(100);
+        for _ in 0..NACK_RETRIES {
+            match self.send_once(queue, msg).await {
+                Err(BrokerError::Nacked(_)) => {
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                }
+                sent => return sent,
+            }
+        }
+        self.send_once(queue, msg).await
+    }
+
+    async fn send_once<M: Message>(&self, queue: &str, msg: &M) -> Result<(), BrokerError> {
         let properties = self.properties(msg.kind()).with_delivery_mode(PERSISTENT);
         let confirm = self.start("", queue, msg, properties, true).await?;
         check(confirm.await?, queue)
