@@ -93,14 +93,7 @@ command = "if [ -e {m} ]; then echo second time lucky; else touch {m}; exit 1; f
 fn a_killed_launcher_loses_only_its_partial_run() {
     let mut g = gleaner("kill9");
     g.up(2);
-    let job = g.submit(
-        r#"
-name = "victim"
-[sweep]
-command = "sleep 1.5; echo {n}"
-params = { n = { from = 1, to = 12 } }
-"#,
-    );
+    let job = g.submit(&sweep("victim", 12, "sleep 1.5; echo {n}"));
     // Kill a launcher while it runs a task.
     g.signal_busy_launcher(&job, 2, Signal::SIGKILL);
 
@@ -124,14 +117,7 @@ fn a_runner_killed_mid_job_is_replaced_and_the_job_completes() {
     g.start("scheduler", &["scheduler"]);
     g.start("kcm", &["kcm", "--cluster", "local"]);
     let runner = g.start("runner", &["runner"]);
-    let job = g.submit(
-        r#"
-name = "resume"
-[sweep]
-command = "sleep 0.1; echo {n}"
-params = { n = { from = 1, to = 200 } }
-"#,
-    );
+    let job = g.submit(&sweep("resume", 200, "sleep 0.1; echo {n}"));
     wait_for("some results", MINUTE, || g.index(&job).len() >= 20);
     g.signal(runner, Signal::SIGKILL);
     let before = g.index(&job).len();
@@ -331,14 +317,7 @@ params = { n = { from = 1, to = 10 } }
 fn services_reconnect_after_losing_the_broker_and_lose_nothing() {
     let mut g = gleaner("reconnect");
     g.up(3);
-    let job = g.submit(
-        r#"
-name = "outage"
-[sweep]
-command = "sleep 0.2; echo {n}"
-params = { n = { from = 1, to = 150 } }
-"#,
-    );
+    let job = g.submit(&sweep("outage", 150, "sleep 0.2; echo {n}"));
     wait_for("some results", MINUTE, || g.index(&job).len() >= 15);
     // The management API lists connections a few seconds late.
     let mut closed = 0;
@@ -406,14 +385,7 @@ fn submit_wait_rides_out_a_lost_broker_connection() {
 fn sigterm_preempts_a_launcher_and_its_task_runs_again_without_a_failure() {
     let mut g = gleaner("sigterm");
     g.up(2);
-    let job = g.submit(
-        r#"
-name = "preempted"
-[sweep]
-command = "sleep 3; echo done-{n}"
-params = { n = { from = 1, to = 4 } }
-"#,
-    );
+    let job = g.submit(&sweep("preempted", 4, "sleep 3; echo done-{n}"));
     let victim = g.signal_busy_launcher(&job, 2, Signal::SIGTERM);
     wait_for(
         "the preempted launcher to leave",
@@ -440,14 +412,7 @@ params = { n = { from = 1, to = 4 } }
 fn sigusr1_drains_a_launcher_its_task_finishes_and_nothing_is_preempted() {
     let mut g = gleaner("sigusr1");
     g.up(2);
-    let job = g.submit(
-        r#"
-name = "drained"
-[sweep]
-command = "sleep 6; echo done-{n}"
-params = { n = { from = 1, to = 4 } }
-"#,
-    );
+    let job = g.submit(&sweep("drained", 4, "sleep 6; echo done-{n}"));
     let victim = g.signal_busy_launcher(&job, 2, Signal::SIGUSR1);
     // A preempted launcher leaves within milliseconds; a drained one once
     // its task is done.
@@ -476,14 +441,7 @@ params = { n = { from = 1, to = 4 } }
 fn a_launcher_that_stops_answering_is_removed_and_its_task_runs_elsewhere() {
     let mut g = gleaner("silent");
     g.up(2);
-    let job = g.submit(
-        r#"
-name = "silent"
-[sweep]
-command = "sleep 2; echo done-{n}"
-params = { n = { from = 1, to = 8 } }
-"#,
-    );
+    let job = g.submit(&sweep("silent", 8, "sleep 2; echo done-{n}"));
     // Stopped, it neither beats nor answers polls: only its kcm can remove it.
     let victim = g.signal_busy_launcher(&job, 2, Signal::SIGSTOP);
     wait_for("the silent launcher to be removed", MINUTE, || {

@@ -224,3 +224,25 @@ pub fn memory(exe: &Path, tasks: u32) -> anyhow::Result<()> {
     row("launcher, running `sleep 60`", memory_kib(busy));
     Ok(())
 }
+
+/// How long each of the `submitted` batch jobs (id, submitted at) waited
+/// until `running` (the ids running now, read every 100 ms) showed it, in
+/// seconds; two minutes at most.
+pub fn waits_to_start(
+    submitted: &[(String, Instant)],
+    mut running: impl FnMut() -> Vec<String>,
+) -> anyhow::Result<Vec<f64>> {
+    let mut waits = vec![None; submitted.len()];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while waits.iter().any(Option::is_none) {
+        ensure!(Instant::now() < deadline, "local jobs did not start");
+        let running = running();
+        for ((id, at), wait) in submitted.iter().zip(waits.iter_mut()) {
+            if wait.is_none() && running.contains(id) {
+                *wait = Some(at.elapsed().as_secs_f64());
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    waits.into_iter().map(|w| w.context("wait")).collect()
+}

@@ -10,7 +10,7 @@ use anyhow::{Context, ensure};
 use gleaner_protocol::naming::placeholder_name;
 use gleaner_testkit::{Gleaner, SgeQueues, sge, sweep, wait_for};
 
-use crate::measure::{run_job, wait_until_serving};
+use crate::measure::{run_job, wait_until_serving, waits_to_start};
 
 const POLL: Duration = Duration::from_millis(100);
 
@@ -182,23 +182,14 @@ fn local_waits(queues: &SgeQueues, queue: &str, shape: &Shape) -> anyhow::Result
         args.extend(["-b", "y", "/bin/sleep", "10"]);
         submitted.push((qsub(&args)?, Instant::now()));
     }
-    let mut waits = vec![None; submitted.len()];
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while waits.iter().any(Option::is_none) {
-        ensure!(Instant::now() < deadline, "local jobs did not start");
-        let running: Vec<String> = queues
+    let waits = waits_to_start(&submitted, || {
+        queues
             .jobs(queue)
             .into_iter()
             .filter(|j| j.state.contains('r'))
             .map(|j| j.number)
-            .collect();
-        for ((number, at), wait) in submitted.iter().zip(waits.iter_mut()) {
-            if wait.is_none() && running.contains(number) {
-                *wait = Some(at.elapsed().as_secs_f64());
-            }
-        }
-        std::thread::sleep(POLL);
-    }
+            .collect()
+    })?;
     let numbers: Vec<&str> = submitted.iter().map(|(n, _)| n.as_str()).collect();
     sge("qdel", &numbers);
     wait_for("the local jobs to go", Duration::from_secs(60), || {
@@ -207,7 +198,7 @@ fn local_waits(queues: &SgeQueues, queue: &str, shape: &Shape) -> anyhow::Result
             .iter()
             .all(|j| !numbers.contains(&j.number.as_str()))
     });
-    waits.into_iter().map(|w| w.context("wait")).collect()
+    Ok(waits)
 }
 
 /// How long a grid job needing a whole queue waits to start, on an empty

@@ -7,7 +7,7 @@ use anyhow::ensure;
 use gleaner_protocol::naming::placeholder_name;
 use gleaner_testkit::{Gleaner, SlurmCluster, sbatch, slurm, sweep, wait_for};
 
-use crate::measure::{run_job, wait_until_serving};
+use crate::measure::{run_job, wait_until_serving, waits_to_start};
 
 const POLL: Duration = Duration::from_millis(100);
 const TIMEOUT: Duration = Duration::from_secs(900);
@@ -200,27 +200,18 @@ fn local_waits(cluster: &SlurmCluster, shape: &Shape) -> anyhow::Result<Vec<f64>
             (id, Instant::now())
         })
         .collect();
-    let mut waits = vec![None; submitted.len()];
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while waits.iter().any(Option::is_none) {
-        ensure!(Instant::now() < deadline, "local jobs did not start");
-        let running: Vec<String> = cluster
+    let waits = waits_to_start(&submitted, || {
+        cluster
             .jobs()
             .into_iter()
             .filter(|j| j.state == "RUNNING")
             .map(|j| j.id)
-            .collect();
-        for ((id, at), wait) in submitted.iter().zip(waits.iter_mut()) {
-            if wait.is_none() && running.contains(id) {
-                *wait = Some(at.elapsed().as_secs_f64());
-            }
-        }
-        std::thread::sleep(POLL);
-    }
+            .collect()
+    })?;
     let ids: Vec<&str> = submitted.iter().map(|(id, _)| id.as_str()).collect();
     slurm("scancel", &ids);
     wait_for("the local jobs to go", Duration::from_secs(60), || {
         cluster.jobs().iter().all(|j| !ids.contains(&j.id.as_str()))
     });
-    Ok(waits.into_iter().map(|w| w.unwrap_or_default()).collect())
+    Ok(waits)
 }

@@ -8,6 +8,7 @@ use gleaner_protocol::{
     naming::{LauncherArgs, launcher_id_word},
 };
 use tokio::{io::AsyncWriteExt, process::Command};
+use tracing::warn;
 
 use crate::snapshot::Snapshot;
 
@@ -183,15 +184,17 @@ pub fn launcher_arrays(slots: u32, size: u32) -> Vec<(u32, u32)> {
     .collect()
 }
 
-/// Submits a grant of `slots` as arrays of whole launchers of `size` (see
-/// [`launcher_arrays`]), one `submit(count, each)` after the other; returns
-/// the slots submitted. A failure after some arrays went in keeps those,
-/// and is returned beside them for the caller to log.
+/// Submits a grant of `slots` for `job` as arrays of whole launchers of
+/// `size` (see [`launcher_arrays`]), one `submit(count, each)` after the
+/// other; returns the slots submitted. A failure after some arrays went in
+/// keeps those, and is logged.
 pub async fn submit_arrays<F, Fut>(
+    job: &JobId,
+    cluster: &ClusterName,
     slots: u32,
     size: u32,
     mut submit: F,
-) -> Result<(u32, Option<BackendError>), BackendError>
+) -> Result<u32, BackendError>
 where
     F: FnMut(u32, u32) -> Fut,
     Fut: Future<Output = Result<(), BackendError>>,
@@ -199,14 +202,15 @@ where
     let mut started = 0;
     for (count, each) in launcher_arrays(slots, size) {
         if let Err(e) = submit(count, each).await {
-            return match started {
-                0 => Err(e),
-                _ => Ok((started, Some(e))),
-            };
+            if started == 0 {
+                return Err(e);
+            }
+            warn!(job = %job, cluster = %cluster, started, error = %e, "only part of the launchers submitted");
+            return Ok(started);
         }
         started += count * each;
     }
-    Ok((started, None))
+    Ok(started)
 }
 
 /// Removes batch jobs by id, a hundred per `remove` command; a job the

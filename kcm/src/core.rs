@@ -329,9 +329,11 @@ impl KcmCore {
                 effects
             }
             KcmMsg::LauncherUp { launcher } => {
-                if let Some(id) = naming::batch_id(&self.config.cluster, &launcher) {
-                    self.heard.insert(id.to_owned(), now.instant);
-                }
+                let Some(id) = naming::batch_id(&self.config.cluster, &launcher) else {
+                    warn!(cluster = %self.config.cluster, launcher = %launcher, "a launcher of another cluster says it is up; ignored");
+                    return Vec::new();
+                };
+                self.heard.insert(id.to_owned(), now.instant);
                 if self.failed_starts > 0 {
                     info!(cluster = %self.config.cluster, launcher = %launcher, failures = self.failed_starts, "a launcher reached the broker: starts work again");
                 }

@@ -232,14 +232,11 @@ impl Backend for SgeBackend {
 
     async fn submit(&mut self, job: &JobId, slots: u32) -> Result<u32, BackendError> {
         let this = &*self;
-        let (started, failed) = submit_arrays(slots, this.config.launcher_slots, |count, each| {
+        let (cluster, size) = (&this.config.cluster, this.config.launcher_slots);
+        submit_arrays(job, cluster, slots, size, |count, each| {
             this.submit_array(job, count, each)
         })
-        .await?;
-        if let Some(e) = failed {
-            warn!(job = %job, cluster = %this.config.cluster, started, error = %e, "only part of the launchers submitted");
-        }
-        Ok(started)
+        .await
     }
 
     async fn remove(&mut self, ids: &[String]) -> Result<(), BackendError> {
