@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up what the tests need (idempotently: RabbitMQ, a single-host Grid
 # Engine cell, beside it the multi-host dev grid of test hosts in network
-# namespaces, and Slurm on those hosts) and runs every test.
+# namespaces, Slurm and a 3-node replicated RabbitMQ on those hosts) and
+# runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -9,6 +10,7 @@ deploy/rabbitmq/setup.sh
 deploy/sge/setup.sh
 deploy/sge/hosts.sh
 deploy/slurm/setup.sh
+deploy/rabbitmq/cluster.sh up >/dev/null
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --no-fail-fast "$@"
 else

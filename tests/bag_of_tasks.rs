@@ -612,3 +612,45 @@ fn a_full_results_disk_holds_results_until_space_returns() {
     std::fs::remove_file(&filler).expect("free the disk");
     g.assert_all_done_once(&job, 60);
 }
+
+#[test]
+fn launchers_killed_outright_take_what_their_tasks_started_with_them() {
+    let mut g = gleaner("sigkill");
+    g.up(2);
+    let pids = g.path().join("pids");
+    let job = g.submit(&sweep(
+        "sigkill",
+        2,
+        &format!(
+            "sleep 300 & echo $! >> {p}; setsid sleep 301 & echo $! >> {p}; wait",
+            p = pids.display()
+        ),
+    ));
+    let read = || -> Vec<i32> {
+        std::fs::read_to_string(&pids)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    };
+    wait_for("both tasks' processes", MINUTE, || read().len() == 4);
+    let started = read();
+    for launcher in g.launchers(&job) {
+        let _ =
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher as i32), Signal::SIGKILL);
+    }
+    // Gone, or dead and waiting for init to reap them.
+    let alive = |pid: &i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        })
+    };
+    wait_for(
+        "the killed launchers' task processes to die",
+        MINUTE,
+        || !started.iter().any(alive),
+    );
+    let output = g.run(&["cancel", &job]);
+    assert!(output.status.success());
+}

@@ -54,7 +54,7 @@ async fn drive(
     job_report: Duration,
     seconds: u64,
 ) -> anyhow::Result<String> {
-    let broker = Broker::new(&g.vhost.url(), "bench")?;
+    let broker = Broker::new(&[g.vhost.url()], "bench")?;
     let connection = broker.connect().await?;
     let channel = connection.channel().await?;
     topology::declare_core(&channel).await?;

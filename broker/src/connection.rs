@@ -1,8 +1,14 @@
 //! Connections, and getting them back after the broker went away.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Duration,
+};
 
-use deadpool_lapin::{Config, Pool, PoolConfig, Runtime};
+use deadpool_lapin::{Config, Pool, PoolConfig, Runtime, Timeouts};
 use lapin::{Channel, ConnectionProperties, options::ConfirmSelectOptions};
 use rand::RngExt;
 use tokio_util::sync::CancellationToken;
@@ -14,33 +20,131 @@ use crate::{BrokerError, ConsumeOptions, Inbox, codec::Decode, publish::Publishe
 /// peer is noticed (and its unacked tasks redelivered) within about 20 s.
 pub const DEFAULT_URL: &str = "amqp://guest:guest@127.0.0.1:5672/%2f?heartbeat=10";
 
-/// A handle on the broker for one component. Cheap to clone.
+/// How long one broker node may take to accept a connection before the next
+/// is tried: a node whose host dropped off the network never answers at all.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A handle on the broker for one component: one or several addresses of
+/// the same broker (the nodes of a RabbitMQ cluster), tried in turn. Cheap
+/// to clone.
 #[derive(Clone)]
 pub struct Broker {
-    pool: Pool,
+    nodes: Arc<[Node]>,
+    /// The node that answered last: tried first next time.
+    current: Arc<AtomicUsize>,
     identity: Arc<str>,
-    url: Arc<str>,
+}
+
+/// One address of the broker, with its own connection pool.
+struct Node {
+    pool: Pool,
+    /// The URL without its password.
+    url: String,
 }
 
 impl std::fmt::Debug for Broker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Broker")
             .field("identity", &self.identity)
-            .field("url", &self.url)
+            .field("url", &self.url())
             .finish()
     }
 }
 
 impl Broker {
+    /// `urls` are addresses of one broker (several for a cluster; at least
+    /// one). Each component starts at a random one, so that a cluster's
+    /// nodes share the connections, and moves to the next when it fails.
     /// `identity` names the component (`runner@host`); it becomes the
     /// connection name in the management UI and the sender of its messages.
-    pub fn new(url: &str, identity: impl Into<String>) -> Result<Self, BrokerError> {
+    pub fn new(urls: &[impl AsRef<str>], identity: impl Into<String>) -> Result<Self, BrokerError> {
         let identity: Arc<str> = identity.into().into();
+        if urls.is_empty() {
+            return Err(BrokerError::Url("no broker URL given".into()));
+        }
+        let nodes = urls
+            .iter()
+            .map(|url| Node::new(url.as_ref(), &identity))
+            .collect::<Result<Arc<[Node]>, _>>()?;
+        let first = rand::rng().random_range(0..nodes.len());
+        Ok(Self {
+            nodes,
+            current: Arc::new(AtomicUsize::new(first)),
+            identity,
+        })
+    }
+
+    pub fn identity(&self) -> &str {
+        &self.identity
+    }
+
+    /// The URL of the node in use, without its password, for logs and
+    /// messages.
+    pub fn url(&self) -> &str {
+        &self.nodes[self.current.load(Ordering::Relaxed)].url
+    }
+
+    /// One connection, to the node that answered last or else to the next
+    /// that does; the reason from each node when none does.
+    pub async fn connect(&self) -> Result<Connection, BrokerError> {
+        let count = self.nodes.len();
+        let first = self.current.load(Ordering::Relaxed);
+        let mut reasons = Vec::new();
+        for k in (0..count).map(|i| (first + i) % count) {
+            let node = &self.nodes[k];
+            match node.pool.get().await {
+                Ok(object) => {
+                    if k != first {
+                        self.current.store(k, Ordering::Relaxed);
+                        info!(component = %self.identity, broker = %node.url, "moved to another broker node");
+                    }
+                    return Ok(Connection {
+                        object,
+                        identity: self.identity.clone(),
+                    });
+                }
+                Err(e) => reasons.push(format!("{}: {e}", node.url)),
+            }
+        }
+        Err(BrokerError::Connect(reasons.join("; ")))
+    }
+
+    /// Keeps trying to connect, with backoff, until it works or `shutdown`
+    /// fires (then `None`).
+    pub async fn connect_until(&self, shutdown: &CancellationToken) -> Option<Connection> {
+        let mut backoff = Backoff::default();
+        loop {
+            match self.connect().await {
+                Ok(connection) => {
+                    if backoff.failures > 0 {
+                        info!(broker = %self.url(), "connected to the broker again");
+                    }
+                    return Some(connection);
+                }
+                Err(e) => {
+                    warn!(error = %e, retry_in = ?backoff.current, "broker unreachable");
+                    if !backoff.wait(shutdown).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Node {
+    fn new(url: &str, identity: &Arc<str>) -> Result<Self, BrokerError> {
         url.parse::<lapin::uri::AMQPUri>()
             .map_err(|e| BrokerError::Url(format!("{}: {e}", redact(url))))?;
+        let mut pool = PoolConfig::new(64);
+        pool.timeouts = Timeouts {
+            create: Some(CONNECT_TIMEOUT),
+            recycle: Some(CONNECT_TIMEOUT),
+            wait: None,
+        };
         let config = Config {
             url: Some(url.to_owned()),
-            pool: Some(PoolConfig::new(64)),
+            pool: Some(pool),
         };
         let name = identity.clone();
         let pool = config
@@ -53,53 +157,8 @@ impl Broker {
             .map_err(|e| BrokerError::Url(e.to_string()))?;
         Ok(Self {
             pool,
-            identity,
-            url: redact(url).into(),
+            url: redact(url),
         })
-    }
-
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
-    /// The URL without its password, for logs and messages.
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
-    /// One connection, or the reason there is none.
-    pub async fn connect(&self) -> Result<Connection, BrokerError> {
-        let object = self
-            .pool
-            .get()
-            .await
-            .map_err(|e| BrokerError::Connect(format!("{}: {e}", self.url)))?;
-        Ok(Connection {
-            object,
-            identity: self.identity.clone(),
-        })
-    }
-
-    /// Keeps trying to connect, with backoff, until it works or `shutdown`
-    /// fires (then `None`).
-    pub async fn connect_until(&self, shutdown: &CancellationToken) -> Option<Connection> {
-        let mut backoff = Backoff::default();
-        loop {
-            match self.connect().await {
-                Ok(connection) => {
-                    if backoff.failures > 0 {
-                        info!(broker = %self.url, "connected to the broker again");
-                    }
-                    return Some(connection);
-                }
-                Err(e) => {
-                    warn!(broker = %self.url, error = %e, retry_in = ?backoff.current, "broker unreachable");
-                    if !backoff.wait(shutdown).await {
-                        return None;
-                    }
-                }
-            }
-        }
     }
 }
 
@@ -257,10 +316,18 @@ mod tests {
         assert_eq!(redact("amqp://host/%2f"), "amqp://host/%2f");
     }
 
-    #[test]
-    fn bad_urls_are_refused() {
+    #[tokio::test]
+    async fn bad_urls_are_refused() {
         assert!(matches!(
-            Broker::new("http://nope", "t"),
+            Broker::new(&["http://nope"], "t"),
+            Err(BrokerError::Url(_))
+        ));
+        assert!(matches!(
+            Broker::new(&["amqp://h/v", "http://nope"], "t"),
+            Err(BrokerError::Url(_))
+        ));
+        assert!(matches!(
+            Broker::new(&[] as &[&str], "t"),
             Err(BrokerError::Url(_))
         ));
     }

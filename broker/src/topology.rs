@@ -116,16 +116,17 @@ async fn durable(channel: &Channel, name: &str, args: Args) -> Result<()> {
     Ok(())
 }
 
-/// A client's own queue of events (`gleaner submit --wait`): durable, so
-/// that it outlives a lost connection and a broker restart, and deleted by
-/// the broker once nobody has used it for `expires`.
+/// A client's own queue of events (`gleaner submit --wait`): a quorum
+/// queue, so that it outlives a lost connection, a broker restart and the
+/// loss of a broker node, and deleted by the broker once nobody has used it
+/// for `expires`.
 pub async fn declare_watch(
     channel: &Channel,
     name: &str,
     pattern: &str,
     expires: std::time::Duration,
 ) -> Result<()> {
-    durable(channel, name, Args(FieldTable::default()).expires(expires)).await?;
+    durable(channel, name, Args::quorum().expires(expires)).await?;
     channel
         .queue_bind(
             name.into(),

@@ -9,6 +9,13 @@
 #   deploy/grid/hosts.sh down            (removes everything `up` made)
 #   deploy/grid/hosts.sh exec HOST CMD…  (runs CMD on HOST, e.g. node1)
 #   deploy/grid/hosts.sh list
+#   deploy/grid/hosts.sh cut HOST        (drops HOST's broker traffic, port 5672,
+#                                          both ways: a network fault)
+#   deploy/grid/hosts.sh mend HOST       (lets it through again)
+#   deploy/grid/hosts.sh island NAME     (a host with no bridge, only loopback
+#                                          and the broker forwarders: for a
+#                                          test of its own to cut)
+#   deploy/grid/hosts.sh remove HOST     (removes a host or an island)
 #
 # Addresses: the bridge gleaner0 has 10.77.0.1 (this machine, known to the
 # nodes by its own host name), nodeK has 10.77.0.(10+K). RabbitMQ listens on
@@ -77,6 +84,43 @@ kill_ns() {
     kill -9 $(ip netns pids "$ns" 2>/dev/null) 2>/dev/null || true
 }
 
+# The broker's ports on 127.0.0.1 inside a host, through this machine's
+# unix-socket listeners.
+forward_into() {
+    local host=$1 fwd name port
+    for fwd in $forwards; do
+        name=${fwd%%:*} port=${fwd##*:}
+        alive "$run/$host.$name.pid" || start_socat "$run/$host.$name.pid" "$(ns_of "$host")" \
+            "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork" "UNIX-CONNECT:$run/$name.sock"
+    done
+}
+
+# A network fault: the host's AMQP traffic (to and from port 5672, over
+# loopback to the forwarder or over the bridge) is dropped, not refused, so
+# both ends learn of it only by their heartbeats.
+cut() {
+    ip netns exec "$(ns_of "$1")" nft -f - <<'EOF'
+table inet gleaner_cut {
+    chain out {
+        type filter hook output priority 0; policy accept;
+        tcp dport 5672 drop
+        tcp sport 5672 drop
+    }
+}
+EOF
+}
+mend() { ip netns exec "$(ns_of "$1")" nft delete table inet gleaner_cut 2>/dev/null || true; }
+
+# A host of a test's own: loopback and the broker forwarders, no bridge.
+island() {
+    local host=$1 ns
+    ns=$(ns_of "$host")
+    alive "$run/amqp.pid" || { log "no broker forwarder: run \`$0 up\` first"; exit 1; }
+    [ -e "/run/netns/$ns" ] || ip netns add "$ns"
+    ip -n "$ns" link set lo up
+    forward_into "$host"
+}
+
 remove_node() {
     local node=$1 ns
     ns=$(ns_of "$node")
@@ -92,10 +136,12 @@ remove_node() {
 up() {
     local count=${1:-3} k node ns addr hosts name port
     [[ $count =~ ^[1-9][0-9]*$ ]] && [ "$count" -le 200 ] || { log "bad host count: $count"; exit 2; }
-    command -v socat >/dev/null || {
-        log "installing socat"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq socat >/dev/null
-    }
+    for tool in socat:socat nft:nftables; do
+        command -v "${tool%%:*}" >/dev/null || {
+            log "installing ${tool##*:}"
+            apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${tool##*:}" >/dev/null
+        }
+    done
     install -d "$run"
 
     # Nodes beyond the count go (a smaller `up` shrinks the grid).
@@ -140,11 +186,8 @@ up() {
         name=${fwd%%:*} port=${fwd##*:}
         alive "$run/$name.pid" || start_socat "$run/$name.pid" "" \
             "UNIX-LISTEN:$run/$name.sock,fork,unlink-early" "TCP:127.0.0.1:$port"
-        for k in $(seq 1 "$count"); do
-            alive "$run/node$k.$name.pid" || start_socat "$run/node$k.$name.pid" "$(ns_of node$k)" \
-                "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork" "UNIX-CONNECT:$run/$name.sock"
-        done
     done
+    for k in $(seq 1 "$count"); do forward_into "node$k"; done
 
     # Check: the broker's port answers in each node.
     for k in $(seq 1 "$count"); do
@@ -156,8 +199,12 @@ up() {
 }
 
 down() {
-    local node fwd
+    local node fwd f
     for node in $(nodes); do remove_node "$node"; done
+    # Islands that a test left behind.
+    for f in /run/netns/gleaner-*; do
+        if [ -e "$f" ]; then remove_node "${f##*/gleaner-}"; fi
+    done
     # Veths whose namespace went some other way.
     for node in $(ip -o link show 2>/dev/null | sed -nE 's/^[0-9]+: (gl-node[0-9]+)[@:].*/\1/p'); do
         ip link del "$node" 2>/dev/null || true
@@ -182,6 +229,16 @@ exec)
     # here, for as long as they live) see the node's name.
     exec ip netns exec "$(ns_of "$node")" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$node" "$@"
     ;;
+cut | mend | island | remove)
+    [ $# = 2 ] && [[ $2 =~ ^[A-Za-z0-9_-]+$ ]] || { log "usage: $0 $1 HOST"; exit 2; }
+    if [ "$1" != island ] && [ ! -e "/run/netns/$(ns_of "$2")" ]; then log "no such host: $2"; exit 1; fi
+    case $1 in
+    cut) cut "$2" ;;
+    mend) mend "$2" ;;
+    island) island "$2" ;;
+    remove) remove_node "$2" ;;
+    esac
+    ;;
 list)
     for node in $(nodes); do
         ns=$(ns_of "$node")
@@ -190,7 +247,7 @@ list)
     done
     ;;
 *)
-    echo "usage: $0 up [N] | down | exec HOST CMD... | list" >&2
+    echo "usage: $0 up [N] | down | exec HOST CMD... | list | cut HOST | mend HOST | island NAME | remove HOST" >&2
     exit 2
     ;;
 esac

@@ -16,7 +16,7 @@ use gleaner_protocol::{ControlMsg, Event, SchedulerMsg, StatusReply, Submission,
 use crate::{error::CliError, output::Output, services::hostname, settings::Settings};
 
 async fn connect(settings: &Settings) -> Result<Connection, CliError> {
-    let broker = Broker::new(&settings.broker_url, format!("cli@{}", hostname()))
+    let broker = Broker::new(&settings.broker_urls(), format!("cli@{}", hostname()))
         .map_err(|e| CliError::BadInput(e.to_string()))?;
     broker.connect().await.map_err(|e| {
         CliError::Unreachable(format!(

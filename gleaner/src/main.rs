@@ -222,6 +222,7 @@ fn log_filter(default: &str, service: bool) -> EnvFilter {
             "lapin::channels=off",
             "lapin::channel=off",
             "lapin::io_loop=off",
+            "lapin::heartbeat=off",
         ]
     } else {
         &["lapin=off"]

@@ -19,7 +19,7 @@ pub use gleaner_kcm::hostname;
 
 fn broker(settings: &Settings, role: &str) -> anyhow::Result<Broker> {
     Ok(Broker::new(
-        &settings.broker_url,
+        &settings.broker_urls(),
         format!("{role}@{}", hostname()),
     )?)
 }
@@ -55,8 +55,11 @@ fn launcher_command(
         None => std::env::current_exe().context("cannot find the gleaner executable")?,
     };
     let mut env = crate::settings::environment_overrides();
-    env.retain(|(key, _)| key != "GLEANER_BROKER_URL");
-    env.push(("GLEANER_BROKER_URL".to_owned(), settings.broker_url.clone()));
+    env.retain(|(key, _)| !matches!(key.as_str(), "GLEANER_BROKER_URL" | "GLEANER_BROKER_URLS"));
+    // Both, agreeing, whatever the launcher inherits from its environment.
+    let urls = settings.broker_urls();
+    env.push(("GLEANER_BROKER_URL".to_owned(), urls[0].clone()));
+    env.push(("GLEANER_BROKER_URLS".to_owned(), urls.join(",")));
     if let Some(source) = &settings.source {
         env.push(("GLEANER_CONFIG".to_owned(), source.display().to_string()));
     }
@@ -143,7 +146,7 @@ pub async fn launcher(
         limits: l.limits,
     };
     let broker = Broker::new(
-        &settings.broker_url,
+        &settings.broker_urls(),
         format!("launcher@{host}/{}", args.slot),
     )?;
     Ok(gleaner_launcher::run(&broker, config, signals).await?)
@@ -185,13 +188,17 @@ pub async fn up(
     let results_root = &settings.runner.job.results_root;
     let results = std::path::absolute(results_root).unwrap_or_else(|_| results_root.clone());
     let described: Vec<String> = clusters.iter().map(ClusterConfig::describe).collect();
+    let urls = settings.broker_urls();
+    let brokers: Vec<String> = urls.iter().map(|url| gleaner_broker::redact(url)).collect();
     eprintln!(
         "gleaner up: broker {}, clusters {}, results under {}",
-        gleaner_broker::redact(&settings.broker_url),
+        brokers.join(" | "),
         described.join(", "),
         results.display()
     );
-    if let Some(ui) = management_ui(&settings.broker_url).await {
+    if let Some(url) = urls.first()
+        && let Some(ui) = management_ui(url).await
+    {
         eprintln!("gleaner up: watch the queues in the RabbitMQ management UI at {ui}");
     }
     eprintln!("gleaner up: submit with `gleaner submit FILE --wait`; Ctrl-C stops");

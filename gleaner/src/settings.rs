@@ -19,7 +19,12 @@ const NOT_SETTINGS: &[&str] = &["CONFIG", "JOB", "TASK", "ATTEMPT", "SANDBOX"];
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Settings {
+    /// The broker, when it has one address.
     pub broker_url: String,
+    /// The broker's addresses when it is a cluster: components connect to
+    /// any of them and move to another when theirs fails. Replaces
+    /// `broker_url`.
+    pub broker_urls: Vec<String>,
     pub scheduler: SchedulerConfig,
     pub runner: RunnerConfig,
     pub launcher: LauncherSettings,
@@ -34,6 +39,7 @@ impl Default for Settings {
     fn default() -> Self {
         Self {
             broker_url: gleaner_broker::DEFAULT_URL.to_owned(),
+            broker_urls: Vec::new(),
             scheduler: SchedulerConfig::default(),
             runner: RunnerConfig::default(),
             launcher: LauncherSettings::default(),
@@ -90,6 +96,18 @@ fn unknown_keys(given: &serde_json::Value, known: &serde_json::Value, prefix: &s
         .collect()
 }
 
+/// Settings from `GLEANER_*` variables: `__` separates sections, lists are
+/// comma-separated.
+fn environment_source(environment: config::Map<String, String>) -> config::Environment {
+    config::Environment::with_prefix("GLEANER")
+        .prefix_separator("_")
+        .separator("__")
+        .try_parsing(true)
+        .list_separator(",")
+        .with_list_parse_key("broker_urls")
+        .source(Some(environment))
+}
+
 /// The `GLEANER_*` environment variables that override settings, as set
 /// for this process; launchers on other nodes are given the same.
 pub fn environment_overrides() -> Vec<(String, String)> {
@@ -125,13 +143,7 @@ impl Settings {
         }
         let environment: config::Map<String, String> =
             environment_overrides().into_iter().collect();
-        builder = builder.add_source(
-            config::Environment::with_prefix("GLEANER")
-                .prefix_separator("_")
-                .separator("__")
-                .try_parsing(true)
-                .source(Some(environment)),
-        );
+        builder = builder.add_source(environment_source(environment));
         let where_from = file
             .as_ref()
             .map_or_else(|| "environment".to_owned(), |p| p.display().to_string());
@@ -158,6 +170,12 @@ impl Settings {
     }
 
     fn validate(&self) -> anyhow::Result<()> {
+        if !self.broker_urls.is_empty()
+            && self.broker_url != gleaner_broker::DEFAULT_URL
+            && !self.broker_urls.contains(&self.broker_url)
+        {
+            bail!("broker_url is not one of broker_urls: set one or the other");
+        }
         if !(0.0..=1.0).contains(&self.scheduler.state.policy.load_cap) {
             bail!("scheduler.load_cap must be between 0 and 1");
         }
@@ -199,12 +217,31 @@ impl Settings {
         self
     }
 
+    /// The broker's addresses, one or several.
+    pub fn broker_urls(&self) -> Vec<String> {
+        if self.broker_urls.is_empty() {
+            vec![self.broker_url.clone()]
+        } else {
+            self.broker_urls.clone()
+        }
+    }
+
+    /// The deployment's name: the same whichever order its broker's
+    /// addresses are listed in.
+    fn deployment(&self) -> String {
+        self.broker_urls()
+            .iter()
+            .map(|url| deployment(url))
+            .min()
+            .unwrap_or_default()
+    }
+
     /// The kcm of `cluster`: its settle time follows from the runners'
     /// preempt grace, its default spool directory from the deployment.
     pub fn kcm(&self, cluster: &ClusterConfig) -> KcmConfig {
         let spool = std::env::temp_dir()
             .join("gleaner-kcm")
-            .join(deployment(&self.broker_url))
+            .join(self.deployment())
             .join(cluster.name.as_str());
         cluster.kcm(self.runner.job.preempt_grace, spool)
     }
@@ -296,21 +333,24 @@ h_rt = "1h"
         let environment: config::Map<String, String> = [
             ("GLEANER_BROKER_URL".to_owned(), "amqp://x/v".to_owned()),
             ("GLEANER_RUNNER__MAX_JOBS".to_owned(), "7".to_owned()),
+            (
+                "GLEANER_BROKER_URLS".to_owned(),
+                "amqp://a/v,amqp://b/v".to_owned(),
+            ),
         ]
         .into();
         let settings: Settings = config::Config::builder()
-            .add_source(
-                config::Environment::with_prefix("GLEANER")
-                    .prefix_separator("_")
-                    .separator("__")
-                    .try_parsing(true)
-                    .source(Some(environment)),
-            )
+            .add_source(environment_source(environment))
             .build()
             .and_then(config::Config::try_deserialize)
             .unwrap();
         assert_eq!(settings.broker_url, "amqp://x/v");
+        assert_eq!(settings.broker_urls, ["amqp://a/v", "amqp://b/v"]);
         assert_eq!(settings.runner.max_jobs, 7);
+        assert!(
+            settings.validate().is_err(),
+            "broker_url not in broker_urls"
+        );
     }
 
     #[test]

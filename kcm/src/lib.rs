@@ -10,6 +10,7 @@
 
 mod backend;
 mod config;
+mod contain;
 pub mod core;
 mod local;
 mod qstat;

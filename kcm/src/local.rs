@@ -17,6 +17,7 @@ use gleaner_protocol::{
 
 use crate::{
     backend::{Backend, BackendError, ComponentFiles, LauncherCommand},
+    contain::{self, Cgroups},
     snapshot::{ComponentRun, Host, Placeholder, Snapshot},
 };
 
@@ -46,6 +47,47 @@ pub struct LocalBackend {
     launchers: Vec<Launcher>,
     components: Vec<Component>,
     next_id: u64,
+    /// A cgroup per launcher, killed when it ends.
+    cgroups: Cgroups,
+}
+
+/// The pid of the kcm that started a launcher, from its placeholder id
+/// (`naming::local_launcher_batch_id`).
+fn kcm_of(placeholder: &str) -> Option<i32> {
+    placeholder
+        .strip_prefix('l')
+        .and_then(|rest| rest.split_once('-'))
+        .and_then(|(pid, _)| pid.parse().ok())
+}
+
+/// Whether the kcm with this pid is gone (a zombie is: it runs nothing
+/// any more).
+fn kcm_is_gone(pid: i32) -> bool {
+    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(") ")
+            .is_some_and(|(_, rest)| rest.starts_with('Z'))
+    });
+    zombie || kill(Pid::from_raw(pid), None).is_err()
+}
+
+/// The launcher cgroups to end: this kcm's (`own`) whose launcher is no
+/// longer running, and those of kcms that are gone (killed, their
+/// launchers' leftovers still there). Another live kcm's are its own.
+fn leftovers<'a>(
+    cgroups: &'a [String],
+    running: &[&str],
+    own: Option<i32>,
+    is_gone: impl Fn(i32) -> bool,
+) -> Vec<&'a str> {
+    cgroups
+        .iter()
+        .map(String::as_str)
+        .filter(|placeholder| match kcm_of(placeholder) {
+            Some(kcm) if Some(kcm) == own => !running.contains(placeholder),
+            Some(kcm) => is_gone(kcm),
+            None => false,
+        })
+        .collect()
 }
 
 impl LocalBackend {
@@ -63,12 +105,18 @@ impl LocalBackend {
             launchers: Vec::new(),
             components: Vec::new(),
             next_id: 0,
+            cgroups: Cgroups::new(cluster.as_str()),
         }
     }
 
     fn reap(&mut self) {
         self.launchers
             .retain_mut(|l| matches!(l.child.try_wait(), Ok(None)));
+        let running: Vec<&str> = self.launchers.iter().map(|l| l.id.as_str()).collect();
+        let own = i32::try_from(std::process::id()).ok();
+        for placeholder in leftovers(&self.cgroups.remaining(), &running, own, kcm_is_gone) {
+            self.cgroups.end(placeholder);
+        }
         self.components.retain_mut(|c| match &mut c.child {
             Some(child) => matches!(child.try_wait(), Ok(None)),
             None => true,
@@ -203,16 +251,24 @@ impl Backend for LocalBackend {
                 slots: length,
                 walltime: None,
             });
-            let child = Command::new(&self.command.program)
+            let mut command = Command::new(&self.command.program);
+            command
                 .args(&args)
                 .envs(self.command.env.iter().map(|(k, v)| (k, v)))
                 .stdin(Stdio::null())
-                .kill_on_drop(true)
-                .spawn()
-                .map_err(|e| BackendError {
-                    command: format!("{} {}", self.command.program.display(), args.join(" ")),
-                    message: e.to_string(),
-                })?;
+                .kill_on_drop(true);
+            let cgroup = self.cgroups.make(&id);
+            if let Some(cgroup) = &cgroup {
+                let procs = cgroup.fd();
+                // SAFETY: `join` only writes to an open descriptor.
+                unsafe {
+                    command.pre_exec(move || contain::join(procs));
+                }
+            }
+            let child = command.spawn().map_err(|e| BackendError {
+                command: format!("{} {}", self.command.program.display(), args.join(" ")),
+                message: e.to_string(),
+            })?;
             self.launchers.push(Launcher {
                 id,
                 job: job.clone(),
@@ -228,6 +284,7 @@ impl Backend for LocalBackend {
     async fn remove(&mut self, ids: &[String]) -> Result<(), BackendError> {
         for launcher in self.launchers.iter().filter(|l| ids.contains(&l.id)) {
             self.signal(launcher, Signal::SIGKILL);
+            self.cgroups.end(&launcher.id);
         }
         for component in self.components.iter_mut().filter(|c| ids.contains(&c.id)) {
             if let Some(pid) = component.child.as_ref().and_then(Child::id) {
@@ -272,7 +329,30 @@ impl Backend for LocalBackend {
             {
                 let _ = launcher.child.start_kill();
             }
+            self.cgroups.end(&launcher.id);
         }
         self.launchers.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_placeholder_names_its_kcm() {
+        let id = local_launcher_batch_id(4242, 7);
+        assert_eq!(kcm_of(&id), Some(4242));
+        assert_eq!(kcm_of("c4242-7"), None);
+    }
+
+    #[test]
+    fn ended_launchers_and_gone_kcms_leave_cgroups_to_end() {
+        let cgroups: Vec<String> = ["l10-0", "l10-1", "l20-0", "l30-0", "stray"]
+            .map(String::from)
+            .to_vec();
+        // This kcm is 10 and runs l10-1; kcm 20 is gone, kcm 30 lives.
+        let ended = leftovers(&cgroups, &["l10-1"], Some(10), |pid| pid == 20);
+        assert_eq!(ended, ["l10-0", "l20-0"]);
     }
 }

@@ -347,22 +347,24 @@ pub trait JobCore {
         vec![Effect::SaveJobFile]
     }
 
-    /// The end of a job, repeatable after a crash: queues deleted (launchers
-    /// leave), scheduler and kcms told, watchers notified.
+    /// The end of a job, repeatable after a crash: scheduler and kcms told,
+    /// watchers notified, then the queues deleted (launchers leave). The
+    /// news goes first: with a broker node down, deleting a replicated
+    /// queue can take seconds, and nobody should wait for that.
     fn wind_up(&mut self, now: Now) -> Vec<Effect<'static>> {
         let clusters = self.clusters();
         let report = self.standing(now);
         let job = self.ledger().id.clone();
-        let mut effects = vec![
-            Effect::DeleteQueues,
-            Effect::ToScheduler(SchedulerMsg::JobDone { job: job.clone() }),
-        ];
+        let mut effects = vec![Effect::ToScheduler(SchedulerMsg::JobDone {
+            job: job.clone(),
+        })];
         effects.extend(clusters.into_iter().map(|cluster| Effect::ToKcm {
             cluster,
             msg: KcmMsg::JobEnded { job: job.clone() },
             followup: Followup::Nothing,
         }));
         effects.push(Effect::Event(Event::Done(report)));
+        effects.push(Effect::DeleteQueues);
         effects
     }
 }

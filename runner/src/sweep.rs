@@ -1030,18 +1030,21 @@ mod tests {
             Some((at(t0, 4).wall_ms - 1_000) as f64 / 1000.0)
         );
         let effects = sweep.wind_up(at(t0, 4));
-        assert!(matches!(effects[0], Effect::DeleteQueues));
         assert!(matches!(
-            effects[1],
+            effects[0],
             Effect::ToScheduler(SchedulerMsg::JobDone { .. })
         ));
         assert_eq!(
             told(&effects),
             owned(&[("c1", "job_ended"), ("c2", "job_ended")])
         );
+        let [.., done, delete] = effects.as_slice() else {
+            panic!("{effects:?}")
+        };
         assert!(
-            matches!(effects.last(), Some(Effect::Event(gleaner_protocol::Event::Done(report))) if report.state == JobState::Done)
+            matches!(done, Effect::Event(gleaner_protocol::Event::Done(report)) if report.state == JobState::Done)
         );
+        assert!(matches!(delete, Effect::DeleteQueues), "news first");
     }
 
     #[test]

@@ -16,33 +16,121 @@ use nix::{
 };
 use serde_json::Value;
 
-const API: &str = "http://127.0.0.1:15672/api";
-const AUTH: &str = "Basic Z3Vlc3Q6Z3Vlc3Q="; // guest:guest
+/// A RabbitMQ broker the tests use: the development broker on this machine,
+/// or the replicated cluster of `deploy/rabbitmq/cluster.sh` on the test
+/// hosts.
+#[derive(Debug, Clone)]
+pub struct BrokerAccess {
+    /// `amqp://user:password@host:port`, one per node.
+    amqp: Vec<String>,
+    /// The management API of each node.
+    api: Vec<String>,
+    user: String,
+    auth: String,
+}
+
+impl BrokerAccess {
+    fn new(user: &str, password: &str, hosts: &[&str]) -> Self {
+        use base64::Engine;
+        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        Self {
+            amqp: hosts
+                .iter()
+                .map(|h| format!("amqp://{user}:{password}@{h}:5672"))
+                .collect(),
+            api: hosts
+                .iter()
+                .map(|h| format!("http://{h}:15672/api"))
+                .collect(),
+            user: user.to_owned(),
+            auth: format!("Basic {token}"),
+        }
+    }
+
+    /// The development broker: 127.0.0.1, guest.
+    pub fn local() -> Self {
+        Self::new("guest", "guest", &["127.0.0.1"])
+    }
+
+    /// The replicated broker, from the URLs `deploy/rabbitmq/cluster.sh up`
+    /// keeps.
+    pub fn cluster() -> Self {
+        const URLS: &str = "/etc/gleaner-broker/urls";
+        let text = std::fs::read_to_string(URLS).unwrap_or_else(|e| {
+            panic!("no replicated broker ({URLS}: {e}); run deploy/rabbitmq/cluster.sh up")
+        });
+        let mut user = String::new();
+        let mut password = String::new();
+        let mut hosts = Vec::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let rest = line.trim().trim_start_matches("amqp://");
+            let (credentials, address) = rest.rsplit_once('@').expect("user@host in the URL");
+            let (u, p) = credentials
+                .split_once(':')
+                .expect("user:password in the URL");
+            (user, password) = (u.to_owned(), p.to_owned());
+            hosts.push(address.split(':').next().unwrap_or(address).to_owned());
+        }
+        let hosts: Vec<&str> = hosts.iter().map(String::as_str).collect();
+        Self::new(&user, &password, &hosts)
+    }
+
+    /// Calls the management API of the first node that answers.
+    fn api(&self, method: &str, path: &str, body: Option<&str>) -> Result<String, String> {
+        let mut errors = Vec::new();
+        for base in &self.api {
+            match api(&self.auth, &format!("{base}{path}"), method, body) {
+                Err(Unanswered(e)) => errors.push(e),
+                Ok(answer) => return answer,
+            }
+        }
+        Err(errors.join("; "))
+    }
+}
 
 /// A vhost of its own, deleted at the end of the test.
 pub struct Vhost {
     pub name: String,
+    pub broker: BrokerAccess,
 }
 
 impl Vhost {
     pub fn new(test: &str) -> Self {
-        let name = format!("gleaner-test-{test}-{}", std::process::id());
-        let _ = api("DELETE", &format!("/vhosts/{name}"), None);
-        api("PUT", &format!("/vhosts/{name}"), Some("{}")).expect("create vhost");
-        api(
-            "PUT",
-            &format!("/permissions/{name}/guest"),
-            Some(r#"{"configure":".*","write":".*","read":".*"}"#),
-        )
-        .expect("grant permissions");
-        Self { name }
+        Self::on(BrokerAccess::local(), test)
     }
 
+    pub fn on(broker: BrokerAccess, test: &str) -> Self {
+        let name = format!("gleaner-test-{test}-{}", std::process::id());
+        let _ = broker.api("DELETE", &format!("/vhosts/{name}"), None);
+        broker
+            .api("PUT", &format!("/vhosts/{name}"), Some("{}"))
+            .expect("create vhost");
+        broker
+            .api(
+                "PUT",
+                &format!("/permissions/{name}/{}", broker.user),
+                Some(r#"{"configure":".*","write":".*","read":".*"}"#),
+            )
+            .expect("grant permissions");
+        Self { name, broker }
+    }
+
+    /// The vhost's URL on the broker's first node.
     pub fn url(&self) -> String {
-        format!(
-            "amqp://guest:guest@127.0.0.1:5672/{}?heartbeat=10",
-            self.name
-        )
+        self.urls().swap_remove(0)
+    }
+
+    /// The vhost's URL on each of the broker's nodes.
+    pub fn urls(&self) -> Vec<String> {
+        self.broker
+            .amqp
+            .iter()
+            .map(|base| format!("{base}/{}?heartbeat=10", self.name))
+            .collect()
+    }
+
+    fn api(&self, method: &str, path: &str, body: Option<&str>) -> Result<String, String> {
+        self.broker.api(method, path, body)
     }
 
     /// Publishes a raw message through the management API, as a user would by hand.
@@ -57,18 +145,21 @@ impl Vhost {
             "payload": payload,
             "payload_encoding": "string",
         });
-        let answer = api(
-            "POST",
-            &format!("/exchanges/{}/amq.default/publish", self.name),
-            Some(&body.to_string()),
-        )
-        .expect("publish");
+        let answer = self
+            .api(
+                "POST",
+                &format!("/exchanges/{}/amq.default/publish", self.name),
+                Some(&body.to_string()),
+            )
+            .expect("publish");
         assert!(answer.contains("\"routed\":true"), "not routed: {answer}");
     }
 
     /// Messages in a queue (ready + unacked), as the management API reports them.
     pub fn queue(&self, queue: &str) -> Option<Value> {
-        let text = api("GET", &format!("/queues/{}/{queue}", self.name), None).ok()?;
+        let text = self
+            .api("GET", &format!("/queues/{}/{queue}", self.name), None)
+            .ok()?;
         serde_json::from_str(&text).ok()
     }
 
@@ -77,19 +168,21 @@ impl Vhost {
         let body = serde_json::json!({
             "count": count, "ackmode": "ack_requeue_false", "encoding": "auto"
         });
-        let text = api(
-            "POST",
-            &format!("/queues/{}/{queue}/get", self.name),
-            Some(&body.to_string()),
-        )
-        .unwrap_or_default();
+        let text = self
+            .api(
+                "POST",
+                &format!("/queues/{}/{queue}/get", self.name),
+                Some(&body.to_string()),
+            )
+            .unwrap_or_default();
         serde_json::from_str(&text).unwrap_or_default()
     }
 
     /// Closes every client connection of the vhost, as a broker restart would.
     pub fn close_connections(&self) -> usize {
-        let text =
-            api("GET", &format!("/vhosts/{}/connections", self.name), None).unwrap_or_default();
+        let text = self
+            .api("GET", &format!("/vhosts/{}/connections", self.name), None)
+            .unwrap_or_default();
         let connections: Vec<Value> = serde_json::from_str(&text).unwrap_or_default();
         for connection in &connections {
             if let Some(name) = connection["name"].as_str() {
@@ -102,14 +195,16 @@ impl Vhost {
                         _ => format!("%{b:02X}"),
                     })
                     .collect();
-                let _ = api("DELETE", &format!("/connections/{encoded}"), None);
+                let _ = self.api("DELETE", &format!("/connections/{encoded}"), None);
             }
         }
         connections.len()
     }
 
     pub fn queue_names(&self) -> Vec<String> {
-        let text = api("GET", &format!("/queues/{}", self.name), None).unwrap_or_default();
+        let text = self
+            .api("GET", &format!("/queues/{}", self.name), None)
+            .unwrap_or_default();
         let queues: Vec<Value> = serde_json::from_str(&text).unwrap_or_default();
         queues
             .iter()
@@ -120,41 +215,51 @@ impl Vhost {
 
 impl Drop for Vhost {
     fn drop(&mut self) {
-        let _ = api("DELETE", &format!("/vhosts/{}", self.name), None);
+        let _ = self.api("DELETE", &format!("/vhosts/{}", self.name), None);
     }
 }
 
-fn api(method: &str, path: &str, body: Option<&str>) -> Result<String, String> {
-    let url = format!("{API}{path}");
+/// No HTTP answer at all (the node is down): try another.
+struct Unanswered(String);
+
+/// One call of a management API: its answer (an error for an HTTP error
+/// status), or [`Unanswered`].
+fn api(
+    auth: &str,
+    url: &str,
+    method: &str,
+    body: Option<&str>,
+) -> Result<Result<String, String>, Unanswered> {
     let agent = ureq::Agent::config_builder()
         .timeout_global(Some(Duration::from_secs(30)))
+        .timeout_connect(Some(Duration::from_secs(3)))
         .http_status_as_error(false)
         .build()
         .new_agent();
     let response = match (method, body) {
-        ("GET", _) => agent.get(&url).header("Authorization", AUTH).call(),
-        ("DELETE", _) => agent.delete(&url).header("Authorization", AUTH).call(),
+        ("GET", _) => agent.get(url).header("Authorization", auth).call(),
+        ("DELETE", _) => agent.delete(url).header("Authorization", auth).call(),
         ("PUT", b) => agent
-            .put(&url)
-            .header("Authorization", AUTH)
+            .put(url)
+            .header("Authorization", auth)
             .header("content-type", "application/json")
             .send(b.unwrap_or("{}")),
         (_, b) => agent
-            .post(&url)
-            .header("Authorization", AUTH)
+            .post(url)
+            .header("Authorization", auth)
             .header("content-type", "application/json")
             .send(b.unwrap_or("{}")),
     };
-    let mut response = response.map_err(|e| format!("{method} {url}: {e}"))?;
+    let mut response = response.map_err(|e| Unanswered(format!("{method} {url}: {e}")))?;
     let status = response.status().as_u16();
     let text = response
         .body_mut()
         .read_to_string()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Unanswered(e.to_string()))?;
     if status >= 400 {
-        return Err(format!("{method} {url}: {status} {text}"));
+        return Ok(Err(format!("{method} {url}: {status} {text}")));
     }
-    Ok(text)
+    Ok(Ok(text))
 }
 
 /// One test's gleaner: a directory, a vhost, and the processes started in it.
@@ -168,8 +273,13 @@ pub struct Gleaner {
 impl Gleaner {
     /// `exe` is the `gleaner` binary under test.
     pub fn new(test: &str, exe: impl Into<PathBuf>) -> Self {
+        Self::on(BrokerAccess::local(), test, exe)
+    }
+
+    /// A gleaner on another broker (the replicated one).
+    pub fn on(broker: BrokerAccess, test: &str, exe: impl Into<PathBuf>) -> Self {
         Self {
-            vhost: Vhost::new(test),
+            vhost: Vhost::on(broker, test),
             dir: tempfile::tempdir().expect("tempdir"),
             exe: exe.into(),
             services: Vec::new(),
@@ -182,11 +292,16 @@ impl Gleaner {
 
     /// A gleaner command for this test's vhost and directory.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(&self.exe);
+        self.prepare(Command::new(&self.exe), args)
+    }
+
+    /// `command` (which runs gleaner) set up for this test.
+    fn prepare(&self, mut command: Command, args: &[&str]) -> Command {
         command
             .args(args)
             .current_dir(self.path())
             .env("GLEANER_BROKER_URL", self.vhost.url())
+            .env("GLEANER_BROKER_URLS", self.vhost.urls().join(","))
             .env("GLEANER_LAUNCHER__IDLE_TIMEOUT", "2s")
             .env("GLEANER_LAUNCHER__HEARTBEAT", "1s")
             .env("GLEANER_RUNNER__HEARTBEAT", "1s")
@@ -203,10 +318,24 @@ impl Gleaner {
 
     /// [`Gleaner::start`] with extra environment variables.
     pub fn start_with(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) -> u32 {
+        let mut command = self.command(args);
+        command.envs(env.iter().copied());
+        self.spawn(name, command)
+    }
+
+    /// [`Gleaner::start`] on a test host of its own.
+    pub fn start_on(&mut self, island: &Island, name: &str, args: &[&str]) -> u32 {
+        let mut command = Command::new("ip");
+        command
+            .args(["netns", "exec", &island.namespace()])
+            .arg(&self.exe);
+        let command = self.prepare(command, args);
+        self.spawn(name, command)
+    }
+
+    fn spawn(&mut self, name: &str, mut command: Command) -> u32 {
         let log = std::fs::File::create(self.path().join(format!("{name}.log"))).expect("log");
-        let child = self
-            .command(args)
-            .envs(env.iter().copied())
+        let child = command
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .process_group(0)
@@ -616,15 +745,9 @@ impl SlurmCluster {
     pub const SITE: &str = "batch";
 
     pub fn lock() -> Self {
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(std::env::temp_dir().join("gleaner-slurm-tests.lock"))
-            .expect("lock file");
-        let lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-            .unwrap_or_else(|(_, e)| panic!("lock the Slurm nodes: {e}"));
-        let cluster = Self { _lock: lock };
+        let cluster = Self {
+            _lock: exclusive("gleaner-slurm-tests.lock"),
+        };
         cluster.clear();
         cluster
     }
@@ -693,4 +816,163 @@ pub fn sweep(name: &str, tasks: u32, command: &str) -> String {
     format!(
         "name = \"{name}\"\n[sweep]\ncommand = \"{command}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n"
     )
+}
+
+/// An exclusive lock on a file in the temporary directory, held by one
+/// test at a time of all the test processes sharing something.
+fn exclusive(name: &str) -> nix::fcntl::Flock<std::fs::File> {
+    let path = std::env::temp_dir().join(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .expect("lock file");
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .unwrap_or_else(|(_, e)| panic!("lock {}: {e}", path.display()))
+}
+
+/// The replicated broker of `deploy/rabbitmq/cluster.sh`, one test at a
+/// time: a test that takes a node down holds a lock on the cluster, and
+/// every node is running again when it ends.
+pub struct BrokerCluster {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+    pub access: BrokerAccess,
+}
+
+impl BrokerCluster {
+    pub const NODES: [&str; 3] = ["node1", "node2", "node3"];
+
+    pub fn lock() -> Self {
+        let cluster = Self {
+            _lock: exclusive("gleaner-broker-cluster-tests.lock"),
+            access: BrokerAccess::cluster(),
+        };
+        for node in Self::NODES {
+            cluster.start(node);
+        }
+        cluster
+    }
+
+    /// Kills a node's broker, as a crash would.
+    pub fn stop(&self, node: &str) {
+        Self::script(&["stop", node]).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Starts a node's broker again (nothing if it runs); it rejoins.
+    pub fn start(&self, node: &str) {
+        Self::script(&["start", node]).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// The node (`node2`) a client's connection is on, by its connection
+    /// name (`runner@vm`), in a vhost.
+    pub fn node_of(&self, vhost: &Vhost, connection: &str) -> Option<String> {
+        let text = vhost
+            .api("GET", &format!("/vhosts/{}/connections", vhost.name), None)
+            .ok()?;
+        let connections: Vec<Value> = serde_json::from_str(&text).ok()?;
+        connections
+            .iter()
+            .find(|c| c["client_properties"]["connection_name"] == connection)
+            .and_then(|c| c["node"].as_str())
+            .map(|node| node.trim_start_matches("rabbit@").to_owned())
+    }
+
+    fn script(args: &[&str]) -> Result<(), String> {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/rabbitmq/cluster.sh");
+        let output = Command::new(&script)
+            .args(args)
+            .output()
+            .map_err(|e| format!("run {}: {e}", script.display()))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "cluster.sh {args:?}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            ))
+        }
+    }
+}
+
+impl Drop for BrokerCluster {
+    fn drop(&mut self) {
+        for node in Self::NODES {
+            if let Err(e) = Self::script(&["start", node]) {
+                eprintln!("{e}");
+            }
+        }
+    }
+}
+
+/// A test host of a test's own (`deploy/grid/hosts.sh island`): a network
+/// namespace with loopback and the broker forwarders only, whose broker
+/// traffic the test can cut (dropped, as by a network fault) and mend.
+/// Removed, with everything still running in it, when the test ends.
+pub struct Island {
+    pub name: String,
+}
+
+impl Island {
+    pub fn new(test: &str) -> Self {
+        let island = Self {
+            name: format!("{test}{}", std::process::id()),
+        };
+        island.hosts(&["island"]);
+        island
+    }
+
+    /// The namespace (`ip netns exec NAMESPACE …` runs a command there).
+    pub fn namespace(&self) -> String {
+        format!("gleaner-{}", self.name)
+    }
+
+    pub fn cut(&self) {
+        self.hosts(&["cut"]);
+    }
+
+    pub fn mend(&self) {
+        self.hosts(&["mend"]);
+    }
+
+    /// The processes running in the island: pid, command (`comm`).
+    pub fn processes(&self) -> Vec<(u32, String)> {
+        let output = Command::new("ip")
+            .args(["netns", "pids", &self.namespace()])
+            .output()
+            .expect("ip netns pids");
+        String::from_utf8_lossy(&output.stdout)
+            .split_whitespace()
+            .filter_map(|pid| {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
+                Some((pid.parse().ok()?, comm.trim().to_owned()))
+            })
+            .collect()
+    }
+
+    fn hosts(&self, command: &[&str]) {
+        let output = Command::new(grid_script())
+            .args(command)
+            .arg(&self.name)
+            .output()
+            .expect("deploy/grid/hosts.sh");
+        assert!(
+            output.status.success(),
+            "hosts.sh {command:?} {}: {} (is the dev grid up? deploy/sge/hosts.sh)",
+            self.name,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}
+
+impl Drop for Island {
+    fn drop(&mut self) {
+        let _ = Command::new(grid_script())
+            .args(["remove", &self.name])
+            .output();
+    }
+}
+
+fn grid_script() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/grid/hosts.sh")
 }
