@@ -189,3 +189,65 @@ fn a_standby_scheduler_takes_over_and_the_sweeps_complete() {
     );
     assert!(g.status().is_some(), "the standby answers status requests");
 }
+
+/// Tries of the one grid job waiting for placement, and its queue.
+fn placement(status: &Value) -> Option<(u64, String)> {
+    let placement = status["placements"].get(0)?;
+    Some((
+        placement["tries"].as_u64()?,
+        placement["queue"].as_str()?.to_owned(),
+    ))
+}
+
+#[test]
+fn a_standby_scheduler_goes_on_counting_a_grid_jobs_placement_tries() {
+    let mut g = gleaner("standby-grid");
+    g.write(
+        "gleaner.toml",
+        "[scheduler]\nupgrade_after = 4\n\n\
+         [[cluster]]\nname = \"small\"\nbackend = \"local\"\nslots = 2\n",
+    );
+    let active = g.start("scheduler", &["scheduler"]);
+    g.start("runner", &["runner"]);
+    g.start("kcm", &["kcm", "--cluster", "small"]);
+    // The kcm's first report makes the first scheduler the active one.
+    wait_for("the first scheduler to be active", MINUTE, || {
+        g.log("scheduler").contains("scheduler active")
+    });
+    g.start("standby", &["scheduler"]);
+    // Wider than any cluster: never placed, one try a round.
+    let job = g
+        .submit("name = \"wide\"\nkind = \"grid\"\n[[component]]\nslots = 4\ncommand = \"true\"\n");
+    let mut before = (0, String::new());
+    wait_for("six placement tries", MINUTE, || {
+        let Some(status) = g.status() else {
+            return false;
+        };
+        before = placement(&status).unwrap_or_default();
+        before.0 >= 6
+    });
+    assert_eq!(before.1, "high", "upgraded after 4 tries");
+    let text = String::from_utf8_lossy(&g.run(&["status", &job]).stdout).into_owned();
+    assert!(
+        text.contains(&format!("{job}: not placed after")) && text.contains("in the high queue"),
+        "status says why the job waits: {text}"
+    );
+
+    g.signal(active, Signal::SIGKILL);
+    // Only the standby is left to answer.
+    let mut after = None;
+    wait_for("the standby to answer", MINUTE, || {
+        after = g.status().and_then(|s| placement(&s));
+        after.is_some()
+    });
+    let (tries, queue) = after.unwrap_or_default();
+    assert!(
+        tries >= before.0,
+        "the standby went on from {} tries, not from none: {tries}",
+        before.0
+    );
+    assert_eq!(queue, "high");
+    assert!(g.log("standby").contains("grid bookkeeping taken over"));
+    assert!(g.run(&["cancel", &job]).status.success());
+    assert_eq!(g.wait_for_end(&job, MINUTE), "cancelled");
+}

@@ -7,7 +7,7 @@ use futures_util::StreamExt;
 use lapin::{
     Acker, Channel, Consumer,
     options::{
-        BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicQosOptions,
+        BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicGetOptions, BasicQosOptions,
         BasicRejectOptions,
     },
     types::FieldTable,
@@ -20,6 +20,33 @@ use crate::{
     publish::Publisher,
 };
 use gleaner_protocol::Event;
+
+/// Reads the oldest message of `queue` and leaves it there (it is
+/// requeued): state kept in a queue for whoever needs it next. One that
+/// cannot be read is dropped, with a warning, and reads as none.
+pub async fn peek<M: Decode>(channel: &Channel, queue: &str) -> Result<Option<M>, BrokerError> {
+    let Some(got) = channel
+        .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+        .await?
+    else {
+        return Ok(None);
+    };
+    let delivery = got.delivery;
+    match M::decode(&delivery.properties, &delivery.data) {
+        Ok((_, msg)) => {
+            delivery
+                .acker
+                .reject(BasicRejectOptions { requeue: true })
+                .await?;
+            Ok(Some(msg))
+        }
+        Err(e) => {
+            warn!(queue, error = %e, "dropping a message that cannot be read");
+            delivery.acker.ack(BasicAckOptions::default()).await?;
+            Ok(None)
+        }
+    }
+}
 
 /// How to consume a queue.
 #[derive(Debug, Clone)]

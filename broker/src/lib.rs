@@ -15,7 +15,7 @@ pub mod topology;
 mod watch;
 
 pub use connection::{Broker, Connection, DEFAULT_URL, redact};
-pub use consume::{ConsumeOptions, Inbox, Incoming};
+pub use consume::{ConsumeOptions, Inbox, Incoming, peek};
 pub use error::BrokerError;
 /// Channels are handed between the broker crate's functions; callers only
 /// hold them.

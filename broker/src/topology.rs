@@ -21,6 +21,8 @@ use lapin::{
 
 pub const SUBMIT_QUEUE: &str = "gleaner.submit";
 pub const SCHEDULER_QUEUE: &str = "gleaner.scheduler";
+/// The active scheduler's grid bookkeeping, for the one that takes over.
+pub const SCHEDULER_GRID_QUEUE: &str = "gleaner.scheduler.grid";
 pub const EVENTS_EXCHANGE: &str = "gleaner.events";
 pub const DEAD_QUEUE: &str = "gleaner.dead";
 
@@ -100,6 +102,13 @@ impl Args {
         self
     }
 
+    /// Holds this many messages at most; a new one pushes the oldest out.
+    fn max_length(mut self, messages: i64) -> Self {
+        self.0
+            .insert("x-max-length".into(), AMQPValue::LongLongInt(messages));
+        self
+    }
+
     fn delivery_limit(mut self, limit: i64) -> Self {
         self.0
             .insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
@@ -168,6 +177,12 @@ pub async fn declare_core(channel: &Channel) -> Result<()> {
         )
         .await?;
     Ok(())
+}
+
+/// The scheduler's handover queue: only the latest snapshot is worth
+/// anything, so it keeps one.
+pub async fn declare_scheduler_grid(channel: &Channel) -> Result<()> {
+    durable(channel, SCHEDULER_GRID_QUEUE, Args::quorum().max_length(1)).await
 }
 
 /// A cluster manager's inbox; single active consumer so a standby kcm waits.

@@ -201,6 +201,7 @@ pub async fn status(
     })?;
     if let Some(job) = job {
         reply.jobs.retain(|j| j.job.as_str() == job);
+        reply.placements.retain(|p| p.job.as_str() == job);
         if reply.jobs.is_empty() {
             return Err(not_running(job));
         }

@@ -102,6 +102,9 @@ impl Output for Cli {
                 out(format_args!("{}: {problem}", report.job));
             }
         }
+        for placement in &reply.placements {
+            out(crate::table::placement(placement));
+        }
     }
 
     fn cancel_requested(&self, job: &JobId) {

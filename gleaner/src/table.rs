@@ -1,8 +1,10 @@
 //! Tables for `gleaner status`: one per thing shown.
 
+use std::time::Duration;
+
 use comfy_table::{Table, presets::NOTHING};
 
-use gleaner_protocol::{ClusterView, HostReport, JobReport};
+use gleaner_protocol::{ClusterView, GridPlacement, HostReport, JobReport};
 
 /// Borderless columns, as terminals and `grep` like them.
 fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> String {
@@ -208,6 +210,25 @@ pub fn jobs(jobs: &[JobReport]) -> String {
     )
 }
 
+/// A grid job not placed yet, in a line.
+pub fn placement(p: &GridPlacement) -> String {
+    let tries = match p.tries {
+        1 => "1 try".to_owned(),
+        n => format!("{n} tries"),
+    };
+    let placed = p.placed_ms_ago.map_or(String::new(), |ms| {
+        format!(
+            "; placed {} ago, waiting for its clusters",
+            humantime::format_duration(Duration::from_secs(ms / 1000))
+        )
+    });
+    format!(
+        "{}: not placed after {tries}, in the {} queue{placed}",
+        p.job,
+        p.queue.name()
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use gleaner_protocol::ClusterReport;
@@ -223,6 +244,26 @@ mod tests {
             scavenged,
             ..HostReport::default()
         }
+    }
+
+    #[test]
+    fn a_placement_says_how_long_the_job_has_tried() {
+        let mut waiting = GridPlacement {
+            job: "rigid-0a1b2c".parse().unwrap(),
+            queue: gleaner_manifest::Priority::High,
+            tries: 1,
+            placed_ms_ago: None,
+        };
+        assert_eq!(
+            placement(&waiting),
+            "rigid-0a1b2c: not placed after 1 try, in the high queue"
+        );
+        waiting.tries = 31;
+        waiting.placed_ms_ago = Some(12_400);
+        assert_eq!(
+            placement(&waiting),
+            "rigid-0a1b2c: not placed after 31 tries, in the high queue; placed 12s ago, waiting for its clusters"
+        );
     }
 
     #[test]

@@ -69,6 +69,18 @@ pub enum Priority {
     SuperHigh,
 }
 
+impl Priority {
+    /// As manifests spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::SuperLow => "super-low",
+            Self::Low => "low",
+            Self::High => "high",
+            Self::SuperHigh => "super-high",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TaskDef {

@@ -284,11 +284,56 @@ pub struct StatusReply {
     pub policy: String,
     pub clusters: Vec<ClusterView>,
     pub jobs: Vec<JobReport>,
+    /// Grid jobs not placed yet: how long they have been trying.
+    #[serde(default)]
+    pub placements: Vec<GridPlacement>,
 }
 
 impl Message for StatusReply {
     fn kind(&self) -> &'static str {
         "status_reply"
+    }
+}
+
+/// A grid job's placement so far, as the scheduler keeps it: in no report,
+/// so it is handed to the scheduler that takes over ([`GridSnapshot`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GridPlacement {
+    pub job: JobId,
+    /// The placement queue it waits in: its priority, upgraded after tries.
+    pub queue: Priority,
+    /// Rounds in which it could not be placed.
+    pub tries: u32,
+    /// It was placed this long ago, and its runner has not answered yet.
+    #[serde(default)]
+    pub placed_ms_ago: Option<Millis>,
+}
+
+/// Slots promised to a placed grid job that its cluster does not show yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GridReservation {
+    pub job: JobId,
+    pub cluster: ClusterName,
+    pub slots: u32,
+    pub age_ms: Millis,
+}
+
+// ------------------------------------------------------------ gleaner.scheduler.grid
+
+/// The active scheduler's grid bookkeeping (the latest only is kept): what
+/// no report carries, so that a scheduler taking over goes on counting tries
+/// and keeps promised slots promised instead of starting again.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GridSnapshot {
+    /// When it was taken; its ages count from here.
+    pub taken_ms: Millis,
+    pub placements: Vec<GridPlacement>,
+    pub reservations: Vec<GridReservation>,
+}
+
+impl Message for GridSnapshot {
+    fn kind(&self) -> &'static str {
+        "grid_snapshot"
     }
 }
 

@@ -7,7 +7,9 @@ use std::{
 
 use gleaner_manifest::{JobId, Priority};
 use gleaner_policy::placement::{GridJob, Weights, upgraded};
-use gleaner_protocol::{ClusterName, JobReport, JobState};
+use gleaner_protocol::{
+    ClusterName, GridPlacement, GridReservation, GridSnapshot, JobReport, JobState, Millis, Now,
+};
 use serde::{Deserialize, Serialize};
 
 /// Grid job placement settings (keys of `[scheduler]`).
@@ -59,6 +61,9 @@ struct Reservation {
 pub struct GridBook {
     entries: BTreeMap<JobId, Entry>,
     reservations: Vec<Reservation>,
+    /// Placements handed over by the previous active scheduler for jobs
+    /// that have not reported here yet, and when they were handed over.
+    carried: BTreeMap<JobId, (GridPlacement, Instant)>,
 }
 
 /// A placed job's runner gets this long to report the placement before the
@@ -84,18 +89,17 @@ impl GridBook {
                 false
             }
             None => {
-                let queue = report.priority;
-                let placed = (report.state != JobState::Waiting).then_some(now);
-                self.entries.insert(
-                    report.job.clone(),
-                    Entry {
-                        report,
-                        seen: now,
-                        queue,
-                        tries: 0,
-                        placed,
-                    },
-                );
+                let mut entry = Entry {
+                    queue: report.priority,
+                    placed: (report.state != JobState::Waiting).then_some(now),
+                    report,
+                    seen: now,
+                    tries: 0,
+                };
+                if let Some((placement, at)) = self.carried.remove(&entry.report.job) {
+                    entry.carry_on(&placement, at);
+                }
+                self.entries.insert(entry.report.job.clone(), entry);
                 true
             }
         }
@@ -103,6 +107,7 @@ impl GridBook {
 
     pub fn done(&mut self, job: &JobId) {
         self.entries.remove(job);
+        self.carried.remove(job);
         self.reservations.retain(|r| &r.job != job);
     }
 
@@ -124,6 +129,8 @@ impl GridBook {
         for job in gone {
             self.done(&job);
         }
+        self.carried
+            .retain(|_, (_, at)| now.duration_since(*at) <= stale);
         let mut promised: BTreeMap<(ClusterName, JobId), u32> = BTreeMap::new();
         for r in &self.reservations {
             *promised
@@ -202,4 +209,114 @@ impl GridBook {
     pub fn reports(&self) -> impl Iterator<Item = &JobReport> {
         self.entries.values().map(|e| &e.report)
     }
+
+    /// Waiting grid jobs' placements so far.
+    pub fn placements(&self, now: Instant) -> Vec<GridPlacement> {
+        self.entries
+            .values()
+            .filter(|e| e.report.state == JobState::Waiting)
+            .map(|e| e.placement(now))
+            .collect()
+    }
+
+    /// What a scheduler taking over needs and no report carries: tries
+    /// count for running jobs too (a rigid job that loses a component
+    /// waits again, one try more).
+    pub fn snapshot(
+        &self,
+        Now {
+            instant: now,
+            wall_ms,
+        }: Now,
+    ) -> GridSnapshot {
+        let carried = self.carried.values().map(|(placement, at)| GridPlacement {
+            placed_ms_ago: placement
+                .placed_ms_ago
+                .map(|ago| ago.saturating_add(millis(now.duration_since(*at)))),
+            ..placement.clone()
+        });
+        GridSnapshot {
+            taken_ms: wall_ms,
+            placements: self
+                .entries
+                .values()
+                .map(|e| e.placement(now))
+                .chain(carried)
+                .collect(),
+            reservations: self
+                .reservations
+                .iter()
+                .map(|r| GridReservation {
+                    job: r.job.clone(),
+                    cluster: r.cluster.clone(),
+                    slots: r.slots,
+                    age_ms: millis(now.duration_since(r.issued)),
+                })
+                .collect(),
+        }
+    }
+
+    /// Takes over the previous active scheduler's bookkeeping, which is
+    /// newer than anything this one kept. Ages count from when it was
+    /// taken, on the wall clock (the only one two hosts share).
+    pub fn restore(
+        &mut self,
+        snapshot: GridSnapshot,
+        Now {
+            instant: now,
+            wall_ms,
+        }: Now,
+    ) {
+        let since = Duration::from_millis(wall_ms.saturating_sub(snapshot.taken_ms));
+        let ago = |ms: Millis| now.checked_sub(since + Duration::from_millis(ms));
+        for mut placement in snapshot.placements {
+            placement.placed_ms_ago = placement
+                .placed_ms_ago
+                .map(|ms| ms.saturating_add(millis(since)));
+            match self.entries.get_mut(&placement.job) {
+                Some(entry) => entry.carry_on(&placement, now),
+                None => {
+                    self.carried.insert(placement.job.clone(), (placement, now));
+                }
+            }
+        }
+        self.reservations = snapshot
+            .reservations
+            .into_iter()
+            .filter_map(|r| {
+                Some(Reservation {
+                    issued: ago(r.age_ms)?,
+                    job: r.job,
+                    cluster: r.cluster,
+                    slots: r.slots,
+                })
+            })
+            .collect();
+    }
+}
+
+impl Entry {
+    fn placement(&self, now: Instant) -> GridPlacement {
+        GridPlacement {
+            job: self.report.job.clone(),
+            queue: self.queue,
+            tries: self.tries,
+            placed_ms_ago: self.placed.map(|at| millis(now.duration_since(at))),
+        }
+    }
+
+    /// Goes on from a placement handed over at `at`.
+    fn carry_on(&mut self, placement: &GridPlacement, at: Instant) {
+        self.tries = placement.tries;
+        self.queue = placement.queue;
+        if self.report.state == JobState::Waiting {
+            self.placed = placement
+                .placed_ms_ago
+                .and_then(|ms| at.checked_sub(Duration::from_millis(ms)));
+        }
+    }
+}
+
+fn millis(d: Duration) -> Millis {
+    Millis::try_from(d.as_millis()).unwrap_or(Millis::MAX)
 }

@@ -15,11 +15,11 @@ pub use grid::GridConfig;
 use std::time::{Duration, Instant};
 
 use gleaner_broker::{
-    Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
-    topology::{self, JobQueues, SCHEDULER_QUEUE},
+    Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher, peek,
+    topology::{self, JobQueues, SCHEDULER_GRID_QUEUE, SCHEDULER_QUEUE},
 };
 use gleaner_manifest::JobId;
-use gleaner_protocol::{ControlMsg, GrantId, SchedulerMsg, now_ms};
+use gleaner_protocol::{ControlMsg, GrantId, GridSnapshot, Now, SchedulerMsg, now_ms};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -80,6 +80,7 @@ async fn session(
 ) -> Result<(), BrokerError> {
     let channel = connection.channel().await?;
     topology::declare_core(&channel).await?;
+    topology::declare_scheduler_grid(&channel).await?;
     let publisher = connection.publisher().await?;
     let mut inbox: Inbox<SchedulerMsg> = connection
         .inbox(
@@ -103,6 +104,12 @@ async fn session(
     // quiet: one ack each costs more than reading the message at grid scale,
     // and an unacked report read again after a crash only repeats news.
     let (mut unacked, mut last) = (0u16, None);
+    // The broker hands the inbox to one scheduler at a time: the first
+    // message says this one is active. Until then it decides nothing (what
+    // it kept from an earlier turn is stale), and when it becomes active it
+    // takes over the grid bookkeeping the last active one left.
+    let mut active = false;
+    let mut handed_over_nothing = false;
     loop {
         tokio::select! {
             message = inbox.next() => {
@@ -111,6 +118,13 @@ async fn session(
                     Some(Err(e)) => return Err(e),
                     None => return Err(BrokerError::NoQueue(SCHEDULER_QUEUE.to_owned())),
                 };
+                if !active {
+                    active = true;
+                    info!(scheduler = %connection.identity(), "scheduler active");
+                    if let Some(snapshot) = peek::<GridSnapshot>(&channel, SCHEDULER_GRID_QUEUE).await? {
+                        state.restore_grid(snapshot, Now::read());
+                    }
+                }
                 let now = Instant::now();
                 let reaction = state.on_message(incoming.msg.clone(), now, &config.state);
                 if reaction == Reaction::Status {
@@ -137,10 +151,19 @@ async fn session(
                 unacked = 0;
             }
             () = tokio::time::sleep_until(clock.next().into()) => {
-                let now = Instant::now();
-                let actions: Vec<_> = state.round(now, &config.state).into_iter().map(outbox::message).collect();
-                clock.ran(now);
-                if !actions.is_empty() && mail.send(actions).await.is_err() {
+                let now = Now::read();
+                clock.ran(now.instant);
+                if !active {
+                    continue;
+                }
+                let actions: Vec<_> = state.round(now.instant, &config.state).into_iter().map(outbox::message).collect();
+                // Handed over after every round that has grid jobs, and
+                // once more when the last is gone.
+                let grid = state.grid_snapshot(now);
+                let empty = grid.placements.is_empty() && grid.reservations.is_empty();
+                let grid = (!(empty && handed_over_nothing)).then_some(grid);
+                handed_over_nothing = empty;
+                if (!actions.is_empty() || grid.is_some()) && mail.send(Post { actions, grid }).await.is_err() {
                     return postman.await.unwrap_or_else(|e| Err(BrokerError::Connect(e.to_string())));
                 }
             }
@@ -159,16 +182,26 @@ async fn session(
     }
 }
 
+/// What a round sends: its decisions, and the grid bookkeeping to hand over.
+struct Post {
+    actions: Vec<(JobId, ControlMsg)>,
+    grid: Option<GridSnapshot>,
+}
+
 /// Sends each round's decisions to the jobs' runners, pipelined (a round at
 /// grid scale makes thousands of offers), and names the jobs whose control
 /// queue is gone. Ends when the session drops `mail`, or at the first
 /// broker error.
 async fn post(
     publisher: Publisher,
-    mut mail: mpsc::Receiver<Vec<(JobId, ControlMsg)>>,
+    mut mail: mpsc::Receiver<Post>,
     gone: mpsc::UnboundedSender<JobId>,
 ) -> Result<(), BrokerError> {
-    while let Some(round) = mail.recv().await {
+    while let Some(Post {
+        actions: round,
+        grid,
+    }) = mail.recv().await
+    {
         for chunk in round.chunks(POST_CHUNK) {
             let letters: Vec<_> = chunk
                 .iter()
@@ -183,6 +216,9 @@ async fn post(
             if round.len() > POST_CHUNK {
                 tokio::time::sleep(POST_PAUSE).await;
             }
+        }
+        if let Some(grid) = grid {
+            publisher.send(SCHEDULER_GRID_QUEUE, &grid).await?;
         }
     }
     Ok(())

@@ -16,7 +16,8 @@ use gleaner_policy::{
     share::{self, ClusterInput, JobInput, PolicyConfig},
 };
 use gleaner_protocol::{
-    ClusterName, ClusterReport, ClusterView, GrantId, JobReport, SchedulerMsg, StatusReply,
+    ClusterName, ClusterReport, ClusterView, GrantId, GridSnapshot, JobReport, Now, SchedulerMsg,
+    StatusReply,
 };
 use tracing::{debug, info};
 
@@ -622,7 +623,23 @@ impl State {
                 .map(|j| j.report.clone())
                 .chain(self.grid.reports().cloned())
                 .collect(),
+            placements: self.grid.placements(now),
         }
+    }
+
+    /// The grid bookkeeping a scheduler taking over needs ([`GridBook::snapshot`]).
+    pub fn grid_snapshot(&self, now: Now) -> GridSnapshot {
+        self.grid.snapshot(now)
+    }
+
+    /// Takes over the previous active scheduler's grid bookkeeping.
+    pub fn restore_grid(&mut self, snapshot: GridSnapshot, now: Now) {
+        info!(
+            placements = snapshot.placements.len(),
+            reservations = snapshot.reservations.len(),
+            "grid bookkeeping taken over"
+        );
+        self.grid.restore(snapshot, now);
     }
 }
 
@@ -966,6 +983,97 @@ mod tests {
             matches!(&actions[..], [Action::Abort { job: aborted, .. }] if *aborted == job("g"))
         );
         assert!(state.status("s", now, &config).jobs.is_empty());
+    }
+
+    fn wall(instant: Instant, ms: u64) -> Now {
+        Now {
+            instant,
+            wall_ms: ms,
+        }
+    }
+
+    #[test]
+    fn a_scheduler_taking_over_goes_on_counting_tries() {
+        let config = StateConfig {
+            grid: GridConfig {
+                upgrade_after: 2,
+                max_tries: 4,
+                ..GridConfig::default()
+            },
+            ..StateConfig::default()
+        };
+        let now = Instant::now();
+        let mut active = State::new(GrantId::new(1));
+        active.on_job_update(grid_report("g", Priority::Low, &[16]), now);
+        active.on_cluster(cluster_report(8, &[], vec![]), now, &config);
+        for _ in 0..3 {
+            assert!(active.round(now, &config).is_empty());
+        }
+        let snapshot = active.grid_snapshot(wall(now, 1_000));
+        assert_eq!(
+            active.status("s", now, &config).placements,
+            snapshot.placements
+        );
+        assert_eq!(snapshot.placements[0].tries, 3);
+        assert_eq!(snapshot.placements[0].queue, Priority::High);
+
+        // The job's report reaches the new scheduler before it takes over,
+        // and after.
+        for report_first in [true, false] {
+            let later = now + Duration::from_secs(2);
+            let mut standby = State::new(GrantId::new(2));
+            standby.on_cluster(cluster_report(8, &[], vec![]), later, &config);
+            if report_first {
+                standby.on_job_update(grid_report("g", Priority::Low, &[16]), later);
+            }
+            standby.restore_grid(snapshot.clone(), wall(later, 3_000));
+            if !report_first {
+                standby.on_job_update(grid_report("g", Priority::Low, &[16]), later);
+            }
+            let placements = standby.status("s", later, &config).placements;
+            assert_eq!(placements[0].tries, 3, "report first: {report_first}");
+            assert_eq!(placements[0].queue, Priority::High);
+            let actions = standby.round(later, &config);
+            assert!(
+                matches!(&actions[..], [Action::Abort { job: aborted, .. }] if *aborted == job("g")),
+                "the fourth try, the first after the takeover, is the last: {actions:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn slots_promised_before_a_takeover_stay_promised() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut active = State::new(GrantId::new(1));
+        active.on_job_update(grid_report("g", Priority::High, &[6]), now);
+        active.on_cluster(cluster_report(8, &[], vec![]), now, &config);
+        let actions = active.round(now, &config);
+        assert!(actions.iter().any(|a| matches!(a, Action::Place { .. })));
+        let snapshot = active.grid_snapshot(wall(now, 10_000));
+        assert_eq!(snapshot.reservations.len(), 1);
+        assert!(snapshot.placements[0].placed_ms_ago.is_some());
+
+        let later = now + Duration::from_secs(5);
+        let mut standby = State::new(GrantId::new(2));
+        standby.restore_grid(snapshot.clone(), wall(later, 15_000));
+        standby.on_job_update(grid_report("g", Priority::High, &[6]), later);
+        standby.on_job_update(job_report("a", 100), later);
+        standby.on_cluster(cluster_report(8, &[], vec![]), later, &config);
+        let actions = standby.round(later, &config);
+        assert!(
+            !actions.iter().any(|a| matches!(a, Action::Place { .. })),
+            "placed once, not again: {actions:?}"
+        );
+        assert_eq!(offers(&actions), [("a".into(), 2)], "6 of 8 slots promised");
+
+        // Ages count on: past the reservation timeout, the promise lapses.
+        let much_later = later + config.grid.reservation_timeout;
+        let mut late = State::new(GrantId::new(3));
+        late.restore_grid(snapshot, wall(much_later, 15_000 + 120_000));
+        late.on_job_update(job_report("a", 100), much_later);
+        late.on_cluster(cluster_report(8, &[], vec![]), much_later, &config);
+        assert_eq!(offers(&late.round(much_later, &config)), [("a".into(), 8)]);
     }
 
     #[test]

@@ -503,8 +503,17 @@ impl Drop for Gleaner {
             let _ = child.wait();
         }
         if std::thread::panicking() {
-            for name in ["up", "runner", "runner2", "scheduler", "kcm"] {
-                let log = self.log(name);
+            let mut logs: Vec<PathBuf> = std::fs::read_dir(self.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|entry| entry.path())
+                .filter(|path| path.extension().is_some_and(|ext| ext == "log"))
+                .collect();
+            logs.sort();
+            for path in logs {
+                let log = std::fs::read_to_string(&path).unwrap_or_default();
+                let name = path.file_stem().unwrap_or_default().to_string_lossy();
                 if !log.is_empty() {
                     let tail: Vec<&str> = log.lines().rev().take(60).collect();
                     eprintln!("---- {name}.log (last lines) ----");
