@@ -8,6 +8,7 @@ deploy/rabbitmq/setup.sh
 deploy/sge/setup.sh
 deploy/sge/hosts.sh
 deploy/slurm/setup.sh
+deploy/rabbitmq/cluster.sh up >/dev/null
 cargo build --release --quiet -p gleaner -p gleaner-bench
 bench=target/release/gleaner-bench
 export RUST_LOG=warn
@@ -73,6 +74,11 @@ echo "## scheduler: inbox lag at grid scale"
 echo "| build | clusters | jobs | messages/s | inbox lag p50 / p99 / worst (s) | most messages waiting | scheduler CPU |"
 echo "|---|---|---|---|---|---|---|"
 "$bench" inbox --clusters 1000 --jobs 10000 --seconds 60 ${BASELINE:+--baseline "$BASELINE"}
+
+echo "## chaos: faults at random over one sweep, and recovery from each"
+echo "| faults | tasks | makespan (s) | end | lost | duplicated | failed | most tasks at once / slots | processes left |"
+echo "|---|---|---|---|---|---|---|---|---|"
+"$bench" chaos --tasks 1500 --task-seconds 2
 
 echo "## simulator: DAS-3 fairness (seed 000, section 4.4)"
 echo "| workload | policy | throughput of the 3 jobs (tasks/s) | preemptions | spread | local jobs added wait, mean / worst (s) | grid jobs added wait, mean / worst (s) |"

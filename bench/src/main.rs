@@ -2,6 +2,7 @@
 //! build next to this binary) on a vhost of its own and prints Markdown for
 //! BENCHMARKS.md. Run them with `bench/run.sh` on an otherwise idle machine.
 
+mod chaos;
 mod decide;
 mod fairness;
 mod inbox;
@@ -120,6 +121,21 @@ enum Bench {
         #[arg(long, default_value_t = 4)]
         host_slots: u32,
     },
+    /// The chaos suite, long: scheduler, runner, kcm, launcher, broker node,
+    /// whole broker and launcher host faults at random over one sweep over
+    /// the replicated broker (deploy/rabbitmq/cluster.sh up).
+    Chaos {
+        #[arg(long, default_value_t = 1500)]
+        tasks: u32,
+        #[arg(long, default_value_t = 2.0)]
+        task_seconds: f64,
+        /// Quiet seconds between faults, at least.
+        #[arg(long, default_value_t = 5)]
+        pause_min: u64,
+        /// Quiet seconds between faults, at most.
+        #[arg(long, default_value_t = 10)]
+        pause_max: u64,
+    },
 }
 
 fn gleaner_binary() -> anyhow::Result<PathBuf> {
@@ -194,5 +210,16 @@ fn main() -> anyhow::Result<()> {
         Bench::SgeThroughput { tasks, host_slots } => {
             sge::throughput(&gleaner_binary()?, tasks, host_slots)
         }
+        Bench::Chaos {
+            tasks,
+            task_seconds,
+            pause_min,
+            pause_max,
+        } => chaos::run(
+            &gleaner_binary()?,
+            tasks,
+            task_seconds,
+            (pause_min, pause_max),
+        ),
     }
 }

@@ -12,9 +12,9 @@
 #   deploy/grid/hosts.sh cut HOST        (drops HOST's broker traffic, port 5672,
 #                                          both ways: a network fault)
 #   deploy/grid/hosts.sh mend HOST       (lets it through again)
-#   deploy/grid/hosts.sh island NAME     (a host with no bridge, only loopback
-#                                          and the broker forwarders: for a
-#                                          test of its own to cut)
+#   deploy/grid/hosts.sh island NAME     (a host for a test of its own to cut:
+#                                          loopback, the broker forwarders and
+#                                          an address on the bridge)
 #   deploy/grid/hosts.sh remove HOST     (removes a host or an island)
 #
 # Addresses: the bridge gleaner0 has 10.77.0.1 (this machine, known to the
@@ -111,14 +111,28 @@ EOF
 }
 mend() { ip netns exec "$(ns_of "$1")" nft delete table inet gleaner_cut 2>/dev/null || true; }
 
-# A host of a test's own: loopback and the broker forwarders, no bridge.
+# A host of a test's own: loopback and the broker forwarders, and a place on
+# the bridge (to reach the replicated broker on the test hosts) at the first
+# free address of 10.77.0.100-199; the veth's name (gl-iK) is the lock that
+# keeps two islands made at once off the same address.
 island() {
-    local host=$1 ns
+    local host=$1 ns k
     ns=$(ns_of "$host")
     alive "$run/amqp.pid" || { log "no broker forwarder: run \`$0 up\` first"; exit 1; }
     [ -e "/run/netns/$ns" ] || ip netns add "$ns"
     ip -n "$ns" link set lo up
     forward_into "$host"
+    if ! ip -n "$ns" link show eth0 >/dev/null 2>&1; then
+        for k in $(seq 100 199); do
+            if ip link add "gl-i$k" type veth peer name eth0 netns "$ns" 2>/dev/null; then
+                ip link set "gl-i$k" master "$bridge" up
+                ip -n "$ns" addr add "$prefix.$k/24" dev eth0
+                ip -n "$ns" link set eth0 up
+                return 0
+            fi
+        done
+        log "no free island address in $prefix.100-199"; exit 1
+    fi
 }
 
 remove_node() {
@@ -206,7 +220,7 @@ down() {
         if [ -e "$f" ]; then remove_node "${f##*/gleaner-}"; fi
     done
     # Veths whose namespace went some other way.
-    for node in $(ip -o link show 2>/dev/null | sed -nE 's/^[0-9]+: (gl-node[0-9]+)[@:].*/\1/p'); do
+    for node in $(ip -o link show 2>/dev/null | sed -nE 's/^[0-9]+: (gl-(node|i)[0-9]+)[@:].*/\1/p'); do
         ip link del "$node" 2>/dev/null || true
     done
     for fwd in $forwards; do

@@ -507,6 +507,50 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_running_tasks_orphan_lives_until_that_task_ends() {
+        assert!(orphans::adopt(), "the subreaper is allowed here");
+        assert!(orphans::contain().is_ok(), "cgroup v2 is writable here");
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = format!("sleep 43.{}", std::process::id());
+        // The daemon's own command line, not the task's shell's.
+        let running = |daemon: &str| {
+            let found = std::process::Command::new("pgrep")
+                .args(["-f", &format!("^{daemon}$")])
+                .output()
+                .unwrap();
+            !found.stdout.is_empty()
+        };
+        // Orphaned at once (its parent subshell ends), out of the group,
+        // while its task still runs.
+        let long = tokio::spawn({
+            let (command, sandbox) = (
+                format!("(setsid {daemon} &); sleep 2"),
+                dir.path().join("a"),
+            );
+            async move { super::run(task(&command, &sandbox), Limits::default(), never()).await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(running(&daemon), "the orphan started");
+        // Another task ending sweeps the strays; the orphan is not one.
+        let short = super::run(
+            task("true", &dir.path().join("b")),
+            Limits::default(),
+            never(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(short.status, RunStatus::Succeeded);
+        assert!(
+            running(&daemon),
+            "another task's end spared a running task's orphan"
+        );
+        let outcome = long.await.unwrap().unwrap();
+        assert_eq!(outcome.status, RunStatus::Succeeded);
+        assert!(!running(&daemon), "the orphan ended with its task");
+        orphans::release();
+    }
+
+    #[tokio::test]
     async fn stop_kills_and_returns_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let (tx, rx) = watch::channel(false);

@@ -199,6 +199,19 @@ pub async fn run(
     if !orphans::adopt() {
         warn!(launcher = %config.id, "cannot be the subreaper of its tasks: processes they move out of their group may outlive them");
     }
+    if let Err(why) = orphans::contain() {
+        debug!(launcher = %config.id, why, "tasks contained by process group and subreaper, without cgroups");
+    }
+    let served = serve(broker, config, signals).await;
+    orphans::release();
+    served
+}
+
+async fn serve(
+    broker: &Broker,
+    config: LauncherConfig,
+    signals: Signals,
+) -> Result<Exit, LauncherError> {
     let connection = broker.connect().await?;
     let publisher = connection.publisher().await?;
     let queues = JobQueues::new(&config.job);

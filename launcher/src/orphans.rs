@@ -1,13 +1,26 @@
 //! Processes a task starts that leave its process group (`setsid`, a
-//! daemon's double fork) escape the group kill at the task's end. The
-//! launcher is made their subreaper: orphaned, they become its children
-//! rather than init's, and whatever child of the launcher no running task
-//! owns is killed (and reaped) when a task ends. With multi-slot launchers
-//! this includes a process another running task moved out of its group and
-//! orphaned: tasks must keep their processes in their own group.
+//! daemon's double fork) escape the group kill at the task's end. Two nets
+//! catch them. Where the launcher may make cgroups (v2) under its own, each
+//! task's shell starts in a cgroup of its own, which everything it starts
+//! stays in, whatever group or parent it moves to; the cgroup is killed
+//! when the task ends. And the launcher is their subreaper: orphaned, they
+//! become its children rather than init's, and whatever child of the
+//! launcher no running task owns (by process group, or by cgroup) is killed
+//! and reaped when a task ends. Without cgroups, a multi-slot launcher also
+//! kills a process another running task moved out of its group and
+//! orphaned.
 
-use std::{collections::BTreeSet, io, sync::Mutex};
+use std::{
+    collections::BTreeMap,
+    io,
+    path::Path,
+    sync::{
+        Mutex, OnceLock,
+        atomic::{AtomicU64, Ordering},
+    },
+};
 
+use gleaner_contain::Tree;
 use nix::{
     sys::{
         signal::{Signal, kill, killpg},
@@ -17,8 +30,16 @@ use nix::{
 };
 use tokio::process::{Child, Command};
 
-/// Process ids of the running tasks' shells, each its own group's leader.
-static RUNNING: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
+/// The running tasks' shells, each its own group's leader, and the name of
+/// its cgroup in [`TASK_CGROUPS`], if it has one.
+static RUNNING: Mutex<BTreeMap<i32, Option<String>>> = Mutex::new(BTreeMap::new());
+
+/// This launcher's task cgroups: `<own cgroup>/tasks-<pid>/<n>`; `None`
+/// where it may not make them.
+static TASK_CGROUPS: OnceLock<Option<Tree>> = OnceLock::new();
+
+/// Names the next task cgroup.
+static NEXT_CGROUP: AtomicU64 = AtomicU64::new(0);
 
 /// Makes this process the subreaper of everything it starts; `false` where
 /// the kernel refuses (strays then go to init, as before).
@@ -26,21 +47,70 @@ pub fn adopt() -> bool {
     nix::sys::prctl::set_child_subreaper(true).is_ok()
 }
 
-/// Starts a task's shell, known as running before any sweep can see it.
+/// Makes the directory of this launcher's task cgroups; why not, where it
+/// cannot (then tasks are contained by group and subreaper alone).
+pub fn contain() -> Result<(), String> {
+    let tree = TASK_CGROUPS
+        .get_or_init(|| Tree::under_own(Path::new(&format!("tasks-{}", std::process::id()))).ok());
+    let Some(tree) = tree else {
+        return Err("no cgroup v2 this launcher may write to".to_owned());
+    };
+    // What a launcher killed outright (SIGKILL) beside this one left.
+    let siblings = tree.path().parent().and_then(|p| std::fs::read_dir(p).ok());
+    for entry in siblings.into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let gone = name
+            .strip_prefix("tasks-")
+            .and_then(|pid| pid.parse::<u32>().ok())
+            .is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+        if gone && let Ok(left) = Tree::under_own(Path::new(&name)) {
+            left.end_all();
+        }
+    }
+    Ok(())
+}
+
+/// Removes this launcher's task cgroups (their processes killed), when it
+/// leaves.
+pub fn release() {
+    if let Some(Some(tree)) = TASK_CGROUPS.get() {
+        tree.end_all();
+    }
+}
+
+/// Starts a task's shell (in a cgroup of its own where there are task
+/// cgroups), known as running before any sweep can see it.
 pub fn spawn(command: &mut Command) -> io::Result<Child> {
     let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+    let cgroup = TASK_CGROUPS
+        .get()
+        .and_then(Option::as_ref)
+        .and_then(|tree| {
+            let name = NEXT_CGROUP.fetch_add(1, Ordering::Relaxed).to_string();
+            let entry = tree.make(&name).ok()?;
+            let procs = entry.fd();
+            // SAFETY: `join` only writes to an open descriptor, which `entry`
+            // keeps open until the spawn is over.
+            unsafe {
+                command.pre_exec(move || gleaner_contain::join(procs));
+            }
+            Some((name, entry))
+        });
     let child = command.spawn()?;
     if let Some(pid) = child.id() {
-        running.insert(pid as i32);
+        running.insert(pid as i32, cgroup.map(|(name, _)| name));
     }
     Ok(child)
 }
 
-/// A task's shell has ended: kills the strays and forgets the shell.
+/// A task's shell has ended: kills what is left in its cgroup, then the
+/// strays, and forgets the shell.
 pub fn ended(pid: Option<u32>) {
     let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(pid) = pid {
-        running.remove(&(pid as i32));
+    if let Some(Some(cgroup)) = pid.and_then(|pid| running.remove(&(pid as i32)))
+        && let Some(Some(tree)) = TASK_CGROUPS.get()
+    {
+        tree.end(&cgroup);
     }
     kill_strays(&running);
 }
@@ -48,11 +118,20 @@ pub fn ended(pid: Option<u32>) {
 /// Kills and reaps this process's children that are neither a running
 /// task's shell nor in its group; their own orphans come next, so a few
 /// rounds. Reaping never waits: one not dead yet is reaped at a later end.
-fn kill_strays(running: &BTreeSet<i32>) {
+fn kill_strays(running: &BTreeMap<i32, Option<String>>) {
+    let owned: Vec<String> = running
+        .values()
+        .flatten()
+        .map(|name| format!("/tasks-{}/{name}", std::process::id()))
+        .collect();
     for _ in 0..5 {
         let strays: Vec<(i32, i32)> = children()
             .into_iter()
-            .filter(|(pid, group)| !running.contains(pid) && !running.contains(group))
+            .filter(|(pid, group)| {
+                !running.contains_key(pid)
+                    && !running.contains_key(group)
+                    && !in_task_cgroup(*pid, &owned)
+            })
             .collect();
         if strays.is_empty() {
             return;
@@ -104,6 +183,25 @@ fn children() -> Vec<(i32, i32)> {
             (ppid == me).then_some((pid, group))
         })
         .collect()
+}
+
+/// Whether a process is in one of these task cgroups (a running task's,
+/// as the end of its path: `/tasks-<launcher>/<n>`).
+fn in_task_cgroup(pid: i32, cgroups: &[String]) -> bool {
+    if cgroups.is_empty() {
+        return false;
+    }
+    let Ok(membership) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else {
+        return false;
+    };
+    membership
+        .lines()
+        .filter_map(|l| l.strip_prefix("0::"))
+        .any(|path| {
+            cgroups
+                .iter()
+                .any(|c| path.trim_end().ends_with(c.as_str()))
+        })
 }
 
 /// A process's parent and process group, from its `stat`.

@@ -16,6 +16,8 @@ use nix::{
 };
 use serde_json::Value;
 
+pub mod chaos;
+
 /// A RabbitMQ broker the tests use: the development broker on this machine,
 /// or the replicated cluster of `deploy/rabbitmq/cluster.sh` on the test
 /// hosts.
@@ -486,6 +488,48 @@ impl Gleaner {
     }
 }
 
+impl Gleaner {
+    /// The last lines of every service's log, on stderr.
+    pub fn print_logs(&self) {
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(self.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|entry| entry.path())
+            .filter(|path| path.extension().is_some_and(|ext| ext == "log"))
+            .collect();
+        logs.sort();
+        for path in logs {
+            let log = std::fs::read_to_string(&path).unwrap_or_default();
+            let name = path.file_stem().unwrap_or_default().to_string_lossy();
+            if !log.is_empty() {
+                let tail: Vec<&str> = log.lines().rev().take(60).collect();
+                eprintln!("---- {name}.log (last lines) ----");
+                for line in tail.into_iter().rev() {
+                    eprintln!("{line}");
+                }
+            }
+        }
+    }
+
+    /// Asks every service still running to stop, as a service manager
+    /// would (SIGTERM to the service alone, nothing else in its process
+    /// group), and waits for them, `timeout` at most.
+    pub fn stop_services(&mut self, timeout: Duration) {
+        for child in &mut self.services {
+            if matches!(child.try_wait(), Ok(None)) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        for child in &mut self.services {
+            while Instant::now() < deadline && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
 impl Drop for Gleaner {
     fn drop(&mut self) {
         for child in &self.services {
@@ -503,25 +547,7 @@ impl Drop for Gleaner {
             let _ = child.wait();
         }
         if std::thread::panicking() {
-            let mut logs: Vec<PathBuf> = std::fs::read_dir(self.path())
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|entry| entry.path())
-                .filter(|path| path.extension().is_some_and(|ext| ext == "log"))
-                .collect();
-            logs.sort();
-            for path in logs {
-                let log = std::fs::read_to_string(&path).unwrap_or_default();
-                let name = path.file_stem().unwrap_or_default().to_string_lossy();
-                if !log.is_empty() {
-                    let tail: Vec<&str> = log.lines().rev().take(60).collect();
-                    eprintln!("---- {name}.log (last lines) ----");
-                    for line in tail.into_iter().rev() {
-                        eprintln!("{line}");
-                    }
-                }
-            }
+            self.print_logs();
         }
     }
 }
@@ -871,6 +897,15 @@ impl BrokerCluster {
     /// Starts a node's broker again (nothing if it runs); it rejoins.
     pub fn start(&self, node: &str) {
         Self::script(&["start", node]).unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Stops every node, then starts the cluster again (its nodes boot
+    /// together, each waiting for the others).
+    pub fn restart(&self) {
+        for node in Self::NODES {
+            self.stop(node);
+        }
+        Self::script(&["up"]).unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// The node (`node2`) a client's connection is on, by its connection
