@@ -962,16 +962,21 @@ mod tests {
         assert!(offers(&actions).is_empty());
     }
 
-    #[test]
-    fn unplaceable_grid_jobs_move_up_and_are_aborted() {
-        let config = StateConfig {
+    /// Grid jobs move up a queue every 2 tries and give up after `max_tries`.
+    fn upgrading_after_two(max_tries: u32) -> StateConfig {
+        StateConfig {
             grid: GridConfig {
                 upgrade_after: 2,
-                max_tries: 3,
+                max_tries,
                 ..GridConfig::default()
             },
             ..StateConfig::default()
-        };
+        }
+    }
+
+    #[test]
+    fn unplaceable_grid_jobs_move_up_and_are_aborted() {
+        let config = upgrading_after_two(3);
         let now = Instant::now();
         let mut state = State::new(GrantId::new(1));
         state.on_job_update(grid_report("g", Priority::Low, &[16]), now);
@@ -994,14 +999,7 @@ mod tests {
 
     #[test]
     fn a_scheduler_taking_over_goes_on_counting_tries() {
-        let config = StateConfig {
-            grid: GridConfig {
-                upgrade_after: 2,
-                max_tries: 4,
-                ..GridConfig::default()
-            },
-            ..StateConfig::default()
-        };
+        let config = upgrading_after_two(4);
         let now = Instant::now();
         let mut active = State::new(GrantId::new(1));
         active.on_job_update(grid_report("g", Priority::Low, &[16]), now);
