@@ -59,6 +59,12 @@ impl Tree {
         remove(&dir)
     }
 
+    /// Kills everything in a cgroup (its descendants' too) and keeps it,
+    /// for the next process.
+    pub fn kill(&self, name: &str) {
+        kill_all(&self.base.join(name));
+    }
+
     /// Kills everything in the tree and removes it, as [`Tree::end`] does
     /// for one cgroup.
     pub fn end_all(&self) -> bool {

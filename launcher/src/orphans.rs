@@ -41,6 +41,10 @@ static TASK_CGROUPS: OnceLock<Option<Tree>> = OnceLock::new();
 /// Names the next task cgroup.
 static NEXT_CGROUP: AtomicU64 = AtomicU64::new(0);
 
+/// Task cgroups emptied at their task's end, for the next tasks: making and
+/// removing one per task would cost more than the task's own spawn.
+static FREE_CGROUPS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
 /// Makes this process the subreaper of everything it starts; `false` where
 /// the kernel refuses (strays then go to init, as before).
 pub fn adopt() -> bool {
@@ -86,7 +90,9 @@ pub fn spawn(command: &mut Command) -> io::Result<Child> {
         .get()
         .and_then(Option::as_ref)
         .and_then(|tree| {
-            let name = NEXT_CGROUP.fetch_add(1, Ordering::Relaxed).to_string();
+            let free = FREE_CGROUPS.lock().ok().and_then(|mut free| free.pop());
+            let name =
+                free.unwrap_or_else(|| NEXT_CGROUP.fetch_add(1, Ordering::Relaxed).to_string());
             let entry = tree.make(&name).ok()?;
             let procs = entry.fd();
             // SAFETY: `join` only writes to an open descriptor, which `entry`
@@ -103,14 +109,17 @@ pub fn spawn(command: &mut Command) -> io::Result<Child> {
     Ok(child)
 }
 
-/// A task's shell has ended: kills what is left in its cgroup, then the
-/// strays, and forgets the shell.
+/// A task's shell has ended: kills what is left in its cgroup (kept for
+/// the next task), then the strays, and forgets the shell.
 pub fn ended(pid: Option<u32>) {
     let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
     if let Some(Some(cgroup)) = pid.and_then(|pid| running.remove(&(pid as i32)))
         && let Some(Some(tree)) = TASK_CGROUPS.get()
     {
-        tree.end(&cgroup);
+        tree.kill(&cgroup);
+        if let Ok(mut free) = FREE_CGROUPS.lock() {
+            free.push(cgroup);
+        }
     }
     kill_strays(&running);
 }

@@ -443,15 +443,22 @@ impl Gleaner {
         serde_json::from_slice(&output.stdout).ok()
     }
 
-    /// Launcher processes of a job (their pids).
+    /// Launcher processes of a job (their pids). A launcher's child between
+    /// its fork and the exec of a task's shell still has the launcher's
+    /// command line: it is not one.
     pub fn launchers(&self, job: &str) -> Vec<u32> {
         let output = Command::new("pgrep")
             .args(["-f", &format!("launcher --job {job} ")])
             .output()
             .expect("pgrep");
-        String::from_utf8_lossy(&output.stdout)
+        let matched: Vec<u32> = String::from_utf8_lossy(&output.stdout)
             .lines()
             .filter_map(|l| l.trim().parse().ok())
+            .collect();
+        matched
+            .iter()
+            .copied()
+            .filter(|pid| parent(*pid).is_none_or(|parent| !matched.contains(&parent)))
             .collect()
     }
 
@@ -550,6 +557,18 @@ impl Drop for Gleaner {
             self.print_logs();
         }
     }
+}
+
+/// A process's parent, from its `stat` (after the command name, which may
+/// hold anything: state, then the parent).
+fn parent(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 pub fn rand_suffix() -> String {
