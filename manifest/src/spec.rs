@@ -141,6 +141,17 @@ impl Manifest {
                 ));
             }
         }
+        if let Some(results) = &self.results
+            && (results.as_os_str().is_empty()
+                || results
+                    .components()
+                    .any(|c| c == std::path::Component::ParentDir))
+        {
+            return Err(ManifestError::invalid(
+                "results",
+                format!("{results:?} must name a directory without `..` in it"),
+            ));
+        }
         match self.kind {
             JobKind::Scavenge => self.validate_scavenge(),
             JobKind::Grid => self.validate_grid(),
@@ -315,6 +326,20 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
         assert_eq!(m.max_attempts, 3);
         assert_eq!(m.walltime, None);
         assert_eq!(m.results_dir("a-000000"), PathBuf::from("results/a-000000"));
+    }
+
+    #[test]
+    fn results_cannot_climb_out_of_the_results_root() {
+        for results in ["../../../../tmp/elsewhere", "a/../../b", ""] {
+            let err = parse(&format!(
+                "name = \"a\"\nresults = \"{results}\"\n[[task]]\ncommand = \"true\"\n"
+            ))
+            .unwrap_err();
+            assert_eq!(err.field(), Some("results"), "{results:?}: {err}");
+        }
+        let m =
+            parse("name = \"a\"\nresults = \"runs/x..y\"\n[[task]]\ncommand = \"true\"\n").unwrap();
+        assert_eq!(m.results_dir("a-000000"), PathBuf::from("runs/x..y"));
     }
 
     #[test]
