@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Sets up what the tests need (idempotently: RabbitMQ, a single-host Grid
 # Engine cell, beside it the multi-host dev grid of test hosts in network
-# namespaces, Slurm and a 3-node replicated RabbitMQ on those hosts) and
-# runs every test.
+# namespaces, Slurm, a 3-node replicated RabbitMQ on those hosts, and the
+# Unix accounts alice and bob) and runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +11,7 @@ deploy/sge/setup.sh
 deploy/sge/hosts.sh
 deploy/slurm/setup.sh
 deploy/rabbitmq/cluster.sh up >/dev/null
+deploy/accounts.sh alice bob
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --no-fail-fast "$@"
 else

@@ -59,6 +59,7 @@ pub fn cluster_report(c: usize, ids: &[JobId]) -> ClusterReport {
 pub fn report(job: JobId, kind: JobKind, components: Vec<u32>) -> JobReport {
     JobReport {
         job,
+        owner: "bench".to_owned(),
         kind,
         priority: if kind == JobKind::Grid {
             Priority::High

@@ -33,6 +33,9 @@ pub struct Broker {
     /// The node that answered last: tried first next time.
     current: Arc<AtomicUsize>,
     identity: Arc<str>,
+    /// The broker user of the URLs: stamped as `user_id` on every message,
+    /// which the broker checks, so receivers know who sent it.
+    user: Arc<str>,
 }
 
 /// One address of the broker, with its own connection pool.
@@ -65,17 +68,30 @@ impl Broker {
         let nodes = urls
             .iter()
             .map(|url| Node::new(url.as_ref(), &identity))
-            .collect::<Result<Arc<[Node]>, _>>()?;
+            .collect::<Result<Vec<_>, _>>()?;
+        let user = nodes[0].1.clone();
+        if let Some((_, other)) = nodes.iter().find(|(_, u)| *u != user) {
+            return Err(BrokerError::Url(format!(
+                "the broker URLs name two users ({user} and {other}); they must be the addresses of one broker for one user"
+            )));
+        }
+        let nodes: Arc<[Node]> = nodes.into_iter().map(|(node, _)| node).collect();
         let first = rand::rng().random_range(0..nodes.len());
         Ok(Self {
             nodes,
             current: Arc::new(AtomicUsize::new(first)),
             identity,
+            user,
         })
     }
 
     pub fn identity(&self) -> &str {
         &self.identity
+    }
+
+    /// The broker user this component connects as.
+    pub fn user(&self) -> &str {
+        &self.user
     }
 
     /// The URL of the node in use, without its password, for logs and
@@ -101,6 +117,7 @@ impl Broker {
                     return Ok(Connection {
                         object,
                         identity: self.identity.clone(),
+                        user: self.user.clone(),
                     });
                 }
                 Err(e) => reasons.push(format!("{}: {e}", node.url)),
@@ -133,9 +150,12 @@ impl Broker {
 }
 
 impl Node {
-    fn new(url: &str, identity: &Arc<str>) -> Result<Self, BrokerError> {
-        url.parse::<lapin::uri::AMQPUri>()
+    /// The node, and the user its URL names.
+    fn new(url: &str, identity: &Arc<str>) -> Result<(Self, Arc<str>), BrokerError> {
+        let uri = url
+            .parse::<lapin::uri::AMQPUri>()
             .map_err(|e| BrokerError::Url(format!("{}: {e}", redact(url))))?;
+        let user: Arc<str> = uri.authority.userinfo.username.into();
         let mut pool = PoolConfig::new(64);
         pool.timeouts = Timeouts {
             create: Some(CONNECT_TIMEOUT),
@@ -155,10 +175,13 @@ impl Node {
                 Runtime::Tokio1,
             )
             .map_err(|e| BrokerError::Url(e.to_string()))?;
-        Ok(Self {
-            pool,
-            url: redact(url),
-        })
+        Ok((
+            Self {
+                pool,
+                url: redact(url),
+            },
+            user,
+        ))
     }
 }
 
@@ -200,6 +223,7 @@ impl Broker {
 pub struct Connection {
     object: deadpool_lapin::Object,
     pub(crate) identity: Arc<str>,
+    pub(crate) user: Arc<str>,
 }
 
 impl Connection {
@@ -213,7 +237,11 @@ impl Connection {
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
-        Ok(Publisher::new(channel, self.identity.clone()))
+        Ok(Publisher::new(
+            channel,
+            self.identity.clone(),
+            self.user.clone(),
+        ))
     }
 
     /// Consumes `queue` on a channel of its own.
@@ -229,6 +257,11 @@ impl Connection {
 
     pub fn identity(&self) -> &str {
         &self.identity
+    }
+
+    /// The broker user of this connection.
+    pub fn user(&self) -> &str {
+        &self.user
     }
 
     pub fn lapin(&self) -> &lapin::Connection {

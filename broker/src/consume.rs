@@ -74,6 +74,9 @@ pub struct Incoming<M> {
     pub msg: M,
     /// The sender named in the envelope.
     pub from: String,
+    /// The broker user who sent it (`user_id`, which the broker checks
+    /// against the sending connection), if the sender set it.
+    pub user: Option<String>,
     pub redelivered: bool,
     pub reply: crate::publish::Reply,
     acker: Acker,
@@ -165,6 +168,11 @@ impl<M: Decode> Inbox<M> {
                     return Some(Ok(Incoming {
                         msg,
                         from,
+                        user: delivery
+                            .properties
+                            .user_id()
+                            .as_ref()
+                            .map(|u| u.to_string()),
                         redelivered: delivery.redelivered,
                         reply: crate::publish::Reply {
                             correlation_id: delivery
@@ -211,7 +219,7 @@ impl<M: Decode> Inbox<M> {
         );
         match self
             .publisher
-            .dead_letter(&self.queue, delivery, reason)
+            .dead_letter(&self.queue, (&delivery.properties, &delivery.data), reason)
             .await
         {
             Ok(()) => {
@@ -219,6 +227,12 @@ impl<M: Decode> Inbox<M> {
                 if let DecodeError::Invalid { job: Some(job), .. } = error {
                     let event = Event::Rejected {
                         job: job.clone(),
+                        owner: delivery
+                            .properties
+                            .user_id()
+                            .as_ref()
+                            .map(|u| u.to_string())
+                            .unwrap_or_default(),
                         reason: reason.to_owned(),
                     };
                     if let Err(e) = self.publisher.event(&event).await {

@@ -27,6 +27,11 @@ impl BrokerError {
             _ => false,
         }
     }
+
+    /// The broker's permissions do not let this user do it.
+    pub fn is_access_refused(&self) -> bool {
+        matches!(self, Self::Amqp(e) if soft_error(e).is_some_and(|s| matches!(s, AMQPSoftError::ACCESSREFUSED)))
+    }
 }
 
 fn soft_error(e: &lapin::Error) -> Option<AMQPSoftError> {

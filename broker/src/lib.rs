@@ -5,6 +5,7 @@
 //! returns once the broker has a message, and an [`Inbox`] that hands out
 //! decoded deliveries and dead-letters the ones that do not decode.
 
+pub mod admin;
 pub mod codec;
 mod connection;
 mod consume;
@@ -21,4 +22,4 @@ pub use error::BrokerError;
 /// hold them.
 pub use lapin::Channel;
 pub use publish::{Publisher, Reply};
-pub use submission::IncomingSubmission;
+pub use submission::{IncomingSubmission, Raw};

@@ -30,6 +30,9 @@ const PERSISTENT: u8 = 2;
 pub struct Publisher {
     channel: Channel,
     identity: Arc<str>,
+    /// The connection's broker user, as `user_id` (the broker refuses a
+    /// message whose `user_id` is not the connection's user).
+    user: Arc<str>,
     sequence: Arc<AtomicU64>,
 }
 
@@ -41,10 +44,11 @@ pub struct Reply {
 }
 
 impl Publisher {
-    pub(crate) fn new(channel: Channel, identity: Arc<str>) -> Self {
+    pub(crate) fn new(channel: Channel, identity: Arc<str>, user: Arc<str>) -> Self {
         Self {
             channel,
             identity,
+            user,
             sequence: Arc::default(),
         }
     }
@@ -63,6 +67,7 @@ impl Publisher {
             .with_content_type(MSGPACK.into())
             .with_type(kind.into())
             .with_app_id(self.identity.as_ref().into())
+            .with_user_id(self.user.as_ref().into())
             .with_message_id(format!("{}/{n}", self.identity).into())
             .with_timestamp(now_ms() / 1000)
     }
@@ -99,9 +104,30 @@ impl Publisher {
     /// declared and not ready yet, say) is answered by sending it again, a
     /// few times, with a growing pause.
     pub async fn send<M: Message>(&self, queue: &str, msg: &M) -> Result<(), BrokerError> {
+        self.send_via(("", queue), msg).await
+    }
+
+    async fn publish_once<M: Message>(
+        &self,
+        (exchange, key): (&str, &str),
+        msg: &M,
+    ) -> Result<(), BrokerError> {
+        let properties = self.properties(msg.kind()).with_delivery_mode(PERSISTENT);
+        let confirm = self.start(exchange, key, msg, properties, true).await?;
+        check(confirm.await?, key)
+    }
+
+    /// [`Publisher::send`] through a named exchange: how users reach
+    /// gleaner, since write permission on the default exchange would let
+    /// them into every queue. Unroutable is an error, as for `send`.
+    pub async fn send_via<M: Message>(
+        &self,
+        (exchange, key): (&str, &str),
+        msg: &M,
+    ) -> Result<(), BrokerError> {
         let mut pause = std::time::Duration::from_millis(100);
         for _ in 0..NACK_RETRIES {
-            match self.send_once(queue, msg).await {
+            match self.publish_once((exchange, key), msg).await {
                 Err(BrokerError::Nacked(_)) => {
                     tokio::time::sleep(pause).await;
                     pause *= 2;
@@ -109,20 +135,24 @@ impl Publisher {
                 sent => return sent,
             }
         }
-        self.send_once(queue, msg).await
-    }
-
-    async fn send_once<M: Message>(&self, queue: &str, msg: &M) -> Result<(), BrokerError> {
-        let properties = self.properties(msg.kind()).with_delivery_mode(PERSISTENT);
-        let confirm = self.start("", queue, msg, properties, true).await?;
-        check(confirm.await?, queue)
+        self.publish_once((exchange, key), msg).await
     }
 
     /// Sends to a queue that may be gone (a job that ended, a launcher that
     /// left, a cluster without a kcm): `false` when it is, which is news,
     /// not a failure.
     pub async fn deliver<M: Message>(&self, queue: &str, msg: &M) -> Result<bool, BrokerError> {
-        match self.send(queue, msg).await {
+        self.deliver_via(("", queue), msg).await
+    }
+
+    /// [`Publisher::deliver`] through a named exchange (one that is gone
+    /// counts as a queue that is gone).
+    pub async fn deliver_via<M: Message>(
+        &self,
+        route: (&str, &str),
+        msg: &M,
+    ) -> Result<bool, BrokerError> {
+        match self.send_via(route, msg).await {
             Ok(()) => Ok(true),
             Err(e) if e.is_not_found() => Ok(false),
             Err(e) => Err(e),
@@ -182,10 +212,11 @@ impl Publisher {
         check(confirm.await?, reply_to)
     }
 
-    /// Sends a request expecting an answer on `reply_to`.
+    /// Sends a request through `exchange` with `key`, expecting an answer
+    /// on `reply_to`.
     pub async fn request<M: Message>(
         &self,
-        queue: &str,
+        (exchange, key): (&str, &str),
         msg: &M,
         reply: &Reply,
     ) -> Result<(), BrokerError> {
@@ -196,8 +227,8 @@ impl Publisher {
         if let Some(id) = &reply.correlation_id {
             properties = properties.with_correlation_id(id.as_str().into());
         }
-        let confirm = self.start("", queue, msg, properties, true).await?;
-        check(confirm.await?, queue)
+        let confirm = self.start(exchange, key, msg, properties, true).await?;
+        check(confirm.await?, key)
     }
 
     /// Publishes an event on `gleaner.events`. Events are for watchers: nobody
@@ -211,15 +242,15 @@ impl Publisher {
         check(confirm.await?, EVENTS_EXCHANGE)
     }
 
-    /// Copies an unusable delivery to `gleaner.dead` with the reason and its
-    /// origin in headers, so an operator can see why it was refused.
-    pub(crate) async fn dead_letter(
+    /// Copies an unusable delivery (its properties and body) to
+    /// `gleaner.dead` with the reason and its origin in headers, so an
+    /// operator can see why it was refused.
+    pub async fn dead_letter(
         &self,
         from_queue: &str,
-        delivery: &lapin::message::Delivery,
+        (original, data): (&BasicProperties, &[u8]),
         reason: &str,
     ) -> Result<(), BrokerError> {
-        let original = &delivery.properties;
         let mut headers = original.headers().clone().unwrap_or_default();
         headers.insert(
             "x-gleaner-reason".into(),
@@ -233,8 +264,17 @@ impl Publisher {
             "x-gleaner-rejected-by".into(),
             AMQPValue::LongString(self.identity.as_ref().into()),
         );
-        let properties = original
-            .clone()
+        // The sender's `user_id` is not this connection's user, so the
+        // broker would refuse the copy: it moves to a header.
+        let mut properties = original.clone();
+        if let Some(user) = properties.user_id().clone() {
+            headers.insert(
+                "x-gleaner-user".into(),
+                AMQPValue::LongString(user.as_str().into()),
+            );
+        }
+        properties = properties.with_user_id(self.user.as_ref().into());
+        let properties = properties
             .with_headers(FieldTable::from(headers.inner().clone()))
             .with_delivery_mode(PERSISTENT);
         let confirm = self
@@ -243,7 +283,7 @@ impl Publisher {
                 "".into(),
                 DEAD_QUEUE.into(),
                 BasicPublishOptions::default(),
-                &delivery.data,
+                data,
                 properties,
             )
             .await?;

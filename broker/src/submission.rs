@@ -7,9 +7,27 @@ use lapin::BasicProperties;
 use crate::codec::{Decode, DecodeError, JSON, MSGPACK, decode};
 use gleaner_protocol::{Submission, now_ms};
 
-/// A submission that decoded and whose manifest is valid.
+/// A submission that decoded and whose manifest is valid, with the
+/// delivery as it came, should the runner refuse it
+/// ([`Publisher::dead_letter`](crate::Publisher::dead_letter)).
 #[derive(Debug, Clone)]
-pub struct IncomingSubmission(pub Submission);
+pub struct IncomingSubmission(pub Submission, pub Raw);
+
+/// A delivery's properties and body, kept to be dead-lettered as they came.
+#[derive(Debug, Clone)]
+pub struct Raw {
+    pub properties: BasicProperties,
+    pub data: Vec<u8>,
+}
+
+impl Raw {
+    fn of(properties: &BasicProperties, data: &[u8]) -> Self {
+        Self {
+            properties: properties.clone(),
+            data: data.to_vec(),
+        }
+    }
+}
 
 impl Decode for IncomingSubmission {
     fn decode(properties: &BasicProperties, data: &[u8]) -> Result<(String, Self), DecodeError> {
@@ -26,7 +44,7 @@ impl Decode for IncomingSubmission {
                         job: Some(envelope.msg.job.to_string()),
                         reason: format!("invalid manifest: {e}"),
                     })?;
-                Ok((envelope.from, Self(envelope.msg)))
+                Ok((envelope.from, Self(envelope.msg, Raw::of(properties, data))))
             }
             Some(other) => Err(DecodeError::ContentType(format!(
                 "{other} (manifests are {MSGPACK} or {JSON})"
@@ -53,11 +71,14 @@ fn decode_json(
         .map_or_else(now_ms, |seconds| seconds.saturating_mul(1000));
     Ok((
         from,
-        IncomingSubmission(Submission {
-            job,
-            manifest,
-            submitted_at,
-        }),
+        IncomingSubmission(
+            Submission {
+                job,
+                manifest,
+                submitted_at,
+            },
+            Raw::of(properties, data),
+        ),
     ))
 }
 
@@ -117,12 +138,12 @@ mod tests {
     #[test]
     fn json_manifests_get_a_stable_id() {
         let body = br#"{"name":"hand","task":[{"command":"true"}]}"#;
-        let (_, IncomingSubmission(a)) = IncomingSubmission::decode(&json(), body).unwrap();
-        let (_, IncomingSubmission(b)) = IncomingSubmission::decode(&json(), body).unwrap();
+        let (_, IncomingSubmission(a, _)) = IncomingSubmission::decode(&json(), body).unwrap();
+        let (_, IncomingSubmission(b, _)) = IncomingSubmission::decode(&json(), body).unwrap();
         assert_eq!(a.job, b.job);
         assert_eq!(a.job.name(), "hand");
         let named = json().with_message_id("hand-00beef".into());
-        let (_, IncomingSubmission(c)) = IncomingSubmission::decode(&named, body).unwrap();
+        let (_, IncomingSubmission(c, _)) = IncomingSubmission::decode(&named, body).unwrap();
         assert_eq!(c.job.as_str(), "hand-00beef");
     }
 
@@ -151,7 +172,7 @@ mod tests {
             submitted_at: 1,
         };
         let body = encode("cli", &ok).unwrap();
-        let (from, IncomingSubmission(s)) =
+        let (from, IncomingSubmission(s, _)) =
             IncomingSubmission::decode(&BasicProperties::default(), &body).unwrap();
         assert_eq!((from.as_str(), s.job), ("cli", job.clone()));
         manifest.max_attempts = 0;

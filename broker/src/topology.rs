@@ -25,6 +25,25 @@ pub const SCHEDULER_QUEUE: &str = "gleaner.scheduler";
 pub const SCHEDULER_GRID_QUEUE: &str = "gleaner.scheduler.grid";
 pub const EVENTS_EXCHANGE: &str = "gleaner.events";
 pub const DEAD_QUEUE: &str = "gleaner.dead";
+/// Users' requests (status, cancel), for the active scheduler.
+pub const REQUESTS_QUEUE: &str = "gleaner.requests";
+/// Where users publish: a direct exchange routing [`SUBMIT_KEY`] to
+/// `gleaner.submit` and [`REQUEST_KEY`] to `gleaner.requests`. Users get
+/// write permission on it, never on the default exchange (which reaches
+/// every queue).
+pub const USER_EXCHANGE: &str = "gleaner.user";
+pub const SUBMIT_KEY: &str = "submit";
+pub const REQUEST_KEY: &str = "request";
+/// A submission's route.
+pub const SUBMIT: (&str, &str) = (USER_EXCHANGE, SUBMIT_KEY);
+/// A request's route.
+pub const REQUEST: (&str, &str) = (USER_EXCHANGE, REQUEST_KEY);
+
+/// A `--wait` client's queue of one job's events. It carries the owner, so
+/// that a user's permissions can name their own watch queues.
+pub fn watch_queue(owner: &str, job: &JobId) -> String {
+    format!("gleaner.watch.{owner}.{job}")
+}
 
 /// How many times a task may be handed out without being acked (its
 /// launcher died) before it is dead-lettered as `lost`. Preemption does not
@@ -35,13 +54,16 @@ pub fn kcm_queue(cluster: &ClusterName) -> String {
     format!("gleaner.kcm.{cluster}")
 }
 
-pub fn launcher_queue(launcher: &LauncherId) -> String {
-    format!("gleaner.launcher.{launcher}")
+/// A launcher's own inbox. It carries the job, so that a job's launcher
+/// account may be allowed its own launchers' queues and no others.
+pub fn launcher_queue(job: &JobId, launcher: &LauncherId) -> String {
+    format!("gleaner.launcher.{job}.{launcher}")
 }
 
 /// The queues of one job.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobQueues {
+    pub job: JobId,
     pub control: String,
     pub tasks: String,
     pub results: String,
@@ -49,18 +71,37 @@ pub struct JobQueues {
     /// Exclusive to the connection of the runner that owns the job: a
     /// broker-kept lock, released when that runner's connection dies.
     pub owner: String,
+    /// The job's direct exchange, routing [`JobQueues::to_control`],
+    /// [`JobQueues::to_tasks`] and [`JobQueues::to_results`] to their
+    /// queues: how launchers publish, so that a job's launcher account
+    /// needs write permission on this one exchange only.
+    pub exchange: String,
 }
 
 impl JobQueues {
     pub fn new(job: &JobId) -> Self {
         let base = format!("gleaner.job.{job}");
         Self {
+            job: job.clone(),
             control: format!("{base}.control"),
             tasks: format!("{base}.tasks"),
             results: format!("{base}.results"),
             dead: format!("{base}.dead"),
             owner: format!("{base}.runner"),
+            exchange: base,
         }
+    }
+
+    pub fn to_control(&self) -> (&str, &str) {
+        (&self.exchange, "control")
+    }
+
+    pub fn to_tasks(&self) -> (&str, &str) {
+        (&self.exchange, "tasks")
+    }
+
+    pub fn to_results(&self) -> (&str, &str) {
+        (&self.exchange, "results")
     }
 }
 
@@ -165,18 +206,61 @@ pub async fn declare_core(channel: &Channel) -> Result<()> {
             .dead_letter_to(DEAD_QUEUE),
     )
     .await?;
+    durable(
+        channel,
+        REQUESTS_QUEUE,
+        Args::quorum()
+            .single_active_consumer()
+            .dead_letter_to(DEAD_QUEUE),
+    )
+    .await?;
+    let exchange = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
     channel
         .exchange_declare(
             EVENTS_EXCHANGE.into(),
             ExchangeKind::Topic,
-            ExchangeDeclareOptions {
-                durable: true,
-                ..ExchangeDeclareOptions::default()
-            },
+            exchange,
             FieldTable::default(),
         )
         .await?;
+    channel
+        .exchange_declare(
+            USER_EXCHANGE.into(),
+            ExchangeKind::Direct,
+            exchange,
+            FieldTable::default(),
+        )
+        .await?;
+    for (queue, key) in [(SUBMIT_QUEUE, SUBMIT_KEY), (REQUESTS_QUEUE, REQUEST_KEY)] {
+        channel
+            .queue_bind(
+                queue.into(),
+                USER_EXCHANGE.into(),
+                key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+    }
     Ok(())
+}
+
+/// [`declare_core`] where the user may (the services' account, a single
+/// user); a user without configure permission relies on the services
+/// having declared it, which is not an error. Uses a throwaway channel,
+/// because a refusal closes the channel it was made on.
+pub async fn declare_core_if_allowed(connection: &lapin::Connection) -> Result<()> {
+    let channel = connection.create_channel().await?;
+    match declare_core(&channel).await {
+        Err(e) if e.is_access_refused() => Ok(()),
+        declared => {
+            let _ = channel.close(200, "done".into()).await;
+            declared
+        }
+    }
 }
 
 /// The scheduler's handover queue: only the latest snapshot is worth
@@ -216,7 +300,34 @@ pub async fn declare_job(channel: &Channel, queues: &JobQueues) -> Result<()> {
         &queues.results,
         Args::quorum().dead_letter_to(DEAD_QUEUE),
     )
-    .await
+    .await?;
+    channel
+        .exchange_declare(
+            queues.exchange.as_str().into(),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    for ((_, key), queue) in [
+        (queues.to_control(), &queues.control),
+        (queues.to_tasks(), &queues.tasks),
+        (queues.to_results(), &queues.results),
+    ] {
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                queues.exchange.as_str().into(),
+                key.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+    }
+    Ok(())
 }
 
 pub async fn declare_job_control(channel: &Channel, queues: &JobQueues) -> Result<()> {
@@ -242,6 +353,12 @@ pub async fn delete_job(channel: &Channel, queues: &JobQueues) -> Result<()> {
             .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
             .await?;
     }
+    channel
+        .exchange_delete(
+            queues.exchange.as_str().into(),
+            lapin::options::ExchangeDeleteOptions::default(),
+        )
+        .await?;
     Ok(())
 }
 
@@ -273,8 +390,12 @@ pub async fn lock_job(connection: &lapin::Connection, queues: &JobQueues) -> Res
 }
 
 /// A launcher's own inbox: it lives and dies with the launcher's connection.
-pub async fn declare_launcher(channel: &Channel, launcher: &LauncherId) -> Result<String> {
-    let name = launcher_queue(launcher);
+pub async fn declare_launcher(
+    channel: &Channel,
+    job: &JobId,
+    launcher: &LauncherId,
+) -> Result<String> {
+    let name = launcher_queue(job, launcher);
     let options = QueueDeclareOptions {
         exclusive: true,
         auto_delete: true,
@@ -320,6 +441,10 @@ mod tests {
         assert_eq!(q.results, "gleaner.job.sweep-3fa9c2.results");
         assert_eq!(q.dead, "gleaner.job.sweep-3fa9c2.dead");
         assert_eq!(kcm_queue(&"c1".into()), "gleaner.kcm.c1");
-        assert_eq!(launcher_queue(&"c1-h-1".into()), "gleaner.launcher.c1-h-1");
+        assert_eq!(
+            launcher_queue(&job, &"c1-h-1".into()),
+            "gleaner.launcher.sweep-3fa9c2.c1-h-1"
+        );
+        assert_eq!(q.to_results(), ("gleaner.job.sweep-3fa9c2", "results"));
     }
 }

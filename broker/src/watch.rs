@@ -55,11 +55,11 @@ impl Connection {
         }
     }
 
-    /// Sends `request` to `queue` and waits up to `timeout` for the answer;
-    /// `Ok(None)` if none came.
+    /// Sends `request` through `exchange` with `key` and waits up to
+    /// `timeout` for the answer; `Ok(None)` if none came.
     pub async fn ask<Q: Message, A: Message>(
         &self,
-        queue: &str,
+        (exchange, key): (&str, &str),
         request: &Q,
         timeout: Duration,
     ) -> Result<Option<A>, BrokerError> {
@@ -78,13 +78,13 @@ impl Connection {
         channel
             .confirm_select(ConfirmSelectOptions::default())
             .await?;
-        let publisher = Publisher::new(channel, self.identity.clone());
+        let publisher = Publisher::new(channel, self.identity.clone(), self.user.clone());
         let correlation = format!("{}/{}", self.identity(), rand::random::<u64>());
         let reply = Reply {
             correlation_id: Some(correlation.clone()),
             reply_to: Some(DIRECT_REPLY_TO.to_owned()),
         };
-        publisher.request(queue, request, &reply).await?;
+        publisher.request((exchange, key), request, &reply).await?;
         let wait = async {
             while let Some(delivery) = answers.next().await {
                 let delivery = delivery?;

@@ -15,6 +15,9 @@ use std::{
 
 use tracing::debug;
 
+mod account;
+pub use account::Account;
+
 /// A directory of cgroups, one per contained process, named by the caller.
 #[derive(Debug)]
 pub struct Tree {
@@ -45,6 +48,19 @@ impl Tree {
             .write(true)
             .open(dir.join("cgroup.procs"))?;
         Ok(Entry { procs })
+    }
+
+    /// Hands the cgroup `name` to `account`, so that a process of theirs
+    /// may make cgroups under it (its tasks'): the directory and the files
+    /// a delegate writes become theirs, as systemd's `Delegate=yes` does.
+    pub fn delegate(&self, name: &str, account: &Account) -> std::io::Result<()> {
+        let dir = self.base.join(name);
+        let (uid, gid) = (Some(account.uid.as_raw()), Some(account.gid.as_raw()));
+        std::os::unix::fs::chown(&dir, uid, gid)?;
+        for file in ["cgroup.procs", "cgroup.subtree_control", "cgroup.threads"] {
+            std::os::unix::fs::chown(dir.join(file), uid, gid)?;
+        }
+        Ok(())
     }
 
     /// Kills everything in a cgroup (its descendants' too) and removes it;

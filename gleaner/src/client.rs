@@ -8,10 +8,12 @@ use std::{
 
 use gleaner_broker::{
     Broker, BrokerError, Connection, Inbox,
-    topology::{self, JobQueues, SCHEDULER_QUEUE, SUBMIT_QUEUE},
+    topology::{self, REQUEST, SUBMIT},
 };
 use gleaner_manifest::{JobId, JobIdError, Manifest};
-use gleaner_protocol::{ControlMsg, Event, SchedulerMsg, StatusReply, Submission, now_ms};
+use gleaner_protocol::{
+    CancelReply, Event, RequestMsg, StatusReply, Submission, job_events, now_ms,
+};
 
 use crate::{error::CliError, output::Output, services::hostname, settings::Settings};
 
@@ -50,11 +52,10 @@ pub async fn submit(
 ) -> Result<(), CliError> {
     let manifest = read_manifest(path).map_err(CliError::BadInput)?;
     let job = JobId::new(&manifest.name, rand::random::<u32>());
-    let watch = Watch::new(&job);
     let connection = connect(settings).await?;
+    let watch = Watch::new(&job, connection.user());
     let events = async {
-        let channel = connection.channel().await?;
-        topology::declare_core(&channel).await?;
+        topology::declare_core_if_allowed(connection.lapin()).await?;
         let publisher = connection.publisher().await?;
         // Follow before submitting, so that no event can be missed.
         let events = match wait {
@@ -66,10 +67,17 @@ pub async fn submit(
             manifest,
             submitted_at: now_ms(),
         };
-        publisher.send(SUBMIT_QUEUE, &submission).await?;
+        publisher.send_via(SUBMIT, &submission).await?;
         Ok::<_, BrokerError>(events)
     }
-    .await?;
+    .await
+    .map_err(|e| match e {
+        e if e.is_not_found() => CliError::Unreachable(
+            "gleaner's submit queue is not there yet (is a runner running? `gleaner up` or `gleaner runner` makes it)"
+                .to_owned(),
+        ),
+        e => CliError::from(e),
+    })?;
     output.job_submitted(&job, wait);
     let Some(events) = events else {
         return Ok(());
@@ -80,14 +88,17 @@ pub async fn submit(
 /// A `--wait` client's own queue of the job's events.
 struct Watch {
     job: JobId,
+    /// The job's owner: the user submitting it.
+    owner: String,
     queue: String,
 }
 
 impl Watch {
-    fn new(job: &JobId) -> Self {
+    fn new(job: &JobId, owner: &str) -> Self {
         Self {
             job: job.clone(),
-            queue: format!("gleaner.watch.{job}"),
+            owner: owner.to_owned(),
+            queue: topology::watch_queue(owner, job),
         }
     }
 
@@ -97,7 +108,7 @@ impl Watch {
             .follow(
                 &publisher,
                 &self.queue,
-                &format!("job.{}.#", self.job),
+                &job_events(&self.owner, self.job.as_str(), "#"),
                 WATCH_EXPIRY,
             )
             .await
@@ -186,34 +197,50 @@ pub async fn status(
     output: &dyn Output,
 ) -> Result<(), CliError> {
     let connection = connect(settings).await?;
-    let answer = connection
-        .ask::<SchedulerMsg, StatusReply>(
-            SCHEDULER_QUEUE,
-            &SchedulerMsg::StatusRequest {},
-            Duration::from_secs(5),
-        )
-        .await?;
-    let mut reply = answer.ok_or_else(|| {
-        CliError::Unreachable(
-            "no scheduler answered within 5 s (is `gleaner up` or `gleaner scheduler` running?)"
-                .to_owned(),
-        )
-    })?;
+    let mut reply: StatusReply = ask(&connection, &RequestMsg::Status {}).await?;
     if let Some(job) = job {
         reply.jobs.retain(|j| j.job.as_str() == job);
         reply.placements.retain(|p| p.job.as_str() == job);
         if reply.jobs.is_empty() {
-            return Err(not_running(job));
+            return Err(not_running(job, reply.hidden > 0));
         }
     }
     output.status(&reply, job, hosts);
     Ok(())
 }
 
-fn not_running(job: &str) -> CliError {
-    CliError::Unsuccessful(Some(format!(
-        "job {job} is not running (it ended, or no runner has it yet)"
-    )))
+/// Asks the active scheduler; it answers within 5 s or is not there.
+async fn ask<A: gleaner_protocol::Message>(
+    connection: &Connection,
+    request: &RequestMsg,
+) -> Result<A, CliError> {
+    let answer = connection
+        .ask::<RequestMsg, A>(REQUEST, request, Duration::from_secs(5))
+        .await
+        .map_err(|e| match e {
+            e if e.is_not_found() => CliError::Unreachable(
+                "gleaner's queues are not there (is `gleaner up` or `gleaner scheduler` running?)"
+                    .to_owned(),
+            ),
+            e => CliError::from(e),
+        })?;
+    answer.ok_or_else(|| {
+        CliError::Unreachable(
+            "no scheduler answered within 5 s (is `gleaner up` or `gleaner scheduler` running?)"
+                .to_owned(),
+        )
+    })
+}
+
+/// A job the user cannot find: ended, not started, or (`others`: the
+/// scheduler left some jobs out) someone else's.
+fn not_running(job: &str, others: bool) -> CliError {
+    let why = if others {
+        "it ended, no runner has it yet, or it is not yours"
+    } else {
+        "it ended, or no runner has it yet"
+    };
+    CliError::Unsuccessful(Some(format!("job {job} is not running ({why})")))
 }
 
 pub async fn cancel(settings: &Settings, job: &str, output: &dyn Output) -> Result<(), CliError> {
@@ -221,15 +248,14 @@ pub async fn cancel(settings: &Settings, job: &str, output: &dyn Output) -> Resu
         .parse()
         .map_err(|e: JobIdError| CliError::BadInput(e.to_string()))?;
     let connection = connect(settings).await?;
-    let queues = JobQueues::new(&job);
-    if !topology::queue_exists(connection.lapin(), &queues.control).await? {
-        return Err(not_running(job.as_str()));
+    match ask(&connection, &RequestMsg::Cancel { job: job.clone() }).await? {
+        CancelReply::Accepted {} => {
+            output.cancel_requested(&job);
+            Ok(())
+        }
+        CancelReply::NotRunning {} => Err(not_running(job.as_str(), false)),
+        CancelReply::Refused { reason } => {
+            Err(CliError::Denied(format!("cannot cancel {job}: {reason}")))
+        }
     }
-    let publisher = connection.publisher().await?;
-    let cancel = ControlMsg::Cancel {
-        reason: format!("cancelled by {}", connection.identity()),
-    };
-    publisher.send(&queues.control, &cancel).await?;
-    output.cancel_requested(&job);
-    Ok(())
 }

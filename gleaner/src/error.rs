@@ -2,7 +2,7 @@
 //!
 //! Exit codes (the contract scripts rely on): 0 all went well, 1 the job did
 //! not fully succeed or the named job is unknown, 2 bad input, 3 the broker
-//! or a service is unreachable.
+//! or a service is unreachable, 4 the user may not do it.
 
 use std::process::ExitCode;
 
@@ -20,6 +20,10 @@ pub enum CliError {
     /// output has already said how, so there may be nothing to add.
     #[error("{}", .0.as_deref().unwrap_or_default())]
     Unsuccessful(Option<String>),
+    /// The broker or the scheduler refused: the job is someone else's, or
+    /// the user's broker permissions do not reach that far.
+    #[error("{0}")]
+    Denied(String),
     /// A service stopped on an error.
     #[error("{0:#}")]
     Service(anyhow::Error),
@@ -31,6 +35,7 @@ impl CliError {
             Self::Unsuccessful(_) | Self::Service(_) => 1,
             Self::BadInput(_) => 2,
             Self::Unreachable(_) => 3,
+            Self::Denied(_) => 4,
         })
     }
 
@@ -46,6 +51,9 @@ impl CliError {
 
 impl From<BrokerError> for CliError {
     fn from(e: BrokerError) -> Self {
+        if e.is_access_refused() {
+            return Self::Denied(format!("the broker refused: {e}"));
+        }
         Self::Unreachable(e.to_string())
     }
 }

@@ -28,6 +28,7 @@ pub async fn scheduler(settings: &Settings, shutdown: CancellationToken) -> anyh
     gleaner_scheduler::run(
         broker(settings, "scheduler")?,
         settings.scheduler.clone(),
+        settings.users.clone(),
         shutdown,
     )
     .await;
@@ -35,9 +36,20 @@ pub async fn scheduler(settings: &Settings, shutdown: CancellationToken) -> anyh
 }
 
 pub async fn runner(settings: &Settings, shutdown: CancellationToken) -> anyhow::Result<()> {
+    // Where users are kept apart, each job's launchers get an account of
+    // their own, made through the management API.
+    let admin = match settings.users.is_single() {
+        true => None,
+        false => Some(gleaner_broker::admin::Admin::new(
+            &settings.broker_urls()[0],
+            settings.runner.management_url.as_deref(),
+        )?),
+    };
     gleaner_runner::run(
         broker(settings, "runner")?,
         settings.runner.clone(),
+        settings.users.clone(),
+        admin,
         shutdown,
     )
     .await;
@@ -63,10 +75,20 @@ fn launcher_command(
     if let Some(source) = &settings.source {
         env.push(("GLEANER_CONFIG".to_owned(), source.display().to_string()));
     }
+    #[derive(serde::Serialize)]
+    struct LauncherSection<'a> {
+        launcher: &'a gleaner_launcher::LauncherSettings,
+    }
+    let launcher_settings = toml::to_string(&LauncherSection {
+        launcher: &settings.launcher,
+    })
+    .context("cannot write the launcher's settings")?;
     Ok(LauncherCommand {
         program,
         args: vec![naming::LAUNCHER_SUBCOMMAND.to_owned()],
         env,
+        broker_urls: urls,
+        launcher_settings,
     })
 }
 
@@ -174,10 +196,12 @@ fn scratch_dir(base: &std::path::Path) -> PathBuf {
 /// `--slots`, or when no cluster is configured, one local cluster; otherwise
 /// every configured cluster.
 pub async fn up(
-    settings: Settings,
+    mut settings: Settings,
     slots: Option<u32>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    // All in one process is one user's gleaner, unless configured otherwise.
+    settings.users.single.get_or_insert(true);
     let clusters = match (slots, settings.clusters.is_empty()) {
         (None, false) => settings.clusters.clone(),
         _ => vec![ClusterConfig::local(

@@ -1,5 +1,6 @@
 //! Configuration: `--config`, `$GLEANER_CONFIG`, `./gleaner.toml`,
-//! `/etc/gleaner/gleaner.toml`, then `GLEANER_*` environment variables
+//! `~/.config/gleaner/gleaner.toml`, `/etc/gleaner/gleaner.toml` (the first
+//! there is), then `GLEANER_*` environment variables
 //! (`GLEANER_BROKER_URL`, `GLEANER_RUNNER__RESULTS_ROOT`, …) on top.
 
 use std::path::{Path, PathBuf};
@@ -7,6 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use gleaner_kcm::{ClusterConfig, KcmConfig};
 use gleaner_launcher::LauncherSettings;
+use gleaner_policy::access::Users;
 use gleaner_protocol::ClusterName;
 use gleaner_runner::{JobSettings, RunnerConfig};
 use gleaner_scheduler::SchedulerConfig;
@@ -28,6 +30,8 @@ pub struct Settings {
     pub scheduler: SchedulerConfig,
     pub runner: RunnerConfig,
     pub launcher: LauncherSettings,
+    /// Who the users are, and who of them are admins.
+    pub users: Users,
     #[serde(rename = "cluster")]
     pub clusters: Vec<ClusterConfig>,
     /// The file these settings came from, if any (passed on to launchers).
@@ -43,6 +47,7 @@ impl Default for Settings {
             scheduler: SchedulerConfig::default(),
             runner: RunnerConfig::default(),
             launcher: LauncherSettings::default(),
+            users: Users::default(),
             clusters: Vec::new(),
             source: None,
         }
@@ -89,6 +94,11 @@ fn unknown_keys(given: &serde_json::Value, known: &serde_json::Value, prefix: &s
                 format!("{prefix}.{key}")
             };
             match known.get(key) {
+                // An empty table by default is a map of free keys
+                // (`users.accounts`), not a section.
+                Some(known) if known.as_object().is_some_and(serde_json::Map::is_empty) => {
+                    Vec::new()
+                }
                 Some(known) => unknown_keys(value, known, &path),
                 None => vec![path],
             }
@@ -131,10 +141,22 @@ impl Settings {
                 }
                 Some(path)
             }
-            None => ["gleaner.toml", "/etc/gleaner/gleaner.toml"]
-                .iter()
-                .map(PathBuf::from)
-                .find(|p| p.is_file()),
+            None => {
+                // The user's own (`deploy/rabbitmq/user.sh add` writes
+                // their broker account there) before the system's.
+                let own = std::env::var_os("XDG_CONFIG_HOME")
+                    .map(PathBuf::from)
+                    .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))
+                    .map(|dir| dir.join("gleaner/gleaner.toml"));
+                [
+                    Some(PathBuf::from("gleaner.toml")),
+                    own,
+                    Some(PathBuf::from("/etc/gleaner/gleaner.toml")),
+                ]
+                .into_iter()
+                .flatten()
+                .find(|p| p.is_file())
+            }
         };
         let mut builder = config::Config::builder();
         if let Some(path) = &file {
@@ -243,7 +265,10 @@ impl Settings {
             .join("gleaner-kcm")
             .join(self.deployment())
             .join(cluster.name.as_str());
-        cluster.kcm(self.runner.job.preempt_grace, spool)
+        KcmConfig {
+            users: self.users.clone(),
+            ..cluster.kcm(self.runner.job.preempt_grace, spool)
+        }
     }
 
     pub fn cluster(&self, name: &ClusterName) -> anyhow::Result<&ClusterConfig> {

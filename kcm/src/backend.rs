@@ -4,13 +4,13 @@ use std::{future::Future, process::Stdio, time::Duration};
 
 use gleaner_manifest::JobId;
 use gleaner_protocol::{
-    ClusterName, ComponentSpec,
+    ClusterName, ComponentSpec, Credentials,
     naming::{LauncherArgs, launcher_id_word},
 };
 use tokio::{io::AsyncWriteExt, process::Command};
 use tracing::warn;
 
-use crate::snapshot::Snapshot;
+use crate::{contain::Account, snapshot::Snapshot};
 
 /// Where a component's wrapper leaves its output and exit status, in the
 /// kcm's spool directory (which the nodes must see).
@@ -42,7 +42,11 @@ impl ComponentFiles {
     }
 
     /// The shell script that runs a component and records how it ended.
-    pub fn script(&self, spec: &ComponentSpec) -> String {
+    ///
+    /// With `run_as`, the wrapper (the kcm's account, root) writes the
+    /// spool files and runs the command as the owner (`setpriv`), so the
+    /// command has the owner's rights and none of the spool's.
+    pub fn script(&self, spec: &ComponentSpec, run_as: Option<&Account>) -> String {
         let mut script = String::from("#!/bin/sh\n# gleaner grid job component\n");
         for (key, value) in &spec.env {
             script.push_str(&format!("export {key}={}\n", quote(value)));
@@ -50,14 +54,49 @@ impl ComponentFiles {
         if let Some(dir) = &spec.workdir {
             script.push_str(&format!("cd {} || exit 1\n", quote(dir)));
         }
+        let owner = match run_as.filter(|a| !a.is_me()) {
+            Some(account) => format!(
+                "setpriv --reuid={} --regid={} --init-groups -- ",
+                account.uid, account.gid
+            ),
+            None => String::new(),
+        };
         script.push_str(&format!(
-            "/bin/sh -c {} > {} 2> {}\necho $? > {}\n",
+            "{owner}/bin/sh -c {} > {} 2> {}\necho $? > {}\n",
             quote(&spec.command),
             quote(&self.stdout.to_string_lossy()),
             quote(&self.stderr.to_string_lossy()),
             quote(&self.exit.to_string_lossy()),
         ));
         script
+    }
+}
+
+/// `program args` as `run_as` where that is not this process's account:
+/// through `runuser` (the kcm runs as root), so that the batch system sees
+/// the job as the owner's.
+pub fn as_account(
+    program: &str,
+    args: &[String],
+    run_as: Option<&Account>,
+) -> (String, Vec<String>) {
+    match run_as.filter(|a| !a.is_me()) {
+        Some(account) => {
+            // `sbatch` passes its own environment on: not the kcm's settings.
+            let mut wrapped = vec![
+                "-u".to_owned(),
+                account.name.clone(),
+                "--".to_owned(),
+                "env".to_owned(),
+            ];
+            for key in KCM_ONLY {
+                wrapped.extend(["-u".to_owned(), key.to_owned()]);
+            }
+            wrapped.push(program.to_owned());
+            wrapped.extend(args.iter().cloned());
+            ("runuser".to_owned(), wrapped)
+        }
+        None => (program.to_owned(), args.to_vec()),
     }
 }
 
@@ -81,26 +120,32 @@ pub trait Backend: Send + 'static {
     /// `local`, `sge`, …
     fn kind(&self) -> &'static str;
 
+    /// How this backend's placeholders start a launcher.
+    fn launcher_command(&self) -> &LauncherCommand;
+
     fn snapshot(&mut self) -> impl Future<Output = Result<Snapshot, BackendError>> + Send;
 
-    /// Submits launchers for `job` covering up to `slots` slots; returns the
-    /// slots actually submitted.
+    /// Submits launchers for `job` covering up to `slots` slots, as
+    /// `run_as` (the job owner's account; `None`: the kcm's own); returns
+    /// the slots actually submitted.
     fn submit(
         &mut self,
         job: &JobId,
         slots: u32,
+        run_as: Option<RunAs<'_>>,
     ) -> impl Future<Output = Result<u32, BackendError>> + Send;
 
     /// Removes placeholders or components by id, running or not.
     fn remove(&mut self, ids: &[String]) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// Submits a grid job's component as an ordinary batch job running
-    /// `files.script(spec)`, its slots on one host if `one_host`.
+    /// `files.script(spec, run_as)`, its slots on one host if `one_host`.
     fn submit_component(
         &mut self,
         spec: &ComponentSpec,
         files: &ComponentFiles,
         one_host: bool,
+        run_as: Option<&Account>,
     ) -> impl Future<Output = Result<(), BackendError>> + Send;
 
     /// The kcm is stopping. Placeholders that cannot outlive it (the local
@@ -119,9 +164,66 @@ pub struct LauncherCommand {
     pub args: Vec<String>,
     /// Environment the launcher needs (`GLEANER_BROKER_URL`, `RUST_LOG`, …).
     pub env: Vec<(String, String)>,
+    /// The broker's addresses, as the kcm reaches them.
+    pub broker_urls: Vec<String>,
+    /// The `[launcher]` settings, as TOML, for a launcher that may not read
+    /// the kcm's configuration (one running as a job's owner).
+    pub launcher_settings: String,
+}
+
+/// Settings of the kcm's that a launcher running as a job's owner must not
+/// see: the kcm's broker account, and its configuration file.
+pub const KCM_ONLY: [&str; 3] = [
+    "GLEANER_BROKER_URL",
+    "GLEANER_BROKER_URLS",
+    "GLEANER_CONFIG",
+];
+
+/// Whom launchers run for: the job owner's account, and the settings file
+/// they read instead of the kcm's (with the job's launcher account).
+#[derive(Debug, Clone, Copy)]
+pub struct RunAs<'a> {
+    pub account: &'a Account,
+    pub settings: &'a std::path::Path,
 }
 
 impl LauncherCommand {
+    /// The command for launchers running as a job's owner: the kcm's
+    /// broker account and configuration left out, `settings` read instead.
+    pub fn for_owner(&self, settings: &std::path::Path) -> Self {
+        let mut env: Vec<(String, String)> = self
+            .env
+            .iter()
+            .filter(|(key, _)| !KCM_ONLY.contains(&key.as_str()))
+            .cloned()
+            .collect();
+        env.push(("GLEANER_CONFIG".to_owned(), settings.display().to_string()));
+        Self {
+            env,
+            ..self.clone()
+        }
+    }
+
+    /// What a job's launchers read when they run as its owner: the broker's
+    /// addresses with the job's launcher account, and `[launcher]`.
+    pub fn owner_settings(&self, credentials: &Credentials) -> String {
+        let urls: Vec<String> = self
+            .broker_urls
+            .iter()
+            .map(|url| {
+                let (scheme, rest) = url.split_once("://").unwrap_or(("amqp", url));
+                let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+                format!(
+                    "{scheme}://{}:{}@{host}",
+                    credentials.user, credentials.password
+                )
+            })
+            .collect();
+        format!(
+            "# gleaner: this job's launcher account; readable by its owner only\nbroker_urls = {:?}\n\n{}",
+            urls, self.launcher_settings
+        )
+    }
     /// The full argument list for one launcher.
     pub fn arguments(&self, launcher: &LauncherArgs<'_>) -> Vec<String> {
         let mut args = self.args.clone();

@@ -203,6 +203,7 @@ impl ClusterConfig {
             max_scavenged: self.max_scavenged,
             reserve_hosts: self.reserve_hosts.clone(),
             spool_dir: self.spool_dir.clone().unwrap_or(default_spool),
+            users: gleaner_policy::access::Users::default(),
         }
     }
 

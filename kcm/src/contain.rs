@@ -12,7 +12,7 @@
 use std::path::Path;
 
 use gleaner_contain::Tree;
-pub use gleaner_contain::{Entry, join};
+pub use gleaner_contain::{Account, Entry, join};
 use tracing::warn;
 
 /// The cgroups of one cluster's launchers.
@@ -41,6 +41,16 @@ impl Cgroups {
             .make(placeholder)
             .inspect_err(|e| warn!(placeholder, error = %e, "cannot make the launcher's cgroup"))
             .ok()
+    }
+
+    /// Hands a launcher's cgroup to the account it runs as, so that it can
+    /// give each task a cgroup of its own; without, its tasks run without.
+    pub fn delegate(&self, placeholder: &str, account: &Account) {
+        if let Some(tree) = &self.tree
+            && let Err(e) = tree.delegate(placeholder, account)
+        {
+            warn!(placeholder, account = %account.name, error = %e, "cannot hand the launcher's cgroup to its account");
+        }
     }
 
     /// Kills everything left in a launcher's cgroup and removes it (at a

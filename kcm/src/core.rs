@@ -27,8 +27,8 @@ use std::{
 use gleaner_manifest::JobId;
 use gleaner_policy::local::{Answered, LocalState, on_local_wait};
 use gleaner_protocol::{
-    Captured, ClusterName, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, GrantId,
-    Holding, KcmMsg, SchedulerMsg, ShrinkMode, component_on_one_host, naming,
+    Captured, ClusterName, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, Credentials,
+    GrantId, Holding, KcmMsg, SchedulerMsg, ShrinkMode, component_on_one_host, naming,
 };
 use tracing::{error, info, warn};
 
@@ -109,6 +109,10 @@ pub enum Effect {
         job: JobId,
         grant: GrantId,
         slots: u32,
+        /// Whose job it is (the broker user), for the account they run as.
+        owner: String,
+        /// The job's launcher account, for its launchers' settings file.
+        credentials: Option<Credentials>,
     },
     /// Remove placeholders or components by batch id, running or not;
     /// answer with [`Event::Removed`].
@@ -291,7 +295,13 @@ impl KcmCore {
 
     fn on_message(&mut self, message: KcmMsg, now: Now) -> Vec<Effect> {
         match message {
-            KcmMsg::StartLaunchers { job, grant, slots } => {
+            KcmMsg::StartLaunchers {
+                job,
+                grant,
+                slots,
+                owner,
+                credentials,
+            } => {
                 if self.recent_grants.contains(&grant) {
                     info!(job = %job, cluster = %self.config.cluster, grant = %grant, "grant already carried out; the order came again");
                     return Vec::new();
@@ -302,7 +312,13 @@ impl KcmCore {
                 self.recent_grants.push_back(grant);
                 self.applied_grants.push(grant);
                 vec![
-                    Effect::SubmitLaunchers { job, grant, slots },
+                    Effect::SubmitLaunchers {
+                        job,
+                        grant,
+                        slots,
+                        owner,
+                        credentials,
+                    },
                     Effect::PollNow,
                 ]
             }
@@ -915,6 +931,7 @@ mod tests {
             env: Vec::new(),
             walltime_ms: None,
             workdir: None,
+            owner: "alice".into(),
         }
     }
 
@@ -1069,6 +1086,8 @@ mod tests {
                 job: a.clone(),
                 grant: GrantId::new(7),
                 slots: 2,
+                owner: "alice".into(),
+                credentials: None,
             },
             clock.at(100),
         );
@@ -1078,7 +1097,7 @@ mod tests {
             .collect();
         assert!(matches!(
             submits.as_slice(),
-            [Effect::SubmitLaunchers { job, grant, slots: 2 }] if *job == a && *grant == GrantId::new(7)
+            [Effect::SubmitLaunchers { job, grant, slots: 2, .. }] if *job == a && *grant == GrantId::new(7)
         ));
         assert_eq!(
             report(&mut kcm, clock.at(200)).applied_grants,
@@ -1257,6 +1276,8 @@ mod tests {
             job: job("a"),
             grant: GrantId::new(7),
             slots: 2,
+            owner: "alice".into(),
+            credentials: None,
         };
         let first = message(&mut kcm, order(), clock.at(0));
         assert!(matches!(first[0], Effect::SubmitLaunchers { slots: 2, .. }));
@@ -1280,6 +1301,8 @@ mod tests {
                     job: a.clone(),
                     grant,
                     slots: 4,
+                    owner: "alice".into(),
+                    credentials: None,
                 },
                 clock.at(0),
             );
@@ -1313,6 +1336,8 @@ mod tests {
                 job: a.clone(),
                 grant: GrantId::new(3),
                 slots: 4,
+                owner: "alice".into(),
+                credentials: None,
             },
             clock.at(0),
         );

@@ -26,11 +26,14 @@ use gleaner_broker::{
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue},
 };
 use gleaner_manifest::JobId;
-use gleaner_protocol::{Captured, ClusterName, ComponentSpec, ControlMsg, KcmMsg};
+use gleaner_policy::access::Users;
+use gleaner_protocol::{Captured, ClusterName, ComponentSpec, ControlMsg, Credentials, KcmMsg};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-pub use backend::{Backend, BackendError, ComponentFiles, LauncherCommand};
+use crate::contain::Account;
+
+pub use backend::{Backend, BackendError, ComponentFiles, LauncherCommand, RunAs};
 pub use config::{BackendKind, Cap, ClusterConfig};
 pub use local::{LocalBackend, hostname};
 pub use sge::{SgeBackend, SgeConfig};
@@ -57,6 +60,8 @@ pub struct KcmConfig {
     /// Where grid components leave their output and exit status; the
     /// cluster's nodes must see it at the same path.
     pub spool_dir: std::path::PathBuf,
+    /// Whose accounts jobs run as.
+    pub users: Users,
 }
 
 impl KcmConfig {
@@ -134,6 +139,9 @@ impl<B: Backend> Kcm<B> {
             tokio::select! {
                 message = inbox.next() => match message {
                     Some(Ok(incoming)) => {
+                        if let KcmMsg::JobEnded { job } = &incoming.msg {
+                            let _ = std::fs::remove_file(self.owner_settings_file(job));
+                        }
                         let effects = self.core.handle(Event::Message(incoming.msg.clone()), Now::read());
                         let poll_now = self.apply(effects, &publisher).await?;
                         incoming.ack().await?;
@@ -180,8 +188,29 @@ impl<B: Backend> Kcm<B> {
         let mut poll_now = false;
         while let Some(effect) = effects.pop_front() {
             let answer = match effect {
-                Effect::SubmitLaunchers { job, grant, slots } => {
-                    let result = self.backend.submit(&job, slots).await;
+                Effect::SubmitLaunchers {
+                    job,
+                    grant,
+                    slots,
+                    owner,
+                    credentials,
+                } => {
+                    let result = match self.run_as(&owner) {
+                        Ok(None) => self.backend.submit(&job, slots, None).await,
+                        Ok(Some(account)) => {
+                            match self.owner_settings(&job, &account, credentials.as_ref()) {
+                                Ok(settings) => {
+                                    let run_as = RunAs {
+                                        account: &account,
+                                        settings: &settings,
+                                    };
+                                    self.backend.submit(&job, slots, Some(run_as)).await
+                                }
+                                Err(e) => Err(e),
+                            }
+                        }
+                        Err(e) => Err(e),
+                    };
                     Some(Event::LaunchersSubmitted {
                         job,
                         grant,
@@ -235,6 +264,61 @@ impl<B: Backend> Kcm<B> {
         Ok(poll_now)
     }
 
+    /// The account a job of `owner`'s runs as: with many users, their own
+    /// (`[users] accounts` maps broker users to Unix accounts), which only
+    /// a kcm running as root (or as that very account) can start; with one,
+    /// the kcm's.
+    fn run_as(&self, owner: &str) -> Result<Option<Account>, BackendError> {
+        let users = &self.config.users;
+        if users.is_single() {
+            return Ok(None);
+        }
+        let refused = |message: String| BackendError {
+            command: format!("run as the owner of the job ({owner})"),
+            message,
+        };
+        let account = Account::lookup(users.account(owner)).map_err(refused)?;
+        if !account.is_me() && !nix::unistd::geteuid().is_root() {
+            return Err(refused(format!(
+                "this kcm runs as uid {}, not root, so it cannot start {}'s launchers (run it as root, or configure [users] single = true)",
+                nix::unistd::geteuid(),
+                account.name
+            )));
+        }
+        Ok(Some(account))
+    }
+
+    /// Where a job's launchers find their settings when they run as its
+    /// owner: the job's launcher account, in a file of the owner's that
+    /// nobody else may read, in the spool directory (which the nodes see).
+    fn owner_settings_file(&self, job: &JobId) -> std::path::PathBuf {
+        self.config
+            .spool_dir
+            .join("launchers")
+            .join(format!("{job}.toml"))
+    }
+
+    /// Writes [`Kcm::owner_settings_file`] (again: a runner taking the job
+    /// over renews its password).
+    fn owner_settings(
+        &self,
+        job: &JobId,
+        account: &Account,
+        credentials: Option<&Credentials>,
+    ) -> Result<std::path::PathBuf, BackendError> {
+        let path = self.owner_settings_file(job);
+        let failed = |message: String| BackendError {
+            command: format!("write {}", path.display()),
+            message,
+        };
+        let credentials = credentials.ok_or_else(|| {
+            failed("the job has no launcher account: its runner keeps no users apart ([users] single = true), this kcm does".to_owned())
+        })?;
+        let text = self.backend.launcher_command().owner_settings(credentials);
+        write_private(&path, &text, account).map_err(|e| failed(e.to_string()))?;
+        Ok(path)
+    }
+
     /// Submits a component whose wrapper writes to the spool directory.
     async fn submit_component(
         &mut self,
@@ -242,14 +326,42 @@ impl<B: Backend> Kcm<B> {
         one_host: bool,
     ) -> Result<(), BackendError> {
         let files = ComponentFiles::new(&self.config.spool_dir, &spec.job, spec.component);
+        let run_as = self.run_as(&spec.owner)?;
         match std::fs::create_dir_all(&self.config.spool_dir) {
-            Ok(()) => self.backend.submit_component(spec, &files, one_host).await,
+            Ok(()) => {
+                self.backend
+                    .submit_component(spec, &files, one_host, run_as.as_ref())
+                    .await
+            }
             Err(e) => Err(BackendError {
                 command: format!("mkdir {}", self.config.spool_dir.display()),
                 message: e.to_string(),
             }),
         }
     }
+}
+
+/// Replaces `path` with `text`, readable and writable by `account` only.
+fn write_private(path: &std::path::Path, text: &str, account: &Account) -> std::io::Result<()> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    std::os::unix::fs::fchown(
+        &file,
+        Some(account.uid.as_raw()),
+        Some(account.gid.as_raw()),
+    )?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
 }
 
 /// Sends to a job's runner; a job that is gone no longer needs to hear.

@@ -16,8 +16,8 @@ use gleaner_protocol::{
 };
 
 use crate::{
-    backend::{Backend, BackendError, ComponentFiles, LauncherCommand},
-    contain::{self, Cgroups},
+    backend::{Backend, BackendError, ComponentFiles, KCM_ONLY, LauncherCommand, RunAs},
+    contain::{self, Account, Cgroups},
     snapshot::{ComponentRun, Host, Placeholder, Snapshot},
 };
 
@@ -200,6 +200,10 @@ impl Backend for LocalBackend {
         "local"
     }
 
+    fn launcher_command(&self) -> &LauncherCommand {
+        &self.command
+    }
+
     async fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
         self.reap();
         let host = hostname();
@@ -233,7 +237,17 @@ impl Backend for LocalBackend {
         })
     }
 
-    async fn submit(&mut self, job: &JobId, slots: u32) -> Result<u32, BackendError> {
+    async fn submit(
+        &mut self,
+        job: &JobId,
+        slots: u32,
+        run_as: Option<RunAs<'_>>,
+    ) -> Result<u32, BackendError> {
+        let launcher = match run_as {
+            Some(run_as) => self.command.for_owner(run_as.settings),
+            None => self.command.clone(),
+        };
+        let run_as = run_as.map(|r| r.account).filter(|a| !a.is_me()).cloned();
         self.reap();
         let mut started = 0;
         while started < slots {
@@ -243,7 +257,7 @@ impl Backend for LocalBackend {
             };
             let id = local_launcher_batch_id(std::process::id(), self.next_id);
             self.next_id += 1;
-            let args = self.command.arguments(&LauncherArgs {
+            let args = launcher.arguments(&LauncherArgs {
                 job: job.as_str(),
                 cluster: self.cluster.as_str(),
                 id: launcher_id(&self.cluster, &id).as_str(),
@@ -251,22 +265,45 @@ impl Backend for LocalBackend {
                 slots: length,
                 walltime: None,
             });
-            let mut command = Command::new(&self.command.program);
+            let mut command = Command::new(&launcher.program);
+            if run_as.is_some() {
+                // Nor what the kcm itself was started with.
+                for key in KCM_ONLY {
+                    command.env_remove(key);
+                }
+            }
             command
                 .args(&args)
-                .envs(self.command.env.iter().map(|(k, v)| (k, v)))
+                .envs(launcher.env.iter().map(|(k, v)| (k, v)))
                 .stdin(Stdio::null())
                 .kill_on_drop(true);
             let cgroup = self.cgroups.make(&id);
-            if let Some(cgroup) = &cgroup {
-                let procs = cgroup.fd();
-                // SAFETY: `join` only writes to an open descriptor.
-                unsafe {
-                    command.pre_exec(move || contain::join(procs));
-                }
+            if let Some(account) = &run_as
+                && cgroup.is_some()
+            {
+                self.cgroups.delegate(&id, account);
+            }
+            let procs = cgroup.as_ref().map(contain::Entry::fd);
+            if let Some(account) = &run_as {
+                command.envs(account.environment());
+            }
+            let account = run_as.clone();
+            // SAFETY: `join` only writes to an open descriptor, and
+            // `become_it` only makes system calls on data looked up
+            // before the fork. The cgroup is joined as the kcm, which may.
+            unsafe {
+                command.pre_exec(move || {
+                    if let Some(procs) = procs {
+                        contain::join(procs)?;
+                    }
+                    match &account {
+                        Some(account) => account.become_it(),
+                        None => Ok(()),
+                    }
+                });
             }
             let child = command.spawn().map_err(|e| BackendError {
-                command: format!("{} {}", self.command.program.display(), args.join(" ")),
+                command: format!("{} {}", launcher.program.display(), args.join(" ")),
                 message: e.to_string(),
             })?;
             self.launchers.push(Launcher {
@@ -302,13 +339,14 @@ impl Backend for LocalBackend {
         spec: &ComponentSpec,
         files: &ComponentFiles,
         _one_host: bool,
+        run_as: Option<&Account>,
     ) -> Result<(), BackendError> {
         let id = local_component_batch_id(std::process::id(), self.next_id);
         self.next_id += 1;
         self.components.push(Component {
             id,
             spec: spec.clone(),
-            script: files.script(spec),
+            script: files.script(spec, run_as),
             child: None,
         });
         self.start_components();

@@ -12,9 +12,12 @@ use gleaner_manifest::JobId;
 use tracing::warn;
 
 use crate::{
+    backend::RunAs,
     backend::{
-        Backend, BackendError, ComponentFiles, LauncherCommand, remove_all, run, submit_arrays,
+        Backend, BackendError, ComponentFiles, LauncherCommand, as_account, remove_all, run,
+        submit_arrays,
     },
+    contain::Account,
     qstat::{self, AllocationRule, allocation_rule},
     snapshot::Snapshot,
 };
@@ -142,7 +145,13 @@ impl SgeBackend {
     }
 
     /// One placeholder array of `count` launchers of `each` slots.
-    async fn submit_array(&self, job: &JobId, count: u32, each: u32) -> Result<(), BackendError> {
+    async fn submit_array(
+        &self,
+        job: &JobId,
+        count: u32,
+        each: u32,
+        run_as: Option<RunAs<'_>>,
+    ) -> Result<(), BackendError> {
         let c = &self.config;
         let mut args = self.qsub_args(placeholder_name(job.as_str()), self.placeholder_queue()?);
         args.extend([
@@ -175,10 +184,13 @@ impl SgeBackend {
                 "/dev/null".into(),
             ]),
         }
-        let script =
-            c.launcher
-                .script(&c.cluster, job, each, c.h_rt, &format!("\"{SGE_TASK_ID}\""));
-        let answer = self.run("qsub", &args, Some(&script)).await?;
+        let launcher = match run_as {
+            Some(run_as) => c.launcher.for_owner(run_as.settings),
+            None => c.launcher.clone(),
+        };
+        let script = launcher.script(&c.cluster, job, each, c.h_rt, &format!("\"{SGE_TASK_ID}\""));
+        let (program, args) = as_account("qsub", &args, run_as.map(|r| r.account));
+        let answer = self.run(&program, &args, Some(&script)).await?;
         // `-terse` answers `4711.1-8:1` for an array job.
         let number = answer.trim().split('.').next().unwrap_or("");
         if number.parse::<u64>().is_err() {
@@ -194,6 +206,10 @@ impl SgeBackend {
 impl Backend for SgeBackend {
     fn kind(&self) -> &'static str {
         "sge"
+    }
+
+    fn launcher_command(&self) -> &LauncherCommand {
+        &self.config.launcher
     }
 
     async fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
@@ -230,11 +246,16 @@ impl Backend for SgeBackend {
         Ok(snapshot)
     }
 
-    async fn submit(&mut self, job: &JobId, slots: u32) -> Result<u32, BackendError> {
+    async fn submit(
+        &mut self,
+        job: &JobId,
+        slots: u32,
+        run_as: Option<RunAs<'_>>,
+    ) -> Result<u32, BackendError> {
         let this = &*self;
         let (cluster, size) = (&this.config.cluster, this.config.launcher_slots);
         submit_arrays(job, cluster, slots, size, |count, each| {
-            this.submit_array(job, count, each)
+            this.submit_array(job, count, each, run_as)
         })
         .await
     }
@@ -252,6 +273,7 @@ impl Backend for SgeBackend {
         spec: &ComponentSpec,
         files: &ComponentFiles,
         one_host: bool,
+        run_as: Option<&Account>,
     ) -> Result<(), BackendError> {
         let mut args = self.qsub_args(
             component_name(&spec.job, spec.component),
@@ -276,7 +298,8 @@ impl Backend for SgeBackend {
                 format!("h_rt={}", walltime.div_ceil(1000).max(1)),
             ]);
         }
-        self.run("qsub", &args, Some(&files.script(spec))).await?;
+        self.run("qsub", &args, Some(&files.script(spec, run_as)))
+            .await?;
         Ok(())
     }
 
@@ -308,8 +331,45 @@ mod tests {
                     "GLEANER_BROKER_URL".into(),
                     "amqp://u:p@h/v?heartbeat=10".into(),
                 )],
+                broker_urls: vec!["amqp://u:p@h/v?heartbeat=10".into()],
+                launcher_settings: "[launcher]\nidle_timeout = \"5s\"\n".into(),
             },
         })
+    }
+
+    #[test]
+    fn an_owners_launchers_get_their_jobs_account_and_nothing_of_the_kcms() {
+        let sge = backend();
+        let settings = std::path::Path::new("/spool/launchers/j-000001.toml");
+        let job: JobId = "j-000001".parse().unwrap();
+        let script = sge.config.launcher.for_owner(settings).script(
+            &"c1".into(),
+            &job,
+            1,
+            None,
+            "\"$JOB_ID.$SGE_TASK_ID\"",
+        );
+        assert!(!script.contains("u:p"), "{script}");
+        assert!(
+            script.contains("export GLEANER_CONFIG='/spool/launchers/j-000001.toml'"),
+            "{script}"
+        );
+        let credentials = gleaner_protocol::Credentials {
+            user: "gleaner-launcher-j-000001".into(),
+            password: "pw".into(),
+        };
+        let text = sge.config.launcher.owner_settings(&credentials);
+        assert!(
+            text.contains(
+                r#"broker_urls = ["amqp://gleaner-launcher-j-000001:pw@h/v?heartbeat=10"]"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains("[launcher]\nidle_timeout"), "{text}");
+        assert!(
+            !format!("{credentials:?}").contains("pw"),
+            "no password in logs"
+        );
     }
 
     #[test]

@@ -17,9 +17,12 @@ use gleaner_protocol::{
 };
 
 use crate::{
+    backend::RunAs,
     backend::{
-        Backend, BackendError, ComponentFiles, LauncherCommand, remove_all, run, submit_arrays,
+        Backend, BackendError, ComponentFiles, LauncherCommand, as_account, remove_all, run,
+        submit_arrays,
     },
+    contain::Account,
     snapshot::Snapshot,
     squeue::{self, SINFO_FORMAT, SQUEUE_FORMAT},
 };
@@ -95,7 +98,13 @@ impl SlurmBackend {
     }
 
     /// One placeholder array of `count` launchers of `each` slots.
-    async fn submit_array(&self, job: &JobId, count: u32, each: u32) -> Result<(), BackendError> {
+    async fn submit_array(
+        &self,
+        job: &JobId,
+        count: u32,
+        each: u32,
+        run_as: Option<RunAs<'_>>,
+    ) -> Result<(), BackendError> {
         let c = &self.config;
         let mut args = self.sbatch_args(placeholder_name(job.as_str()));
         args.extend([
@@ -120,14 +129,19 @@ impl SlurmBackend {
                 "--error=/dev/null".to_owned(),
             ]),
         }
-        let script = c.launcher.script(
+        let launcher = match run_as {
+            Some(run_as) => c.launcher.for_owner(run_as.settings),
+            None => c.launcher.clone(),
+        };
+        let script = launcher.script(
             &c.cluster,
             job,
             each,
             c.walltime,
             &format!("\"{SLURM_TASK_ID}\""),
         );
-        let answer = self.run("sbatch", &args, Some(&script)).await?;
+        let (program, args) = as_account("sbatch", &args, run_as.map(|r| r.account));
+        let answer = self.run(&program, &args, Some(&script)).await?;
         parse_job_id(&answer)
             .map(|_| ())
             .ok_or_else(|| BackendError {
@@ -155,6 +169,10 @@ impl Backend for SlurmBackend {
         "slurm"
     }
 
+    fn launcher_command(&self) -> &LauncherCommand {
+        &self.config.launcher
+    }
+
     async fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
         let sinfo_args: Vec<String> = ["-h", "-N", "-o", SINFO_FORMAT].map(str::to_owned).to_vec();
         let sinfo = self.run("sinfo", &sinfo_args, None).await?;
@@ -172,11 +190,16 @@ impl Backend for SlurmBackend {
         })
     }
 
-    async fn submit(&mut self, job: &JobId, slots: u32) -> Result<u32, BackendError> {
+    async fn submit(
+        &mut self,
+        job: &JobId,
+        slots: u32,
+        run_as: Option<RunAs<'_>>,
+    ) -> Result<u32, BackendError> {
         let this = &*self;
         let (cluster, size) = (&this.config.cluster, this.config.launcher_slots);
         submit_arrays(job, cluster, slots, size, |count, each| {
-            this.submit_array(job, count, each)
+            this.submit_array(job, count, each, run_as)
         })
         .await
     }
@@ -194,6 +217,7 @@ impl Backend for SlurmBackend {
         spec: &ComponentSpec,
         files: &ComponentFiles,
         one_host: bool,
+        run_as: Option<&Account>,
     ) -> Result<(), BackendError> {
         let mut args = self.sbatch_args(component_name(&spec.job, spec.component));
         args.extend([
@@ -208,7 +232,9 @@ impl Backend for SlurmBackend {
             let limit = Duration::from_millis(walltime);
             args.push(format!("--time={}", slurm_time(limit)));
         }
-        let answer = self.run("sbatch", &args, Some(&files.script(spec))).await?;
+        let answer = self
+            .run("sbatch", &args, Some(&files.script(spec, run_as)))
+            .await?;
         parse_job_id(&answer)
             .map(|_| ())
             .ok_or_else(|| BackendError {
@@ -240,6 +266,8 @@ mod tests {
             program: "/opt/gleaner".into(),
             args: vec!["launcher".into()],
             env: vec![("GLEANER_BROKER_URL".into(), "amqp://h/v".into())],
+            broker_urls: vec!["amqp://h/v".into()],
+            launcher_settings: String::new(),
         };
         let job: JobId = "sweep-00beef".parse().unwrap();
         let script = command.script(

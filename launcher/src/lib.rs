@@ -25,12 +25,12 @@ use std::{
 
 use gleaner_broker::{
     Broker, BrokerError, ConsumeOptions, Inbox, Incoming, Publisher,
-    topology::{JobQueues, declare_launcher, kcm_queue},
+    topology::{JobQueues, declare_launcher},
 };
 use gleaner_manifest::JobId;
 use gleaner_protocol::{
-    Captured, ClusterName, ControlMsg, KcmMsg, LauncherId, LauncherInfo, LauncherMsg,
-    LauncherStatus, ResultMsg, RunStatus, RunningTask, TaskMsg, now_ms,
+    Captured, ClusterName, ControlMsg, LauncherId, LauncherInfo, LauncherMsg, LauncherStatus,
+    ResultMsg, RunStatus, RunningTask, TaskMsg, now_ms,
 };
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -75,7 +75,9 @@ pub struct LauncherSettings {
     pub idle_timeout: Duration,
     #[serde(with = "humantime_serde")]
     pub heartbeat: Duration,
-    /// Where task sandboxes are made.
+    /// Where task sandboxes are made: each account's launchers in a
+    /// directory of their own under it (`<scratch>/<uid>`, mode 0700). Made
+    /// like `/tmp` (mode 1777) if missing, so that every account may.
     pub scratch: PathBuf,
     #[serde(flatten)]
     pub limits: Limits,
@@ -90,7 +92,7 @@ impl Default for LauncherSettings {
         Self {
             idle_timeout: Duration::from_secs(5),
             heartbeat: gleaner_protocol::LAUNCHER_HEARTBEAT,
-            scratch: std::env::temp_dir().join("gleaner"),
+            scratch: std::env::temp_dir().join("gleaner-sandboxes"),
             limits: Limits::default(),
             deadline_margin: Duration::from_secs(10),
         }
@@ -128,6 +130,44 @@ impl Exit {
 pub enum LauncherError {
     #[error(transparent)]
     Broker(#[from] BrokerError),
+    #[error("scratch directory {path}: {reason}")]
+    Scratch { path: String, reason: String },
+}
+
+/// Makes the scratch directory private to this account (mode 0700), or,
+/// if it is there, checks that it is a real directory of this account's
+/// that nobody else may write to:
+/// on a shared `/tmp`, another user could have put a link or a directory
+/// of theirs in its place.
+fn private_scratch(dir: &std::path::Path) -> Result<(), LauncherError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let failed = |reason: String| LauncherError::Scratch {
+        path: dir.display().to_string(),
+        reason,
+    };
+    if let Some(base) = dir.parent()
+        && !base.exists()
+    {
+        std::fs::create_dir_all(base).map_err(|e| failed(e.to_string()))?;
+        // Shared like /tmp: anyone may make their own directory in it,
+        // nobody may remove another's. Only if this launcher made it.
+        let shared = std::fs::Permissions::from_mode(0o1777);
+        let _ = std::fs::set_permissions(base, shared);
+    }
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
+            return Err(failed(e.to_string()));
+        }
+        _ => {}
+    }
+    let meta = std::fs::symlink_metadata(dir).map_err(|e| failed(e.to_string()))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o022 != 0 {
+        return Err(failed(format!(
+            "not a directory of uid {me}'s that only it may write to (a link, someone else's, or writable by others)"
+        )));
+    }
+    Ok(())
 }
 
 /// Shared between the shell's loop and the futures it spawns.
@@ -196,6 +236,7 @@ pub async fn run(
     config: LauncherConfig,
     signals: Signals,
 ) -> Result<Exit, LauncherError> {
+    private_scratch(&config.scratch)?;
     if !orphans::adopt() {
         warn!(launcher = %config.id, "cannot be the subreaper of its tasks: processes they move out of their group may outlive them");
     }
@@ -216,16 +257,8 @@ async fn serve(
     let publisher = connection.publisher().await?;
     let queues = JobQueues::new(&config.job);
     let tag = format!("launcher@{}/{}", config.host, config.slot);
-    // First of all, so that its kcm counts this start as a good one.
-    let up = KcmMsg::LauncherUp {
-        launcher: config.id.clone(),
-    };
-    if !publisher.deliver(&kcm_queue(&config.cluster), &up).await? {
-        debug!(launcher = %config.id, cluster = %config.cluster, "no kcm queue to tell that the launcher is up");
-    }
-
     let own_channel = connection.channel().await?;
-    let own_queue = declare_launcher(&own_channel, &config.id).await?;
+    let own_queue = declare_launcher(&own_channel, &config.job, &config.id).await?;
     let own: Inbox<LauncherMsg> = Inbox::open(
         &own_channel,
         publisher.clone(),
@@ -251,7 +284,8 @@ async fn serve(
                     .as_millis() as u64
         }),
     });
-    if let Err(e) = publisher.send(&queues.control, &info).await {
+    // Its runner hears it, and tells its kcm that this start went well.
+    if let Err(e) = publisher.send_via(queues.to_control(), &info).await {
         return job_over_or(e);
     }
     let task_channel = connection.channel().await?;
@@ -291,7 +325,11 @@ async fn serve(
                 cluster: config.cluster.clone(),
                 reason: exit.describe().to_owned(),
             };
-            if let Err(e) = shared.publisher.send(&shared.queues.control, &gone).await {
+            if let Err(e) = shared
+                .publisher
+                .send_via(shared.queues.to_control(), &gone)
+                .await
+            {
                 debug!(job = %config.job, launcher = %config.id, cluster = %config.cluster, error = %e, "cannot say goodbye");
             }
             info!(job = %config.job, launcher = %config.id, cluster = %config.cluster, exit = exit.describe(), "launcher leaves");
@@ -613,7 +651,7 @@ async fn report(
     };
     shared
         .publisher
-        .send(&shared.queues.results, &result)
+        .send_via(shared.queues.to_results(), &result)
         .await?;
     incoming.ack().await
 }
@@ -645,7 +683,7 @@ async fn refuse(
 async fn give_back(shared: Arc<Shared>, incoming: Incoming<TaskMsg>) -> Result<(), BrokerError> {
     shared
         .publisher
-        .send(&shared.queues.tasks, &incoming.msg)
+        .send_via(shared.queues.to_tasks(), &incoming.msg)
         .await?;
     incoming.ack().await
 }
@@ -659,7 +697,10 @@ async fn republish(shared: Arc<Shared>, incoming: Incoming<TaskMsg>) -> Result<(
         preemptions: task.preemptions.saturating_add(1),
         ..task.clone()
     };
-    shared.publisher.send(&shared.queues.tasks, &again).await?;
+    shared
+        .publisher
+        .send_via(shared.queues.to_tasks(), &again)
+        .await?;
     info!(job = %task.job, task = task.task, launcher = %config.id, cluster = %config.cluster, "task preempted and republished");
     incoming.ack().await
 }
@@ -687,7 +728,7 @@ async fn send_status(shared: &Shared, status: Status) -> Result<(), BrokerError>
     // The job's queues may be going away; the task consumer will tell.
     shared
         .publisher
-        .deliver(&shared.queues.control, &status)
+        .deliver_via(shared.queues.to_control(), &status)
         .await
         .map(|_| ())
 }

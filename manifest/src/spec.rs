@@ -143,13 +143,18 @@ impl Manifest {
         }
         if let Some(results) = &self.results
             && (results.as_os_str().is_empty()
-                || results
-                    .components()
-                    .any(|c| c == std::path::Component::ParentDir))
+                || !results.components().all(|c| {
+                    matches!(
+                        c,
+                        std::path::Component::Normal(_) | std::path::Component::CurDir
+                    )
+                }))
         {
             return Err(ManifestError::invalid(
                 "results",
-                format!("{results:?} must name a directory without `..` in it"),
+                format!(
+                    "{results:?} must be a relative directory without `..` in it (results stay under the runner's results root)"
+                ),
             ));
         }
         match self.kind {
@@ -231,7 +236,8 @@ impl Manifest {
         Ok(())
     }
 
-    /// The results directory, relative to the runner's results root unless absolute.
+    /// The results directory, relative to the runner's results root (or,
+    /// with many users, to the owner's area in it).
     pub fn results_dir(&self, job: &str) -> PathBuf {
         self.results
             .clone()
@@ -330,7 +336,12 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
 
     #[test]
     fn results_cannot_climb_out_of_the_results_root() {
-        for results in ["../../../../tmp/elsewhere", "a/../../b", ""] {
+        for results in [
+            "../../../../tmp/elsewhere",
+            "a/../../b",
+            "",
+            "/tmp/elsewhere",
+        ] {
             let err = parse(&format!(
                 "name = \"a\"\nresults = \"{results}\"\n[[task]]\ncommand = \"true\"\n"
             ))

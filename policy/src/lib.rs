@@ -2,6 +2,7 @@
 //! no broker. The services gather a snapshot, ask a policy, and carry out
 //! its decisions; tests and simulations call the same functions directly.
 
+pub mod access;
 pub mod local;
 pub mod placement;
 pub mod preempt;

@@ -77,6 +77,48 @@ impl Message for Submission {
     }
 }
 
+// -------------------------------------------------------------- gleaner.requests
+
+/// What a user asks of gleaner, through the `gleaner.user` exchange to the
+/// active scheduler, which answers to the AMQP `reply_to`. Who asks is the
+/// message's `user_id`, which the broker checks against the connection's
+/// user; a user sees and cancels their own jobs only (admins: all).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum RequestMsg {
+    /// `gleaner status`: answered with a [`StatusReply`].
+    Status {},
+    /// `gleaner cancel`: answered with a [`CancelReply`].
+    Cancel { job: JobId },
+}
+
+impl Message for RequestMsg {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Status {} => "status",
+            Self::Cancel { .. } => "cancel",
+        }
+    }
+}
+
+/// The scheduler's answer to [`RequestMsg::Cancel`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CancelReply {
+    /// The job's runner has been told.
+    Accepted {},
+    /// No such job is running (it ended, or no runner has it yet).
+    NotRunning {},
+    /// The job is someone else's.
+    Refused { reason: String },
+}
+
+impl Message for CancelReply {
+    fn kind(&self) -> &'static str {
+        "cancel_reply"
+    }
+}
+
 // ------------------------------------------------------------- gleaner.scheduler
 
 /// The scheduler's inbox.
@@ -96,8 +138,6 @@ pub enum SchedulerMsg {
         cluster: ClusterName,
         accepted: u32,
     },
-    /// `gleaner status` asking for the picture; answered to the AMQP `reply_to`.
-    StatusRequest {},
 }
 
 impl Message for SchedulerMsg {
@@ -107,7 +147,6 @@ impl Message for SchedulerMsg {
             Self::JobDone { .. } => "job_done",
             Self::ClusterStatus(_) => "cluster_status",
             Self::GrowAck { .. } => "grow_ack",
-            Self::StatusRequest {} => "status_request",
         }
     }
 }
@@ -157,6 +196,9 @@ impl TaskCounts {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobReport {
     pub job: JobId,
+    /// The user who submitted it (the broker-checked `user_id`).
+    #[serde(default)]
+    pub owner: String,
     pub kind: JobKind,
     pub priority: Priority,
     pub state: JobState,
@@ -277,7 +319,8 @@ impl Holding {
     }
 }
 
-/// The scheduler's answer to [`SchedulerMsg::StatusRequest`].
+/// The scheduler's answer to [`RequestMsg::Status`]: the clusters, and
+/// the jobs the asking user may see.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct StatusReply {
     pub scheduler: String,
@@ -287,6 +330,9 @@ pub struct StatusReply {
     /// Grid jobs not placed yet: how long they have been trying.
     #[serde(default)]
     pub placements: Vec<GridPlacement>,
+    /// Jobs left out: other users' (their slots still show in the clusters).
+    #[serde(default)]
+    pub hidden: u32,
 }
 
 impl Message for StatusReply {
@@ -352,11 +398,18 @@ pub struct ClusterView {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum KcmMsg {
-    /// Submit launchers for `job` covering `slots` slots (one placeholder array job).
+    /// Submit launchers for `job` covering `slots` slots (one placeholder
+    /// array job), as `owner`'s Unix account where users are kept apart.
     StartLaunchers {
         job: JobId,
         grant: GrantId,
         slots: u32,
+        #[serde(default)]
+        owner: String,
+        /// The job's launcher account, where users are kept apart: its
+        /// launchers connect as it, not as the kcm.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        credentials: Option<Credentials>,
     },
     /// Make sure these launchers are gone after `grace_ms` (preempted ones that
     /// may not have exited by themselves).
@@ -375,6 +428,22 @@ pub enum KcmMsg {
     LauncherUp { launcher: LauncherId },
 }
 
+/// A broker account and its password.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Credentials {
+    pub user: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    /// Never the password, in logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
 /// One rigid component of a grid job, as the kcm submits it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ComponentSpec {
@@ -388,6 +457,10 @@ pub struct ComponentSpec {
     pub walltime_ms: Option<u64>,
     #[serde(default)]
     pub workdir: Option<String>,
+    /// The job's owner: the component runs as their Unix account where
+    /// users are kept apart.
+    #[serde(default)]
+    pub owner: String,
 }
 
 impl Message for KcmMsg {
@@ -652,12 +725,18 @@ impl Message for LauncherMsg {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Event {
-    /// `job.<job>.progress`
+    /// `job.<owner>.<job>.progress`
     Progress(JobReport),
-    /// `job.<job>.done`: every task has a final state (or the job was cancelled).
+    /// `job.<owner>.<job>.done`: every task has a final state (or the job was cancelled).
     Done(JobReport),
-    /// `job.<job>.rejected`: the manifest was invalid.
-    Rejected { job: String, reason: String },
+    /// `job.<owner>.<job>.rejected`: the manifest was invalid, or its
+    /// sender may not run it.
+    Rejected {
+        job: String,
+        #[serde(default)]
+        owner: String,
+        reason: String,
+    },
     /// `cluster.<name>.status`
     Cluster(ClusterReport),
 }
@@ -674,15 +753,31 @@ impl Message for Event {
 }
 
 impl Event {
-    /// The routing key on `gleaner.events`.
+    /// The routing key on `gleaner.events`. A job's events carry its
+    /// owner, so that a topic permission (`^job\.{username}\.`) lets each
+    /// user follow their own jobs only.
     pub fn routing_key(&self) -> String {
         match self {
-            Self::Progress(r) => format!("job.{}.progress", r.job),
-            Self::Done(r) => format!("job.{}.done", r.job),
-            Self::Rejected { job, .. } => format!("job.{job}.rejected"),
+            Self::Progress(r) => job_events(&r.owner, r.job.as_str(), "progress"),
+            Self::Done(r) => job_events(&r.owner, r.job.as_str(), "done"),
+            Self::Rejected { job, owner, .. } => job_events(owner, job, "rejected"),
             Self::Cluster(c) => format!("cluster.{}.status", c.cluster),
         }
     }
+}
+
+/// The owner word of a job whose sender is unknown (a manifest published
+/// by hand without `user_id`).
+pub const UNKNOWN_OWNER: &str = "_";
+
+/// `job.<owner>.<job>.<event>`; `event` may be a pattern (`#`).
+pub fn job_events(owner: &str, job: &str, event: &str) -> String {
+    let owner = if owner.is_empty() {
+        UNKNOWN_OWNER
+    } else {
+        owner
+    };
+    format!("job.{owner}.{job}.{event}")
 }
 
 #[cfg(test)]
@@ -708,6 +803,7 @@ mod tests {
     fn report() -> JobReport {
         JobReport {
             job: job(),
+            owner: "alice".into(),
             kind: JobKind::Scavenge,
             priority: Priority::Low,
             state: JobState::Running,
@@ -736,8 +832,8 @@ mod tests {
                 cluster: "c".into(),
                 accepted: 1,
             },
-            SchedulerMsg::StatusRequest {},
         ]);
+        assert_kinds(&[RequestMsg::Status {}, RequestMsg::Cancel { job: job() }]);
         let spec = ComponentSpec {
             job: job(),
             component: 0,
@@ -746,12 +842,15 @@ mod tests {
             env: Vec::new(),
             walltime_ms: None,
             workdir: None,
+            owner: "alice".into(),
         };
         assert_kinds(&[
             KcmMsg::StartLaunchers {
                 job: job(),
                 grant: GrantId::new(1),
                 slots: 1,
+                owner: "alice".into(),
+                credentials: None,
             },
             KcmMsg::Release {
                 job: job(),
@@ -831,10 +930,25 @@ mod tests {
             Event::Done(report()),
             Event::Rejected {
                 job: "j-1".into(),
+                owner: "alice".into(),
                 reason: String::new(),
             },
             Event::Cluster(ClusterReport::default()),
         ]);
+    }
+
+    #[test]
+    fn job_events_carry_their_owner() {
+        assert_eq!(
+            Event::Done(report()).routing_key(),
+            "job.alice.j-000001.done"
+        );
+        let anonymous = Event::Rejected {
+            job: "j-1".into(),
+            owner: String::new(),
+            reason: String::new(),
+        };
+        assert_eq!(anonymous.routing_key(), "job._.j-1.rejected");
     }
 
     /// The messages that carry identifiers, as they were when those were
@@ -872,6 +986,7 @@ mod tests {
                 job: JobId,
                 grant: u64,
                 slots: u32,
+                owner: String,
             },
             Release {
                 job: JobId,
@@ -883,6 +998,7 @@ mod tests {
         #[derive(Serialize)]
         pub struct JobReport {
             pub job: JobId,
+            pub owner: String,
             pub kind: JobKind,
             pub priority: Priority,
             pub state: JobState,
@@ -966,11 +1082,14 @@ mod tests {
                 job: job(),
                 grant: GrantId::new(7),
                 slots: 2,
+                owner: "alice".into(),
+                credentials: None,
             },
             &before::KcmMsg::StartLaunchers {
                 job: job(),
                 grant: 7,
                 slots: 2,
+                owner: "alice".into(),
             },
         );
         assert_same_encoding(
@@ -991,6 +1110,7 @@ mod tests {
             &new_report,
             &before::JobReport {
                 job: job(),
+                owner: "alice".into(),
                 kind: JobKind::Scavenge,
                 priority: Priority::Low,
                 state: JobState::Running,

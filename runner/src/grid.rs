@@ -76,6 +76,7 @@ impl Grid {
                 env: env.clone(),
                 walltime_ms,
                 workdir: workdir.clone(),
+                owner: ledger.file.owner.clone(),
             };
             effects.push(Effect::ToKcm {
                 cluster: cluster.clone(),

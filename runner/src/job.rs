@@ -12,6 +12,7 @@ use std::{collections::VecDeque, sync::Arc, time::Duration};
 use futures_util::FutureExt;
 use gleaner_broker::{
     BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher,
+    admin::Admin,
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
 };
 use gleaner_manifest::{JobId, JobKind, TaskList};
@@ -23,6 +24,7 @@ use crate::{
     effect::{Effect, Now},
     grid::Grid,
     job_core::{JobCore, JobSettings, Opening, Refusal},
+    owner::{Owner, as_account, prepare_area, symlink_on_the_way},
     results::ResultsDir,
     sweep::Sweep,
 };
@@ -57,29 +59,50 @@ pub async fn run(
     connection: Arc<Connection>,
     settings: JobSettings,
     submission: &Submission,
+    owner: &Owner,
+    admin: Option<&Admin>,
     shutdown: CancellationToken,
 ) -> Result<(), JobError> {
     let id = submission.job.clone();
     let queues = JobQueues::new(&id);
-    let root = settings
-        .results_root
-        .join(submission.manifest.results_dir(id.as_str()));
+    let relative = submission.manifest.results_dir(id.as_str());
+    let root = owner.results_dir(&settings.results_root, &relative);
     let io_error = |error| JobError::Results {
         path: root.display().to_string(),
         error,
         standing: None,
     };
+    if let Some(account) = &owner.account {
+        prepare_area(&settings.results_root.join(&account.name), account).map_err(io_error)?;
+    }
+    let account = owner.account.as_ref();
+    let area = owner.results_dir(&settings.results_root, std::path::Path::new(""));
+    if let Some(link) = as_account(account, || symlink_on_the_way(&area, &relative)) {
+        return Err(JobError::Refused(format!(
+            "results directory {} passes through the symbolic link {}; choose another `results`",
+            root.display(),
+            link.display()
+        )));
+    }
     let publisher = connection.publisher().await?;
-    if !wait_for_lock(&connection, &queues, &root, &id, &shutdown).await? {
+    if !wait_for_lock(&connection, &queues, &root, account, &id, &shutdown).await? {
         info!(job = %id, "another runner finished the job meanwhile");
         return Ok(());
     }
     // Only the lock holder reads (and repairs) the index: another runner
     // may still have been appending to it until now.
-    let (results, finished) = ResultsDir::open(&root).map_err(io_error)?;
+    let (results, finished) = ResultsDir::open(&root, account).map_err(io_error)?;
 
+    // Renewed at every start: a runner taking the job over does not know
+    // the last password, and launchers already connected keep theirs.
+    let launcher_credentials = match admin {
+        Some(admin) => Some(admin.launcher_account(&id).await?),
+        None => None,
+    };
     let opening = Opening {
         submission,
+        owner: owner.name.clone(),
+        launcher_credentials,
         settings,
         runner: connection.identity().to_owned(),
         results: std::path::absolute(&root)
@@ -107,13 +130,13 @@ pub async fn run(
                 }
             })?;
             let core = Sweep::open(opening, tasks, Now::read()).map_err(refused)?;
-            Job::new(core, queues, results, publisher)
+            Job::new(core, queues, results, publisher, admin.cloned())
                 .run(&connection, &shutdown)
                 .await
         }
         JobKind::Grid => {
             let core = Grid::open(opening, Now::read()).map_err(refused)?;
-            Job::new(core, queues, results, publisher)
+            Job::new(core, queues, results, publisher, admin.cloned())
                 .run(&connection, &shutdown)
                 .await
         }
@@ -126,6 +149,7 @@ async fn wait_for_lock(
     connection: &Connection,
     queues: &JobQueues,
     root: &std::path::Path,
+    account: Option<&crate::owner::Account>,
     job: &JobId,
     shutdown: &CancellationToken,
 ) -> Result<bool, JobError> {
@@ -134,7 +158,7 @@ async fn wait_for_lock(
         if topology::lock_job(connection.lapin(), queues).await? {
             return Ok(true);
         }
-        if ResultsDir::job_file_at(root)
+        if ResultsDir::job_file_at(root, account)
             .is_some_and(|f| matches!(f.state, JobState::Done | JobState::Cancelled))
         {
             return Ok(false);
@@ -157,6 +181,8 @@ struct Job<C> {
     queues: JobQueues,
     results: ResultsDir,
     publisher: Publisher,
+    /// Deletes the job's launcher account when it ends.
+    admin: Option<Admin>,
 }
 
 /// Work for [`Job::apply`]: an effect, or the report an [`Effect::Report`]
@@ -167,12 +193,19 @@ enum Step<'r> {
 }
 
 impl<C: JobCore> Job<C> {
-    fn new(core: C, queues: JobQueues, results: ResultsDir, publisher: Publisher) -> Self {
+    fn new(
+        core: C,
+        queues: JobQueues,
+        results: ResultsDir,
+        publisher: Publisher,
+        admin: Option<Admin>,
+    ) -> Self {
         Self {
             core,
             queues,
             results,
             publisher,
+            admin,
         }
     }
 
@@ -326,7 +359,7 @@ impl<C: JobCore> Job<C> {
                 } => {
                     let arrived = self
                         .publisher
-                        .deliver(&launcher_queue(&launcher), &msg)
+                        .deliver(&launcher_queue(&self.queues.job, &launcher), &msg)
                         .await?;
                     let more = self.core.on_delivery(followup, arrived);
                     push_front(&mut work, more);
@@ -367,6 +400,10 @@ impl<C: JobCore> Job<C> {
                 }
                 Effect::DeleteQueues => {
                     topology::delete_job(self.publisher.channel(), &self.queues).await?;
+                    // Its launchers' connections close with it.
+                    if let Some(admin) = &self.admin {
+                        admin.forget_launcher_account(&self.queues.job).await?;
+                    }
                 }
             }
         }

@@ -14,8 +14,8 @@ use std::{
 
 use gleaner_manifest::{Component, JobId, Manifest, ParamValue};
 use gleaner_protocol::{
-    ClusterName, ControlMsg, Event, JobReport, JobState, KcmMsg, ResultMsg, SchedulerMsg,
-    Submission, TaskMsg,
+    ClusterName, ControlMsg, Credentials, Event, JobReport, JobState, KcmMsg, ResultMsg,
+    SchedulerMsg, Submission, TaskMsg,
 };
 use indexmap::IndexMap;
 use tracing::info;
@@ -73,6 +73,10 @@ pub const THROUGHPUT_WINDOW: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub struct Opening<'a> {
     pub submission: &'a Submission,
+    /// Who submitted it (see [`JobFile::owner`]).
+    pub owner: String,
+    /// The job's launcher account, where users are kept apart.
+    pub launcher_credentials: Option<Credentials>,
     pub settings: JobSettings,
     /// This runner, named in `job.json` and the reports once the job starts.
     pub runner: String,
@@ -106,6 +110,8 @@ pub struct Ledger {
     pub clusters: BTreeSet<ClusterName>,
     /// Progress (finished, running) last told to watchers.
     reported: Option<(u64, u64)>,
+    /// Given to kcms with each grow, for the launchers to connect as.
+    pub launcher_credentials: Option<Credentials>,
 }
 
 impl Ledger {
@@ -116,17 +122,16 @@ impl Ledger {
         for (task, status) in opening.finished {
             book.finish(task, status);
         }
-        if let Some(other) = opening
-            .job_file
-            .as_ref()
-            .filter(|f| f.job != submission.job.as_str())
-        {
+        if let Some(other) = opening.job_file.as_ref().filter(|f| {
+            f.job != submission.job.as_str() || (!f.owner.is_empty() && f.owner != opening.owner)
+        }) {
             return Err(Refusal {
                 owner: other.job.clone(),
             });
         }
         let file = opening.job_file.unwrap_or_else(|| JobFile {
             job: submission.job.to_string(),
+            owner: opening.owner.clone(),
             name: submission.manifest.name.clone(),
             state: JobState::Starting,
             runner: opening.runner.clone(),
@@ -152,6 +157,7 @@ impl Ledger {
             runner: opening.runner,
             clusters: BTreeSet::new(),
             reported: None,
+            launcher_credentials: opening.launcher_credentials,
         })
     }
 
@@ -179,6 +185,7 @@ impl Ledger {
         let span = age.min(THROUGHPUT_WINDOW).as_secs_f64().max(1.0);
         JobReport {
             job: self.id.clone(),
+            owner: self.file.owner.clone(),
             kind: self.manifest.kind,
             priority: self.manifest.effective_priority(),
             state: self.file.state,
@@ -399,6 +406,8 @@ pub mod testing {
     ) -> Opening<'_> {
         Opening {
             submission,
+            owner: "alice".into(),
+            launcher_credentials: None,
             settings: JobSettings {
                 results_root: PathBuf::from("/results"),
                 heartbeat: HEARTBEAT,
@@ -446,6 +455,11 @@ pub mod testing {
         effects
             .iter()
             .filter_map(|effect| match effect {
+                // A relay, not a decision: see `a_launcher_up_is_relayed_to_its_kcm`.
+                Effect::ToKcm {
+                    msg: KcmMsg::LauncherUp { .. },
+                    ..
+                } => None,
                 Effect::ToKcm { cluster, msg, .. } => Some((cluster.to_string(), msg.kind())),
                 Effect::ToLauncher { launcher, msg, .. } => {
                     Some((launcher.to_string(), msg.kind()))

@@ -11,6 +11,7 @@ mod grid;
 mod job;
 mod job_core;
 mod launchers;
+mod owner;
 mod records;
 mod results;
 mod sweep;
@@ -19,10 +20,12 @@ use std::{collections::HashSet, sync::Arc, time::Duration};
 
 use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, IncomingSubmission,
+    admin::Admin,
     topology::{self, SCHEDULER_QUEUE, SUBMIT_QUEUE},
 };
 use gleaner_manifest::JobId;
-use gleaner_protocol::SchedulerMsg;
+use gleaner_policy::access::Users;
+use gleaner_protocol::{Event, SchedulerMsg};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -33,6 +36,7 @@ pub use book::{FinalStatus, TaskBook, Verdict};
 pub use effect::{Effect, Followup, Now};
 pub use job::JobError;
 pub use job_core::{JobCore, JobSettings, Ledger, Opening, Refusal};
+pub use owner::{Account, Owner};
 pub use records::{IndexEntry, JobFile};
 pub use sweep::{FirstAttempts, Sweep};
 
@@ -44,6 +48,10 @@ pub struct RunnerConfig {
     pub job: JobSettings,
     /// Jobs this runner runs at once (its prefetch on `gleaner.submit`).
     pub max_jobs: u16,
+    /// RabbitMQ's management API (`http://host:15672`), where the runner
+    /// makes each job's launcher account when users are kept apart; by
+    /// default on the broker's first address.
+    pub management_url: Option<String>,
 }
 
 impl Default for RunnerConfig {
@@ -51,17 +59,52 @@ impl Default for RunnerConfig {
         Self {
             job: JobSettings::default(),
             max_jobs: 64,
+            management_url: None,
         }
     }
 }
 
 /// Serves `gleaner.submit` until `shutdown`, reconnecting after broker outages.
-pub async fn run(broker: Broker, config: RunnerConfig, shutdown: CancellationToken) {
+///
+/// `admin` makes each job's launcher account; without it (one user),
+/// launchers connect as their kcm does.
+pub async fn run(
+    broker: Broker,
+    config: RunnerConfig,
+    users: Users,
+    admin: Option<Admin>,
+    shutdown: CancellationToken,
+) {
     broker
         .supervise(&shutdown, async |connection| {
-            session(connection, &config, &shutdown).await
+            session(connection, &config, &users, admin.as_ref(), &shutdown).await
         })
         .await;
+}
+
+/// Who owns a submission sent by `sender` (its broker-checked `user_id`),
+/// or why nobody may run it.
+fn owner(users: &Users, sender: Option<&str>, runner_user: &str) -> Result<Owner, String> {
+    let name = users
+        .owner(sender, runner_user)
+        .map_err(|e| e.to_string())?;
+    if users.is_single() {
+        return Ok(Owner {
+            name,
+            account: None,
+        });
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Err(
+            "this runner does not run as root, so it cannot keep users' results apart (run it as root, or configure [users] single = true)"
+                .to_owned(),
+        );
+    }
+    let account = Account::lookup(users.account(&name))?;
+    Ok(Owner {
+        name,
+        account: Some(account),
+    })
 }
 
 /// One connection's worth of work. Job controllers live inside it: when it
@@ -69,6 +112,8 @@ pub async fn run(broker: Broker, config: RunnerConfig, shutdown: CancellationTok
 async fn session(
     connection: Arc<Connection>,
     config: &RunnerConfig,
+    users: &Users,
+    admin: Option<&Admin>,
     shutdown: &CancellationToken,
 ) -> Result<(), BrokerError> {
     let channel = connection.channel().await?;
@@ -76,7 +121,7 @@ async fn session(
     let publisher = connection.publisher().await?;
     let mut submissions: Inbox<IncomingSubmission> = Inbox::open(
         &channel,
-        publisher,
+        publisher.clone(),
         SUBMIT_QUEUE,
         ConsumeOptions {
             tag: connection.identity(),
@@ -100,9 +145,17 @@ async fn session(
                         incoming.ack().await?;
                         continue;
                     }
-                    info!(job = %job, from = %incoming.from, redelivered = incoming.redelivered, "job accepted");
+                    let owner = match owner(users, incoming.user.as_deref(), connection.user()) {
+                        Ok(owner) => owner,
+                        Err(reason) => {
+                            refuse(&publisher, &incoming, &reason).await?;
+                            continue;
+                        }
+                    };
+                    info!(job = %job, owner = %owner.name, from = %incoming.from, redelivered = incoming.redelivered, "job accepted");
                     active.insert(job);
-                    jobs.spawn(supervise(connection.clone(), config.job.clone(), incoming, stop_jobs.clone()));
+                    let admin = owner.account.as_ref().and(admin).cloned();
+                    jobs.spawn(supervise(connection.clone(), config.job.clone(), incoming, owner, admin, stop_jobs.clone()));
                 }
                 Some(Err(e)) => break Err(e),
                 None => break Err(BrokerError::NoQueue(SUBMIT_QUEUE.to_owned())),
@@ -127,12 +180,37 @@ async fn session(
     outcome
 }
 
+/// A submission nobody may run: to `gleaner.dead` with the reason, and a
+/// `rejected` event for its sender's `--wait`.
+async fn refuse(
+    publisher: &gleaner_broker::Publisher,
+    incoming: &Incoming<IncomingSubmission>,
+    reason: &str,
+) -> Result<(), BrokerError> {
+    let IncomingSubmission(submission, raw) = &incoming.msg;
+    warn!(job = %submission.job, user = incoming.user.as_deref().unwrap_or("-"), reason, "submission refused");
+    publisher
+        .dead_letter(SUBMIT_QUEUE, (&raw.properties, &raw.data), reason)
+        .await?;
+    let event = Event::Rejected {
+        job: submission.job.to_string(),
+        owner: incoming.user.clone().unwrap_or_default(),
+        reason: reason.to_owned(),
+    };
+    if let Err(e) = publisher.event(&event).await {
+        warn!(job = %submission.job, error = %e, "cannot publish the rejection");
+    }
+    incoming.ack().await
+}
+
 /// Runs one job to its end and acks its manifest; retries after a results
 /// directory failure (a full disk, say) instead of losing the job.
 async fn supervise(
     connection: Arc<Connection>,
     settings: JobSettings,
     manifest: Incoming<IncomingSubmission>,
+    owner: Owner,
+    admin: Option<Admin>,
     stop: CancellationToken,
 ) -> (JobId, Result<(), BrokerError>) {
     let submission = &manifest.msg.0;
@@ -142,6 +220,8 @@ async fn supervise(
             connection.clone(),
             settings.clone(),
             submission,
+            &owner,
+            admin.as_ref(),
             stop.clone(),
         )
         .await;
@@ -150,8 +230,9 @@ async fn supervise(
             Err(JobError::Shutdown) => Ok(()),
             Err(JobError::Refused(reason)) => {
                 error!(job = %job, reason, "job refused");
-                let event = gleaner_protocol::Event::Rejected {
+                let event = Event::Rejected {
                     job: job.to_string(),
+                    owner: owner.name.clone(),
                     reason,
                 };
                 match connection.publisher().await {

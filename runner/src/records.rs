@@ -32,6 +32,9 @@ pub struct IndexEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobFile {
     pub job: String,
+    /// The broker user who submitted the job.
+    #[serde(default)]
+    pub owner: String,
     pub name: String,
     pub state: JobState,
     pub runner: String,

@@ -14,32 +14,46 @@ use tracing::warn;
 
 use crate::{
     book::FinalStatus,
+    owner::{Account, as_account},
     records::{IndexEntry, JobFile, read_index},
 };
 
 pub struct ResultsDir {
     root: PathBuf,
     index: File,
+    /// Whose results these are, when users are kept apart: everything is
+    /// written as them ([`as_account`]).
+    account: Option<Account>,
 }
 
 impl ResultsDir {
     /// Opens (creating it if needed) a results directory and reads the tasks
     /// it already has final states for. A line cut short by a crash is dropped.
-    pub fn open(root: &Path) -> io::Result<(Self, Vec<(u64, FinalStatus)>)> {
-        std::fs::create_dir_all(root.join("tasks"))?;
-        let mut index = OpenOptions::new()
-            .create(true)
-            .read(true)
-            .append(true)
-            .open(root.join("index.jsonl"))?;
-        let finished = recover_index(&mut index, root)?;
-        Ok((
-            Self {
-                root: root.to_path_buf(),
-                index,
-            },
-            finished,
-        ))
+    pub fn open(
+        root: &Path,
+        account: Option<&Account>,
+    ) -> io::Result<(Self, Vec<(u64, FinalStatus)>)> {
+        as_account(account, || {
+            std::fs::create_dir_all(root.join("tasks"))?;
+            if account.is_some() {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
+            }
+            let mut index = OpenOptions::new()
+                .create(true)
+                .read(true)
+                .append(true)
+                .open(root.join("index.jsonl"))?;
+            let finished = recover_index(&mut index, root)?;
+            Ok((
+                Self {
+                    root: root.to_path_buf(),
+                    index,
+                    account: account.cloned(),
+                },
+                finished,
+            ))
+        })
     }
 
     pub fn root(&self) -> &Path {
@@ -51,6 +65,10 @@ impl ResultsDir {
     /// gets no directory: a million silent tasks should not cost the
     /// filesystem three million inodes.
     pub fn write_outputs(&self, result: &ResultMsg) -> io::Result<()> {
+        as_account(self.account.as_ref(), || self.write_outputs_here(result))
+    }
+
+    fn write_outputs_here(&self, result: &ResultMsg) -> io::Result<()> {
         let dir = self.root.join("tasks").join(result.task.to_string());
         match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
@@ -105,13 +123,13 @@ impl ResultsDir {
     }
 
     pub fn read_job_file(&self) -> Option<JobFile> {
-        Self::job_file_at(&self.root)
+        Self::job_file_at(&self.root, self.account.as_ref())
     }
 
     /// The `job.json` of the results directory at `root`, without opening
     /// the directory: its index belongs to whoever holds the job's lock.
-    pub fn job_file_at(root: &Path) -> Option<JobFile> {
-        let text = std::fs::read(root.join("job.json")).ok()?;
+    pub fn job_file_at(root: &Path, account: Option<&Account>) -> Option<JobFile> {
+        let text = as_account(account, || std::fs::read(root.join("job.json"))).ok()?;
         match serde_json::from_slice(&text) {
             Ok(file) => Some(file),
             Err(e) => {
@@ -123,6 +141,10 @@ impl ResultsDir {
 
     /// Replaces `job.json` atomically and durably.
     pub fn write_job_file(&self, file: &JobFile) -> io::Result<()> {
+        as_account(self.account.as_ref(), || self.write_job_file_here(file))
+    }
+
+    fn write_job_file_here(&self, file: &JobFile) -> io::Result<()> {
         let tmp = self.root.join("job.json.tmp");
         let mut out = File::create(&tmp)?;
         serde_json::to_writer_pretty(&mut out, file)?;
@@ -222,7 +244,7 @@ mod tests {
     #[test]
     fn index_survives_reopen_and_a_torn_last_line() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut results, finished) = ResultsDir::open(dir.path()).unwrap();
+        let (mut results, finished) = ResultsDir::open(dir.path(), None).unwrap();
         assert!(finished.is_empty());
         results
             .append(&[
@@ -244,7 +266,7 @@ mod tests {
         )
         .unwrap();
         drop(file);
-        let (mut results, finished) = ResultsDir::open(dir.path()).unwrap();
+        let (mut results, finished) = ResultsDir::open(dir.path(), None).unwrap();
         assert_eq!(
             finished,
             [(0, FinalStatus::Succeeded), (1, FinalStatus::Failed)]
@@ -260,7 +282,7 @@ mod tests {
     #[test]
     fn outputs_are_written_and_confined() {
         let dir = tempfile::tempdir().unwrap();
-        let (results, _) = ResultsDir::open(dir.path()).unwrap();
+        let (results, _) = ResultsDir::open(dir.path(), None).unwrap();
         let result = ResultMsg {
             job: "j-000000".parse().unwrap(),
             task: 7,
@@ -333,10 +355,11 @@ mod tests {
     #[test]
     fn job_file_round_trips() {
         let dir = tempfile::tempdir().unwrap();
-        let (results, _) = ResultsDir::open(dir.path()).unwrap();
+        let (results, _) = ResultsDir::open(dir.path(), None).unwrap();
         assert!(results.read_job_file().is_none());
         let file = JobFile {
             job: "j-000000".into(),
+            owner: "alice".into(),
             name: "j".into(),
             state: JobState::Running,
             runner: "runner@h".into(),

@@ -176,6 +176,8 @@ impl Sweep {
                     job: job.clone(),
                     grant,
                     slots: accepted,
+                    owner: self.ledger.file.owner.clone(),
+                    credentials: self.ledger.launcher_credentials.clone(),
                 },
                 followup: Followup::Grow {
                     cluster,
@@ -350,13 +352,20 @@ impl JobCore for Sweep {
                 debug!(job = %job, launcher = %info.launcher, cluster = %info.cluster, host = %info.host, "launcher up");
                 self.ledger.clusters.insert(info.cluster.clone());
                 self.launchers.up(&info, now.instant);
-                match self.owed.iter().position(|o| o.order.covers(&info)) {
-                    Some(i) => {
-                        let owed = self.owed.remove(i);
-                        self.shrink(owed.order, now)
-                    }
-                    None => Vec::new(),
+                // Its kcm counts the start as a good one. Launchers reach
+                // their own job's queues only, so the runner tells it.
+                let mut effects = vec![Effect::ToKcm {
+                    cluster: info.cluster.clone(),
+                    msg: KcmMsg::LauncherUp {
+                        launcher: info.launcher.clone(),
+                    },
+                    followup: Followup::Nothing,
+                }];
+                if let Some(i) = self.owed.iter().position(|o| o.order.covers(&info)) {
+                    let owed = self.owed.remove(i);
+                    effects.extend(self.shrink(owed.order, now));
                 }
+                effects
             }
             ControlMsg::LauncherStatus(status) => {
                 self.launchers.status(status, now.instant);
@@ -736,7 +745,7 @@ mod tests {
             owned(&[("a", "preempt"), ("c1", "release")])
         );
         assert!(
-            sweep.on_control(up("x", "c2", 1), at(t0, 3)).is_empty(),
+            told(&sweep.on_control(up("x", "c2", 1), at(t0, 3))).is_empty(),
             "owed on c1 only"
         );
         let effects = sweep.on_control(up("b", "c1", 1), at(t0, 4));
@@ -750,8 +759,23 @@ mod tests {
             owned(&[("c", "preempt"), ("c1", "release")])
         );
         assert!(
-            sweep.on_control(up("d", "c1", 1), at(t0, 6)).is_empty(),
+            told(&sweep.on_control(up("d", "c1", 1), at(t0, 6))).is_empty(),
             "the 3 slots are given back"
+        );
+    }
+
+    #[test]
+    fn a_launcher_up_is_relayed_to_its_kcm() {
+        let t0 = Instant::now();
+        let mut sweep = started(10, 1, t0);
+        let effects = sweep.on_control(up("a", "c1", 1), at(t0, 1));
+        assert!(
+            matches!(
+                effects.as_slice(),
+                [Effect::ToKcm { cluster, msg: KcmMsg::LauncherUp { launcher }, followup: Followup::Nothing }]
+                    if cluster.as_str() == "c1" && launcher.as_str() == "a"
+            ),
+            "{effects:?}"
         );
     }
 
@@ -761,7 +785,7 @@ mod tests {
         let mut sweep = started(10, 1, t0);
         sweep.on_control(shrink("c1", 2, ShrinkMode::Preempt), at(t0, 1));
         sweep.standing(at(t0, 1 + OWED_SHRINK_LIFETIME.as_secs()));
-        assert!(sweep.on_control(up("a", "c1", 1), at(t0, 40)).is_empty());
+        assert!(told(&sweep.on_control(up("a", "c1", 1), at(t0, 40))).is_empty());
     }
 
     #[test]

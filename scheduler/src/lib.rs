@@ -15,17 +15,20 @@ pub use grid::GridConfig;
 use std::time::{Duration, Instant};
 
 use gleaner_broker::{
-    Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher, peek,
-    topology::{self, JobQueues, SCHEDULER_GRID_QUEUE, SCHEDULER_QUEUE},
+    Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher, peek,
+    topology::{self, JobQueues, REQUESTS_QUEUE, SCHEDULER_GRID_QUEUE, SCHEDULER_QUEUE},
 };
 use gleaner_manifest::JobId;
-use gleaner_protocol::{ControlMsg, GrantId, GridSnapshot, Now, SchedulerMsg, now_ms};
+use gleaner_policy::access::Users;
+use gleaner_protocol::{
+    CancelReply, ControlMsg, GrantId, GridSnapshot, Now, RequestMsg, SchedulerMsg, now_ms,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::state::{Reaction, RoundClock, State, StateConfig};
+use crate::state::{Answer, Reaction, RoundClock, State, StateConfig};
 
 /// Inbox messages acknowledged at once under load.
 const ACK_EVERY: u16 = 64;
@@ -62,12 +65,18 @@ impl Default for SchedulerConfig {
     }
 }
 
-/// Serves `gleaner.scheduler` until `shutdown`, reconnecting after outages.
-pub async fn run(broker: Broker, config: SchedulerConfig, shutdown: CancellationToken) {
+/// Serves `gleaner.scheduler`, and users' requests on `gleaner.requests`,
+/// until `shutdown`, reconnecting after outages.
+pub async fn run(
+    broker: Broker,
+    config: SchedulerConfig,
+    users: Users,
+    shutdown: CancellationToken,
+) {
     let mut state = State::new(GrantId::new(now_ms()));
     broker
         .supervise(&shutdown, async |connection| {
-            session(&connection, &config, &mut state, &shutdown).await
+            session(&connection, &config, &users, &mut state, &shutdown).await
         })
         .await;
 }
@@ -75,6 +84,7 @@ pub async fn run(broker: Broker, config: SchedulerConfig, shutdown: Cancellation
 async fn session(
     connection: &Connection,
     config: &SchedulerConfig,
+    users: &Users,
     state: &mut State,
     shutdown: &CancellationToken,
 ) -> Result<(), BrokerError> {
@@ -110,8 +120,24 @@ async fn session(
     // takes over the grid bookkeeping the last active one left.
     let mut active = false;
     let mut handed_over_nothing = false;
+    // Users' requests are answered by the active scheduler only: a standby
+    // consumes them once it has the inbox.
+    let mut requests: Option<Inbox<RequestMsg>> = None;
     loop {
         tokio::select! {
+            request = async {
+                match requests.as_mut() {
+                    Some(inbox) => inbox.next().await,
+                    None => std::future::pending().await,
+                }
+            } => {
+                let incoming = match request {
+                    Some(Ok(incoming)) => incoming,
+                    Some(Err(e)) => return Err(e),
+                    None => return Err(BrokerError::NoQueue(REQUESTS_QUEUE.to_owned())),
+                };
+                answer(&publisher, state, incoming, config, users).await?;
+            }
             message = inbox.next() => {
                 let incoming = match message {
                     Some(Ok(incoming)) => incoming,
@@ -124,15 +150,14 @@ async fn session(
                     if let Some(snapshot) = peek::<GridSnapshot>(&channel, SCHEDULER_GRID_QUEUE).await? {
                         state.restore_grid(snapshot, Now::read());
                     }
+                    requests = Some(connection.inbox(&publisher, REQUESTS_QUEUE, ConsumeOptions {
+                        tag: connection.identity(),
+                        prefetch: 16,
+                        exclusive: false,
+                    }).await?);
                 }
                 let now = Instant::now();
                 let reaction = state.on_message(incoming.msg.clone(), now, &config.state);
-                if reaction == Reaction::Status {
-                    let reply = state.status(connection.identity(), now, &config.state);
-                    if let Err(e) = publisher.reply(&incoming.reply, &reply).await {
-                        warn!(error = %e, "cannot answer a status request");
-                    }
-                }
                 if reaction == Reaction::Round {
                     clock.hurry(now);
                 }
@@ -180,6 +205,44 @@ async fn session(
             }
         }
     }
+}
+
+/// Answers one user's request and acks it; a cancel goes on to the job's
+/// runner first, so that "accepted" means the runner has it.
+async fn answer(
+    publisher: &Publisher,
+    state: &State,
+    incoming: Incoming<RequestMsg>,
+    config: &SchedulerConfig,
+    users: &Users,
+) -> Result<(), BrokerError> {
+    let user = incoming.user.as_deref();
+    let answered = match state.on_request(
+        user,
+        incoming.msg.clone(),
+        Instant::now(),
+        &config.state,
+        users,
+    ) {
+        Answer::Status(mut reply) => {
+            reply.scheduler = publisher.identity().to_owned();
+            publisher.reply(&incoming.reply, &reply).await
+        }
+        Answer::Cancel(mut reply, cancel) => {
+            if let Some((job, cancel)) = cancel
+                && !publisher
+                    .deliver(&JobQueues::new(&job).control, &cancel)
+                    .await?
+            {
+                reply = CancelReply::NotRunning {};
+            }
+            publisher.reply(&incoming.reply, &reply).await
+        }
+    };
+    if let Err(e) = answered {
+        warn!(user, error = %e, "cannot answer a request");
+    }
+    incoming.ack().await
 }
 
 /// What a round sends: its decisions, and the grid bookkeeping to hand over.

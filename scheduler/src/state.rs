@@ -12,12 +12,13 @@ use std::{
 
 use gleaner_manifest::{JobId, JobKind};
 use gleaner_policy::{
+    access::Users,
     placement::{self, HostRoom, Site},
     share::{self, ClusterInput, JobInput, PolicyConfig},
 };
 use gleaner_protocol::{
-    ClusterName, ClusterReport, ClusterView, GrantId, GridSnapshot, JobReport, Now, SchedulerMsg,
-    StatusReply,
+    CancelReply, ClusterName, ClusterReport, ClusterView, ControlMsg, GrantId, GridSnapshot,
+    JobReport, Now, RequestMsg, SchedulerMsg, StatusReply,
 };
 use tracing::{debug, info};
 
@@ -107,8 +108,14 @@ pub enum Reaction {
     /// not wait. Cluster reports only update the picture: at grid scale they
     /// arrive by the thousand each second.
     Round,
-    /// Answer the sender with [`State::status`].
-    Status,
+}
+
+/// The answer to a user's request, and what it sets off.
+#[derive(Debug, Clone)]
+pub enum Answer {
+    Status(StatusReply),
+    /// The reply, and the cancel to send the job's runner if allowed.
+    Cancel(CancelReply, Option<(JobId, ControlMsg)>),
 }
 
 /// When the next round is due: every `interval`, and sooner after news that
@@ -257,7 +264,60 @@ impl State {
                 self.on_grow_ack(grant, accepted);
                 Reaction::Nothing
             }
-            SchedulerMsg::StatusRequest {} => Reaction::Status,
+        }
+    }
+
+    /// Answers a user's request. `user` is the request's broker-checked
+    /// `user_id`; what it may see and cancel is for `users` to say.
+    pub fn on_request(
+        &self,
+        user: Option<&str>,
+        request: RequestMsg,
+        now: Instant,
+        config: &StateConfig,
+        users: &Users,
+    ) -> Answer {
+        match request {
+            RequestMsg::Status {} => {
+                let mut reply = self.status("", now, config);
+                let before = reply.jobs.len();
+                reply.jobs.retain(|j| users.may_act_on(user, &j.owner));
+                let visible: std::collections::BTreeSet<&JobId> =
+                    reply.jobs.iter().map(|j| &j.job).collect();
+                reply.placements.retain(|p| visible.contains(&p.job));
+                // Others' jobs stay in the clusters' figures, not by name.
+                for view in &mut reply.clusters {
+                    let report = &mut view.report;
+                    report.jobs.retain(|job, _| visible.contains(job));
+                    report.grid.retain(|job, _| visible.contains(job));
+                    for host in &mut report.hosts {
+                        host.jobs.retain(|job, _| visible.contains(job));
+                    }
+                }
+                reply.hidden = u32::try_from(before - reply.jobs.len()).unwrap_or(u32::MAX);
+                Answer::Status(reply)
+            }
+            RequestMsg::Cancel { job } => {
+                let report = self
+                    .jobs
+                    .get(&job)
+                    .map(|j| &j.report)
+                    .or_else(|| self.grid.reports().find(|r| r.job == job));
+                let Some(report) = report else {
+                    return Answer::Cancel(CancelReply::NotRunning {}, None);
+                };
+                if !users.may_act_on(user, &report.owner) {
+                    info!(job = %job, user = user.unwrap_or("?"), owner = %report.owner, "cancel refused: not the owner");
+                    let reason = format!("the job is {}'s", report.owner);
+                    return Answer::Cancel(CancelReply::Refused { reason }, None);
+                }
+                let by = user.unwrap_or("an unnamed user");
+                info!(job = %job, user = by, "cancel requested");
+                let cancel = ControlMsg::Cancel {
+                    reason: format!("cancelled by {by}"),
+                };
+                Answer::Cancel(CancelReply::Accepted {}, Some((job, cancel)))
+            }
         }
     }
 
@@ -624,6 +684,7 @@ impl State {
                 .chain(self.grid.reports().cloned())
                 .collect(),
             placements: self.grid.placements(now),
+            hidden: 0,
         }
     }
 
@@ -658,6 +719,7 @@ mod tests {
     fn job_report(name: &str, unfinished: u64) -> JobReport {
         JobReport {
             job: job(name),
+            owner: "alice".into(),
             kind: JobKind::Scavenge,
             priority: Priority::SuperLow,
             state: JobState::Running,
@@ -739,11 +801,63 @@ mod tests {
         assert_eq!(state.on_message(update(), now, &config), Reaction::Nothing);
         let report = SchedulerMsg::ClusterStatus(cluster_report(8, &[], vec![]));
         assert_eq!(state.on_message(report, now, &config), Reaction::Nothing);
-        let status = SchedulerMsg::StatusRequest {};
-        assert_eq!(state.on_message(status, now, &config), Reaction::Status);
         let done = SchedulerMsg::JobDone { job: job("a") };
         assert_eq!(state.on_message(done, now, &config), Reaction::Nothing);
         assert!(state.round(now, &config).is_empty(), "a is forgotten");
+    }
+
+    #[test]
+    fn users_see_and_cancel_their_own_jobs_only() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(GrantId::new(1));
+        state.on_job_update(job_report("a", 3), now);
+        let mut bobs = job_report("b", 3);
+        bobs.owner = "bob".into();
+        state.on_job_update(bobs, now);
+        let users = Users {
+            single: Some(false),
+            admins: vec!["ops".into()],
+            ..Users::default()
+        };
+        let seen = |user| match state.on_request(user, RequestMsg::Status {}, now, &config, &users)
+        {
+            Answer::Status(reply) => (
+                reply
+                    .jobs
+                    .iter()
+                    .map(|j| j.job.name().to_owned())
+                    .collect::<Vec<_>>(),
+                reply.hidden,
+            ),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(seen(Some("alice")), (vec!["a".to_owned()], 1));
+        assert_eq!(seen(Some("ops")).0.len(), 2);
+        assert_eq!(seen(None), (vec![], 2));
+        let cancel = |user, name| {
+            let request = RequestMsg::Cancel { job: job(name) };
+            match state.on_request(user, request, now, &config, &users) {
+                Answer::Cancel(reply, sent) => (reply, sent.map(|(job, _)| job)),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert!(matches!(
+            cancel(Some("bob"), "a"),
+            (CancelReply::Refused { .. }, None)
+        ));
+        assert_eq!(
+            cancel(Some("alice"), "a"),
+            (CancelReply::Accepted {}, Some(job("a")))
+        );
+        assert_eq!(
+            cancel(Some("ops"), "b"),
+            (CancelReply::Accepted {}, Some(job("b")))
+        );
+        assert_eq!(
+            cancel(Some("alice"), "zz"),
+            (CancelReply::NotRunning {}, None)
+        );
     }
 
     #[test]

@@ -114,8 +114,6 @@ impl Launcher {
 pub struct Happenings {
     /// Messages launchers send their jobs' runners (by job index).
     pub to_runners: Vec<(usize, ControlMsg)>,
-    /// Launchers that reached the broker, for their kcm.
-    pub up: Vec<(ClusterName, LauncherId)>,
     /// Results of finished tasks, for their jobs' results queues.
     pub results: Vec<ResultMsg>,
     /// Local jobs started, with their waits.
@@ -333,7 +331,6 @@ impl Batch {
             l.dispatched = Some(t);
             l.first_task = l.first_task.max(t);
             l.next_beat = t + self.heartbeat;
-            out.up.push((self.name.clone(), l.id.clone()));
             out.to_runners.push((
                 l.job,
                 ControlMsg::LauncherUp(LauncherInfo {

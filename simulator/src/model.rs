@@ -279,7 +279,7 @@ impl<'a> Sim<'a> {
         let now = self.clock.now().instant;
         match self.state.on_message(message, now, &self.config) {
             Reaction::Round => self.round(),
-            Reaction::Nothing | Reaction::Status => Vec::new(),
+            Reaction::Nothing => Vec::new(),
         }
     }
 
@@ -408,7 +408,9 @@ impl<'a> Sim<'a> {
         let mut poll_now = false;
         while let Some(effect) = effects.pop_front() {
             let answer = match effect {
-                Effect::SubmitLaunchers { job, grant, slots } => {
+                Effect::SubmitLaunchers {
+                    job, grant, slots, ..
+                } => {
                     if let Some(j) = self.ids.iter().position(|id| *id == job) {
                         let start = self.scenario.timing.launcher_start.as_secs_f64();
                         self.clusters[c]
@@ -486,11 +488,6 @@ impl<'a> Sim<'a> {
             .into_iter()
             .map(|(j, message)| Mail::Runner(self.ids[j].clone(), message))
             .chain(out.results.into_iter().map(Mail::Result))
-            .chain(
-                out.up
-                    .into_iter()
-                    .map(|(cluster, launcher)| Mail::Kcm(cluster, KcmMsg::LauncherUp { launcher })),
-            )
             .collect()
     }
 

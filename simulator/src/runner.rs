@@ -44,6 +44,8 @@ impl SweepRunner {
         };
         let opening = Opening {
             submission: &submission,
+            owner: "simulated".to_owned(),
+            launcher_credentials: None,
             settings,
             runner: "simulated".to_owned(),
             results: String::new(),
@@ -203,6 +205,7 @@ impl GridRunner {
                                 env: Vec::new(),
                                 walltime_ms: None,
                                 workdir: None,
+                                owner: "simulated".to_owned(),
                             }),
                         )
                     })
@@ -248,6 +251,7 @@ impl GridRunner {
             started_at: self.registered,
             components: self.components.clone(),
             job: self.id.clone(),
+            owner: "simulated".to_owned(),
             kind: JobKind::Grid,
             state: self.state,
             runner: "simulated".to_owned(),

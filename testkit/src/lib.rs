@@ -17,6 +17,7 @@ use nix::{
 use serde_json::Value;
 
 pub mod chaos;
+pub mod users;
 
 /// A RabbitMQ broker the tests use: the development broker on this machine,
 /// or the replicated cluster of `deploy/rabbitmq/cluster.sh` on the test
@@ -203,6 +204,11 @@ impl Vhost {
         connections.len()
     }
 
+    /// Whether the broker has a user of that name.
+    pub fn has_user(&self, name: &str) -> bool {
+        self.api("GET", &format!("/users/{name}"), None).is_ok()
+    }
+
     pub fn queue_names(&self) -> Vec<String> {
         let text = self
             .api("GET", &format!("/queues/{}", self.name), None)
@@ -216,7 +222,18 @@ impl Vhost {
 }
 
 impl Drop for Vhost {
+    /// The vhost goes, and the launcher accounts of jobs that did not end
+    /// (users are the broker's, not the vhost's).
     fn drop(&mut self) {
+        let text = self
+            .api("GET", &format!("/vhosts/{}/permissions", self.name), None)
+            .unwrap_or_default();
+        let permissions: Vec<Value> = serde_json::from_str(&text).unwrap_or_default();
+        for user in permissions.iter().filter_map(|p| p["user"].as_str()) {
+            if user.starts_with("gleaner-launcher-") {
+                let _ = self.api("DELETE", &format!("/users/{user}"), None);
+            }
+        }
         let _ = self.api("DELETE", &format!("/vhosts/{}", self.name), None);
     }
 }
@@ -308,6 +325,7 @@ impl Gleaner {
             .env("GLEANER_LAUNCHER__HEARTBEAT", "1s")
             .env("GLEANER_RUNNER__HEARTBEAT", "1s")
             .env("GLEANER_RUNNER__PREEMPT_GRACE", "3s")
+            .env("GLEANER_USERS__SINGLE", "true")
             .env_remove("GLEANER_CONFIG")
             .env("RUST_LOG", "info");
         command
@@ -361,6 +379,16 @@ impl Gleaner {
     /// Runs a client command to its end.
     pub fn run(&self, args: &[&str]) -> Output {
         self.command(args)
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("run gleaner")
+    }
+
+    /// Runs a client command to its end as `user` (their broker account).
+    pub fn run_as(&self, user: &users::BrokerUser, args: &[&str]) -> Output {
+        self.command(args)
+            .env("GLEANER_BROKER_URL", user.url())
+            .env("GLEANER_BROKER_URLS", user.url())
             .env("RUST_LOG", "warn")
             .output()
             .expect("run gleaner")

@@ -1,0 +1,132 @@
+//! Whose a job is, and writing its results as them.
+//!
+//! With many users, a job's results live in its owner's area
+//! (`results_root/<account>/…`, mode 0700) and every file there is written
+//! with the owner's filesystem identity (`setfsuid`/`setfsgid`, this thread
+//! only), so the files are theirs and a symlink they plant in their own
+//! area cannot lead the runner anywhere they could not write themselves.
+
+use std::{io, os::unix::fs::PermissionsExt, path::Path};
+
+pub use gleaner_contain::Account;
+use nix::unistd::{Gid, Uid};
+
+/// Whose a job is: the broker user, and, when users are kept apart, their
+/// Unix account.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Owner {
+    pub name: String,
+    pub account: Option<Account>,
+}
+
+impl Owner {
+    /// Where the job's results go: `results` under the owner's area, or
+    /// straight under `results_root` when there is one user.
+    pub fn results_dir(&self, results_root: &Path, results: &Path) -> std::path::PathBuf {
+        match &self.account {
+            Some(account) => results_root.join(&account.name).join(results),
+            None => results_root.join(results),
+        }
+    }
+}
+
+/// Runs `f` with `account`'s filesystem identity on this thread (as the
+/// runner itself without one). `f` must not await: the identity belongs
+/// to the thread, not the task.
+pub fn as_account<T>(account: Option<&Account>, f: impl FnOnce() -> T) -> T {
+    let Some(account) = account else {
+        return f();
+    };
+    let _restore = FsIdentity::assume(account);
+    f()
+}
+
+/// The filesystem identity in force, restored when dropped.
+struct FsIdentity {
+    uid: Uid,
+    gid: Gid,
+}
+
+impl FsIdentity {
+    fn assume(account: &Account) -> Self {
+        // Group first: once the uid is not root, the gid cannot change.
+        let gid = nix::unistd::setfsgid(account.gid);
+        let uid = nix::unistd::setfsuid(account.uid);
+        Self { uid, gid }
+    }
+}
+
+impl Drop for FsIdentity {
+    fn drop(&mut self) {
+        nix::unistd::setfsuid(self.uid);
+        nix::unistd::setfsgid(self.gid);
+    }
+}
+
+/// The first symbolic link on the way from `base` down `relative`, if
+/// any: a results directory must be where the manifest says, not wherever a
+/// link points.
+pub fn symlink_on_the_way(base: &Path, relative: &Path) -> Option<std::path::PathBuf> {
+    let mut path = base.to_path_buf();
+    for part in relative.components() {
+        path.push(part);
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.file_type().is_symlink() => return Some(path),
+            Ok(_) => {}
+            Err(_) => return None,
+        }
+    }
+    None
+}
+
+/// Makes `dir` (`results_root/<account>`) the owner's private area: created
+/// for them with mode 0700, or, if it exists, a real directory of theirs.
+pub fn prepare_area(dir: &Path, account: &Account) -> io::Result<()> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(meta) => {
+            use std::os::unix::fs::MetadataExt;
+            if !meta.is_dir() || meta.uid() != account.uid.as_raw() {
+                return Err(io::Error::other(format!(
+                    "{} is not a directory of {}'s",
+                    dir.display(),
+                    account.name
+                )));
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            match std::fs::create_dir(dir) {
+                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+                _ => {}
+            }
+            std::os::unix::fs::lchown(dir, Some(account.uid.as_raw()), Some(account.gid.as_raw()))?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_may_not_pass_through_a_link() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("a/b")).unwrap();
+        std::os::unix::fs::symlink("/tmp", dir.path().join("a/l")).unwrap();
+        assert_eq!(symlink_on_the_way(dir.path(), Path::new("a/b/c")), None);
+        assert_eq!(
+            symlink_on_the_way(dir.path(), Path::new("a/l/c")),
+            Some(dir.path().join("a/l"))
+        );
+    }
+
+    #[test]
+    fn without_an_account_the_runner_writes_as_itself() {
+        assert_eq!(as_account(None, || 7), 7);
+    }
+}

@@ -1,0 +1,181 @@
+//! Users of a gleaner of many users: broker accounts made by
+//! `deploy/rabbitmq/user.sh` on a test's vhost, and raw AMQP as them, to
+//! see what the broker itself lets them do.
+
+use std::{path::Path, process::Command};
+
+use futures_util::StreamExt;
+use lapin::{
+    BasicProperties, Connection, ConnectionProperties,
+    options::{
+        BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions,
+        QueueDeclareOptions,
+    },
+    types::FieldTable,
+};
+
+use crate::Vhost;
+
+/// A broker account on a test's vhost, removed at the end of the test.
+pub struct BrokerUser {
+    /// `<role>-<pid>`: unique on the broker, whose users are not per vhost.
+    pub name: String,
+    password: String,
+    vhost: String,
+}
+
+impl BrokerUser {
+    /// `deploy/rabbitmq/user.sh add` for `role` (`alice`) on `vhost`.
+    pub fn add(vhost: &Vhost, role: &str) -> Self {
+        let name = format!("{role}-{}", std::process::id());
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/rabbitmq/user.sh");
+        let file = tempfile::NamedTempFile::new().expect("password file");
+        let status = Command::new(script)
+            .args(["add", &name, "--vhost", &vhost.name, "--password-file"])
+            .arg(file.path())
+            .status()
+            .expect("run deploy/rabbitmq/user.sh");
+        assert!(
+            status.success(),
+            "deploy/rabbitmq/user.sh add {name} failed"
+        );
+        let password = std::fs::read_to_string(file.path())
+            .expect("password")
+            .trim()
+            .to_owned();
+        Self {
+            name,
+            password,
+            vhost: vhost.name.clone(),
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "amqp://{}:{}@127.0.0.1:5672/{}?heartbeat=10",
+            self.name, self.password, self.vhost
+        )
+    }
+
+    /// Raw AMQP as this user.
+    pub fn amqp(&self) -> Amqp {
+        Amqp(self.url())
+    }
+}
+
+/// A broker account to try things with, by its URL.
+pub struct Amqp(pub String);
+
+impl Amqp {
+    fn run<T>(
+        &self,
+        work: impl AsyncFnOnce(&Connection) -> Result<T, lapin::Error>,
+    ) -> Result<T, String> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async {
+            let connection = Connection::connect(&self.0, ConnectionProperties::default())
+                .await
+                .map_err(|e| e.to_string())?;
+            let outcome = work(&connection).await.map_err(|e| e.to_string());
+            let _ = connection.close(200, "bye".into()).await;
+            outcome
+        })
+    }
+
+    /// Starts consuming `queue`; the broker's refusal, if it refuses.
+    pub fn consume(&self, queue: &str) -> Result<(), String> {
+        self.run(async |connection| {
+            let channel = connection.create_channel().await?;
+            let mut consumer = channel
+                .basic_consume(
+                    queue.into(),
+                    "probe".into(),
+                    BasicConsumeOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            // A delivery, if any came, goes back with the connection.
+            let _ =
+                tokio::time::timeout(std::time::Duration::from_millis(200), consumer.next()).await;
+            Ok(())
+        })
+    }
+
+    /// Publishes `body` through `exchange` with `key` and waits for the
+    /// confirm, claiming to be `user_id` if given.
+    pub fn publish(
+        &self,
+        (exchange, key): (&str, &str),
+        body: &[u8],
+        user_id: Option<&str>,
+    ) -> Result<(), String> {
+        self.run(async |connection| {
+            let channel = connection.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            let mut properties = BasicProperties::default();
+            if let Some(user) = user_id {
+                properties = properties.with_user_id(user.into());
+            }
+            channel
+                .basic_publish(
+                    exchange.into(),
+                    key.into(),
+                    BasicPublishOptions::default(),
+                    body,
+                    properties,
+                )
+                .await?
+                .await?;
+            // A refusal closes the channel after the publish went out.
+            channel.basic_qos(1, Default::default()).await?;
+            Ok(())
+        })
+    }
+
+    /// Declares a watch queue of this user's and binds it to
+    /// `gleaner.events` with `pattern`.
+    pub fn watch(&self, pattern: &str) -> Result<(), String> {
+        let user = self
+            .0
+            .split("://")
+            .nth(1)
+            .and_then(|r| r.split(':').next())
+            .unwrap_or_default();
+        let queue = format!("gleaner.watch.{user}.probe");
+        self.run(async |connection| {
+            let channel = connection.create_channel().await?;
+            let options = QueueDeclareOptions {
+                exclusive: true,
+                ..QueueDeclareOptions::default()
+            };
+            channel
+                .queue_declare(queue.as_str().into(), options, FieldTable::default())
+                .await?;
+            channel
+                .queue_bind(
+                    queue.as_str().into(),
+                    "gleaner.events".into(),
+                    pattern.into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+impl Drop for BrokerUser {
+    fn drop(&mut self) {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/rabbitmq/user.sh");
+        let _ = Command::new(script)
+            .args(["remove", &self.name])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}

@@ -1,0 +1,350 @@
+//! A gleaner of many users on a real RabbitMQ, with broker accounts made by
+//! `deploy/rabbitmq/user.sh` and the Unix accounts alice and bob
+//! (`deploy/accounts.sh`): who may do what is the broker's to enforce.
+
+use std::{os::unix::fs::MetadataExt, time::Duration};
+
+use gleaner_protocol::naming::placeholder_name;
+use gleaner_testkit::{Gleaner, SgeQueues, SlurmCluster, users::BrokerUser, wait_for};
+
+const MINUTE: Duration = Duration::from_secs(60);
+
+/// A gleaner of many users, `alice-<pid>` and `bob-<pid>` their broker
+/// names, mapped to the Unix accounts alice and bob; results under the
+/// test's directory, which every account may pass through.
+fn many_users(test: &str) -> (Gleaner, BrokerUser, BrokerUser) {
+    many_users_on(test, "", &["up", "--slots", "2"])
+}
+
+/// [`many_users`] with `clusters` (configuration) and `up` (its command).
+fn many_users_on(test: &str, clusters: &str, up: &[&str]) -> (Gleaner, BrokerUser, BrokerUser) {
+    for account in ["alice", "bob"] {
+        assert!(
+            nix::unistd::User::from_name(account)
+                .ok()
+                .flatten()
+                .is_some(),
+            "no Unix account {account}: run deploy/accounts.sh alice bob"
+        );
+    }
+    let mut g = Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"));
+    std::fs::set_permissions(
+        g.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let alice = BrokerUser::add(&g.vhost, "alice");
+    let bob = BrokerUser::add(&g.vhost, "bob");
+    let config = g.write(
+        "gleaner.toml",
+        &format!(
+            "{clusters}[users]\nsingle = false\naccounts = {{ \"{}\" = \"alice\", \"{}\" = \"bob\" }}\n",
+            alice.name, bob.name
+        ),
+    );
+    let config = config.to_str().expect("path").to_owned();
+    g.start_with(
+        "up",
+        up,
+        &[
+            ("GLEANER_CONFIG", &config),
+            ("GLEANER_USERS__SINGLE", "false"),
+        ],
+    );
+    // Users cannot declare gleaner's queues: the services do.
+    wait_for("the runner to serve", MINUTE, || {
+        g.log("up").contains("runner serving")
+    });
+    (g, alice, bob)
+}
+
+fn text(output: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[test]
+fn users_reach_their_own_jobs_only() {
+    let (g, alice, bob) = many_users("users");
+    let manifest = g.write(
+        "alice.toml",
+        "name = \"mine\"\n[[task]]\ncommand = \"id -un\"\n[[task]]\ncommand = \"sleep 120\"\n",
+    );
+    let submitted = g.run_as(&alice, &["submit", manifest.to_str().unwrap()]);
+    assert!(submitted.status.success(), "{}", text(&submitted));
+    let job = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
+    wait_for("alice to see her job", MINUTE, || {
+        g.run_as(&alice, &["status", &job]).status.success()
+    });
+
+    // Bob sees nothing of it, and cannot cancel it: gleaner refuses.
+    let status = g.run_as(&bob, &["status", &job]);
+    assert_eq!(status.status.code(), Some(1), "{}", text(&status));
+    assert!(text(&status).contains("not yours"), "{}", text(&status));
+    let listed = g.run_as(&bob, &["status", "--json"]);
+    assert!(!text(&listed).contains(&job), "{}", text(&listed));
+    let cancel = g.run_as(&bob, &["cancel", &job]);
+    assert_eq!(cancel.status.code(), Some(4), "{}", text(&cancel));
+    assert!(text(&cancel).contains(&alice.name), "{}", text(&cancel));
+
+    // And the broker refuses him her queues, her events and her name.
+    let refused = |what: &str, outcome: Result<(), String>, code: &str| match outcome {
+        Err(e) => assert!(e.contains(code), "{what}: {e}"),
+        Ok(()) => panic!("{what}: the broker let bob do it"),
+    };
+    let tasks = format!("gleaner.job.{job}.tasks");
+    refused(
+        "consume her tasks",
+        bob.amqp().consume(&tasks),
+        "ACCESS_REFUSED",
+    );
+    let results = format!("gleaner.job.{job}.results");
+    refused(
+        "publish into her results",
+        bob.amqp().publish(("", &results), b"x", None),
+        "ACCESS_REFUSED",
+    );
+    refused(
+        "follow her events",
+        bob.amqp().watch(&format!("job.{}.#", alice.name)),
+        "ACCESS_REFUSED",
+    );
+    refused(
+        "submit in her name",
+        bob.amqp()
+            .publish(("gleaner.user", "submit"), b"{}", Some(&alice.name)),
+        "PRECONDITION_FAILED",
+    );
+    assert!(
+        bob.amqp().watch(&format!("job.{}.#", bob.name)).is_ok(),
+        "his own events"
+    );
+
+    // Her task ran as her.
+    let area = g.path().join("alice");
+    let results = area.join("results").join(&job);
+    let stdout = results.join("tasks/0/stdout");
+    wait_for("her first task's output", MINUTE, || stdout.exists());
+    assert_eq!(std::fs::read_to_string(&stdout).unwrap(), "alice\n");
+
+    // Alice may cancel her own job.
+    let cancel = g.run_as(&alice, &["cancel", &job]);
+    assert!(cancel.status.success(), "{}", text(&cancel));
+    wait_for("the job to end", MINUTE, || {
+        std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"cancelled\""))
+    });
+    let alice_uid = nix::unistd::User::from_name("alice")
+        .unwrap()
+        .unwrap()
+        .uid
+        .as_raw();
+    for dir in [&area, &results] {
+        let meta = std::fs::metadata(dir).expect("results directory");
+        assert_eq!(meta.uid(), alice_uid, "{} is alice's", dir.display());
+        assert_eq!(meta.mode() & 0o777, 0o700, "{} is private", dir.display());
+    }
+    for file in ["index.jsonl", "job.json", "tasks/0/stdout"] {
+        let meta = std::fs::metadata(results.join(file)).expect(file);
+        assert_eq!(meta.uid(), alice_uid, "{file} is alice's");
+    }
+    let job_file = std::fs::read_to_string(results.join("job.json")).unwrap();
+    assert!(
+        job_file.contains(&format!("\"owner\": \"{}\"", alice.name)),
+        "{job_file}"
+    );
+}
+
+#[test]
+fn submissions_without_a_sender_or_leaving_the_users_area_are_refused() {
+    let (g, alice, _bob) = many_users("anonymous");
+    // Published by hand with no user_id: refused, with the reason.
+    g.vhost.publish_raw(
+        "gleaner.submit",
+        r#"{"name":"nobody","task":[{"command":"true"}]}"#,
+        Some("application/json"),
+    );
+    let mut dead = Vec::new();
+    wait_for("the anonymous manifest in gleaner.dead", MINUTE, || {
+        dead.extend(g.vhost.get("gleaner.dead", 10));
+        !dead.is_empty()
+    });
+    let reason = dead[0]["properties"]["headers"]["x-gleaner-reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(reason.contains("user_id"), "{reason}");
+
+    for results in ["../bob/stolen", "/tmp/elsewhere"] {
+        let manifest = g.write(
+            "escape.toml",
+            &format!("name = \"escape\"\nresults = \"{results}\"\n[[task]]\ncommand = \"true\"\n"),
+        );
+        let submitted = g.run_as(&alice, &["submit", manifest.to_str().unwrap()]);
+        assert_eq!(submitted.status.code(), Some(2), "{}", text(&submitted));
+        assert!(text(&submitted).contains("results"), "{}", text(&submitted));
+    }
+}
+
+/// A sweep of alice's on a batch cluster (`clusters`): her placeholders are
+/// hers in the batch system (`listed_as_hers`, given the job's placeholder
+/// name) and her tasks run as her.
+fn a_batch_cluster_runs_alices_tasks_as_hers(
+    test: &str,
+    clusters: &str,
+    listed_as_hers: impl Fn(&str) -> bool,
+) {
+    let (g, alice, _bob) = many_users_on(test, clusters, &["up"]);
+    let manifest = g.write(
+        "alice.toml",
+        "name = \"on-batch\"\n[sweep]\ncommand = \"sleep 2; id -un\"\nparams = { i = { from = 1, to = 3 } }\n",
+    );
+    let submitted = g.run_as(&alice, &["submit", manifest.to_str().unwrap()]);
+    assert!(submitted.status.success(), "{}", text(&submitted));
+    let job = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
+    wait_for(
+        "a placeholder of alice's in the batch system",
+        MINUTE,
+        || listed_as_hers(&placeholder_name(&job)),
+    );
+    let results = g.path().join("alice/results").join(&job);
+    wait_for("the job to end", 3 * MINUTE, || {
+        std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
+    });
+    for task in 0..3 {
+        let stdout = std::fs::read_to_string(results.join(format!("tasks/{task}/stdout")))
+            .expect("task output");
+        assert_eq!(stdout, "alice\n", "task {task}");
+    }
+}
+
+/// What a batch-system command prints.
+fn listing(program: &str, args: &[&str]) -> String {
+    let output = std::process::Command::new(program)
+        .args(args)
+        .env("SGE_ROOT", "/var/lib/gridengine")
+        .env("SGE_CELL", "default")
+        .output()
+        .expect(program);
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+#[test]
+fn slurm_runs_a_users_placeholders_as_hers() {
+    let _slurm = SlurmCluster::lock();
+    let clusters = format!(
+        "[[cluster]]\nname = \"s1\"\nbackend = \"slurm\"\npartition = \"{}\"\n",
+        SlurmCluster::PARTITION
+    );
+    a_batch_cluster_runs_alices_tasks_as_hers("users-slurm", &clusters, |name| {
+        listing("squeue", &["-h", "-u", "alice", "-o", "%j"]).contains(name)
+    });
+}
+
+#[test]
+fn grid_engine_runs_a_users_placeholders_as_hers() {
+    let queues = SgeQueues::new(1, 2);
+    let clusters = format!(
+        "[[cluster]]\nname = \"g1\"\nbackend = \"sge\"\nqueue = \"{}\"\n",
+        queues.names[0]
+    );
+    a_batch_cluster_runs_alices_tasks_as_hers("users-sge", &clusters, |name| {
+        listing("qstat", &["-u", "alice", "-xml"]).contains(name)
+    });
+}
+
+#[test]
+fn a_users_grid_component_runs_as_her() {
+    let (g, alice, _bob) = many_users("users-grid");
+    let manifest = g.write(
+        "grid.toml",
+        "name = \"rigid\"\nkind = \"grid\"\npriority = \"high\"\n[[component]]\nslots = 1\ncommand = \"id -un; id -Gn\"\n",
+    );
+    let submitted = g.run_as(&alice, &["submit", manifest.to_str().unwrap()]);
+    assert!(submitted.status.success(), "{}", text(&submitted));
+    let job = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
+    let results = g.path().join("alice/results").join(&job);
+    wait_for("the grid job to end", MINUTE, || {
+        std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
+    });
+    let stdout = std::fs::read_to_string(results.join("tasks/0/stdout")).expect("output");
+    let mut lines = stdout.lines();
+    assert_eq!(lines.next(), Some("alice"), "{stdout}");
+    assert!(
+        !lines.next().unwrap_or_default().contains("root"),
+        "none of root's groups: {stdout}"
+    );
+}
+
+#[test]
+fn a_task_with_its_launchers_credentials_reaches_its_own_job_only() {
+    let (g, alice, bob) = many_users("users-launcher");
+    let bobs = g.write(
+        "bob.toml",
+        "name = \"his\"\n[[task]]\ncommand = \"sleep 120\"\n",
+    );
+    let submitted = g.run_as(&bob, &["submit", bobs.to_str().unwrap()]);
+    assert!(submitted.status.success(), "{}", text(&submitted));
+    let his = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
+    wait_for("bob's task to run", MINUTE, || {
+        g.vhost
+            .queue(&format!("gleaner.job.{his}.tasks"))
+            .is_some_and(|q| q["messages_unacknowledged"] == 1)
+    });
+    // Her task reads what its launcher connects with, and its environment.
+    let hers = g.write(
+        "alice.toml",
+        "name = \"nosy\"\n[[task]]\ncommand = \"cat \\\"$GLEANER_CONFIG\\\"; env\"\n",
+    );
+    let submitted = g.run_as(&alice, &["submit", hers.to_str().unwrap()]);
+    assert!(submitted.status.success(), "{}", text(&submitted));
+    let job = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
+    let stdout = g
+        .path()
+        .join("alice/results")
+        .join(&job)
+        .join("tasks/0/stdout");
+    wait_for("her task's output", MINUTE, || stdout.exists());
+    let seen = std::fs::read_to_string(&stdout).unwrap();
+    assert!(
+        !seen.contains("guest:guest"),
+        "the services' account leaked to a task:\n{seen}"
+    );
+    let url = seen
+        .split('"')
+        .find(|s| s.starts_with("amqp://"))
+        .unwrap_or_else(|| panic!("no broker URL in the launcher's settings:\n{seen}"));
+    assert!(url.contains(&format!("gleaner-launcher-{job}:")), "{url}");
+    let stolen = gleaner_testkit::users::Amqp(url.to_owned());
+    let refused = |what: &str, outcome: Result<(), String>| match outcome {
+        Err(e) => assert!(e.contains("ACCESS_REFUSED"), "{what}: {e}"),
+        Ok(()) => panic!("{what}: the broker let her task do it"),
+    };
+    refused(
+        "consume his tasks",
+        stolen.consume(&format!("gleaner.job.{his}.tasks")),
+    );
+    refused(
+        "publish into his results",
+        stolen.publish((&format!("gleaner.job.{his}"), "results"), b"x", None),
+    );
+    refused(
+        "publish through the default exchange",
+        stolen.publish(("", &format!("gleaner.job.{his}.results")), b"x", None),
+    );
+    refused(
+        "submit a job",
+        stolen.publish(("gleaner.user", "submit"), b"{}", None),
+    );
+    // The account goes with the job.
+    let cancel = g.run_as(&bob, &["cancel", &his]);
+    assert!(cancel.status.success(), "{}", text(&cancel));
+    let results = g.path().join("alice/results").join(&job);
+    wait_for("her job to be done", MINUTE, || {
+        std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
+    });
+    wait_for("her launcher account to be deleted", MINUTE, || {
+        !g.vhost.has_user(&format!("gleaner-launcher-{job}"))
+    });
+}
