@@ -71,13 +71,7 @@ pub async fn submit(
         Ok::<_, BrokerError>(events)
     }
     .await
-    .map_err(|e| match e {
-        e if e.is_not_found() => CliError::Unreachable(
-            "gleaner's submit queue is not there yet (is a runner running? `gleaner up` or `gleaner runner` makes it)"
-                .to_owned(),
-        ),
-        e => CliError::from(e),
-    })?;
+    .map_err(|e| unless_missing(e, "a runner"))?;
     output.job_submitted(&job, wait);
     let Some(events) = events else {
         return Ok(());
@@ -217,19 +211,24 @@ async fn ask<A: gleaner_protocol::Message>(
     let answer = connection
         .ask::<RequestMsg, A>(REQUEST, request, Duration::from_secs(5))
         .await
-        .map_err(|e| match e {
-            e if e.is_not_found() => CliError::Unreachable(
-                "gleaner's queues are not there (is `gleaner up` or `gleaner scheduler` running?)"
-                    .to_owned(),
-            ),
-            e => CliError::from(e),
-        })?;
+        .map_err(|e| unless_missing(e, "a scheduler"))?;
     answer.ok_or_else(|| {
         CliError::Unreachable(
             "no scheduler answered within 5 s (is `gleaner up` or `gleaner scheduler` running?)"
                 .to_owned(),
         )
     })
+}
+
+/// A broker error, or, if gleaner's queues are not there (a user may not
+/// declare them: the services do), which service to start.
+fn unless_missing(e: BrokerError, service: &str) -> CliError {
+    if e.is_not_found() {
+        return CliError::Unreachable(format!(
+            "gleaner's queues are not there yet (is {service} running? `gleaner up` starts every service)"
+        ));
+    }
+    CliError::from(e)
 }
 
 /// A job the user cannot find: ended, not started, or (`others`: the

@@ -188,6 +188,14 @@ pub struct RunAs<'a> {
 }
 
 impl LauncherCommand {
+    /// The command for launchers running as `run_as`, if given.
+    pub fn for_run_as(&self, run_as: Option<RunAs<'_>>) -> Self {
+        match run_as {
+            Some(run_as) => self.for_owner(run_as.settings),
+            None => self.clone(),
+        }
+    }
+
     /// The command for launchers running as a job's owner: the kcm's
     /// broker account and configuration left out, `settings` read instead.
     pub fn for_owner(&self, settings: &std::path::Path) -> Self {

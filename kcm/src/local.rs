@@ -243,10 +243,7 @@ impl Backend for LocalBackend {
         slots: u32,
         run_as: Option<RunAs<'_>>,
     ) -> Result<u32, BackendError> {
-        let launcher = match run_as {
-            Some(run_as) => self.command.for_owner(run_as.settings),
-            None => self.command.clone(),
-        };
+        let launcher = self.command.for_run_as(run_as);
         let run_as = run_as.map(|r| r.account).filter(|a| !a.is_me()).cloned();
         self.reap();
         let mut started = 0;

@@ -184,10 +184,7 @@ impl SgeBackend {
                 "/dev/null".into(),
             ]),
         }
-        let launcher = match run_as {
-            Some(run_as) => c.launcher.for_owner(run_as.settings),
-            None => c.launcher.clone(),
-        };
+        let launcher = c.launcher.for_run_as(run_as);
         let script = launcher.script(&c.cluster, job, each, c.h_rt, &format!("\"{SGE_TASK_ID}\""));
         let (program, args) = as_account("qsub", &args, run_as.map(|r| r.account));
         let answer = self.run(&program, &args, Some(&script)).await?;

@@ -129,10 +129,7 @@ impl SlurmBackend {
                 "--error=/dev/null".to_owned(),
             ]),
         }
-        let launcher = match run_as {
-            Some(run_as) => c.launcher.for_owner(run_as.settings),
-            None => c.launcher.clone(),
-        };
+        let launcher = c.launcher.for_run_as(run_as);
         let script = launcher.script(
             &c.cluster,
             job,

@@ -67,22 +67,40 @@ impl BrokerUser {
 pub struct Amqp(pub String);
 
 impl Amqp {
+    /// Runs `work` on a connection of its own. A failure that does not
+    /// carry the broker's reply code (the client saw the channel close
+    /// before the reason came) is tried again, a few times: what the
+    /// broker refused is told by its reply code.
     fn run<T>(
         &self,
-        work: impl AsyncFnOnce(&Connection) -> Result<T, lapin::Error>,
+        work: impl AsyncFn(&Connection) -> Result<T, lapin::Error>,
     ) -> Result<T, String> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .expect("runtime");
-        runtime.block_on(async {
-            let connection = Connection::connect(&self.0, ConnectionProperties::default())
-                .await
-                .map_err(|e| e.to_string())?;
-            let outcome = work(&connection).await.map_err(|e| e.to_string());
-            let _ = connection.close(200, "bye".into()).await;
-            outcome
-        })
+        let mut last = String::new();
+        for _ in 0..3 {
+            let outcome = runtime.block_on(async {
+                let connection = Connection::connect(&self.0, ConnectionProperties::default())
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let outcome = work(&connection).await.map_err(|e| e.to_string());
+                let _ = connection.close(200, "bye".into()).await;
+                outcome
+            });
+            match outcome {
+                Err(e)
+                    if !["_REFUSED", "_FAILED", "NOT_FOUND"]
+                        .iter()
+                        .any(|code| e.contains(code)) =>
+                {
+                    last = e;
+                }
+                outcome => return outcome,
+            }
+        }
+        Err(last)
     }
 
     /// Starts consuming `queue`; the broker's refusal, if it refuses.
