@@ -295,7 +295,7 @@ fn a_task_with_its_launchers_credentials_reaches_its_own_job_only() {
     // Her task reads what its launcher connects with, and its environment.
     let hers = g.write(
         "alice.toml",
-        "name = \"nosy\"\n[[task]]\ncommand = \"cat \\\"$GLEANER_CONFIG\\\"; env\"\n",
+        "name = \"nosy\"\n[[task]]\ncommand = \"cat \\\"$GLEANER_CONFIG\\\"; env\"\n[[task]]\ncommand = \"sleep 120\"\n",
     );
     let submitted = g.run_as(&alice, &["submit", hers.to_str().unwrap()]);
     assert!(submitted.status.success(), "{}", text(&submitted));
@@ -337,12 +337,33 @@ fn a_task_with_its_launchers_credentials_reaches_its_own_job_only() {
         "submit a job",
         stolen.publish(("gleaner.user", "submit"), b"{}", None),
     );
-    // The account goes with the job.
-    let cancel = g.run_as(&bob, &["cancel", &his]);
-    assert!(cancel.status.success(), "{}", text(&cancel));
+    // Her own job's queues it reaches, but it cannot play the services
+    // there: a cancel from the launcher's account is dropped.
+    let forged = gleaner_protocol::codec::encode(
+        "scheduler@forged",
+        &gleaner_protocol::ControlMsg::Cancel {
+            reason: "forged".into(),
+        },
+    )
+    .unwrap();
+    stolen
+        .publish((&format!("gleaner.job.{job}"), "control"), &forged, None)
+        .expect("her own job's exchange takes it");
+    wait_for("the runner to drop the forged cancel", MINUTE, || {
+        g.log("up")
+            .contains("control message from a sender who may not send it")
+    });
     let results = g.path().join("alice/results").join(&job);
-    wait_for("her job to be done", MINUTE, || {
-        std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
+    let file = std::fs::read_to_string(results.join("job.json")).unwrap_or_default();
+    let file: serde_json::Value = serde_json::from_str(&file).unwrap_or_default();
+    assert_eq!(file["state"], "running", "{file}");
+    // The account goes with the job.
+    for (user, job) in [(&bob, &his), (&alice, &job)] {
+        let cancel = g.run_as(user, &["cancel", job]);
+        assert!(cancel.status.success(), "{}", text(&cancel));
+    }
+    wait_for("her job to end", MINUTE, || {
+        std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"cancelled\""))
     });
     wait_for("her launcher account to be deleted", MINUTE, || {
         !g.vhost.has_user(&format!("gleaner-launcher-{job}"))

@@ -42,7 +42,7 @@ pub fn launcher_user(job: &JobId) -> String {
 pub fn launcher_permissions(job: &JobId) -> (String, String, String) {
     let queues = JobQueues::new(job);
     let escaped = |name: &str| name.replace('.', "\\.");
-    let own = format!("gleaner\\.launcher\\.{}\\..*", escaped(job.as_str()));
+    let own = format!("gleaner\\.launcher\\.{}:.*", escaped(job.as_str()));
     (
         format!("^{own}$"),
         format!("^{}$", escaped(&queues.exchange)),
@@ -164,11 +164,11 @@ mod tests {
     fn a_launcher_account_reaches_its_own_job_only() {
         let job: JobId = "sweep.v2-3fa9c2".parse().unwrap();
         let (configure, write, read) = launcher_permissions(&job);
-        assert_eq!(configure, r"^gleaner\.launcher\.sweep\.v2-3fa9c2\..*$");
+        assert_eq!(configure, r"^gleaner\.launcher\.sweep\.v2-3fa9c2:.*$");
         assert_eq!(write, r"^gleaner\.job\.sweep\.v2-3fa9c2$");
         assert_eq!(
             read,
-            r"^(gleaner\.job\.sweep\.v2-3fa9c2\.tasks|gleaner\.launcher\.sweep\.v2-3fa9c2\..*)$"
+            r"^(gleaner\.job\.sweep\.v2-3fa9c2\.tasks|gleaner\.launcher\.sweep\.v2-3fa9c2:.*)$"
         );
         assert_eq!(launcher_user(&job), "gleaner-launcher-sweep.v2-3fa9c2");
     }

@@ -55,9 +55,11 @@ pub fn kcm_queue(cluster: &ClusterName) -> String {
 }
 
 /// A launcher's own inbox. It carries the job, so that a job's launcher
-/// account may be allowed its own launchers' queues and no others.
+/// account may be allowed its own launchers' queues and no others; `:`,
+/// which no job id has, ends the job's part (`a-000000` is not a prefix
+/// of `a-000000.b-111111`'s).
 pub fn launcher_queue(job: &JobId, launcher: &LauncherId) -> String {
-    format!("gleaner.launcher.{job}.{launcher}")
+    format!("gleaner.launcher.{job}:{launcher}")
 }
 
 /// The queues of one job.
@@ -443,7 +445,7 @@ mod tests {
         assert_eq!(kcm_queue(&"c1".into()), "gleaner.kcm.c1");
         assert_eq!(
             launcher_queue(&job, &"c1-h-1".into()),
-            "gleaner.launcher.sweep-3fa9c2.c1-h-1"
+            "gleaner.launcher.sweep-3fa9c2:c1-h-1"
         );
         assert_eq!(q.to_results(), ("gleaner.job.sweep-3fa9c2", "results"));
     }

@@ -51,11 +51,19 @@ if [ "$action" = remove ]; then
 fi
 
 password=$(head -c 18 /dev/urandom | base64 | tr '+/' 'xy')
+# Never on a command line, where `ps` shows it to everyone: the broker
+# reads it from a file only it may read.
+secret=$(as_root mktemp)
+trap 'as_root rm -f "$secret"' EXIT
+printf '%s' "$password" | as_root tee "$secret" >/dev/null
+as_root chown rabbitmq "$secret" 2>/dev/null || true
 if as_root rabbitmqctl -q list_users | awk '{print $1}' | grep -qx -- "$name"; then
-    ctl change_password "$name" "$password"
+    set_password=change_password
 else
-    ctl add_user "$name" "$password"
+    set_password=add_user
 fi
+answer=$(as_root rabbitmqctl -q eval "{ok, P} = file:read_file(\"$secret\"), rabbit_auth_backend_internal:$set_password(<<\"$name\">>, P, <<\"deploy\">>).")
+[ "$answer" = ok ] || die "cannot set the password of $name: $answer"
 
 case $action in
     service)
@@ -69,25 +77,25 @@ case $action in
             "^($own|amq\\.gen-.*)\$" \
             "^(gleaner\\.user|$own|amq\\.gen-.*)\$" \
             "^(gleaner\\.events|$own|amq\\.gen-.*)\$"
-        if $admin; then jobs='job\..*'; else jobs='job\.{username}\..*'; fi
-        # Topic permissions: publishing no events, binding to their own.
-        ctl set_topic_permissions -p "$vhost" "$name" gleaner.events '^$' "^($jobs|cluster\\..*)\$"
+        if $admin; then jobs='job\..*|cluster\..*'; else jobs='job\.{username}\..*'; fi
+        # Topic permissions: publishing no events, binding to their own
+        # jobs' (cluster events name every job: admins only).
+        ctl set_topic_permissions -p "$vhost" "$name" gleaner.events '^$' "^($jobs)\$"
         ;;
     *) die "unknown action $action (add, service or remove)" ;;
 esac
 
 encoded_vhost=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$vhost")
 url="amqp://$name:$password@$url_host:5672/$encoded_vhost?heartbeat=10"
-write_secret() { # FILE OWNER TEXT
-    as_root install -m 0600 -o "$2" /dev/null "$1"
-    printf '%s\n' "$3" | as_root tee "$1" >/dev/null
-}
 if [ -n "$password_file" ]; then
-    write_secret "$password_file" "$(id -un)" "$password"
+    (umask 077; printf '%s\n' "$password" >"$password_file")
     log "$action $name on vhost $vhost; password in $password_file"
 elif [ "$action" = add ] && home=$(getent passwd "$name" | cut -d: -f6) && [ -n "$home" ]; then
-    as_root runuser -u "$name" -- mkdir -p -m 0700 "$home/.config/gleaner"
-    write_secret "$home/.config/gleaner/gleaner.toml" "$name" "broker_url = \"$url\""
+    # Written by the user, not by root: whatever they made of their home
+    # (a link to /etc, say) leads nowhere they could not write anyway.
+    printf 'broker_url = "%s"\n' "$url" | as_root runuser -u "$name" -- sh -c \
+        'umask 077; mkdir -p "$1" && cat >"$1/gleaner.toml.new" && mv "$1/gleaner.toml.new" "$1/gleaner.toml"' \
+        sh "$home/.config/gleaner"
     log "added $name on vhost $vhost; their broker_url is in $home/.config/gleaner/gleaner.toml"
 else
     log "$action $name on vhost $vhost; password: $password"

@@ -2,7 +2,7 @@
 
 use std::{future::Future, process::Stdio, time::Duration};
 
-use gleaner_manifest::JobId;
+use gleaner_manifest::{JobId, is_env_name};
 use gleaner_protocol::{
     ClusterName, ComponentSpec, Credentials,
     naming::{LauncherArgs, launcher_id_word},
@@ -43,27 +43,40 @@ impl ComponentFiles {
 
     /// The shell script that runs a component and records how it ended.
     ///
-    /// With `run_as`, the wrapper (the kcm's account, root) writes the
-    /// spool files and runs the command as the owner (`setpriv`), so the
-    /// command has the owner's rights and none of the spool's.
+    /// With `run_as`, the wrapper (the kcm's account, root) opens the
+    /// spool files and does nothing else: the owner's shell gets a clean
+    /// environment (`setpriv --reset-env`), then the job's variables and
+    /// directory, so nothing of the job's reaches root, nor anything of
+    /// the kcm's the job.
     pub fn script(&self, spec: &ComponentSpec, run_as: Option<&Account>) -> String {
         let mut script = String::from("#!/bin/sh\n# gleaner grid job component\n");
-        for (key, value) in &spec.env {
-            script.push_str(&format!("export {key}={}\n", quote(value)));
-        }
+        // Names the manifest checked; one that is not is dropped, not run.
+        let env = spec.env.iter().filter(|(key, _)| is_env_name(key));
+        let mut command = spec.command.clone();
         if let Some(dir) = &spec.workdir {
-            script.push_str(&format!("cd {} || exit 1\n", quote(dir)));
+            command = format!("cd {} || exit 1\n{command}", quote(dir));
         }
-        let owner = match run_as.filter(|a| !a.is_me()) {
-            Some(account) => format!(
-                "setpriv --reuid={} --regid={} --init-groups -- ",
-                account.uid, account.gid
-            ),
-            None => String::new(),
+        let start = match run_as.filter(|a| !a.is_me()) {
+            Some(account) => {
+                let mut start = format!(
+                    "/usr/bin/setpriv --reuid={} --regid={} --init-groups --reset-env -- /usr/bin/env",
+                    account.uid, account.gid
+                );
+                for (key, value) in env {
+                    start.push_str(&format!(" {}", quote(&format!("{key}={value}"))));
+                }
+                start + " "
+            }
+            None => {
+                for (key, value) in env {
+                    script.push_str(&format!("export {key}={}\n", quote(value)));
+                }
+                String::new()
+            }
         };
         script.push_str(&format!(
-            "{owner}/bin/sh -c {} > {} 2> {}\necho $? > {}\n",
-            quote(&spec.command),
+            "{start}/bin/sh -c {} > {} 2> {}\necho $? > {}\n",
+            quote(&command),
             quote(&self.stdout.to_string_lossy()),
             quote(&self.stderr.to_string_lossy()),
             quote(&self.exit.to_string_lossy()),
@@ -393,6 +406,38 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_owners_component_gets_nothing_of_roots_but_the_spool_files() {
+        let spec = ComponentSpec {
+            job: "j-000001".parse().unwrap(),
+            component: 0,
+            slots: 1,
+            command: "./mpi_app".into(),
+            env: vec![
+                ("OMP_NUM_THREADS".into(), "4".into()),
+                ("X;id".into(), "y".into()),
+            ],
+            walltime_ms: None,
+            workdir: Some("/home/alice/run".into()),
+            owner: "alice".into(),
+        };
+        let alice = Account {
+            name: "alice".into(),
+            uid: nix::unistd::Uid::from_raw(4242),
+            gid: nix::unistd::Gid::from_raw(4242),
+            groups: Vec::new(),
+            home: "/home/alice".into(),
+        };
+        let files = ComponentFiles::new(std::path::Path::new("/spool"), &spec.job, 0);
+        let script = files.script(&spec, Some(&alice));
+        assert!(!script.contains("export"), "{script}");
+        assert!(!script.contains("X;id"), "{script}");
+        assert!(
+            script.contains("/usr/bin/setpriv --reuid=4242 --regid=4242 --init-groups --reset-env -- /usr/bin/env 'OMP_NUM_THREADS=4' /bin/sh -c 'cd '\\''/home/alice/run'\\'' || exit 1\n./mpi_app' > '/spool/j-000001.0.out'"),
+            "{script}"
+        );
+    }
 
     #[test]
     fn grants_become_arrays_of_whole_launchers_and_one_for_the_rest() {

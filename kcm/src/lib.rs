@@ -196,6 +196,10 @@ impl<B: Backend> Kcm<B> {
                     credentials,
                 } => {
                     let result = match self.run_as(&owner) {
+                        Ok(None) if credentials.is_some() => Err(BackendError {
+                            command: format!("run as the owner of the job ({owner})"),
+                            message: "the job's runner keeps users apart and this kcm does not ([users] single = true): its launchers would run as the kcm".to_owned(),
+                        }),
                         Ok(None) => self.backend.submit(&job, slots, None).await,
                         Ok(Some(account)) => {
                             match self.owner_settings(&job, &account, credentials.as_ref()) {
@@ -278,6 +282,9 @@ impl<B: Backend> Kcm<B> {
             message,
         };
         let account = Account::lookup(users.account(owner)).map_err(refused)?;
+        // Root writes there, and reads back: only root (or this kcm's
+        // account) may have put anything in it.
+        trusted_dir(&self.config.spool_dir).map_err(refused)?;
         if !account.is_me() && !nix::unistd::geteuid().is_root() {
             return Err(refused(format!(
                 "this kcm runs as uid {}, not root, so it cannot start {}'s launchers (run it as root, or configure [users] single = true)",
@@ -339,6 +346,35 @@ impl<B: Backend> Kcm<B> {
             }),
         }
     }
+}
+
+/// Makes `dir` if needed, and checks that nobody but root or this process
+/// could have put anything in it or on the way to it (a link, a file the
+/// kcm then writes through as root): every part is a directory, owned by
+/// root or by this process, that nobody else may write to — but for
+/// sticky ones of root's, like `/tmp`, which others may only add to.
+fn trusted_dir(dir: &std::path::Path) -> Result<(), String> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+    let me = nix::unistd::geteuid().as_raw();
+    for part in dir.ancestors() {
+        let meta =
+            std::fs::symlink_metadata(part).map_err(|e| format!("{}: {e}", part.display()))?;
+        let shared_tmp = meta.uid() == 0 && meta.mode() & 0o1000 != 0 && part != dir;
+        let writable_by_others = meta.mode() & 0o022 != 0 && !shared_tmp;
+        if !meta.is_dir() || (meta.uid() != 0 && meta.uid() != me) || writable_by_others {
+            return Err(format!(
+                "the spool directory {} is not safe for many users: {} must be a directory of root's (or the kcm's) that nobody else may write to",
+                dir.display(),
+                part.display()
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Replaces `path` with `text`, readable and writable by `account` only.

@@ -13,7 +13,7 @@ mod spec;
 pub use expand::{TaskList, TaskSpec};
 pub use job_id::{JobId, JobIdError};
 pub use params::{ParamSpec, ParamValue};
-pub use spec::{Component, JobKind, Manifest, Priority, Sweep, TaskDef};
+pub use spec::{Component, JobKind, Manifest, Priority, Sweep, TaskDef, is_env_name};
 
 /// Upper bound on the number of tasks of one job; a sweep beyond it is almost
 /// certainly a typo in a range, and would not fit a results directory anyway.

@@ -122,13 +122,11 @@ impl Manifest {
         if self.walltime == Some(Duration::ZERO) {
             return Err(ManifestError::invalid("walltime", "must be longer than 0s"));
         }
-        for key in self.env.keys() {
-            if key.is_empty() || key.contains('=') || key.contains('\0') {
-                return Err(ManifestError::invalid(
-                    format!("env.{key}"),
-                    "is not a valid environment variable name",
-                ));
-            }
+        if let Some(key) = self.env.keys().find(|key| !is_env_name(key)) {
+            return Err(ManifestError::invalid(
+                format!("env.{key}"),
+                "is not a valid environment variable name (letters, digits and '_', not starting with a digit)",
+            ));
         }
         for (i, pattern) in self.outputs.iter().enumerate() {
             if pattern.is_empty()
@@ -276,6 +274,15 @@ mod walltime {
             ))
         })
     }
+}
+
+/// A name a shell can export: `[A-Za-z_][A-Za-z0-9_]*`.
+pub fn is_env_name(key: &str) -> bool {
+    let mut chars = key.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 #[cfg(test)]

@@ -12,19 +12,19 @@ use std::{collections::VecDeque, sync::Arc, time::Duration};
 use futures_util::FutureExt;
 use gleaner_broker::{
     BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher,
-    admin::Admin,
+    admin::{Admin, launcher_user},
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
 };
 use gleaner_manifest::{JobId, JobKind, TaskList};
-use gleaner_protocol::{ControlMsg, JobReport, JobState, ResultMsg, Submission, TaskMsg};
+use gleaner_protocol::{ControlMsg, JobReport, JobState, Message, ResultMsg, Submission, TaskMsg};
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     effect::{Effect, Now},
     grid::Grid,
     job_core::{JobCore, JobSettings, Opening, Refusal},
-    owner::{Owner, as_account, prepare_area, symlink_on_the_way},
+    owner::{Owner, as_account, may_send_control, prepare_area, symlink_on_the_way},
     results::ResultsDir,
     sweep::Sweep,
 };
@@ -294,6 +294,13 @@ impl<C: JobCore> Job<C> {
                 }
                 message = control.next() => {
                     let incoming = delivered(message)?;
+                    if self.admin.is_some()
+                        && !may_send_control(&incoming.msg, incoming.user.as_deref(), &launcher_user(&self.queues.job))
+                    {
+                        warn!(job = %self.queues.job, sender = incoming.user.as_deref().unwrap_or("-"), kind = incoming.msg.kind(), "control message from a sender who may not send it; dropped");
+                        incoming.ack().await?;
+                        continue;
+                    }
                     let now = Now::read();
                     let effects = self.core.on_control(incoming.msg.clone(), now);
                     self.apply(effects, now).await?;

@@ -129,7 +129,7 @@ impl Ledger {
                 owner: other.job.clone(),
             });
         }
-        let file = opening.job_file.unwrap_or_else(|| JobFile {
+        let mut file = opening.job_file.unwrap_or_else(|| JobFile {
             job: submission.job.to_string(),
             owner: opening.owner.clone(),
             name: submission.manifest.name.clone(),
@@ -147,6 +147,8 @@ impl Ledger {
             components: Vec::new(),
             restarts: 0,
         });
+        // A job.json from before owners were recorded names none.
+        file.owner.clone_from(&opening.owner);
         Ok(Self {
             id: submission.job.clone(),
             manifest: submission.manifest.clone(),

@@ -6,7 +6,7 @@
 //! only), so the files are theirs and a symlink they plant in their own
 //! area cannot lead the runner anywhere they could not write themselves.
 
-use std::{io, os::unix::fs::PermissionsExt, path::Path};
+use std::{io, path::Path};
 
 pub use gleaner_contain::Account;
 use nix::unistd::{Gid, Uid};
@@ -28,6 +28,27 @@ impl Owner {
             None => results_root.join(results),
         }
     }
+}
+
+/// Whether a control message may come from `sender` (its broker-checked
+/// `user_id`) when the job's launchers have an account of their own
+/// (`launchers`). Only the services and that account may write to the
+/// job's control queue at all; launchers speak of themselves only, and
+/// offers, shrinks, cancels and placements come from the services, whom a
+/// task holding its launcher's account must not be able to play. The
+/// services always name themselves; the launcher account could leave
+/// `user_id` out.
+pub fn may_send_control(
+    msg: &gleaner_protocol::ControlMsg,
+    sender: Option<&str>,
+    launchers: &str,
+) -> bool {
+    use gleaner_protocol::ControlMsg;
+    let from_launcher = matches!(
+        msg,
+        ControlMsg::LauncherUp(_) | ControlMsg::LauncherStatus(_) | ControlMsg::LauncherGone { .. }
+    );
+    from_launcher || sender.is_some_and(|sender| sender != launchers)
 }
 
 /// Runs `f` with `account`'s filesystem identity on this thread (as the
@@ -82,9 +103,21 @@ pub fn symlink_on_the_way(base: &Path, relative: &Path) -> Option<std::path::Pat
 /// Makes `dir` (`results_root/<account>`) the owner's private area: created
 /// for them with mode 0700, or, if it exists, a real directory of theirs.
 pub fn prepare_area(dir: &Path, account: &Account) -> io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    // Where others may write, the area could be swapped for a link
+    // between its making and its handing over.
+    if let Some(root) = dir.parent() {
+        std::fs::create_dir_all(root)?;
+        let meta = std::fs::symlink_metadata(root)?;
+        if !meta.is_dir() || meta.mode() & 0o022 != 0 {
+            return Err(io::Error::other(format!(
+                "results_root {} must be a directory that only its owner may write to (mode 0755 or 0711)",
+                root.display()
+            )));
+        }
+    }
     match std::fs::symlink_metadata(dir) {
         Ok(meta) => {
-            use std::os::unix::fs::MetadataExt;
             if !meta.is_dir() || meta.uid() != account.uid.as_raw() {
                 return Err(io::Error::other(format!(
                     "{} is not a directory of {}'s",
@@ -95,15 +128,8 @@ pub fn prepare_area(dir: &Path, account: &Account) -> io::Result<()> {
             Ok(())
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            if let Some(parent) = dir.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            match std::fs::create_dir(dir) {
-                Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-                _ => {}
-            }
-            std::os::unix::fs::lchown(dir, Some(account.uid.as_raw()), Some(account.gid.as_raw()))?;
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+            std::fs::DirBuilder::new().mode(0o700).create(dir)?;
+            std::os::unix::fs::lchown(dir, Some(account.uid.as_raw()), Some(account.gid.as_raw()))
         }
         Err(e) => Err(e),
     }
@@ -123,6 +149,23 @@ mod tests {
             symlink_on_the_way(dir.path(), Path::new("a/l/c")),
             Some(dir.path().join("a/l"))
         );
+    }
+
+    #[test]
+    fn a_launchers_account_cannot_play_the_services() {
+        use gleaner_protocol::ControlMsg;
+        let gone = ControlMsg::LauncherGone {
+            launcher: "l1".into(),
+            cluster: "c1".into(),
+            reason: "idle".into(),
+        };
+        let cancel = ControlMsg::Cancel { reason: "x".into() };
+        let ok = |msg, sender| may_send_control(msg, sender, "gleaner-launcher-j");
+        assert!(ok(&gone, Some("gleaner-launcher-j")));
+        assert!(ok(&gone, Some("svc")));
+        assert!(!ok(&cancel, Some("gleaner-launcher-j")));
+        assert!(!ok(&cancel, None), "the launcher account, nameless");
+        assert!(ok(&cancel, Some("svc")));
     }
 
     #[test]

@@ -217,6 +217,17 @@ async fn answer(
     users: &Users,
 ) -> Result<(), BrokerError> {
     let user = incoming.user.as_deref();
+    // Answers go to the asker's direct reply-to and nowhere else: a user
+    // naming any queue as `reply_to` must not have the services post there.
+    if !incoming
+        .reply
+        .reply_to
+        .as_deref()
+        .is_some_and(|to| to.starts_with("amq.rabbitmq.reply-to"))
+    {
+        warn!(user, "request without a direct reply-to address; ignored");
+        return incoming.ack().await;
+    }
     let answered = match state.on_request(
         user,
         incoming.msg.clone(),
