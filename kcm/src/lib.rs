@@ -108,6 +108,20 @@ pub async fn run<B: Backend>(
         })
         .await;
     kcm.backend.shutdown().await;
+    // The spool goes once nothing is left in it (a restarted kcm still
+    // finds what running jobs need): its launchers' settings directory,
+    // itself, and the directory made for it.
+    let spool = &kcm.config.spool_dir;
+    for dir in [
+        Some(spool.join("launchers").as_path()),
+        Some(spool.as_path()),
+        spool.parent(),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        let _ = std::fs::remove_dir(dir);
+    }
     info!(cluster = %cluster, "kcm stopped");
 }
 
