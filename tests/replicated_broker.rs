@@ -99,3 +99,125 @@ fn a_dead_broker_address_is_skipped_for_the_next() {
         );
     }
 }
+
+/// Everything over TLS, the way a cluster's admins would deploy it: the
+/// services, the kcm and the launchers on `amqps`, and the runner making
+/// the job's launcher account through the management API over HTTPS. The
+/// nodes offer neither plain AMQP nor plain HTTP on their addresses, and a
+/// client that does not trust the broker's certificate authority gets no
+/// connection.
+#[test]
+fn the_replicated_broker_is_reached_over_tls_only() {
+    let cluster = BrokerCluster::lock();
+    let mut g = Gleaner::on(cluster.access.clone(), "tls", env!("CARGO_BIN_EXE_gleaner"));
+    assert!(
+        g.vhost.urls().iter().all(|u| u.starts_with("amqps://")),
+        "{:?}",
+        cluster.access
+    );
+    // Many users, so that each job's launchers get an account of their own;
+    // the services' account owns the job, as the Unix account alice.
+    std::fs::set_permissions(
+        g.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let config = g.write(
+        "gleaner.toml",
+        "[users]\nsingle = false\naccounts = { gleaner = \"alice\" }\n",
+    );
+    let config = config.to_str().expect("path").to_owned();
+    g.start_with(
+        "up",
+        &["up", "--slots", "2"],
+        &[
+            ("GLEANER_CONFIG", &config),
+            ("GLEANER_USERS__SINGLE", "false"),
+        ],
+    );
+    let tasks = 12;
+    let waiting = g.submit_waiting(&sweep("tls", tasks, "id -un"));
+    let output = finish(waiting, 4 * MINUTE);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "submit --wait failed: {stderr}");
+    assert!(
+        stderr.contains(&format!("{tasks} of {tasks} tasks succeeded")),
+        "{stderr}"
+    );
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let results = g.path().join("alice").join("results").join(&job);
+    for task in 0..tasks {
+        let stdout = results.join(format!("tasks/{task}/stdout"));
+        assert_eq!(
+            std::fs::read_to_string(&stdout).unwrap_or_default(),
+            "alice\n",
+            "{}",
+            stdout.display()
+        );
+    }
+    assert!(
+        g.log("up").contains("launcher account is ready"),
+        "the runner made the job's launcher account: {}",
+        g.log("up")
+    );
+
+    // Plain AMQP is not offered: not on its own port, and not spoken to the
+    // TLS listener.
+    let url = g.vhost.url();
+    let plain = url.replacen("amqps://", "amqp://", 1);
+    let plain_port = plain.replacen(":5671/", ":5672/", 1);
+    let status_with = |env: &[(&str, &str)]| {
+        let output = g
+            .command(&["status"])
+            .envs(env.iter().copied())
+            .env_remove("SSL_CERT_DIR")
+            .output()
+            .expect("gleaner status");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, said) = status_with(&[
+        ("GLEANER_BROKER_URL", &plain),
+        ("GLEANER_BROKER_URLS", &plain),
+    ]);
+    assert_eq!(code, Some(3), "{said}");
+    assert!(said.contains("needs an amqps:// URL"), "{said}");
+    let (code, said) = status_with(&[
+        ("GLEANER_BROKER_URL", &plain_port),
+        ("GLEANER_BROKER_URLS", &plain_port),
+    ]);
+    assert_eq!(code, Some(3), "{said}");
+    assert!(said.contains("refused"), "{said}");
+    // Nor plain HTTP for the management API (which answered over HTTPS).
+    assert!(
+        std::net::TcpStream::connect_timeout(
+            &"10.77.0.11:15672".parse().expect("address"),
+            Duration::from_secs(3)
+        )
+        .is_err(),
+        "plain HTTP answers on 10.77.0.11:15672"
+    );
+
+    // The certificate is checked: trusting another authority only, the
+    // client refuses it.
+    let made = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .args(["ec_paramgen_curve:P-256", "-nodes", "-days", "1"])
+        .args(["-subj", "/CN=another authority", "-keyout"])
+        .arg(g.path().join("other-ca.key"))
+        .arg("-out")
+        .arg(g.path().join("other-ca.pem"))
+        .output()
+        .expect("openssl");
+    assert!(made.status.success(), "{made:?}");
+    let other = g.path().join("other-ca.pem");
+    let (code, said) = status_with(&[("SSL_CERT_FILE", other.to_str().expect("path"))]);
+    assert_eq!(code, Some(3), "{said}");
+    assert!(said.contains("UnknownIssuer"), "{said}");
+    assert!(said.contains("not trusted here"), "{said}");
+    // While the system's store, which has the deployment's CA, is trusted.
+    let (code, said) = status_with(&[]);
+    assert_eq!(code, Some(0), "{said}");
+}

@@ -17,7 +17,7 @@ use crate::{BrokerError, connection::redact, topology::JobQueues};
 /// host and account, on the management port unless `management_url` says.
 #[derive(Clone)]
 pub struct Admin {
-    /// `http://host:15672/api`
+    /// `http://host:15672/api`, or `https://host:15671/api` for `amqps`.
     base: String,
     /// `Basic …` of the services' account.
     auth: String,
@@ -31,6 +31,36 @@ impl std::fmt::Debug for Admin {
             .field("vhost", &self.vhost)
             .finish()
     }
+}
+
+/// The management UI and API of the broker at `url`, where RabbitMQ serves
+/// them by default: HTTPS on 15671 beside `amqps`, HTTP on 15672 beside
+/// plain AMQP.
+pub fn management_base(url: &str) -> Result<String, BrokerError> {
+    let uri = url
+        .parse::<lapin::uri::AMQPUri>()
+        .map_err(|e| BrokerError::Url(format!("{}: {e}", redact(url))))?;
+    let host = &uri.authority.host;
+    Ok(match uri.scheme {
+        lapin::uri::AMQPScheme::AMQPS => format!("https://{host}:15671"),
+        lapin::uri::AMQPScheme::AMQP => format!("http://{host}:15672"),
+    })
+}
+
+/// An HTTP client for the management API: HTTPS verified against the
+/// system's trust store, as the AMQP connections are; answers of any status
+/// are returned, not raised.
+pub fn http_agent(timeout: Duration) -> ureq::Agent {
+    let tls = ureq::tls::TlsConfig::builder()
+        .root_certs(ureq::tls::RootCerts::PlatformVerifier)
+        .build();
+    ureq::Agent::config_builder()
+        .tls_config(tls)
+        .timeout_global(Some(timeout))
+        .timeout_connect(Some(timeout.min(Duration::from_secs(3))))
+        .http_status_as_error(false)
+        .build()
+        .new_agent()
 }
 
 /// The broker user of a job's launchers.
@@ -59,7 +89,7 @@ impl Admin {
             .map_err(|e| BrokerError::Url(format!("{}: {e}", redact(url))))?;
         let base = match management {
             Some(m) => format!("{}/api", m.trim_end_matches('/')),
-            None => format!("http://{}:15672/api", uri.authority.host),
+            None => format!("{}/api", management_base(url)?),
         };
         let userinfo = &uri.authority.userinfo;
         let token = base64::engine::general_purpose::STANDARD
@@ -113,11 +143,7 @@ impl Admin {
         let url = format!("{}{path}", self.base);
         let auth = self.auth.clone();
         tokio::task::spawn_blocking(move || {
-            let agent = ureq::Agent::config_builder()
-                .timeout_global(Some(Duration::from_secs(10)))
-                .http_status_as_error(false)
-                .build()
-                .new_agent();
+            let agent = http_agent(Duration::from_secs(10));
             let sent = match (method, body) {
                 ("DELETE", _) => agent.delete(&url).header("Authorization", &auth).call(),
                 (_, body) => agent
@@ -179,5 +205,9 @@ mod tests {
         assert_eq!(admin.base, "http://10.0.0.1:15672/api");
         assert_eq!(admin.vhost, "prod");
         assert_eq!(encode("/"), "%2F");
+        let admin = Admin::new("amqps://svc:pw@broker.example/prod", None).unwrap();
+        assert_eq!(admin.base, "https://broker.example:15671/api");
+        let admin = Admin::new("amqps://svc:pw@b/p", Some("https://ui.example/")).unwrap();
+        assert_eq!(admin.base, "https://ui.example/api");
     }
 }

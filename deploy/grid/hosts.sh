@@ -9,7 +9,7 @@
 #   deploy/grid/hosts.sh down            (removes everything `up` made)
 #   deploy/grid/hosts.sh exec HOST CMD…  (runs CMD on HOST, e.g. node1)
 #   deploy/grid/hosts.sh list
-#   deploy/grid/hosts.sh cut HOST        (drops HOST's broker traffic, port 5672,
+#   deploy/grid/hosts.sh cut HOST        (drops HOST's broker traffic, AMQP ports,
 #                                          both ways: a network fault)
 #   deploy/grid/hosts.sh mend HOST       (lets it through again)
 #   deploy/grid/hosts.sh island NAME     (a host for a test of its own to cut:
@@ -95,7 +95,7 @@ forward_into() {
     done
 }
 
-# A network fault: the host's AMQP traffic (to and from port 5672, over
+# A network fault: the host's AMQP traffic (to and from ports 5671 and 5672, over
 # loopback to the forwarder or over the bridge) is dropped, not refused, so
 # both ends learn of it only by their heartbeats.
 cut() {
@@ -103,8 +103,8 @@ cut() {
 table inet gleaner_cut {
     chain out {
         type filter hook output priority 0; policy accept;
-        tcp dport 5672 drop
-        tcp sport 5672 drop
+        tcp dport { 5671, 5672 } drop
+        tcp sport { 5671, 5672 } drop
     }
 }
 EOF

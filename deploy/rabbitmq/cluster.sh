@@ -12,9 +12,12 @@
 #   deploy/rabbitmq/cluster.sh start NODE   (start it again; it rejoins)
 #   deploy/rabbitmq/cluster.sh urls         (one base URL per line)
 #
-# Clients log in as `gleaner` with a password made on first `up` and kept,
-# with the base URLs, in /etc/gleaner-broker/urls (root only). `up` prints
-# the `broker_urls` line for gleaner.toml.
+# The nodes speak TLS only (amqps on 5671, the management API and UI over
+# HTTPS on 15671), with certificates of a CA that certs.sh makes and this
+# machine trusts: plain AMQP and HTTP are not offered on the hosts'
+# addresses at all. Clients log in as `gleaner` with a password made on
+# first `up` and kept, with the base URLs, in /etc/gleaner-broker/urls (root
+# only). `up` prints the `broker_urls` line for gleaner.toml.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,7 +31,7 @@ log() { printf 'broker-cluster: %s\n' "$*" >&2; }
 [ "$(id -u)" = 0 ] || { log "run as root (network namespaces)"; exit 1; }
 
 addr_of() { echo "10.77.0.$((10 + ${1#node}))"; }
-answers() { timeout 3 bash -c "exec 3<>/dev/tcp/$(addr_of "$1")/5672" 2>/dev/null; }
+answers() { timeout 3 bash -c "exec 3<>/dev/tcp/$(addr_of "$1")/5671" 2>/dev/null; }
 # The environment a node's server and its CLI share: names, ports, files.
 node_env() {
     local node=$1
@@ -58,31 +61,53 @@ running() {
         ! grep -q '^State:.*Z' "/proc/$pid/status" 2>/dev/null
 }
 
+# Writes a node's configuration; fails if it differs from what the node has
+# (a running node then needs a restart to take it).
 configure() {
     local node=$1 addr
     addr=$(addr_of "$node")
     install -d -o rabbitmq -g rabbitmq "$data" "$logs" "$logs/$node"
     install -d "$etc/$node" "$etc/$node/conf.d"
     : > "$etc/$node/rabbitmq-env.conf"
+    "$here/certs.sh" server "$etc/tls" "$node" "DNS:$node,IP:$addr"
+    local tls="cacertfile = $etc/tls/ca.crt
+certfile = $etc/tls/$node.crt
+keyfile = $etc/tls/$node.key"
     {
-        # The host's loopback 5672/15672 are the grid's forwarders to the
-        # development broker: listen on the host's own address only.
-        echo "listeners.tcp.1 = $addr:5672"
-        echo "management.tcp.ip = $addr"
-        echo "management.tcp.port = 15672"
+        # Which certificate: one made again needs a restart too.
+        echo "# $(openssl x509 -in "$etc/tls/$node.crt" -noout -fingerprint -sha256)"
+        # TLS only, on the host's own address (its loopback 5672/15672 are
+        # the grid's forwarders to the development broker).
+        echo "listeners.tcp = none"
+        echo "listeners.ssl.1 = $addr:5671"
+        echo "$tls" | sed 's/^/ssl_options./'
+        echo "ssl_options.versions.1 = tlsv1.3"
+        echo "ssl_options.versions.2 = tlsv1.2"
+        # Clients prove who they are by password, not by certificate.
+        echo "ssl_options.verify = verify_none"
+        echo "ssl_options.fail_if_no_peer_cert = false"
+        echo "management.ssl.ip = $addr"
+        echo "management.ssl.port = 15671"
+        echo "$tls" | sed 's/^/management.ssl./'
         echo "loopback_users = none"
         # Keep a node that lost its peers from serving stale state.
         echo "cluster_partition_handling = pause_minority"
         cat "$here/50-gleaner.conf"
-    } > "$etc/$node/rabbitmq.conf"
+    } > "$etc/$node/rabbitmq.conf.new"
     [ -e "$etc/enabled_plugins" ] || echo '[rabbitmq_management].' > "$etc/enabled_plugins"
+    if cmp -s "$etc/$node/rabbitmq.conf.new" "$etc/$node/rabbitmq.conf"; then
+        rm "$etc/$node/rabbitmq.conf.new"
+    else
+        mv "$etc/$node/rabbitmq.conf.new" "$etc/$node/rabbitmq.conf"
+        return 1
+    fi
 }
 
 # Starts a node in the background; `await_nodes` waits for it.
 launch_node() {
     local node=$1
     running "$node" && return 0
-    configure "$node"
+    configure "$node" || true
     rm -f "$data/$node.pid"
     log "starting rabbit@$node at $(addr_of "$node")"
     # Erlang's schedulers must not spin on a 2-core machine shared by 4 brokers.
@@ -125,6 +150,13 @@ clustered_with() { ctl "$1" cluster_status --formatter json 2>/dev/null | grep -
 up() {
     "$grid" up 3 >/dev/null
     install -d -m 0755 "$etc"
+    local node
+    for node in $nodes; do
+        if ! configure "$node" && running "$node"; then
+            log "restarting rabbit@$node with its new configuration"
+            ctl "$node" stop >/dev/null 2>&1 || stop_node "$node"
+        fi
+    done
     # shellcheck disable=SC2086
     if ! start_nodes $nodes; then
         # The test cluster's state is disposable: what a crash or a lost
@@ -160,7 +192,7 @@ up() {
     fi
     ctl node1 set_user_tags "$user" administrator >/dev/null
     ctl node1 set_permissions -p / "$user" '.*' '.*' '.*' >/dev/null
-    (umask 077; for node in $nodes; do echo "amqp://$user:$password@$(addr_of "$node"):5672"; done > "$etc/urls")
+    (umask 077; for node in $nodes; do echo "amqps://$user:$password@$(addr_of "$node"):5671"; done > "$etc/urls")
     log "up: $(clustered_with node1 | tr '\n' ' ')"
     printf 'broker_urls = [%s]\n' "$(sed 's|.*|"&/%2f?heartbeat=10"|' "$etc/urls" | paste -sd, -)"
 }
@@ -187,6 +219,7 @@ down() {
         rm -rf "${data:?}/$node" "$data/$node.pid" "${etc:?}/$node"
     done
     rm -rf "$etc" "$data" "$logs"
+    "$here/certs.sh" forget
     log "down"
 }
 

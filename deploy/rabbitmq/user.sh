@@ -3,14 +3,14 @@
 # each needs (idempotent: an existing account gets a new password and the
 # permissions again).
 #
-#   user.sh add NAME [--admin] [--vhost V] [--password-file F] [--url-host H]
+#   user.sh add NAME [--admin] [--vhost V] [--password-file F] [--url-host H] [--tls]
 #       A user: may publish to the gleaner.user exchange (submissions and
 #       requests), make and read their own watch queues
 #       (gleaner.watch.NAME.*), and follow their own jobs' events
 #       (job.NAME.* on gleaner.events; every job's with --admin, who must
 #       also be listed in [users] admins). Nothing else: not the default
 #       exchange, not any job's queues.
-#   user.sh service NAME [--vhost V] [--password-file F] [--url-host H]
+#   user.sh service NAME [--vhost V] [--password-file F] [--url-host H] [--tls]
 #       The account gleaner's services run as: everything on the vhost, and
 #       the administrator tag the runner needs to make (and delete) each
 #       job's launcher account through the management API.
@@ -18,7 +18,9 @@
 #
 # The password is generated. It goes to --password-file (mode 0600), or, for
 # `add` when NAME is also a Unix account, into that account's
-# ~/.config/gleaner/gleaner.toml (mode 0600, theirs) as its broker_url.
+# ~/.config/gleaner/gleaner.toml (mode 0600, theirs) as its broker_url:
+# amqp://H:5672, or amqps://H:5671 with --tls (H must then be a name the
+# broker's certificate carries).
 set -euo pipefail
 
 log() { printf 'broker-user: %s\n' "$*" >&2; }
@@ -26,16 +28,17 @@ die() { log "$*"; exit 2; }
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 ctl() { as_root rabbitmqctl -q "$@" >/dev/null; }
 
-[ $# -ge 2 ] || die "usage: $0 add|service|remove NAME [--admin] [--vhost V] [--password-file F] [--url-host H]"
+[ $# -ge 2 ] || die "usage: $0 add|service|remove NAME [--admin] [--vhost V] [--password-file F] [--url-host H] [--tls]"
 action=$1 name=$2
 shift 2
-admin=false vhost=/ password_file= url_host=127.0.0.1
+admin=false vhost=/ password_file= url_host=127.0.0.1 scheme=amqp port=5672
 while [ $# -gt 0 ]; do
     case $1 in
         --admin) admin=true ;;
         --vhost) vhost=$2; shift ;;
         --password-file) password_file=$2; shift ;;
         --url-host) url_host=$2; shift ;;
+        --tls) scheme=amqps port=5671 ;;
         *) die "unknown option $1" ;;
     esac
     shift
@@ -86,7 +89,7 @@ case $action in
 esac
 
 encoded_vhost=$(python3 -c 'import sys, urllib.parse; print(urllib.parse.quote(sys.argv[1], safe=""))' "$vhost")
-url="amqp://$name:$password@$url_host:5672/$encoded_vhost?heartbeat=10"
+url="$scheme://$name:$password@$url_host:$port/$encoded_vhost?heartbeat=10"
 if [ -n "$password_file" ]; then
     (umask 077; printf '%s\n' "$password" >"$password_file")
     log "$action $name on vhost $vhost; password in $password_file"

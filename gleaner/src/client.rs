@@ -21,10 +21,20 @@ async fn connect(settings: &Settings) -> Result<Connection, CliError> {
     let broker = Broker::new(&settings.broker_urls(), format!("cli@{}", hostname()))
         .map_err(|e| CliError::BadInput(e.to_string()))?;
     broker.connect().await.map_err(|e| {
-        CliError::Unreachable(format!(
-            "{e}\n(is RabbitMQ running? `deploy/rabbitmq/setup.sh` installs and starts one)"
-        ))
+        let e = e.to_string();
+        CliError::Unreachable(format!("{e}\n({})", connect_hint(&e)))
     })
+}
+
+/// What to try, from how connecting failed.
+fn connect_hint(error: &str) -> &'static str {
+    if error.contains("certificate") {
+        "the broker's certificate is not trusted here: add its CA to the system's trust store, or point SSL_CERT_FILE at it"
+    } else if error.contains("Parsing Error") {
+        "the broker did not answer in AMQP: a TLS port (5671) needs an amqps:// URL"
+    } else {
+        "is RabbitMQ running? `deploy/rabbitmq/setup.sh` installs and starts one"
+    }
 }
 
 /// Reads and validates a manifest: TOML, or JSON for a `.json` file.

@@ -245,25 +245,19 @@ fn default_slots() -> u32 {
     std::thread::available_parallelism().map_or(2, |n| n.get() as u32)
 }
 
-/// The management UI's address, if the plugin answers on the broker's host.
+/// The management UI's address, if the plugin answers beside the broker.
 async fn management_ui(broker_url: &str) -> Option<String> {
-    let host = broker_url
-        .split_once("://")
-        .map(|(_, rest)| rest)
-        .map(|rest| rest.rsplit_once('@').map_or(rest, |(_, h)| h))
-        .and_then(|rest| rest.split(['/', '?']).next())
-        .map(|hostport| hostport.rsplit_once(':').map_or(hostport, |(h, _)| h))
-        .filter(|h| !h.is_empty())
-        .unwrap_or("127.0.0.1")
-        .to_owned();
-    let url = format!("http://{host}:15672/");
+    let url = format!(
+        "{}/",
+        gleaner_broker::admin::management_base(broker_url).ok()?
+    );
     let probe = url.clone();
     let answered = tokio::task::spawn_blocking(move || {
-        let agent = ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_millis(700)))
-            .build()
-            .new_agent();
-        agent.get(&probe).call().is_ok()
+        let agent = gleaner_broker::admin::http_agent(Duration::from_millis(700));
+        agent
+            .get(&probe)
+            .call()
+            .is_ok_and(|r| r.status().is_success())
     })
     .await
     .unwrap_or(false);

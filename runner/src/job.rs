@@ -96,7 +96,11 @@ pub async fn run(
     // Renewed at every start: a runner taking the job over does not know
     // the last password, and launchers already connected keep theirs.
     let launcher_credentials = match admin {
-        Some(admin) => Some(admin.launcher_account(&id).await?),
+        Some(admin) => {
+            let credentials = admin.launcher_account(&id).await?;
+            info!(job = %id, user = %credentials.user, "the job's launcher account is ready");
+            Some(credentials)
+        }
         None => None,
     };
     let opening = Opening {

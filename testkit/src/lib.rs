@@ -10,6 +10,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use gleaner_broker::admin::{http_agent, management_base};
 use nix::{
     sys::signal::{Signal, killpg},
     unistd::Pid,
@@ -24,7 +25,7 @@ pub mod users;
 /// hosts.
 #[derive(Debug, Clone)]
 pub struct BrokerAccess {
-    /// `amqp://user:password@host:port`, one per node.
+    /// `amqp[s]://user:password@host:port`, one per node.
     amqp: Vec<String>,
     /// The management API of each node.
     api: Vec<String>,
@@ -33,49 +34,43 @@ pub struct BrokerAccess {
 }
 
 impl BrokerAccess {
-    fn new(user: &str, password: &str, hosts: &[&str]) -> Self {
+    /// From one `scheme://user:password@host:port` per node.
+    fn new(bases: Vec<String>) -> Self {
         use base64::Engine;
-        let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+        let first: lapin::uri::AMQPUri = bases[0].parse().expect("a broker URL");
+        let userinfo = first.authority.userinfo;
+        let token = base64::engine::general_purpose::STANDARD
+            .encode(format!("{}:{}", userinfo.username, userinfo.password));
         Self {
-            amqp: hosts
+            api: bases
                 .iter()
-                .map(|h| format!("amqp://{user}:{password}@{h}:5672"))
+                .map(|b| format!("{}/api", management_base(b).expect("a broker URL")))
                 .collect(),
-            api: hosts
-                .iter()
-                .map(|h| format!("http://{h}:15672/api"))
-                .collect(),
-            user: user.to_owned(),
+            amqp: bases,
+            user: userinfo.username,
             auth: format!("Basic {token}"),
         }
     }
 
     /// The development broker: 127.0.0.1, guest.
     pub fn local() -> Self {
-        Self::new("guest", "guest", &["127.0.0.1"])
+        Self::new(vec!["amqp://guest:guest@127.0.0.1:5672".into()])
     }
 
-    /// The replicated broker, from the URLs `deploy/rabbitmq/cluster.sh up`
-    /// keeps.
+    /// The replicated broker (TLS only), from the URLs
+    /// `deploy/rabbitmq/cluster.sh up` keeps.
     pub fn cluster() -> Self {
         const URLS: &str = "/etc/gleaner-broker/urls";
         let text = std::fs::read_to_string(URLS).unwrap_or_else(|e| {
             panic!("no replicated broker ({URLS}: {e}); run deploy/rabbitmq/cluster.sh up")
         });
-        let mut user = String::new();
-        let mut password = String::new();
-        let mut hosts = Vec::new();
-        for line in text.lines().filter(|l| !l.trim().is_empty()) {
-            let rest = line.trim().trim_start_matches("amqp://");
-            let (credentials, address) = rest.rsplit_once('@').expect("user@host in the URL");
-            let (u, p) = credentials
-                .split_once(':')
-                .expect("user:password in the URL");
-            (user, password) = (u.to_owned(), p.to_owned());
-            hosts.push(address.split(':').next().unwrap_or(address).to_owned());
-        }
-        let hosts: Vec<&str> = hosts.iter().map(String::as_str).collect();
-        Self::new(&user, &password, &hosts)
+        Self::new(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_owned)
+                .collect(),
+        )
     }
 
     /// Calls the management API of the first node that answers.
@@ -249,12 +244,7 @@ fn api(
     method: &str,
     body: Option<&str>,
 ) -> Result<Result<String, String>, Unanswered> {
-    let agent = ureq::Agent::config_builder()
-        .timeout_global(Some(Duration::from_secs(30)))
-        .timeout_connect(Some(Duration::from_secs(3)))
-        .http_status_as_error(false)
-        .build()
-        .new_agent();
+    let agent = http_agent(Duration::from_secs(30));
     let response = match (method, body) {
         ("GET", _) => agent.get(url).header("Authorization", auth).call(),
         ("DELETE", _) => agent.delete(url).header("Authorization", auth).call(),
