@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use gleaner_testkit::{Gleaner, by_task, finish, sweep, wait_for};
+use gleaner_testkit::{Gleaner, by_task, finish, finish_all_succeeded, sweep, wait_for};
 use nix::sys::signal::Signal;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -23,11 +23,8 @@ command = "echo task-{i}-{colour}"
 params = { i = { from = 1, to = 250 }, colour = ["red", "blue"] }
 "#,
     );
-    let output = finish(waiting, 3 * MINUTE);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "submit --wait failed: {stderr}");
+    let output = finish_all_succeeded(waiting, 500, 3 * MINUTE);
     let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    assert!(stderr.contains("500 of 500 tasks succeeded"), "{stderr}");
 
     let tasks = by_task(&g.index(&job));
     assert_eq!(tasks.len(), 500);

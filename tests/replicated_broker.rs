@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use gleaner_testkit::{BrokerCluster, Gleaner, by_task, finish, sweep, wait_for};
+use gleaner_testkit::{BrokerCluster, Gleaner, by_task, finish_all_succeeded, sweep, wait_for};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -39,13 +39,7 @@ fn losing_a_broker_node_mid_sweep_loses_and_duplicates_nothing() {
     cluster.stop(&node);
     eprintln!("stopped {node} after {before} results");
 
-    let output = finish(waiting, 4 * MINUTE);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "submit --wait failed: {stderr}");
-    assert!(
-        stderr.contains(&format!("{tasks} of {tasks} tasks succeeded")),
-        "{stderr}"
-    );
+    finish_all_succeeded(waiting, tasks, 4 * MINUTE);
     let index = by_task(&g.index(&job));
     assert_eq!(index.len(), tasks as usize);
     assert!(index.values().all(|t| t["status"] == "succeeded"));
@@ -137,13 +131,7 @@ fn the_replicated_broker_is_reached_over_tls_only() {
     );
     let tasks = 12;
     let waiting = g.submit_waiting(&sweep("tls", tasks, "id -un"));
-    let output = finish(waiting, 4 * MINUTE);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "submit --wait failed: {stderr}");
-    assert!(
-        stderr.contains(&format!("{tasks} of {tasks} tasks succeeded")),
-        "{stderr}"
-    );
+    let output = finish_all_succeeded(waiting, tasks, 4 * MINUTE);
     let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     let results = g.path().join("alice").join("results").join(&job);
     for task in 0..tasks {

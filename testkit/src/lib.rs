@@ -602,6 +602,19 @@ pub fn wait_for(what: &str, timeout: Duration, mut condition: impl FnMut() -> bo
     }
 }
 
+/// Waits for a `submit --wait` of `tasks` tasks and asserts that every one
+/// succeeded; returns its output (the job id on stdout).
+pub fn finish_all_succeeded(child: Child, tasks: u32, timeout: Duration) -> Output {
+    let output = finish(child, timeout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "submit --wait failed: {stderr}");
+    assert!(
+        stderr.contains(&format!("{tasks} of {tasks} tasks succeeded")),
+        "{stderr}"
+    );
+    output
+}
+
 /// Waits for a child with a timeout, returning its output.
 pub fn finish(mut child: Child, timeout: Duration) -> Output {
     let deadline = Instant::now() + timeout;
