@@ -84,6 +84,119 @@ command = "if [ -e {m} ]; then echo second time lucky; else touch {m}; exit 1; f
     assert_eq!(tasks[&2]["attempts"], 2);
     let stdout = std::fs::read_to_string(g.results_dir(&job).join("tasks/0/stdout")).unwrap();
     assert_eq!(stdout, "always failing\n");
+    // The summary says which tasks did not succeed, and where to look.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("1 of 3 tasks succeeded (2 did not: 1 failed, 1 timed out)"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("  failed: task 0\n"), "{stderr}");
+    assert!(stderr.contains("  timed out: task 1\n"), "{stderr}");
+    let where_ = g.results_dir(&job).join("tasks/0/stderr");
+    assert!(stderr.contains(&where_.display().to_string()), "{stderr}");
+}
+
+/// `submit --array` runs a sweep without a manifest file.
+#[test]
+fn an_array_sweep_needs_no_manifest() {
+    let mut g = gleaner("array");
+    g.up(2);
+    let waiting = g
+        .command(&[
+            "submit", "--array", "3-9:3", "--wait", "--", "echo", "seed={i}", "a  b",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("submit");
+    let output = finish_all_succeeded(waiting, 3, 2 * MINUTE);
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    assert!(job.starts_with("echo-"), "named after its program: {job}");
+    let tasks = by_task(&g.index(&job));
+    for (task, seed) in [(0u64, 3), (1, 6), (2, 9)] {
+        assert_eq!(tasks[&task]["params"]["i"], seed);
+        let stdout = g.results_dir(&job).join(format!("tasks/{task}/stdout"));
+        // Words keep their quoting: "a  b" stays one argument.
+        assert_eq!(
+            std::fs::read_to_string(stdout).unwrap_or_default(),
+            format!("seed={seed} a  b\n")
+        );
+    }
+    for bad in [&["--array", "9-3", "--", "true"][..], &["--array", "1-3"]] {
+        let mut args = vec!["submit"];
+        args.extend_from_slice(bad);
+        let output = g.run(&args);
+        assert_eq!(output.status.code(), Some(2), "{bad:?}");
+    }
+}
+
+/// `gleaner wait` attaches to a job submitted without `--wait`, as
+/// `submit --wait` would have followed it, exit code included.
+#[test]
+fn wait_follows_a_running_job_to_its_end() {
+    let mut g = gleaner("wait");
+    g.up(2);
+    let job = g.submit(&sweep("attached", 4, "sleep 1; exit $(( {n} == 3 ))"));
+    let waited = finish(
+        g.command(&["wait", &job])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("wait"),
+        2 * MINUTE,
+    );
+    let said = String::from_utf8_lossy(&waited.stderr);
+    assert_eq!(
+        waited.status.code(),
+        Some(1),
+        "task 2 (n = 3) failed: {said}"
+    );
+    assert!(said.contains("3 of 4 tasks succeeded"), "{said}");
+    assert!(said.contains("  failed: task 2\n"), "{said}");
+    let gone = g.run(&["wait", &job]);
+    assert_eq!(gone.status.code(), Some(1), "an ended job is not running");
+    assert!(String::from_utf8_lossy(&gone.stderr).contains("is not running"));
+}
+
+/// Every command's help ends with an example.
+#[test]
+fn every_command_has_an_example() {
+    let g = gleaner("help");
+    for command in [
+        "up",
+        "submit",
+        "status",
+        "cancel",
+        "wait",
+        "scheduler",
+        "runner",
+        "kcm",
+        "launcher",
+        "completions",
+        "simulate",
+    ] {
+        let output = g.run(&[command, "--help"]);
+        let help = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{command}: {help}");
+        assert!(
+            help.contains("Example") || help.contains("gleaner kcm"),
+            "{command}: {help}"
+        );
+    }
+}
+
+/// Shell completions come from the CLI's own definition.
+#[test]
+fn completions_cover_every_command() {
+    let g = gleaner("completions");
+    for shell in ["bash", "zsh", "fish"] {
+        let output = g.run(&["completions", shell]);
+        assert!(output.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&output.stdout);
+        for command in ["submit", "status", "cancel", "--array"] {
+            assert!(script.contains(command), "{shell} lacks {command}");
+        }
+    }
 }
 
 #[test]
@@ -134,6 +247,8 @@ fn a_runner_killed_mid_job_is_replaced_and_the_job_completes() {
 #[test]
 fn invalid_manifests_are_refused_with_the_field_named() {
     let g = gleaner("invalid");
+    g.write("short-row.csv", "a,b\n1,2\n3\n");
+    g.write("points.csv", "a,b\n1,2\n");
     let cases = [
         ("name = \"broken\nno", "line"),
         (
@@ -148,6 +263,18 @@ fn invalid_manifests_are_refused_with_the_field_named() {
             "name = \"x\"\nwalltime = \"soon\"\n[[task]]\ncommand = \"true\"\n",
             "walltime",
         ),
+        (
+            "name = \"x\"\n[sweep]\ncommand = \"echo {a}\"\ncsv = \"short-row.csv\"\n",
+            "sweep.csv: short-row.csv line 3: 1 fields where the header has 2",
+        ),
+        (
+            "name = \"x\"\n[sweep]\ncommand = \"echo {line}\"\nlines = \"missing.txt\"\n",
+            "sweep.lines: missing.txt: cannot read",
+        ),
+        (
+            "name = \"x\"\n[sweep]\ncommand = \"echo {b}\"\ncsv = \"points.csv\"\nparams = { b = [1] }\n",
+            "sweep.params.b: is also a column",
+        ),
     ];
     for (i, (manifest, field)) in cases.iter().enumerate() {
         let path = g.write(&format!("bad{i}.toml"), manifest);
@@ -161,6 +288,64 @@ fn invalid_manifests_are_refused_with_the_field_named() {
     }
     let output = g.run(&["submit", "/nonexistent/job.toml"]);
     assert_eq!(output.status.code(), Some(2));
+}
+
+/// A sweep over a CSV file's rows, a file's lines and a list: every
+/// combination runs once, with its values in the command and in the
+/// environment.
+#[test]
+fn csv_and_lines_sweeps_run_every_row_once() {
+    let mut g = gleaner("data-sweep");
+    std::fs::create_dir(g.path().join("data")).expect("mkdir");
+    g.write(
+        "data/points.csv",
+        "alpha,label\n0.1,\"first, 'one'\"\n0.2,second\n0.3,third\n",
+    );
+    g.write("data/inputs.txt", "a  b\r\n\nc\n");
+    let manifest = g.write(
+        "data/sweep.toml",
+        r#"name = "data"
+[sweep]
+command = "echo {alpha} {line} {n} \"$GLEANER_PARAM_label\" \"$GLEANER_PARAM_line\""
+csv = "points.csv"
+lines = "inputs.txt"
+params = { n = [1, 2] }
+"#,
+    );
+    g.up(2);
+    let waiting = g
+        .command(&["submit", manifest.to_str().expect("path"), "--wait"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("submit");
+    let output = finish_all_succeeded(waiting, 12, 3 * MINUTE);
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 12);
+    // Rows first, then lines, then the list, the last varying fastest. The
+    // shell splits `{line}`'s "a  b" in the command; "$GLEANER_PARAM_line"
+    // keeps it whole.
+    let mut task = 0;
+    for (alpha, label) in [("0.1", "first, 'one'"), ("0.2", "second"), ("0.3", "third")] {
+        for line in ["a  b", "c"] {
+            for n in [1, 2] {
+                let stdout = g.results_dir(&job).join(format!("tasks/{task}/stdout"));
+                let split = line.split_whitespace().collect::<Vec<_>>().join(" ");
+                assert_eq!(
+                    std::fs::read_to_string(&stdout).unwrap_or_default(),
+                    format!("{alpha} {split} {n} {label} {line}\n"),
+                    "task {task}"
+                );
+                let params = &tasks[&task]["params"];
+                assert_eq!(params["alpha"], alpha, "task {task}: {params}");
+                assert_eq!(params["label"], label, "task {task}: {params}");
+                assert_eq!(params["line"], line, "task {task}: {params}");
+                assert_eq!(params["n"], n, "task {task}: {params}");
+                task += 1;
+            }
+        }
+    }
 }
 
 #[test]

@@ -12,7 +12,7 @@ use gleaner_broker::{
 };
 use gleaner_manifest::{JobId, JobIdError, Manifest};
 use gleaner_protocol::{
-    CancelReply, Event, RequestMsg, StatusReply, Submission, job_events, now_ms,
+    CancelReply, Event, JobReport, RequestMsg, StatusReply, Submission, job_events, now_ms,
 };
 
 use crate::{error::CliError, output::Output, services::hostname, settings::Settings};
@@ -37,15 +37,21 @@ fn connect_hint(error: &str) -> &'static str {
     }
 }
 
-/// Reads and validates a manifest: TOML, or JSON for a `.json` file.
+/// Reads and validates a manifest: TOML, or JSON for a `.json` file; its
+/// sweep's data files are read relative to it.
 pub fn read_manifest(path: &Path) -> Result<Manifest, String> {
     let text = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let beside = path.parent().unwrap_or(Path::new("."));
+    let read = |name: &str| {
+        let file = beside.join(name);
+        std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))
+    };
     let parsed = if path.extension().is_some_and(|e| e == "json") {
-        Manifest::from_json(&text)
+        Manifest::from_json_reading(&text, read)
     } else {
         let text =
             String::from_utf8(text).map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
-        Manifest::from_toml(&text)
+        Manifest::from_toml_reading(&text, read)
     };
     parsed.map_err(|e| format!("{}: invalid manifest\n{e}", path.display()))
 }
@@ -54,13 +60,95 @@ pub fn read_manifest(path: &Path) -> Result<Manifest, String> {
 /// nobody consumes it (the client died, or the broker was away).
 const WATCH_EXPIRY: Duration = Duration::from_secs(600);
 
+/// `FROM-TO[:STEP]` of `submit --array`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArrayRange {
+    from: i64,
+    to: i64,
+    step: i64,
+}
+
+impl std::str::FromStr for ArrayRange {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let bad = || format!("{text:?}: write FROM-TO or FROM-TO:STEP, like 1-100 or 0-990:10");
+        let (range, step) = text.split_once(':').unwrap_or((text, "1"));
+        let (from, to) = range.split_once('-').ok_or_else(bad)?;
+        let number = |s: &str| s.trim().parse::<i64>().map_err(|_| bad());
+        let (from, to, step) = (number(from)?, number(to)?, number(step)?);
+        if step <= 0 || to < from {
+            return Err(format!("{text:?}: the range needs FROM <= TO and STEP > 0"));
+        }
+        Ok(Self { from, to, step })
+    }
+}
+
+/// The manifest of `submit --array RANGE -- COMMAND…`: a sweep of `{i}`.
+pub fn array_manifest(
+    range: ArrayRange,
+    name: Option<&str>,
+    command: &[String],
+) -> Result<Manifest, String> {
+    let line = match command {
+        [] => return Err("--array needs a command after `--`".to_owned()),
+        [line] => line.clone(),
+        words => shell_words::join(words),
+    };
+    let name = match name {
+        Some(name) => name.to_owned(),
+        None => {
+            let program = shell_words::split(&line)
+                .ok()
+                .and_then(|words| words.into_iter().next())
+                .unwrap_or_default();
+            let program = Path::new(&program)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let name: String = program
+                .chars()
+                .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+                .take(64)
+                .collect();
+            if name.is_empty() {
+                "array".to_owned()
+            } else {
+                name
+            }
+        }
+    };
+    let manifest = Manifest {
+        sweep: Some(gleaner_manifest::Sweep {
+            command: line,
+            params: [(
+                "i".to_owned(),
+                gleaner_manifest::ParamSpec::Range {
+                    from: range.from,
+                    to: range.to,
+                    step: range.step,
+                },
+            )]
+            .into_iter()
+            .collect(),
+            csv: None,
+            lines: None,
+            tables: Vec::new(),
+        }),
+        ..Manifest::named(&name)
+    };
+    manifest
+        .validate()
+        .map_err(|e| format!("invalid --array job\n{e}"))?;
+    Ok(manifest)
+}
+
 pub async fn submit(
     settings: &Settings,
-    path: &Path,
+    manifest: Manifest,
     wait: bool,
     output: &dyn Output,
 ) -> Result<(), CliError> {
-    let manifest = read_manifest(path).map_err(CliError::BadInput)?;
     let job = JobId::new(&manifest.name, rand::random::<u32>());
     let connection = connect(settings).await?;
     let watch = Watch::new(&job, connection.user());
@@ -86,7 +174,48 @@ pub async fn submit(
     let Some(events) = events else {
         return Ok(());
     };
-    watch.until_done(settings, connection, events, output).await
+    watch
+        .until_done(settings, connection, events, output, None)
+        .await
+}
+
+/// `gleaner wait JOB`: follows a running job to its end, as `submit --wait`
+/// does, with the same exit code.
+pub async fn wait(settings: &Settings, job: &str, output: &dyn Output) -> Result<(), CliError> {
+    /// A job submitted a moment ago may not be anyone's yet.
+    const PATIENCE: Duration = Duration::from_secs(10);
+    let connection = connect(settings).await?;
+    let standing = async |connection: &Connection| {
+        let started = Instant::now();
+        loop {
+            let reply: StatusReply = ask(connection, &RequestMsg::Status {}).await?;
+            let hidden = reply.hidden > 0;
+            match reply.jobs.into_iter().find(|j| j.job.as_str() == job) {
+                Some(report) => return Ok(report),
+                None if started.elapsed() >= PATIENCE => return Err(not_running(job, hidden)),
+                None => tokio::time::sleep(Duration::from_secs(1)).await,
+            }
+        }
+    };
+    // Its owner names its events; following them before asking again
+    // leaves no moment in which its end could be missed.
+    let report = standing(&connection).await?;
+    let watch = Watch::another(&report.job, &report.owner, connection.user());
+    let events = watch
+        .follow(&connection)
+        .await
+        .map_err(|e| unless_missing(e, "a runner"))?;
+    match standing(&connection).await {
+        Ok(report) => {
+            watch
+                .until_done(settings, connection, events, output, Some(&report))
+                .await
+        }
+        Err(e) => {
+            connection.forget(&watch.queue).await;
+            Err(e)
+        }
+    }
 }
 
 /// A `--wait` client's own queue of the job's events.
@@ -103,6 +232,20 @@ impl Watch {
             job: job.clone(),
             owner: owner.to_owned(),
             queue: topology::watch_queue(owner, job),
+        }
+    }
+
+    /// A watch of `user`'s own beside any other (`submit --wait`'s, another
+    /// `wait`'s) of `owner`'s job.
+    fn another(job: &JobId, owner: &str, user: &str) -> Self {
+        Self {
+            job: job.clone(),
+            owner: owner.to_owned(),
+            queue: format!(
+                "{}.{:08x}",
+                topology::watch_queue(user, job),
+                rand::random::<u32>()
+            ),
         }
     }
 
@@ -127,9 +270,13 @@ impl Watch {
         mut connection: Connection,
         mut events: Inbox<Event>,
         output: &dyn Output,
+        standing: Option<&JobReport>,
     ) -> Result<(), CliError> {
         let job = &self.job;
         let mut progress = output.progress(job);
+        if let Some(report) = standing {
+            progress.update(report);
+        }
         let mut last_news = Instant::now();
         let mut nudged = false;
         let ended = loop {

@@ -45,19 +45,42 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Scheduler, runner and a local-backend cluster in one process.
+    #[command(
+        after_help = "Example:\n  gleaner up --slots 8 &\n  gleaner submit sweep.toml --wait"
+    )]
     Up {
         /// Launchers that may run at once (default: the number of CPUs).
         #[arg(long)]
         slots: Option<u32>,
     },
-    /// Submit a manifest; prints the job id.
+    /// Submit a manifest, or a sweep given on the command line; prints the job id.
+    #[command(after_help = "Examples:
+  gleaner submit sweep.toml --wait
+  gleaner submit --array 1-100 -- ./solve --seed {i}
+  gleaner submit --array 0-1000:10 --name scan --wait -- 'python3 scan.py {i} > out.txt'")]
     Submit {
-        file: PathBuf,
+        /// The manifest: TOML, or JSON for a `.json` file.
+        #[arg(required_unless_present = "array", conflicts_with = "array")]
+        file: Option<PathBuf>,
         /// Show progress until the job ends; exit 0 only if every task succeeded.
         #[arg(long)]
         wait: bool,
+        /// A sweep without a manifest: one task per value of the range,
+        /// `{i}` in the command standing for it.
+        #[arg(long, value_name = "FROM-TO[:STEP]", requires = "command")]
+        array: Option<client::ArrayRange>,
+        /// The name of an `--array` job (default: the command's program).
+        #[arg(long, requires = "array")]
+        name: Option<String>,
+        /// The command of an `--array` job, after `--`: one argument is a
+        /// shell command line, several are words.
+        #[arg(last = true, value_name = "COMMAND")]
+        command: Vec<String>,
     },
     /// Clusters, their hosts and jobs as the scheduler sees them.
+    #[command(
+        after_help = "Examples:\n  gleaner status\n  gleaner status sweep-3fa9c2\n  gleaner status --hosts --output json"
+    )]
     Status {
         job: Option<String>,
         /// Every execution host, not only how many are in which state.
@@ -65,19 +88,44 @@ enum Command {
         hosts: bool,
     },
     /// Stop a job: running tasks are killed, results so far are kept.
+    #[command(after_help = "Example:\n  gleaner cancel sweep-3fa9c2")]
     Cancel { job: String },
+    /// Follow a running job to its end, as `submit --wait` does (same exit code).
+    #[command(
+        after_help = "Example:\n  gleaner submit sweep.toml\n  gleaner wait sweep-3fa9c2 && echo all done"
+    )]
+    Wait { job: String },
     /// Run the scheduler alone.
+    #[command(
+        after_help = "Example:\n  GLEANER_CONFIG=/etc/gleaner/gleaner.toml gleaner scheduler"
+    )]
     Scheduler,
     /// Run a runner alone.
+    #[command(after_help = "Example:\n  GLEANER_CONFIG=/etc/gleaner/gleaner.toml gleaner runner")]
     Runner,
     /// Run the cluster manager of one configured cluster.
+    #[command(
+        after_help = "Example:\n  gleaner kcm --cluster hpc1    # on hpc1's head node; [[cluster]] name = \"hpc1\" in the configuration"
+    )]
     Kcm {
         #[arg(long)]
         cluster: gleaner_protocol::ClusterName,
     },
     /// Run one launcher (started by a kcm).
+    #[command(
+        after_help = "Launchers are started by a kcm, with the arguments it gives them; see `gleaner kcm`."
+    )]
     Launcher(LauncherArgs),
+    /// Print a shell's completion script for gleaner.
+    #[command(after_help = "Examples:
+  gleaner completions bash > /etc/bash_completion.d/gleaner
+  gleaner completions zsh > \"${fpath[1]}/_gleaner\"
+  gleaner completions fish > ~/.config/fish/completions/gleaner.fish")]
+    Completions { shell: clap_complete::Shell },
     /// Run the scheduling policies on a simulated grid (no broker needed).
+    #[command(
+        after_help = "Example:\n  gleaner simulate simulator/scenarios/das3-spike.toml --plot plots/"
+    )]
     Simulate {
         scenario: PathBuf,
         /// Only this policy (default: the scenario's, or both).
@@ -93,13 +141,23 @@ impl Command {
     fn is_service(&self) -> bool {
         !matches!(
             self,
-            Self::Submit { .. } | Self::Status { .. } | Self::Cancel { .. } | Self::Simulate { .. }
+            Self::Submit { .. }
+                | Self::Status { .. }
+                | Self::Cancel { .. }
+                | Self::Wait { .. }
+                | Self::Simulate { .. }
+                | Self::Completions { .. }
         )
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Command::Completions { shell } = cli.command {
+        let mut command = <Cli as clap::CommandFactory>::command();
+        clap_complete::generate(shell, &mut command, "gleaner", &mut std::io::stdout());
+        return ExitCode::SUCCESS;
+    }
     let service = cli.command.is_service();
     let default_level = if service { "info" } else { "warn" };
     tracing_subscriber::fmt()
@@ -155,11 +213,27 @@ async fn dispatch(
         })
     };
     match command {
-        Command::Submit { file, wait } => client::submit(&settings, &file, wait, output).await,
+        Command::Submit {
+            file,
+            wait,
+            array,
+            name,
+            command,
+        } => {
+            let manifest = match (file, array) {
+                (Some(file), _) => client::read_manifest(&file),
+                (None, Some(range)) => client::array_manifest(range, name.as_deref(), &command),
+                (None, None) => Err("give a manifest, or --array with a command".to_owned()),
+            }
+            .map_err(CliError::BadInput)?;
+            client::submit(&settings, manifest, wait, output).await
+        }
+        Command::Completions { .. } => Ok(()),
         Command::Status { job, hosts } => {
             client::status(&settings, job.as_deref(), hosts, output).await
         }
         Command::Cancel { job } => client::cancel(&settings, &job, output).await,
+        Command::Wait { job } => client::wait(&settings, &job, output).await,
         Command::Simulate {
             scenario,
             policy,

@@ -5,13 +5,14 @@
 //! whatever the mode.
 
 use std::{
+    collections::BTreeMap,
     io::{IsTerminal, Write},
     path::Path,
     time::{Duration, Instant},
 };
 
 use gleaner_manifest::JobId;
-use gleaner_protocol::{JobReport, StatusReply};
+use gleaner_protocol::{JobReport, StatusReply, TaskCounts};
 use gleaner_simulator::Comparison;
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -66,18 +67,24 @@ impl Output for Cli {
 
     fn job_ended(&self, report: &JobReport) {
         let t = &report.tasks;
+        let unsuccessful = t.total.saturating_sub(t.succeeded);
         eprintln!(
             "{}: {:?}: {} of {} tasks succeeded{}; results in {}",
             report.job,
             report.state,
             t.succeeded,
             t.total,
-            match t.total.saturating_sub(t.succeeded) {
+            match unsuccessful {
                 0 => String::new(),
-                n => format!(" ({n} did not: {})", describe(report)),
+                n => format!(" ({n} did not: {})", outcomes(t).join(", ")),
             },
             report.results
         );
+        if unsuccessful > 0
+            && let Some(which) = unsuccessful_tasks(Path::new(&report.results))
+        {
+            eprintln!("{which}");
+        }
     }
 
     fn status(&self, reply: &StatusReply, job: Option<&str>, hosts: bool) {
@@ -194,20 +201,69 @@ impl Output for Quiet {
     fn file_written(&self, _what: &str, _path: &Path) {}
 }
 
-/// A job's task counts in a few words.
-fn describe(report: &JobReport) -> String {
-    let t = &report.tasks;
-    let mut parts = vec![format!("{} running", t.running)];
-    for (n, what) in [
+/// How many tasks ended other than by succeeding, in words.
+fn outcomes(t: &TaskCounts) -> Vec<String> {
+    [
         (t.failed, "failed"),
         (t.timed_out, "timed out"),
         (t.lost, "lost"),
         (t.cancelled, "cancelled"),
-    ] {
-        if n > 0 {
-            parts.push(format!("{n} {what}"));
+    ]
+    .into_iter()
+    .filter(|(n, _)| *n > 0)
+    .map(|(n, what)| format!("{n} {what}"))
+    .collect()
+}
+
+/// Which tasks did not succeed, and where their output is, from the
+/// results index (when this host sees the results directory).
+fn unsuccessful_tasks(results: &Path) -> Option<String> {
+    const SHOWN: usize = 10;
+    let index = std::fs::read_to_string(results.join("index.jsonl")).ok()?;
+    let mut by_status: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for line in index.lines() {
+        let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(task), Some(status)) = (entry["task"].as_u64(), entry["status"].as_str()) else {
+            continue;
+        };
+        if status != "succeeded" {
+            by_status
+                .entry(status.replace('_', " "))
+                .or_default()
+                .push(task);
         }
     }
+    let mut lines = Vec::new();
+    let mut example = None;
+    for (status, mut tasks) in by_status {
+        tasks.sort_unstable();
+        example = example.or(tasks.first().copied());
+        let shown: Vec<String> = tasks.iter().take(SHOWN).map(u64::to_string).collect();
+        let more = match tasks.len().saturating_sub(SHOWN) {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        lines.push(format!("  {status}: task {}{more}", shown.join(", ")));
+    }
+    let example = example?;
+    lines.push(format!(
+        "  each task's output: {}",
+        results
+            .join("tasks")
+            .join(example.to_string())
+            .join("stderr")
+            .display()
+    ));
+    Some(lines.join("\n"))
+}
+
+/// A job's task counts in a few words.
+fn describe(report: &JobReport) -> String {
+    let t = &report.tasks;
+    let mut parts = vec![format!("{} running", t.running)];
+    parts.extend(outcomes(t));
     let launchers = report
         .launchers
         .values()

@@ -125,6 +125,10 @@ pub struct State<E> {
     /// Since when nothing was held; `None` while anything is.
     idle_since: Option<Instant>,
     next_heartbeat: Option<Instant>,
+    /// The last status sent (if any) said no task ran: the first task run
+    /// since is told at once, not a heartbeat later, so that a job's
+    /// progress does not say "0 running" while every slot is busy.
+    told_idle: bool,
     /// The task consumer may still deliver.
     consuming: bool,
     /// Why we leave, once we stopped taking tasks.
@@ -157,6 +161,7 @@ impl<E> State<E> {
             completed: 0,
             idle_since: Some(now),
             next_heartbeat: now.checked_add(config.heartbeat),
+            told_idle: true,
             consuming: true,
             leaving: None,
             tasks_stopped: false,
@@ -254,6 +259,9 @@ impl<E> State<E> {
             } else {
                 self.hold(tag, task, now, true);
                 effects.push(Effect::Run { tag });
+                if self.told_idle {
+                    self.next_heartbeat = Some(now);
+                }
             }
         } else if let (Some(window), Some(walltime)) = (self.window, walltime)
             && walltime > window
@@ -315,7 +323,7 @@ impl<E> State<E> {
                 info!(job = %self.job, launcher = %self.launcher, cluster = %self.cluster, reason, "draining");
                 self.leave(Exit::Drained, effects);
             }
-            LauncherMsg::Poll {} => effects.push(Effect::SendStatus(self.status())),
+            LauncherMsg::Poll {} => effects.push(self.tell()),
         }
     }
 
@@ -339,7 +347,7 @@ impl<E> State<E> {
             self.leave(Exit::Walltime, effects);
         }
         if self.next_heartbeat.is_some_and(|at| at <= now) {
-            effects.push(Effect::SendStatus(self.status()));
+            effects.push(self.tell());
             self.next_heartbeat = now.checked_add(self.heartbeat);
         }
     }
@@ -405,6 +413,13 @@ impl<E> State<E> {
         };
         self.left = true;
         effects.push(Effect::Leave(ending));
+    }
+
+    /// A status for the runner, remembered as told.
+    fn tell(&mut self) -> Effect<E> {
+        let status = self.status();
+        self.told_idle = status.running.is_empty();
+        Effect::SendStatus(status)
     }
 
     fn status(&self) -> Status {
@@ -574,6 +589,7 @@ mod tests {
     fn walltime_preempts_tasks_deadline_margin_before_the_deadline() {
         let mut l = placeholder();
         assert_eq!(l.at(0, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert!(matches!(l.at(0, Event::Tick)[..], [Effect::SendStatus(_)]));
         assert_eq!(l.wakeup(), Some(Duration::from_secs(190)));
         assert_eq!(l.at(189, Event::Tick), []);
         assert_eq!(
@@ -596,8 +612,11 @@ mod tests {
         );
         assert_eq!(l.at(102, settled(2)), []);
         assert_eq!(l.at(102, Event::TasksEnded), []);
-        // The running task is left to finish.
-        assert_eq!(l.at(150, Event::Tick), []);
+        // The running task is left to finish (and told of: the first since idle).
+        assert!(matches!(
+            l.at(150, Event::Tick)[..],
+            [Effect::SendStatus(_)]
+        ));
         assert_eq!(l.at(160, ended(1)), [Effect::Report { tag: 1 }]);
         assert_eq!(l.at(161, settled(1)), [Effect::Leave(Ok(Exit::Walltime))]);
     }
@@ -632,7 +651,9 @@ mod tests {
     fn no_idle_exit_while_a_task_runs_and_idle_counts_from_its_end() {
         let mut l = launcher(|_, _| {});
         assert_eq!(l.at(10, deliver(1, None)), [Effect::Run { tag: 1 }]);
-        assert_eq!(l.wakeup(), Some(Duration::from_secs(1000)));
+        assert_eq!(l.wakeup(), Some(Duration::from_secs(10)), "told at once");
+        assert!(matches!(l.at(10, Event::Tick)[..], [Effect::SendStatus(_)]));
+        assert_eq!(l.wakeup(), Some(Duration::from_secs(1010)));
         assert_eq!(l.at(500, Event::Tick), []);
         assert_eq!(l.at(600, ended(1)), [Effect::Report { tag: 1 }]);
         assert_eq!(l.at(600, settled(1)), []);
@@ -705,6 +726,7 @@ mod tests {
     fn status_on_poll_and_on_heartbeat() {
         let mut l = launcher(|config, _| config.heartbeat = Duration::from_secs(30));
         assert_eq!(l.at(5, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert!(matches!(l.at(5, Event::Tick)[..], [Effect::SendStatus(_)]));
         assert_eq!(l.at(6, deliver(2, None)), [Effect::Run { tag: 2 }]);
         assert_eq!(l.at(10, ended(1)), [Effect::Report { tag: 1 }]);
         assert_eq!(l.at(11, settled(1)), []);
@@ -719,10 +741,10 @@ mod tests {
             l.at(12, Event::Message(LauncherMsg::Poll {})),
             [Effect::SendStatus(status.clone())]
         );
-        assert_eq!(l.wakeup(), Some(Duration::from_secs(30)));
-        assert_eq!(l.at(29, Event::Tick), []);
-        assert_eq!(l.at(30, Event::Tick), [Effect::SendStatus(status)]);
-        assert_eq!(l.wakeup(), Some(Duration::from_secs(60)));
+        assert_eq!(l.wakeup(), Some(Duration::from_secs(35)));
+        assert_eq!(l.at(34, Event::Tick), []);
+        assert_eq!(l.at(35, Event::Tick), [Effect::SendStatus(status)]);
+        assert_eq!(l.wakeup(), Some(Duration::from_secs(65)));
     }
 
     #[test]
@@ -743,5 +765,20 @@ mod tests {
                 Effect::Leave(Err("channel closed"))
             ]
         );
+    }
+
+    #[test]
+    fn the_first_task_after_idleness_is_told_at_once_then_by_heartbeat() {
+        let mut l = launcher(|_, _| {});
+        assert!(l.at(1, deliver(1, None)).contains(&Effect::Run { tag: 1 }));
+        assert_eq!(l.wakeup(), Some(Duration::from_secs(1)), "a status now");
+        let sent = l.at(1, Event::Tick);
+        assert!(
+            matches!(&sent[..], [Effect::SendStatus(s)] if s.running.len() == 1),
+            "{sent:?}"
+        );
+        // Busy, and said so: the next task waits for the heartbeat.
+        l.at(2, deliver(2, None));
+        assert_eq!(l.wakeup(), Some(Duration::from_secs(1001)), "the heartbeat");
     }
 }

@@ -1,8 +1,9 @@
 //! Expansion of a manifest into its tasks.
 //!
 //! Tasks are numbered from 0: first the `[[task]]` entries in order, then the
-//! sweep's cartesian product with the last parameter varying fastest. Any task
-//! is computed from its number alone, so a million-task sweep costs no memory
+//! sweep's cartesian product: the rows of its data files (`csv`, then
+//! `lines`), then its parameters, the last varying fastest. Any task is
+//! computed from its number alone, so a million-task range costs no memory
 //! and a runner can rebuild any task it must retry.
 
 use indexmap::IndexMap;
@@ -26,8 +27,47 @@ pub struct TaskList {
 #[derive(Debug, Clone)]
 struct SweepPlan {
     template: Vec<Segment>,
-    params: Vec<(String, ParamSpec, u64)>,
+    /// Every parameter's name: the tables' columns, then `params`.
+    names: Vec<String>,
+    /// The factors of the product, outermost first.
+    factors: Vec<Factor>,
     len: u64,
+}
+
+/// One factor of a sweep's product: a data file's rows (as many values as
+/// it has columns) or one parameter's values.
+#[derive(Debug, Clone)]
+enum Factor {
+    Rows(Vec<Vec<String>>),
+    Param(ParamSpec, u64),
+}
+
+impl Factor {
+    fn len(&self) -> u64 {
+        match self {
+            Self::Rows(rows) => rows.len() as u64,
+            Self::Param(_, count) => *count,
+        }
+    }
+
+    /// Writes the values of its `i`th element into `slots`.
+    fn fill(&self, i: u64, slots: &mut [ParamValue]) {
+        match self {
+            Self::Rows(rows) => {
+                for (slot, value) in slots.iter_mut().zip(&rows[i as usize]) {
+                    *slot = ParamValue::Text(value.clone());
+                }
+            }
+            Self::Param(spec, _) => slots[0] = spec.value(i),
+        }
+    }
+
+    fn width(&self) -> usize {
+        match self {
+            Self::Rows(rows) => rows.first().map_or(0, Vec::len),
+            Self::Param(..) => 1,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -76,16 +116,54 @@ impl TaskList {
 
 impl SweepPlan {
     fn new(sweep: &Sweep) -> Result<Self, ManifestError> {
-        if sweep.params.is_empty() {
+        if sweep.csv.is_some() && sweep.csv == sweep.lines {
             return Err(ManifestError::invalid(
-                "sweep.params",
-                "a sweep needs at least one parameter",
+                "sweep.lines",
+                "is the same file as sweep.csv",
             ));
         }
-        let mut params = Vec::with_capacity(sweep.params.len());
+        let mut names: Vec<String> = Vec::new();
+        let mut factors = Vec::new();
         let mut len: u64 = 1;
+        for (field, source) in [("sweep.csv", &sweep.csv), ("sweep.lines", &sweep.lines)] {
+            let Some(source) = source else { continue };
+            let table = sweep.table(source).ok_or_else(|| {
+                ManifestError::invalid(
+                    field,
+                    format!(
+                        "{source} was not read: `gleaner submit` reads it; a manifest sent otherwise carries its rows in sweep.tables"
+                    ),
+                )
+            })?;
+            table.check(field)?;
+            for column in &table.columns {
+                if names.contains(column) {
+                    return Err(ManifestError::invalid(
+                        field,
+                        format!("{source}: column {column:?} is also a column of sweep.csv"),
+                    ));
+                }
+                names.push(column.clone());
+            }
+            len = len.saturating_mul(table.rows.len() as u64);
+            factors.push(Factor::Rows(table.rows.clone()));
+        }
+        if let Some(stray) = sweep.tables.iter().find(|t| {
+            Some(&t.source) != sweep.csv.as_ref() && Some(&t.source) != sweep.lines.as_ref()
+        }) {
+            return Err(ManifestError::invalid(
+                "sweep.tables",
+                format!("{} is neither sweep.csv nor sweep.lines", stray.source),
+            ));
+        }
         for (name, spec) in &sweep.params {
             let field = format!("sweep.params.{name}");
+            if names.contains(name) {
+                return Err(ManifestError::invalid(
+                    &field,
+                    "is also a column of the sweep's data file",
+                ));
+            }
             let count = spec.len().ok_or_else(|| {
                 ManifestError::invalid(&field, "a range needs step > 0 and to >= from")
             })?;
@@ -93,12 +171,20 @@ impl SweepPlan {
                 return Err(ManifestError::invalid(&field, "has no values"));
             }
             len = len.saturating_mul(count);
-            params.push((name.clone(), spec.clone(), count));
+            names.push(name.clone());
+            factors.push(Factor::Param(spec.clone(), count));
         }
-        let template = parse_template(&sweep.command, &sweep.params)?;
+        if factors.is_empty() {
+            return Err(ManifestError::invalid(
+                "sweep.params",
+                "a sweep needs at least one parameter, a csv file or a lines file",
+            ));
+        }
+        let template = parse_template(&sweep.command, &names)?;
         Ok(Self {
             template,
-            params,
+            names,
+            factors,
             len,
         })
     }
@@ -107,10 +193,14 @@ impl SweepPlan {
         if index >= self.len {
             return None;
         }
-        let mut values = vec![ParamValue::Int(0); self.params.len()];
-        for (slot, (_, spec, count)) in values.iter_mut().zip(&self.params).rev() {
-            *slot = spec.value(index % count);
+        let mut values = vec![ParamValue::Int(0); self.names.len()];
+        let mut end = values.len();
+        for factor in self.factors.iter().rev() {
+            let start = end - factor.width();
+            let count = factor.len();
+            factor.fill(index % count, &mut values[start..end]);
             index /= count;
+            end = start;
         }
         let mut command = String::new();
         for segment in &self.template {
@@ -119,22 +209,14 @@ impl SweepPlan {
                 Segment::Param(i) => command.push_str(&values[*i].to_string()),
             }
         }
-        let params = self
-            .params
-            .iter()
-            .map(|(name, _, _)| name.clone())
-            .zip(values)
-            .collect();
+        let params = self.names.iter().cloned().zip(values).collect();
         Some(TaskSpec { command, params })
     }
 }
 
 /// Splits `./solve --seed {seed}` into text and parameter references.
 /// `{{` and `}}` stand for literal braces (so `${{HOME}}` reaches the shell as `${HOME}`).
-fn parse_template(
-    command: &str,
-    params: &IndexMap<String, ParamSpec>,
-) -> Result<Vec<Segment>, ManifestError> {
+fn parse_template(command: &str, names: &[String]) -> Result<Vec<Segment>, ManifestError> {
     let mut segments = Vec::new();
     let mut text = String::new();
     let mut chars = command.chars().peekable();
@@ -162,7 +244,7 @@ fn parse_template(
                         }
                     }
                 }
-                let index = params.get_index_of(name.as_str()).ok_or_else(|| {
+                let index = names.iter().position(|n| *n == name).ok_or_else(|| {
                     ManifestError::invalid(
                         "sweep.command",
                         format!(
@@ -275,5 +357,59 @@ params = { x = { from = 0, to = 10, step = 5 }, y = [0.5, 1.0], z = ["a b", true
         )
         .unwrap_err();
         assert!(err.to_string().contains("at most"), "{err}");
+    }
+
+    #[test]
+    fn data_file_rows_come_before_parameters_and_travel_with_the_manifest() {
+        let files = |name: &str| match name {
+            "p.csv" => Ok(b"x,y\n1,a\n2,b\n".to_vec()),
+            "l.txt" => Ok(b"u\nv\n".to_vec()),
+            _ => Err("no such file".to_owned()),
+        };
+        let text = "name = \"s\"\n[sweep]\ncommand = \"{x}{y}{line}{n}\"\ncsv = \"p.csv\"\nlines = \"l.txt\"\nparams = { n = [0, 1] }\n";
+        let manifest = Manifest::from_toml_reading(text, files).unwrap();
+        let tasks = TaskList::new(&manifest).unwrap();
+        let commands: Vec<String> = (0..tasks.len())
+            .map(|i| tasks.get(i).unwrap().command)
+            .collect();
+        assert_eq!(
+            commands,
+            [
+                "1au0", "1au1", "1av0", "1av1", "2bu0", "2bu1", "2bv0", "2bv1"
+            ]
+        );
+        let params = tasks.get(5).unwrap().params;
+        assert_eq!(params["x"], ParamValue::Text("2".into()));
+        assert_eq!(params["line"], ParamValue::Text("u".into()));
+        assert_eq!(params["n"], ParamValue::Int(1));
+
+        // The runner gets the rows inside the manifest, and reads no file.
+        let json = serde_json::to_vec(&manifest).unwrap();
+        assert_eq!(Manifest::from_json(&json).unwrap(), manifest);
+        let err = Manifest::from_toml(text).unwrap_err();
+        assert_eq!(err.field(), Some("sweep.csv"), "{err}");
+        let err =
+            Manifest::from_toml_reading(&text.replace("l.txt", "gone.txt"), files).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("sweep.lines: gone.txt: no such file"),
+            "{err}"
+        );
+
+        // Rows sent by hand are checked like read ones.
+        let mut broken = manifest.clone();
+        broken.sweep.as_mut().unwrap().tables[0].rows[1].pop();
+        let err = broken.validate().unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("sweep.csv: row 2 has 1 values for 2 columns"),
+            "{err}"
+        );
+        let mut stray = manifest.clone();
+        stray.sweep.as_mut().unwrap().lines = None;
+        let err = stray.validate().unwrap_err();
+        assert_eq!(err.field(), Some("sweep.tables"), "{err}");
+        let err = Manifest::from_toml_reading(&text.replace("l.txt", "p.csv"), files).unwrap_err();
+        assert_eq!(err.field(), Some("sweep.lines"), "{err}");
     }
 }

@@ -3,17 +3,20 @@
 //! A manifest arrives as TOML (from `gleaner submit`) or JSON (published by
 //! hand to `gleaner.submit`). This crate parses it, validates it with errors
 //! that name the offending field, and expands it into its list of tasks. It
-//! does no I/O so that the CLI, the runner and the tests share one definition.
+//! does no I/O (the caller hands it the sweep's data files) so that the CLI,
+//! the runner and the tests share one definition.
 
 mod expand;
 mod job_id;
 mod params;
 mod spec;
+mod table;
 
 pub use expand::{TaskList, TaskSpec};
 pub use job_id::{JobId, JobIdError};
 pub use params::{ParamSpec, ParamValue};
 pub use spec::{Component, JobKind, Manifest, Priority, Sweep, TaskDef, is_env_name};
+pub use table::{LINE, MAX_TABLE_BYTES, Table, is_param_name};
 
 /// Upper bound on the number of tasks of one job; a sweep beyond it is almost
 /// certainly a typo in a range, and would not fit a results directory anyway.
@@ -47,19 +50,69 @@ impl ManifestError {
 }
 
 impl Manifest {
-    /// Parses and validates a TOML manifest.
+    /// Parses and validates a TOML manifest whose data files, if any, were
+    /// read already.
     pub fn from_toml(text: &str) -> Result<Self, ManifestError> {
-        let manifest: Manifest =
-            toml::from_str(text).map_err(|e| ManifestError::Syntax(e.to_string()))?;
-        manifest.validate()?;
-        Ok(manifest)
+        Self::from_toml_reading(text, no_files)
     }
 
-    /// Parses and validates a JSON manifest (the form a user publishes by hand).
+    /// Parses a TOML manifest, reads the sweep's data files through `read`
+    /// (given the name as written; `gleaner submit` reads it relative to
+    /// the manifest) into its rows, and validates the whole.
+    pub fn from_toml_reading(
+        text: &str,
+        read: impl FnMut(&str) -> Result<Vec<u8>, String>,
+    ) -> Result<Self, ManifestError> {
+        let manifest: Manifest =
+            toml::from_str(text).map_err(|e| ManifestError::Syntax(e.to_string()))?;
+        manifest.with_tables(read)
+    }
+
+    /// Parses and validates a JSON manifest (the form a user publishes by
+    /// hand, with any data files' rows in `sweep.tables`).
     pub fn from_json(bytes: &[u8]) -> Result<Self, ManifestError> {
+        Self::from_json_reading(bytes, no_files)
+    }
+
+    /// [`Manifest::from_toml_reading`] for JSON.
+    pub fn from_json_reading(
+        bytes: &[u8],
+        read: impl FnMut(&str) -> Result<Vec<u8>, String>,
+    ) -> Result<Self, ManifestError> {
         let manifest: Manifest = serde_json::from_slice(bytes)
             .map_err(|e| ManifestError::Syntax(format!("invalid JSON manifest: {e}")))?;
-        manifest.validate()?;
-        Ok(manifest)
+        manifest.with_tables(read)
     }
+
+    /// Reads the sweep's data files not read yet, then validates.
+    fn with_tables(
+        mut self,
+        mut read: impl FnMut(&str) -> Result<Vec<u8>, String>,
+    ) -> Result<Self, ManifestError> {
+        if let Some(sweep) = self.sweep.as_mut() {
+            type Parse = fn(&str, &str, &[u8]) -> Result<Table, ManifestError>;
+            let files: [(&str, Option<String>, Parse); 2] = [
+                ("sweep.csv", sweep.csv.clone(), Table::from_csv),
+                ("sweep.lines", sweep.lines.clone(), Table::from_lines),
+            ];
+            for (field, source, parse) in files {
+                let Some(source) = source else { continue };
+                if sweep.table(&source).is_some() {
+                    continue;
+                }
+                let data = read(&source)
+                    .map_err(|e| ManifestError::invalid(field, format!("{source}: {e}")))?;
+                sweep.tables.push(parse(field, &source, &data)?);
+            }
+        }
+        self.validate()?;
+        Ok(self)
+    }
+}
+
+/// The reader of a manifest that arrives without its files.
+fn no_files(name: &str) -> Result<Vec<u8>, String> {
+    Err(format!(
+        "not read (`gleaner submit` reads {name}; a manifest sent otherwise carries its rows in sweep.tables)"
+    ))
 }

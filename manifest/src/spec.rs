@@ -5,7 +5,7 @@ use std::{path::PathBuf, time::Duration};
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
-use crate::{ManifestError, ParamSpec, TaskList, job_id::is_valid_name};
+use crate::{ManifestError, ParamSpec, TaskList, job_id::is_valid_name, table::Table};
 
 fn default_max_attempts() -> u32 {
     3
@@ -87,13 +87,32 @@ pub struct TaskDef {
     pub command: String,
 }
 
-/// A cartesian product of parameters substituted into one command template.
+/// A cartesian product of parameters substituted into one command template:
+/// the rows of a CSV file, the lines of a file, and ranges or lists.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Sweep {
     pub command: String,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
     pub params: IndexMap<String, ParamSpec>,
+    /// A CSV file, relative to the manifest: its header names parameters,
+    /// each row is a task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csv: Option<String>,
+    /// A file of lines, relative to the manifest: each line is a task, as
+    /// `{line}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lines: Option<String>,
+    /// The rows of `csv` and `lines`, read by `gleaner submit`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tables: Vec<Table>,
+}
+
+impl Sweep {
+    /// The rows read from `source`.
+    pub fn table(&self, source: &str) -> Option<&Table> {
+        self.tables.iter().find(|t| t.source == source)
+    }
 }
 
 /// One rigid part of a grid job, run as an ordinary batch job.
@@ -105,6 +124,26 @@ pub struct Component {
 }
 
 impl Manifest {
+    /// A job of this name with every other key at its default (and no
+    /// tasks yet: add them before it is valid).
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            kind: JobKind::default(),
+            priority: None,
+            max_attempts: default_max_attempts(),
+            walltime: None,
+            results: None,
+            env: IndexMap::new(),
+            outputs: Vec::new(),
+            workdir: None,
+            max_launchers: None,
+            tasks: Vec::new(),
+            sweep: None,
+            components: Vec::new(),
+        }
+    }
+
     /// Checks everything that parsing alone cannot. Each error names its field.
     pub fn validate(&self) -> Result<(), ManifestError> {
         if !is_valid_name(&self.name) {

@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_manifest::{JobId, Manifest, TaskList};
+use gleaner_manifest::{JobId, Manifest, TaskList, is_param_name};
 use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
     ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherInfo, LauncherMsg,
@@ -93,13 +93,22 @@ impl TaskMaker {
 
     fn msg(&self, task: u64, attempt: u32, preemptions: u32) -> Option<TaskMsg> {
         let spec = self.tasks.get(task)?;
+        // Each parameter as GLEANER_PARAM_<name> too: a value with spaces
+        // or quotes reaches the task intact through "$GLEANER_PARAM_x".
+        let mut env = self.env.clone();
+        env.extend(
+            spec.params
+                .iter()
+                .filter(|(name, _)| is_param_name(name))
+                .map(|(name, value)| (format!("GLEANER_PARAM_{name}"), value.to_string())),
+        );
         Some(TaskMsg {
             job: self.job.clone(),
             task,
             attempt,
             preemptions,
             command: spec.command,
-            env: self.env.clone(),
+            env,
             walltime_ms: self.walltime_ms,
             outputs: self.outputs.clone(),
             workdir: self.workdir.clone(),
