@@ -94,6 +94,33 @@ command = "if [ -e {m} ]; then echo second time lucky; else touch {m}; exit 1; f
     assert!(stderr.contains("  timed out: task 1\n"), "{stderr}");
     let where_ = g.results_dir(&job).join("tasks/0/stderr");
     assert!(stderr.contains(&where_.display().to_string()), "{stderr}");
+
+    // The index, filtered, and a task's output, from the CLI.
+    let listed = g.run(&[
+        "results",
+        &job,
+        "--status",
+        "failed",
+        "--status",
+        "timed-out",
+        "--json",
+    ]);
+    assert!(listed.status.success(), "{listed:?}");
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).expect("JSON");
+    let tasks: Vec<u64> = listed
+        .as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(|e| e["task"].as_u64())
+        .collect();
+    assert_eq!(tasks, [0, 1]);
+    let table = g.run(&["results", &job]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("timed out"), "{table}");
+    let logs = g.run(&["logs", &job, "0"]);
+    assert_eq!(String::from_utf8_lossy(&logs.stdout), "always failing\n");
+    let none = g.run(&["logs", &job, "7"]);
+    assert_eq!(none.status.code(), Some(1), "task 7 never ends: {none:?}");
 }
 
 /// `submit --array` runs a sweep without a manifest file.
@@ -137,6 +164,15 @@ fn wait_follows_a_running_job_to_its_end() {
     let mut g = gleaner("wait");
     g.up(2);
     let job = g.submit(&sweep("attached", 4, "sleep 1; exit $(( {n} == 3 ))"));
+    let listed = g.run(&["jobs", "--json"]);
+    assert!(
+        String::from_utf8_lossy(&listed.stdout).contains(&job) || {
+            // Not anyone's yet: a moment later it is.
+            std::thread::sleep(Duration::from_secs(2));
+            String::from_utf8_lossy(&g.run(&["jobs", "--json"]).stdout).contains(&job)
+        },
+        "gleaner jobs lists it"
+    );
     let waited = finish(
         g.command(&["wait", &job])
             .stdout(std::process::Stdio::piped())

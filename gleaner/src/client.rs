@@ -341,6 +341,29 @@ impl Watch {
     }
 }
 
+/// Where a running job's results are, as the scheduler knows it.
+pub async fn results_of(settings: &Settings, job: &str) -> Result<Option<String>, CliError> {
+    let connection = connect(settings).await?;
+    let reply: StatusReply = ask(&connection, &RequestMsg::Status {}).await?;
+    Ok(reply
+        .jobs
+        .into_iter()
+        .find(|j| j.job.as_str() == job)
+        .map(|j| j.results))
+}
+
+/// `gleaner jobs`: the user's jobs (`all`: every job the user may see).
+pub async fn jobs(settings: &Settings, all: bool, output: &dyn Output) -> Result<(), CliError> {
+    let connection = connect(settings).await?;
+    let mut reply: StatusReply = ask(&connection, &RequestMsg::Status {}).await?;
+    if !all {
+        let user = connection.user().to_owned();
+        reply.jobs.retain(|j| j.owner == user);
+    }
+    output.jobs(&reply.jobs);
+    Ok(())
+}
+
 pub async fn status(
     settings: &Settings,
     job: Option<&str>,

@@ -1,5 +1,6 @@
 //! `gleaner`: bag-of-tasks work on the idle slots of batch clusters.
 
+mod browse;
 mod client;
 mod error;
 mod output;
@@ -95,6 +96,43 @@ enum Command {
         after_help = "Example:\n  gleaner submit sweep.toml\n  gleaner wait sweep-3fa9c2 && echo all done"
     )]
     Wait { job: String },
+    /// Your jobs that are running: state, progress, launchers.
+    #[command(after_help = "Examples:\n  gleaner jobs\n  gleaner jobs --all --output json")]
+    Jobs {
+        /// Every job you may see (all of them, for admins), not only yours.
+        #[arg(long)]
+        all: bool,
+    },
+    /// A job's results index, filtered by final state.
+    #[command(
+        after_help = "Examples:\n  gleaner results sweep-3fa9c2\n  gleaner results sweep-3fa9c2 --status failed --status timed-out\n  gleaner results sweep-3fa9c2 --output json | jq '.[].task'"
+    )]
+    Results {
+        job: String,
+        /// Only tasks that ended so (repeatable).
+        #[arg(long, value_parser = ["succeeded", "failed", "timed-out", "lost", "cancelled"])]
+        status: Vec<String>,
+        /// The job's results directory, where it is not found by itself.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// A task's captured output (it arrives when the task ends).
+    #[command(
+        after_help = "Examples:\n  gleaner logs sweep-3fa9c2 17\n  gleaner logs sweep-3fa9c2 17 --stderr --follow"
+    )]
+    Logs {
+        job: String,
+        task: u64,
+        /// Its stderr instead of its stdout.
+        #[arg(long)]
+        stderr: bool,
+        /// Wait for the output if the task has not ended yet.
+        #[arg(long)]
+        follow: bool,
+        /// The job's results directory, where it is not found by itself.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Run the scheduler alone.
     #[command(
         after_help = "Example:\n  GLEANER_CONFIG=/etc/gleaner/gleaner.toml gleaner scheduler"
@@ -145,6 +183,9 @@ impl Command {
                 | Self::Status { .. }
                 | Self::Cancel { .. }
                 | Self::Wait { .. }
+                | Self::Jobs { .. }
+                | Self::Results { .. }
+                | Self::Logs { .. }
                 | Self::Simulate { .. }
                 | Self::Completions { .. }
         )
@@ -234,6 +275,17 @@ async fn dispatch(
         }
         Command::Cancel { job } => client::cancel(&settings, &job, output).await,
         Command::Wait { job } => client::wait(&settings, &job, output).await,
+        Command::Jobs { all } => client::jobs(&settings, all, output).await,
+        Command::Results { job, status, dir } => {
+            browse::results(&settings, &job, &status, dir.as_deref(), output).await
+        }
+        Command::Logs {
+            job,
+            task,
+            stderr,
+            follow,
+            dir,
+        } => browse::logs(&settings, &job, task, stderr, follow, dir.as_deref()).await,
         Command::Simulate {
             scenario,
             policy,

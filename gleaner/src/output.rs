@@ -35,6 +35,10 @@ pub trait Output {
     /// The scheduler's picture; `job` when only one job was asked for.
     /// `hosts`: every execution host, not only a count per state.
     fn status(&self, reply: &StatusReply, job: Option<&str>, hosts: bool);
+    /// `gleaner jobs`: these jobs, one line each.
+    fn jobs(&self, jobs: &[JobReport]);
+    /// `gleaner results`: index lines of the job whose results are in `dir`.
+    fn results(&self, dir: &Path, entries: &[serde_json::Value]);
     fn cancel_requested(&self, job: &JobId);
     fn simulation(&self, comparison: &Comparison);
     fn file_written(&self, what: &str, path: &Path);
@@ -85,6 +89,25 @@ impl Output for Cli {
         {
             eprintln!("{which}");
         }
+    }
+
+    fn jobs(&self, jobs: &[JobReport]) {
+        if jobs.is_empty() {
+            eprintln!("no jobs");
+        } else {
+            out(crate::table::jobs(jobs).trim_end());
+        }
+    }
+
+    fn results(&self, dir: &Path, entries: &[serde_json::Value]) {
+        if !entries.is_empty() {
+            out(crate::table::results(entries).trim_end());
+        }
+        eprintln!(
+            "{} tasks; from {}",
+            entries.len(),
+            dir.join("index.jsonl").display()
+        );
     }
 
     fn status(&self, reply: &StatusReply, job: Option<&str>, hosts: bool) {
@@ -162,6 +185,14 @@ impl Output for Json {
         Self::print(reply);
     }
 
+    fn jobs(&self, jobs: &[JobReport]) {
+        Self::print(&jobs);
+    }
+
+    fn results(&self, _dir: &Path, entries: &[serde_json::Value]) {
+        Self::print(&entries);
+    }
+
     fn cancel_requested(&self, job: &JobId) {
         out(serde_json::json!({ "job": job.as_str(), "cancel": "requested" }));
     }
@@ -193,6 +224,10 @@ impl Output for Quiet {
     fn job_ended(&self, _report: &JobReport) {}
 
     fn status(&self, _reply: &StatusReply, _job: Option<&str>, _hosts: bool) {}
+
+    fn jobs(&self, _jobs: &[JobReport]) {}
+
+    fn results(&self, _dir: &Path, _entries: &[serde_json::Value]) {}
 
     fn cancel_requested(&self, _job: &JobId) {}
 

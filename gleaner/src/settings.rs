@@ -248,6 +248,13 @@ impl Settings {
         }
     }
 
+    /// The broker user these settings log in as.
+    pub fn broker_user(&self) -> String {
+        gleaner_broker::Broker::new(&self.broker_urls(), "cli")
+            .map(|broker| broker.user().to_owned())
+            .unwrap_or_default()
+    }
+
     /// The deployment's name: the same whichever order its broker's
     /// addresses are listed in.
     fn deployment(&self) -> String {

@@ -229,6 +229,40 @@ pub fn placement(p: &GridPlacement) -> String {
     )
 }
 
+/// Index lines of `gleaner results`.
+pub fn results(entries: &[serde_json::Value]) -> String {
+    let text = |v: &serde_json::Value| match v {
+        serde_json::Value::Null => "-".to_owned(),
+        serde_json::Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let rows = entries.iter().map(|e| {
+        vec![
+            text(&e["task"]),
+            text(&e["status"]).replace('_', " "),
+            text(&e["exit_code"]),
+            text(&e["attempts"]),
+            e["runtime_s"]
+                .as_f64()
+                .map_or_else(|| "-".to_owned(), |s| format!("{s:.1}")),
+            text(&e["host"]),
+            text(&e["command"]),
+        ]
+    });
+    table(
+        &[
+            "TASK",
+            "STATUS",
+            "EXIT",
+            "ATTEMPTS",
+            "RUNTIME_S",
+            "HOST",
+            "COMMAND",
+        ],
+        rows,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use gleaner_protocol::ClusterReport;
