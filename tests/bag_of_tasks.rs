@@ -128,14 +128,9 @@ command = "if [ -e {m} ]; then echo second time lucky; else touch {m}; exit 1; f
 fn an_array_sweep_needs_no_manifest() {
     let mut g = gleaner("array");
     g.up(2);
-    let waiting = g
-        .command(&[
-            "submit", "--array", "3-9:3", "--wait", "--", "echo", "seed={i}", "a  b",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("submit");
+    let waiting = g.client(&[
+        "submit", "--array", "3-9:3", "--wait", "--", "echo", "seed={i}", "a  b",
+    ]);
     let output = finish_all_succeeded(waiting, 3, 2 * MINUTE);
     let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     assert!(job.starts_with("echo-"), "named after its program: {job}");
@@ -173,14 +168,7 @@ fn wait_follows_a_running_job_to_its_end() {
         },
         "gleaner jobs lists it"
     );
-    let waited = finish(
-        g.command(&["wait", &job])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("wait"),
-        2 * MINUTE,
-    );
+    let waited = finish(g.client(&["wait", &job]), 2 * MINUTE);
     let said = String::from_utf8_lossy(&waited.stderr);
     assert_eq!(
         waited.status.code(),
@@ -349,12 +337,7 @@ params = { n = [1, 2] }
 "#,
     );
     g.up(2);
-    let waiting = g
-        .command(&["submit", manifest.to_str().expect("path"), "--wait"])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("submit");
+    let waiting = g.client(&["submit", manifest.to_str().expect("path"), "--wait"]);
     let output = finish_all_succeeded(waiting, 12, 3 * MINUTE);
     let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     let tasks = by_task(&g.index(&job));

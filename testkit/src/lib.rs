@@ -399,12 +399,18 @@ impl Gleaner {
     /// `gleaner submit --wait` as a child, to be waited for later.
     pub fn submit_waiting(&self, manifest: &str) -> Child {
         let path = self.write(&format!("job-{}.toml", rand_suffix()), manifest);
-        self.command(&["submit", path.to_str().unwrap(), "--wait"])
+        self.client(&["submit", path.to_str().unwrap(), "--wait"])
+    }
+
+    /// A client command as a child with its output piped, to be waited for
+    /// later ([`finish`]).
+    pub fn client(&self, args: &[&str]) -> Child {
+        self.command(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .expect("submit --wait")
+            .expect("start gleaner")
     }
 
     pub fn results_dir(&self, job: &str) -> PathBuf {
