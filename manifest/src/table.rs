@@ -78,7 +78,7 @@ impl Table {
     }
 
     /// A file of lines, one task per line; blank lines are skipped, and so
-    /// is a `\r` before the newline.
+    /// are a `\r` before the newline and a byte-order mark.
     pub fn from_lines(field: &str, source: &str, data: &[u8]) -> Result<Self, ManifestError> {
         check_size(field, source, data)?;
         let text = std::str::from_utf8(data).map_err(|e| {
@@ -90,6 +90,8 @@ impl Table {
             ManifestError::invalid(field, format!("{source} line {line}: not UTF-8 text"))
         })?;
         let rows: Vec<Vec<String>> = text
+            .strip_prefix('\u{feff}')
+            .unwrap_or(text)
             .lines()
             .filter(|line| !line.trim().is_empty())
             .map(|line| vec![line.to_owned()])
@@ -191,8 +193,17 @@ mod tests {
     }
 
     #[test]
+    fn a_spreadsheets_csv_is_read_as_written() {
+        // A byte-order mark, CRLF line ends and a blank last line.
+        let t = Table::from_csv("sweep.csv", "p.csv", b"\xef\xbb\xbfa,b\r\n1,2\r\n\r\n").unwrap();
+        assert_eq!(t.columns, ["a", "b"]);
+        assert_eq!(t.rows, [vec!["1", "2"]]);
+    }
+
+    #[test]
     fn a_file_of_lines_gives_one_row_per_line() {
-        let t = Table::from_lines("sweep.lines", "in.txt", b"a b\r\n\n  \nc\n").unwrap();
+        let t =
+            Table::from_lines("sweep.lines", "in.txt", b"\xef\xbb\xbfa b\r\n\n  \nc\n").unwrap();
         assert_eq!(t.columns, [LINE]);
         assert_eq!(t.rows, [vec!["a b"], vec!["c"]]);
         let err = Table::from_lines("sweep.lines", "in.txt", b"ok\n\xff\n").unwrap_err();
