@@ -152,6 +152,53 @@ fn an_array_sweep_needs_no_manifest() {
     }
 }
 
+/// A final step runs once, after the last task, and sees every task's
+/// output; its outcome is in `job.json` and decides the exit code.
+#[test]
+fn the_final_step_runs_after_every_task_and_sees_their_output() {
+    let mut g = gleaner("final");
+    g.up(3);
+    let manifest = r#"name = "merge"
+[sweep]
+command = "sleep 0.{n}; echo {n}"
+params = { n = { from = 1, to = 6 } }
+[final]
+command = "cat \"$GLEANER_RESULTS\"/tasks/*/stdout | sort -n | tr '\\n' ' '; wc -l < \"$GLEANER_RESULTS/index.jsonl\""
+"#;
+    let output = finish_all_succeeded(g.submit_waiting(manifest), 6, 2 * MINUTE);
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let merged =
+        std::fs::read_to_string(g.results_dir(&job).join("final/stdout")).unwrap_or_default();
+    assert_eq!(
+        merged, "1 2 3 4 5 6 6\n",
+        "every task's output, and all 6 indexed"
+    );
+    assert_eq!(
+        g.index(&job).len(),
+        6,
+        "the final step is no task of the index"
+    );
+    let file = g.job_file(&job).expect("job.json");
+    assert_eq!(file["final"]["status"], "succeeded", "{file}");
+    assert_eq!(file["tasks"]["total"], 6, "{file}");
+
+    // A final step that keeps failing fails the job, after its retries.
+    let failing = "name = \"broken\"\nmax_attempts = 2\n[[task]]\ncommand = \"true\"\n[final]\ncommand = \"echo merging; exit 3\"\n";
+    let output = finish(g.submit_waiting(failing), 2 * MINUTE);
+    let said = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{said}");
+    assert!(said.contains("1 of 1 tasks succeeded"), "{said}");
+    assert!(
+        said.contains("the final step failed (exit code 3) after 2 attempts"),
+        "{said}"
+    );
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    assert_eq!(
+        std::fs::read_to_string(g.results_dir(&job).join("final/stdout")).unwrap_or_default(),
+        "merging\n"
+    );
+}
+
 /// `gleaner wait` attaches to a job submitted without `--wait`, as
 /// `submit --wait` would have followed it, exit code included.
 #[test]

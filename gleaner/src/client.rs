@@ -307,7 +307,7 @@ impl Watch {
                     progress.finish(&report);
                     output.job_ended(&report);
                     let t = report.tasks;
-                    break if t.succeeded == t.total {
+                    break if t.succeeded == t.total && report.problem.is_none() {
                         Ok(())
                     } else {
                         Err(CliError::Unsuccessful(None))

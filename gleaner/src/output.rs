@@ -89,6 +89,9 @@ impl Output for Cli {
         {
             eprintln!("{which}");
         }
+        if let Some(problem) = &report.problem {
+            eprintln!("{}: {problem}", report.job);
+        }
     }
 
     fn jobs(&self, jobs: &[JobReport]) {

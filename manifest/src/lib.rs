@@ -15,7 +15,9 @@ mod table;
 pub use expand::{TaskList, TaskSpec};
 pub use job_id::{JobId, JobIdError};
 pub use params::{ParamSpec, ParamValue};
-pub use spec::{Component, JobKind, Manifest, Priority, Sweep, TaskDef, is_env_name};
+pub use spec::{
+    Component, FinalStep, FinalWhen, JobKind, Manifest, Priority, Sweep, TaskDef, is_env_name,
+};
 pub use table::{LINE, MAX_TABLE_BYTES, Table, is_param_name};
 
 /// Upper bound on the number of tasks of one job; a sweep beyond it is almost

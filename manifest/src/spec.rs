@@ -43,6 +43,29 @@ pub struct Manifest {
     pub sweep: Option<Sweep>,
     #[serde(default, rename = "component", skip_serializing_if = "Vec::is_empty")]
     pub components: Vec<Component>,
+    /// Run once after every task has a final state (a merge step).
+    #[serde(default, rename = "final", skip_serializing_if = "Option::is_none")]
+    pub final_step: Option<FinalStep>,
+}
+
+/// `[final]`: a command run once, like a task, after every task has a
+/// final state, with the results directory as `GLEANER_RESULTS`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FinalStep {
+    pub command: String,
+    #[serde(default)]
+    pub when: FinalWhen,
+}
+
+/// Whether the final step runs when some task did not succeed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FinalWhen {
+    /// Only if every task succeeded; otherwise it is skipped.
+    #[default]
+    AllSucceeded,
+    Always,
 }
 
 /// Scavenging jobs grow and shrink over idle slots; grid jobs are rigid and
@@ -141,6 +164,7 @@ impl Manifest {
             tasks: Vec::new(),
             sweep: None,
             components: Vec::new(),
+            final_step: None,
         }
     }
 
@@ -219,6 +243,13 @@ impl Manifest {
                 "must be at least 1 (leave it out for no limit)",
             ));
         }
+        if self
+            .final_step
+            .as_ref()
+            .is_some_and(|f| f.command.trim().is_empty())
+        {
+            return Err(ManifestError::invalid("final.command", "is empty"));
+        }
         for (i, task) in self.tasks.iter().enumerate() {
             if task.command.trim().is_empty() {
                 return Err(ManifestError::invalid(
@@ -248,6 +279,12 @@ impl Manifest {
             return Err(ManifestError::invalid(
                 "task",
                 "grid jobs run [[component]] entries, not tasks",
+            ));
+        }
+        if self.final_step.is_some() {
+            return Err(ManifestError::invalid(
+                "final",
+                "a final step follows the tasks of a sweep; grid jobs have none",
             ));
         }
         if self.components.is_empty() {

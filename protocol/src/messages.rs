@@ -190,6 +190,12 @@ impl TaskCounts {
     pub fn unfinished(&self) -> u64 {
         self.total.saturating_sub(self.finished())
     }
+
+    /// Work that holds or wants a slot: pending and running, which for a
+    /// job with a final step counts the step too (not one of `total`).
+    pub fn to_run(&self) -> u64 {
+        self.pending.saturating_add(self.running)
+    }
 }
 
 /// A runner's view of one job.

@@ -19,6 +19,19 @@ pub enum FinalStatus {
     Cancelled,
 }
 
+impl FinalStatus {
+    /// As the index and `job.json` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Succeeded => "succeeded",
+            Self::Failed => "failed",
+            Self::TimedOut => "timed_out",
+            Self::Lost => "lost",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
 impl From<RunStatus> for FinalStatus {
     fn from(status: RunStatus) -> Self {
         match status {

@@ -43,6 +43,8 @@ pub enum Effect<'r> {
     /// Writes a run's captured output under `tasks/<task>/`. Borrowed from
     /// the batch being handled: outputs can be large.
     WriteOutputs(Cow<'r, ResultMsg>),
+    /// Writes a run of the final step's captured output under `final/`.
+    WriteFinalOutputs(Cow<'r, ResultMsg>),
     /// Appends these lines to the index, then makes everything written so
     /// far durable (even with no lines: outputs may have been written).
     Record(Vec<IndexEntry>),

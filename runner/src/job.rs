@@ -390,7 +390,11 @@ impl<C: JobCore> Job<C> {
                 }
                 Effect::WriteOutputs(result) => self
                     .results
-                    .write_outputs(&result)
+                    .write_outputs(&result, false)
+                    .map_err(|e| self.io_error(e))?,
+                Effect::WriteFinalOutputs(result) => self
+                    .results
+                    .write_outputs(&result, true)
                     .map_err(|e| self.io_error(e))?,
                 Effect::Record(entries) => {
                     if !entries.is_empty() {

@@ -15,7 +15,7 @@ use std::{
 use gleaner_manifest::{Component, JobId, Manifest, ParamValue};
 use gleaner_protocol::{
     ClusterName, ControlMsg, Credentials, Event, JobReport, JobState, KcmMsg, ResultMsg,
-    SchedulerMsg, Submission, TaskMsg,
+    SchedulerMsg, Submission, TaskCounts, TaskMsg,
 };
 use indexmap::IndexMap;
 use tracing::info;
@@ -23,7 +23,7 @@ use tracing::info;
 use crate::{
     book::{FinalStatus, TaskBook},
     effect::{Effect, Followup, Now},
-    records::{IndexEntry, JobFile},
+    records::{FinalOutcome, IndexEntry, JobFile},
 };
 
 /// Settings every job controller of a runner shares: keys of `[runner]`,
@@ -112,13 +112,20 @@ pub struct Ledger {
     reported: Option<(u64, u64)>,
     /// Given to kcms with each grow, for the launchers to connect as.
     pub launcher_credentials: Option<Credentials>,
+    /// The manifest's final step, kept in the book as one entry beyond the
+    /// tasks (so that it is retried and counted like one), but recorded in
+    /// `job.json`, not the index.
+    pub final_task: Option<u64>,
 }
 
 impl Ledger {
-    /// Opens a job of `total` tasks from what its results directory holds.
+    /// Opens a job of `total` tasks (and its final step, if it has one)
+    /// from what its results directory holds.
     pub fn open(opening: Opening<'_>, total: u64, now: Now) -> Result<Self, Refusal> {
         let submission = opening.submission;
-        let mut book = TaskBook::new(total, submission.manifest.max_attempts);
+        let final_task = submission.manifest.final_step.as_ref().map(|_| total);
+        let entries = total + u64::from(final_task.is_some());
+        let mut book = TaskBook::new(entries, submission.manifest.max_attempts);
         for (task, status) in opening.finished {
             book.finish(task, status);
         }
@@ -146,9 +153,14 @@ impl Ledger {
             tasks_published: false,
             components: Vec::new(),
             restarts: 0,
+            final_published: false,
+            final_step: None,
         });
         // A job.json from before owners were recorded names none.
         file.owner.clone_from(&opening.owner);
+        if let (Some(task), Some(outcome)) = (final_task, &file.final_step) {
+            book.finish(task, outcome.book_status());
+        }
         Ok(Self {
             id: submission.job.clone(),
             manifest: submission.manifest.clone(),
@@ -160,7 +172,29 @@ impl Ledger {
             clusters: BTreeSet::new(),
             reported: None,
             launcher_credentials: opening.launcher_credentials,
+            final_task,
         })
+    }
+
+    /// The tasks' counts. A final step is left out of them once it ended;
+    /// until then it counts as pending or running work, which the scheduler
+    /// must find a slot for, but not in `total`.
+    pub fn counts(&self) -> TaskCounts {
+        let mut counts = self.book.counts();
+        if self.final_task.is_some() {
+            counts.total = counts.total.saturating_sub(1);
+            if let Some(outcome) = &self.file.final_step {
+                let counter = match outcome.book_status() {
+                    FinalStatus::Succeeded => &mut counts.succeeded,
+                    FinalStatus::Failed => &mut counts.failed,
+                    FinalStatus::TimedOut => &mut counts.timed_out,
+                    FinalStatus::Lost => &mut counts.lost,
+                    FinalStatus::Cancelled => &mut counts.cancelled,
+                };
+                *counter = counter.saturating_sub(1);
+            }
+        }
+        counts
     }
 
     /// The job ended before (a runner died while winding it up): only the
@@ -183,6 +217,7 @@ impl Ledger {
         now: Now,
     ) -> JobReport {
         self.book.set_running(running);
+        let tasks = self.counts();
         let age = Duration::from_millis(now.wall_ms.saturating_sub(self.file.started_at));
         let span = age.min(THROUGHPUT_WINDOW).as_secs_f64().max(1.0);
         JobReport {
@@ -192,7 +227,7 @@ impl Ledger {
             priority: self.manifest.effective_priority(),
             state: self.file.state,
             runner: self.file.runner.clone(),
-            tasks: self.book.counts(),
+            tasks,
             launchers,
             throughput: finished_recently as f64 / span,
             preemptions: self.preemptions,
@@ -290,7 +325,7 @@ pub trait JobCore {
     fn job_file(&self) -> JobFile {
         let ledger = self.ledger();
         JobFile {
-            tasks: ledger.book.counts(),
+            tasks: ledger.counts(),
             duplicates: ledger.book.duplicates(),
             preemptions: ledger.preemptions,
             ..ledger.file.clone()
@@ -299,14 +334,22 @@ pub trait JobCore {
 
     /// Gives every task without a final state this one, durably.
     fn finish_unfinished(&mut self, status: FinalStatus) -> Effect<'static> {
+        let final_task = self.ledger().final_task;
         let entries: Vec<IndexEntry> = self
             .ledger()
             .book
             .unfinished()
+            .filter(|task| Some(*task) != final_task)
             .map(|task| self.entry(task, status, None))
             .collect();
+        let ledger = self.ledger_mut();
         for entry in &entries {
-            self.ledger_mut().book.finish(entry.task, status);
+            ledger.book.finish(entry.task, status);
+        }
+        if let Some(task) = final_task
+            && ledger.book.finish(task, status)
+        {
+            ledger.file.final_step = Some(FinalOutcome::of(status, None));
         }
         Effect::Record(entries)
     }
@@ -340,7 +383,7 @@ pub trait JobCore {
         file.state = state;
         file.finished_at = Some(now.wall_ms);
         file.makespan_s = Some(now.wall_ms.saturating_sub(file.submitted_at) as f64 / 1000.0);
-        let counts = ledger.book.counts();
+        let counts = ledger.counts();
         info!(
             job = %ledger.id,
             ?state,
@@ -350,7 +393,8 @@ pub trait JobCore {
             lost = counts.lost,
             cancelled = counts.cancelled,
             duplicates = ledger.book.duplicates(),
-            makespan_s = file.makespan_s,
+            makespan_s = ledger.file.makespan_s,
+            final_step = ledger.file.final_step.as_ref().map(|f| f.status.as_str()),
             "job ended"
         );
         vec![Effect::SaveJobFile]
@@ -362,7 +406,21 @@ pub trait JobCore {
     /// queue can take seconds, and nobody should wait for that.
     fn wind_up(&mut self, now: Now) -> Vec<Effect<'static>> {
         let clusters = self.clusters();
-        let report = self.standing(now);
+        let mut report = self.standing(now);
+        // A final step that failed fails the job, tasks' success or not.
+        if let Some(outcome) = &self.ledger().file.final_step
+            && matches!(outcome.status.as_str(), "failed" | "timed_out" | "lost")
+        {
+            report.problem = Some(format!(
+                "the final step {} (exit code {}) after {} attempts; its output is in {}/final",
+                outcome.status.replace('_', " "),
+                outcome
+                    .exit_code
+                    .map_or_else(|| "none".to_owned(), |c| c.to_string()),
+                outcome.attempts,
+                report.results
+            ));
+        }
         let job = self.ledger().id.clone();
         let mut effects = vec![Effect::ToScheduler(SchedulerMsg::JobDone {
             job: job.clone(),

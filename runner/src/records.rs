@@ -55,6 +55,65 @@ pub struct JobFile {
     /// not start, or died with its host), each followed by a new placement.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub restarts: u32,
+    /// The final step was published (after every task ended); a resumed
+    /// job need not publish it again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub final_published: bool,
+    /// How the manifest's final step ended, once it has.
+    #[serde(default, rename = "final", skip_serializing_if = "Option::is_none")]
+    pub final_step: Option<FinalOutcome>,
+}
+
+/// The final step's end: like a task's index line, or `skipped` (when it
+/// runs only if every task succeeded, and one did not).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FinalOutcome {
+    /// `succeeded`, `failed`, `timed_out`, `lost`, `cancelled` or `skipped`.
+    pub status: String,
+    pub exit_code: Option<i32>,
+    pub attempts: u32,
+    pub runtime_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
+impl FinalOutcome {
+    /// Its end, with its last run if it had one.
+    pub fn of(status: FinalStatus, run: Option<&gleaner_protocol::ResultMsg>) -> Self {
+        Self {
+            status: status.name().to_owned(),
+            exit_code: run.and_then(|r| r.exit_code),
+            attempts: run.map_or(0, |r| r.attempt),
+            runtime_s: run.map_or(0.0, |r| r.runtime_ms as f64 / 1000.0),
+            host: run.map(|r| r.host.clone()).filter(|h| !h.is_empty()),
+        }
+    }
+
+    /// Not run: not every task succeeded.
+    pub fn skipped() -> Self {
+        Self {
+            status: "skipped".to_owned(),
+            exit_code: None,
+            attempts: 0,
+            runtime_s: 0.0,
+            host: None,
+        }
+    }
+
+    pub fn succeeded(&self) -> bool {
+        self.status == "succeeded"
+    }
+
+    /// The book's final state for the step.
+    pub fn book_status(&self) -> FinalStatus {
+        match self.status.as_str() {
+            "succeeded" => FinalStatus::Succeeded,
+            "timed_out" => FinalStatus::TimedOut,
+            "lost" => FinalStatus::Lost,
+            "failed" => FinalStatus::Failed,
+            _ => FinalStatus::Cancelled,
+        }
+    }
 }
 
 fn is_zero(n: &u32) -> bool {

@@ -64,12 +64,19 @@ impl ResultsDir {
     /// replacing what an earlier attempt left. A task that produced nothing
     /// gets no directory: a million silent tasks should not cost the
     /// filesystem three million inodes.
-    pub fn write_outputs(&self, result: &ResultMsg) -> io::Result<()> {
-        as_account(self.account.as_ref(), || self.write_outputs_here(result))
+    /// Under `tasks/<task>/`, or `final/` for the final step.
+    pub fn write_outputs(&self, result: &ResultMsg, final_step: bool) -> io::Result<()> {
+        let dir = match final_step {
+            true => self.root.join("final"),
+            false => self.root.join("tasks").join(result.task.to_string()),
+        };
+        as_account(self.account.as_ref(), || {
+            self.write_outputs_here(result, &dir)
+        })
     }
 
-    fn write_outputs_here(&self, result: &ResultMsg) -> io::Result<()> {
-        let dir = self.root.join("tasks").join(result.task.to_string());
+    fn write_outputs_here(&self, result: &ResultMsg, dir: &std::path::Path) -> io::Result<()> {
+        let dir = dir.to_owned();
         match std::fs::remove_dir_all(&dir) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
             _ => {}
@@ -322,7 +329,7 @@ mod tests {
             ],
             error: None,
         };
-        results.write_outputs(&result).unwrap();
+        results.write_outputs(&result, false).unwrap();
         let task = dir.path().join("tasks/7");
         let stdout = std::fs::read_to_string(task.join("stdout")).unwrap();
         assert!(
@@ -345,7 +352,7 @@ mod tests {
             outputs: vec![],
             ..result
         };
-        results.write_outputs(&silent).unwrap();
+        results.write_outputs(&silent, false).unwrap();
         assert!(
             !dir.path().join("tasks/8").exists(),
             "no output, no directory"
@@ -374,6 +381,8 @@ mod tests {
             tasks_published: true,
             components: vec![Some("c1".into()), None],
             restarts: 1,
+            final_published: false,
+            final_step: None,
         };
         results.write_job_file(&file).unwrap();
         assert_eq!(results.read_job_file(), Some(file));

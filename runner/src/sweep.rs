@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_manifest::{JobId, Manifest, TaskList, is_param_name};
+use gleaner_manifest::{FinalWhen, JobId, Manifest, TaskList, is_param_name};
 use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
     ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherInfo, LauncherMsg,
@@ -29,7 +29,7 @@ use crate::{
     effect::{Effect, Followup, Now},
     job_core::{JobCore, Ledger, Opening, Refusal, THROUGHPUT_WINDOW, index_entry},
     launchers::LauncherTable,
-    records::IndexEntry,
+    records::{FinalOutcome, IndexEntry},
 };
 
 /// How long an unfulfilled shrink waits for launchers to stop; the
@@ -69,6 +69,10 @@ impl ShrinkOrder {
 struct TaskMaker {
     job: JobId,
     tasks: TaskList,
+    /// The final step's number (one past the tasks) and its command.
+    final_step: Option<(u64, String)>,
+    /// `GLEANER_RESULTS` of the final step.
+    results: String,
     env: Vec<(String, String)>,
     walltime_ms: Option<u64>,
     outputs: Vec<String>,
@@ -76,10 +80,15 @@ struct TaskMaker {
 }
 
 impl TaskMaker {
-    fn new(job: JobId, manifest: &Manifest, tasks: TaskList) -> Self {
+    fn new(job: JobId, manifest: &Manifest, tasks: TaskList, results: String) -> Self {
         Self {
             job,
+            final_step: manifest
+                .final_step
+                .as_ref()
+                .map(|f| (tasks.len(), f.command.clone())),
             tasks,
+            results,
             env: manifest
                 .env
                 .iter()
@@ -92,6 +101,24 @@ impl TaskMaker {
     }
 
     fn msg(&self, task: u64, attempt: u32, preemptions: u32) -> Option<TaskMsg> {
+        if let Some((number, command)) = &self.final_step
+            && *number == task
+        {
+            let mut env = self.env.clone();
+            env.push(("GLEANER_RESULTS".to_owned(), self.results.clone()));
+            env.push(("GLEANER_FINAL".to_owned(), "1".to_owned()));
+            return Some(TaskMsg {
+                job: self.job.clone(),
+                task,
+                attempt,
+                preemptions,
+                command: command.clone(),
+                env,
+                walltime_ms: self.walltime_ms,
+                outputs: self.outputs.clone(),
+                workdir: self.workdir.clone(),
+            });
+        }
         let spec = self.tasks.get(task)?;
         // Each parameter as GLEANER_PARAM_<name> too: a value with spaces
         // or quotes reaches the task intact through "$GLEANER_PARAM_x".
@@ -153,7 +180,17 @@ pub struct Sweep {
 impl Sweep {
     pub fn open(opening: Opening<'_>, tasks: TaskList, now: Now) -> Result<Self, Refusal> {
         let ledger = Ledger::open(opening, tasks.len(), now)?;
-        let tasks = Arc::new(TaskMaker::new(ledger.id.clone(), &ledger.manifest, tasks));
+        // The final step runs elsewhere, in a sandbox of its own.
+        let results = std::path::absolute(&ledger.file.results)
+            .unwrap_or_else(|_| ledger.file.results.clone().into())
+            .display()
+            .to_string();
+        let tasks = Arc::new(TaskMaker::new(
+            ledger.id.clone(),
+            &ledger.manifest,
+            tasks,
+            results,
+        ));
         Ok(Self {
             ledger,
             tasks,
@@ -161,6 +198,62 @@ impl Sweep {
             owed: Vec::new(),
             recent: VecDeque::new(),
         })
+    }
+
+    /// Publishes the final step once every task has a final state (or,
+    /// when it runs only after success and a task failed, skips it).
+    fn final_step_due(&mut self) -> Vec<Effect<'static>> {
+        let ledger = &mut self.ledger;
+        let (Some(task), Some(step)) = (ledger.final_task, ledger.manifest.final_step.as_ref())
+        else {
+            return Vec::new();
+        };
+        if ledger.file.final_published
+            || ledger.book.is_finished(task)
+            || ledger.book.unfinished().any(|t| t != task)
+        {
+            return Vec::new();
+        }
+        let counts = ledger.counts();
+        if step.when == FinalWhen::AllSucceeded && counts.succeeded < counts.total {
+            info!(job = %ledger.id, succeeded = counts.succeeded, total = counts.total, "final step skipped: not every task succeeded");
+            ledger.book.finish(task, FinalStatus::Cancelled);
+            ledger.file.final_step = Some(FinalOutcome::skipped());
+            return vec![Effect::SaveJobFile];
+        }
+        info!(job = %ledger.id, "every task ended: final step published");
+        ledger.file.final_published = true;
+        vec![
+            Effect::Publish(self.tasks.msg(task, 1, 0).into_iter().collect()),
+            Effect::SaveJobFile,
+        ]
+    }
+
+    /// A run of the final step: its outputs under `final/`, its end in
+    /// `job.json`, or another attempt.
+    fn on_final_result<'r>(
+        &mut self,
+        result: &'r ResultMsg,
+        retries: &mut Vec<TaskMsg>,
+    ) -> Vec<Effect<'r>> {
+        let job = &self.ledger.id;
+        match self.ledger.book.judge(result) {
+            Verdict::Final(status) => {
+                info!(job = %job, status = status.name(), exit_code = ?result.exit_code, attempt = result.attempt, "final step ended");
+                self.ledger.book.finish(result.task, status);
+                self.ledger.file.final_step = Some(FinalOutcome::of(status, Some(result)));
+                vec![
+                    Effect::WriteFinalOutputs(Cow::Borrowed(result)),
+                    Effect::SaveJobFile,
+                ]
+            }
+            Verdict::Retry { attempt } => {
+                info!(job = %job, attempt, status = ?result.status, exit_code = ?result.exit_code, "final step failed; retrying");
+                retries.extend(self.tasks.msg(result.task, attempt, result.preemptions));
+                vec![Effect::WriteFinalOutputs(Cow::Borrowed(result))]
+            }
+            Verdict::Duplicate => Vec::new(),
+        }
     }
 
     /// Accepts as many offered slots as there are tasks to keep them busy.
@@ -291,13 +384,20 @@ impl JobCore for Sweep {
             info!(job = %self.ledger.id, finished = counts.finished(), total = counts.total, "job resumed");
         } else {
             effects.push(Effect::PurgeTasks);
+            let final_task = self.ledger.final_task;
             effects.push(Effect::PublishFirst(FirstAttempts {
                 maker: self.tasks.clone(),
-                tasks: self.ledger.book.unfinished().collect(),
+                tasks: self
+                    .ledger
+                    .book
+                    .unfinished()
+                    .filter(|task| Some(*task) != final_task)
+                    .collect(),
             }));
             self.ledger.file.tasks_published = true;
         }
         self.ledger.file.state = JobState::Running;
+        effects.extend(self.final_step_due());
         effects.extend([Effect::SaveJobFile, Effect::Report]);
         effects
     }
@@ -314,6 +414,10 @@ impl JobCore for Sweep {
         for result in batch {
             if result.job != job {
                 warn!(job = %job, other = %result.job, "result of another job ignored");
+                continue;
+            }
+            if Some(result.task) == self.ledger.final_task {
+                effects.extend(self.on_final_result(result, &mut retries));
                 continue;
             }
             match self.ledger.book.judge(result) {
@@ -339,6 +443,8 @@ impl JobCore for Sweep {
             effects.push(Effect::Publish(retries));
         }
         effects.push(Effect::Record(entries));
+        // After the record: the final step sees every task's output.
+        effects.extend(self.final_step_due());
         effects
     }
 
@@ -346,12 +452,22 @@ impl JobCore for Sweep {
         if task.job != self.ledger.id || self.ledger.book.is_finished(task.task) {
             return Vec::new();
         }
+        if Some(task.task) == self.ledger.final_task {
+            warn!(job = %self.ledger.id, attempt = task.attempt, "final step lost: its launchers died every time it ran");
+            self.ledger.book.finish(task.task, FinalStatus::Lost);
+            let mut outcome = FinalOutcome::of(FinalStatus::Lost, None);
+            outcome.attempts = task.attempt;
+            self.ledger.file.final_step = Some(outcome);
+            return vec![Effect::SaveJobFile];
+        }
         warn!(job = %self.ledger.id, task = task.task, attempt = task.attempt, "task lost: its launchers died every time it ran");
         let mut entry = self.entry(task.task, FinalStatus::Lost, None);
         entry.attempts = task.attempt;
         entry.preemptions = task.preemptions;
         self.ledger.book.finish(task.task, FinalStatus::Lost);
-        vec![Effect::Record(vec![entry])]
+        let mut effects = vec![Effect::Record(vec![entry])];
+        effects.extend(self.final_step_due());
+        effects
     }
 
     fn on_control(&mut self, msg: ControlMsg, now: Now) -> Vec<Effect<'static>> {
@@ -1130,5 +1246,153 @@ mod tests {
             sweep.report(at(t0, 4))[1],
             Effect::Event(gleaner_protocol::Event::Progress(ref report)) if report.tasks.succeeded == 1
         ));
+    }
+
+    /// A sweep of two tasks with a final step, `when` it runs.
+    fn with_final(when: &str, t0: Instant) -> (Sweep, Vec<Effect<'static>>) {
+        let text = format!(
+            "{}[final]\ncommand = \"merge\"\nwhen = \"{when}\"\n",
+            manifest(2, 2)
+        );
+        let submission = submission(&text);
+        let mut sweep = Sweep::open(
+            opening(&submission, vec![], None),
+            tasks_of(&submission),
+            at(t0, 0),
+        )
+        .unwrap();
+        let effects = sweep.start();
+        (sweep, effects)
+    }
+
+    fn published(effects: &[Effect<'_>]) -> Vec<TaskMsg> {
+        effects
+            .iter()
+            .flat_map(|e| match e {
+                Effect::Publish(tasks) => tasks.clone(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_final_step_runs_after_the_last_task_and_is_retried_like_one() {
+        let t0 = Instant::now();
+        let (mut sweep, effects) = with_final("all-succeeded", t0);
+        let first = effects.iter().find_map(|e| match e {
+            Effect::PublishFirst(first) => Some(first.tasks().to_vec()),
+            _ => None,
+        });
+        assert_eq!(first, Some(vec![0, 1]), "the final step waits");
+        assert_eq!(sweep.standing(at(t0, 1)).tasks.to_run(), 3);
+        assert!(
+            published(&sweep.on_results([&result(0, 1, RunStatus::Succeeded)], at(t0, 1)))
+                .is_empty()
+        );
+        let run = result(1, 1, RunStatus::Succeeded);
+        let effects = sweep.on_results([&run], at(t0, 2));
+        let [step] = &published(&effects)[..] else {
+            panic!("{effects:?}")
+        };
+        assert_eq!(
+            (step.task, step.attempt, step.command.as_str()),
+            (2, 1, "merge")
+        );
+        assert!(
+            step.env
+                .iter()
+                .any(|(k, v)| k == "GLEANER_RESULTS" && v.starts_with('/'))
+        );
+        let record = effects.iter().position(|e| matches!(e, Effect::Record(_)));
+        let publish = effects.iter().position(|e| matches!(e, Effect::Publish(_)));
+        assert!(record < publish, "every task's output is recorded first");
+        assert_eq!(sweep.ending(), None, "not before the final step ends");
+        let report = sweep.standing(at(t0, 2));
+        assert_eq!((report.tasks.total, report.tasks.succeeded), (2, 2));
+        assert_eq!(report.tasks.to_run(), 1, "the step still wants a slot");
+
+        // It fails once, is retried, then succeeds; it is no task of the index.
+        let run = result(2, 1, RunStatus::Failed);
+        let effects = sweep.on_results([&run], at(t0, 3));
+        assert!(matches!(
+            published(&effects)[..],
+            [TaskMsg {
+                task: 2,
+                attempt: 2,
+                ..
+            }]
+        ));
+        let run = result(2, 2, RunStatus::Succeeded);
+        let effects = sweep.on_results([&run], at(t0, 4));
+        assert!(
+            effects
+                .iter()
+                .any(|e| matches!(e, Effect::WriteFinalOutputs(_)))
+        );
+        assert!(
+            !effects
+                .iter()
+                .any(|e| matches!(e, Effect::Record(entries) if !entries.is_empty()))
+        );
+        assert_eq!(sweep.ending(), Some(JobState::Done));
+        let file = sweep.job_file();
+        let outcome = file.final_step.expect("recorded");
+        assert_eq!(
+            (outcome.status.as_str(), outcome.attempts),
+            ("succeeded", 2)
+        );
+        assert_eq!((file.tasks.total, file.tasks.succeeded), (2, 2));
+        assert_eq!(file.tasks.to_run(), 0);
+        let done = sweep.wind_up(at(t0, 5));
+        assert!(done.iter().any(
+            |e| matches!(e, Effect::Event(gleaner_protocol::Event::Done(r)) if r.problem.is_none())
+        ));
+    }
+
+    #[test]
+    fn a_final_step_for_success_only_is_skipped_after_a_failure_and_a_failed_one_fails_the_job() {
+        let t0 = Instant::now();
+        let (mut sweep, _) = with_final("all-succeeded", t0);
+        sweep.on_results([&result(0, 1, RunStatus::Succeeded)], at(t0, 1));
+        sweep.on_results([&result(1, 1, RunStatus::Failed)], at(t0, 1));
+        let run = result(1, 2, RunStatus::Failed);
+        let effects = sweep.on_results([&run], at(t0, 2));
+        assert!(published(&effects).is_empty(), "{effects:?}");
+        assert_eq!(sweep.ending(), Some(JobState::Done));
+        assert_eq!(
+            sweep.job_file().final_step.map(|f| f.status),
+            Some("skipped".to_owned())
+        );
+
+        let (mut sweep, _) = with_final("always", t0);
+        sweep.on_results([&result(0, 1, RunStatus::Succeeded)], at(t0, 1));
+        sweep.on_results([&result(1, 1, RunStatus::Failed)], at(t0, 1));
+        let run = result(1, 2, RunStatus::Failed);
+        let effects = sweep.on_results([&run], at(t0, 2));
+        assert_eq!(published(&effects).len(), 1, "runs anyway");
+        sweep.on_results([&result(2, 1, RunStatus::Failed)], at(t0, 3));
+        sweep.on_results([&result(2, 2, RunStatus::Failed)], at(t0, 4));
+        assert_eq!(sweep.ending(), Some(JobState::Done));
+        let done = sweep.wind_up(at(t0, 5));
+        assert!(done.iter().any(|e| matches!(e, Effect::Event(gleaner_protocol::Event::Done(r)) if r.problem.as_deref().is_some_and(|p| p.contains("final step failed")))));
+    }
+
+    #[test]
+    fn a_cancelled_job_does_not_run_its_final_step_nor_index_it() {
+        let t0 = Instant::now();
+        let (mut sweep, _) = with_final("always", t0);
+        let effects = sweep.on_control(
+            ControlMsg::Cancel {
+                reason: "user".into(),
+            },
+            at(t0, 1),
+        );
+        let indexed: Vec<u64> = recorded(&effects).iter().map(|e| e.task).collect();
+        assert_eq!(indexed, [0, 1]);
+        assert_eq!(sweep.ending(), Some(JobState::Cancelled));
+        assert_eq!(
+            sweep.job_file().final_step.map(|f| f.status),
+            Some("cancelled".to_owned())
+        );
     }
 }

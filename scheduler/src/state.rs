@@ -655,7 +655,7 @@ impl State {
                 JobInput {
                     id: j.report.job.clone(),
                     demand: share::demand(
-                        j.report.tasks.unfinished(),
+                        j.report.tasks.to_run(),
                         u64::from(covered),
                         j.report.max_slots,
                     ),

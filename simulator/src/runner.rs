@@ -135,6 +135,7 @@ impl SweepRunner {
                 }
                 Effect::Event(_)
                 | Effect::WriteOutputs(_)
+                | Effect::WriteFinalOutputs(_)
                 | Effect::Record(_)
                 | Effect::SaveJobFile => {}
             }
