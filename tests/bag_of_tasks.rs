@@ -500,6 +500,44 @@ fn two_jobs_submitted_together_share_the_slots_evenly() {
     g.run(&["cancel", &b]);
 }
 
+/// A sweep of weight 2 holds twice the slots of one of weight 1, the
+/// lighter one submitted first (and holding everything) included.
+#[test]
+fn a_sweep_of_weight_2_holds_twice_the_slots() {
+    let mut g = gleaner("weights");
+    g.up(6);
+    let manifest = |name: &str, weight: u32| {
+        format!(
+            "name = \"{name}\"\nweight = {weight}\n[sweep]\ncommand = \"sleep 1\"\nparams = {{ n = {{ from = 1, to = 200 }} }}\n"
+        )
+    };
+    let light = g.submit(&manifest("light", 1));
+    let holding = |status: &serde_json::Value, job: &str| {
+        status["clusters"][0]["report"]["jobs"][job]["running"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    wait_for("the light sweep to hold every slot", MINUTE, || {
+        g.status().is_some_and(|s| holding(&s, &light) == 6)
+    });
+    let heavy = g.submit(&manifest("heavy", 2));
+    let mut seen = String::new();
+    wait_for(
+        "4 slots for the heavy sweep, 2 for the light",
+        MINUTE,
+        || {
+            let Some(status) = g.status() else {
+                return false;
+            };
+            seen = format!("{}/{}", holding(&status, &heavy), holding(&status, &light));
+            seen == "4/2"
+        },
+    );
+    assert_eq!(seen, "4/2");
+    g.run(&["cancel", &light]);
+    g.run(&["cancel", &heavy]);
+}
+
 #[test]
 fn cancel_stops_a_running_job_and_keeps_its_results() {
     let mut g = gleaner("cancel");

@@ -85,6 +85,7 @@ pub fn report(job: JobId, kind: JobKind, components: Vec<u32>) -> JobReport {
         components,
         max_slots: None,
         problem: None,
+        weight: 1,
     }
 }
 

@@ -11,6 +11,17 @@ fn default_max_attempts() -> u32 {
     3
 }
 
+fn default_weight() -> u32 {
+    1
+}
+
+fn is_default_weight(weight: &u32) -> bool {
+    *weight == 1
+}
+
+/// The most a sweep's weight may be: more is a typo, not a share.
+pub const MAX_WEIGHT: u32 = 1000;
+
 /// A job as submitted. Unknown fields are refused rather than ignored: a
 /// misspelt `walltim` silently dropped would cost a user a whole sweep.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -37,6 +48,10 @@ pub struct Manifest {
     /// clusters together (a launcher of S slots counts S); unlimited when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_launchers: Option<u32>,
+    /// Scavenging jobs: its weight in fair shares (2: twice the slots of a
+    /// weight-1 job, where both could use more).
+    #[serde(default = "default_weight", skip_serializing_if = "is_default_weight")]
+    pub weight: u32,
     #[serde(default, rename = "task", skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<TaskDef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -161,6 +176,7 @@ impl Manifest {
             outputs: Vec::new(),
             workdir: None,
             max_launchers: None,
+            weight: default_weight(),
             tasks: Vec::new(),
             sweep: None,
             components: Vec::new(),
@@ -237,6 +253,12 @@ impl Manifest {
                 "components belong to grid jobs (kind = \"grid\")",
             ));
         }
+        if !(1..=MAX_WEIGHT).contains(&self.weight) {
+            return Err(ManifestError::invalid(
+                "weight",
+                format!("must be from 1 to {MAX_WEIGHT}"),
+            ));
+        }
         if self.max_launchers == Some(0) {
             return Err(ManifestError::invalid(
                 "max_launchers",
@@ -279,6 +301,12 @@ impl Manifest {
             return Err(ManifestError::invalid(
                 "task",
                 "grid jobs run [[component]] entries, not tasks",
+            ));
+        }
+        if self.weight != 1 {
+            return Err(ManifestError::invalid(
+                "weight",
+                "grid jobs are placed by priority; weights share scavenged slots",
             ));
         }
         if self.final_step.is_some() {

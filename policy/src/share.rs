@@ -99,6 +99,9 @@ pub struct JobInput {
     pub id: JobId,
     /// More slots it could use right now.
     pub demand: u32,
+    /// Its weight in the share (at least 1): a job of weight 2 is given
+    /// twice the slots of a job of weight 1 where both could use more.
+    pub weight: u32,
 }
 
 /// More slots a scavenging job could use: one per unfinished task that the
@@ -142,6 +145,13 @@ pub struct Plan {
 /// allow (water-filling). Remainders go to the earliest claimants, so callers
 /// order them by who should get the odd slot.
 pub fn equipartition(amount: u32, caps: &[u32]) -> Vec<u32> {
+    weighted_equipartition(amount, caps, &vec![1; caps.len()])
+}
+
+/// [`equipartition`] in proportion to `weights` (each at least 1): what a
+/// claimant cannot use goes to the others, in proportion again, and odd
+/// slots to the largest remainders (the earliest claimant among equals).
+pub fn weighted_equipartition(amount: u32, caps: &[u32], weights: &[u32]) -> Vec<u32> {
     let mut shares = vec![0u32; caps.len()];
     let mut left = amount;
     loop {
@@ -149,17 +159,30 @@ pub fn equipartition(amount: u32, caps: &[u32]) -> Vec<u32> {
         if left == 0 || open.is_empty() {
             return shares;
         }
-        let each = left / open.len() as u32;
-        if each == 0 {
-            for &i in open.iter().take(left as usize) {
-                shares[i] += 1;
-            }
-            return shares;
-        }
+        let total: u64 = open.iter().map(|&i| u64::from(weights[i].max(1))).sum();
+        let mut capped = false;
+        let mut remainders = Vec::with_capacity(open.len());
+        let mut given = 0;
         for &i in &open {
-            let add = each.min(caps[i] - shares[i]);
+            let exact = u64::from(left) * u64::from(weights[i].max(1));
+            let part = u32::try_from(exact / total).unwrap_or(u32::MAX);
+            let add = part.min(caps[i] - shares[i]);
+            capped |= add < part;
             shares[i] += add;
-            left -= add;
+            given += add;
+            remainders.push((exact % total, i));
+        }
+        left -= given;
+        if capped {
+            continue;
+        }
+        // Stable: among equal remainders the earliest claimant goes first.
+        remainders.sort_by(|a, b| b.0.cmp(&a.0));
+        for (_, i) in remainders {
+            if left > 0 && shares[i] < caps[i] {
+                shares[i] += 1;
+                left -= 1;
+            }
         }
     }
 }
@@ -189,6 +212,7 @@ pub fn split_shrink(slots: u32, held: &BTreeMap<JobId, u32>) -> Vec<(JobId, u32)
 /// slots go to whoever has least anywhere (not to the same job everywhere).
 struct Book<'a> {
     demand: BTreeMap<&'a JobId, u32>,
+    weight: BTreeMap<&'a JobId, u32>,
     global: BTreeMap<&'a JobId, u32>,
     hungry: BTreeSet<(u32, &'a JobId)>,
 }
@@ -204,6 +228,7 @@ impl<'a> Book<'a> {
             }
         }
         let demand: BTreeMap<&JobId, u32> = jobs.iter().map(|j| (&j.id, j.demand)).collect();
+        let weight = jobs.iter().map(|j| (&j.id, j.weight.max(1))).collect();
         let hungry = demand
             .iter()
             .filter(|(_, d)| **d > 0)
@@ -211,6 +236,7 @@ impl<'a> Book<'a> {
             .collect();
         Self {
             demand,
+            weight,
             global,
             hungry,
         }
@@ -222,6 +248,10 @@ impl<'a> Book<'a> {
 
     fn demand(&self, job: &JobId) -> u32 {
         self.demand.get(job).copied().unwrap_or(0)
+    }
+
+    fn weight(&self, job: &JobId) -> u32 {
+        self.weight.get(job).copied().unwrap_or(1)
     }
 
     /// Records an offer of `slots` to `job`.
@@ -338,7 +368,8 @@ fn share<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, rebalance: bool, pl
             .then_with(|| a.job.cmp(b.job))
     });
     let wants: Vec<u32> = members.iter().map(|m| m.held + m.more).collect();
-    let targets = equipartition(capacity, &wants);
+    let weights: Vec<u32> = members.iter().map(|m| book.weight(m.job)).collect();
+    let targets = weighted_equipartition(capacity, &wants, &weights);
 
     // Idle slots fill the gaps below target, those holding least first.
     let mut below: Vec<(usize, u32)> = members
@@ -481,6 +512,7 @@ mod tests {
             .map(|(j, d)| JobInput {
                 id: job(j),
                 demand: *d,
+                weight: 1,
             })
             .collect()
     }
@@ -501,6 +533,59 @@ mod tests {
         assert_eq!(equipartition(10, &[1, 2]), [1, 2]);
         assert_eq!(equipartition(0, &[5]), [0]);
         assert!(equipartition(5, &[]).is_empty());
+    }
+
+    #[test]
+    fn weighted_equipartition_is_proportional_capped_and_complete() {
+        assert_eq!(weighted_equipartition(9, &[100, 100], &[2, 1]), [6, 3]);
+        assert_eq!(
+            weighted_equipartition(10, &[2, 100, 100], &[4, 1, 1]),
+            [2, 4, 4]
+        );
+        assert_eq!(weighted_equipartition(7, &[100, 100], &[3, 1]), [5, 2]);
+        assert_eq!(
+            weighted_equipartition(3, &[100, 100, 100], &[5, 1, 1]),
+            [2, 1, 0]
+        );
+        assert_eq!(weighted_equipartition(5, &[1, 1], &[2, 1]), [1, 1]);
+    }
+
+    #[test]
+    fn weights_share_under_both_policies_and_drains_restore_them() {
+        let weighted = |demands: &[(&str, u32, u32)]| -> Vec<JobInput> {
+            demands
+                .iter()
+                .map(|(j, d, w)| JobInput {
+                    id: job(j),
+                    demand: *d,
+                    weight: *w,
+                })
+                .collect()
+        };
+        let jobs = weighted(&[("a", 100, 2), ("b", 100, 1)]);
+        for policy in [CsPolicy::SiteEquipartition, CsPolicy::GridEquipartition] {
+            let config = PolicyConfig {
+                policy,
+                ..PolicyConfig::default()
+            };
+            let plan = plan(&[cluster("c1", 12, 12, 0, &[])], &jobs, &config);
+            assert_eq!(
+                (offered(&plan, "a", "c1"), offered(&plan, "b", "c1")),
+                (8, 4),
+                "{policy:?}"
+            );
+        }
+        // b came first and holds all: a drain gives a its double share.
+        let plan = plan(
+            &[cluster("c1", 12, 0, 0, &[("b", 12)])],
+            &jobs,
+            &PolicyConfig::default(),
+        );
+        assert_eq!(
+            plan.drains.iter().map(|d| d.slots).sum::<u32>(),
+            8,
+            "{plan:?}"
+        );
     }
 
     #[test]

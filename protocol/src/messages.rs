@@ -228,6 +228,13 @@ pub struct JobReport {
     /// Why the job is stalled, if it is (its results cannot be written).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
+    /// Its weight in fair shares: twice the slots of a weight-1 job at 2.
+    #[serde(default = "one")]
+    pub weight: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// A kcm's view of its cluster. Slots held by gleaner are counted per job;
@@ -823,6 +830,7 @@ mod tests {
             components: Vec::new(),
             max_slots: None,
             problem: None,
+            weight: 1,
         }
     }
 

@@ -236,6 +236,7 @@ impl Ledger {
             components: self.unplaced().map(|(_, c)| c.slots).collect(),
             max_slots: self.manifest.max_launchers,
             problem: None,
+            weight: self.manifest.weight,
         }
     }
 

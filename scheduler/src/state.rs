@@ -659,6 +659,7 @@ impl State {
                         u64::from(covered),
                         j.report.max_slots,
                     ),
+                    weight: j.report.weight,
                 }
             })
             .collect()
@@ -737,6 +738,7 @@ mod tests {
             components: Vec::new(),
             max_slots: None,
             problem: None,
+            weight: 1,
         }
     }
 
@@ -899,6 +901,7 @@ mod tests {
             JobReport {
                 max_slots: Some(5),
                 problem: None,
+                weight: 1,
                 ..job_report("a", 100)
             },
             now,

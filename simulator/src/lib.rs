@@ -195,6 +195,23 @@ mod tests {
     }
 
     #[test]
+    fn a_sweep_of_weight_2_gets_twice_the_share_under_both_policies() {
+        let scenario = scenario("weights.toml");
+        for policy in [CsPolicy::SiteEquipartition, CsPolicy::GridEquipartition] {
+            let comparison = Comparison::run(&scenario, Some(policy));
+            let run = &comparison.runs[0];
+            let done = |name: &str| {
+                run.jobs
+                    .iter()
+                    .find(|j| j.name == name)
+                    .map_or(0, |j| j.done) as f64
+            };
+            let ratio = done("heavy") / done("light");
+            assert!((1.8..=2.2).contains(&ratio), "{policy:?}: {ratio:.2}");
+        }
+    }
+
+    #[test]
     fn grid_jobs_run_and_scavenging_fills_the_rest() {
         let comparison = Comparison::run(
             &scenario("das3-block.toml"),

@@ -262,6 +262,7 @@ impl GridRunner {
             results: String::new(),
             max_slots: None,
             problem: None,
+            weight: 1,
         }))
     }
 }

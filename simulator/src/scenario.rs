@@ -156,6 +156,13 @@ struct JobToml {
     tasks: u64,
     #[serde(with = "humantime_serde")]
     task_duration: Duration,
+    /// Its weight in fair shares, as a manifest's `weight`.
+    #[serde(default = "weight_one")]
+    weight: u32,
+}
+
+fn weight_one() -> u32 {
+    1
 }
 
 impl TryFrom<JobToml> for JobSpec {
@@ -169,8 +176,9 @@ impl TryFrom<JobToml> for JobSpec {
             .checked_sub(1)
             .ok_or_else(|| format!("job {}: at least one task is needed", job.name))?;
         let text = format!(
-            "name = {}\n[sweep]\ncommand = \"task {{i}}\"\nparams = {{ i = {{ from = 0, to = {last} }} }}\n",
-            toml::Value::from(job.name.as_str())
+            "name = {}\nweight = {}\n[sweep]\ncommand = \"task {{i}}\"\nparams = {{ i = {{ from = 0, to = {last} }} }}\n",
+            toml::Value::from(job.name.as_str()),
+            job.weight
         );
         let invalid = |e: gleaner_manifest::ManifestError| format!("job {}: {e}", job.name);
         let manifest = Manifest::from_toml(&text).map_err(invalid)?;
