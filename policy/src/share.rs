@@ -177,7 +177,7 @@ pub fn weighted_equipartition(amount: u32, caps: &[u32], weights: &[u32]) -> Vec
             continue;
         }
         // Stable: among equal remainders the earliest claimant goes first.
-        remainders.sort_by(|a, b| b.0.cmp(&a.0));
+        remainders.sort_by_key(|r| std::cmp::Reverse(r.0));
         for (_, i) in remainders {
             if left > 0 && shares[i] < caps[i] {
                 shares[i] += 1;
