@@ -538,6 +538,67 @@ fn a_sweep_of_weight_2_holds_twice_the_slots() {
     g.run(&["cancel", &heavy]);
 }
 
+/// The scheduler serves the figures of `gleaner status` to Prometheus.
+#[test]
+fn the_scheduler_serves_metrics_for_prometheus() {
+    let mut g = gleaner("metrics");
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .to_string();
+    g.start_with(
+        "up",
+        &["up", "--slots", "2"],
+        &[("GLEANER_SCHEDULER__METRICS", &address)],
+    );
+    let job = g.submit(&sweep("scraped", 40, "sleep 0.5"));
+    let scrape = || -> Option<std::collections::BTreeMap<String, f64>> {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(&address).ok()?;
+        stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").ok()?;
+        let mut page = String::new();
+        stream.read_to_string(&mut page).ok()?;
+        let (head, body) = page.split_once("\r\n\r\n")?;
+        if !head.starts_with("HTTP/1.0 200") && !head.starts_with("HTTP/1.1 200") {
+            return None;
+        }
+        // `name{labels} value`, comments aside.
+        Some(
+            body.lines()
+                .filter(|l| !l.starts_with('#') && !l.is_empty())
+                .filter_map(|l| {
+                    let (series, value) = l.rsplit_once(' ')?;
+                    Some((series.to_owned(), value.parse().ok()?))
+                })
+                .collect(),
+        )
+    };
+    let running = format!("gleaner_job_tasks{{job=\"{job}\",owner=\"guest\",state=\"running\"}}");
+    let mut seen = Default::default();
+    wait_for("the job running in the metrics", MINUTE, || {
+        seen = scrape().unwrap_or_default();
+        seen.get(&running).is_some_and(|n| *n > 0.0)
+    });
+    assert_eq!(
+        seen.get("gleaner_cluster_slots{cluster=\"local\",kind=\"total\"}"),
+        Some(&2.0),
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen.get(&format!(
+            "gleaner_job_launcher_slots{{job=\"{job}\",owner=\"guest\"}}"
+        )),
+        Some(&2.0),
+        "{seen:?}"
+    );
+    assert!(
+        seen.keys()
+            .any(|k| k.starts_with("gleaner_job_tasks_per_second{")),
+        "{seen:?}"
+    );
+    g.run(&["cancel", &job]);
+}
+
 #[test]
 fn cancel_stops_a_running_job_and_keeps_its_results() {
     let mut g = gleaner("cancel");

@@ -4,6 +4,7 @@
 #   - installs rabbitmq-server from Debian's packages if it is missing
 #   - starts it if it is not running
 #   - enables the management plugin (the UI and the HTTP API the tests use)
+#     and the Prometheus plugin (queue metrics on :15692)
 #   - raises consumer_timeout: gleaner holds task and manifest deliveries
 #     for as long as a task or a job runs
 set -euo pipefail
@@ -40,6 +41,11 @@ if command -v rabbitmqctl >/dev/null 2>&1; then
     if ! as_root rabbitmq-plugins -q is_enabled rabbitmq_management >/dev/null 2>&1; then
         log "enabling the management plugin"
         as_root rabbitmq-plugins -q enable rabbitmq_management >/dev/null
+    fi
+    # Queue depths and rates for Prometheus, beside gleaner's own metrics.
+    if ! as_root rabbitmq-plugins -q is_enabled rabbitmq_prometheus >/dev/null 2>&1; then
+        log "enabling the Prometheus plugin (metrics on :15692)"
+        as_root rabbitmq-plugins -q enable rabbitmq_prometheus >/dev/null
     fi
     # At runtime too, for a broker that was already running with the default (30 min).
     as_root rabbitmqctl -q eval 'application:set_env(rabbit, consumer_timeout, 604800000).' >/dev/null

@@ -7,12 +7,16 @@
 //! messages.
 
 mod grid;
+pub mod metrics;
 pub mod outbox;
 pub mod state;
 
 pub use grid::GridConfig;
 
-use std::time::{Duration, Instant};
+use std::{
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
 
 use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher, peek,
@@ -39,6 +43,8 @@ const ACK_IDLE: Duration = Duration::from_millis(5);
 /// 10,000 messages a second, so that the broker has room for the inbox.
 const POST_CHUNK: usize = 500;
 const POST_PAUSE: Duration = Duration::from_millis(50);
+/// How often the metrics page is made again: a scrape interval is seconds.
+const METRICS_EVERY: Duration = Duration::from_secs(2);
 
 /// `[scheduler]` of the configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -53,6 +59,8 @@ pub struct SchedulerConfig {
     /// one before the timer.
     #[serde(with = "humantime_serde")]
     pub round_min_gap: Duration,
+    /// Where Prometheus metrics are served (`/metrics`), if anywhere.
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl Default for SchedulerConfig {
@@ -61,6 +69,7 @@ impl Default for SchedulerConfig {
             state: StateConfig::default(),
             round_interval: Duration::from_secs(1),
             round_min_gap: Duration::from_millis(200),
+            metrics: None,
         }
     }
 }
@@ -74,11 +83,74 @@ pub async fn run(
     shutdown: CancellationToken,
 ) {
     let mut state = State::new(GrantId::new(now_ms()));
+    let page = Page::default();
+    let server = config
+        .metrics
+        .and_then(|address| serve_metrics(address, &page));
     broker
         .supervise(&shutdown, async |connection| {
-            session(&connection, &config, &users, &mut state, &shutdown).await
+            session(&connection, &config, &users, &mut state, &page, &shutdown).await
         })
         .await;
+    if let Some(server) = server {
+        server.unblock();
+    }
+}
+
+/// The last metrics page, as the server hands it out.
+#[derive(Clone)]
+struct Page(Arc<Mutex<String>>);
+
+impl Default for Page {
+    fn default() -> Self {
+        Self(Arc::new(Mutex::new(metrics::STANDBY.to_owned())))
+    }
+}
+
+impl Page {
+    fn set(&self, text: String) {
+        if let Ok(mut page) = self.0.lock() {
+            *page = text;
+        }
+    }
+
+    fn get(&self) -> String {
+        self.0.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+}
+
+/// Serves `page` on `address` from a thread of its own; a scrape never
+/// waits for the scheduler.
+fn serve_metrics(address: std::net::SocketAddr, page: &Page) -> Option<Arc<tiny_http::Server>> {
+    let server = match tiny_http::Server::http(address) {
+        Ok(server) => Arc::new(server),
+        Err(e) => {
+            warn!(%address, error = %e, "cannot serve metrics");
+            return None;
+        }
+    };
+    info!(%address, "metrics served at /metrics");
+    let (serving, page) = (server.clone(), page.clone());
+    std::thread::spawn(move || {
+        let content_type = tiny_http::Header::from_bytes(
+            "Content-Type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )
+        .ok();
+        for request in serving.incoming_requests() {
+            let response = if request.url() == "/metrics" {
+                let mut response = tiny_http::Response::from_string(page.get());
+                if let Some(header) = content_type.clone() {
+                    response.add_header(header);
+                }
+                response
+            } else {
+                tiny_http::Response::from_string("see /metrics\n").with_status_code(404)
+            };
+            let _ = request.respond(response);
+        }
+    });
+    Some(server)
 }
 
 async fn session(
@@ -86,8 +158,10 @@ async fn session(
     config: &SchedulerConfig,
     users: &Users,
     state: &mut State,
+    page: &Page,
     shutdown: &CancellationToken,
 ) -> Result<(), BrokerError> {
+    let mut rendered: Option<Instant> = None;
     let channel = connection.channel().await?;
     topology::declare_core(&channel).await?;
     topology::declare_scheduler_grid(&channel).await?;
@@ -182,6 +256,10 @@ async fn session(
                     continue;
                 }
                 let actions: Vec<_> = state.round(now.instant, &config.state).into_iter().map(outbox::message).collect();
+                if config.metrics.is_some() && rendered.is_none_or(|at| now.instant.duration_since(at) >= METRICS_EVERY) {
+                    page.set(metrics::render(&state.status(connection.identity(), now.instant, &config.state)));
+                    rendered = Some(now.instant);
+                }
                 // Handed over after every round that has grid jobs, and
                 // once more when the last is gone.
                 let grid = state.grid_snapshot(now);

@@ -1,0 +1,174 @@
+//! Prometheus metrics: the figures of `gleaner status`, per cluster and per
+//! job, in the text exposition format, for the admins' Grafana (RabbitMQ's
+//! own `rabbitmq_prometheus` gives the queue depths beside them). Pure: a
+//! status picture in, a page out; the shell serves the last page.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::{
+    encoding::{EncodeLabelSet, text::encode},
+    metrics::{family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use gleaner_protocol::StatusReply;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterLabels {
+    cluster: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SlotLabels {
+    cluster: String,
+    /// `local`, `grid`, `scavenged` or `idle`.
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct JobLabels {
+    job: String,
+    owner: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabels {
+    job: String,
+    owner: String,
+    /// `pending`, `running`, `succeeded`, `failed`, `timed_out`, `lost`, `cancelled`.
+    state: String,
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+
+/// The page of a standby scheduler, which knows nothing current.
+pub const STANDBY: &str =
+    "# gleaner: this scheduler is a standby; the active one serves the figures\n# EOF\n";
+
+/// The page for this picture of the grid.
+pub fn render(status: &StatusReply) -> String {
+    let mut registry = Registry::with_prefix("gleaner");
+    let slots = Family::<SlotLabels, Gauge>::default();
+    registry.register(
+        "cluster_slots",
+        "Slots of a cluster by what holds them",
+        slots.clone(),
+    );
+    let waiting = Family::<ClusterLabels, Gauge>::default();
+    registry.register(
+        "cluster_local_waiting",
+        "Slots the cluster's own waiting jobs want",
+        waiting.clone(),
+    );
+    let usable = Family::<ClusterLabels, Gauge>::default();
+    registry.register(
+        "cluster_usable",
+        "1 if gleaner may grow on the cluster (reporting, not excluded)",
+        usable.clone(),
+    );
+    for view in &status.clusters {
+        let r = &view.report;
+        let cluster = r.cluster.to_string();
+        let scavenged = r.jobs.values().map(|h| u64::from(h.total())).sum::<u64>();
+        for (kind, value) in [
+            ("total", u64::from(r.total_slots)),
+            ("local", u64::from(r.local_slots)),
+            ("grid", u64::from(r.grid_slots)),
+            ("scavenged", scavenged),
+            ("idle", u64::from(r.idle_slots)),
+        ] {
+            slots
+                .get_or_create(&SlotLabels {
+                    cluster: cluster.clone(),
+                    kind: kind.to_owned(),
+                })
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        }
+        let labels = ClusterLabels { cluster };
+        waiting
+            .get_or_create(&labels)
+            .set(i64::from(r.local_waiting));
+        usable
+            .get_or_create(&labels)
+            .set(i64::from(!view.stale && !view.excluded));
+    }
+
+    let tasks = Family::<TaskLabels, Gauge>::default();
+    registry.register("job_tasks", "A job's tasks by state", tasks.clone());
+    let launchers = Family::<JobLabels, Gauge>::default();
+    registry.register(
+        "job_launcher_slots",
+        "Launcher slots a job holds, all clusters",
+        launchers.clone(),
+    );
+    let throughput = Family::<JobLabels, FloatGauge>::default();
+    registry.register(
+        "job_tasks_per_second",
+        "Tasks a job finished per second, lately",
+        throughput.clone(),
+    );
+    let preemptions = Family::<JobLabels, Gauge>::default();
+    registry.register(
+        "job_preemptions",
+        "Runs of a job's tasks cut short by preemption",
+        preemptions.clone(),
+    );
+    for job in &status.jobs {
+        let labels = JobLabels {
+            job: job.job.to_string(),
+            owner: job.owner.clone(),
+        };
+        let t = &job.tasks;
+        for (state, value) in [
+            ("pending", t.pending),
+            ("running", t.running),
+            ("succeeded", t.succeeded),
+            ("failed", t.failed),
+            ("timed_out", t.timed_out),
+            ("lost", t.lost),
+            ("cancelled", t.cancelled),
+        ] {
+            tasks
+                .get_or_create(&TaskLabels {
+                    job: labels.job.clone(),
+                    owner: labels.owner.clone(),
+                    state: state.to_owned(),
+                })
+                .set(i64::try_from(value).unwrap_or(i64::MAX));
+        }
+        let held: u64 = job.launchers.values().map(|n| u64::from(*n)).sum();
+        launchers
+            .get_or_create(&labels)
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
+        throughput.get_or_create(&labels).set(job.throughput);
+        preemptions
+            .get_or_create(&labels)
+            .set(i64::try_from(job.preemptions).unwrap_or(i64::MAX));
+    }
+    let mut page = String::new();
+    // Writing to a String cannot fail.
+    let _ = encode(&mut page, &registry);
+    page
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_grid_is_a_valid_page() {
+        let page = render(&StatusReply {
+            scheduler: "s".into(),
+            policy: "site-equipartition".into(),
+            clusters: Vec::new(),
+            jobs: Vec::new(),
+            placements: Vec::new(),
+            hidden: 0,
+        });
+        assert!(
+            page.contains("# TYPE gleaner_cluster_slots gauge"),
+            "{page}"
+        );
+        assert!(page.ends_with("# EOF\n"), "{page}");
+    }
+}
