@@ -538,6 +538,66 @@ fn a_sweep_of_weight_2_holds_twice_the_slots() {
     g.run(&["cancel", &heavy]);
 }
 
+/// `gleaner top`, driven in a real terminal (tmux), shows the running job
+/// and its cluster, and quits on `q`.
+#[test]
+fn top_shows_a_running_job_live() {
+    let mut g = gleaner("top");
+    g.up(2);
+    let job = g.submit(&sweep("watched", 20, "sleep 2"));
+    let socket = format!("gleaner-test-{}", std::process::id());
+    /// The test's own tmux server, gone with the test however it ends.
+    struct Server(String);
+    impl Drop for Server {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("tmux")
+                .args(["-L", &self.0, "kill-server"])
+                .output();
+        }
+    }
+    let _server = Server(socket.clone());
+    let tmux = |args: &[&str]| {
+        std::process::Command::new("tmux")
+            .args(["-L", &socket])
+            .args(args)
+            .output()
+            .expect("tmux")
+    };
+    let top = g.command(&["top"]);
+    let mut command = vec![
+        "new-session",
+        "-d",
+        "-s",
+        "top",
+        "-x",
+        "150",
+        "-y",
+        "40",
+        "env",
+    ];
+    let env: Vec<String> = top
+        .get_envs()
+        .filter_map(|(k, v)| Some(format!("{}={}", k.to_str()?, v?.to_str()?)))
+        .collect();
+    command.extend(env.iter().map(String::as_str));
+    let exe = env!("CARGO_BIN_EXE_gleaner");
+    command.extend([exe, "top"]);
+    let started = tmux(&command);
+    assert!(started.status.success(), "{started:?}");
+    let mut screen = String::new();
+    wait_for("top to show the job running", MINUTE, || {
+        screen = String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", "top"]).stdout)
+            .into_owned();
+        screen.contains(&job) && screen.contains("local") && screen.contains("running")
+    });
+    assert!(screen.contains("recent events"), "{screen}");
+    tmux(&["send-keys", "-t", "top", "q"]);
+    wait_for("top to quit on q", Duration::from_secs(10), || {
+        !tmux(&["has-session", "-t", "top"]).status.success()
+    });
+    g.run(&["cancel", &job]);
+}
+
 /// The scheduler serves the figures of `gleaner status` to Prometheus.
 #[test]
 fn the_scheduler_serves_metrics_for_prometheus() {

@@ -42,7 +42,12 @@ pub const REQUEST: (&str, &str) = (USER_EXCHANGE, REQUEST_KEY);
 /// A `--wait` client's queue of one job's events. It carries the owner, so
 /// that a user's permissions can name their own watch queues.
 pub fn watch_queue(owner: &str, job: &JobId) -> String {
-    format!("gleaner.watch.{owner}.{job}")
+    watch_queue_for(owner, job.as_str())
+}
+
+/// A watch queue of `owner`'s, for `what` (a job, or a view of many).
+pub fn watch_queue_for(owner: &str, what: &str) -> String {
+    format!("gleaner.watch.{owner}.{what}")
 }
 
 /// How many times a task may be handed out without being acked (its

@@ -17,7 +17,7 @@ use gleaner_protocol::{
 
 use crate::{error::CliError, output::Output, services::hostname, settings::Settings};
 
-async fn connect(settings: &Settings) -> Result<Connection, CliError> {
+pub(crate) async fn connect(settings: &Settings) -> Result<Connection, CliError> {
     let broker = Broker::new(&settings.broker_urls(), format!("cli@{}", hostname()))
         .map_err(|e| CliError::BadInput(e.to_string()))?;
     broker.connect().await.map_err(|e| {
@@ -58,7 +58,7 @@ pub fn read_manifest(path: &Path) -> Result<Manifest, String> {
 
 /// How long the broker keeps a `--wait` client's queue of events once
 /// nobody consumes it (the client died, or the broker was away).
-const WATCH_EXPIRY: Duration = Duration::from_secs(600);
+pub(crate) const WATCH_EXPIRY: Duration = Duration::from_secs(600);
 
 /// `FROM-TO[:STEP]` of `submit --array`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -384,7 +384,7 @@ pub async fn status(
 }
 
 /// Asks the active scheduler; it answers within 5 s or is not there.
-async fn ask<A: gleaner_protocol::Message>(
+pub(crate) async fn ask<A: gleaner_protocol::Message>(
     connection: &Connection,
     request: &RequestMsg,
 ) -> Result<A, CliError> {

@@ -7,6 +7,7 @@ mod output;
 mod services;
 mod settings;
 mod table;
+mod top;
 
 use std::{path::PathBuf, process::ExitCode};
 
@@ -91,6 +92,9 @@ enum Command {
     /// Stop a job: running tasks are killed, results so far are kept.
     #[command(after_help = "Example:\n  gleaner cancel sweep-3fa9c2")]
     Cancel { job: String },
+    /// A live view of clusters, jobs and recent events (q quits).
+    #[command(after_help = "Example:\n  gleaner top")]
+    Top,
     /// Follow a running job to its end, as `submit --wait` does (same exit code).
     #[command(
         after_help = "Example:\n  gleaner submit sweep.toml\n  gleaner wait sweep-3fa9c2 && echo all done"
@@ -184,6 +188,7 @@ impl Command {
                 | Self::Cancel { .. }
                 | Self::Wait { .. }
                 | Self::Jobs { .. }
+                | Self::Top
                 | Self::Results { .. }
                 | Self::Logs { .. }
                 | Self::Simulate { .. }
@@ -276,6 +281,7 @@ async fn dispatch(
         Command::Cancel { job } => client::cancel(&settings, &job, output).await,
         Command::Wait { job } => client::wait(&settings, &job, output).await,
         Command::Jobs { all } => client::jobs(&settings, all, output).await,
+        Command::Top => top::top(&settings).await,
         Command::Results { job, status, dir } => {
             browse::results(&settings, &job, &status, dir.as_deref(), output).await
         }
