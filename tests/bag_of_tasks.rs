@@ -815,6 +815,74 @@ fn sigterm_preempts_a_launcher_and_its_task_runs_again_without_a_failure() {
     assert_eq!(g.job_file(&job).unwrap()["preemptions"], 1);
 }
 
+/// A task that saves its state in `$GLEANER_CHECKPOINT` when preempted
+/// (`preempt_signal`, `preempt_grace`) resumes from it on its next launcher:
+/// preempted three times, its counter goes on instead of starting over.
+#[test]
+fn a_checkpointing_task_resumes_after_each_preemption() {
+    let mut g = gleaner("checkpoint");
+    g.up(1);
+    let manifest = r#"name = "resumable"
+preempt_grace = "3s"
+preempt_signal = "USR1"
+[[task]]
+command = """
+c=$(cat "$GLEANER_CHECKPOINT/n" 2>/dev/null || echo 0)
+echo "start $c" >> "$GLEANER_CHECKPOINT/log"
+trap 'echo $c > "$GLEANER_CHECKPOINT/n"; exit 1' USR1
+while [ $c -lt 60 ]; do c=$((c+1)); sleep 0.1; done
+cat "$GLEANER_CHECKPOINT/log"; echo "final $c"
+"""
+"#;
+    let job = g.submit(manifest);
+    let checkpoint = std::env::temp_dir()
+        .join("gleaner-checkpoints")
+        .join(nix::unistd::getuid().to_string())
+        .join(&job)
+        .join("0");
+    let runs = || {
+        std::fs::read_to_string(checkpoint.join("log"))
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    for preemption in 1..=3 {
+        wait_for("the task to run again", MINUTE, || runs() == preemption);
+        std::thread::sleep(Duration::from_millis(700));
+        let launchers = g.launchers(&job);
+        assert_eq!(launchers.len(), 1, "one slot: {launchers:?}");
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(launchers[0] as i32),
+            Signal::SIGTERM,
+        )
+        .expect("preempt the launcher");
+        wait_for("the preempted launcher to leave", MINUTE, || {
+            !g.launchers(&job).contains(&launchers[0])
+        });
+    }
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
+    let task = &by_task(&g.index(&job))[&0];
+    assert_eq!(task["status"], "succeeded", "{task}");
+    assert_eq!(task["attempts"], 1, "preemptions are no failures: {task}");
+    assert_eq!(task["preemptions"], 3, "{task}");
+    let stdout = std::fs::read_to_string(g.results_dir(&job).join("tasks/0/stdout")).unwrap();
+    let starts: Vec<u64> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("start ")?.parse().ok())
+        .collect();
+    assert_eq!(starts.len(), 4, "{stdout}");
+    assert_eq!(starts[0], 0, "{stdout}");
+    assert!(
+        starts.windows(2).all(|w| w[1] > w[0]),
+        "each run went on from the last: {stdout}"
+    );
+    assert!(stdout.ends_with("final 60\n"), "{stdout}");
+    assert!(
+        !checkpoint.exists(),
+        "the state of a task that succeeded is removed"
+    );
+}
+
 #[test]
 fn sigusr1_drains_a_launcher_its_task_finishes_and_nothing_is_preempted() {
     let mut g = gleaner("sigusr1");

@@ -165,6 +165,7 @@ pub async fn launcher(
             .and_then(|w| std::time::Instant::now().checked_add(w)),
         deadline_margin: l.deadline_margin,
         scratch: scratch_dir(&l.scratch),
+        checkpoints: scratch_dir(&l.checkpoints),
         limits: l.limits,
     };
     let broker = Broker::new(

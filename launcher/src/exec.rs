@@ -62,6 +62,9 @@ pub struct TaskRun<'a> {
     pub workdir: Option<&'a Path>,
     /// An empty directory for this run; emptied again afterwards.
     pub sandbox: PathBuf,
+    /// When stopped (preempted): this signal, and this long to save state
+    /// before the kill; `None` kills at once.
+    pub preempt: Option<(Signal, Duration)>,
 }
 
 /// How a run ended, when it ended by itself (not killed by the launcher).
@@ -177,6 +180,10 @@ async fn supervise(
             }
         }
         () = stop_requested(stop) => {
+            if let Some((signal, grace)) = task.preempt {
+                signal_group(group, signal);
+                let _ = tokio::time::timeout(grace, child.wait()).await;
+            }
             signal_group(group, Signal::SIGKILL);
             let _ = child.wait().await;
             orphans::ended(group.map(|g| g.as_raw() as u32));
@@ -387,6 +394,7 @@ mod tests {
             outputs: &[],
             workdir: None,
             sandbox: dir.join("sandbox"),
+            preempt: None,
         }
     }
 
@@ -561,6 +569,39 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(200)).await;
         tx.send(true).unwrap();
         assert_eq!(handle.await.unwrap(), None);
+    }
+
+    #[tokio::test]
+    async fn a_preempted_task_gets_its_signal_and_grace_before_the_kill() {
+        let dir = tempfile::tempdir().unwrap();
+        let saved = dir.path().join("saved");
+        let command = format!(
+            "trap 'sleep 0.3; echo state > {}; exit 0' USR1; sleep 30 & wait",
+            saved.display()
+        );
+        let (tx, rx) = watch::channel(false);
+        let handle = tokio::spawn({
+            let sandbox = dir.path().to_path_buf();
+            async move {
+                let run = TaskRun {
+                    preempt: Some((Signal::SIGUSR1, Duration::from_secs(5))),
+                    ..task(&command, &sandbox)
+                };
+                super::run(run, Limits::default(), rx).await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let asked = Instant::now();
+        tx.send(true).unwrap();
+        assert_eq!(handle.await.unwrap(), None, "preempted: no outcome");
+        assert_eq!(
+            std::fs::read_to_string(&saved).unwrap_or_default(),
+            "state\n"
+        );
+        assert!(
+            asked.elapsed() < Duration::from_secs(4),
+            "no longer than it took"
+        );
     }
 
     #[tokio::test]

@@ -61,6 +61,9 @@ pub struct LauncherConfig {
     pub deadline_margin: Duration,
     /// Where sandboxes are created.
     pub scratch: PathBuf,
+    /// Where each task's `$GLEANER_CHECKPOINT` is (`<checkpoints>/<job>/<task>`),
+    /// kept across its preemptions and retries, removed once it succeeded.
+    pub checkpoints: PathBuf,
     pub limits: Limits,
 }
 
@@ -79,6 +82,11 @@ pub struct LauncherSettings {
     /// directory of their own under it (`<scratch>/<uid>`, mode 0700). Made
     /// like `/tmp` (mode 1777) if missing, so that every account may.
     pub scratch: PathBuf,
+    /// Where tasks keep state across preemptions and retries
+    /// (`$GLEANER_CHECKPOINT`), per account like `scratch`: on a file system
+    /// every host of a cluster shares, a task resumes on whichever launcher
+    /// runs it next.
+    pub checkpoints: PathBuf,
     #[serde(flatten)]
     pub limits: Limits,
     /// How long before its placeholder's walltime a launcher preempts its
@@ -93,6 +101,7 @@ impl Default for LauncherSettings {
             idle_timeout: Duration::from_secs(5),
             heartbeat: gleaner_protocol::LAUNCHER_HEARTBEAT,
             scratch: std::env::temp_dir().join("gleaner-sandboxes"),
+            checkpoints: std::env::temp_dir().join("gleaner-checkpoints"),
             limits: Limits::default(),
             deadline_margin: Duration::from_secs(10),
         }
@@ -237,6 +246,7 @@ pub async fn run(
     signals: Signals,
 ) -> Result<Exit, LauncherError> {
     private_scratch(&config.scratch)?;
+    private_scratch(&config.checkpoints)?;
     if !orphans::adopt() {
         warn!(launcher = %config.id, "cannot be the subreaper of its tasks: processes they move out of their group may outlive them");
     }
@@ -606,7 +616,26 @@ async fn run_task(
         ("GLEANER_TASK".to_owned(), task.task.to_string()),
         ("GLEANER_ATTEMPT".to_owned(), task.attempt.to_string()),
     ]);
+    let checkpoint = config
+        .checkpoints
+        .join(task.job.as_str())
+        .join(task.task.to_string());
+    match std::fs::create_dir_all(&checkpoint) {
+        Ok(()) => env.push((
+            "GLEANER_CHECKPOINT".to_owned(),
+            checkpoint.display().to_string(),
+        )),
+        Err(e) => {
+            warn!(job = %task.job, task = task.task, launcher = %config.id, path = %checkpoint.display(), error = %e, "no checkpoint directory for the task");
+        }
+    }
     let sandbox = shared.sandboxes.take();
+    let preempt = task
+        .preempt_signal
+        .as_deref()
+        .and_then(gleaner_manifest::preempt_signal_number)
+        .and_then(|n| nix::sys::signal::Signal::try_from(n).ok())
+        .zip(task.preempt_grace_ms.map(Duration::from_millis));
     let run = exec::TaskRun {
         command: &task.command,
         env: &env,
@@ -614,10 +643,20 @@ async fn run_task(
         outputs: &task.outputs,
         workdir: task.workdir.as_deref().map(std::path::Path::new),
         sandbox: sandbox.clone(),
+        preempt,
     };
     debug!(job = %task.job, task = task.task, attempt = task.attempt, launcher = %config.id, cluster = %config.cluster, "task started");
     let outcome = exec::run(run, config.limits, stop).await;
     shared.sandboxes.give_back(sandbox);
+    // A task that succeeded needs its state no more; one preempted or
+    // failed keeps it for its next run.
+    if outcome
+        .as_ref()
+        .is_some_and(|o| o.status == RunStatus::Succeeded)
+    {
+        let _ = std::fs::remove_dir_all(&checkpoint);
+        let _ = std::fs::remove_dir(config.checkpoints.join(task.job.as_str()));
+    }
     if let Some(outcome) = &outcome {
         debug!(job = %task.job, task = task.task, attempt = task.attempt, launcher = %config.id, cluster = %config.cluster, status = ?outcome.status, "task ended");
     }

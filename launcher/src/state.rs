@@ -468,6 +468,7 @@ mod tests {
             deadline: None,
             deadline_margin: Duration::from_secs(10),
             scratch: PathBuf::from("/nonexistent"),
+            checkpoints: PathBuf::from("/nonexistent"),
             limits: Limits::default(),
         };
         configure(&mut config, t0);

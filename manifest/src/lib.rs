@@ -16,7 +16,8 @@ pub use expand::{TaskList, TaskSpec};
 pub use job_id::{JobId, JobIdError};
 pub use params::{ParamSpec, ParamValue};
 pub use spec::{
-    Component, FinalStep, FinalWhen, JobKind, Manifest, Priority, Sweep, TaskDef, is_env_name,
+    Component, FinalStep, FinalWhen, JobKind, MAX_PREEMPT_GRACE, Manifest, Priority, Sweep,
+    TaskDef, is_env_name, preempt_signal_number,
 };
 pub use table::{LINE, MAX_TABLE_BYTES, Table, is_param_name};
 

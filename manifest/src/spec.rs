@@ -19,6 +19,21 @@ fn is_default_weight(weight: &u32) -> bool {
     *weight == 1
 }
 
+/// The longest a preempted task may take to save its state.
+pub const MAX_PREEMPT_GRACE: Duration = Duration::from_secs(60);
+
+/// The signal a manifest's `preempt_signal` names (`TERM`, `SIGUSR1`…).
+pub fn preempt_signal_number(name: &str) -> Option<i32> {
+    match name.trim_start_matches("SIG") {
+        "TERM" => Some(15),
+        "INT" => Some(2),
+        "HUP" => Some(1),
+        "USR1" => Some(10),
+        "USR2" => Some(12),
+        _ => None,
+    }
+}
+
 /// The most a sweep's weight may be: more is a typo, not a share.
 pub const MAX_WEIGHT: u32 = 1000;
 
@@ -44,6 +59,13 @@ pub struct Manifest {
     pub outputs: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workdir: Option<PathBuf>,
+    /// A preempted task gets `preempt_signal` (default `TERM`) and this long
+    /// to save its state (in `$GLEANER_CHECKPOINT`) before it is killed;
+    /// unset, it is killed at once.
+    #[serde(default, with = "walltime", skip_serializing_if = "Option::is_none")]
+    pub preempt_grace: Option<Duration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempt_signal: Option<String>,
     /// Scavenging jobs: the most launcher slots the job holds at once, all
     /// clusters together (a launcher of S slots counts S); unlimited when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -175,6 +197,8 @@ impl Manifest {
             env: IndexMap::new(),
             outputs: Vec::new(),
             workdir: None,
+            preempt_grace: None,
+            preempt_signal: None,
             max_launchers: None,
             weight: default_weight(),
             tasks: Vec::new(),
@@ -251,6 +275,23 @@ impl Manifest {
             return Err(ManifestError::invalid(
                 "component",
                 "components belong to grid jobs (kind = \"grid\")",
+            ));
+        }
+        if self.preempt_grace.is_some_and(|g| g > MAX_PREEMPT_GRACE) {
+            return Err(ManifestError::invalid(
+                "preempt_grace",
+                format!(
+                    "at most {}s: a cluster's users wait for the slot meanwhile",
+                    MAX_PREEMPT_GRACE.as_secs()
+                ),
+            ));
+        }
+        if let Some(signal) = &self.preempt_signal
+            && preempt_signal_number(signal).is_none()
+        {
+            return Err(ManifestError::invalid(
+                "preempt_signal",
+                format!("{signal:?} is none of TERM, INT, HUP, USR1, USR2"),
             ));
         }
         if !(1..=MAX_WEIGHT).contains(&self.weight) {

@@ -639,6 +639,13 @@ pub struct TaskMsg {
     pub outputs: Vec<String>,
     #[serde(default)]
     pub workdir: Option<String>,
+    /// When preempted, the task gets this signal (a name: `TERM`, `USR1`…)
+    /// and `preempt_grace_ms` to save its state before it is killed;
+    /// without them it is killed at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempt_signal: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preempt_grace_ms: Option<u64>,
 }
 
 impl Message for TaskMsg {

@@ -77,6 +77,8 @@ struct TaskMaker {
     walltime_ms: Option<u64>,
     outputs: Vec<String>,
     workdir: Option<String>,
+    preempt_signal: Option<String>,
+    preempt_grace_ms: Option<u64>,
 }
 
 impl TaskMaker {
@@ -97,6 +99,13 @@ impl TaskMaker {
             walltime_ms: manifest.walltime.map(|w| w.as_millis() as u64),
             outputs: manifest.outputs.clone(),
             workdir: manifest.workdir.as_ref().map(|w| w.display().to_string()),
+            preempt_grace_ms: manifest.preempt_grace.map(|g| g.as_millis() as u64),
+            preempt_signal: manifest.preempt_grace.map(|_| {
+                manifest
+                    .preempt_signal
+                    .clone()
+                    .unwrap_or_else(|| "TERM".to_owned())
+            }),
         }
     }
 
@@ -117,6 +126,8 @@ impl TaskMaker {
                 walltime_ms: self.walltime_ms,
                 outputs: self.outputs.clone(),
                 workdir: self.workdir.clone(),
+                preempt_signal: self.preempt_signal.clone(),
+                preempt_grace_ms: self.preempt_grace_ms,
             });
         }
         let spec = self.tasks.get(task)?;
@@ -139,6 +150,8 @@ impl TaskMaker {
             walltime_ms: self.walltime_ms,
             outputs: self.outputs.clone(),
             workdir: self.workdir.clone(),
+            preempt_signal: self.preempt_signal.clone(),
+            preempt_grace_ms: self.preempt_grace_ms,
         })
     }
 }
