@@ -21,49 +21,51 @@ fn table(header: &[&str], rows: impl IntoIterator<Item = Vec<String>>) -> String
     text.join("\n") + "\n"
 }
 
+/// One cluster's row: where its slots are, and whether gleaner may use it.
+pub fn cluster_row(c: &ClusterView) -> Vec<String> {
+    let r = &c.report;
+    let scavenged = r
+        .jobs
+        .values()
+        .fold(0u32, |sum, h| sum.saturating_add(h.total()));
+    let state = if c.stale {
+        "no recent report".to_owned()
+    } else if c.excluded {
+        format!("excluded ({} failed starts)", r.failed_starts)
+    } else {
+        r.error
+            .as_ref()
+            .map_or_else(|| "ok".to_owned(), |e| format!("error: {e}"))
+    };
+    vec![
+        r.cluster.to_string(),
+        r.backend.clone(),
+        r.total_slots.to_string(),
+        r.local_slots.to_string(),
+        r.grid_slots.to_string(),
+        scavenged.to_string(),
+        r.idle_slots.to_string(),
+        r.local_waiting.to_string(),
+        state,
+    ]
+}
+
+/// The columns of [`cluster_row`].
+pub const CLUSTER_COLUMNS: [&str; 9] = [
+    "CLUSTER",
+    "BACKEND",
+    "SLOTS",
+    "LOCAL",
+    "GRID",
+    "SCAVENGED",
+    "IDLE",
+    "WAITING",
+    "STATE",
+];
+
 /// Per cluster: where its slots are, and whether gleaner may use it.
 pub fn clusters(clusters: &[ClusterView]) -> String {
-    let rows = clusters.iter().map(|c| {
-        let r = &c.report;
-        let scavenged = r
-            .jobs
-            .values()
-            .fold(0u32, |sum, h| sum.saturating_add(h.total()));
-        let state = if c.stale {
-            "no recent report".to_owned()
-        } else if c.excluded {
-            format!("excluded ({} failed starts)", r.failed_starts)
-        } else {
-            r.error
-                .as_ref()
-                .map_or_else(|| "ok".to_owned(), |e| format!("error: {e}"))
-        };
-        vec![
-            r.cluster.to_string(),
-            r.backend.clone(),
-            r.total_slots.to_string(),
-            r.local_slots.to_string(),
-            r.grid_slots.to_string(),
-            scavenged.to_string(),
-            r.idle_slots.to_string(),
-            r.local_waiting.to_string(),
-            state,
-        ]
-    });
-    table(
-        &[
-            "CLUSTER",
-            "BACKEND",
-            "SLOTS",
-            "LOCAL",
-            "GRID",
-            "SCAVENGED",
-            "IDLE",
-            "WAITING",
-            "STATE",
-        ],
-        rows,
-    )
+    table(&CLUSTER_COLUMNS, clusters.iter().map(cluster_row))
 }
 
 /// What a host is doing, as `gleaner status` counts hosts.

@@ -85,28 +85,10 @@ pub fn draw(frame: &mut Frame, view: &View) {
     };
     let status = view.status.as_ref();
 
-    let rows = status.into_iter().flat_map(|s| &s.clusters).map(|c| {
-        let r = &c.report;
-        let scavenged: u32 = r.jobs.values().map(|h| h.total()).sum();
-        let state = if c.stale {
-            "no recent report".to_owned()
-        } else if c.excluded {
-            "excluded".to_owned()
-        } else {
-            r.error.clone().unwrap_or_else(|| "ok".to_owned())
-        };
-        Row::new([
-            r.cluster.to_string(),
-            r.backend.clone(),
-            r.total_slots.to_string(),
-            r.local_slots.to_string(),
-            r.grid_slots.to_string(),
-            scavenged.to_string(),
-            r.idle_slots.to_string(),
-            r.local_waiting.to_string(),
-            state,
-        ])
-    });
+    let rows = status
+        .into_iter()
+        .flat_map(|s| &s.clusters)
+        .map(|c| Row::new(crate::table::cluster_row(c)));
     let widths = [
         Constraint::Length(14),
         Constraint::Length(8),
@@ -120,17 +102,7 @@ pub fn draw(frame: &mut Frame, view: &View) {
     ];
     frame.render_widget(
         Table::new(rows, widths)
-            .header(header(&[
-                "CLUSTER",
-                "BACKEND",
-                "SLOTS",
-                "LOCAL",
-                "GRID",
-                "SCAVENGED",
-                "IDLE",
-                "WAITING",
-                "STATE",
-            ]))
+            .header(header(&crate::table::CLUSTER_COLUMNS))
             .block(Block::bordered().title(" clusters ")),
         clusters,
     );

@@ -110,42 +110,33 @@ impl TaskMaker {
     }
 
     fn msg(&self, task: u64, attempt: u32, preemptions: u32) -> Option<TaskMsg> {
-        if let Some((number, command)) = &self.final_step
-            && *number == task
-        {
-            let mut env = self.env.clone();
-            env.push(("GLEANER_RESULTS".to_owned(), self.results.clone()));
-            env.push(("GLEANER_FINAL".to_owned(), "1".to_owned()));
-            return Some(TaskMsg {
-                job: self.job.clone(),
-                task,
-                attempt,
-                preemptions,
-                command: command.clone(),
-                env,
-                walltime_ms: self.walltime_ms,
-                outputs: self.outputs.clone(),
-                workdir: self.workdir.clone(),
-                preempt_signal: self.preempt_signal.clone(),
-                preempt_grace_ms: self.preempt_grace_ms,
-            });
-        }
-        let spec = self.tasks.get(task)?;
-        // Each parameter as GLEANER_PARAM_<name> too: a value with spaces
-        // or quotes reaches the task intact through "$GLEANER_PARAM_x".
         let mut env = self.env.clone();
-        env.extend(
-            spec.params
-                .iter()
-                .filter(|(name, _)| is_param_name(name))
-                .map(|(name, value)| (format!("GLEANER_PARAM_{name}"), value.to_string())),
-        );
+        let command = match &self.final_step {
+            Some((number, command)) if *number == task => {
+                env.push(("GLEANER_RESULTS".to_owned(), self.results.clone()));
+                env.push(("GLEANER_FINAL".to_owned(), "1".to_owned()));
+                command.clone()
+            }
+            _ => {
+                let spec = self.tasks.get(task)?;
+                // Each parameter as GLEANER_PARAM_<name> too: a value with
+                // spaces or quotes reaches the task intact through
+                // "$GLEANER_PARAM_x".
+                env.extend(
+                    spec.params
+                        .iter()
+                        .filter(|(name, _)| is_param_name(name))
+                        .map(|(name, value)| (format!("GLEANER_PARAM_{name}"), value.to_string())),
+                );
+                spec.command
+            }
+        };
         Some(TaskMsg {
             job: self.job.clone(),
             task,
             attempt,
             preemptions,
-            command: spec.command,
+            command,
             env,
             walltime_ms: self.walltime_ms,
             outputs: self.outputs.clone(),
