@@ -322,6 +322,13 @@ impl Backoff {
     }
 }
 
+/// Whether `url` asks for plain AMQP on 5671, the port of AMQP over TLS:
+/// a listener there answers with a TLS alert, or resets the connection.
+pub fn plain_to_tls_port(url: &str) -> bool {
+    url.parse::<lapin::uri::AMQPUri>()
+        .is_ok_and(|uri| uri.scheme == lapin::uri::AMQPScheme::AMQP && uri.authority.port == 5671)
+}
+
 /// `amqp://user:secret@host` → `amqp://user:***@host`.
 pub fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {

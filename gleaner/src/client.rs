@@ -18,19 +18,23 @@ use gleaner_protocol::{
 use crate::{error::CliError, output::Output, services::hostname, settings::Settings};
 
 pub(crate) async fn connect(settings: &Settings) -> Result<Connection, CliError> {
-    let broker = Broker::new(&settings.broker_urls(), format!("cli@{}", hostname()))
+    let urls = settings.broker_urls();
+    let broker = Broker::new(&urls, format!("cli@{}", hostname()))
         .map_err(|e| CliError::BadInput(e.to_string()))?;
     broker.connect().await.map_err(|e| {
         let e = e.to_string();
-        CliError::Unreachable(format!("{e}\n({})", connect_hint(&e)))
+        CliError::Unreachable(format!("{e}\n({})", connect_hint(&e, &urls)))
     })
 }
 
-/// What to try, from how connecting failed.
-fn connect_hint(error: &str) -> &'static str {
+/// What to try, from how connecting failed and where to.
+fn connect_hint(error: &str, urls: &[String]) -> &'static str {
+    let plain_to_tls = urls
+        .iter()
+        .any(|url| gleaner_broker::plain_to_tls_port(url));
     if error.contains("certificate") {
         "the broker's certificate is not trusted here: add its CA to the system's trust store, or point SSL_CERT_FILE at it"
-    } else if error.contains("Parsing Error") {
+    } else if plain_to_tls || error.contains("Parsing Error") {
         "the broker did not answer in AMQP: a TLS port (5671) needs an amqps:// URL"
     } else {
         "is RabbitMQ running? `deploy/rabbitmq/setup.sh` installs and starts one"
