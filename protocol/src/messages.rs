@@ -229,12 +229,16 @@ pub struct JobReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub problem: Option<String>,
     /// Its weight in fair shares: twice the slots of a weight-1 job at 2.
-    #[serde(default = "one")]
+    #[serde(default = "one", skip_serializing_if = "is_one")]
     pub weight: u32,
 }
 
 fn one() -> u32 {
     1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
 }
 
 /// A kcm's view of its cluster. Slots held by gleaner are counted per job;

@@ -156,19 +156,36 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_empty_grid_is_a_valid_page() {
-        let page = render(&StatusReply {
+    fn a_jobs_figures_are_labelled_series() {
+        let job: gleaner_protocol::JobReport = serde_json::from_value(serde_json::json!({
+            "job": "sweep-3fa9c2", "owner": "alice", "kind": "scavenge", "priority": "super-low",
+            "state": "running", "runner": "r",
+            "tasks": {"total": 100, "pending": 50, "running": 10, "succeeded": 40, "failed": 0,
+                      "timed_out": 0, "lost": 0, "cancelled": 0},
+            "launchers": {"c1": 10}, "throughput": 2.5, "preemptions": 3, "started_at": 0,
+            "results": "/r", "components": [], "max_slots": null, "problem": null
+        }))
+        .unwrap();
+        let mut status = StatusReply {
             scheduler: "s".into(),
             policy: "site-equipartition".into(),
             clusters: Vec::new(),
             jobs: Vec::new(),
             placements: Vec::new(),
             hidden: 0,
-        });
-        assert!(
-            page.contains("# TYPE gleaner_cluster_slots gauge"),
-            "{page}"
-        );
+        };
+        assert_eq!(render(&status), "# EOF\n", "an empty grid");
+        status.jobs.push(job);
+        let page = render(&status);
+        for line in [
+            "# TYPE gleaner_job_tasks gauge",
+            "gleaner_job_tasks{job=\"sweep-3fa9c2\",owner=\"alice\",state=\"running\"} 10",
+            "gleaner_job_launcher_slots{job=\"sweep-3fa9c2\",owner=\"alice\"} 10",
+            "gleaner_job_tasks_per_second{job=\"sweep-3fa9c2\",owner=\"alice\"} 2.5",
+            "gleaner_job_preemptions{job=\"sweep-3fa9c2\",owner=\"alice\"} 3",
+        ] {
+            assert!(page.lines().any(|l| l == line), "{line}\n{page}");
+        }
         assert!(page.ends_with("# EOF\n"), "{page}");
     }
 }
