@@ -123,6 +123,234 @@ command = "if [ -e {m} ]; then echo second time lucky; else touch {m}; exit 1; f
     assert_eq!(none.status.code(), Some(1), "task 7 never ends: {none:?}");
 }
 
+/// `gleaner resubmit --failed` runs exactly the failed tasks again, with
+/// their numbers and parameters, as a job of its own linked to the first.
+#[test]
+fn resubmit_failed_reruns_exactly_the_failed_tasks() {
+    let mut g = gleaner("resubmit");
+    g.up(3);
+    let fixed = g.path().join("fixed");
+    let manifest = format!(
+        r#"
+name = "flaky-sweep"
+max_attempts = 1
+[sweep]
+command = "if [ -e {f} ] || [ {{i}} != 2 -a {{i}} != 5 ]; then echo ok $GLEANER_PARAM_i; else exit 4; fi"
+params.i = {{ from = 0, to = 7 }}
+"#,
+        f = fixed.display()
+    );
+    let first = finish(g.submit_waiting(&manifest), 2 * MINUTE);
+    assert_eq!(first.status.code(), Some(1), "two tasks failed");
+    let job = String::from_utf8_lossy(&first.stdout).trim().to_owned();
+
+    let nothing = g.run(&["resubmit", &job, "--lost"]);
+    assert_eq!(nothing.status.code(), Some(1), "{nothing:?}");
+    let said = String::from_utf8_lossy(&nothing.stderr);
+    assert!(
+        said.contains(&format!("no task of {job} ended lost")),
+        "{said}"
+    );
+    let stranger = g.run(&["resubmit", &job, "--tasks", "3,8"]);
+    assert_eq!(stranger.status.code(), Some(2), "{stranger:?}");
+    let said = String::from_utf8_lossy(&stranger.stderr);
+    assert!(said.contains("task 8 is not one of"), "{said}");
+
+    std::fs::write(&fixed, "").unwrap();
+    let rerun = finish_all_succeeded(
+        g.client(&["resubmit", &job, "--failed", "--wait"]),
+        2,
+        2 * MINUTE,
+    );
+    let again = String::from_utf8_lossy(&rerun.stdout).trim().to_owned();
+    assert_ne!(again, job);
+    let tasks = by_task(&g.index(&again));
+    assert_eq!(
+        tasks.keys().copied().collect::<Vec<_>>(),
+        [2, 5],
+        "exactly the failed tasks, by their numbers"
+    );
+    for (task, entry) in &tasks {
+        assert_eq!(entry["status"], "succeeded");
+        assert_eq!(entry["params"]["i"], *task);
+        let stdout =
+            std::fs::read_to_string(g.results_dir(&again).join(format!("tasks/{task}/stdout")))
+                .unwrap();
+        assert_eq!(stdout, format!("ok {task}\n"));
+    }
+    let job_file = g.job_file(&again).expect("job.json");
+    assert_eq!(job_file["tasks"]["total"], 2);
+    let link = std::fs::read_link(g.results_dir(&again).join("rerun-of"))
+        .expect("a link to the first job's results");
+    assert_eq!(
+        link.canonicalize().unwrap(),
+        g.results_dir(&job).canonicalize().unwrap()
+    );
+    let kept: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(g.results_dir(&again).join("manifest.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(kept["rerun"]["of"], job.as_str());
+    assert_eq!(kept["rerun"]["tasks"], "2,5");
+
+    // A rerun of the rerun chooses among its own tasks.
+    let one = finish_all_succeeded(
+        g.client(&["resubmit", &again, "--tasks", "5", "--wait"]),
+        1,
+        2 * MINUTE,
+    );
+    let third = String::from_utf8_lossy(&one.stdout).trim().to_owned();
+    assert_eq!(
+        by_task(&g.index(&third))
+            .keys()
+            .copied()
+            .collect::<Vec<_>>(),
+        [5]
+    );
+}
+
+/// `slots = 2`: each task takes two slots of a launcher, so four slots run
+/// two tasks at once, and each task hears how many it has.
+#[test]
+fn a_task_of_two_slots_takes_two_slots() {
+    let mut g = gleaner("task-slots");
+    g.up(4);
+    let running = g.path().join("running");
+    std::fs::create_dir(&running).unwrap();
+    let manifest = format!(
+        r#"
+name = "threaded"
+slots = 2
+[sweep]
+command = "touch {r}/{{i}}; ls {r} | wc -l > {r}.{{i}}; sleep 1; rm {r}/{{i}}; echo $GLEANER_SLOTS $OMP_NUM_THREADS"
+params.i = {{ from = 0, to = 7 }}
+"#,
+        r = running.display()
+    );
+    let job = String::from_utf8_lossy(
+        &finish_all_succeeded(g.submit_waiting(&manifest), 8, 2 * MINUTE).stdout,
+    )
+    .trim()
+    .to_owned();
+    let mut together = Vec::new();
+    for task in 0..8 {
+        let stdout =
+            std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{task}/stdout")))
+                .unwrap();
+        assert_eq!(stdout, "2 2\n", "task {task}");
+        let seen = std::fs::read_to_string(format!("{}.{task}", running.display())).unwrap();
+        together.push(seen.trim().parse::<u32>().unwrap());
+    }
+    assert!(
+        together.iter().all(|&n| n <= 2),
+        "never more than 4 slots' worth: {together:?}"
+    );
+    assert!(together.contains(&2), "two at once: {together:?}");
+
+    let too_big = g.write(
+        "big.toml",
+        "name = \"big\"\nslots = 2000\n[[task]]\ncommand = \"true\"\n",
+    );
+    let refused = g.run(&["submit", too_big.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("slots: must be from 1 to 1024"));
+}
+
+/// An open job takes more tasks while it runs and ends once closed.
+#[test]
+fn tasks_added_to_an_open_job_run_and_it_ends_when_closed() {
+    let mut g = gleaner("open-job");
+    g.up(2);
+    let job = {
+        let path = g.write(
+            "base.toml",
+            "name = \"growing\"\n[sweep]\ncommand = \"echo base {i}\"\nparams.i = [0, 1]\n",
+        );
+        let output = g.run(&["submit", "--open", path.to_str().unwrap()]);
+        assert!(output.status.success(), "{output:?}");
+        String::from_utf8_lossy(&output.stdout).trim().to_owned()
+    };
+    wait_for("the first tasks", MINUTE, || g.index(&job).len() == 2);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        g.job_state(&job).as_deref(),
+        Some("running"),
+        "open: it waits for more"
+    );
+
+    g.write("more.txt", "a\nb\nc\n");
+    let more = g.write(
+        "more.toml",
+        "[sweep]\ncommand = \"echo more {line}\"\nlines = \"more.txt\"\n",
+    );
+    let added = g.run(&["submit", "--job", &job, more.to_str().unwrap()]);
+    assert!(added.status.success(), "{added:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&added.stdout).trim(),
+        format!("3 tasks added to {job}")
+    );
+    wait_for("the added tasks", MINUTE, || g.index(&job).len() == 5);
+
+    let bad = g.write("bad.toml", "name = \"x\"\n[[task]]\ncommand = \"true\"\n");
+    let refused = g.run(&["submit", "--job", &job, bad.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+
+    let closed = g.run(&["close", &job]);
+    assert!(closed.status.success(), "{closed:?}");
+    assert_eq!(g.wait_for_end(&job, MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 5);
+    for (task, expected) in ["base 0", "base 1", "more a", "more b", "more c"]
+        .iter()
+        .enumerate()
+    {
+        let entry = &tasks[&(task as u64)];
+        assert_eq!(entry["status"], "succeeded", "{entry}");
+        let stdout =
+            std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{task}/stdout")))
+                .unwrap();
+        assert_eq!(stdout.trim(), *expected);
+    }
+    let late = g.run(&["submit", "--job", &job, more.to_str().unwrap()]);
+    assert_eq!(late.status.code(), Some(1), "the job has ended: {late:?}");
+
+    // A job that is not open takes no tasks.
+    let shut = g.submit("name = \"shut\"\n[[task]]\ncommand = \"sleep 20\"\n");
+    wait_for("the job to run", MINUTE, || {
+        g.job_state(&shut).as_deref() == Some("running")
+    });
+    let refused = g.run(&["submit", "--job", &shut, more.to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(4), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("the job is not open"),
+        "{refused:?}"
+    );
+    assert!(g.run(&["cancel", &shut]).status.success());
+}
+
+/// A big sweep's tasks are published a chunk at a time between the job's
+/// events: grants are taken and launchers start before the last is
+/// published (their results wait until it is).
+#[test]
+fn launchers_start_while_a_big_sweep_is_still_being_published() {
+    let mut g = gleaner("publishing");
+    g.up(2);
+    let job = g.submit(&sweep("big", 100_000, "true"));
+    wait_for("launchers", MINUTE, || !g.launchers(&job).is_empty());
+    let file = g.job_file(&job).expect("job.json");
+    assert_eq!(file["tasks_published"], false, "still publishing: {file}");
+    wait_for("the results to be taken", 2 * MINUTE, || {
+        !g.index(&job).is_empty()
+    });
+    let file = g.job_file(&job).expect("job.json");
+    assert_eq!(
+        file["tasks_published"], true,
+        "results wait for the publication: {file}"
+    );
+    assert!(g.run(&["cancel", &job]).status.success());
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "cancelled");
+}
+
 /// `submit --array` runs a sweep without a manifest file.
 #[test]
 fn an_array_sweep_needs_no_manifest() {
@@ -881,6 +1109,77 @@ cat "$GLEANER_CHECKPOINT/log"; echo "final $c"
         !checkpoint.exists(),
         "the state of a task that succeeded is removed"
     );
+}
+
+/// A checkpoint over `max_checkpoint_bytes` is dropped (the next run
+/// starts over), and a job's checkpoints go when the job ends.
+#[test]
+fn an_oversized_checkpoint_is_dropped_and_checkpoints_end_with_their_job() {
+    let mut g = gleaner("checkpoint-bound");
+    g.start_with(
+        "up",
+        &["up", "--slots", "1"],
+        &[("GLEANER_LAUNCHER__MAX_CHECKPOINT_BYTES", "1000")],
+    );
+    let runs = g.path().join("runs");
+    let manifest = format!(
+        r#"name = "bounded"
+max_attempts = 2
+[[task]]
+command = "echo kept > $GLEANER_CHECKPOINT/state; exit 1"
+[[task]]
+command = """
+n=$(cat {runs} 2>/dev/null || echo 0); echo $((n+1)) > {runs}
+if [ $n = 0 ]; then head -c 2000 /dev/zero > $GLEANER_CHECKPOINT/big; sleep 60; fi
+echo "limit $GLEANER_CHECKPOINT_MAX_BYTES, files $(ls $GLEANER_CHECKPOINT | wc -l)"
+"""
+"#,
+        runs = runs.display()
+    );
+    let job = g.submit(&manifest);
+    let checkpoints = std::env::temp_dir()
+        .join("gleaner-checkpoints")
+        .join(nix::unistd::getuid().to_string());
+    wait_for("the second task to save its state", MINUTE, || {
+        checkpoints.join(&job).join("1/big").exists()
+    });
+    assert!(
+        checkpoints.join(&job).join("0/state").exists(),
+        "a task that failed with an attempt left keeps its state"
+    );
+    let launchers = g.launchers(&job);
+    assert_eq!(launchers.len(), 1, "one slot: {launchers:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(launchers[0] as i32),
+        Signal::SIGTERM,
+    )
+    .expect("preempt the launcher");
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(
+        (&tasks[&0]["status"], &tasks[&0]["attempts"]),
+        (&"failed".into(), &2.into())
+    );
+    let stdout = std::fs::read_to_string(g.results_dir(&job).join("tasks/1/stdout")).unwrap();
+    assert_eq!(
+        stdout, "limit 1000, files 0\n",
+        "the oversized state was dropped"
+    );
+    wait_for("the job's checkpoints to go", MINUTE, || {
+        !checkpoints.join(&job).exists()
+    });
+
+    // A task stopped by its job's cancel leaves its state to the job's end.
+    let cancelled = g.submit(
+        "name = \"stopped\"\n[[task]]\ncommand = \"echo s > $GLEANER_CHECKPOINT/s; sleep 60\"\n",
+    );
+    wait_for("the state to be saved", MINUTE, || {
+        checkpoints.join(&cancelled).join("0/s").exists()
+    });
+    assert!(g.run(&["cancel", &cancelled]).status.success());
+    wait_for("the cancelled job's checkpoints to go", MINUTE, || {
+        !checkpoints.join(&cancelled).exists()
+    });
 }
 
 #[test]

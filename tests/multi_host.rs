@@ -87,7 +87,9 @@ fn full_grid(
 }
 
 /// Watches the placeholders running at first until `done`; returns those
-/// that went away.
+/// that went away. `done` is asked before the placeholders are listed, so
+/// the last list is taken after whatever `done` saw: a local job seen
+/// started has its freed slots' placeholders already gone from it.
 fn watch_until(
     queues: &SgeQueues,
     job: &str,
@@ -98,9 +100,10 @@ fn watch_until(
 ) -> BTreeSet<String> {
     let mut gone = BTreeSet::new();
     wait_for(what, timeout, || {
+        let finished = done();
         let now = running(queues, job);
         gone.extend(before.keys().filter(|id| !now.contains_key(*id)).cloned());
-        done()
+        finished
     });
     gone
 }

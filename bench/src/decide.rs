@@ -86,6 +86,8 @@ pub fn report(job: JobId, kind: JobKind, components: Vec<u32>) -> JobReport {
         max_slots: None,
         problem: None,
         weight: 1,
+        task_slots: 1,
+        open: false,
     }
 }
 

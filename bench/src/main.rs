@@ -163,7 +163,9 @@ fn main() -> anyhow::Result<()> {
             let exe = gleaner_binary()?;
             measure::spawn_rate(Duration::from_secs(5))?;
             for launchers in [1, 2, 4] {
-                measure::throughput(&exe, tasks, launchers, launcher_slots)?;
+                for command in ["/usr/bin/true", "/usr/bin/true;"] {
+                    measure::throughput(&exe, tasks, launchers, launcher_slots, command)?;
+                }
             }
             Ok(())
         }

@@ -58,14 +58,17 @@ fn memory_kib(pid: u32) -> (u64, u64) {
     (field("Rss:"), field("Anonymous:"))
 }
 
+/// The local broker: a `beam.smp` in this network namespace (the test
+/// hosts' nodes run in their own).
 fn broker_pid() -> Option<u32> {
     let output = Command::new("pgrep").arg("beam.smp").output().ok()?;
+    let here = std::fs::read_link("/proc/self/ns/net").ok()?;
     String::from_utf8_lossy(&output.stdout)
         .lines()
-        .next()?
-        .trim()
-        .parse()
-        .ok()
+        .filter_map(|line| line.trim().parse().ok())
+        .find(|pid: &u32| {
+            std::fs::read_link(format!("/proc/{pid}/ns/net")).ok() == Some(here.clone())
+        })
 }
 
 /// Waits until `gleaner up` serves: the scheduler answers and knows a cluster.
@@ -104,11 +107,14 @@ pub fn makespan(exe: &Path, tasks: u32, slots: u32, seconds: f64) -> anyhow::Res
     Ok(())
 }
 
+/// `command` runs each task: `/usr/bin/true` runs directly,
+/// `/usr/bin/true;` through the shell, as a command with shell syntax does.
 pub fn throughput(
     exe: &Path,
     tasks: u32,
     launchers: u32,
     launcher_slots: u32,
+    command: &str,
 ) -> anyhow::Result<()> {
     let mut g = Gleaner::new(&format!("bench-throughput-{launchers}"), exe);
     let slots = launchers * launcher_slots;
@@ -122,7 +128,7 @@ pub fn throughput(
     wait_until_serving(&g);
     let broker = broker_pid().context("no beam.smp process: is RabbitMQ local?")?;
     let (broker_before, up_before) = (cpu(broker), cpu(up));
-    let (makespan, file) = run_job(&g, &sweep("noop", tasks, "true"))?;
+    let (makespan, file) = run_job(&g, &sweep("noop", tasks, command))?;
     let job = file["job"].as_str().unwrap_or_default().to_owned();
     // Launchers leave once the job is over; then their CPU counts as up's children.
     wait_for("the launchers to leave", Duration::from_secs(30), || {
@@ -132,7 +138,7 @@ pub fn throughput(
     let (broker_after, up_after) = (cpu(broker), cpu(up));
     let per_k = 1000.0 / f64::from(tasks);
     println!(
-        "| {launchers} × {launcher_slots} | {tasks} | {makespan:.2} | {:.0} | {:.2} | {:.2} | {:.2} |",
+        "| {launchers} × {launcher_slots} | `{command}` | {tasks} | {makespan:.2} | {:.0} | {:.2} | {:.2} | {:.2} |",
         f64::from(tasks) / makespan,
         (broker_after.own - broker_before.own) * per_k,
         (up_after.own - up_before.own) * per_k,
@@ -204,6 +210,7 @@ pub fn memory(exe: &Path, tasks: u32) -> anyhow::Result<()> {
             id: id.as_str(),
             slot: "0",
             slots: 1,
+            task_slots: 1,
             walltime: None,
         };
         [vec![LAUNCHER_SUBCOMMAND.to_owned()], args.to_vec()].concat()

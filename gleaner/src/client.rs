@@ -10,12 +10,17 @@ use gleaner_broker::{
     Broker, BrokerError, Connection, Inbox,
     topology::{self, REQUEST, SUBMIT},
 };
-use gleaner_manifest::{JobId, JobIdError, Manifest};
+use gleaner_manifest::{Addition, JobId, JobIdError, Manifest};
 use gleaner_protocol::{
-    CancelReply, Event, JobReport, RequestMsg, StatusReply, Submission, job_events, now_ms,
+    ActionReply, Event, JobReport, RequestMsg, StatusReply, Submission, job_events, now_ms,
 };
 
-use crate::{error::CliError, output::Output, services::hostname, settings::Settings};
+use crate::{
+    error::CliError,
+    output::{Output, Passed},
+    services::hostname,
+    settings::Settings,
+};
 
 pub(crate) async fn connect(settings: &Settings) -> Result<Connection, CliError> {
     let urls = settings.broker_urls();
@@ -42,22 +47,42 @@ fn connect_hint(error: &str, urls: &[String]) -> &'static str {
 }
 
 /// Reads and validates a manifest: TOML, or JSON for a `.json` file; its
-/// sweep's data files are read relative to it.
-pub fn read_manifest(path: &Path) -> Result<Manifest, String> {
+/// sweep's data files are read relative to it. `open` makes it an open job.
+pub fn read_manifest(path: &Path, open: bool) -> Result<Manifest, String> {
     let text = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let beside = path.parent().unwrap_or(Path::new("."));
-    let read = |name: &str| {
-        let file = beside.join(name);
-        std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))
-    };
     let parsed = if path.extension().is_some_and(|e| e == "json") {
-        Manifest::from_json_reading(&text, read)
+        Manifest::parse_json(&text)
     } else {
         let text =
             String::from_utf8(text).map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
-        Manifest::from_toml_reading(&text, read)
+        Manifest::parse_toml(&text)
     };
-    parsed.map_err(|e| format!("{}: invalid manifest\n{e}", path.display()))
+    parsed
+        .and_then(|manifest| {
+            let open = manifest.open || open;
+            Manifest { open, ..manifest }.complete(files_beside(path))
+        })
+        .map_err(|e| format!("{}: invalid manifest\n{e}", path.display()))
+}
+
+/// Reads the data files a manifest (or an addition) at `path` names,
+/// relative to it.
+fn files_beside(path: &Path) -> impl FnMut(&str) -> Result<Vec<u8>, String> + '_ {
+    let beside = path.parent().unwrap_or(Path::new("."));
+    move |name| {
+        let file = beside.join(name);
+        std::fs::read(&file).map_err(|e| format!("cannot read {}: {e}", file.display()))
+    }
+}
+
+/// Reads and checks tasks to add to an open job, its sweep's data files
+/// relative to it.
+pub fn read_addition(path: &Path) -> Result<Addition, String> {
+    let text = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let text =
+        String::from_utf8(text).map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
+    Addition::from_toml_reading(&text, files_beside(path))
+        .map_err(|e| format!("{}: invalid tasks to add\n{e}", path.display()))
 }
 
 /// How long the broker keeps a `--wait` client's queue of events once
@@ -427,18 +452,67 @@ fn not_running(job: &str, others: bool) -> CliError {
 }
 
 pub async fn cancel(settings: &Settings, job: &str, output: &dyn Output) -> Result<(), CliError> {
-    let job: JobId = job
-        .parse()
-        .map_err(|e: JobIdError| CliError::BadInput(e.to_string()))?;
+    let job = job_id(job)?;
+    let request = RequestMsg::Cancel { job: job.clone() };
+    act(settings, &job, &request, "cancel").await?;
+    output.passed_on(&job, Passed::Cancel);
+    Ok(())
+}
+
+/// `gleaner close JOB`: an open job takes no more tasks.
+pub async fn close(settings: &Settings, job: &str, output: &dyn Output) -> Result<(), CliError> {
+    let job = job_id(job)?;
+    let request = RequestMsg::Close { job: job.clone() };
+    act(settings, &job, &request, "close").await?;
+    output.passed_on(&job, Passed::Close);
+    Ok(())
+}
+
+/// `gleaner submit --job JOB FILE`: more tasks for an open job.
+pub async fn add_tasks(
+    settings: &Settings,
+    job: &str,
+    path: &Path,
+    wait: bool,
+    output: &dyn Output,
+) -> Result<(), CliError> {
+    let job = job_id(job)?;
+    let mut addition = read_addition(path).map_err(CliError::BadInput)?;
+    addition.id = rand::random();
+    let count = addition
+        .task_list()
+        .map_err(|e| CliError::BadInput(format!("{}: {e}", path.display())))?
+        .len();
+    let request = RequestMsg::AddTasks {
+        job: job.clone(),
+        addition,
+    };
+    act(settings, &job, &request, "add tasks to").await?;
+    output.passed_on(&job, Passed::Tasks(count));
+    match wait {
+        true => self::wait(settings, job.as_str(), output).await,
+        false => Ok(()),
+    }
+}
+
+fn job_id(job: &str) -> Result<JobId, CliError> {
+    job.parse()
+        .map_err(|e: JobIdError| CliError::BadInput(e.to_string()))
+}
+
+/// Asks the scheduler to pass `request` on to `job`'s runner.
+async fn act(
+    settings: &Settings,
+    job: &JobId,
+    request: &RequestMsg,
+    what: &str,
+) -> Result<(), CliError> {
     let connection = connect(settings).await?;
-    match ask(&connection, &RequestMsg::Cancel { job: job.clone() }).await? {
-        CancelReply::Accepted {} => {
-            output.cancel_requested(&job);
-            Ok(())
-        }
-        CancelReply::NotRunning {} => Err(not_running(job.as_str(), false)),
-        CancelReply::Refused { reason } => {
-            Err(CliError::Denied(format!("cannot cancel {job}: {reason}")))
+    match ask(&connection, request).await? {
+        ActionReply::Accepted {} => Ok(()),
+        ActionReply::NotRunning {} => Err(not_running(job.as_str(), false)),
+        ActionReply::Refused { reason } => {
+            Err(CliError::Denied(format!("cannot {what} {job}: {reason}")))
         }
     }
 }

@@ -59,11 +59,20 @@ enum Command {
     #[command(after_help = "Examples:
   gleaner submit sweep.toml --wait
   gleaner submit --array 1-100 -- ./solve --seed {i}
-  gleaner submit --array 0-1000:10 --name scan --wait -- 'python3 scan.py {i} > out.txt'")]
+  gleaner submit --array 0-1000:10 --name scan --wait -- 'python3 scan.py {i} > out.txt'
+  gleaner submit --open sweep.toml && gleaner submit --job sweep-3fa9c2 more.toml")]
     Submit {
-        /// The manifest: TOML, or JSON for a `.json` file.
+        /// The manifest: TOML, or JSON for a `.json` file; with `--job`, the
+        /// tasks to add ([[task]] entries and a [sweep]).
         #[arg(required_unless_present = "array", conflicts_with = "array")]
         file: Option<PathBuf>,
+        /// An open job: tasks may be added while it runs (`--job`); it ends
+        /// once closed (`gleaner close`) and its tasks have.
+        #[arg(long, conflicts_with = "job")]
+        open: bool,
+        /// Add the file's tasks to this open job, numbered after its own.
+        #[arg(long, value_name = "JOB", conflicts_with = "array")]
+        job: Option<String>,
         /// Show progress until the job ends; exit 0 only if every task succeeded.
         #[arg(long)]
         wait: bool,
@@ -79,6 +88,36 @@ enum Command {
         #[arg(last = true, value_name = "COMMAND")]
         command: Vec<String>,
     },
+    /// Run some of a job's tasks again, as a new job: same parameters, same
+    /// task numbers, its results linked to the job's (`rerun-of`).
+    #[command(after_help = "Examples:
+  gleaner resubmit sweep-3fa9c2 --failed --timed-out --wait
+  gleaner resubmit sweep-3fa9c2 --tasks 3,7-12
+  gleaner resubmit sweep-3fa9c2 --lost --tasks 0-999")]
+    Resubmit {
+        job: String,
+        /// Tasks that failed.
+        #[arg(long)]
+        failed: bool,
+        /// Tasks that outlived their walltime.
+        #[arg(long)]
+        timed_out: bool,
+        /// Tasks lost with their launchers.
+        #[arg(long)]
+        lost: bool,
+        /// Tasks cancelled before they ended.
+        #[arg(long)]
+        cancelled: bool,
+        /// Only these task numbers (all of the job's when not given).
+        #[arg(long, value_name = "3,7-12")]
+        tasks: Option<gleaner_manifest::TaskSet>,
+        /// Show progress until the job ends; exit 0 only if every task succeeded.
+        #[arg(long)]
+        wait: bool,
+        /// The job's results directory, where it is not found by itself.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Clusters, their hosts and jobs as the scheduler sees them.
     #[command(
         after_help = "Examples:\n  gleaner status\n  gleaner status sweep-3fa9c2\n  gleaner status --hosts --output json"
@@ -89,6 +128,9 @@ enum Command {
         #[arg(long)]
         hosts: bool,
     },
+    /// An open job takes no more tasks; it ends once those it has ended.
+    #[command(after_help = "Example:\n  gleaner close sweep-3fa9c2 && gleaner wait sweep-3fa9c2")]
+    Close { job: String },
     /// Stop a job: running tasks are killed, results so far are kept.
     #[command(after_help = "Example:\n  gleaner cancel sweep-3fa9c2")]
     Cancel { job: String },
@@ -184,8 +226,10 @@ impl Command {
         !matches!(
             self,
             Self::Submit { .. }
+                | Self::Resubmit { .. }
                 | Self::Status { .. }
                 | Self::Cancel { .. }
+                | Self::Close { .. }
                 | Self::Wait { .. }
                 | Self::Jobs { .. }
                 | Self::Top
@@ -261,17 +305,49 @@ async fn dispatch(
     match command {
         Command::Submit {
             file,
+            open,
+            job,
             wait,
             array,
             name,
             command,
         } => {
+            if let (Some(job), Some(file)) = (&job, &file) {
+                return client::add_tasks(&settings, job, file, wait, output).await;
+            }
             let manifest = match (file, array) {
-                (Some(file), _) => client::read_manifest(&file),
-                (None, Some(range)) => client::array_manifest(range, name.as_deref(), &command),
+                (Some(file), _) => client::read_manifest(&file, open),
+                (None, Some(range)) => client::array_manifest(range, name.as_deref(), &command)
+                    .map(|manifest| gleaner_manifest::Manifest { open, ..manifest }),
                 (None, None) => Err("give a manifest, or --array with a command".to_owned()),
             }
             .map_err(CliError::BadInput)?;
+            client::submit(&settings, manifest, wait, output).await
+        }
+        Command::Resubmit {
+            job,
+            failed,
+            timed_out,
+            lost,
+            cancelled,
+            tasks,
+            wait,
+            dir,
+        } => {
+            let statuses = [
+                (failed, "failed"),
+                (timed_out, "timed_out"),
+                (lost, "lost"),
+                (cancelled, "cancelled"),
+            ];
+            let choice = browse::RerunChoice {
+                statuses: statuses
+                    .into_iter()
+                    .filter_map(|(asked, status)| asked.then_some(status))
+                    .collect(),
+                tasks,
+            };
+            let manifest = browse::rerun_manifest(&settings, &job, &choice, dir.as_deref()).await?;
             client::submit(&settings, manifest, wait, output).await
         }
         Command::Completions { .. } => Ok(()),
@@ -279,6 +355,7 @@ async fn dispatch(
             client::status(&settings, job.as_deref(), hosts, output).await
         }
         Command::Cancel { job } => client::cancel(&settings, &job, output).await,
+        Command::Close { job } => client::close(&settings, &job, output).await,
         Command::Wait { job } => client::wait(&settings, &job, output).await,
         Command::Jobs { all } => client::jobs(&settings, all, output).await,
         Command::Top => top::top(&settings).await,

@@ -39,9 +39,19 @@ pub trait Output {
     fn jobs(&self, jobs: &[JobReport]);
     /// `gleaner results`: index lines of the job whose results are in `dir`.
     fn results(&self, dir: &Path, entries: &[serde_json::Value]);
-    fn cancel_requested(&self, job: &JobId);
+    /// The scheduler passed a request on to the job's runner.
+    fn passed_on(&self, job: &JobId, request: Passed);
     fn simulation(&self, comparison: &Comparison);
     fn file_written(&self, what: &str, path: &Path);
+}
+
+/// A request the scheduler passed on to a job's runner.
+#[derive(Debug, Clone, Copy)]
+pub enum Passed {
+    Cancel,
+    Close,
+    /// This many tasks added.
+    Tasks(u64),
 }
 
 /// One line on stdout. A reader that went away (`| head`) has what it
@@ -140,8 +150,12 @@ impl Output for Cli {
         }
     }
 
-    fn cancel_requested(&self, job: &JobId) {
-        out(format_args!("cancel requested for {job}"));
+    fn passed_on(&self, job: &JobId, request: Passed) {
+        match request {
+            Passed::Cancel => out(format_args!("cancel requested for {job}")),
+            Passed::Close => out(format_args!("{job} closed: it ends once its tasks have")),
+            Passed::Tasks(count) => out(format_args!("{count} tasks added to {job}")),
+        }
     }
 
     fn simulation(&self, comparison: &Comparison) {
@@ -196,8 +210,12 @@ impl Output for Json {
         Self::print(&entries);
     }
 
-    fn cancel_requested(&self, job: &JobId) {
-        out(serde_json::json!({ "job": job.as_str(), "cancel": "requested" }));
+    fn passed_on(&self, job: &JobId, request: Passed) {
+        out(match request {
+            Passed::Cancel => serde_json::json!({ "job": job.as_str(), "cancel": "requested" }),
+            Passed::Close => serde_json::json!({ "job": job.as_str(), "close": "requested" }),
+            Passed::Tasks(count) => serde_json::json!({ "job": job.as_str(), "added": count }),
+        });
     }
 
     fn simulation(&self, comparison: &Comparison) {
@@ -232,7 +250,7 @@ impl Output for Quiet {
 
     fn results(&self, _dir: &Path, _entries: &[serde_json::Value]) {}
 
-    fn cancel_requested(&self, _job: &JobId) {}
+    fn passed_on(&self, _job: &JobId, _request: Passed) {}
 
     fn simulation(&self, _comparison: &Comparison) {}
 

@@ -135,9 +135,12 @@ pub struct LauncherArgs {
     /// The batch system's name for the slot, for the consumer tag.
     #[arg(long, default_value = "0")]
     pub slot: String,
-    /// Tasks run at once.
+    /// Slots it holds.
     #[arg(long, default_value_t = 1)]
     pub slots: u32,
+    /// Slots each task takes: `slots / task_slots` tasks run at once.
+    #[arg(long, default_value_t = 1)]
+    pub task_slots: u32,
     /// The placeholder's walltime, from the launcher's start (`3600s`, `1h`).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub walltime: Option<Duration>,
@@ -158,6 +161,7 @@ pub async fn launcher(
         host: host.clone(),
         slot: args.slot.clone(),
         slots: args.slots,
+        task_slots: args.task_slots.max(1),
         idle_timeout: l.idle_timeout,
         heartbeat: l.heartbeat,
         deadline: args
@@ -286,6 +290,7 @@ mod tests {
             id: "c1-4711.3",
             slot: "4711.3",
             slots: 4,
+            task_slots: 2,
             walltime: Some(Duration::from_secs(3600)),
         };
         let argv = std::iter::once(naming::LAUNCHER_SUBCOMMAND.to_owned()).chain(written.to_vec());
@@ -295,6 +300,7 @@ mod tests {
         assert_eq!(read.id.as_str(), written.id);
         assert_eq!(read.slot, written.slot);
         assert_eq!(read.slots, written.slots);
+        assert_eq!(read.task_slots, written.task_slots);
         assert_eq!(read.walltime, written.walltime);
     }
 }

@@ -182,7 +182,10 @@ pub fn jobs(jobs: &[JobReport]) -> String {
             .join(",");
         vec![
             j.job.to_string(),
-            format!("{:?}", j.state).to_lowercase(),
+            match j.open {
+                true => format!("{:?}, open", j.state).to_lowercase(),
+                false => format!("{:?}", j.state).to_lowercase(),
+            },
             format!("{}/{}", t.finished(), t.total),
             t.running.to_string(),
             t.pending.to_string(),

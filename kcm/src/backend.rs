@@ -145,6 +145,7 @@ pub trait Backend: Send + 'static {
         &mut self,
         job: &JobId,
         slots: u32,
+        task_slots: u32,
         run_as: Option<RunAs<'_>>,
     ) -> impl Future<Output = Result<u32, BackendError>> + Send;
 
@@ -260,6 +261,7 @@ impl LauncherCommand {
         cluster: &ClusterName,
         job: &JobId,
         slots: u32,
+        task_slots: u32,
         walltime: Option<Duration>,
         batch_id: &str,
     ) -> String {
@@ -282,6 +284,7 @@ impl LauncherCommand {
             id: &launcher_id_word(&cluster, batch_id),
             slot: batch_id,
             slots,
+            task_slots,
             walltime,
         };
         for arg in launcher.to_vec() {
@@ -295,9 +298,13 @@ impl LauncherCommand {
 }
 
 /// The placeholder arrays covering `slots`: `(launchers, slots each)` —
-/// whole launchers of `size`, and one smaller for the rest.
-pub fn launcher_arrays(slots: u32, size: u32) -> Vec<(u32, u32)> {
-    let size = size.max(1);
+/// whole launchers of `size`, and one smaller for the rest; each a
+/// multiple of `task_slots` (a launcher runs whole tasks), `size` rounded
+/// to one.
+pub fn launcher_arrays(slots: u32, size: u32, task_slots: u32) -> Vec<(u32, u32)> {
+    let task_slots = task_slots.max(1);
+    let size = task_slots * (size / task_slots).max(1);
+    let slots = slots - slots % task_slots;
     [
         (slots / size, size),
         (u32::from(!slots.is_multiple_of(size)), slots % size),
@@ -316,6 +323,7 @@ pub async fn submit_arrays<F, Fut>(
     cluster: &ClusterName,
     slots: u32,
     size: u32,
+    task_slots: u32,
     mut submit: F,
 ) -> Result<u32, BackendError>
 where
@@ -323,7 +331,7 @@ where
     Fut: Future<Output = Result<(), BackendError>>,
 {
     let mut started = 0;
-    for (count, each) in launcher_arrays(slots, size) {
+    for (count, each) in launcher_arrays(slots, size, task_slots) {
         if let Err(e) = submit(count, each).await {
             if started == 0 {
                 return Err(e);
@@ -441,11 +449,27 @@ mod tests {
 
     #[test]
     fn grants_become_arrays_of_whole_launchers_and_one_for_the_rest() {
-        assert_eq!(launcher_arrays(8, 1), [(8, 1)]);
-        assert_eq!(launcher_arrays(8, 4), [(2, 4)]);
-        assert_eq!(launcher_arrays(10, 4), [(2, 4), (1, 2)]);
-        assert_eq!(launcher_arrays(3, 4), [(1, 3)]);
-        assert!(launcher_arrays(0, 4).is_empty());
-        assert_eq!(launcher_arrays(2, 0), [(2, 1)], "0 counts as 1");
+        assert_eq!(launcher_arrays(8, 1, 1), [(8, 1)]);
+        assert_eq!(launcher_arrays(8, 4, 1), [(2, 4)]);
+        assert_eq!(launcher_arrays(10, 4, 1), [(2, 4), (1, 2)]);
+        assert_eq!(launcher_arrays(3, 4, 1), [(1, 3)]);
+        assert!(launcher_arrays(0, 4, 1).is_empty());
+        assert_eq!(launcher_arrays(2, 0, 1), [(2, 1)], "0 counts as 1");
+        // Tasks of 2 slots: launchers of whole tasks.
+        assert_eq!(launcher_arrays(8, 1, 2), [(4, 2)], "size grows to a task");
+        assert_eq!(
+            launcher_arrays(11, 4, 2),
+            [(2, 4), (1, 2)],
+            "the odd slot is left"
+        );
+        assert_eq!(
+            launcher_arrays(10, 5, 3),
+            [(3, 3)],
+            "size shrinks to whole tasks"
+        );
+        assert!(
+            launcher_arrays(3, 8, 4).is_empty(),
+            "too few slots for one task"
+        );
     }
 }

@@ -109,6 +109,8 @@ pub enum Effect {
         job: JobId,
         grant: GrantId,
         slots: u32,
+        /// Slots each task takes: launchers hold whole tasks.
+        task_slots: u32,
         /// Whose job it is (the broker user), for the account they run as.
         owner: String,
         /// The job's launcher account, for its launchers' settings file.
@@ -299,11 +301,19 @@ impl KcmCore {
                 job,
                 grant,
                 slots,
+                task_slots,
                 owner,
                 credentials,
             } => {
                 if self.recent_grants.contains(&grant) {
                     info!(job = %job, cluster = %self.config.cluster, grant = %grant, "grant already carried out; the order came again");
+                    return Vec::new();
+                }
+                // A placeholder no host could hold would wait or be refused,
+                // and count against the cluster as a failed start.
+                let largest = self.last.hosts.iter().map(|h| h.slots).max();
+                if largest.is_some_and(|largest| task_slots > largest) {
+                    warn!(job = %job, cluster = %self.config.cluster, grant = %grant, task_slots, largest, "the job's tasks need more slots than any host here has; grant not carried out");
                     return Vec::new();
                 }
                 if self.recent_grants.len() == RECENT_GRANTS {
@@ -316,6 +326,7 @@ impl KcmCore {
                         job,
                         grant,
                         slots,
+                        task_slots,
                         owner,
                         credentials,
                     },
@@ -953,6 +964,29 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_grant_for_tasks_bigger_than_any_host_is_not_carried_out() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        poll(&mut kcm, cluster(4, Vec::new()), clock.at(0));
+        let grant = |grant, task_slots| KcmMsg::StartLaunchers {
+            job: "sweep-000001".parse().unwrap(),
+            grant: GrantId::new(grant),
+            slots: 8,
+            task_slots,
+            owner: "alice".into(),
+            credentials: None,
+        };
+        let submits = |effects: Vec<Effect>| {
+            effects
+                .iter()
+                .filter(|e| matches!(e, Effect::SubmitLaunchers { .. }))
+                .count()
+        };
+        assert_eq!(submits(message(&mut kcm, grant(1, 8), clock.at(1))), 0);
+        assert_eq!(submits(message(&mut kcm, grant(2, 4), clock.at(2))), 1);
+    }
+
     fn waiting(jobs: &[(&str, u32)]) -> Vec<WaitingJob> {
         jobs.iter()
             .map(|(id, slots)| WaitingJob::anywhere(*id, *slots))
@@ -1086,6 +1120,7 @@ mod tests {
                 job: a.clone(),
                 grant: GrantId::new(7),
                 slots: 2,
+                task_slots: 1,
                 owner: "alice".into(),
                 credentials: None,
             },
@@ -1276,6 +1311,7 @@ mod tests {
             job: job("a"),
             grant: GrantId::new(7),
             slots: 2,
+            task_slots: 1,
             owner: "alice".into(),
             credentials: None,
         };
@@ -1301,6 +1337,7 @@ mod tests {
                     job: a.clone(),
                     grant,
                     slots: 4,
+                    task_slots: 1,
                     owner: "alice".into(),
                     credentials: None,
                 },
@@ -1336,6 +1373,7 @@ mod tests {
                 job: a.clone(),
                 grant: GrantId::new(3),
                 slots: 4,
+                task_slots: 1,
                 owner: "alice".into(),
                 credentials: None,
             },

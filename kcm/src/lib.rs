@@ -206,6 +206,7 @@ impl<B: Backend> Kcm<B> {
                     job,
                     grant,
                     slots,
+                    task_slots,
                     owner,
                     credentials,
                 } => {
@@ -214,7 +215,7 @@ impl<B: Backend> Kcm<B> {
                             command: format!("run as the owner of the job ({owner})"),
                             message: "the job's runner keeps users apart and this kcm does not ([users] single = true): its launchers would run as the kcm".to_owned(),
                         }),
-                        Ok(None) => self.backend.submit(&job, slots, None).await,
+                        Ok(None) => self.backend.submit(&job, slots, task_slots, None).await,
                         Ok(Some(account)) => {
                             match self.owner_settings(&job, &account, credentials.as_ref()) {
                                 Ok(settings) => {
@@ -222,7 +223,9 @@ impl<B: Backend> Kcm<B> {
                                         account: &account,
                                         settings: &settings,
                                     };
-                                    self.backend.submit(&job, slots, Some(run_as)).await
+                                    self.backend
+                                        .submit(&job, slots, task_slots, Some(run_as))
+                                        .await
                                 }
                                 Err(e) => Err(e),
                             }

@@ -164,7 +164,9 @@ impl LocalBackend {
 
     /// A free run of up to `want` slots: its first slot and its length.
     /// Slots running or awaited by grid components are not free.
-    fn free_slots(&self, want: u32) -> Option<(u32, u32)> {
+    /// The first run of free slots that holds at least one task of
+    /// `task_slots`: its first slot, and up to `want` of it in whole tasks.
+    fn free_slots(&self, want: u32, task_slots: u32) -> Option<(u32, u32)> {
         let used = |slot: u32| {
             self.launchers
                 .iter()
@@ -172,12 +174,22 @@ impl LocalBackend {
         };
         let components = self.component_slots(true) + self.component_slots(false);
         let launcher_room = self.slots.saturating_sub(components);
-        let first = (0..launcher_room).find(|s| !used(*s))?;
-        let length = (first..launcher_room)
-            .take(want as usize)
-            .take_while(|s| !used(*s))
-            .count() as u32;
-        Some((first, length))
+        let task_slots = task_slots.max(1);
+        let mut first = 0;
+        while first < launcher_room {
+            if used(first) {
+                first += 1;
+                continue;
+            }
+            let run = (first..launcher_room).take_while(|s| !used(*s)).count() as u32;
+            let length = run.min(want);
+            let length = length - length % task_slots;
+            if length > 0 {
+                return Some((first, length));
+            }
+            first += run;
+        }
+        None
     }
 
     fn signal(&self, launcher: &Launcher, signal: Signal) {
@@ -241,6 +253,7 @@ impl Backend for LocalBackend {
         &mut self,
         job: &JobId,
         slots: u32,
+        task_slots: u32,
         run_as: Option<RunAs<'_>>,
     ) -> Result<u32, BackendError> {
         let launcher = self.command.for_run_as(run_as);
@@ -248,8 +261,9 @@ impl Backend for LocalBackend {
         self.reap();
         let mut started = 0;
         while started < slots {
-            let want = self.launcher_slots.min(slots - started);
-            let Some((slot, length)) = self.free_slots(want) else {
+            let size = task_slots * (self.launcher_slots / task_slots).max(1);
+            let want = size.min(slots - started);
+            let Some((slot, length)) = self.free_slots(want, task_slots) else {
                 break;
             };
             let id = local_launcher_batch_id(std::process::id(), self.next_id);
@@ -260,6 +274,7 @@ impl Backend for LocalBackend {
                 id: launcher_id(&self.cluster, &id).as_str(),
                 slot: &slot.to_string(),
                 slots: length,
+                task_slots,
                 walltime: None,
             });
             let mut command = Command::new(&launcher.program);

@@ -150,6 +150,7 @@ impl SgeBackend {
         job: &JobId,
         count: u32,
         each: u32,
+        task_slots: u32,
         run_as: Option<RunAs<'_>>,
     ) -> Result<(), BackendError> {
         let c = &self.config;
@@ -185,7 +186,14 @@ impl SgeBackend {
             ]),
         }
         let launcher = c.launcher.for_run_as(run_as);
-        let script = launcher.script(&c.cluster, job, each, c.h_rt, &format!("\"{SGE_TASK_ID}\""));
+        let script = launcher.script(
+            &c.cluster,
+            job,
+            each,
+            task_slots,
+            c.h_rt,
+            &format!("\"{SGE_TASK_ID}\""),
+        );
         let (program, args) = as_account("qsub", &args, run_as.map(|r| r.account));
         let answer = self.run(&program, &args, Some(&script)).await?;
         // `-terse` answers `4711.1-8:1` for an array job.
@@ -247,12 +255,13 @@ impl Backend for SgeBackend {
         &mut self,
         job: &JobId,
         slots: u32,
+        task_slots: u32,
         run_as: Option<RunAs<'_>>,
     ) -> Result<u32, BackendError> {
         let this = &*self;
         let (cluster, size) = (&this.config.cluster, this.config.launcher_slots);
-        submit_arrays(job, cluster, slots, size, |count, each| {
-            this.submit_array(job, count, each, run_as)
+        submit_arrays(job, cluster, slots, size, task_slots, |count, each| {
+            this.submit_array(job, count, each, task_slots, run_as)
         })
         .await
     }
@@ -343,6 +352,7 @@ mod tests {
             &"c1".into(),
             &job,
             1,
+            1,
             None,
             "\"$JOB_ID.$SGE_TASK_ID\"",
         );
@@ -385,9 +395,14 @@ mod tests {
     fn the_job_script_names_the_launcher_after_its_array_task() {
         let c = backend().config;
         let job = "sweep-3fa9c2".parse().unwrap();
-        let script = c
-            .launcher
-            .script(&c.cluster, &job, 1, c.h_rt, &format!("\"{SGE_TASK_ID}\""));
+        let script = c.launcher.script(
+            &c.cluster,
+            &job,
+            1,
+            1,
+            c.h_rt,
+            &format!("\"{SGE_TASK_ID}\""),
+        );
         assert!(script.starts_with("#!/bin/sh\n"));
         assert!(script.contains("export GLEANER_BROKER_URL='amqp://u:p@h/v?heartbeat=10'\n"));
         assert!(

@@ -103,6 +103,7 @@ impl SlurmBackend {
         job: &JobId,
         count: u32,
         each: u32,
+        task_slots: u32,
         run_as: Option<RunAs<'_>>,
     ) -> Result<(), BackendError> {
         let c = &self.config;
@@ -134,6 +135,7 @@ impl SlurmBackend {
             &c.cluster,
             job,
             each,
+            task_slots,
             c.walltime,
             &format!("\"{SLURM_TASK_ID}\""),
         );
@@ -191,12 +193,13 @@ impl Backend for SlurmBackend {
         &mut self,
         job: &JobId,
         slots: u32,
+        task_slots: u32,
         run_as: Option<RunAs<'_>>,
     ) -> Result<u32, BackendError> {
         let this = &*self;
         let (cluster, size) = (&this.config.cluster, this.config.launcher_slots);
-        submit_arrays(job, cluster, slots, size, |count, each| {
-            this.submit_array(job, count, each, run_as)
+        submit_arrays(job, cluster, slots, size, task_slots, |count, each| {
+            this.submit_array(job, count, each, task_slots, run_as)
         })
         .await
     }
@@ -271,6 +274,7 @@ mod tests {
             &"c1".into(),
             &job,
             4,
+            1,
             Some(Duration::from_secs(600)),
             &format!("\"{SLURM_TASK_ID}\""),
         );

@@ -39,6 +39,10 @@ pub struct Limits {
     /// Between SIGTERM and SIGKILL when a walltime ends.
     #[serde(with = "humantime_serde")]
     pub kill_grace: Duration,
+    /// Bytes a task's `$GLEANER_CHECKPOINT` may hold after a run that did
+    /// not succeed; a bigger one is removed, and the next run starts over.
+    #[serde(rename = "max_checkpoint_bytes")]
+    pub checkpoint_bytes: u64,
 }
 
 impl Default for Limits {
@@ -48,6 +52,7 @@ impl Default for Limits {
             file_bytes: 16 << 20,
             outputs_bytes: 64 << 20,
             kill_grace: Duration::from_secs(2),
+            checkpoint_bytes: 1 << 30,
         }
     }
 }
@@ -102,6 +107,32 @@ pub async fn run(
     Some(outcome)
 }
 
+/// Whether the files under `dir` (not following links) hold more than
+/// `limit` bytes; it stops counting as soon as they do.
+pub fn size_over(dir: &Path, limit: u64) -> bool {
+    let mut total = 0u64;
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                pending.push(entry.path());
+            } else if meta.is_file() {
+                total = total.saturating_add(meta.len());
+                if total > limit {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
 /// Empties a sandbox after a run so the next task finds it as fresh as a new
 /// one (reusing the directory spares the filesystem an inode per task).
 /// `false` if it could not be emptied: the caller should not reuse it.
@@ -128,6 +159,98 @@ pub fn reset_sandbox(sandbox: &Path) -> bool {
     clean
 }
 
+/// Shell builtins and keywords (dash's): a command starting with one runs
+/// through the shell, where it means what the user expects (`echo -e`,
+/// `cd`). `true` and `false` are not here: their programs do the same.
+const SHELL_WORDS: &[&str] = &[
+    ".", ":", "[", "alias", "bg", "break", "case", "cd", "chdir", "command", "continue", "do",
+    "done", "echo", "elif", "else", "esac", "eval", "exec", "exit", "export", "fc", "fg", "fi",
+    "for", "function", "getopts", "hash", "if", "in", "jobs", "kill", "local", "printf", "pwd",
+    "read", "readonly", "return", "set", "shift", "test", "then", "times", "trap", "type",
+    "ulimit", "umask", "unalias", "unset", "until", "wait", "while",
+];
+
+/// The words of a command that needs no shell: no quotes, expansions,
+/// redirections, operators, globs, comments or assignments, and no builtin
+/// or keyword first. Such a command is run directly, with the same result
+/// as through `sh -c` and one process fewer to start.
+fn plain_words(command: &str) -> Option<Vec<&str>> {
+    const SPECIAL: &[char] = &[
+        '|', '&', ';', '<', '>', '(', ')', '$', '`', '\\', '"', '\'', '*', '?', '[', ']', '#', '~',
+        '{', '}', '!', '\n', '\r',
+    ];
+    if command.contains(SPECIAL) {
+        return None;
+    }
+    let words: Vec<&str> = command
+        .split([' ', '\t'])
+        .filter(|w| !w.is_empty())
+        .collect();
+    let program = *words.first()?;
+    (!program.contains('=') && !SHELL_WORDS.contains(&program)).then_some(words)
+}
+
+/// Where `program` is, as the shell would find it: relative to `cwd` if it
+/// names a directory, else in the absolute directories of `path` (the
+/// shell would look for relative ones in the task's directory; it does).
+/// Only an executable file that the kernel runs by itself counts: one
+/// without `#!` the shell would run as a script.
+fn find_program(program: &str, cwd: &Path, path: Option<&str>) -> Option<PathBuf> {
+    use std::{io::Read, os::unix::fs::PermissionsExt};
+    let runnable = |p: &Path| {
+        let executable =
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        let mut magic = [0u8; 4];
+        executable
+            && std::fs::File::open(p)
+                .and_then(|mut f| f.read_exact(&mut magic))
+                .is_ok_and(|()| magic.starts_with(b"#!") || magic == *b"\x7fELF")
+    };
+    if program.contains('/') {
+        let found = std::path::absolute(cwd.join(program)).ok()?;
+        return runnable(&found).then_some(found);
+    }
+    path?
+        .split(':')
+        .filter(|dir| dir.starts_with('/'))
+        .map(|dir| Path::new(dir).join(program))
+        .find(|p| runnable(p))
+}
+
+/// The process a task's command runs as: its program directly when it
+/// needs no shell and is found, else `sh -c` (which also says what is
+/// wrong with a program that is not there).
+fn task_command(task: &TaskRun<'_>, cwd: &Path) -> Command {
+    let path = task
+        .env
+        .iter()
+        .rev()
+        .find(|(key, _)| key == "PATH")
+        .map(|(_, value)| value.clone())
+        .or_else(|| std::env::var("PATH").ok());
+    let direct = plain_words(task.command).and_then(|words| {
+        let program = find_program(words[0], cwd, path.as_deref())?;
+        Some((program, words))
+    });
+    match direct {
+        Some((program, words)) => {
+            let mut command = Command::new(program);
+            command.arg0(words[0]).args(&words[1..]);
+            // As the shell would have set it for its child.
+            command.env(
+                "PWD",
+                std::path::absolute(cwd).unwrap_or_else(|_| cwd.to_owned()),
+            );
+            command
+        }
+        None => {
+            let mut command = Command::new("/bin/sh");
+            command.arg("-c").arg(task.command);
+            command
+        }
+    }
+}
+
 async fn supervise(
     task: &TaskRun<'_>,
     cwd: &Path,
@@ -135,10 +258,8 @@ async fn supervise(
     stop: &mut watch::Receiver<bool>,
     started: Instant,
 ) -> Option<Outcome> {
-    let mut command = Command::new("/bin/sh");
+    let mut command = task_command(task, cwd);
     command
-        .arg("-c")
-        .arg(task.command)
         .current_dir(cwd)
         .envs(task.env.iter().map(|(k, v)| (k, v)))
         .env("GLEANER_SANDBOX", &task.sandbox)
@@ -151,7 +272,7 @@ async fn supervise(
         Ok(child) => child,
         Err(e) => {
             return Some(Outcome::not_started(
-                format!("cannot start /bin/sh in {}: {e}", cwd.display()),
+                format!("cannot start the task in {}: {e}", cwd.display()),
                 started,
             ));
         }
@@ -384,6 +505,87 @@ fn read_head(path: &Path, limit: usize) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn plain_commands_skip_the_shell_and_the_rest_keep_it() {
+        assert_eq!(super::plain_words("true"), Some(vec!["true"]));
+        assert_eq!(
+            super::plain_words("./solve  --seed 3\t--alpha=0.5 out/x,y"),
+            Some(vec!["./solve", "--seed", "3", "--alpha=0.5", "out/x,y"])
+        );
+        for shell in [
+            "echo -e 'a\\tb'",
+            "a=1 ./solve",
+            "./solve > out",
+            "./solve $HOME",
+            "cd x",
+            "./solve *.dat",
+            "./a && ./b",
+            "./solve 'two words'",
+            "exit 3",
+            "./solve # comment",
+            "./solve ~/x",
+            "",
+            "   ",
+        ] {
+            assert_eq!(super::plain_words(shell), None, "{shell:?}");
+        }
+    }
+
+    #[test]
+    fn programs_are_found_as_the_shell_finds_them() {
+        let cwd = std::path::Path::new("/");
+        assert_eq!(
+            super::find_program("sh", cwd, Some("/nonexistent::/bin")),
+            Some(std::path::PathBuf::from("/bin/sh"))
+        );
+        assert_eq!(
+            super::find_program("no-such-program", cwd, Some("/bin:/usr/bin")),
+            None
+        );
+        assert_eq!(
+            super::find_program("sh", cwd, None),
+            None,
+            "no PATH, no search"
+        );
+        assert!(
+            super::find_program("bin/sh", cwd, None).is_some(),
+            "relative to the task's directory"
+        );
+        assert_eq!(
+            super::find_program("sh", cwd, Some("bin")),
+            None,
+            "relative PATH entries are the shell's"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("no-hashbang");
+        std::fs::write(&script, "echo hi\n").unwrap();
+        std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        assert_eq!(
+            super::find_program("./no-hashbang", dir.path(), None),
+            None,
+            "a script for the shell"
+        );
+        assert_eq!(
+            super::find_program("etc/passwd", cwd, None),
+            None,
+            "not executable"
+        );
+    }
+
+    #[test]
+    fn a_directory_tree_is_measured_up_to_the_limit() {
+        let dir = std::env::temp_dir().join(format!("gleaner-size-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("a/b")).unwrap();
+        std::fs::write(dir.join("one"), [0u8; 100]).unwrap();
+        std::fs::write(dir.join("a/b/two"), [0u8; 200]).unwrap();
+        std::os::unix::fs::symlink("/usr", dir.join("link")).unwrap();
+        assert!(!super::size_over(&dir, 300), "links are not followed");
+        assert!(super::size_over(&dir, 299));
+        assert!(!super::size_over(&dir.join("missing"), 0));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
     use super::*;
 
     fn task<'a>(command: &'a str, dir: &Path) -> TaskRun<'a> {
@@ -428,6 +630,37 @@ mod tests {
             0,
             "emptied for the next task"
         );
+    }
+
+    /// A command without shell syntax runs as its program, as `sh -c`
+    /// would have run it: in the sandbox, with `PWD` saying so.
+    #[tokio::test]
+    async fn a_plain_command_runs_directly_with_the_shells_result() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = task("printenv PWD GLEANER_SANDBOX", dir.path());
+        let sandbox = run.sandbox.display().to_string();
+        let outcome = super::run(run, Limits::default(), never()).await.unwrap();
+        assert_eq!(outcome.status, RunStatus::Succeeded);
+        assert_eq!(
+            String::from_utf8(outcome.stdout.data).unwrap(),
+            format!("{sandbox}\n{sandbox}\n")
+        );
+        let outcome = super::run(task("false", dir.path()), Limits::default(), never())
+            .await
+            .unwrap();
+        assert_eq!(
+            (outcome.status, outcome.exit_code),
+            (RunStatus::Failed, Some(1))
+        );
+        let outcome = super::run(
+            task("no-such-program x", dir.path()),
+            Limits::default(),
+            never(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(outcome.exit_code, Some(127), "the shell's answer");
+        assert!(String::from_utf8_lossy(&outcome.stderr.data).contains("not found"));
     }
 
     #[tokio::test]

@@ -30,7 +30,7 @@ use gleaner_broker::{
 use gleaner_manifest::JobId;
 use gleaner_protocol::{
     Captured, ClusterName, ControlMsg, LauncherId, LauncherInfo, LauncherMsg, LauncherStatus,
-    ResultMsg, RunStatus, RunningTask, TaskMsg, now_ms,
+    ResultBatch, ResultMsg, RunStatus, RunningTask, TaskMsg, now_ms,
 };
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -50,8 +50,11 @@ pub struct LauncherConfig {
     pub host: String,
     /// The batch system's name for this slot (`3`, `4711.2`), for the consumer tag.
     pub slot: String,
-    /// Tasks run at once.
+    /// Slots it holds.
     pub slots: u32,
+    /// Slots each task takes (`$GLEANER_SLOTS`): `slots / task_slots`
+    /// tasks run at once.
+    pub task_slots: u32,
     pub idle_timeout: Duration,
     pub heartbeat: Duration,
     /// When the placeholder's walltime ends, if it has one.
@@ -65,6 +68,13 @@ pub struct LauncherConfig {
     /// kept across its preemptions and retries, removed once it succeeded.
     pub checkpoints: PathBuf,
     pub limits: Limits,
+}
+
+impl LauncherConfig {
+    /// Tasks it runs at once: whole tasks of `task_slots` in its slots.
+    pub fn tasks_at_once(&self) -> u32 {
+        (self.slots / self.task_slots.max(1)).max(1)
+    }
 }
 
 /// `[launcher]` of the configuration: what every launcher of a deployment
@@ -185,6 +195,78 @@ struct Shared {
     queues: JobQueues,
     publisher: Publisher,
     sandboxes: Sandboxes,
+    /// To [`publish_results`].
+    results: tokio::sync::mpsc::UnboundedSender<Outgoing>,
+}
+
+/// A run's result on its way out, and who waits for it to be settled
+/// (published, then its task acked).
+struct Outgoing {
+    result: ResultMsg,
+    incoming: Incoming<TaskMsg>,
+    settled: tokio::sync::oneshot::Sender<Result<(), BrokerError>>,
+}
+
+/// Results in one message at most.
+const RESULTS_PER_MESSAGE: usize = 64;
+/// Bytes of captured output in one message, unless its first result alone
+/// has more.
+const BYTES_PER_MESSAGE: usize = 4 << 20;
+
+/// Publishes results as they come, those that queued while the last
+/// message was being confirmed together in the next: no result waits for
+/// another. Each task is acked once its result is with the broker; a
+/// launcher killed before that loses nothing (the tasks come again, and
+/// the runner keeps the first result of each).
+async fn publish_results(
+    publisher: Publisher,
+    route: (String, String),
+    mut outgoing: tokio::sync::mpsc::UnboundedReceiver<Outgoing>,
+) {
+    let size = |o: &Outgoing| {
+        let r = &o.result;
+        r.stdout.data.len()
+            + r.stderr.data.len()
+            + r.outputs.iter().map(|f| f.data.len()).sum::<usize>()
+    };
+    // A result that would have made the last message too big starts the next.
+    let mut carried: Option<Outgoing> = None;
+    loop {
+        let first = match carried.take() {
+            Some(first) => first,
+            None => match outgoing.recv().await {
+                Some(first) => first,
+                None => return,
+            },
+        };
+        let mut bytes = size(&first);
+        let mut batch = vec![first];
+        while batch.len() < RESULTS_PER_MESSAGE {
+            let Ok(next) = outgoing.try_recv() else {
+                break;
+            };
+            bytes += size(&next);
+            if bytes > BYTES_PER_MESSAGE {
+                carried = Some(next);
+                break;
+            }
+            batch.push(next);
+        }
+        let (results, waiting): (Vec<ResultMsg>, Vec<_>) = batch
+            .into_iter()
+            .map(|o| (o.result, (o.incoming, o.settled)))
+            .unzip();
+        let sent = publisher
+            .send_via((&route.0, &route.1), &ResultBatch { results })
+            .await;
+        for (incoming, settled) in waiting {
+            let outcome = match &sent {
+                Ok(()) => incoming.ack().await,
+                Err(e) => Err(e.clone()),
+            };
+            let _ = settled.send(outcome);
+        }
+    }
 }
 
 /// One sandbox directory per slot, emptied and reused from task to task.
@@ -253,8 +335,13 @@ pub async fn run(
     if let Err(why) = orphans::contain() {
         debug!(launcher = %config.id, why, "tasks contained by process group and subreaper, without cgroups");
     }
+    let checkpoints = config.checkpoints.join(config.job.as_str());
     let served = serve(broker, config, signals).await;
     orphans::release();
+    // The job ended: what its tasks kept for another run is of no use now.
+    if matches!(served, Ok(Exit::JobOver)) {
+        let _ = std::fs::remove_dir_all(checkpoints);
+    }
     served
 }
 
@@ -299,7 +386,7 @@ async fn serve(
         return job_over_or(e);
     }
     let task_channel = connection.channel().await?;
-    let prefetch = u16::try_from(config.slots.max(1)).unwrap_or(u16::MAX);
+    let prefetch = u16::try_from(config.tasks_at_once()).unwrap_or(u16::MAX);
     let tasks: Inbox<TaskMsg> = match Inbox::open(
         &task_channel,
         publisher.clone(),
@@ -317,11 +404,20 @@ async fn serve(
     };
     info!(job = %config.job, launcher = %config.id, cluster = %config.cluster, slots = config.slots, "launcher up");
 
+    let (results, outgoing) = tokio::sync::mpsc::unbounded_channel();
+    let (exchange, key) = queues.to_results();
+    // It ends once the last sender (in `shared`) is gone.
+    tokio::spawn(publish_results(
+        publisher.clone(),
+        (exchange.to_owned(), key.to_owned()),
+        outgoing,
+    ));
     let shared = Arc::new(Shared {
         sandboxes: Sandboxes::new(config.scratch.join(config.id.as_str())),
         config,
         queues,
         publisher,
+        results,
     });
     let result = Shell::new(shared.clone(), tasks, own, signals)
         .serve()
@@ -444,6 +540,7 @@ impl Shell {
                     let event = Event::Delivered {
                         tag,
                         task: incoming.msg.task,
+                        preemptions: incoming.msg.preemptions,
                         walltime: incoming.msg.walltime_ms.map(Duration::from_millis),
                     };
                     self.held.insert(tag, Held { incoming, outcome: None });
@@ -611,20 +708,31 @@ async fn run_task(
     let config = &shared.config;
     let task = &incoming.msg;
     let mut env = task.env.clone();
+    // A threaded library uses the task's slots, not every core of the host.
+    if !env.iter().any(|(key, _)| key == "OMP_NUM_THREADS") {
+        env.push(("OMP_NUM_THREADS".to_owned(), config.task_slots.to_string()));
+    }
     env.extend([
         ("GLEANER_JOB".to_owned(), task.job.to_string()),
         ("GLEANER_TASK".to_owned(), task.task.to_string()),
         ("GLEANER_ATTEMPT".to_owned(), task.attempt.to_string()),
+        ("GLEANER_SLOTS".to_owned(), config.task_slots.to_string()),
     ]);
     let checkpoint = config
         .checkpoints
         .join(task.job.as_str())
         .join(task.task.to_string());
     match std::fs::create_dir_all(&checkpoint) {
-        Ok(()) => env.push((
-            "GLEANER_CHECKPOINT".to_owned(),
-            checkpoint.display().to_string(),
-        )),
+        Ok(()) => env.extend([
+            (
+                "GLEANER_CHECKPOINT".to_owned(),
+                checkpoint.display().to_string(),
+            ),
+            (
+                "GLEANER_CHECKPOINT_MAX_BYTES".to_owned(),
+                config.limits.checkpoint_bytes.to_string(),
+            ),
+        ]),
         Err(e) => {
             warn!(job = %task.job, task = task.task, launcher = %config.id, path = %checkpoint.display(), error = %e, "no checkpoint directory for the task");
         }
@@ -648,12 +756,19 @@ async fn run_task(
     debug!(job = %task.job, task = task.task, attempt = task.attempt, launcher = %config.id, cluster = %config.cluster, "task started");
     let outcome = exec::run(run, config.limits, stop).await;
     shared.sandboxes.give_back(sandbox);
-    // A task that succeeded needs its state no more; one preempted or
-    // failed keeps it for its next run.
-    if outcome
-        .as_ref()
-        .is_some_and(|o| o.status == RunStatus::Succeeded)
-    {
+    // A task that ended for good (succeeded, or failed its last attempt)
+    // needs its state no more; one preempted or failed before its last
+    // attempt keeps it for its next run, unless it is over the limit.
+    let ended_for_good = outcome.as_ref().is_some_and(|o| {
+        o.status == RunStatus::Succeeded
+            || (task.max_attempts > 0 && task.attempt >= task.max_attempts)
+    });
+    let limit = config.limits.checkpoint_bytes;
+    let oversized = !ended_for_good && exec::size_over(&checkpoint, limit);
+    if oversized {
+        warn!(job = %task.job, task = task.task, launcher = %config.id, path = %checkpoint.display(), limit, "checkpoint over max_checkpoint_bytes removed: the task's next run starts over");
+    }
+    if ended_for_good || oversized {
         let _ = std::fs::remove_dir_all(&checkpoint);
         let _ = std::fs::remove_dir(config.checkpoints.join(task.job.as_str()));
     }
@@ -688,11 +803,17 @@ async fn report(
         outputs: outcome.outputs,
         error: outcome.error,
     };
+    let stopped = || BrokerError::Connect("the launcher's result publisher stopped".to_owned());
+    let (settled, done) = tokio::sync::oneshot::channel();
     shared
-        .publisher
-        .send_via(shared.queues.to_results(), &result)
-        .await?;
-    incoming.ack().await
+        .results
+        .send(Outgoing {
+            result,
+            incoming,
+            settled,
+        })
+        .map_err(|_| stopped())?;
+    done.await.unwrap_or_else(|_| Err(stopped()))
 }
 
 /// Fails a task no placeholder of this cluster could run, with the reason as
@@ -753,6 +874,7 @@ async fn send_status(shared: &Shared, status: Status) -> Result<(), BrokerError>
         .into_iter()
         .map(|running| RunningTask {
             task: running.task,
+            preemptions: running.preemptions,
             started_at: wall
                 .saturating_sub(now.saturating_duration_since(running.started).as_millis() as u64),
         })

@@ -32,6 +32,9 @@ pub enum Event<E> {
     Delivered {
         tag: u64,
         task: u64,
+        /// Times the task was preempted before: the runner hears it, to
+        /// spare a task preempted often.
+        preemptions: u32,
         walltime: Option<Duration>,
     },
     /// The task consumer ended: cancelled by us, or by the broker because the
@@ -95,12 +98,21 @@ pub struct Status {
 pub struct Running {
     pub task: u64,
     pub started: Instant,
+    pub preemptions: u32,
+}
+
+/// A delivered task, as far as the launcher's decisions go.
+#[derive(Debug, Clone, Copy)]
+struct Task {
+    task: u64,
+    preemptions: u32,
 }
 
 /// A delivery the shell holds, until it is settled or abandoned.
 #[derive(Debug)]
 struct Held {
     task: u64,
+    preemptions: u32,
     started: Instant,
     /// Its process runs (rather than its result or republish being sent).
     running: bool,
@@ -211,8 +223,12 @@ impl<E> State<E> {
             Event::Delivered {
                 tag,
                 task,
+                preemptions,
                 walltime,
-            } => self.delivered(tag, task, walltime, now, &mut effects),
+            } => {
+                let task = Task { task, preemptions };
+                self.delivered(tag, task, walltime, now, &mut effects);
+            }
             Event::TasksEnded => {
                 self.consuming = false;
                 if self.leaving.is_none() {
@@ -240,7 +256,7 @@ impl<E> State<E> {
     fn delivered(
         &mut self,
         tag: u64,
-        task: u64,
+        task: Task,
         walltime: Option<Duration>,
         now: Instant,
         effects: &mut Vec<Effect<E>>,
@@ -274,11 +290,11 @@ impl<E> State<E> {
                 self.cluster,
                 window.as_secs()
             );
-            warn!(job = %self.job, task, launcher = %self.launcher, cluster = %self.cluster, reason, "task refused");
+            warn!(job = %self.job, task = task.task, launcher = %self.launcher, cluster = %self.cluster, reason, "task refused");
             self.hold(tag, task, now, false);
             effects.push(Effect::Refuse { tag, reason });
         } else {
-            info!(job = %self.job, task, launcher = %self.launcher, cluster = %self.cluster, "task would outlast the placeholder; giving it back and draining");
+            info!(job = %self.job, task = task.task, launcher = %self.launcher, cluster = %self.cluster, "task would outlast the placeholder; giving it back and draining");
             self.hold(tag, task, now, false);
             effects.push(Effect::GiveBack { tag });
             self.leave(Exit::Walltime, effects);
@@ -352,11 +368,12 @@ impl<E> State<E> {
         }
     }
 
-    fn hold(&mut self, tag: u64, task: u64, now: Instant, running: bool) {
+    fn hold(&mut self, tag: u64, task: Task, now: Instant, running: bool) {
         self.held.insert(
             tag,
             Held {
-                task,
+                task: task.task,
+                preemptions: task.preemptions,
                 started: now,
                 running,
             },
@@ -431,6 +448,7 @@ impl<E> State<E> {
                 .map(|held| Running {
                     task: held.task,
                     started: held.started,
+                    preemptions: held.preemptions,
                 })
                 .collect(),
             completed: self.completed,
@@ -463,6 +481,7 @@ mod tests {
             host: "h1".to_owned(),
             slot: "1".to_owned(),
             slots: 2,
+            task_slots: 1,
             idle_timeout: Duration::from_secs(60),
             heartbeat: Duration::from_secs(1000),
             deadline: None,
@@ -501,6 +520,7 @@ mod tests {
         Event::Delivered {
             tag,
             task: 100 + tag,
+            preemptions: 0,
             walltime: walltime_secs.map(Duration::from_secs),
         }
     }
@@ -734,6 +754,7 @@ mod tests {
         let status = Status {
             running: vec![Running {
                 task: 102,
+                preemptions: 0,
                 started: l.t0 + Duration::from_secs(6),
             }],
             completed: 1,

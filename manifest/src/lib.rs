@@ -6,20 +6,24 @@
 //! does no I/O (the caller hands it the sweep's data files) so that the CLI,
 //! the runner and the tests share one definition.
 
+mod addition;
 mod expand;
 mod job_id;
 mod params;
 mod spec;
 mod table;
+mod task_set;
 
+pub use addition::Addition;
 pub use expand::{TaskList, TaskSpec};
 pub use job_id::{JobId, JobIdError};
 pub use params::{ParamSpec, ParamValue};
 pub use spec::{
-    Component, FinalStep, FinalWhen, JobKind, MAX_PREEMPT_GRACE, Manifest, Priority, Sweep,
+    Component, FinalStep, FinalWhen, JobKind, MAX_PREEMPT_GRACE, Manifest, Priority, Rerun, Sweep,
     TaskDef, is_env_name, preempt_signal_number,
 };
 pub use table::{LINE, MAX_TABLE_BYTES, Table, is_param_name};
+pub use task_set::TaskSet;
 
 /// Upper bound on the number of tasks of one job; a sweep beyond it is almost
 /// certainly a typo in a range, and would not fit a results directory anyway.
@@ -66,9 +70,20 @@ impl Manifest {
         text: &str,
         read: impl FnMut(&str) -> Result<Vec<u8>, String>,
     ) -> Result<Self, ManifestError> {
-        let manifest: Manifest =
-            toml::from_str(text).map_err(|e| ManifestError::Syntax(e.to_string()))?;
-        manifest.with_tables(read)
+        Self::parse_toml(text)?.complete(read)
+    }
+
+    /// Parses a TOML manifest without checking it, for a caller that sets
+    /// something first; [`Manifest::complete`] then reads its files and
+    /// checks it.
+    pub fn parse_toml(text: &str) -> Result<Self, ManifestError> {
+        toml::from_str(text).map_err(|e| ManifestError::Syntax(e.to_string()))
+    }
+
+    /// [`Manifest::parse_toml`] for JSON.
+    pub fn parse_json(bytes: &[u8]) -> Result<Self, ManifestError> {
+        serde_json::from_slice(bytes)
+            .map_err(|e| ManifestError::Syntax(format!("invalid JSON manifest: {e}")))
     }
 
     /// Parses and validates a JSON manifest (the form a user publishes by
@@ -82,13 +97,11 @@ impl Manifest {
         bytes: &[u8],
         read: impl FnMut(&str) -> Result<Vec<u8>, String>,
     ) -> Result<Self, ManifestError> {
-        let manifest: Manifest = serde_json::from_slice(bytes)
-            .map_err(|e| ManifestError::Syntax(format!("invalid JSON manifest: {e}")))?;
-        manifest.with_tables(read)
+        Self::parse_json(bytes)?.complete(read)
     }
 
     /// Reads the sweep's data files not read yet, then validates.
-    fn with_tables(
+    pub fn complete(
         mut self,
         mut read: impl FnMut(&str) -> Result<Vec<u8>, String>,
     ) -> Result<Self, ManifestError> {

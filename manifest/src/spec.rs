@@ -5,7 +5,9 @@ use std::{path::PathBuf, time::Duration};
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
-use crate::{ManifestError, ParamSpec, TaskList, job_id::is_valid_name, table::Table};
+use crate::{
+    JobId, ManifestError, ParamSpec, TaskList, TaskSet, job_id::is_valid_name, table::Table,
+};
 
 fn default_max_attempts() -> u32 {
     3
@@ -13,6 +15,14 @@ fn default_max_attempts() -> u32 {
 
 fn default_weight() -> u32 {
     1
+}
+
+fn default_max_preemptions() -> u32 {
+    3
+}
+
+fn is_default_max_preemptions(n: &u32) -> bool {
+    *n == default_max_preemptions()
 }
 
 fn is_default_weight(weight: &u32) -> bool {
@@ -36,6 +46,13 @@ pub fn preempt_signal_number(name: &str) -> Option<i32> {
 
 /// The most a sweep's weight may be: more is a typo, not a share.
 pub const MAX_WEIGHT: u32 = 1000;
+
+/// The most slots one task may take: a whole large host.
+pub const MAX_TASK_SLOTS: u32 = 1024;
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
 
 /// A job as submitted. Unknown fields are refused rather than ignored: a
 /// misspelt `walltim` silently dropped would cost a user a whole sweep.
@@ -66,6 +83,13 @@ pub struct Manifest {
     pub preempt_grace: Option<Duration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempt_signal: Option<String>,
+    /// A task preempted this many times is spared when its launcher could
+    /// be chosen to give slots back, unless no other launcher frees them.
+    #[serde(
+        default = "default_max_preemptions",
+        skip_serializing_if = "is_default_max_preemptions"
+    )]
+    pub max_preemptions: u32,
     /// Scavenging jobs: the most launcher slots the job holds at once, all
     /// clusters together (a launcher of S slots counts S); unlimited when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -74,6 +98,10 @@ pub struct Manifest {
     /// weight-1 job, where both could use more).
     #[serde(default = "default_weight", skip_serializing_if = "is_default_weight")]
     pub weight: u32,
+    /// Scavenging jobs: slots each task takes (the cores of a threaded
+    /// task), all on one launcher; `$GLEANER_SLOTS` and `$OMP_NUM_THREADS`.
+    #[serde(default = "default_weight", skip_serializing_if = "is_one")]
+    pub slots: u32,
     #[serde(default, rename = "task", skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<TaskDef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -83,6 +111,27 @@ pub struct Manifest {
     /// Run once after every task has a final state (a merge step).
     #[serde(default, rename = "final", skip_serializing_if = "Option::is_none")]
     pub final_step: Option<FinalStep>,
+    /// Tasks may be added while it runs (`gleaner submit --job`); it ends
+    /// once closed (`gleaner close`) and every task has ended.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub open: bool,
+    /// Some of another job's tasks run again (`gleaner resubmit`): the
+    /// same sweep, only these task numbers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rerun: Option<Rerun>,
+}
+
+/// `[rerun]`: which job's tasks run again, and which of them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rerun {
+    /// The job whose tasks these are.
+    pub of: String,
+    /// Their numbers, as in that job.
+    pub tasks: TaskSet,
+    /// That job's results directory, linked from this one's as `rerun-of`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub results: Option<String>,
 }
 
 /// `[final]`: a command run once, like a task, after every task has a
@@ -199,12 +248,16 @@ impl Manifest {
             workdir: None,
             preempt_grace: None,
             preempt_signal: None,
+            max_preemptions: default_max_preemptions(),
             max_launchers: None,
             weight: default_weight(),
+            slots: 1,
             tasks: Vec::new(),
             sweep: None,
             components: Vec::new(),
             final_step: None,
+            open: false,
+            rerun: None,
         }
     }
 
@@ -300,6 +353,22 @@ impl Manifest {
                 format!("must be from 1 to {MAX_WEIGHT}"),
             ));
         }
+        if !(1..=MAX_TASK_SLOTS).contains(&self.slots) {
+            return Err(ManifestError::invalid(
+                "slots",
+                format!("must be from 1 to {MAX_TASK_SLOTS}"),
+            ));
+        }
+        if self.max_launchers.is_some_and(|max| max < self.slots) {
+            return Err(ManifestError::invalid(
+                "max_launchers",
+                format!(
+                    "{} slots cannot run one task of {} slots",
+                    self.max_launchers.unwrap_or_default(),
+                    self.slots
+                ),
+            ));
+        }
         if self.max_launchers == Some(0) {
             return Err(ManifestError::invalid(
                 "max_launchers",
@@ -322,11 +391,34 @@ impl Manifest {
             }
         }
         let tasks = TaskList::new(self)?;
-        if tasks.is_empty() {
+        if self.open && self.rerun.is_some() {
+            return Err(ManifestError::invalid(
+                "open",
+                "a rerun runs the tasks it names; add tasks to a job of its own",
+            ));
+        }
+        if tasks.is_empty() && !self.open {
             return Err(ManifestError::invalid(
                 "task",
                 "the job has no tasks: add [[task]] entries or a [sweep]",
             ));
+        }
+        if let Some(rerun) = &self.rerun {
+            if rerun.of.parse::<JobId>().is_err() {
+                return Err(ManifestError::invalid(
+                    "rerun.of",
+                    format!("{:?} is not a job id", rerun.of),
+                ));
+            }
+            if let Some(beyond) = rerun.tasks.last().filter(|&last| last >= tasks.len()) {
+                return Err(ManifestError::invalid(
+                    "rerun.tasks",
+                    format!(
+                        "task {beyond} is not one of the job's {} tasks (they are numbered from 0)",
+                        tasks.len()
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -350,10 +442,28 @@ impl Manifest {
                 "grid jobs are placed by priority; weights share scavenged slots",
             ));
         }
+        if self.slots != 1 {
+            return Err(ManifestError::invalid(
+                "slots",
+                "grid jobs give each [[component]] its slots",
+            ));
+        }
         if self.final_step.is_some() {
             return Err(ManifestError::invalid(
                 "final",
                 "a final step follows the tasks of a sweep; grid jobs have none",
+            ));
+        }
+        if self.open {
+            return Err(ManifestError::invalid(
+                "open",
+                "grid jobs run their [[component]] entries; tasks are added to sweeps",
+            ));
+        }
+        if self.rerun.is_some() {
+            return Err(ManifestError::invalid(
+                "rerun",
+                "grid jobs have no tasks to run again; submit the job again",
             ));
         }
         if self.components.is_empty() {

@@ -7,18 +7,32 @@ use gleaner_protocol::{LauncherId, LauncherMsg, ShrinkMode};
 pub struct Candidate {
     pub launcher: LauncherId,
     pub slots: u32,
-    /// Start of its most recently started task; `None` when idle.
-    pub newest_start: Option<u64>,
+    /// How long its running tasks have run so far, together (ms): the work
+    /// a preemption throws away; `None` when idle.
+    pub work_ms: Option<u64>,
+    /// The most times one of its running tasks was preempted already.
+    pub preempted: u32,
 }
 
 /// Which launchers to give up to free `slots` slots: idle ones first, then
-/// those whose current task started most recently (least work lost).
-pub fn choose_victims(mut candidates: Vec<Candidate>, slots: u32) -> Vec<LauncherId> {
-    candidates.sort_by(|a, b| match (a.newest_start, b.newest_start) {
-        (None, None) => a.launcher.cmp(&b.launcher),
-        (None, Some(_)) => std::cmp::Ordering::Less,
-        (Some(_), None) => std::cmp::Ordering::Greater,
-        (Some(x), Some(y)) => y.cmp(&x).then_with(|| a.launcher.cmp(&b.launcher)),
+/// those that lose least work. Launchers running a task preempted
+/// `max_preemptions` times already go last, so that a long task is not
+/// starved by churn, unless nothing else frees the slots.
+pub fn choose_victims(
+    mut candidates: Vec<Candidate>,
+    slots: u32,
+    max_preemptions: u32,
+) -> Vec<LauncherId> {
+    candidates.sort_by(|a, b| {
+        let key = |c: &Candidate| {
+            (
+                c.work_ms.is_some() && c.preempted >= max_preemptions,
+                c.work_ms,
+            )
+        };
+        key(a)
+            .cmp(&key(b))
+            .then_with(|| a.launcher.cmp(&b.launcher))
     });
     let mut freed = 0;
     candidates
@@ -56,28 +70,55 @@ mod tests {
         names.iter().map(|&n| n.into()).collect()
     }
 
-    fn candidate(id: &str, newest: Option<u64>) -> Candidate {
+    fn candidate(id: &str, work_ms: Option<u64>) -> Candidate {
         Candidate {
             launcher: id.into(),
             slots: 1,
-            newest_start: newest,
+            work_ms,
+            preempted: 0,
         }
     }
 
     #[test]
-    fn idle_first_then_most_recent_start() {
+    fn idle_first_then_least_work_lost() {
         let candidates = vec![
-            candidate("old", Some(100)),
+            candidate("old", Some(900)),
             candidate("idle", None),
-            candidate("new", Some(900)),
+            candidate("new", Some(100)),
             candidate("mid", Some(500)),
         ];
-        assert_eq!(choose_victims(candidates.clone(), 1), ids(&["idle"]));
+        assert_eq!(choose_victims(candidates.clone(), 1, 3), ids(&["idle"]));
         assert_eq!(
-            choose_victims(candidates.clone(), 3),
+            choose_victims(candidates.clone(), 3, 3),
             ids(&["idle", "new", "mid"])
         );
-        assert_eq!(choose_victims(candidates, 10).len(), 4);
+        assert_eq!(choose_victims(candidates, 10, 3).len(), 4);
+    }
+
+    #[test]
+    fn a_task_preempted_often_is_spared_while_others_free_the_slots() {
+        let mut churned = candidate("churned", Some(10));
+        churned.preempted = 3;
+        let candidates = vec![churned, candidate("long", Some(60_000))];
+        assert_eq!(
+            choose_victims(candidates.clone(), 1, 3),
+            ids(&["long"]),
+            "three preemptions: spared, though it loses less"
+        );
+        assert_eq!(choose_victims(candidates.clone(), 1, 4), ids(&["churned"]));
+        assert_eq!(
+            choose_victims(candidates, 2, 3),
+            ids(&["long", "churned"]),
+            "nothing else frees the second slot"
+        );
+    }
+
+    #[test]
+    fn a_launcher_of_many_tasks_loses_them_all() {
+        let mut big = candidate("big", Some(3 * 400));
+        big.slots = 3;
+        let candidates = vec![big, candidate("one", Some(1000))];
+        assert_eq!(choose_victims(candidates, 1, 3), ids(&["one"]));
     }
 
     #[test]
@@ -85,6 +126,6 @@ mod tests {
         let mut big = candidate("big", None);
         big.slots = 4;
         let candidates = vec![big, candidate("one", None)];
-        assert_eq!(choose_victims(candidates, 3), ids(&["big"]));
+        assert_eq!(choose_victims(candidates, 3, 3), ids(&["big"]));
     }
 }

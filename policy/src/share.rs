@@ -104,20 +104,35 @@ pub struct JobInput {
     pub weight: u32,
 }
 
-/// More slots a scavenging job could use: one per unfinished task that the
-/// slots it holds or was promised (`covered`) do not already serve, within
-/// its own limit (`max_slots`). The scheduler offers no more than this, and
-/// a runner takes no more.
-pub fn demand(unfinished: u64, covered: u64, max_slots: Option<u32>) -> u32 {
-    let wanted = max_slots.map_or(unfinished, |max| unfinished.min(u64::from(max)));
+/// A scavenging job's need, as the scheduler and its runner see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Need {
+    /// Tasks not finished (pending or running).
+    pub unfinished: u64,
+    /// Slots each task takes.
+    pub task_slots: u32,
+    /// The most slots its launchers may hold (`max_launchers`).
+    pub max_slots: Option<u32>,
+}
+
+/// More slots a scavenging job could use: `task_slots` per unfinished task
+/// that the slots it holds or was promised (`covered`) do not already
+/// serve, within its own limit. The scheduler offers no more than this,
+/// and a runner takes no more.
+pub fn demand(need: Need, covered: u64) -> u32 {
+    let all = need
+        .unfinished
+        .saturating_mul(u64::from(need.task_slots.max(1)));
+    let wanted = need.max_slots.map_or(all, |max| all.min(u64::from(max)));
     u32::try_from(wanted.saturating_sub(covered)).unwrap_or(u32::MAX)
 }
 
-/// How many of `offered` slots a job with `unfinished` tasks and launchers
-/// on `capacity` slots accepts: as many as its tasks can keep busy, within
-/// its limit.
-pub fn accepted(offered: u32, unfinished: u64, capacity: u64, max_slots: Option<u32>) -> u32 {
-    offered.min(demand(unfinished, capacity, max_slots))
+/// How many of `offered` slots a job accepts while its launchers hold
+/// `capacity`: as many as its tasks can keep busy, within its limit, in
+/// whole tasks' worth.
+pub fn accepted(offered: u32, need: Need, capacity: u64) -> u32 {
+    let slots = offered.min(demand(need, capacity));
+    slots - slots % need.task_slots.max(1)
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -482,6 +497,27 @@ impl<'a> FreeSlots<'a> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn tasks_of_several_slots_need_and_take_whole_tasks() {
+        let need = super::Need {
+            unfinished: 5,
+            task_slots: 4,
+            max_slots: None,
+        };
+        assert_eq!(super::demand(need, 8), 12, "5 tasks of 4, 8 slots held");
+        assert_eq!(super::accepted(6, need, 8), 4, "one task's worth of 6");
+        assert_eq!(super::accepted(3, need, 8), 0, "not one task's worth");
+        let capped = super::Need {
+            max_slots: Some(10),
+            ..need
+        };
+        assert_eq!(
+            super::accepted(20, capped, 0),
+            8,
+            "within max_launchers, whole tasks"
+        );
+    }
+
     use super::*;
 
     fn job(name: &str) -> JobId {

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use gleaner_manifest::{JobId, JobKind, Manifest, Priority};
+use gleaner_manifest::{Addition, JobId, JobKind, Manifest, Priority};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{ClusterName, GrantId, LauncherId};
@@ -88,8 +88,14 @@ impl Message for Submission {
 pub enum RequestMsg {
     /// `gleaner status`: answered with a [`StatusReply`].
     Status {},
-    /// `gleaner cancel`: answered with a [`CancelReply`].
+    /// `gleaner cancel`: answered with an [`ActionReply`].
     Cancel { job: JobId },
+    /// `gleaner submit --job JOB`: tasks for an open job, answered with an
+    /// [`ActionReply`].
+    AddTasks { job: JobId, addition: Addition },
+    /// `gleaner close`: an open job takes no more tasks, and ends once
+    /// they have; answered with an [`ActionReply`].
+    Close { job: JobId },
 }
 
 impl Message for RequestMsg {
@@ -97,14 +103,16 @@ impl Message for RequestMsg {
         match self {
             Self::Status {} => "status",
             Self::Cancel { .. } => "cancel",
+            Self::AddTasks { .. } => "add_tasks",
+            Self::Close { .. } => "close",
         }
     }
 }
 
-/// The scheduler's answer to [`RequestMsg::Cancel`].
+/// The scheduler's answer to [`RequestMsg::Cancel`], `AddTasks` and `Close`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
-pub enum CancelReply {
+pub enum ActionReply {
     /// The job's runner has been told.
     Accepted {},
     /// No such job is running (it ended, or no runner has it yet).
@@ -113,9 +121,9 @@ pub enum CancelReply {
     Refused { reason: String },
 }
 
-impl Message for CancelReply {
+impl Message for ActionReply {
     fn kind(&self) -> &'static str {
-        "cancel_reply"
+        "action_reply"
     }
 }
 
@@ -231,6 +239,12 @@ pub struct JobReport {
     /// Its weight in fair shares: twice the slots of a weight-1 job at 2.
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub weight: u32,
+    /// Slots each of its tasks takes (a manifest's `slots`).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub task_slots: u32,
+    /// Tasks may still be added to it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub open: bool,
 }
 
 fn one() -> u32 {
@@ -239,6 +253,10 @@ fn one() -> u32 {
 
 fn is_one(n: &u32) -> bool {
     *n == 1
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A kcm's view of its cluster. Slots held by gleaner are counted per job;
@@ -421,6 +439,10 @@ pub enum KcmMsg {
         job: JobId,
         grant: GrantId,
         slots: u32,
+        /// Slots each of the job's tasks takes: every launcher holds a
+        /// multiple of it.
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        task_slots: u32,
         #[serde(default)]
         owner: String,
         /// The job's launcher account, where users are kept apart: its
@@ -526,6 +548,10 @@ pub enum ControlMsg {
     Cancel {
         reason: String,
     },
+    /// `gleaner submit --job`: more tasks for an open job.
+    AddTasks(Addition),
+    /// `gleaner close`: no more tasks for an open job.
+    Close {},
     /// The scheduler placed a grid job: the `i`-th of the components its
     /// report says are still to place goes to `clusters[i]` (all of them,
     /// unless one was withdrawn and is placed again).
@@ -568,6 +594,8 @@ impl Message for ControlMsg {
             Self::LauncherStatus(_) => "launcher_status",
             Self::LauncherGone { .. } => "launcher_gone",
             Self::Cancel { .. } => "cancel",
+            Self::AddTasks(_) => "add_tasks",
+            Self::Close {} => "close",
             Self::Place { .. } => "place",
             Self::PlacementFailed { .. } => "placement_failed",
             Self::ComponentEnded(_) => "component_ended",
@@ -620,6 +648,10 @@ pub struct LauncherStatus {
 pub struct RunningTask {
     pub task: u64,
     pub started_at: Millis,
+    /// Times it was preempted before this run: a runner spares a task
+    /// preempted often when it must give slots back.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub preemptions: u32,
 }
 
 // ---------------------------------------------------------- gleaner.job.<job>.tasks
@@ -650,6 +682,10 @@ pub struct TaskMsg {
     pub preempt_signal: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preempt_grace_ms: Option<u64>,
+    /// The job's `max_attempts` (0: not said): after a failed last attempt
+    /// nothing runs the task again, and its checkpoint can go.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_attempts: u32,
 }
 
 impl Message for TaskMsg {
@@ -697,6 +733,38 @@ pub struct ResultMsg {
 impl Message for ResultMsg {
     fn kind(&self) -> &'static str {
         "result"
+    }
+}
+
+/// Results of a launcher's runs that ended about together, as one message:
+/// one publish, one confirm, one delivery and one ack for all of them.
+#[derive(Debug, Clone, Serialize)]
+pub struct ResultBatch {
+    pub results: Vec<ResultMsg>,
+}
+
+/// A single result, as launchers before batches sent them, reads as a
+/// batch of one: results queued across an upgrade are not lost.
+impl<'de> Deserialize<'de> for ResultBatch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Batch { results: Vec<ResultMsg> },
+            One(Box<ResultMsg>),
+        }
+        Ok(match Either::deserialize(d)? {
+            Either::Batch { results } => Self { results },
+            Either::One(result) => Self {
+                results: vec![*result],
+            },
+        })
+    }
+}
+
+impl Message for ResultBatch {
+    fn kind(&self) -> &'static str {
+        "results"
     }
 }
 
@@ -842,6 +910,8 @@ mod tests {
             max_slots: None,
             problem: None,
             weight: 1,
+            task_slots: 1,
+            open: false,
         }
     }
 
@@ -874,6 +944,7 @@ mod tests {
                 job: job(),
                 grant: GrantId::new(1),
                 slots: 1,
+                task_slots: 1,
                 owner: "alice".into(),
                 credentials: None,
             },
@@ -1069,6 +1140,46 @@ mod tests {
     }
 
     #[test]
+    fn a_single_result_reads_as_a_batch_of_one() {
+        let result = ResultMsg {
+            job: job(),
+            task: 7,
+            attempt: 1,
+            preemptions: 0,
+            status: RunStatus::Succeeded,
+            exit_code: Some(0),
+            signal: None,
+            runtime_ms: 5,
+            launcher: "c1-1".into(),
+            cluster: "c1".into(),
+            host: "h".into(),
+            stdout: Captured {
+                data: b"out".to_vec(),
+                dropped: 0,
+            },
+            stderr: Captured::default(),
+            outputs: Vec::new(),
+            error: None,
+        };
+        let one = rmp_serde::to_vec_named(&result).unwrap();
+        let read: ResultBatch = rmp_serde::from_slice(&one).unwrap();
+        assert_eq!(read.results.len(), 1);
+        assert_eq!(
+            (read.results[0].task, &read.results[0].stdout.data[..]),
+            (7, &b"out"[..])
+        );
+        let batch = ResultBatch {
+            results: vec![result.clone(), ResultMsg { task: 8, ..result }],
+        };
+        let read: ResultBatch =
+            rmp_serde::from_slice(&rmp_serde::to_vec_named(&batch).unwrap()).unwrap();
+        assert_eq!(
+            read.results.iter().map(|r| r.task).collect::<Vec<_>>(),
+            [7, 8]
+        );
+    }
+
+    #[test]
     fn identifiers_travel_as_the_bare_values_they_were() {
         assert_same_encoding(
             &ControlMsg::GrowOffer {
@@ -1107,6 +1218,7 @@ mod tests {
                 job: job(),
                 grant: GrantId::new(7),
                 slots: 2,
+                task_slots: 1,
                 owner: "alice".into(),
                 credentials: None,
             },

@@ -106,8 +106,10 @@ pub struct LauncherArgs<'a> {
     pub id: &'a str,
     /// The batch system's name for the slot, for the consumer tag.
     pub slot: &'a str,
-    /// Tasks run at once.
+    /// Slots it holds.
     pub slots: u32,
+    /// Slots each task takes: it runs `slots / task_slots` at once.
+    pub task_slots: u32,
     /// The placeholder's walltime: the launcher drains before it ends.
     pub walltime: Option<Duration>,
 }
@@ -126,6 +128,9 @@ impl LauncherArgs<'_> {
             "--slots".to_owned(),
             self.slots.to_string(),
         ];
+        if self.task_slots > 1 {
+            args.extend(["--task-slots".to_owned(), self.task_slots.to_string()]);
+        }
         if let Some(walltime) = self.walltime {
             args.extend(["--walltime".to_owned(), format!("{}s", walltime.as_secs())]);
         }
@@ -178,11 +183,22 @@ mod tests {
             id: "c1-7",
             slot: "0",
             slots: 2,
+            task_slots: 1,
             walltime: Some(Duration::from_secs(60)),
         };
         assert_eq!(
             args.to_vec().join(" "),
             "--job j --cluster c1 --id c1-7 --slot 0 --slots 2 --walltime 60s"
+        );
+        let threaded = LauncherArgs {
+            slots: 4,
+            task_slots: 2,
+            walltime: None,
+            ..args
+        };
+        assert_eq!(
+            threaded.to_vec().join(" "),
+            "--job j --cluster c1 --id c1-7 --slot 0 --slots 4 --task-slots 2"
         );
     }
 }

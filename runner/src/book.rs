@@ -55,7 +55,9 @@ pub enum Verdict {
 
 #[derive(Debug, Clone)]
 pub struct TaskBook {
-    total: u64,
+    /// Entries are numbered `0..entries`; those left out of the job (a
+    /// rerun's other tasks) count as finished but in no figure.
+    entries: u64,
     max_attempts: u32,
     finished: Vec<u64>,
     /// The attempt most recently published for tasks that were retried.
@@ -67,7 +69,7 @@ pub struct TaskBook {
 impl TaskBook {
     pub fn new(total: u64, max_attempts: u32) -> Self {
         Self {
-            total,
+            entries: total,
             max_attempts,
             finished: vec![0; total.div_ceil(64) as usize],
             retried: Default::default(),
@@ -80,8 +82,28 @@ impl TaskBook {
         }
     }
 
+    /// Leaves every entry below `below` that `keep` does not name out of
+    /// the job, before anything is recorded.
+    pub fn keep_only(&mut self, keep: &gleaner_manifest::TaskSet, below: u64) {
+        for task in 0..below {
+            if !keep.contains(task) && !self.is_finished(task) {
+                self.finished[(task / 64) as usize] |= 1 << (task % 64);
+                self.counts.total -= 1;
+            }
+        }
+        self.set_running(self.counts.running);
+    }
+
+    /// `count` more entries, unfinished, numbered after the last.
+    pub fn extend(&mut self, count: u64) {
+        self.entries += count;
+        self.finished.resize(self.entries.div_ceil(64) as usize, 0);
+        self.counts.total += count;
+        self.set_running(self.counts.running);
+    }
+
     pub fn is_finished(&self, task: u64) -> bool {
-        task >= self.total || self.finished[(task / 64) as usize] & (1 << (task % 64)) != 0
+        task >= self.entries || self.finished[(task / 64) as usize] & (1 << (task % 64)) != 0
     }
 
     /// Records a final state; `false` if the task already had one.
@@ -127,11 +149,11 @@ impl TaskBook {
 
     /// Every task without a final state, in order.
     pub fn unfinished(&self) -> impl Iterator<Item = u64> + '_ {
-        (0..self.total).filter(|&task| !self.is_finished(task))
+        (0..self.entries).filter(|&task| !self.is_finished(task))
     }
 
     pub fn is_complete(&self) -> bool {
-        self.counts.finished() == self.total
+        self.counts.finished() == self.counts.total
     }
 
     /// Tasks running right now, as the launchers last reported.
@@ -216,6 +238,25 @@ mod tests {
             book.judge(&result(0, 1, RunStatus::Failed)),
             Verdict::Duplicate
         );
+    }
+
+    #[test]
+    fn a_rerun_keeps_only_its_tasks() {
+        let mut book = TaskBook::new(10, 1);
+        book.keep_only(&"2,5-6".parse().unwrap(), 10);
+        assert_eq!(book.counts().total, 3);
+        assert_eq!(book.counts().pending, 3);
+        assert_eq!(book.unfinished().collect::<Vec<_>>(), [2, 5, 6]);
+        assert_eq!(
+            book.judge(&result(0, 1, RunStatus::Succeeded)),
+            Verdict::Duplicate,
+            "a task left out is no task of the job"
+        );
+        for task in [2, 5, 6] {
+            assert!(book.finish(task, FinalStatus::Succeeded));
+        }
+        assert!(book.is_complete());
+        assert_eq!(book.counts().succeeded, 3);
     }
 
     #[test]

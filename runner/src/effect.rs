@@ -8,7 +8,10 @@ use gleaner_protocol::{
     ClusterName, Event, GrantId, KcmMsg, LauncherId, LauncherMsg, ResultMsg, SchedulerMsg, TaskMsg,
 };
 
-use crate::{records::IndexEntry, sweep::FirstAttempts};
+use crate::{
+    records::{AddedTasks, IndexEntry},
+    sweep::FirstAttempts,
+};
 
 pub use gleaner_protocol::Now;
 
@@ -48,6 +51,9 @@ pub enum Effect<'r> {
     /// Appends these lines to the index, then makes everything written so
     /// far durable (even with no lines: outputs may have been written).
     Record(Vec<IndexEntry>),
+    /// Appends tasks added to an open job to `additions.jsonl`, durably,
+    /// before they are published.
+    RecordAddition(Box<AddedTasks>),
     /// Writes `job.json` as the core has it when this effect is applied, so
     /// that it reflects what came back from the effects before it.
     SaveJobFile,

@@ -302,6 +302,10 @@ impl JobCore for Grid {
                 debug!(job = %job, "launcher message ignored: this job is a grid job");
                 Vec::new()
             }
+            ControlMsg::AddTasks(_) | ControlMsg::Close {} => {
+                debug!(job = %job, "tasks ignored: grid jobs are never open");
+                Vec::new()
+            }
         }
     }
 

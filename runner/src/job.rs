@@ -16,7 +16,9 @@ use gleaner_broker::{
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
 };
 use gleaner_manifest::{JobId, JobKind, TaskList};
-use gleaner_protocol::{ControlMsg, JobReport, JobState, Message, ResultMsg, Submission, TaskMsg};
+use gleaner_protocol::{
+    ControlMsg, JobReport, JobState, Message, ResultBatch, Submission, TaskMsg,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -26,7 +28,7 @@ use crate::{
     job_core::{JobCore, JobSettings, Opening, Refusal},
     owner::{Owner, as_account, may_send_control, prepare_area, symlink_on_the_way},
     results::ResultsDir,
-    sweep::Sweep,
+    sweep::{FirstAttempts, Sweep},
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +94,9 @@ pub async fn run(
     // Only the lock holder reads (and repairs) the index: another runner
     // may still have been appending to it until now.
     let (results, finished) = ResultsDir::open(&root, account).map_err(io_error)?;
+    results
+        .keep_manifest(&submission.manifest)
+        .map_err(io_error)?;
 
     // Renewed at every start: a runner taking the job over does not know
     // the last password, and launchers already connected keep theirs.
@@ -115,6 +120,7 @@ pub async fn run(
             .to_string(),
         finished,
         job_file: results.read_job_file(),
+        additions: results.read_additions().map_err(io_error)?,
     };
     let refused = |refusal: Refusal| {
         JobError::Refused(format!(
@@ -187,6 +193,10 @@ struct Job<C> {
     publisher: Publisher,
     /// Deletes the job's launcher account when it ends.
     admin: Option<Admin>,
+    /// First attempts being published, a chunk at a time between events
+    /// (so that grants are taken, and launchers start, meanwhile), with the
+    /// next chunk's index.
+    publishing: VecDeque<(FirstAttempts, usize)>,
 }
 
 /// Work for [`Job::apply`]: an effect, or the report an [`Effect::Report`]
@@ -210,6 +220,7 @@ impl<C: JobCore> Job<C> {
             results,
             publisher,
             admin,
+            publishing: VecDeque::new(),
         }
     }
 
@@ -265,7 +276,7 @@ impl<C: JobCore> Job<C> {
             exclusive: false,
         };
         let publisher = &self.publisher;
-        let mut results: Inbox<ResultMsg> = connection
+        let mut results: Inbox<ResultBatch> = connection
             .inbox(publisher, &self.queues.results, options(1024))
             .await?;
         let mut dead: Inbox<TaskMsg> = connection
@@ -279,12 +290,25 @@ impl<C: JobCore> Job<C> {
             if let Some(state) = self.core.ending() {
                 return self.end(state).await;
             }
+            // Results wait while a new job's tasks are being published: a
+            // retry published meanwhile would be lost to the purge of a
+            // runner that takes over before the publication is done.
+            let publishing_all = self
+                .publishing
+                .iter()
+                .any(|(first, _)| first.completes().all_tasks);
             tokio::select! {
-                first = results.next() => {
-                    let mut batch = vec![delivered(first)?];
-                    while batch.len() < RESULT_BATCH {
+                first = results.next(), if !publishing_all => {
+                    let first = delivered(first)?;
+                    let mut count = first.msg.results.len();
+                    let mut batch = vec![first];
+                    while count < RESULT_BATCH {
                         match results.next().now_or_never() {
-                            Some(next) => batch.push(delivered(next)?),
+                            Some(next) => {
+                                let next = delivered(next)?;
+                                count += next.msg.results.len();
+                                batch.push(next);
+                            }
                             None => break,
                         }
                     }
@@ -312,14 +336,38 @@ impl<C: JobCore> Job<C> {
                 }
                 _ = heartbeat.tick() => self.apply(vec![Effect::Report], Now::read()).await?,
                 () = shutdown.cancelled() => return Err(JobError::Shutdown),
+                () = std::future::ready(()), if !self.publishing.is_empty() => self.publish_chunk().await?,
             }
         }
     }
 
+    /// Publishes the next chunk of first attempts; once a publication is
+    /// all with the broker, the core hears it.
+    async fn publish_chunk(&mut self) -> Result<(), JobError> {
+        let Some((first, next)) = self.publishing.front_mut() else {
+            return Ok(());
+        };
+        if *next < first.chunk_count(PUBLISH_BATCH) {
+            let chunk = first.chunk(*next, PUBLISH_BATCH);
+            self.publisher.send_all(&self.queues.tasks, &chunk).await?;
+            *next += 1;
+        }
+        if *next < first.chunk_count(PUBLISH_BATCH) {
+            return Ok(());
+        }
+        if let Some((first, _)) = self.publishing.pop_front() {
+            info!(job = %self.id(), tasks = first.tasks().len(), "tasks published");
+            let effects = self.core.on_published(first.completes());
+            self.apply(effects, Now::read()).await?;
+        }
+        Ok(())
+    }
+
     /// Results are on disk, and their retries published, before they are acked.
-    async fn on_results(&mut self, batch: Vec<Incoming<ResultMsg>>) -> Result<(), JobError> {
+    async fn on_results(&mut self, batch: Vec<Incoming<ResultBatch>>) -> Result<(), JobError> {
         let now = Now::read();
-        let effects = self.core.on_results(batch.iter().map(|i| &i.msg), now);
+        let results = batch.iter().flat_map(|i| &i.msg.results);
+        let effects = self.core.on_results(results, now);
         self.apply(effects, now).await?;
         if let Some(last) = batch.last() {
             last.ack_up_to_here().await?;
@@ -379,12 +427,7 @@ impl<C: JobCore> Job<C> {
                 Effect::PurgeTasks => {
                     topology::purge(self.publisher.channel(), &self.queues.tasks).await?;
                 }
-                Effect::PublishFirst(first) => {
-                    for chunk in first.chunks(PUBLISH_BATCH) {
-                        self.publisher.send_all(&self.queues.tasks, &chunk).await?;
-                    }
-                    info!(job = %self.id(), tasks = first.tasks().len(), "tasks published");
-                }
+                Effect::PublishFirst(first) => self.publishing.push_back((first, 0)),
                 Effect::Publish(tasks) => {
                     self.publisher.send_all(&self.queues.tasks, &tasks).await?;
                 }
@@ -404,6 +447,10 @@ impl<C: JobCore> Job<C> {
                     }
                     self.results.sync().map_err(|e| self.io_error(e))?;
                 }
+                Effect::RecordAddition(added) => self
+                    .results
+                    .append_addition(&added)
+                    .map_err(|e| self.io_error(e))?,
                 Effect::SaveJobFile => self
                     .results
                     .write_job_file(&self.core.job_file())

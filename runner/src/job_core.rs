@@ -23,7 +23,8 @@ use tracing::info;
 use crate::{
     book::{FinalStatus, TaskBook},
     effect::{Effect, Followup, Now},
-    records::{FinalOutcome, IndexEntry, JobFile},
+    records::{AddedTasks, FinalOutcome, IndexEntry, JobFile},
+    sweep::Publication,
 };
 
 /// Settings every job controller of a runner shares: keys of `[runner]`,
@@ -86,6 +87,8 @@ pub struct Opening<'a> {
     pub finished: Vec<(u64, FinalStatus)>,
     /// `job.json`, if there is one.
     pub job_file: Option<JobFile>,
+    /// Tasks added to an open job so far, in order.
+    pub additions: Vec<AddedTasks>,
 }
 
 /// The results directory belongs to another job: running this one there
@@ -126,6 +129,9 @@ impl Ledger {
         let final_task = submission.manifest.final_step.as_ref().map(|_| total);
         let entries = total + u64::from(final_task.is_some());
         let mut book = TaskBook::new(entries, submission.manifest.max_attempts);
+        if let Some(rerun) = &submission.manifest.rerun {
+            book.keep_only(&rerun.tasks, total);
+        }
         for (task, status) in opening.finished {
             book.finish(task, status);
         }
@@ -155,6 +161,8 @@ impl Ledger {
             restarts: 0,
             final_published: false,
             final_step: None,
+            closed: false,
+            additions_published: 0,
         });
         // A job.json from before owners were recorded names none.
         file.owner.clone_from(&opening.owner);
@@ -197,6 +205,21 @@ impl Ledger {
         counts
     }
 
+    /// An open job not closed yet: more tasks may come, so it does not end
+    /// when its tasks so far have.
+    pub fn takes_tasks(&self) -> bool {
+        self.manifest.open && !self.file.closed
+    }
+
+    /// `count` more tasks, numbered after the last; the final step, not
+    /// published while tasks may come, moves behind them.
+    pub fn add_tasks(&mut self, count: u64) {
+        self.book.extend(count);
+        if let Some(task) = self.final_task.as_mut() {
+            *task += count;
+        }
+    }
+
     /// The job ended before (a runner died while winding it up): only the
     /// wind-up is left to do.
     pub fn has_ended(&self) -> bool {
@@ -237,6 +260,8 @@ impl Ledger {
             max_slots: self.manifest.max_launchers,
             problem: None,
             weight: self.manifest.weight,
+            task_slots: self.manifest.slots,
+            open: self.manifest.open && !self.file.closed,
         }
     }
 
@@ -294,6 +319,13 @@ pub trait JobCore {
 
     /// Starts (or resumes) the job, once its queues exist.
     fn start(&mut self) -> Vec<Effect<'static>>;
+    /// A publication of first attempts is all with the broker.
+    fn on_published(&mut self, publication: Publication) -> Vec<Effect<'static>> {
+        let file = &mut self.ledger_mut().file;
+        file.tasks_published |= publication.all_tasks;
+        file.additions_published = file.additions_published.max(publication.additions);
+        vec![Effect::SaveJobFile]
+    }
     /// Results in delivery order; the shell acks them once the effects are applied.
     fn on_results<'r>(
         &mut self,
@@ -370,7 +402,7 @@ pub trait JobCore {
         let ledger = self.ledger();
         if ledger.file.state == JobState::Cancelled {
             Some(JobState::Cancelled)
-        } else if ledger.book.is_complete() {
+        } else if ledger.book.is_complete() && !ledger.takes_tasks() {
             Some(JobState::Done)
         } else {
             None
@@ -479,6 +511,7 @@ pub mod testing {
             results: "/results/sweep".into(),
             finished,
             job_file,
+            additions: Vec::new(),
         }
     }
 

@@ -137,11 +137,15 @@ impl LauncherTable {
     /// `slots` slots and marks them leaving. Returns them and the slots
     /// they free: fewer than asked when the launchers there have not all
     /// announced themselves yet, more when a multi-slot launcher goes whole.
+    /// `now_ms` is the wall clock the tasks' starts are measured against;
+    /// launchers running a task preempted `max_preemptions` times go last.
     pub fn pick_victims(
         &mut self,
         cluster: &ClusterName,
         slots: u32,
         hosts: &[String],
+        now_ms: u64,
+        max_preemptions: u32,
     ) -> (Vec<LauncherId>, u32) {
         let on_hosts = |e: &Entry| hosts.is_empty() || hosts.iter().any(|h| same_host(h, &e.host));
         let candidates = self
@@ -151,10 +155,16 @@ impl LauncherTable {
             .map(|(id, e)| Candidate {
                 launcher: id.clone(),
                 slots: e.slots,
-                newest_start: e.running.iter().map(|t| t.started_at).max(),
+                work_ms: (!e.running.is_empty()).then(|| {
+                    e.running
+                        .iter()
+                        .map(|t| now_ms.saturating_sub(t.started_at))
+                        .sum()
+                }),
+                preempted: e.running.iter().map(|t| t.preemptions).max().unwrap_or(0),
             })
             .collect();
-        let victims = choose_victims(candidates, slots);
+        let victims = choose_victims(candidates, slots, max_preemptions);
         let mut freed = 0;
         for id in &victims {
             if let Some(entry) = self.launchers.get_mut(id) {
@@ -193,6 +203,7 @@ mod tests {
                 running: vec![RunningTask {
                     task: 7,
                     started_at: 10,
+                    preemptions: 0,
                 }],
                 completed: 0,
             },
@@ -200,7 +211,7 @@ mod tests {
         );
         assert_eq!(table.running_tasks(), 1);
         assert_eq!(
-            table.pick_victims(&"c1".into(), 1, &[]),
+            table.pick_victims(&"c1".into(), 1, &[], 20_000, 3),
             (vec![LauncherId::from("b")], 1),
             "idle b goes before busy a"
         );

@@ -38,7 +38,7 @@ pub use job::JobError;
 pub use job_core::{JobCore, JobSettings, Ledger, Opening, Refusal};
 pub use owner::{Account, Owner};
 pub use records::{IndexEntry, JobFile};
-pub use sweep::{FirstAttempts, Sweep};
+pub use sweep::{FirstAttempts, Publication, Sweep};
 
 /// `[runner]` of the configuration.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

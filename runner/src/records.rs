@@ -6,7 +6,7 @@
 
 use std::io::{self, BufRead};
 
-use gleaner_manifest::ParamValue;
+use gleaner_manifest::{Addition, ParamValue};
 use gleaner_protocol::{ClusterName, JobState, Millis, TaskCounts};
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
@@ -62,6 +62,29 @@ pub struct JobFile {
     /// How the manifest's final step ended, once it has.
     #[serde(default, rename = "final", skip_serializing_if = "Option::is_none")]
     pub final_step: Option<FinalOutcome>,
+    /// An open job was closed: no more tasks are added.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub closed: bool,
+    /// Additions (`additions.jsonl`) whose tasks were all published; a
+    /// resumed job publishes those of the others again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub additions_published: u32,
+}
+
+/// A line of `additions.jsonl`: tasks added to an open job, numbered from
+/// `first`, recorded before they are published.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AddedTasks {
+    pub first: u64,
+    pub addition: Addition,
+}
+
+/// The additions a results directory records. A line cut short by a crash
+/// was never acked: its addition comes again.
+pub fn read_additions(text: &str) -> Vec<AddedTasks> {
+    text.lines()
+        .filter_map(|line| serde_json::from_str(line).ok())
+        .collect()
 }
 
 /// The final step's end: like a task's index line, or `skipped` (when it

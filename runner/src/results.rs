@@ -9,14 +9,20 @@ use std::{
     path::{Component, Path, PathBuf},
 };
 
+use gleaner_manifest::Manifest;
 use gleaner_protocol::{Captured, OutputFile, ResultMsg};
 use tracing::warn;
 
 use crate::{
     book::FinalStatus,
     owner::{Account, as_account},
-    records::{IndexEntry, JobFile, read_index},
+    records::{AddedTasks, IndexEntry, JobFile, read_additions, read_index},
 };
+
+/// The manifest a job ran, in its results directory.
+pub const MANIFEST_FILE: &str = "manifest.json";
+/// Tasks added to an open job, one addition per line.
+const ADDITIONS_FILE: &str = "additions.jsonl";
 
 pub struct ResultsDir {
     root: PathBuf,
@@ -146,18 +152,76 @@ impl ResultsDir {
         }
     }
 
-    /// Replaces `job.json` atomically and durably.
-    pub fn write_job_file(&self, file: &JobFile) -> io::Result<()> {
-        as_account(self.account.as_ref(), || self.write_job_file_here(file))
+    /// Appends an addition to `additions.jsonl`, durably.
+    pub fn append_addition(&self, added: &AddedTasks) -> io::Result<()> {
+        as_account(self.account.as_ref(), || {
+            let mut line = serde_json::to_vec(added)?;
+            line.push(b'\n');
+            let mut file = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.root.join(ADDITIONS_FILE))?;
+            file.write_all(&line)?;
+            file.sync_data()
+        })
     }
 
-    fn write_job_file_here(&self, file: &JobFile) -> io::Result<()> {
-        let tmp = self.root.join("job.json.tmp");
+    /// The additions recorded so far, in order. A line cut short by a
+    /// crash (its addition was not acked, and comes again) is cut off, so
+    /// that the next addition starts a line of its own.
+    pub fn read_additions(&self) -> io::Result<Vec<AddedTasks>> {
+        as_account(self.account.as_ref(), || {
+            let path = self.root.join(ADDITIONS_FILE);
+            let mut text = match std::fs::read(&path) {
+                Ok(text) => text,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(e),
+            };
+            let whole = text.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+            if whole < text.len() {
+                warn!(results = %self.root.display(), "additions.jsonl ends in a line cut short; cut off");
+                OpenOptions::new()
+                    .write(true)
+                    .open(&path)?
+                    .set_len(whole as u64)?;
+                text.truncate(whole);
+            }
+            Ok(read_additions(&String::from_utf8_lossy(&text)))
+        })
+    }
+
+    /// Replaces `job.json` atomically and durably.
+    pub fn write_job_file(&self, file: &JobFile) -> io::Result<()> {
+        as_account(self.account.as_ref(), || self.replace("job.json", file))
+    }
+
+    /// Keeps the manifest as it ran (`manifest.json`, a sweep's data files'
+    /// rows in it), which `gleaner resubmit` reads back; and a rerun's
+    /// link to the results of the job it reruns (`rerun-of`).
+    pub fn keep_manifest(&self, manifest: &Manifest) -> io::Result<()> {
+        as_account(self.account.as_ref(), || {
+            if !self.root.join(MANIFEST_FILE).exists() {
+                self.replace(MANIFEST_FILE, manifest)?;
+            }
+            let link = self.root.join("rerun-of");
+            match manifest.rerun.as_ref().and_then(|r| r.results.as_ref()) {
+                Some(original) if link.symlink_metadata().is_err() => {
+                    std::os::unix::fs::symlink(original, link)
+                }
+                _ => Ok(()),
+            }
+        })
+    }
+
+    /// Replaces a file of the directory with `value` as JSON, atomically
+    /// and durably.
+    fn replace(&self, name: &str, value: &impl serde::Serialize) -> io::Result<()> {
+        let tmp = self.root.join(format!("{name}.tmp"));
         let mut out = File::create(&tmp)?;
-        serde_json::to_writer_pretty(&mut out, file)?;
+        serde_json::to_writer_pretty(&mut out, value)?;
         out.write_all(b"\n")?;
         out.sync_all()?;
-        std::fs::rename(&tmp, self.root.join("job.json"))?;
+        std::fs::rename(&tmp, self.root.join(name))?;
         File::open(&self.root)?.sync_all()
     }
 }
@@ -360,6 +424,37 @@ mod tests {
     }
 
     #[test]
+    fn an_addition_cut_short_is_cut_off_and_the_next_starts_its_own_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let (results, _) = ResultsDir::open(dir.path(), None).unwrap();
+        let added = |id, first| AddedTasks {
+            first,
+            addition: gleaner_manifest::Addition {
+                id,
+                tasks: vec![gleaner_manifest::TaskDef {
+                    command: "true".into(),
+                }],
+                sweep: None,
+            },
+        };
+        results.append_addition(&added(1, 0)).unwrap();
+        let path = dir.path().join(ADDITIONS_FILE);
+        let mut text = std::fs::read(&path).unwrap();
+        let whole = text.len();
+        text.extend_from_slice(b"{\"first\":1,\"addi");
+        std::fs::write(&path, &text).unwrap();
+        let read = results.read_additions().unwrap();
+        assert_eq!(read.len(), 1);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), whole as u64);
+        results.append_addition(&added(2, 1)).unwrap();
+        let read = results.read_additions().unwrap();
+        assert_eq!(
+            read.iter().map(|a| a.addition.id).collect::<Vec<_>>(),
+            [1, 2]
+        );
+    }
+
+    #[test]
     fn job_file_round_trips() {
         let dir = tempfile::tempdir().unwrap();
         let (results, _) = ResultsDir::open(dir.path(), None).unwrap();
@@ -383,6 +478,8 @@ mod tests {
             restarts: 1,
             final_published: false,
             final_step: None,
+            closed: false,
+            additions_published: 0,
         };
         results.write_job_file(&file).unwrap();
         assert_eq!(results.read_job_file(), Some(file));

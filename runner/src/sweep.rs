@@ -3,7 +3,8 @@
 //!
 //! It decides how many offered slots to accept (as many as unfinished work
 //! can keep busy), which launchers give slots back on a shrink (idle ones
-//! first, then those that would lose least work; a shrink the cluster's
+//! first, then those that would lose least work, a task preempted
+//! `max_preemptions` times last; a shrink the cluster's
 //! launchers cannot cover yet is owed, and applied as the next launcher
 //! there comes up), which silent launchers to poll or forget, and what each
 //! result means: recorded exactly once, retried up to `max_attempts`.
@@ -16,7 +17,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_manifest::{FinalWhen, JobId, Manifest, TaskList, is_param_name};
+use gleaner_manifest::{
+    Addition, FinalWhen, JobId, MAX_TASKS, Manifest, TaskList, TaskSpec, is_param_name,
+};
 use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
     ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherInfo, LauncherMsg,
@@ -29,7 +32,7 @@ use crate::{
     effect::{Effect, Followup, Now},
     job_core::{JobCore, Ledger, Opening, Refusal, THROUGHPUT_WINDOW, index_entry},
     launchers::LauncherTable,
-    records::{FinalOutcome, IndexEntry},
+    records::{AddedTasks, FinalOutcome, IndexEntry},
 };
 
 /// How long an unfulfilled shrink waits for launchers to stop; the
@@ -65,10 +68,11 @@ impl ShrinkOrder {
 
 /// Makes task messages when they are needed: a sweep can have millions of
 /// tasks, too many to hold as messages at once.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct TaskMaker {
     job: JobId,
-    tasks: TaskList,
+    /// The manifest's tasks, then each addition's, by their first number.
+    tasks: Vec<(u64, Arc<TaskList>)>,
     /// The final step's number (one past the tasks) and its command.
     final_step: Option<(u64, String)>,
     /// `GLEANER_RESULTS` of the final step.
@@ -79,6 +83,7 @@ struct TaskMaker {
     workdir: Option<String>,
     preempt_signal: Option<String>,
     preempt_grace_ms: Option<u64>,
+    max_attempts: u32,
 }
 
 impl TaskMaker {
@@ -89,7 +94,7 @@ impl TaskMaker {
                 .final_step
                 .as_ref()
                 .map(|f| (tasks.len(), f.command.clone())),
-            tasks,
+            tasks: vec![(0, Arc::new(tasks))],
             results,
             env: manifest
                 .env
@@ -100,6 +105,7 @@ impl TaskMaker {
             outputs: manifest.outputs.clone(),
             workdir: manifest.workdir.as_ref().map(|w| w.display().to_string()),
             preempt_grace_ms: manifest.preempt_grace.map(|g| g.as_millis() as u64),
+            max_attempts: manifest.max_attempts,
             preempt_signal: manifest.preempt_grace.map(|_| {
                 manifest
                     .preempt_signal
@@ -107,6 +113,30 @@ impl TaskMaker {
                     .unwrap_or_else(|| "TERM".to_owned())
             }),
         }
+    }
+
+    /// One past the last task's number.
+    fn len(&self) -> u64 {
+        self.tasks
+            .last()
+            .map_or(0, |(first, list)| first + list.len())
+    }
+
+    /// The same with `added` numbered from `first`, after the last task;
+    /// the final step moves behind them.
+    fn with(&self, first: u64, added: TaskList) -> Self {
+        let mut maker = self.clone();
+        maker.tasks.push((first, Arc::new(added)));
+        let end = maker.len();
+        if let Some((number, _)) = maker.final_step.as_mut() {
+            *number = end;
+        }
+        maker
+    }
+
+    fn spec(&self, task: u64) -> Option<TaskSpec> {
+        let (first, list) = self.tasks.iter().rev().find(|(first, _)| *first <= task)?;
+        list.get(task - first)
     }
 
     fn msg(&self, task: u64, attempt: u32, preemptions: u32) -> Option<TaskMsg> {
@@ -118,7 +148,7 @@ impl TaskMaker {
                 command.clone()
             }
             _ => {
-                let spec = self.tasks.get(task)?;
+                let spec = self.spec(task)?;
                 // Each parameter as GLEANER_PARAM_<name> too: a value with
                 // spaces or quotes reaches the task intact through
                 // "$GLEANER_PARAM_x".
@@ -143,8 +173,19 @@ impl TaskMaker {
             workdir: self.workdir.clone(),
             preempt_signal: self.preempt_signal.clone(),
             preempt_grace_ms: self.preempt_grace_ms,
+            max_attempts: self.max_attempts,
         })
     }
+}
+
+/// What `job.json` may say once a publication is all with the broker: a
+/// runner that takes over publishes again what it may not have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Publication {
+    /// Every task the job had when it started.
+    pub all_tasks: bool,
+    /// The additions (of an open job) so far.
+    pub additions: u32,
 }
 
 /// First attempts of tasks, made as they are published.
@@ -152,11 +193,32 @@ impl TaskMaker {
 pub struct FirstAttempts {
     maker: Arc<TaskMaker>,
     tasks: Vec<u64>,
+    completes: Publication,
 }
 
 impl FirstAttempts {
     pub fn tasks(&self) -> &[u64] {
         &self.tasks
+    }
+
+    pub fn completes(&self) -> Publication {
+        self.completes
+    }
+
+    /// How many chunks of `size` the messages make.
+    pub fn chunk_count(&self, size: usize) -> usize {
+        self.tasks.len().div_ceil(size.max(1))
+    }
+
+    /// The messages of chunk `index`, `size` at a time.
+    pub fn chunk(&self, index: usize, size: usize) -> Vec<TaskMsg> {
+        let size = size.max(1);
+        let start = index.saturating_mul(size).min(self.tasks.len());
+        let end = start.saturating_add(size).min(self.tasks.len());
+        self.tasks[start..end]
+            .iter()
+            .filter_map(|&task| self.maker.msg(task, 1, 0))
+            .collect()
     }
 
     /// The messages, `size` at a time.
@@ -170,11 +232,47 @@ impl FirstAttempts {
     }
 }
 
+/// An open job's additions as recorded, with their tasks: only an open
+/// job's, each numbered right after the one before (the file is in the
+/// owner's directory, so it is checked, not trusted), within `MAX_TASKS`.
+fn recorded_additions(
+    job: &JobId,
+    open: bool,
+    recorded: &[AddedTasks],
+    base: u64,
+) -> Vec<(u64, u64, TaskList)> {
+    let mut added = Vec::new();
+    if !open {
+        if !recorded.is_empty() {
+            warn!(job = %job, "additions recorded for a job that is not open ignored");
+        }
+        return added;
+    }
+    let mut next = base;
+    for record in recorded {
+        let list = match record.addition.task_list() {
+            Ok(list) if record.first == next && next.saturating_add(list.len()) <= MAX_TASKS => {
+                list
+            }
+            _ => {
+                warn!(job = %job, first = record.first, expected = next, "additions.jsonl does not follow from the job's tasks; the rest of it is ignored");
+                break;
+            }
+        };
+        next += list.len();
+        added.push((record.addition.id, record.first, list));
+    }
+    added
+}
+
 /// The core of a scavenging job.
 #[derive(Debug)]
 pub struct Sweep {
     ledger: Ledger,
     tasks: Arc<TaskMaker>,
+    /// An open job's additions so far, in order: their ids (an addition
+    /// that arrives twice is added once) and their tasks' numbers.
+    additions: Vec<(u64, std::ops::Range<u64>)>,
     launchers: LauncherTable,
     owed: Vec<OwedShrink>,
     /// When recent tasks finished, for the throughput figure.
@@ -183,21 +281,32 @@ pub struct Sweep {
 
 impl Sweep {
     pub fn open(opening: Opening<'_>, tasks: TaskList, now: Now) -> Result<Self, Refusal> {
-        let ledger = Ledger::open(opening, tasks.len(), now)?;
+        let open = opening.submission.manifest.open;
+        let added = recorded_additions(
+            &opening.submission.job,
+            open,
+            &opening.additions,
+            tasks.len(),
+        );
+        let total = added
+            .last()
+            .map_or(tasks.len(), |(_, first, list)| first + list.len());
+        let ledger = Ledger::open(opening, total, now)?;
         // The final step runs elsewhere, in a sandbox of its own.
         let results = std::path::absolute(&ledger.file.results)
             .unwrap_or_else(|_| ledger.file.results.clone().into())
             .display()
             .to_string();
-        let tasks = Arc::new(TaskMaker::new(
-            ledger.id.clone(),
-            &ledger.manifest,
-            tasks,
-            results,
-        ));
+        let mut maker = TaskMaker::new(ledger.id.clone(), &ledger.manifest, tasks, results);
+        let mut additions = Vec::new();
+        for (id, first, list) in added {
+            additions.push((id, first..first + list.len()));
+            maker = maker.with(first, list);
+        }
         Ok(Self {
             ledger,
-            tasks,
+            tasks: Arc::new(maker),
+            additions,
             launchers: LauncherTable::default(),
             owed: Vec::new(),
             recent: VecDeque::new(),
@@ -213,6 +322,7 @@ impl Sweep {
             return Vec::new();
         };
         if ledger.file.final_published
+            || ledger.takes_tasks()
             || ledger.book.is_finished(task)
             || ledger.book.unfinished().any(|t| t != task)
         {
@@ -231,6 +341,61 @@ impl Sweep {
             Effect::Publish(self.tasks.msg(task, 1, 0).into_iter().collect()),
             Effect::SaveJobFile,
         ]
+    }
+
+    /// Tasks added to an open job: recorded before the message is acked,
+    /// then published, then counted as published in `job.json`.
+    fn add_tasks(&mut self, addition: Addition) -> Vec<Effect<'static>> {
+        let job = &self.ledger.id;
+        if !self.ledger.takes_tasks() || self.ledger.file.state == JobState::Cancelled {
+            warn!(job = %job, "tasks for a job that takes none (not open, closed or cancelled) dropped");
+            return Vec::new();
+        }
+        if self.additions.iter().any(|(id, _)| *id == addition.id) {
+            info!(job = %job, addition = addition.id, "the same addition came again: added once");
+            return Vec::new();
+        }
+        let list = match addition.task_list() {
+            Ok(list) => list,
+            Err(e) => {
+                warn!(job = %job, error = %e, "invalid addition dropped");
+                return Vec::new();
+            }
+        };
+        let (first, count) = (self.tasks.len(), list.len());
+        if first + count > MAX_TASKS {
+            warn!(job = %job, first, count, "addition dropped: the job would have more than {MAX_TASKS} tasks");
+            return Vec::new();
+        }
+        info!(job = %job, first, count, "tasks added");
+        self.tasks = Arc::new(self.tasks.with(first, list));
+        self.ledger.add_tasks(count);
+        self.additions.push((addition.id, first..first + count));
+        vec![
+            Effect::RecordAddition(Box::new(AddedTasks { first, addition })),
+            Effect::PublishFirst(FirstAttempts {
+                maker: self.tasks.clone(),
+                tasks: (first..first + count).collect(),
+                completes: Publication {
+                    all_tasks: false,
+                    additions: self.additions.len() as u32,
+                },
+            }),
+            Effect::Report,
+        ]
+    }
+
+    /// An open job takes no more tasks; it ends once those it has ended.
+    fn close(&mut self) -> Vec<Effect<'static>> {
+        if !self.ledger.takes_tasks() {
+            return Vec::new();
+        }
+        info!(job = %self.ledger.id, "closed: it ends once its tasks have");
+        self.ledger.file.closed = true;
+        let mut effects = vec![Effect::SaveJobFile];
+        effects.extend(self.final_step_due());
+        effects.push(Effect::Report);
+        effects
     }
 
     /// A run of the final step: its outputs under `final/`, its end in
@@ -263,12 +428,13 @@ impl Sweep {
     /// Accepts as many offered slots as there are tasks to keep them busy.
     fn grow(&mut self, grant: GrantId, cluster: ClusterName, slots: u32) -> Vec<Effect<'static>> {
         let job = &self.ledger.id;
-        let accepted = share::accepted(
-            slots,
-            self.ledger.book.counts().unfinished(),
-            u64::from(self.launchers.total_slots()),
-            self.ledger.manifest.max_launchers,
-        );
+        let manifest = &self.ledger.manifest;
+        let need = share::Need {
+            unfinished: self.ledger.book.counts().unfinished(),
+            task_slots: manifest.slots,
+            max_slots: manifest.max_launchers,
+        };
+        let accepted = share::accepted(slots, need, u64::from(self.launchers.total_slots()));
         let mut effects = vec![Effect::ToScheduler(SchedulerMsg::GrowAck {
             grant,
             job: job.clone(),
@@ -282,6 +448,7 @@ impl Sweep {
                     job: job.clone(),
                     grant,
                     slots: accepted,
+                    task_slots: need.task_slots,
                     owner: self.ledger.file.owner.clone(),
                     credentials: self.ledger.launcher_credentials.clone(),
                 },
@@ -296,12 +463,16 @@ impl Sweep {
         effects
     }
 
-    /// Gives back slots on a cluster: idle launchers first, then those whose
-    /// task started most recently.
+    /// Gives back slots on a cluster: idle launchers first, then those that
+    /// lose least work, sparing tasks preempted often.
     fn shrink(&mut self, order: ShrinkOrder, now: Now) -> Vec<Effect<'static>> {
-        let (victims, freed) =
-            self.launchers
-                .pick_victims(&order.cluster, order.slots, &order.hosts);
+        let (victims, freed) = self.launchers.pick_victims(
+            &order.cluster,
+            order.slots,
+            &order.hosts,
+            now.wall_ms,
+            self.ledger.manifest.max_preemptions,
+        );
         let job = &self.ledger.id;
         info!(job = %job, cluster = %order.cluster, slots = order.slots, mode = ?order.mode, reason = order.reason, hosts = ?order.hosts, launchers = ?victims, freed, "shrinking");
         if freed > order.slots {
@@ -386,7 +557,30 @@ impl JobCore for Sweep {
         if self.ledger.file.tasks_published {
             let counts = self.ledger.book.counts();
             info!(job = %self.ledger.id, finished = counts.finished(), total = counts.total, "job resumed");
+            // Additions recorded but perhaps not all published.
+            let book = &self.ledger.book;
+            let unpublished: Vec<u64> = self
+                .additions
+                .iter()
+                .skip(self.ledger.file.additions_published as usize)
+                .flat_map(|(_, tasks)| tasks.clone())
+                .filter(|&task| !book.is_finished(task))
+                .collect();
+            let completes = Publication {
+                all_tasks: false,
+                additions: self.additions.len() as u32,
+            };
+            match unpublished.is_empty() {
+                true => self.ledger.file.additions_published = completes.additions,
+                false => effects.push(Effect::PublishFirst(FirstAttempts {
+                    maker: self.tasks.clone(),
+                    tasks: unpublished,
+                    completes,
+                })),
+            }
         } else {
+            // Launchers may start meanwhile: the shell publishes a chunk at
+            // a time between events, and the job's file says so at the end.
             effects.push(Effect::PurgeTasks);
             let final_task = self.ledger.final_task;
             effects.push(Effect::PublishFirst(FirstAttempts {
@@ -397,8 +591,11 @@ impl JobCore for Sweep {
                     .unfinished()
                     .filter(|task| Some(*task) != final_task)
                     .collect(),
+                completes: Publication {
+                    all_tasks: true,
+                    additions: self.additions.len() as u32,
+                },
             }));
-            self.ledger.file.tasks_published = true;
         }
         self.ledger.file.state = JobState::Running;
         effects.extend(self.final_step_due());
@@ -529,6 +726,8 @@ impl JobCore for Sweep {
                 now,
             ),
             ControlMsg::Cancel { reason } => self.cancel(&reason),
+            ControlMsg::AddTasks(addition) => self.add_tasks(addition),
+            ControlMsg::Close {} => self.close(),
             ControlMsg::Place { .. } => {
                 debug!(job = %job, "placement ignored: already placed, or not for this job");
                 Vec::new()
@@ -607,8 +806,7 @@ impl JobCore for Sweep {
     fn entry(&self, task: u64, status: FinalStatus, result: Option<&ResultMsg>) -> IndexEntry {
         let (command, params) = self
             .tasks
-            .tasks
-            .get(task)
+            .spec(task)
             .map(|spec| (spec.command, spec.params))
             .unwrap_or_default();
         index_entry(task, command, params, status, result)
@@ -646,15 +844,31 @@ mod tests {
 
     /// A new sweep, started at `start`.
     fn started(tasks: u64, max_attempts: u32, start: Instant) -> Sweep {
-        let submission = submission(&manifest(tasks, max_attempts));
+        started_as(&submission(&manifest(tasks, max_attempts)), start)
+    }
+
+    /// The job of `submission`, new, started at `start`, its tasks with the
+    /// broker.
+    fn started_as(submission: &gleaner_protocol::Submission, start: Instant) -> Sweep {
         let mut sweep = Sweep::open(
-            opening(&submission, vec![], None),
-            tasks_of(&submission),
+            opening(submission, vec![], None),
+            tasks_of(submission),
             at(start, 0),
         )
         .unwrap();
-        sweep.start();
+        let effects = sweep.start();
+        with_broker(&mut sweep, &effects);
         sweep
+    }
+
+    /// What the shell does once each publication in `effects` is with the
+    /// broker.
+    fn with_broker(sweep: &mut Sweep, effects: &[Effect<'_>]) {
+        for effect in effects {
+            if let Effect::PublishFirst(first) = effect {
+                sweep.on_published(first.completes());
+            }
+        }
     }
 
     fn tasks_of(submission: &gleaner_protocol::Submission) -> TaskList {
@@ -684,6 +898,7 @@ mod tests {
                 .map(|(task, &started_at)| RunningTask {
                     task: task as u64,
                     started_at,
+                    preemptions: 0,
                 })
                 .collect(),
             completed: 0,
@@ -1004,6 +1219,15 @@ mod tests {
             effects[2..],
             [Effect::SaveJobFile, Effect::Report]
         ));
+        assert!(
+            !sweep.job_file().tasks_published,
+            "not before the broker has every task"
+        );
+        let completes = first.completes();
+        assert!(matches!(
+            sweep.on_published(completes)[..],
+            [Effect::SaveJobFile]
+        ));
         let file = sweep.job_file();
         assert!(file.tasks_published);
         assert_eq!(
@@ -1253,6 +1477,172 @@ mod tests {
     }
 
     /// A sweep of two tasks with a final step, `when` it runs.
+    /// Tasks first published in these effects, by number.
+    fn published_first(effects: &[Effect<'_>]) -> Vec<u64> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::PublishFirst(first) => Some(first.tasks().to_vec()),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    }
+
+    fn addition(id: u64, lines: &[&str]) -> Addition {
+        let text = format!(
+            "[sweep]\ncommand = \"more {{x}}\"\nparams.x = [{}]\n",
+            lines
+                .iter()
+                .map(|l| format!("{l:?}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        Addition {
+            id,
+            ..Addition::from_toml_reading(&text, |_| Err(String::new())).unwrap()
+        }
+    }
+
+    #[test]
+    fn an_open_job_takes_tasks_until_closed_and_runs_its_final_step_after_them() {
+        let t0 = Instant::now();
+        let submission = submission(
+            "name = \"open\"\nopen = true\nmax_attempts = 1\n[[task]]\ncommand = \"echo 0\"\n[final]\ncommand = \"merge\"\n",
+        );
+        let mut sweep = Sweep::open(
+            opening(&submission, vec![], None),
+            tasks_of(&submission),
+            at(t0, 0),
+        )
+        .unwrap();
+        assert_eq!(published_first(&sweep.start()), [0]);
+        assert!(
+            sweep
+                .on_results([&result(0, 1, RunStatus::Succeeded)], at(t0, 1))
+                .iter()
+                .all(|e| !matches!(e, Effect::Publish(_))),
+            "no final step while open"
+        );
+        assert_eq!(sweep.ending(), None, "open: more may come");
+        assert!(sweep.standing(at(t0, 1)).open);
+
+        let effects = sweep.on_control(ControlMsg::AddTasks(addition(7, &["a", "b"])), at(t0, 2));
+        assert!(
+            matches!(
+                effects.first(),
+                Some(Effect::RecordAddition(added)) if added.first == 1
+            ),
+            "recorded before published"
+        );
+        assert_eq!(published_first(&effects), [1, 2]);
+        assert_eq!(
+            sweep.job_file().additions_published,
+            0,
+            "not yet with the broker"
+        );
+        with_broker(&mut sweep, &effects);
+        assert_eq!(sweep.job_file().additions_published, 1);
+        assert_eq!(sweep.ledger.counts().total, 3);
+        assert!(
+            sweep
+                .on_control(ControlMsg::AddTasks(addition(7, &["a", "b"])), at(t0, 3))
+                .is_empty(),
+            "the same addition again is added once"
+        );
+        assert_eq!(sweep.tasks.msg(2, 1, 0).unwrap().command, "more b");
+        assert_eq!(
+            sweep.tasks.msg(3, 1, 0).unwrap().command,
+            "merge",
+            "the final step moved behind them"
+        );
+
+        sweep.on_results(
+            [
+                &result(1, 1, RunStatus::Succeeded),
+                &result(2, 1, RunStatus::Succeeded),
+            ],
+            at(t0, 4),
+        );
+        assert_eq!(sweep.ending(), None);
+        let effects = sweep.on_control(ControlMsg::Close {}, at(t0, 5));
+        let final_step: Vec<u64> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Publish(tasks) => Some(tasks.iter().map(|t| t.task).collect::<Vec<_>>()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        assert_eq!(final_step, [3], "closed, every task ended: the final step");
+        assert!(sweep.job_file().closed);
+        assert!(
+            sweep
+                .on_control(ControlMsg::AddTasks(addition(8, &["c"])), at(t0, 6))
+                .is_empty(),
+            "closed: no more"
+        );
+        sweep.on_results([&result(3, 1, RunStatus::Succeeded)], at(t0, 7));
+        assert_eq!(sweep.ending(), Some(JobState::Done));
+    }
+
+    #[test]
+    fn recorded_additions_are_checked_not_trusted() {
+        let job: JobId = "sweep-3fa9c2".parse().unwrap();
+        let record = |first, id| AddedTasks {
+            first,
+            addition: addition(id, &["a", "b"]),
+        };
+        let good = [record(3, 1), record(5, 2)];
+        assert_eq!(recorded_additions(&job, true, &good, 3).len(), 2);
+        assert!(
+            recorded_additions(&job, false, &good, 3).is_empty(),
+            "a job that is not open has none"
+        );
+        let gap = [record(3, 1), record(1 << 40, 2)];
+        assert_eq!(
+            recorded_additions(&job, true, &gap, 3).len(),
+            1,
+            "numbers must follow on"
+        );
+        let beyond = [record(MAX_TASKS - 1, 1)];
+        assert!(recorded_additions(&job, true, &beyond, MAX_TASKS - 1).is_empty());
+    }
+
+    #[test]
+    fn a_resumed_open_job_publishes_again_what_an_addition_may_not_have() {
+        let t0 = Instant::now();
+        let submission = submission("name = \"open\"\nopen = true\n");
+        let recorded = vec![
+            AddedTasks {
+                first: 0,
+                addition: addition(1, &["a", "b"]),
+            },
+            AddedTasks {
+                first: 2,
+                addition: addition(2, &["c"]),
+            },
+        ];
+        let mut file = started_as(&submission, t0).job_file();
+        file.additions_published = 1;
+        let mut opening = opening(&submission, vec![(1, FinalStatus::Succeeded)], Some(file));
+        opening.additions = recorded;
+        let mut sweep = Sweep::open(opening, tasks_of(&submission), at(t0, 10)).unwrap();
+        assert_eq!(
+            published_first(&sweep.start()),
+            [2],
+            "only the second addition's, again"
+        );
+        assert_eq!(sweep.ledger.counts().total, 3);
+        assert_eq!(sweep.ledger.counts().succeeded, 1);
+        assert!(
+            sweep
+                .on_control(ControlMsg::AddTasks(addition(2, &["c"])), at(t0, 11))
+                .is_empty(),
+            "recorded before the crash: not added twice"
+        );
+    }
+
     fn with_final(when: &str, t0: Instant) -> (Sweep, Vec<Effect<'static>>) {
         let text = format!(
             "{}[final]\ncommand = \"merge\"\nwhen = \"{when}\"\n",

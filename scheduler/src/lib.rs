@@ -25,7 +25,7 @@ use gleaner_broker::{
 use gleaner_manifest::JobId;
 use gleaner_policy::access::Users;
 use gleaner_protocol::{
-    CancelReply, ControlMsg, GrantId, GridSnapshot, Now, RequestMsg, SchedulerMsg, now_ms,
+    ActionReply, ControlMsg, GrantId, GridSnapshot, Now, RequestMsg, SchedulerMsg, now_ms,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -317,13 +317,13 @@ async fn answer(
             reply.scheduler = publisher.identity().to_owned();
             publisher.reply(&incoming.reply, &reply).await
         }
-        Answer::Cancel(mut reply, cancel) => {
-            if let Some((job, cancel)) = cancel
+        Answer::Action(mut reply, action) => {
+            if let Some((job, action)) = action
                 && !publisher
-                    .deliver(&JobQueues::new(&job).control, &cancel)
+                    .deliver(&JobQueues::new(&job).control, &action)
                     .await?
             {
-                reply = CancelReply::NotRunning {};
+                reply = ActionReply::NotRunning {};
             }
             publisher.reply(&incoming.reply, &reply).await
         }

@@ -17,8 +17,8 @@ use gleaner_policy::{
     share::{self, ClusterInput, JobInput, PolicyConfig},
 };
 use gleaner_protocol::{
-    CancelReply, ClusterName, ClusterReport, ClusterView, ControlMsg, GrantId, GridSnapshot,
-    JobReport, Now, RequestMsg, SchedulerMsg, StatusReply,
+    ActionReply, ClusterName, ClusterReport, ClusterView, ControlMsg, GrantId, GridSnapshot,
+    JobReport, Message, Now, RequestMsg, SchedulerMsg, StatusReply,
 };
 use tracing::{debug, info};
 
@@ -114,8 +114,9 @@ pub enum Reaction {
 #[derive(Debug, Clone)]
 pub enum Answer {
     Status(StatusReply),
-    /// The reply, and the cancel to send the job's runner if allowed.
-    Cancel(CancelReply, Option<(JobId, ControlMsg)>),
+    /// The reply to a cancel, an addition or a close, and the message to
+    /// send the job's runner if it is allowed.
+    Action(ActionReply, Option<(JobId, ControlMsg)>),
 }
 
 /// When the next round is due: every `interval`, and sooner after news that
@@ -298,27 +299,42 @@ impl State {
                 Answer::Status(reply)
             }
             RequestMsg::Cancel { job } => {
-                let report = self
-                    .jobs
-                    .get(&job)
-                    .map(|j| &j.report)
-                    .or_else(|| self.grid.reports().find(|r| r.job == job));
-                let Some(report) = report else {
-                    return Answer::Cancel(CancelReply::NotRunning {}, None);
-                };
-                if !users.may_act_on(user, &report.owner) {
-                    info!(job = %job, user = user.unwrap_or("?"), owner = %report.owner, "cancel refused: not the owner");
-                    let reason = format!("the job is {}'s", report.owner);
-                    return Answer::Cancel(CancelReply::Refused { reason }, None);
-                }
                 let by = user.unwrap_or("an unnamed user");
-                info!(job = %job, user = by, "cancel requested");
                 let cancel = ControlMsg::Cancel {
                     reason: format!("cancelled by {by}"),
                 };
-                Answer::Cancel(CancelReply::Accepted {}, Some((job, cancel)))
+                self.act(user, users, job, cancel)
             }
+            RequestMsg::AddTasks { job, addition } => {
+                self.act(user, users, job, ControlMsg::AddTasks(addition))
+            }
+            RequestMsg::Close { job } => self.act(user, users, job, ControlMsg::Close {}),
         }
+    }
+
+    /// A user's cancel, addition or close of `job`: passed on to its runner
+    /// if the job runs, is theirs, and (but for a cancel) is open.
+    fn act(&self, user: Option<&str>, users: &Users, job: JobId, msg: ControlMsg) -> Answer {
+        let report = self
+            .jobs
+            .get(&job)
+            .map(|j| &j.report)
+            .or_else(|| self.grid.reports().find(|r| r.job == job));
+        let Some(report) = report else {
+            return Answer::Action(ActionReply::NotRunning {}, None);
+        };
+        let what = msg.kind();
+        if !users.may_act_on(user, &report.owner) {
+            info!(job = %job, user = user.unwrap_or("?"), owner = %report.owner, what, "refused: not the owner");
+            let reason = format!("the job is {}'s", report.owner);
+            return Answer::Action(ActionReply::Refused { reason }, None);
+        }
+        if !report.open && !matches!(msg, ControlMsg::Cancel { .. }) {
+            let reason = "the job is not open (tasks are added to jobs submitted with `open = true` or `--open`, until they are closed)".to_owned();
+            return Answer::Action(ActionReply::Refused { reason }, None);
+        }
+        info!(job = %job, user = user.unwrap_or("an unnamed user"), what, "passed on to the job's runner");
+        Answer::Action(ActionReply::Accepted {}, Some((job, msg)))
     }
 
     /// Records a job's report; `true` if the job is new here.
@@ -655,9 +671,12 @@ impl State {
                 JobInput {
                     id: j.report.job.clone(),
                     demand: share::demand(
-                        j.report.tasks.to_run(),
+                        share::Need {
+                            unfinished: j.report.tasks.to_run(),
+                            task_slots: j.report.task_slots,
+                            max_slots: j.report.max_slots,
+                        },
                         u64::from(covered),
-                        j.report.max_slots,
                     ),
                     weight: j.report.weight,
                 }
@@ -739,6 +758,8 @@ mod tests {
             max_slots: None,
             problem: None,
             weight: 1,
+            task_slots: 1,
+            open: false,
         }
     }
 
@@ -840,25 +861,25 @@ mod tests {
         let cancel = |user, name| {
             let request = RequestMsg::Cancel { job: job(name) };
             match state.on_request(user, request, now, &config, &users) {
-                Answer::Cancel(reply, sent) => (reply, sent.map(|(job, _)| job)),
+                Answer::Action(reply, sent) => (reply, sent.map(|(job, _)| job)),
                 other => panic!("{other:?}"),
             }
         };
         assert!(matches!(
             cancel(Some("bob"), "a"),
-            (CancelReply::Refused { .. }, None)
+            (ActionReply::Refused { .. }, None)
         ));
         assert_eq!(
             cancel(Some("alice"), "a"),
-            (CancelReply::Accepted {}, Some(job("a")))
+            (ActionReply::Accepted {}, Some(job("a")))
         );
         assert_eq!(
             cancel(Some("ops"), "b"),
-            (CancelReply::Accepted {}, Some(job("b")))
+            (ActionReply::Accepted {}, Some(job("b")))
         );
         assert_eq!(
             cancel(Some("alice"), "zz"),
-            (CancelReply::NotRunning {}, None)
+            (ActionReply::NotRunning {}, None)
         );
     }
 

@@ -27,6 +27,13 @@ pub struct Tasks {
     pub drains: u64,
     /// Work of one task on a node of speed 1 (s).
     pub work: f64,
+    /// Its tasks save their state when preempted, and resume from it.
+    pub checkpoints: bool,
+    /// Work left of tasks that saved their state, by task.
+    pub saved: std::collections::HashMap<u64, f64>,
+    /// Work done by runs that ended without a result or a saved state (s
+    /// on a node of speed 1).
+    pub lost_work: f64,
 }
 
 struct LocalJob {
@@ -70,6 +77,8 @@ struct Run {
     msg: TaskMsg,
     /// Work left.
     left: f64,
+    /// Work left when the run started.
+    from: f64,
     started: f64,
 }
 
@@ -81,6 +90,7 @@ impl Launcher {
             .iter()
             .map(|run| RunningTask {
                 task: run.msg.task,
+                preemptions: run.msg.preemptions,
                 started_at: millis(run.started),
             })
             .collect();
@@ -96,12 +106,20 @@ impl Launcher {
 
     /// Its task goes back to the queue: republished by a preempted
     /// launcher, redelivered by the broker for a killed one.
+    /// A task that checkpoints saves its state when preempted; a killed
+    /// launcher's task loses its run.
     fn give_back(&mut self, tasks: &mut [Tasks], republish: bool) {
         if let Some(run) = self.task.take() {
             let job = &mut tasks[self.job];
             let mut msg = run.msg;
             if republish {
                 msg.preemptions += 1;
+            }
+            match republish && job.checkpoints {
+                true => {
+                    job.saved.insert(msg.task, run.left);
+                }
+                false => job.lost_work += run.from - run.left,
             }
             job.queue.push_back(msg);
             job.preemptions += 1;
@@ -269,9 +287,11 @@ impl Batch {
                 gone(l, out, "no tasks left");
                 return false;
             };
+            let left = job.saved.remove(&msg.task).unwrap_or(job.work);
             l.task = Some(Run {
                 msg,
-                left: job.work,
+                left,
+                from: left,
                 started: t,
             });
             true

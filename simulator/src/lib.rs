@@ -103,13 +103,13 @@ impl Comparison {
         for run in &self.runs {
             let policy = run.policy.map_or("none", CsPolicy::name);
             out.push_str(&format!(
-                "\n  {policy}\n  {:<12} {:>8} {:>10} {:>12}\n",
-                "job", "done", "tasks/s", "preemptions"
+                "\n  {policy}\n  {:<12} {:>8} {:>10} {:>12} {:>14}\n",
+                "job", "done", "tasks/s", "preemptions", "work lost (h)"
             ));
             for job in &run.jobs {
                 out.push_str(&format!(
-                    "  {:<12} {:>8} {:>10.4} {:>12}\n",
-                    job.name, job.done, job.throughput, job.preemptions
+                    "  {:<12} {:>8} {:>10.4} {:>12} {:>14.1}\n",
+                    job.name, job.done, job.throughput, job.preemptions, job.lost_hours
                 ));
             }
             let local = self.local_delay(run);
@@ -138,7 +138,7 @@ impl Comparison {
                 json!({
                     "policy": run.policy.map(CsPolicy::name),
                     "jobs": run.jobs.iter().map(|j| json!({
-                        "name": j.name, "done": j.done, "throughput": j.throughput, "preemptions": j.preemptions,
+                        "name": j.name, "done": j.done, "throughput": j.throughput, "preemptions": j.preemptions, "lost_hours": j.lost_hours,
                     })).collect::<Vec<_>>(),
                     "spread": spread(run),
                     "local_added_wait": { "jobs": local.jobs, "mean_s": local.mean, "max_s": local.max },
@@ -209,6 +209,20 @@ mod tests {
             let ratio = done("heavy") / done("light");
             assert!((1.8..=2.2).contains(&ratio), "{policy:?}: {ratio:.2}");
         }
+    }
+
+    #[test]
+    fn tasks_that_checkpoint_lose_no_work_to_a_churning_local_load() {
+        let scenario = scenario("checkpoints.toml");
+        let comparison = Comparison::run(&scenario, Some(CsPolicy::SiteEquipartition));
+        let run = &comparison.runs[0];
+        let job = |name: &str| run.jobs.iter().find(|j| j.name == name).expect(name);
+        let (restart, resume) = (job("restart"), job("resume"));
+        assert!(restart.preemptions > 100, "the load churns: {restart:?}");
+        assert!(resume.preemptions > 100, "the load churns: {resume:?}");
+        assert!(restart.lost_hours > 10.0, "{restart:?}");
+        assert_eq!(resume.lost_hours, 0.0, "{resume:?}");
+        assert!(resume.done > restart.done, "{resume:?} {restart:?}");
     }
 
     #[test]

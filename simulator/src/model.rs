@@ -60,6 +60,8 @@ pub struct JobResult {
     pub preemptions: u64,
     /// Launchers told to drain for fair share.
     pub drains: u64,
+    /// Node hours of runs thrown away by preemption (on nodes of speed 1).
+    pub lost_hours: f64,
 }
 
 /// Nodes in use at one moment.
@@ -212,6 +214,9 @@ impl<'a> Sim<'a> {
                 preemptions: 0,
                 drains: 0,
                 work: j.task_duration.as_secs_f64(),
+                checkpoints: j.checkpoints,
+                saved: Default::default(),
+                lost_work: 0.0,
             })
             .collect();
         let clock = Clock {
@@ -593,6 +598,7 @@ impl<'a> Sim<'a> {
                     throughput: runner.done() as f64 / end,
                     preemptions: tasks.preemptions,
                     drains: tasks.drains,
+                    lost_hours: tasks.lost_work / 3600.0,
                 })
                 .collect(),
             local_waits: self.local_waits,

@@ -51,6 +51,7 @@ impl SweepRunner {
             results: String::new(),
             finished: Vec::new(),
             job_file: None,
+            additions: Vec::new(),
         };
         let core = match Sweep::open(opening, spec.task_list.clone(), now) {
             Ok(core) => core,
@@ -127,6 +128,7 @@ impl SweepRunner {
                     reach
                         .queue
                         .extend(first.chunks(first.tasks().len()).flatten());
+                    push_front(&mut work, self.core.on_published(first.completes()));
                 }
                 Effect::Publish(tasks) => reach.queue.extend(tasks),
                 Effect::Report => {
@@ -137,6 +139,7 @@ impl SweepRunner {
                 | Effect::WriteOutputs(_)
                 | Effect::WriteFinalOutputs(_)
                 | Effect::Record(_)
+                | Effect::RecordAddition(_)
                 | Effect::SaveJobFile => {}
             }
         }
@@ -263,6 +266,8 @@ impl GridRunner {
             max_slots: None,
             problem: None,
             weight: 1,
+            task_slots: 1,
+            open: false,
         }))
     }
 }

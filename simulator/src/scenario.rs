@@ -144,6 +144,8 @@ pub struct JobSpec {
     pub name: String,
     /// On a node of speed 1.
     pub task_duration: Duration,
+    /// Its tasks save their state when preempted and resume from it.
+    pub checkpoints: bool,
     pub manifest: Manifest,
     pub task_list: TaskList,
 }
@@ -159,6 +161,10 @@ struct JobToml {
     /// Its weight in fair shares, as a manifest's `weight`.
     #[serde(default = "weight_one")]
     weight: u32,
+    /// Its tasks save their state when preempted (`$GLEANER_CHECKPOINT`)
+    /// and resume from it.
+    #[serde(default)]
+    checkpoints: bool,
 }
 
 fn weight_one() -> u32 {
@@ -186,6 +192,7 @@ impl TryFrom<JobToml> for JobSpec {
         Ok(Self {
             name: job.name,
             task_duration: job.task_duration,
+            checkpoints: job.checkpoints,
             manifest,
             task_list,
         })
