@@ -516,6 +516,52 @@ fn a_killed_launcher_loses_only_its_partial_run() {
     );
 }
 
+/// Tasks in bundles (`bundle = 6`, one launcher slot each: one runs, five
+/// wait): a launcher killed outright has its bundle run again whole and the
+/// index still holds each task once; a preempted one republishes its
+/// running task and gives the waiting ones back untouched.
+#[test]
+fn bundled_tasks_end_once_through_a_killed_and_a_preempted_launcher() {
+    let mut g = gleaner("bundle");
+    g.up(4);
+    let manifest = format!(
+        "bundle = 6\n{}",
+        sweep("bundled", 60, "sleep 0.4; echo {n}")
+    );
+    let job = g.submit(&manifest);
+    let killed = g.signal_busy_launcher(&job, 4, Signal::SIGKILL);
+    wait_for("the killed launcher gone", Duration::from_secs(10), || {
+        !g.launchers(&job).contains(&killed)
+    });
+    let preempted = g.signal_busy_launcher(&job, 3, Signal::SIGTERM);
+    wait_for(
+        "the preempted launcher to leave",
+        Duration::from_secs(10),
+        || !g.launchers(&job).contains(&preempted),
+    );
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
+    let index = g.index(&job);
+    assert_eq!(index.len(), 60, "one line per task");
+    let tasks = by_task(&index);
+    assert_eq!(tasks.len(), 60);
+    for (task, line) in &tasks {
+        assert!(
+            line["status"] == "succeeded" && line["attempts"] == 1,
+            "{line}"
+        );
+        let stdout =
+            std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{task}/stdout")))
+                .unwrap_or_default();
+        assert_eq!(stdout, format!("{}\n", task + 1));
+    }
+    let preemptions: u64 = tasks
+        .values()
+        .map(|t| t["preemptions"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(preemptions, 1, "only the running task counts a preemption");
+    assert!(g.log("up").contains("task preempted and republished"));
+}
+
 #[test]
 fn a_runner_killed_mid_job_is_replaced_and_the_job_completes() {
     let mut g = gleaner("runnerkill");

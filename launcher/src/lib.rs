@@ -1,8 +1,11 @@
 //! The launcher: one per placeholder slot, pulling its job's tasks.
 //!
-//! It consumes the job's task queue with prefetch equal to its slots and acks
-//! a task only once its result is safely with the broker, so a launcher that
-//! dies loses nothing but the partial run: the broker redelivers the task. It
+//! It consumes the job's task queue with prefetch equal to the tasks it runs
+//! at once, and acks a message (one task, or a bundle of them) only once
+//! each of its tasks has its result safely with the broker or is back in the
+//! queue alone, so a launcher that dies loses nothing but partial runs: the
+//! broker redelivers the message, and the runner keeps the first result of
+//! each task. It
 //! leaves when its job's queue is deleted, when it has been idle for
 //! `idle_timeout`, or when told to (preempt, drain, SIGTERM, its placeholder's
 //! walltime).
@@ -30,7 +33,7 @@ use gleaner_broker::{
 use gleaner_manifest::JobId;
 use gleaner_protocol::{
     Captured, ClusterName, ControlMsg, LauncherId, LauncherInfo, LauncherMsg, LauncherStatus,
-    ResultBatch, ResultMsg, RunStatus, RunningTask, TaskMsg, now_ms,
+    ResultBatch, ResultMsg, RunStatus, RunningTask, TaskBundle, TaskMsg, now_ms,
 };
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -199,11 +202,9 @@ struct Shared {
     results: tokio::sync::mpsc::UnboundedSender<Outgoing>,
 }
 
-/// A run's result on its way out, and who waits for it to be settled
-/// (published, then its task acked).
+/// A run's result on its way out, and who waits for the broker to have it.
 struct Outgoing {
     result: ResultMsg,
-    incoming: Incoming<TaskMsg>,
     settled: tokio::sync::oneshot::Sender<Result<(), BrokerError>>,
 }
 
@@ -215,9 +216,7 @@ const BYTES_PER_MESSAGE: usize = 4 << 20;
 
 /// Publishes results as they come, those that queued while the last
 /// message was being confirmed together in the next: no result waits for
-/// another. Each task is acked once its result is with the broker; a
-/// launcher killed before that loses nothing (the tasks come again, and
-/// the runner keeps the first result of each).
+/// another. Each waiter hears once its result is with the broker.
 async fn publish_results(
     publisher: Publisher,
     route: (String, String),
@@ -252,19 +251,13 @@ async fn publish_results(
             }
             batch.push(next);
         }
-        let (results, waiting): (Vec<ResultMsg>, Vec<_>) = batch
-            .into_iter()
-            .map(|o| (o.result, (o.incoming, o.settled)))
-            .unzip();
+        let (results, waiting): (Vec<ResultMsg>, Vec<_>) =
+            batch.into_iter().map(|o| (o.result, o.settled)).unzip();
         let sent = publisher
             .send_via((&route.0, &route.1), &ResultBatch { results })
             .await;
-        for (incoming, settled) in waiting {
-            let outcome = match &sent {
-                Ok(()) => incoming.ack().await,
-                Err(e) => Err(e.clone()),
-            };
-            let _ = settled.send(outcome);
+        for settled in waiting {
+            let _ = settled.send(sent.clone());
         }
     }
 }
@@ -387,7 +380,7 @@ async fn serve(
     }
     let task_channel = connection.channel().await?;
     let prefetch = u16::try_from(config.tasks_at_once()).unwrap_or(u16::MAX);
-    let tasks: Inbox<TaskMsg> = match Inbox::open(
+    let tasks: Inbox<TaskBundle> = match Inbox::open(
         &task_channel,
         publisher.clone(),
         &queues.tasks,
@@ -461,7 +454,7 @@ fn job_over_or(e: BrokerError) -> Result<Exit, LauncherError> {
 /// [`Effect`]s it answers.
 struct Shell {
     shared: Arc<Shared>,
-    tasks: Inbox<TaskMsg>,
+    tasks: Inbox<TaskBundle>,
     own: Inbox<LauncherMsg>,
     /// The own queue's consumer may still deliver.
     own_open: bool,
@@ -472,31 +465,48 @@ struct Shell {
     work: JoinSet<(u64, Done)>,
     /// The delivery each spawned future is for, to settle it if it panics.
     work_tags: HashMap<tokio::task::Id, u64>,
-    /// Deliveries waiting for the effect that names them.
+    /// Tasks waiting for the effect that names them, by the tag given each.
     held: BTreeMap<u64, Held>,
+    /// Messages not acked yet, by delivery tag: acked once each of their
+    /// tasks is settled.
+    deliveries: HashMap<u64, Delivery>,
+    /// The tag the next delivered task gets.
+    next_tag: u64,
     /// Turned true by [`Effect::StopTasks`]; every run watches it.
     stop: watch::Sender<bool>,
 }
 
-/// A delivery in the shell's hands, acked only once settled.
+/// A delivered task in the shell's hands.
 struct Held {
-    incoming: Incoming<TaskMsg>,
+    task: TaskMsg,
+    /// The message it came in (its delivery tag).
+    delivery: u64,
     /// The run's outcome, once it ended by itself.
     outcome: Option<exec::Outcome>,
+}
+
+/// A message whose tasks are not all settled yet.
+struct Delivery {
+    incoming: Incoming<TaskBundle>,
+    unsettled: usize,
 }
 
 /// What a spawned future hands back.
 enum Done {
     /// The task's process is over (boxed: an outcome is large).
     Ran(Box<Held>),
-    /// Published and acked, or not.
-    Settled(Result<(), BrokerError>),
+    /// The result, republish, give-back or refusal of a task of this
+    /// delivery is with the broker, or not.
+    Settled {
+        delivery: u64,
+        sent: Result<(), BrokerError>,
+    },
 }
 
 impl Shell {
     fn new(
         shared: Arc<Shared>,
-        tasks: Inbox<TaskMsg>,
+        tasks: Inbox<TaskBundle>,
         own: Inbox<LauncherMsg>,
         signals: Signals,
     ) -> Self {
@@ -511,6 +521,8 @@ impl Shell {
             work: JoinSet::new(),
             work_tags: HashMap::new(),
             held: BTreeMap::new(),
+            deliveries: HashMap::new(),
+            next_tag: 0,
             stop: watch::Sender::new(false),
         }
     }
@@ -534,22 +546,12 @@ impl Shell {
     /// Waits for what happens next.
     async fn next_events(&mut self, state: &State<LauncherError>) -> Vec<Event<LauncherError>> {
         tokio::select! {
-            delivery = self.tasks.next(), if state.consuming() => vec![match delivery {
-                Some(Ok(incoming)) => {
-                    let tag = incoming.delivery_tag();
-                    let event = Event::Delivered {
-                        tag,
-                        task: incoming.msg.task,
-                        preemptions: incoming.msg.preemptions,
-                        walltime: incoming.msg.walltime_ms.map(Duration::from_millis),
-                    };
-                    self.held.insert(tag, Held { incoming, outcome: None });
-                    event
-                }
-                Some(Err(e)) => Event::Failed(e.into()),
-                None => Event::TasksEnded,
-            }],
-            Some(joined) = self.work.join_next_with_id() => self.joined(joined),
+            delivery = self.tasks.next(), if state.consuming() => match delivery {
+                Some(Ok(incoming)) => self.delivered(incoming).await,
+                Some(Err(e)) => vec![Event::Failed(e.into())],
+                None => vec![Event::TasksEnded],
+            },
+            Some(joined) = self.work.join_next_with_id() => self.joined(joined).await,
             message = self.own.next(), if self.own_open && state.listening() => match message {
                 Some(Ok(incoming)) => {
                     let _ = incoming.ack().await;
@@ -575,7 +577,63 @@ impl Shell {
         }
     }
 
-    fn joined(
+    /// Each task of a message becomes a delivery of its own for the state.
+    async fn delivered(&mut self, mut incoming: Incoming<TaskBundle>) -> Vec<Event<LauncherError>> {
+        let delivery = incoming.delivery_tag();
+        let tasks = std::mem::take(&mut incoming.msg.tasks);
+        if tasks.is_empty() {
+            return match incoming.ack().await {
+                Ok(()) => Vec::new(),
+                Err(e) => vec![Event::Failed(e.into())],
+            };
+        }
+        self.deliveries.insert(
+            delivery,
+            Delivery {
+                incoming,
+                unsettled: tasks.len(),
+            },
+        );
+        tasks
+            .into_iter()
+            .map(|task| {
+                let tag = self.next_tag;
+                self.next_tag += 1;
+                let event = Event::Delivered {
+                    tag,
+                    task: task.task,
+                    preemptions: task.preemptions,
+                    walltime: task.walltime_ms.map(Duration::from_millis),
+                };
+                self.held.insert(
+                    tag,
+                    Held {
+                        task,
+                        delivery,
+                        outcome: None,
+                    },
+                );
+                event
+            })
+            .collect()
+    }
+
+    /// One of a message's tasks is settled: the message is acked with its last.
+    async fn settled(&mut self, delivery: u64) -> Result<(), BrokerError> {
+        let Some(waiting) = self.deliveries.get_mut(&delivery) else {
+            return Ok(());
+        };
+        waiting.unsettled = waiting.unsettled.saturating_sub(1);
+        if waiting.unsettled > 0 {
+            return Ok(());
+        }
+        match self.deliveries.remove(&delivery) {
+            Some(done) => done.incoming.ack().await,
+            None => Ok(()),
+        }
+    }
+
+    async fn joined(
         &mut self,
         joined: Result<(tokio::task::Id, (u64, Done)), tokio::task::JoinError>,
     ) -> Vec<Event<LauncherError>> {
@@ -602,13 +660,14 @@ impl Shell {
                 self.held.insert(tag, *held);
                 vec![Event::Ended { tag, killed }]
             }
-            Done::Settled(Ok(())) => vec![Event::Settled { tag }],
-            // The fault first, so that the state ends for it rather than for
-            // a drain this settlement completes.
-            Done::Settled(Err(e)) if e.is_not_found() => {
-                vec![Event::QueueGone, Event::Settled { tag }]
-            }
-            Done::Settled(Err(e)) => vec![Event::Failed(e.into()), Event::Settled { tag }],
+            Done::Settled {
+                delivery,
+                sent: Ok(()),
+            } => match self.settled(delivery).await {
+                Ok(()) => vec![Event::Settled { tag }],
+                Err(e) => settle_failed(e, tag),
+            },
+            Done::Settled { sent: Err(e), .. } => settle_failed(e, tag),
         }
     }
 
@@ -622,35 +681,38 @@ impl Shell {
         match effect {
             Effect::Run { tag } => {
                 if let Some(held) = self.held.remove(&tag) {
-                    let run = run_task(shared, held.incoming, self.stop.subscribe());
+                    let run = run_task(shared, held, self.stop.subscribe());
                     self.spawn(tag, run);
                 }
             }
             Effect::Report { tag } => {
                 if let Some(Held {
-                    incoming,
+                    task,
+                    delivery,
                     outcome: Some(outcome),
                 }) = self.held.remove(&tag)
                 {
-                    self.settle(tag, report(shared, incoming, outcome));
+                    self.settle(tag, delivery, report(shared, task, outcome));
                 }
             }
             Effect::Refuse { tag, reason } => {
                 if let Some(held) = self.held.remove(&tag) {
-                    self.settle(tag, refuse(shared, held.incoming, reason));
+                    self.settle(tag, held.delivery, refuse(shared, held.task, reason));
                 }
             }
             Effect::GiveBack { tag } => {
                 if let Some(held) = self.held.remove(&tag) {
-                    self.settle(tag, give_back(shared, held.incoming));
+                    self.settle(tag, held.delivery, give_back(shared, held.task));
                 }
             }
             Effect::Republish { tag } => {
                 if let Some(held) = self.held.remove(&tag) {
-                    self.settle(tag, republish(shared, held.incoming));
+                    self.settle(tag, held.delivery, republish(shared, held.task));
                 }
             }
             Effect::Abandon { tag } => {
+                // Its message stays unacked: the broker redelivers it whole
+                // once this launcher is gone.
                 self.held.remove(&tag);
             }
             Effect::StopConsuming => {
@@ -679,9 +741,25 @@ impl Shell {
     fn settle(
         &mut self,
         tag: u64,
+        delivery: u64,
         settlement: impl Future<Output = Result<(), BrokerError>> + Send + 'static,
     ) {
-        self.spawn(tag, async move { Done::Settled(settlement.await) });
+        self.spawn(tag, async move {
+            Done::Settled {
+                delivery,
+                sent: settlement.await,
+            }
+        });
+    }
+}
+
+/// A task's settlement failed: the fault first, so that the state ends for
+/// it rather than for a drain this settlement completes.
+fn settle_failed(e: BrokerError, tag: u64) -> Vec<Event<LauncherError>> {
+    if e.is_not_found() {
+        vec![Event::QueueGone, Event::Settled { tag }]
+    } else {
+        vec![Event::Failed(e.into()), Event::Settled { tag }]
     }
 }
 
@@ -694,19 +772,12 @@ async fn sleep_until(deadline: Option<Instant>) {
 
 /// Runs one delivered task in a sandbox, unless the tasks were stopped before
 /// it could start.
-async fn run_task(
-    shared: Arc<Shared>,
-    incoming: Incoming<TaskMsg>,
-    stop: watch::Receiver<bool>,
-) -> Done {
+async fn run_task(shared: Arc<Shared>, held: Held, stop: watch::Receiver<bool>) -> Done {
     if *stop.borrow() {
-        return Done::Ran(Box::new(Held {
-            incoming,
-            outcome: None,
-        }));
+        return Done::Ran(Box::new(held));
     }
     let config = &shared.config;
-    let task = &incoming.msg;
+    let task = &held.task;
     let mut env = task.env.clone();
     // A threaded library uses the task's slots, not every core of the host.
     if !env.iter().any(|(key, _)| key == "OMP_NUM_THREADS") {
@@ -775,17 +846,16 @@ async fn run_task(
     if let Some(outcome) = &outcome {
         debug!(job = %task.job, task = task.task, attempt = task.attempt, launcher = %config.id, cluster = %config.cluster, status = ?outcome.status, "task ended");
     }
-    Done::Ran(Box::new(Held { incoming, outcome }))
+    Done::Ran(Box::new(Held { outcome, ..held }))
 }
 
-/// Publishes the result of a run (or of a refusal), then acks the task.
+/// Publishes the result of a run (or of a refusal).
 async fn report(
     shared: Arc<Shared>,
-    incoming: Incoming<TaskMsg>,
+    task: TaskMsg,
     outcome: exec::Outcome,
 ) -> Result<(), BrokerError> {
     let config = &shared.config;
-    let task = &incoming.msg;
     let result = ResultMsg {
         job: task.job.clone(),
         task: task.task,
@@ -807,22 +877,14 @@ async fn report(
     let (settled, done) = tokio::sync::oneshot::channel();
     shared
         .results
-        .send(Outgoing {
-            result,
-            incoming,
-            settled,
-        })
+        .send(Outgoing { result, settled })
         .map_err(|_| stopped())?;
     done.await.unwrap_or_else(|_| Err(stopped()))
 }
 
 /// Fails a task no placeholder of this cluster could run, with the reason as
 /// its stderr.
-async fn refuse(
-    shared: Arc<Shared>,
-    incoming: Incoming<TaskMsg>,
-    reason: String,
-) -> Result<(), BrokerError> {
+async fn refuse(shared: Arc<Shared>, task: TaskMsg, reason: String) -> Result<(), BrokerError> {
     let outcome = exec::Outcome {
         status: RunStatus::Failed,
         exit_code: None,
@@ -836,23 +898,21 @@ async fn refuse(
         outputs: Vec::new(),
         error: None,
     };
-    report(shared, incoming, outcome).await
+    report(shared, task, outcome).await
 }
 
-/// Returns a task this launcher will not run to the queue, unchanged.
-async fn give_back(shared: Arc<Shared>, incoming: Incoming<TaskMsg>) -> Result<(), BrokerError> {
+/// Returns a task this launcher will not run to the queue, unchanged and alone.
+async fn give_back(shared: Arc<Shared>, task: TaskMsg) -> Result<(), BrokerError> {
     shared
         .publisher
-        .send_via(shared.queues.to_tasks(), &incoming.msg)
-        .await?;
-    incoming.ack().await
+        .send_via(shared.queues.to_tasks(), &task)
+        .await
 }
 
-/// Returns a stopped task to the queue with one more preemption (not a
-/// failure: its attempts are untouched), then acks the original.
-async fn republish(shared: Arc<Shared>, incoming: Incoming<TaskMsg>) -> Result<(), BrokerError> {
+/// Returns a stopped task to the queue alone with one more preemption (not
+/// a failure: its attempts are untouched).
+async fn republish(shared: Arc<Shared>, task: TaskMsg) -> Result<(), BrokerError> {
     let config = &shared.config;
-    let task = &incoming.msg;
     let again = TaskMsg {
         preemptions: task.preemptions.saturating_add(1),
         ..task.clone()
@@ -862,7 +922,7 @@ async fn republish(shared: Arc<Shared>, incoming: Incoming<TaskMsg>) -> Result<(
         .send_via(shared.queues.to_tasks(), &again)
         .await?;
     info!(job = %task.job, task = task.task, launcher = %config.id, cluster = %config.cluster, "task preempted and republished");
-    incoming.ack().await
+    Ok(())
 }
 
 /// Sends a status to the runner, start instants turned into wall-clock times.

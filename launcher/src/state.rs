@@ -13,7 +13,7 @@
 //! and without waiting.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, VecDeque},
     time::{Duration, Instant},
 };
 
@@ -23,8 +23,9 @@ use tracing::{info, warn};
 
 use crate::{Exit, LauncherConfig};
 
-/// Something that happened, as the shell saw it. Deliveries are named by
-/// their delivery tag, unique on the task channel. `E` is the shell's error,
+/// Something that happened, as the shell saw it. Delivered tasks are named
+/// by a tag the shell gives each, unique in the launcher (a message may
+/// carry a bundle of tasks). `E` is the shell's error,
 /// handed back when the launcher leaves because of it.
 #[derive(Debug)]
 pub enum Event<E> {
@@ -108,14 +109,26 @@ struct Task {
     preemptions: u32,
 }
 
-/// A delivery the shell holds, until it is settled or abandoned.
+/// Where a held task is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Delivered while every slot was busy (a bundle's or read-ahead's):
+    /// it starts when one is free.
+    Waiting,
+    /// Its process runs.
+    Running,
+    /// Its result, republish, give-back or refusal is being sent.
+    Settling,
+}
+
+/// A task the shell holds, until it is settled or abandoned.
 #[derive(Debug)]
 struct Held {
     task: u64,
     preemptions: u32,
+    walltime: Option<Duration>,
     started: Instant,
-    /// Its process runs (rather than its result or republish being sent).
-    running: bool,
+    phase: Phase,
 }
 
 /// The launcher's state between events.
@@ -132,7 +145,13 @@ pub struct State<E> {
     stop_at: Option<Instant>,
     /// What a fresh placeholder like this one offers a task, start to stop.
     window: Option<Duration>,
+    /// Tasks run at once.
+    capacity: usize,
     held: BTreeMap<u64, Held>,
+    /// Held tasks waiting for a slot, first delivered first.
+    waiting: VecDeque<u64>,
+    /// Held tasks whose process runs.
+    running: usize,
     completed: u64,
     /// Since when nothing was held; `None` while anything is.
     idle_since: Option<Instant>,
@@ -169,7 +188,10 @@ impl<E> State<E> {
             heartbeat: config.heartbeat,
             stop_at,
             window: stop_at.map(|stop| stop.saturating_duration_since(now)),
+            capacity: config.tasks_at_once() as usize,
             held: BTreeMap::new(),
+            waiting: VecDeque::new(),
+            running: 0,
             completed: 0,
             idle_since: Some(now),
             next_heartbeat: now.checked_add(config.heartbeat),
@@ -233,13 +255,13 @@ impl<E> State<E> {
                 self.consuming = false;
                 if self.leaving.is_none() {
                     // Cancelled by the broker: the queue was deleted.
-                    self.abandon(Ok(Exit::JobOver), &mut effects);
+                    self.abandon(Ok(Exit::JobOver), now, &mut effects);
                 }
             }
             Event::Ended { tag, killed } => self.ended(tag, killed, now, &mut effects),
             Event::Settled { tag } => self.forget(tag, now),
-            Event::QueueGone => self.abandon(Ok(Exit::JobOver), &mut effects),
-            Event::Failed(error) => self.abandon(Err(error), &mut effects),
+            Event::QueueGone => self.abandon(Ok(Exit::JobOver), now, &mut effects),
+            Event::Failed(error) => self.abandon(Err(error), now, &mut effects),
             Event::Message(msg) if self.listening() => self.message(msg, &mut effects),
             Event::Signal if self.listening() && self.leaving != Some(Exit::Preempted) => {
                 info!(job = %self.job, launcher = %self.launcher, cluster = %self.cluster, "signalled: preempting own tasks");
@@ -266,19 +288,11 @@ impl<E> State<E> {
             return;
         }
         self.idle_since = None;
-        if self.fits(walltime, now) {
-            if self.tasks_stopped {
-                // Arrived after the stop: back to the queue like the tasks
-                // that were running.
-                self.hold(tag, task, now, false);
-                effects.push(Effect::Republish { tag });
-            } else {
-                self.hold(tag, task, now, true);
-                effects.push(Effect::Run { tag });
-                if self.told_idle {
-                    self.next_heartbeat = Some(now);
-                }
-            }
+        if self.leaving.is_some() {
+            // Sent before the broker saw the cancel (or the rest of a
+            // bundle): back to the queue untouched, for another launcher.
+            self.hold(tag, task, walltime, now, Phase::Settling);
+            effects.push(Effect::GiveBack { tag });
         } else if let (Some(window), Some(walltime)) = (self.window, walltime)
             && walltime > window
         {
@@ -291,13 +305,44 @@ impl<E> State<E> {
                 window.as_secs()
             );
             warn!(job = %self.job, task = task.task, launcher = %self.launcher, cluster = %self.cluster, reason, "task refused");
-            self.hold(tag, task, now, false);
+            self.hold(tag, task, Some(walltime), now, Phase::Settling);
             effects.push(Effect::Refuse { tag, reason });
         } else {
-            info!(job = %self.job, task = task.task, launcher = %self.launcher, cluster = %self.cluster, "task would outlast the placeholder; giving it back and draining");
-            self.hold(tag, task, now, false);
-            effects.push(Effect::GiveBack { tag });
-            self.leave(Exit::Walltime, effects);
+            self.hold(tag, task, walltime, now, Phase::Waiting);
+            self.waiting.push_back(tag);
+            self.start_waiting(now, effects);
+        }
+    }
+
+    /// Starts waiting tasks while slots are free. One that would no longer
+    /// end before the launcher must stop is given back, and the launcher
+    /// drains (giving back the rest).
+    fn start_waiting(&mut self, now: Instant, effects: &mut Vec<Effect<E>>) {
+        while self.running < self.capacity && self.leaving.is_none() {
+            let Some(tag) = self.waiting.pop_front() else {
+                return;
+            };
+            let Some(walltime) = self.held.get(&tag).map(|held| held.walltime) else {
+                continue;
+            };
+            let fits = self.fits(walltime, now);
+            let Some(held) = self.held.get_mut(&tag) else {
+                continue;
+            };
+            if !fits {
+                info!(job = %self.job, task = held.task, launcher = %self.launcher, cluster = %self.cluster, "task would outlast the placeholder; giving it back and draining");
+                held.phase = Phase::Settling;
+                effects.push(Effect::GiveBack { tag });
+                self.leave(Exit::Walltime, effects);
+                return;
+            }
+            held.phase = Phase::Running;
+            held.started = now;
+            self.running += 1;
+            effects.push(Effect::Run { tag });
+            if self.told_idle {
+                self.next_heartbeat = Some(now);
+            }
         }
     }
 
@@ -316,16 +361,19 @@ impl<E> State<E> {
         let Some(held) = self.held.get_mut(&tag) else {
             return;
         };
+        if held.phase == Phase::Running {
+            self.running -= 1;
+        }
+        held.phase = Phase::Settling;
         if !killed {
-            held.running = false;
             effects.push(Effect::Report { tag });
         } else if self.abandoned.is_some() {
             self.forget(tag, now);
             effects.push(Effect::Abandon { tag });
         } else {
-            held.running = false;
             effects.push(Effect::Republish { tag });
         }
+        self.start_waiting(now, effects);
     }
 
     fn message(&mut self, msg: LauncherMsg, effects: &mut Vec<Effect<E>>) {
@@ -368,20 +416,32 @@ impl<E> State<E> {
         }
     }
 
-    fn hold(&mut self, tag: u64, task: Task, now: Instant, running: bool) {
+    fn hold(
+        &mut self,
+        tag: u64,
+        task: Task,
+        walltime: Option<Duration>,
+        now: Instant,
+        phase: Phase,
+    ) {
         self.held.insert(
             tag,
             Held {
                 task: task.task,
                 preemptions: task.preemptions,
+                walltime,
                 started: now,
-                running,
+                phase,
             },
         );
     }
 
     fn forget(&mut self, tag: u64, now: Instant) {
-        if self.held.remove(&tag).is_some() {
+        if let Some(held) = self.held.remove(&tag) {
+            // Settled while running: its supervisor failed.
+            if held.phase == Phase::Running {
+                self.running -= 1;
+            }
             self.completed += 1;
             if self.held.is_empty() {
                 self.idle_since = Some(now);
@@ -406,14 +466,25 @@ impl<E> State<E> {
         if first && self.consuming {
             effects.push(Effect::StopConsuming);
         }
+        // Tasks not started go back untouched: they were not preempted.
+        for tag in std::mem::take(&mut self.waiting) {
+            if let Some(held) = self.held.get_mut(&tag) {
+                held.phase = Phase::Settling;
+                effects.push(Effect::GiveBack { tag });
+            }
+        }
     }
 
     /// The job is over or the launcher is failing: kill everything, report
     /// nothing. The first reason stands.
-    fn abandon(&mut self, ending: Result<Exit, E>, effects: &mut Vec<Effect<E>>) {
+    fn abandon(&mut self, ending: Result<Exit, E>, now: Instant, effects: &mut Vec<Effect<E>>) {
         if self.abandoned.is_none() {
             self.abandoned = Some(ending);
             self.stop_tasks(effects);
+            for tag in std::mem::take(&mut self.waiting) {
+                self.forget(tag, now);
+                effects.push(Effect::Abandon { tag });
+            }
         }
     }
 
@@ -444,7 +515,7 @@ impl<E> State<E> {
             running: self
                 .held
                 .values()
-                .filter(|held| held.running)
+                .filter(|held| held.phase == Phase::Running)
                 .map(|held| Running {
                     task: held.task,
                     started: held.started,
@@ -554,13 +625,12 @@ mod tests {
         let mut l = launcher(|_, _| {});
         assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
         assert_eq!(l.at(2, drain()), [Effect::StopConsuming]);
-        // Sent before the broker saw the cancel: still run, not lost.
-        assert_eq!(l.at(2, deliver(2, None)), [Effect::Run { tag: 2 }]);
+        // Sent before the broker saw the cancel: back for another launcher.
+        assert_eq!(l.at(2, deliver(2, None)), [Effect::GiveBack { tag: 2 }]);
         assert_eq!(l.at(3, Event::TasksEnded), []);
+        assert_eq!(l.at(3, settled(2)), []);
         assert_eq!(l.at(4, ended(1)), [Effect::Report { tag: 1 }]);
-        assert_eq!(l.at(5, settled(1)), []);
-        assert_eq!(l.at(6, ended(2)), [Effect::Report { tag: 2 }]);
-        assert_eq!(l.at(7, settled(2)), [Effect::Leave(Ok(Exit::Drained))]);
+        assert_eq!(l.at(5, settled(1)), [Effect::Leave(Ok(Exit::Drained))]);
     }
 
     #[test]
@@ -734,8 +804,8 @@ mod tests {
         );
         assert_eq!(l.at(2, killed(1)), [Effect::Republish { tag: 1 }]);
         assert_eq!(l.at(3, settled(1)), []);
-        // Delivered after the stop: back to the queue without running.
-        assert_eq!(l.at(3, deliver(2, None)), [Effect::Republish { tag: 2 }]);
+        // Delivered after the stop: back to the queue untouched.
+        assert_eq!(l.at(3, deliver(2, None)), [Effect::GiveBack { tag: 2 }]);
         assert_eq!(l.at(4, settled(2)), []);
         assert_eq!(
             l.at(4, Event::TasksEnded),
@@ -802,5 +872,77 @@ mod tests {
         // Busy, and said so: the next task waits for the heartbeat.
         l.at(2, deliver(2, None));
         assert_eq!(l.wakeup(), Some(Duration::from_secs(1001)), "the heartbeat");
+    }
+
+    #[test]
+    fn a_bundle_runs_as_slots_free_and_its_unstarted_tasks_go_back_untouched() {
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(l.at(1, deliver(2, None)), [Effect::Run { tag: 2 }]);
+        // Two slots busy: the rest of the bundle waits.
+        assert_eq!(l.at(1, deliver(3, None)), []);
+        assert_eq!(l.at(1, deliver(4, None)), []);
+        assert_eq!(l.at(1, deliver(5, None)), []);
+        assert_eq!(
+            l.at(2, ended(1)),
+            [Effect::Report { tag: 1 }, Effect::Run { tag: 3 }]
+        );
+        let running = |l: &mut Launcher| -> Vec<u64> {
+            match &l.at(2, Event::Message(LauncherMsg::Poll {}))[..] {
+                [Effect::SendStatus(status)] => status.running.iter().map(|r| r.task).collect(),
+                other => panic!("{other:?}"),
+            }
+        };
+        assert_eq!(running(&mut l), vec![102, 103]);
+        assert_eq!(l.at(3, settled(1)), []);
+        assert_eq!(
+            l.at(4, preempt()),
+            [
+                Effect::StopTasks,
+                Effect::StopConsuming,
+                Effect::GiveBack { tag: 4 },
+                Effect::GiveBack { tag: 5 }
+            ]
+        );
+        assert_eq!(l.at(4, killed(2)), [Effect::Republish { tag: 2 }]);
+        assert_eq!(l.at(4, killed(3)), [Effect::Republish { tag: 3 }]);
+        assert_eq!(l.at(5, Event::TasksEnded), []);
+        for tag in [2, 3, 4] {
+            assert_eq!(l.at(5, settled(tag)), []);
+        }
+        assert_eq!(l.at(5, settled(5)), [Effect::Leave(Ok(Exit::Preempted))]);
+    }
+
+    #[test]
+    fn a_waiting_task_is_abandoned_with_the_job_and_given_back_when_it_no_longer_fits() {
+        let mut l = launcher(|_, _| {});
+        for tag in 1..=3 {
+            l.at(1, deliver(tag, None));
+        }
+        assert_eq!(
+            l.at(2, Event::QueueGone),
+            [Effect::StopTasks, Effect::Abandon { tag: 3 }]
+        );
+        assert_eq!(l.at(3, killed(1)), [Effect::Abandon { tag: 1 }]);
+        assert_eq!(
+            l.at(3, killed(2)),
+            [Effect::Abandon { tag: 2 }, Effect::Leave(Ok(Exit::JobOver))]
+        );
+
+        // Tasks stop at 190 s: the waiting 60 s task fits at 100 s, not at 140 s.
+        let mut l = placeholder();
+        assert_eq!(l.at(100, deliver(1, Some(60))), [Effect::Run { tag: 1 }]);
+        assert_eq!(l.at(100, deliver(2, Some(60))), [Effect::Run { tag: 2 }]);
+        assert_eq!(l.at(100, deliver(3, Some(60))), []);
+        assert_eq!(l.at(100, deliver(4, Some(60))), []);
+        assert_eq!(
+            l.at(140, ended(1)),
+            [
+                Effect::Report { tag: 1 },
+                Effect::GiveBack { tag: 3 },
+                Effect::StopConsuming,
+                Effect::GiveBack { tag: 4 }
+            ]
+        );
     }
 }

@@ -50,6 +50,10 @@ pub const MAX_WEIGHT: u32 = 1000;
 /// The most slots one task may take: a whole large host.
 pub const MAX_TASK_SLOTS: u32 = 1024;
 
+/// The most tasks one message may carry: a bundle that dies with its
+/// launcher is run again whole, so it stays a few seconds of work.
+pub const MAX_BUNDLE: u32 = 1000;
+
 fn is_one(n: &u32) -> bool {
     *n == 1
 }
@@ -102,6 +106,12 @@ pub struct Manifest {
     /// task), all on one launcher; `$GLEANER_SLOTS` and `$OMP_NUM_THREADS`.
     #[serde(default = "default_weight", skip_serializing_if = "is_one")]
     pub slots: u32,
+    /// Scavenging jobs: tasks published as one message, for tasks too short
+    /// (well under a second) to pay the broker a message each. A launcher
+    /// runs a bundle's tasks side by side in its slots and settles it once
+    /// each has its result; retries and preempted tasks travel alone.
+    #[serde(default = "default_weight", skip_serializing_if = "is_one")]
+    pub bundle: u32,
     #[serde(default, rename = "task", skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<TaskDef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -252,6 +262,7 @@ impl Manifest {
             max_launchers: None,
             weight: default_weight(),
             slots: 1,
+            bundle: 1,
             tasks: Vec::new(),
             sweep: None,
             components: Vec::new(),
@@ -353,6 +364,12 @@ impl Manifest {
                 format!("must be from 1 to {MAX_WEIGHT}"),
             ));
         }
+        if !(1..=MAX_BUNDLE).contains(&self.bundle) {
+            return Err(ManifestError::invalid(
+                "bundle",
+                format!("must be from 1 to {MAX_BUNDLE}"),
+            ));
+        }
         if !(1..=MAX_TASK_SLOTS).contains(&self.slots) {
             return Err(ManifestError::invalid(
                 "slots",
@@ -446,6 +463,12 @@ impl Manifest {
             return Err(ManifestError::invalid(
                 "slots",
                 "grid jobs give each [[component]] its slots",
+            ));
+        }
+        if self.bundle != 1 {
+            return Err(ManifestError::invalid(
+                "bundle",
+                "grid jobs run [[component]] entries, not tasks",
             ));
         }
         if self.final_step.is_some() {

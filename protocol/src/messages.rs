@@ -694,6 +694,44 @@ impl Message for TaskMsg {
     }
 }
 
+/// A message of many `$item`s in `$field` that also reads a lone `$item`
+/// as a list of one: single messages still queued across an upgrade, and
+/// retries, which travel alone, decode as the same type.
+macro_rules! many_or_one {
+    ($many:ident, $field:ident, $item:ident) => {
+        impl<'de> Deserialize<'de> for $many {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                #[derive(Deserialize)]
+                #[serde(untagged)]
+                enum Either {
+                    Many { $field: Vec<$item> },
+                    One(Box<$item>),
+                }
+                Ok(match Either::deserialize(d)? {
+                    Either::Many { $field } => Self { $field },
+                    Either::One(one) => Self { $field: vec![*one] },
+                })
+            }
+        }
+    };
+}
+
+/// Tasks published as one message (a manifest's `bundle`): one publish,
+/// delivery and ack for all of them. A launcher acks it once every task in
+/// it has its result with the broker or is back in the queue alone.
+#[derive(Debug, Clone, Serialize)]
+pub struct TaskBundle {
+    pub tasks: Vec<TaskMsg>,
+}
+
+many_or_one!(TaskBundle, tasks, TaskMsg);
+
+impl Message for TaskBundle {
+    fn kind(&self) -> &'static str {
+        "tasks"
+    }
+}
+
 // -------------------------------------------------------- gleaner.job.<job>.results
 
 /// How one run of a task ended.
@@ -743,24 +781,7 @@ pub struct ResultBatch {
     pub results: Vec<ResultMsg>,
 }
 
-/// A single result, as launchers before batches sent them, reads as a
-/// batch of one: results queued across an upgrade are not lost.
-impl<'de> Deserialize<'de> for ResultBatch {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Either {
-            Batch { results: Vec<ResultMsg> },
-            One(Box<ResultMsg>),
-        }
-        Ok(match Either::deserialize(d)? {
-            Either::Batch { results } => Self { results },
-            Either::One(result) => Self {
-                results: vec![*result],
-            },
-        })
-    }
-}
+many_or_one!(ResultBatch, results, ResultMsg);
 
 impl Message for ResultBatch {
     fn kind(&self) -> &'static str {

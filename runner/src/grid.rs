@@ -17,7 +17,7 @@ use std::{
 
 use gleaner_protocol::{
     ClusterName, ComponentOutcome, ComponentSpec, ControlMsg, JobReport, JobState, KcmMsg,
-    LauncherId, ResultMsg, RunStatus, SchedulerMsg, TaskMsg,
+    LauncherId, ResultMsg, RunStatus, SchedulerMsg, TaskBundle,
 };
 use indexmap::IndexMap;
 use tracing::{debug, info, warn};
@@ -266,8 +266,8 @@ impl JobCore for Grid {
         Vec::new()
     }
 
-    fn on_lost(&mut self, task: &TaskMsg) -> Vec<Effect<'static>> {
-        debug!(job = %self.ledger.id, task = task.task, "lost task ignored: this job is a grid job");
+    fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect<'static>> {
+        debug!(job = %self.ledger.id, tasks = lost.tasks.len(), "lost tasks ignored: this job is a grid job");
         Vec::new()
     }
 

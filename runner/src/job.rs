@@ -17,7 +17,7 @@ use gleaner_broker::{
 };
 use gleaner_manifest::{JobId, JobKind, TaskList};
 use gleaner_protocol::{
-    ControlMsg, JobReport, JobState, Message, ResultBatch, Submission, TaskMsg,
+    ControlMsg, JobReport, JobState, Message, ResultBatch, Submission, TaskBundle,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -279,7 +279,7 @@ impl<C: JobCore> Job<C> {
         let mut results: Inbox<ResultBatch> = connection
             .inbox(publisher, &self.queues.results, options(1024))
             .await?;
-        let mut dead: Inbox<TaskMsg> = connection
+        let mut dead: Inbox<TaskBundle> = connection
             .inbox(publisher, &self.queues.dead, options(64))
             .await?;
         let mut control: Inbox<ControlMsg> = connection

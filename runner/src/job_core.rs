@@ -15,7 +15,7 @@ use std::{
 use gleaner_manifest::{Component, JobId, Manifest, ParamValue};
 use gleaner_protocol::{
     ClusterName, ControlMsg, Credentials, Event, JobReport, JobState, KcmMsg, ResultMsg,
-    SchedulerMsg, Submission, TaskCounts, TaskMsg,
+    SchedulerMsg, Submission, TaskBundle, TaskCounts,
 };
 use indexmap::IndexMap;
 use tracing::info;
@@ -332,8 +332,8 @@ pub trait JobCore {
         batch: impl IntoIterator<Item = &'r ResultMsg>,
         now: Now,
     ) -> Vec<Effect<'r>>;
-    /// A task dead-lettered after crashing its launchers too often.
-    fn on_lost(&mut self, task: &TaskMsg) -> Vec<Effect<'static>>;
+    /// Tasks dead-lettered after crashing their launchers too often.
+    fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect<'static>>;
     /// A message on the job's control queue.
     fn on_control(&mut self, msg: ControlMsg, now: Now) -> Vec<Effect<'static>>;
     /// Whether a message to a kcm or launcher arrived (its queue may be gone).

@@ -23,7 +23,7 @@ use gleaner_manifest::{
 use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
     ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherInfo, LauncherMsg,
-    ResultMsg, SchedulerMsg, ShrinkMode, TaskMsg, naming::same_host,
+    ResultMsg, SchedulerMsg, ShrinkMode, TaskBundle, TaskMsg, naming::same_host,
 };
 use tracing::{debug, info, warn};
 
@@ -84,6 +84,8 @@ struct TaskMaker {
     preempt_signal: Option<String>,
     preempt_grace_ms: Option<u64>,
     max_attempts: u32,
+    /// First attempts per message (the manifest's `bundle`).
+    bundle: usize,
 }
 
 impl TaskMaker {
@@ -106,6 +108,7 @@ impl TaskMaker {
             workdir: manifest.workdir.as_ref().map(|w| w.display().to_string()),
             preempt_grace_ms: manifest.preempt_grace.map(|g| g.as_millis() as u64),
             max_attempts: manifest.max_attempts,
+            bundle: manifest.bundle.max(1) as usize,
             preempt_signal: manifest.preempt_grace.map(|_| {
                 manifest
                     .preempt_signal
@@ -205,30 +208,40 @@ impl FirstAttempts {
         self.completes
     }
 
-    /// How many chunks of `size` the messages make.
-    pub fn chunk_count(&self, size: usize) -> usize {
-        self.tasks.len().div_ceil(size.max(1))
-    }
-
-    /// The messages of chunk `index`, `size` at a time.
-    pub fn chunk(&self, index: usize, size: usize) -> Vec<TaskMsg> {
-        let size = size.max(1);
-        let start = index.saturating_mul(size).min(self.tasks.len());
-        let end = start.saturating_add(size).min(self.tasks.len());
-        self.tasks[start..end]
+    /// Every message's tasks, one by one (as the simulator's queue holds them).
+    pub fn each(&self) -> impl Iterator<Item = TaskMsg> + '_ {
+        self.tasks
             .iter()
             .filter_map(|&task| self.maker.msg(task, 1, 0))
-            .collect()
     }
 
-    /// The messages, `size` at a time.
-    pub fn chunks(&self, size: usize) -> impl Iterator<Item = Vec<TaskMsg>> + '_ {
-        self.tasks.chunks(size.max(1)).map(|chunk| {
-            chunk
-                .iter()
-                .filter_map(|&task| self.maker.msg(task, 1, 0))
-                .collect()
-        })
+    /// Tasks in a chunk of about `size`: whole bundles.
+    fn chunk_len(&self, size: usize) -> usize {
+        let bundle = self.maker.bundle.max(1);
+        size.max(1).div_ceil(bundle) * bundle
+    }
+
+    /// How many chunks of about `size` tasks the messages make.
+    pub fn chunk_count(&self, size: usize) -> usize {
+        self.tasks.len().div_ceil(self.chunk_len(size))
+    }
+
+    /// The messages of chunk `index`, about `size` tasks at a time, in
+    /// bundles of the manifest's `bundle`.
+    pub fn chunk(&self, index: usize, size: usize) -> Vec<TaskBundle> {
+        let len = self.chunk_len(size);
+        let start = index.saturating_mul(len).min(self.tasks.len());
+        let end = start.saturating_add(len).min(self.tasks.len());
+        self.tasks[start..end]
+            .chunks(self.maker.bundle.max(1))
+            .map(|bundle| TaskBundle {
+                tasks: bundle
+                    .iter()
+                    .filter_map(|&task| self.maker.msg(task, 1, 0))
+                    .collect(),
+            })
+            .filter(|bundle| !bundle.tasks.is_empty())
+            .collect()
     }
 }
 
@@ -649,10 +662,25 @@ impl JobCore for Sweep {
         effects
     }
 
-    fn on_lost(&mut self, task: &TaskMsg) -> Vec<Effect<'static>> {
-        if task.job != self.ledger.id || self.ledger.book.is_finished(task.task) {
+    fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect<'static>> {
+        let unfinished: Vec<TaskMsg> = lost
+            .tasks
+            .iter()
+            .filter(|task| task.job == self.ledger.id && !self.ledger.book.is_finished(task.task))
+            .cloned()
+            .collect();
+        if lost.tasks.len() > 1 {
+            // One of them may be what killed the launchers: alone, each
+            // either runs or is lost by itself.
+            if !unfinished.is_empty() {
+                info!(job = %self.ledger.id, tasks = unfinished.len(), "a bundle's launchers died every time it ran: its tasks run again alone");
+                return vec![Effect::Publish(unfinished)];
+            }
             return Vec::new();
         }
+        let Some(task) = unfinished.first() else {
+            return Vec::new();
+        };
         if Some(task.task) == self.ledger.final_task {
             warn!(job = %self.ledger.id, attempt = task.attempt, "final step lost: its launchers died every time it ran");
             self.ledger.book.finish(task.task, FinalStatus::Lost);
@@ -1209,7 +1237,7 @@ mod tests {
             panic!("no publication: {effects:?}");
         };
         assert_eq!(first.tasks(), [1, 3, 4], "the torn line's task runs again");
-        let msgs: Vec<TaskMsg> = first.chunks(2).flatten().collect();
+        let msgs: Vec<TaskMsg> = first.each().collect();
         assert_eq!(msgs.len(), 3);
         assert_eq!(
             (msgs[1].task, msgs[1].attempt, msgs[1].command.as_str()),
@@ -1363,12 +1391,16 @@ mod tests {
         );
     }
 
+    fn alone(task: TaskMsg) -> TaskBundle {
+        TaskBundle { tasks: vec![task] }
+    }
+
     #[test]
     fn a_lost_task_is_recorded_once() {
         let t0 = Instant::now();
         let mut sweep = started(2, 1, t0);
         let mut lost = sweep.tasks.msg(1, 3, 1).unwrap();
-        let effects = sweep.on_lost(&lost);
+        let effects = sweep.on_lost(&alone(lost.clone()));
         let entries = recorded(&effects);
         assert_eq!(
             (
@@ -1379,10 +1411,50 @@ mod tests {
             ),
             (1, FinalStatus::Lost, 3, 1)
         );
-        assert!(sweep.on_lost(&lost).is_empty());
+        assert!(sweep.on_lost(&alone(lost.clone())).is_empty());
         lost.task = 0;
         lost.job = "other-000000".parse().unwrap();
-        assert!(sweep.on_lost(&lost).is_empty(), "another job's task");
+        assert!(sweep.on_lost(&alone(lost)).is_empty(), "another job's task");
+    }
+
+    #[test]
+    fn first_attempts_go_in_bundles_and_a_lost_bundle_comes_back_alone() {
+        let t0 = Instant::now();
+        let submission = submission(&format!("bundle = 4\n{}", manifest(10, 1)));
+        let mut sweep = Sweep::open(
+            opening(&submission, vec![], None),
+            tasks_of(&submission),
+            at(t0, 0),
+        )
+        .unwrap();
+        let effects = sweep.start();
+        let Some(Effect::PublishFirst(first)) = effects
+            .iter()
+            .find(|e| matches!(e, Effect::PublishFirst(_)))
+        else {
+            panic!("no publication: {effects:?}");
+        };
+        // Chunks of about 3 tasks are whole bundles of 4.
+        assert_eq!(first.chunk_count(3), 3);
+        let bundles: Vec<Vec<u64>> = (0..first.chunk_count(3))
+            .flat_map(|i| first.chunk(i, 3))
+            .map(|b| b.tasks.iter().map(|t| t.task).collect())
+            .collect();
+        assert_eq!(bundles, [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
+        sweep.on_results([&result(5, 1, RunStatus::Succeeded)], at(t0, 1));
+        let lost = first.chunk(1, 3).remove(0);
+        let effects = sweep.on_lost(&lost);
+        assert_eq!(
+            published(&effects)
+                .iter()
+                .map(|t| (t.task, t.attempt))
+                .collect::<Vec<_>>(),
+            [(4, 1), (6, 1), (7, 1)],
+            "the unfinished ones, alone, nothing recorded lost"
+        );
+        assert!(recorded(&effects).is_empty());
+        let effects = sweep.on_lost(&alone(sweep.tasks.msg(6, 1, 0).unwrap()));
+        assert_eq!(recorded(&effects)[0].status, FinalStatus::Lost);
     }
 
     #[test]

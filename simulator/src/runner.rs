@@ -125,9 +125,7 @@ impl SweepRunner {
                 }
                 Effect::PurgeTasks | Effect::DeleteQueues => reach.queue.clear(),
                 Effect::PublishFirst(first) => {
-                    reach
-                        .queue
-                        .extend(first.chunks(first.tasks().len()).flatten());
+                    reach.queue.extend(first.each());
                     push_front(&mut work, self.core.on_published(first.completes()));
                 }
                 Effect::Publish(tasks) => reach.queue.extend(tasks),
