@@ -163,8 +163,19 @@ fn main() -> anyhow::Result<()> {
             let exe = gleaner_binary()?;
             measure::spawn_rate(Duration::from_secs(5))?;
             for launchers in [1, 2, 4] {
-                for command in ["/usr/bin/true", "/usr/bin/true;"] {
-                    measure::throughput(&exe, tasks, launchers, launcher_slots, command)?;
+                for (command, bundle) in [
+                    ("/usr/bin/true", 1),
+                    ("/usr/bin/true;", 1),
+                    ("/usr/bin/true", 32),
+                ] {
+                    let run = measure::Throughput {
+                        tasks,
+                        launchers,
+                        launcher_slots,
+                        command,
+                        bundle,
+                    };
+                    measure::throughput(&exe, &run)?;
                 }
             }
             Ok(())

@@ -107,15 +107,25 @@ pub fn makespan(exe: &Path, tasks: u32, slots: u32, seconds: f64) -> anyhow::Res
     Ok(())
 }
 
-/// `command` runs each task: `/usr/bin/true` runs directly,
-/// `/usr/bin/true;` through the shell, as a command with shell syntax does.
-pub fn throughput(
-    exe: &Path,
-    tasks: u32,
-    launchers: u32,
-    launcher_slots: u32,
-    command: &str,
-) -> anyhow::Result<()> {
+/// One throughput run: `command` runs each task (`/usr/bin/true` directly,
+/// `/usr/bin/true;` through the shell, as a command with shell syntax
+/// does), `bundle` tasks to a message.
+pub struct Throughput<'a> {
+    pub tasks: u32,
+    pub launchers: u32,
+    pub launcher_slots: u32,
+    pub command: &'a str,
+    pub bundle: u32,
+}
+
+pub fn throughput(exe: &Path, run: &Throughput<'_>) -> anyhow::Result<()> {
+    let Throughput {
+        tasks,
+        launchers,
+        launcher_slots,
+        command,
+        bundle,
+    } = *run;
     let mut g = Gleaner::new(&format!("bench-throughput-{launchers}"), exe);
     let slots = launchers * launcher_slots;
     g.write(
@@ -128,7 +138,8 @@ pub fn throughput(
     wait_until_serving(&g);
     let broker = broker_pid().context("no beam.smp process: is RabbitMQ local?")?;
     let (broker_before, up_before) = (cpu(broker), cpu(up));
-    let (makespan, file) = run_job(&g, &sweep("noop", tasks, command))?;
+    let manifest = format!("bundle = {bundle}\n{}", sweep("noop", tasks, command));
+    let (makespan, file) = run_job(&g, &manifest)?;
     let job = file["job"].as_str().unwrap_or_default().to_owned();
     // Launchers leave once the job is over; then their CPU counts as up's children.
     wait_for("the launchers to leave", Duration::from_secs(30), || {
@@ -138,7 +149,7 @@ pub fn throughput(
     let (broker_after, up_after) = (cpu(broker), cpu(up));
     let per_k = 1000.0 / f64::from(tasks);
     println!(
-        "| {launchers} × {launcher_slots} | `{command}` | {tasks} | {makespan:.2} | {:.0} | {:.2} | {:.2} | {:.2} |",
+        "| {launchers} × {launcher_slots} | `{command}` | {bundle} | {tasks} | {makespan:.2} | {:.0} | {:.2} | {:.2} | {:.2} |",
         f64::from(tasks) / makespan,
         (broker_after.own - broker_before.own) * per_k,
         (up_after.own - up_before.own) * per_k,

@@ -16,7 +16,9 @@ use std::{
 use tracing::debug;
 
 mod account;
+mod spawn;
 pub use account::Account;
+pub use spawn::{Spawn, Spawned, spawn};
 
 /// A directory of cgroups, one per contained process, named by the caller.
 #[derive(Debug)]

@@ -3,9 +3,11 @@
 //! was found.
 
 use std::{
+    collections::BTreeMap,
+    ffi::{OsStr, OsString},
     path::{Path, PathBuf},
-    process::{ExitStatus, Stdio},
-    sync::{Arc, Mutex},
+    process::ExitStatus,
+    sync::{Arc, Mutex, OnceLock},
     time::{Duration, Instant},
 };
 
@@ -16,7 +18,6 @@ use nix::{
 };
 use tokio::{
     io::{AsyncRead, AsyncReadExt},
-    process::Command,
     sync::watch,
 };
 use tracing::debug;
@@ -219,8 +220,10 @@ fn find_program(program: &str, cwd: &Path, path: Option<&str>) -> Option<PathBuf
 
 /// The process a task's command runs as: its program directly when it
 /// needs no shell and is found, else `sh -c` (which also says what is
-/// wrong with a program that is not there).
-fn task_command(task: &TaskRun<'_>, cwd: &Path) -> Command {
+/// wrong with a program that is not there); its arguments, first word
+/// included; and whether it is the program itself (the shell sets `PWD`
+/// for the programs it starts).
+fn task_program(task: &TaskRun<'_>, cwd: &Path) -> (PathBuf, Vec<OsString>, bool) {
     let path = task
         .env
         .iter()
@@ -233,22 +236,30 @@ fn task_command(task: &TaskRun<'_>, cwd: &Path) -> Command {
         Some((program, words))
     });
     match direct {
-        Some((program, words)) => {
-            let mut command = Command::new(program);
-            command.arg0(words[0]).args(&words[1..]);
-            // As the shell would have set it for its child.
-            command.env(
-                "PWD",
-                std::path::absolute(cwd).unwrap_or_else(|_| cwd.to_owned()),
-            );
-            command
-        }
-        None => {
-            let mut command = Command::new("/bin/sh");
-            command.arg("-c").arg(task.command);
-            command
-        }
+        Some((program, words)) => (
+            program,
+            words.into_iter().map(OsString::from).collect(),
+            true,
+        ),
+        None => (
+            PathBuf::from("/bin/sh"),
+            ["sh", "-c", task.command].map(OsString::from).into(),
+            false,
+        ),
     }
+}
+
+/// The environment a task starts with: the launcher's, then `overrides`
+/// in order (a later value of a name wins).
+fn task_env<'a>(
+    overrides: impl IntoIterator<Item = (&'a OsStr, &'a OsStr)>,
+) -> Vec<(OsString, OsString)> {
+    static OWN: OnceLock<BTreeMap<OsString, OsString>> = OnceLock::new();
+    let mut env = OWN.get_or_init(|| std::env::vars_os().collect()).clone();
+    for (key, value) in overrides {
+        env.insert(key.to_owned(), value.to_owned());
+    }
+    env.into_iter().collect()
 }
 
 async fn supervise(
@@ -258,17 +269,17 @@ async fn supervise(
     stop: &mut watch::Receiver<bool>,
     started: Instant,
 ) -> Option<Outcome> {
-    let mut command = task_command(task, cwd);
-    command
-        .current_dir(cwd)
-        .envs(task.env.iter().map(|(k, v)| (k, v)))
-        .env("GLEANER_SANDBOX", &task.sandbox)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .process_group(0)
-        .kill_on_drop(true);
-    let mut child = match orphans::spawn(&mut command) {
+    let (program, argv, direct) = task_program(task, cwd);
+    let pwd = direct.then(|| std::path::absolute(cwd).unwrap_or_else(|_| cwd.to_owned()));
+    let env = task_env(
+        task.env
+            .iter()
+            .map(|(k, v)| (OsStr::new(k), OsStr::new(v)))
+            .chain([(OsStr::new("GLEANER_SANDBOX"), task.sandbox.as_os_str())])
+            .chain(pwd.iter().map(|pwd| (OsStr::new("PWD"), pwd.as_os_str()))),
+    );
+    let argv: Vec<&OsStr> = argv.iter().map(OsString::as_os_str).collect();
+    let mut child = match orphans::spawn(&program, &argv, &env, cwd) {
         Ok(child) => child,
         Err(e) => {
             return Some(Outcome::not_started(
@@ -277,7 +288,7 @@ async fn supervise(
             ));
         }
     };
-    let group = child.id().map(|id| Pid::from_raw(id as i32));
+    let group = Pid::from_raw(child.id());
     let stdout = TailReader::start(child.stdout.take(), limits.stream_bytes);
     let stderr = TailReader::start(child.stderr.take(), limits.stream_bytes);
     let walltime = async {
@@ -307,14 +318,14 @@ async fn supervise(
             }
             signal_group(group, Signal::SIGKILL);
             let _ = child.wait().await;
-            orphans::ended(group.map(|g| g.as_raw() as u32));
+            orphans::ended(group.as_raw());
             return None;
         }
     };
     // Whatever the command left running in the background goes too, in its
     // group or escaped from it.
     signal_group(group, Signal::SIGKILL);
-    orphans::ended(group.map(|g| g.as_raw() as u32));
+    orphans::ended(group.as_raw());
     let runtime = started.elapsed();
     let stdout = stdout.finish().await;
     let stderr = stderr.finish().await;
@@ -334,10 +345,8 @@ async fn stop_requested(stop: &mut watch::Receiver<bool>) {
     }
 }
 
-fn signal_group(group: Option<Pid>, signal: Signal) {
-    if let Some(group) = group {
-        let _ = killpg(group, signal);
-    }
+fn signal_group(group: Pid, signal: Signal) {
+    let _ = killpg(group, signal);
 }
 
 impl Outcome {

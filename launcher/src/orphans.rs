@@ -12,23 +12,30 @@
 
 use std::{
     collections::BTreeMap,
+    ffi::{OsStr, OsString},
     io,
+    os::{
+        fd::{FromRawFd, OwnedFd},
+        unix::process::ExitStatusExt,
+    },
     path::Path,
+    process::ExitStatus,
     sync::{
         Mutex, OnceLock,
         atomic::{AtomicU64, Ordering},
     },
 };
 
-use gleaner_contain::Tree;
+use gleaner_contain::{Spawn, Spawned, Tree};
 use nix::{
+    libc,
     sys::{
         signal::{Signal, kill, killpg},
         wait::{WaitPidFlag, waitpid},
     },
     unistd::Pid,
 };
-use tokio::process::{Child, Command};
+use tokio::{io::unix::AsyncFd, net::unix::pipe};
 
 /// The running tasks' shells, each its own group's leader, and the name of
 /// its cgroup in [`TASK_CGROUPS`], if it has one.
@@ -82,9 +89,14 @@ pub fn release() {
     }
 }
 
-/// Starts a task's shell (in a cgroup of its own where there are task
+/// Starts a task's process (in a cgroup of its own where there are task
 /// cgroups), known as running before any sweep can see it.
-pub fn spawn(command: &mut Command) -> io::Result<Child> {
+pub fn spawn(
+    program: &Path,
+    argv: &[&OsStr],
+    env: &[(OsString, OsString)],
+    cwd: &Path,
+) -> io::Result<TaskProcess> {
     let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
     let cgroup = TASK_CGROUPS
         .get()
@@ -94,26 +106,109 @@ pub fn spawn(command: &mut Command) -> io::Result<Child> {
             let name =
                 free.unwrap_or_else(|| NEXT_CGROUP.fetch_add(1, Ordering::Relaxed).to_string());
             let entry = tree.make(&name).ok()?;
-            let procs = entry.fd();
-            // SAFETY: `join` only writes to an open descriptor, which `entry`
-            // keeps open until the spawn is over.
-            unsafe {
-                command.pre_exec(move || gleaner_contain::join(procs));
-            }
             Some((name, entry))
         });
-    let child = command.spawn()?;
-    if let Some(pid) = child.id() {
-        running.insert(pid as i32, cgroup.map(|(name, _)| name));
+    let spawned = gleaner_contain::spawn(&Spawn {
+        program,
+        argv,
+        env,
+        cwd,
+        cgroup_procs: cgroup.as_ref().map(|(_, entry)| entry.fd()),
+    });
+    let spawned = match spawned {
+        Ok(spawned) => spawned,
+        Err(e) => {
+            if let Some((name, _)) = cgroup
+                && let Ok(mut free) = FREE_CGROUPS.lock()
+            {
+                free.push(name);
+            }
+            return Err(e);
+        }
+    };
+    running.insert(spawned.pid, cgroup.map(|(name, _)| name));
+    TaskProcess::new(spawned)
+}
+
+/// A running task's process: its pipes, and its end awaited through a
+/// pidfd. Dropped before it was reaped (its supervisor cancelled), its
+/// group is killed.
+pub struct TaskProcess {
+    pid: i32,
+    /// Readable once the process has exited; `None` on kernels without
+    /// pidfds (then the end is polled).
+    pidfd: Option<AsyncFd<OwnedFd>>,
+    pub stdout: Option<pipe::Receiver>,
+    pub stderr: Option<pipe::Receiver>,
+    reaped: bool,
+}
+
+impl TaskProcess {
+    fn new(spawned: Spawned) -> io::Result<Self> {
+        // SAFETY: `pidfd_open` of our own child; a valid result is a new
+        // descriptor we own.
+        let pidfd = unsafe {
+            let fd = libc::syscall(libc::SYS_pidfd_open, spawned.pid, 0);
+            (fd >= 0).then(|| OwnedFd::from_raw_fd(fd as i32))
+        };
+        let mut process = Self {
+            pid: spawned.pid,
+            pidfd: None,
+            stdout: None,
+            stderr: None,
+            reaped: false,
+        };
+        // SAFETY: the pidfd is an open descriptor owned by the `AsyncFd`
+        // for as long as it lives.
+        process.pidfd = pidfd
+            .map(|fd| unsafe { AsyncFd::register(fd) })
+            .transpose()?;
+        process.stdout = Some(pipe::Receiver::from_owned_fd(spawned.stdout)?);
+        process.stderr = Some(pipe::Receiver::from_owned_fd(spawned.stderr)?);
+        Ok(process)
     }
-    Ok(child)
+
+    /// Its pid, which is also its process group.
+    pub fn id(&self) -> i32 {
+        self.pid
+    }
+
+    /// Waits for the process to end, and reaps it.
+    pub async fn wait(&mut self) -> io::Result<ExitStatus> {
+        loop {
+            let mut status = 0;
+            // SAFETY: reaps our own child, if it has ended, into `status`.
+            let reaped = unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG) };
+            match reaped {
+                0 => {}
+                pid if pid == self.pid => {
+                    self.reaped = true;
+                    return Ok(ExitStatus::from_raw(status));
+                }
+                _ => return Err(io::Error::last_os_error()),
+            }
+            match &self.pidfd {
+                Some(pidfd) => pidfd.readable().await?.clear_ready(),
+                None => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
+            }
+        }
+    }
+}
+
+impl Drop for TaskProcess {
+    fn drop(&mut self) {
+        if !self.reaped {
+            let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
+            let _ = waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG));
+        }
+    }
 }
 
 /// A task's shell has ended: kills what is left in its cgroup (kept for
 /// the next task), then the strays, and forgets the shell.
-pub fn ended(pid: Option<u32>) {
+pub fn ended(pid: i32) {
     let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(Some(cgroup)) = pid.and_then(|pid| running.remove(&(pid as i32)))
+    if let Some(Some(cgroup)) = running.remove(&pid)
         && let Some(Some(tree)) = TASK_CGROUPS.get()
     {
         tree.kill(&cgroup);

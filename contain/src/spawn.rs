@@ -1,0 +1,323 @@
+//! Starting a task's process without copying its launcher. The standard
+//! library `fork`s as soon as anything must happen between fork and `exec`
+//! (here: joining the task's cgroup), and a fork copies every page table of
+//! a large, multi-threaded launcher only for `exec` to throw them away.
+//! This is what `posix_spawn` does instead: a `vfork`-like clone whose child
+//! borrows the parent's memory and runs a few async-signal-safe calls
+//! (cgroup, process group, signals, descriptors, directory) before `exec`,
+//! while the calling thread waits.
+
+use std::{
+    ffi::{CString, OsStr, OsString},
+    io,
+    os::{
+        fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
+        unix::ffi::OsStrExt,
+    },
+    path::Path,
+    ptr,
+    sync::OnceLock,
+};
+
+use nix::libc;
+
+/// What to start: `program` (a path, not searched for) with `argv` (its
+/// first word included) and exactly `env`, in `cwd`.
+#[derive(Debug)]
+pub struct Spawn<'a> {
+    pub program: &'a Path,
+    pub argv: &'a [&'a OsStr],
+    pub env: &'a [(OsString, OsString)],
+    pub cwd: &'a Path,
+    /// `cgroup.procs` of the cgroup the process starts in, open for writing.
+    pub cgroup_procs: Option<RawFd>,
+}
+
+/// A started process, leader of its own process group, with its standard
+/// input at `/dev/null` and the read ends of its stdout and stderr pipes.
+#[derive(Debug)]
+pub struct Spawned {
+    pub pid: i32,
+    pub stdout: OwnedFd,
+    pub stderr: OwnedFd,
+}
+
+/// The steps of the child, to say which failed.
+const STEPS: [&str; 6] = [
+    "join its cgroup",
+    "make its process group",
+    "set its standard streams",
+    "enter its directory",
+    "start the program",
+    "prepare",
+];
+
+/// Everything the child reads, made before the clone: it may not allocate.
+struct ChildArgs {
+    program: *const libc::c_char,
+    argv: *const *const libc::c_char,
+    envp: *const *const libc::c_char,
+    cwd: *const libc::c_char,
+    procs: RawFd,
+    streams: [RawFd; 3],
+    /// Write end of a close-on-exec pipe: the failed step and `errno`.
+    report: RawFd,
+}
+
+/// Starts the process; the error names the step that failed.
+pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
+    let c = |bytes: &[u8]| {
+        CString::new(bytes).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte"))
+    };
+    let program = c(spec.program.as_os_str().as_bytes())?;
+    let cwd = c(spec.cwd.as_os_str().as_bytes())?;
+    let argv = spec
+        .argv
+        .iter()
+        .map(|a| c(a.as_bytes()))
+        .collect::<io::Result<Vec<_>>>()?;
+    let envp = spec
+        .env
+        .iter()
+        .map(|(k, v)| c(&[k.as_bytes(), b"=", v.as_bytes()].concat()))
+        .collect::<io::Result<Vec<_>>>()?;
+    let pointers = |strings: &[CString]| {
+        let mut list: Vec<*const libc::c_char> = strings.iter().map(|s| s.as_ptr()).collect();
+        list.push(ptr::null());
+        list
+    };
+    let (argv_ptrs, envp_ptrs) = (pointers(&argv), pointers(&envp));
+    let null = dev_null()?;
+    let (out_read, out_write) = pipe()?;
+    let (err_read, err_write) = pipe()?;
+    let (report_read, report_write) = pipe()?;
+    let args = ChildArgs {
+        program: program.as_ptr(),
+        argv: argv_ptrs.as_ptr(),
+        envp: envp_ptrs.as_ptr(),
+        cwd: cwd.as_ptr(),
+        procs: spec.cgroup_procs.unwrap_or(-1),
+        streams: [null, out_write.as_raw_fd(), err_write.as_raw_fd()],
+        report: report_write.as_raw_fd(),
+    };
+    let mut stack = vec![0u8; STACK_BYTES];
+    // SAFETY: the child runs `child` on its own stack and only reads
+    // `args`, which outlive the call: with CLONE_VFORK this thread resumes
+    // only once the child has called `exec` or exited. Every signal is
+    // blocked meanwhile, so that no handler of the parent's runs in the
+    // child before `child` resets them.
+    let pid = unsafe {
+        let top = stack.as_mut_ptr().add(STACK_BYTES);
+        let top = top.sub(top as usize % 16);
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let pid = libc::clone(
+            child,
+            top.cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            ptr::from_ref(&args).cast_mut().cast(),
+        );
+        let error = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, ptr::null_mut());
+        if pid < 0 {
+            return Err(error);
+        }
+        pid
+    };
+    drop((out_write, err_write, report_write));
+    let mut report = [0u8; 8];
+    // SAFETY: reads into a buffer of its length from a descriptor we own.
+    let read = unsafe { libc::read(report_read.as_raw_fd(), report.as_mut_ptr().cast(), 8) };
+    if read == 8 {
+        let step = i32::from_ne_bytes([report[0], report[1], report[2], report[3]]);
+        let errno = i32::from_ne_bytes([report[4], report[5], report[6], report[7]]);
+        // SAFETY: reaps the child we made, which has exited.
+        unsafe { libc::waitpid(pid, ptr::null_mut(), 0) };
+        let error = io::Error::from_raw_os_error(errno);
+        let step = STEPS.get(step as usize).unwrap_or(&"start");
+        return Err(io::Error::new(
+            error.kind(),
+            format!("cannot {step}: {error}"),
+        ));
+    }
+    Ok(Spawned {
+        pid,
+        stdout: out_read,
+        stderr: err_read,
+    })
+}
+
+/// Enough for the few calls the child makes before `exec`.
+const STACK_BYTES: usize = 64 << 10;
+
+/// The child, between clone and `exec`: async-signal-safe calls only, on
+/// memory the parent prepared.
+extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the parent's `ChildArgs`, alive until this child has
+    // called `exec` or exited; only plain system calls follow.
+    unsafe {
+        let args = &*(arg as *const ChildArgs);
+        let fail = |step: i32| fail(args.report, step);
+        // "0": the writing process itself.
+        if args.procs >= 0 && libc::write(args.procs, b"0".as_ptr().cast(), 1) != 1 {
+            fail(0);
+        }
+        if libc::setpgid(0, 0) != 0 {
+            fail(1);
+        }
+        // The parent's handlers mean nothing here; the program starts with
+        // every signal at its default and none blocked.
+        let mut default: libc::sigaction = std::mem::zeroed();
+        default.sa_sigaction = libc::SIG_DFL;
+        for signal in 1..NSIG {
+            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
+                libc::sigaction(signal, &default, ptr::null_mut());
+            }
+        }
+        let mut none: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut none);
+        if libc::sigprocmask(libc::SIG_SETMASK, &none, ptr::null_mut()) != 0 {
+            fail(5);
+        }
+        // Each above 2 (see `above_stdio`): none is overwritten before it is moved.
+        for (target, &fd) in args.streams.iter().enumerate() {
+            if libc::dup2(fd, target as RawFd) < 0 {
+                fail(2);
+            }
+        }
+        if libc::chdir(args.cwd) != 0 {
+            fail(3);
+        }
+        libc::execve(args.program, args.argv, args.envp);
+        fail(4)
+    }
+}
+
+/// Tells the parent which step failed and why, and exits.
+///
+/// # Safety
+/// For the child only: `report` is the write end of the report pipe.
+unsafe fn fail(report: RawFd, step: i32) -> ! {
+    // SAFETY: plain system calls on a descriptor the parent made.
+    unsafe {
+        let errno = *libc::__errno_location();
+        let mut message = [0u8; 8];
+        message[..4].copy_from_slice(&step.to_ne_bytes());
+        message[4..].copy_from_slice(&errno.to_ne_bytes());
+        libc::write(report, message.as_ptr().cast(), 8);
+        libc::_exit(127)
+    }
+}
+
+/// Signals are 1 to 64 on Linux.
+const NSIG: libc::c_int = 65;
+
+/// A close-on-exec pipe, both ends above the standard streams.
+fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0; 2];
+    // SAFETY: `pipe2` fills both descriptors, which we then own.
+    let (read, write) = unsafe {
+        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    };
+    Ok((above_stdio(read)?, above_stdio(write)?))
+}
+
+/// The same descriptor numbered 3 or more (close-on-exec): where a
+/// launcher's own standard streams are closed, a new descriptor could be
+/// 0, 1 or 2, and the child's `dup2`s would overwrite one before moving it.
+fn above_stdio(fd: OwnedFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() > 2 {
+        return Ok(fd);
+    }
+    // SAFETY: duplicates a descriptor we own into a new one we then own.
+    unsafe {
+        let moved = libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 3);
+        if moved < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(moved))
+    }
+}
+
+/// `/dev/null`, opened once for every child's standard input.
+fn dev_null() -> io::Result<RawFd> {
+    static NULL: OnceLock<Option<OwnedFd>> = OnceLock::new();
+    NULL.get_or_init(|| {
+        std::fs::File::open("/dev/null")
+            .ok()
+            .and_then(|file| above_stdio(OwnedFd::from(file)).ok())
+    })
+    .as_ref()
+    .map(AsRawFd::as_raw_fd)
+    .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "cannot open /dev/null"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{io::Read, os::unix::process::ExitStatusExt};
+
+    use super::*;
+
+    fn start(program: &str, argv: &[&str], cwd: &str) -> io::Result<Spawned> {
+        let argv: Vec<&OsStr> = argv.iter().map(OsStr::new).collect();
+        spawn(&Spawn {
+            program: Path::new(program),
+            argv: &argv,
+            env: &[("X".into(), "forty two".into())],
+            cwd: Path::new(cwd),
+            cgroup_procs: None,
+        })
+    }
+
+    #[test]
+    fn the_program_gets_its_arguments_environment_directory_and_group() {
+        let child = start(
+            "/bin/sh",
+            &[
+                "sh",
+                "-c",
+                "echo \"$X\" $(pwd) $0; ps -o pgid= $$; echo oops >&2; exit 3",
+            ],
+            "/tmp",
+        )
+        .unwrap();
+        let mut out = String::new();
+        std::fs::File::from(child.stdout)
+            .read_to_string(&mut out)
+            .unwrap();
+        let mut err = String::new();
+        std::fs::File::from(child.stderr)
+            .read_to_string(&mut err)
+            .unwrap();
+        let mut status = 0;
+        // SAFETY: reaps the child just started.
+        unsafe { libc::waitpid(child.pid, &mut status, 0) };
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines[0], "forty two /tmp sh");
+        assert_eq!(lines[1].trim(), child.pid.to_string(), "its own group");
+        assert_eq!(err, "oops\n");
+        assert_eq!(std::process::ExitStatus::from_raw(status).code(), Some(3));
+    }
+
+    #[test]
+    fn a_failed_start_says_which_step_failed() {
+        let missing = start("/nonexistent/program", &["program"], "/tmp").unwrap_err();
+        assert_eq!(missing.kind(), io::ErrorKind::NotFound);
+        assert!(
+            missing.to_string().starts_with("cannot start the program"),
+            "{missing}"
+        );
+        let nowhere = start("/bin/true", &["true"], "/nonexistent").unwrap_err();
+        assert!(
+            nowhere
+                .to_string()
+                .starts_with("cannot enter its directory"),
+            "{nowhere}"
+        );
+    }
+}
