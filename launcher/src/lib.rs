@@ -14,6 +14,7 @@
 //! shell that connects, turns what happens into events for it, and carries
 //! out its effects.
 
+mod dirs;
 mod exec;
 mod orphans;
 mod state;
@@ -22,7 +23,7 @@ use std::{
     collections::{BTreeMap, HashMap, VecDeque},
     ops::ControlFlow,
     path::PathBuf,
-    sync::{Arc, Mutex},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -39,6 +40,7 @@ use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use dirs::{Checkpoints, Sandboxes};
 pub use exec::Limits;
 use state::{Effect, Event, State, Status};
 
@@ -198,6 +200,7 @@ struct Shared {
     queues: JobQueues,
     publisher: Publisher,
     sandboxes: Sandboxes,
+    checkpoints: Checkpoints,
     /// To [`publish_results`].
     results: tokio::sync::mpsc::UnboundedSender<Outgoing>,
 }
@@ -259,46 +262,6 @@ async fn publish_results(
         for settled in waiting {
             let _ = settled.send(sent.clone());
         }
-    }
-}
-
-/// One sandbox directory per slot, emptied and reused from task to task.
-struct Sandboxes {
-    root: PathBuf,
-    free: Mutex<Vec<PathBuf>>,
-    made: std::sync::atomic::AtomicU64,
-}
-
-impl Sandboxes {
-    fn new(root: PathBuf) -> Self {
-        Self {
-            root,
-            free: Mutex::default(),
-            made: Default::default(),
-        }
-    }
-
-    fn take(&self) -> PathBuf {
-        if let Some(dir) = self.free.lock().ok().and_then(|mut free| free.pop()) {
-            return dir;
-        }
-        let n = self.made.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.root.join(format!("s{n}"))
-    }
-
-    fn give_back(&self, dir: PathBuf) {
-        if exec::reset_sandbox(&dir) {
-            if let Ok(mut free) = self.free.lock() {
-                free.push(dir);
-            }
-        } else {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-    }
-
-    /// Leaves the node as it was found.
-    fn remove_all(&self) {
-        let _ = std::fs::remove_dir_all(&self.root);
     }
 }
 
@@ -407,6 +370,10 @@ async fn serve(
     ));
     let shared = Arc::new(Shared {
         sandboxes: Sandboxes::new(config.scratch.join(config.id.as_str())),
+        checkpoints: Checkpoints::new(
+            config.checkpoints.join(config.job.as_str()),
+            config.id.as_str(),
+        ),
         config,
         queues,
         publisher,
@@ -416,6 +383,7 @@ async fn serve(
         .serve()
         .await;
     shared.sandboxes.remove_all();
+    shared.checkpoints.remove_spares();
     let config = &shared.config;
     match &result {
         Ok(exit) => {
@@ -789,12 +757,9 @@ async fn run_task(shared: Arc<Shared>, held: Held, stop: watch::Receiver<bool>) 
         ("GLEANER_ATTEMPT".to_owned(), task.attempt.to_string()),
         ("GLEANER_SLOTS".to_owned(), config.task_slots.to_string()),
     ]);
-    let checkpoint = config
-        .checkpoints
-        .join(task.job.as_str())
-        .join(task.task.to_string());
-    match std::fs::create_dir_all(&checkpoint) {
-        Ok(()) => env.extend([
+    let checkpoint = shared.checkpoints.take(task.task);
+    match &checkpoint {
+        Ok(checkpoint) => env.extend([
             (
                 "GLEANER_CHECKPOINT".to_owned(),
                 checkpoint.display().to_string(),
@@ -805,7 +770,7 @@ async fn run_task(shared: Arc<Shared>, held: Held, stop: watch::Receiver<bool>) 
             ),
         ]),
         Err(e) => {
-            warn!(job = %task.job, task = task.task, launcher = %config.id, path = %checkpoint.display(), error = %e, "no checkpoint directory for the task");
+            warn!(job = %task.job, task = task.task, launcher = %config.id, error = %e, "no checkpoint directory for the task");
         }
     }
     let sandbox = shared.sandboxes.take();
@@ -834,14 +799,15 @@ async fn run_task(shared: Arc<Shared>, held: Held, stop: watch::Receiver<bool>) 
         o.status == RunStatus::Succeeded
             || (task.max_attempts > 0 && task.attempt >= task.max_attempts)
     });
-    let limit = config.limits.checkpoint_bytes;
-    let oversized = !ended_for_good && exec::size_over(&checkpoint, limit);
-    if oversized {
-        warn!(job = %task.job, task = task.task, launcher = %config.id, path = %checkpoint.display(), limit, "checkpoint over max_checkpoint_bytes removed: the task's next run starts over");
-    }
-    if ended_for_good || oversized {
-        let _ = std::fs::remove_dir_all(&checkpoint);
-        let _ = std::fs::remove_dir(config.checkpoints.join(task.job.as_str()));
+    if let Ok(checkpoint) = checkpoint {
+        let limit = config.limits.checkpoint_bytes;
+        let oversized = !ended_for_good && exec::size_over(&checkpoint, limit);
+        if oversized {
+            warn!(job = %task.job, task = task.task, launcher = %config.id, path = %checkpoint.display(), limit, "checkpoint over max_checkpoint_bytes removed: the task's next run starts over");
+        }
+        if ended_for_good || oversized {
+            shared.checkpoints.remove(checkpoint);
+        }
     }
     if let Some(outcome) = &outcome {
         debug!(job = %task.job, task = task.task, attempt = task.attempt, launcher = %config.id, cluster = %config.cluster, status = ?outcome.status, "task ended");
