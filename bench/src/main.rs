@@ -38,6 +38,15 @@ enum Bench {
         /// Slots of each launcher.
         #[arg(long, default_value_t = 1)]
         launcher_slots: u32,
+        /// Launchers of each run.
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+        launchers: Vec<u32>,
+        /// Tasks per message of the bundled runs.
+        #[arg(long, default_value_t = 32)]
+        bundle: u32,
+        /// Only the bundled runs.
+        #[arg(long)]
+        bundled_only: bool,
     },
     /// Resident memory of an idle launcher and of `gleaner up` with 10,000 pending tasks.
     Memory {
@@ -159,15 +168,19 @@ fn main() -> anyhow::Result<()> {
         Bench::Throughput {
             tasks,
             launcher_slots,
+            launchers,
+            bundle,
+            bundled_only,
         } => {
             let exe = gleaner_binary()?;
             measure::spawn_rate(Duration::from_secs(5))?;
-            for launchers in [1, 2, 4] {
-                for (command, bundle) in [
-                    ("/usr/bin/true", 1),
-                    ("/usr/bin/true;", 1),
-                    ("/usr/bin/true", 32),
-                ] {
+            let runs = [
+                ("/usr/bin/true", 1),
+                ("/usr/bin/true;", 1),
+                ("/usr/bin/true", bundle),
+            ];
+            for launchers in launchers {
+                for &(command, bundle) in &runs[if bundled_only { 2 } else { 0 }..] {
                     let run = measure::Throughput {
                         tasks,
                         launchers,

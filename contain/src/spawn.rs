@@ -17,6 +17,7 @@ use std::{
     path::Path,
     ptr,
     sync::OnceLock,
+    sync::atomic::{AtomicI32, Ordering},
 };
 
 use nix::libc;
@@ -60,8 +61,11 @@ struct ChildArgs {
     cwd: *const libc::c_char,
     procs: RawFd,
     streams: [RawFd; 3],
-    /// Write end of a close-on-exec pipe: the failed step and `errno`.
-    report: RawFd,
+    /// Set by a child that failed: the step (index in [`STEPS`]) and
+    /// `errno`. The child shares this memory and the parent reads it only
+    /// once the child has exited.
+    failed: AtomicI32,
+    errno: AtomicI32,
 }
 
 /// Starts the process; the error names the step that failed.
@@ -90,7 +94,6 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
     let null = dev_null()?;
     let (out_read, out_write) = pipe()?;
     let (err_read, err_write) = pipe()?;
-    let (report_read, report_write) = pipe()?;
     let args = ChildArgs {
         program: program.as_ptr(),
         argv: argv_ptrs.as_ptr(),
@@ -98,7 +101,8 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
         cwd: cwd.as_ptr(),
         procs: spec.cgroup_procs.unwrap_or(-1),
         streams: [null, out_write.as_raw_fd(), err_write.as_raw_fd()],
-        report: report_write.as_raw_fd(),
+        failed: AtomicI32::new(-1),
+        errno: AtomicI32::new(0),
     };
     let mut stack = vec![0u8; STACK_BYTES];
     // SAFETY: the child runs `child` on its own stack and only reads
@@ -126,16 +130,12 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
         }
         pid
     };
-    drop((out_write, err_write, report_write));
-    let mut report = [0u8; 8];
-    // SAFETY: reads into a buffer of its length from a descriptor we own.
-    let read = unsafe { libc::read(report_read.as_raw_fd(), report.as_mut_ptr().cast(), 8) };
-    if read == 8 {
-        let step = i32::from_ne_bytes([report[0], report[1], report[2], report[3]]);
-        let errno = i32::from_ne_bytes([report[4], report[5], report[6], report[7]]);
+    drop((out_write, err_write));
+    let step = args.failed.load(Ordering::Acquire);
+    if step >= 0 {
         // SAFETY: reaps the child we made, which has exited.
         unsafe { libc::waitpid(pid, ptr::null_mut(), 0) };
-        let error = io::Error::from_raw_os_error(errno);
+        let error = io::Error::from_raw_os_error(args.errno.load(Ordering::Acquire));
         let step = STEPS.get(step as usize).unwrap_or(&"start");
         return Err(io::Error::new(
             error.kind(),
@@ -159,7 +159,7 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
     // called `exec` or exited; only plain system calls follow.
     unsafe {
         let args = &*(arg as *const ChildArgs);
-        let fail = |step: i32| fail(args.report, step);
+        let fail = |step: i32| fail(args, step);
         // "0": the writing process itself.
         if args.procs >= 0 && libc::write(args.procs, b"0".as_ptr().cast(), 1) != 1 {
             fail(0);
@@ -167,15 +167,12 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         if libc::setpgid(0, 0) != 0 {
             fail(1);
         }
-        // The parent's handlers mean nothing here; the program starts with
-        // every signal at its default and none blocked.
+        // `exec` resets the signals the parent catches; SIGPIPE, which the
+        // Rust runtime ignores, is reset as the standard library does, so
+        // that `yes | head` ends. Then none is blocked.
         let mut default: libc::sigaction = std::mem::zeroed();
         default.sa_sigaction = libc::SIG_DFL;
-        for signal in 1..NSIG {
-            if signal != libc::SIGKILL && signal != libc::SIGSTOP {
-                libc::sigaction(signal, &default, ptr::null_mut());
-            }
-        }
+        libc::sigaction(libc::SIGPIPE, &default, ptr::null_mut());
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
         if libc::sigprocmask(libc::SIG_SETMASK, &none, ptr::null_mut()) != 0 {
@@ -198,21 +195,17 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
 /// Tells the parent which step failed and why, and exits.
 ///
 /// # Safety
-/// For the child only: `report` is the write end of the report pipe.
-unsafe fn fail(report: RawFd, step: i32) -> ! {
-    // SAFETY: plain system calls on a descriptor the parent made.
+/// For the child only, on the parent's `args`.
+unsafe fn fail(args: &ChildArgs, step: i32) -> ! {
+    // SAFETY: `errno` is this thread's (the parent's, which waits), and
+    // `_exit` ends the child without running anything of the parent's.
     unsafe {
-        let errno = *libc::__errno_location();
-        let mut message = [0u8; 8];
-        message[..4].copy_from_slice(&step.to_ne_bytes());
-        message[4..].copy_from_slice(&errno.to_ne_bytes());
-        libc::write(report, message.as_ptr().cast(), 8);
+        args.errno
+            .store(*libc::__errno_location(), Ordering::Release);
+        args.failed.store(step, Ordering::Release);
         libc::_exit(127)
     }
 }
-
-/// Signals are 1 to 64 on Linux.
-const NSIG: libc::c_int = 65;
 
 /// A close-on-exec pipe, both ends above the standard streams.
 fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
@@ -302,6 +295,39 @@ mod tests {
         assert_eq!(lines[1].trim(), child.pid.to_string(), "its own group");
         assert_eq!(err, "oops\n");
         assert_eq!(std::process::ExitStatus::from_raw(status).code(), Some(3));
+    }
+
+    #[test]
+    fn the_program_starts_with_no_signal_blocked_and_sigpipe_at_its_default() {
+        // SAFETY: blocks a signal in this test's thread, as a launcher's
+        // threads may have one blocked when they spawn.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGUSR1);
+            libc::pthread_sigmask(libc::SIG_BLOCK, &set, ptr::null_mut());
+            libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        }
+        let child = start(
+            "/bin/grep",
+            &["grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status"],
+            "/",
+        )
+        .unwrap();
+        let mut out = String::new();
+        std::fs::File::from(child.stdout)
+            .read_to_string(&mut out)
+            .unwrap();
+        // SAFETY: reaps the child just started.
+        unsafe { libc::waitpid(child.pid, ptr::null_mut(), 0) };
+        let mask = |name: &str| {
+            out.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
+                .unwrap()
+        };
+        assert_eq!(mask("SigBlk:"), 0, "{out}");
+        assert_eq!(mask("SigIgn:") & (1 << (libc::SIGPIPE - 1)), 0, "{out}");
     }
 
     #[test]

@@ -26,7 +26,7 @@ use std::{
     },
 };
 
-use gleaner_contain::{Spawn, Spawned, Tree};
+use gleaner_contain::{Entry, Spawn, Spawned, Tree};
 use nix::{
     libc,
     sys::{
@@ -37,9 +37,13 @@ use nix::{
 };
 use tokio::{io::unix::AsyncFd, net::unix::pipe};
 
-/// The running tasks' shells, each its own group's leader, and the name of
-/// its cgroup in [`TASK_CGROUPS`], if it has one.
-static RUNNING: Mutex<BTreeMap<i32, Option<String>>> = Mutex::new(BTreeMap::new());
+/// A task cgroup in [`TASK_CGROUPS`]: its name, and its `cgroup.procs`
+/// kept open from task to task.
+type TaskCgroup = (String, Entry);
+
+/// The running tasks' processes, each its own group's leader, and its
+/// cgroup, if it has one.
+static RUNNING: Mutex<BTreeMap<i32, Option<TaskCgroup>>> = Mutex::new(BTreeMap::new());
 
 /// This launcher's task cgroups: `<own cgroup>/tasks-<pid>/<n>`; `None`
 /// where it may not make them.
@@ -50,7 +54,7 @@ static NEXT_CGROUP: AtomicU64 = AtomicU64::new(0);
 
 /// Task cgroups emptied at their task's end, for the next tasks: making and
 /// removing one per task would cost more than the task's own spawn.
-static FREE_CGROUPS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static FREE_CGROUPS: Mutex<Vec<TaskCgroup>> = Mutex::new(Vec::new());
 
 /// Makes this process the subreaper of everything it starts; `false` where
 /// the kernel refuses (strays then go to init, as before).
@@ -103,10 +107,11 @@ pub fn spawn(
         .and_then(Option::as_ref)
         .and_then(|tree| {
             let free = FREE_CGROUPS.lock().ok().and_then(|mut free| free.pop());
-            let name =
-                free.unwrap_or_else(|| NEXT_CGROUP.fetch_add(1, Ordering::Relaxed).to_string());
-            let entry = tree.make(&name).ok()?;
-            Some((name, entry))
+            free.or_else(|| {
+                let name = NEXT_CGROUP.fetch_add(1, Ordering::Relaxed).to_string();
+                let entry = tree.make(&name).ok()?;
+                Some((name, entry))
+            })
         });
     let spawned = gleaner_contain::spawn(&Spawn {
         program,
@@ -118,15 +123,15 @@ pub fn spawn(
     let spawned = match spawned {
         Ok(spawned) => spawned,
         Err(e) => {
-            if let Some((name, _)) = cgroup
+            if let Some(cgroup) = cgroup
                 && let Ok(mut free) = FREE_CGROUPS.lock()
             {
-                free.push(name);
+                free.push(cgroup);
             }
             return Err(e);
         }
     };
-    running.insert(spawned.pid, cgroup.map(|(name, _)| name));
+    running.insert(spawned.pid, cgroup);
     TaskProcess::new(spawned)
 }
 
@@ -211,7 +216,7 @@ pub fn ended(pid: i32) {
     if let Some(Some(cgroup)) = running.remove(&pid)
         && let Some(Some(tree)) = TASK_CGROUPS.get()
     {
-        tree.kill(&cgroup);
+        tree.kill(&cgroup.0);
         if let Ok(mut free) = FREE_CGROUPS.lock() {
             free.push(cgroup);
         }
@@ -222,14 +227,14 @@ pub fn ended(pid: i32) {
 /// Kills and reaps this process's children that are neither a running
 /// task's shell nor in its group; their own orphans come next, so a few
 /// rounds. Reaping never waits: one not dead yet is reaped at a later end.
-fn kill_strays(running: &BTreeMap<i32, Option<String>>) {
+fn kill_strays(running: &BTreeMap<i32, Option<TaskCgroup>>) {
     let owned: Vec<String> = running
         .values()
         .flatten()
-        .map(|name| format!("/tasks-{}/{name}", std::process::id()))
+        .map(|(name, _)| format!("/tasks-{}/{name}", std::process::id()))
         .collect();
     for _ in 0..5 {
-        let strays: Vec<(i32, i32)> = children()
+        let strays: Vec<(i32, i32)> = children(|pid| running.contains_key(&pid))
             .into_iter()
             .filter(|(pid, group)| {
                 !running.contains_key(pid)
@@ -253,10 +258,11 @@ fn kill_strays(running: &BTreeMap<i32, Option<String>>) {
     }
 }
 
-/// `(pid, process group)` of this process's children: each thread's
+/// `(pid, process group)` of this process's children but those `known`
+/// (running tasks: their `stat` is not read): each thread's
 /// `/proc/self/task/<tid>/children` (a few lines, cheap at every task end);
 /// where the kernel lacks those files, every process's `stat`.
-fn children() -> Vec<(i32, i32)> {
+fn children(known: impl Fn(i32) -> bool) -> Vec<(i32, i32)> {
     let listed: Option<Vec<i32>> = std::fs::read_dir("/proc/self/task").ok().and_then(|tasks| {
         let mut pids = Vec::new();
         for task in tasks.flatten() {
@@ -282,6 +288,7 @@ fn children() -> Vec<(i32, i32)> {
     };
     candidates
         .into_iter()
+        .filter(|&pid| !known(pid))
         .filter_map(|pid| {
             let (ppid, group) = parent_and_group(pid)?;
             (ppid == me).then_some((pid, group))
