@@ -5,6 +5,7 @@
 mod chaos;
 mod decide;
 mod fairness;
+mod hq;
 mod inbox;
 mod measure;
 mod sge;
@@ -47,6 +48,17 @@ enum Bench {
         /// Only the bundled runs.
         #[arg(long)]
         bundled_only: bool,
+    },
+    /// Launchers of one job at scale: the services' and the broker's CPU
+    /// and memory per launcher while each runs a task that sleeps.
+    LauncherScale {
+        #[arg(long, value_delimiter = ',', default_value = "100,500,1000")]
+        launchers: Vec<u32>,
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        window: Duration,
+        /// The launchers' heartbeat (the deployed default unless given).
+        #[arg(long, value_parser = humantime::parse_duration)]
+        heartbeat: Option<Duration>,
     },
     /// Resident memory of an idle launcher and of `gleaner up` with 10,000 pending tasks.
     Memory {
@@ -179,7 +191,17 @@ fn main() -> anyhow::Result<()> {
                 ("/usr/bin/true;", 1),
                 ("/usr/bin/true", bundle),
             ];
+            // HyperQueue on the same slots, when given (`HQ=/path/to/hq`).
+            let hq = std::env::var_os("HQ").map(PathBuf::from);
+            if let Some(hq) = &hq {
+                println!("beside {}", hq::version(hq));
+            }
             for launchers in launchers {
+                if let Some(hq) = &hq {
+                    for capture in [true, false] {
+                        hq::throughput(hq, tasks, launchers * launcher_slots, capture)?;
+                    }
+                }
                 for &(command, bundle) in &runs[if bundled_only { 2 } else { 0 }..] {
                     let run = measure::Throughput {
                         tasks,
@@ -193,6 +215,16 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Bench::LauncherScale {
+            launchers,
+            window,
+            heartbeat,
+        } => measure::launcher_scale(
+            &gleaner_binary()?,
+            &launchers,
+            window,
+            heartbeat.unwrap_or(gleaner_protocol::LAUNCHER_HEARTBEAT),
+        ),
         Bench::Memory { tasks } => measure::memory(&gleaner_binary()?, tasks),
         Bench::Fairness { scenarios } => fairness::scenarios(&scenarios),
         Bench::Decide {

@@ -264,3 +264,86 @@ pub fn waits_to_start(
     }
     waits.into_iter().map(|w| w.context("wait")).collect()
 }
+
+/// The broker's socket limit (`rabbitmqctl status`): each launcher holds a
+/// connection, so the largest runs need a broker started with more.
+fn broker_socket_limit() -> Option<u32> {
+    let output = Command::new("rabbitmqctl").arg("status").output().ok()?;
+    let text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("Sockets:"))?;
+    line.rsplit("limit:").next()?.trim().parse().ok()
+}
+
+/// `n` single-slot launchers of one job, each running a task that sleeps:
+/// the CPU and memory of `gleaner up` (scheduler, kcm, runner) and of the
+/// broker over `window`, per launcher.
+pub fn launcher_scale(
+    exe: &Path,
+    counts: &[u32],
+    window: Duration,
+    heartbeat: Duration,
+) -> anyhow::Result<()> {
+    let limit = broker_socket_limit();
+    for &n in counts {
+        if limit.is_some_and(|limit| n + 20 > limit) {
+            println!(
+                "| {n} | skipped: the broker allows {} sockets |||||",
+                limit.unwrap_or(0)
+            );
+            continue;
+        }
+        let mut g = Gleaner::new(&format!("bench-scale-{n}"), exe);
+        g.write(
+            "gleaner.toml",
+            &format!(
+                "[[cluster]]\nname = \"bench\"\nbackend = \"local\"\nslots = {n}\nlauncher_slots = 1\n"
+            ),
+        );
+        // The deployed heartbeats, not the tests' quick ones.
+        let beat = humantime::format_duration(heartbeat).to_string();
+        let up = g.start_with(
+            "up",
+            &["up"],
+            &[
+                ("GLEANER_LAUNCHER__HEARTBEAT", beat.as_str()),
+                ("GLEANER_RUNNER__HEARTBEAT", "2s"),
+            ],
+        );
+        wait_until_serving(&g);
+        let broker = broker_pid().context("no beam.smp process: is RabbitMQ local?")?;
+        let broker_idle = memory_kib(broker).0;
+        let job = g.submit(&sweep("asleep", n, "sleep 3600"));
+        wait_for("every launcher running its task", TIMEOUT, || {
+            g.job_file(&job)
+                .is_some_and(|f| f["tasks"]["running"].as_u64() == Some(u64::from(n)))
+        });
+        // Start-up is over: what follows is the steady cost.
+        std::thread::sleep(Duration::from_secs(5));
+        let (up_before, broker_before) = (cpu(up), cpu(broker));
+        std::thread::sleep(window);
+        let (up_after, broker_after) = (cpu(up), cpu(broker));
+        let seconds = window.as_secs_f64();
+        let up_core = (up_after.own - up_before.own) / seconds;
+        let broker_core = (broker_after.own - broker_before.own) / seconds;
+        let up_kib = memory_kib(up).0;
+        let broker_kib = memory_kib(broker).0.saturating_sub(broker_idle);
+        println!(
+            "| {n} | {:.1} % | {:.2} % | {:.1} % | {:.2} % | {} | {} | {:.0} |",
+            up_core * 100.0,
+            up_core * 100.0 * 1000.0 / f64::from(n),
+            broker_core * 100.0,
+            broker_core * 100.0 * 1000.0 / f64::from(n),
+            up_kib / 1024,
+            broker_kib / 1024,
+            broker_kib as f64 / f64::from(n),
+        );
+        g.run(&["cancel", &job]);
+        g.wait_for_end(&job, TIMEOUT);
+        wait_for("the launchers to leave", TIMEOUT, || {
+            g.launchers(&job).is_empty()
+        });
+    }
+    Ok(())
+}

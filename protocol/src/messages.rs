@@ -629,7 +629,10 @@ pub struct LauncherInfo {
 
 /// How often a launcher sends its [`LauncherStatus`] unless configured
 /// otherwise; runners judge a launcher's silence by the same interval.
-pub const LAUNCHER_HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(2);
+/// Each beat is a message through the job's replicated control queue, so
+/// it is the per-launcher cost of a big job; a change (the first task
+/// after idleness) is told at once, not a beat later.
+pub const LAUNCHER_HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A launcher's heartbeat: what it is running right now.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -55,6 +55,8 @@ pub enum JobError {
 const RESULT_BATCH: usize = 512;
 /// Tasks published per confirm round.
 const PUBLISH_BATCH: usize = 1000;
+/// Control messages (mostly launchers' heartbeats) handled per ack.
+const CONTROL_BATCH: usize = 256;
 
 /// Runs a job to its end. Returns `Ok` once the manifest may be acked.
 pub async fn run(
@@ -321,18 +323,29 @@ impl<C: JobCore> Job<C> {
                     incoming.ack().await?;
                 }
                 message = control.next() => {
-                    let incoming = delivered(message)?;
-                    if self.admin.is_some()
-                        && !may_send_control(&incoming.msg, incoming.user.as_deref(), &launcher_user(&self.queues.job))
-                    {
-                        warn!(job = %self.queues.job, sender = incoming.user.as_deref().unwrap_or("-"), kind = incoming.msg.kind(), "control message from a sender who may not send it; dropped");
-                        incoming.ack().await?;
-                        continue;
+                    // What else is there now goes with it, acked at once
+                    // after: many launchers' heartbeats, one ack.
+                    let mut batch = vec![delivered(message)?];
+                    while batch.len() < CONTROL_BATCH {
+                        match control.next().now_or_never() {
+                            Some(next) => batch.push(delivered(next)?),
+                            None => break,
+                        }
                     }
-                    let now = Now::read();
-                    let effects = self.core.on_control(incoming.msg.clone(), now);
-                    self.apply(effects, now).await?;
-                    incoming.ack().await?;
+                    for incoming in &batch {
+                        if self.admin.is_some()
+                            && !may_send_control(&incoming.msg, incoming.user.as_deref(), &launcher_user(&self.queues.job))
+                        {
+                            warn!(job = %self.queues.job, sender = incoming.user.as_deref().unwrap_or("-"), kind = incoming.msg.kind(), "control message from a sender who may not send it; dropped");
+                            continue;
+                        }
+                        let now = Now::read();
+                        let effects = self.core.on_control(incoming.msg.clone(), now);
+                        self.apply(effects, now).await?;
+                    }
+                    if let Some(last) = batch.last() {
+                        last.ack_up_to_here().await?;
+                    }
                 }
                 _ = heartbeat.tick() => self.apply(vec![Effect::Report], Now::read()).await?,
                 () = shutdown.cancelled() => return Err(JobError::Shutdown),
