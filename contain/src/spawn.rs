@@ -267,6 +267,20 @@ mod tests {
         })
     }
 
+    /// Its stdout, stderr and exit status, once it ended.
+    fn ended(child: Spawned) -> (String, String, std::process::ExitStatus) {
+        let read = |fd: OwnedFd| {
+            let mut text = String::new();
+            std::fs::File::from(fd).read_to_string(&mut text).unwrap();
+            text
+        };
+        let (out, err) = (read(child.stdout), read(child.stderr));
+        let mut status = 0;
+        // SAFETY: reaps the child just started.
+        unsafe { libc::waitpid(child.pid, &mut status, 0) };
+        (out, err, std::process::ExitStatus::from_raw(status))
+    }
+
     #[test]
     fn the_program_gets_its_arguments_environment_directory_and_group() {
         let child = start(
@@ -279,22 +293,13 @@ mod tests {
             "/tmp",
         )
         .unwrap();
-        let mut out = String::new();
-        std::fs::File::from(child.stdout)
-            .read_to_string(&mut out)
-            .unwrap();
-        let mut err = String::new();
-        std::fs::File::from(child.stderr)
-            .read_to_string(&mut err)
-            .unwrap();
-        let mut status = 0;
-        // SAFETY: reaps the child just started.
-        unsafe { libc::waitpid(child.pid, &mut status, 0) };
+        let pid = child.pid;
+        let (out, err, status) = ended(child);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines[0], "forty two /tmp sh");
-        assert_eq!(lines[1].trim(), child.pid.to_string(), "its own group");
+        assert_eq!(lines[1].trim(), pid.to_string(), "its own group");
         assert_eq!(err, "oops\n");
-        assert_eq!(std::process::ExitStatus::from_raw(status).code(), Some(3));
+        assert_eq!(status.code(), Some(3));
     }
 
     #[test]
@@ -314,12 +319,7 @@ mod tests {
             "/",
         )
         .unwrap();
-        let mut out = String::new();
-        std::fs::File::from(child.stdout)
-            .read_to_string(&mut out)
-            .unwrap();
-        // SAFETY: reaps the child just started.
-        unsafe { libc::waitpid(child.pid, ptr::null_mut(), 0) };
+        let (out, _, _) = ended(child);
         let mask = |name: &str| {
             out.lines()
                 .find_map(|l| l.strip_prefix(name))

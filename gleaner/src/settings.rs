@@ -10,7 +10,7 @@ use gleaner_kcm::{ClusterConfig, KcmConfig};
 use gleaner_launcher::LauncherSettings;
 use gleaner_policy::access::Users;
 use gleaner_protocol::ClusterName;
-use gleaner_runner::{JobSettings, RunnerConfig};
+use gleaner_runner::RunnerConfig;
 use gleaner_scheduler::SchedulerConfig;
 use serde::{Deserialize, Serialize};
 
@@ -231,11 +231,11 @@ impl Settings {
         Ok(())
     }
 
-    /// Settings that follow from others, computed here once: how long the
-    /// runner waits for a silent launcher follows from the launchers'
-    /// heartbeat.
+    /// Settings that follow from others, copied here once: the runner
+    /// judges the silence of a launcher that does not say its heartbeat by
+    /// the launchers' setting.
     fn resolved(mut self) -> Self {
-        self.runner.job.launcher_silence = JobSettings::silence_after(self.launcher.heartbeat);
+        self.runner.job.launcher_heartbeat = self.launcher.heartbeat;
         self
     }
 

@@ -336,6 +336,7 @@ async fn serve(
                     .saturating_duration_since(Instant::now())
                     .as_millis() as u64
         }),
+        heartbeat_ms: Some(config.heartbeat.as_millis() as u64),
     });
     // Its runner hears it, and tells its kcm that this start went well.
     if let Err(e) = publisher.send_via(queues.to_control(), &info).await {
@@ -911,6 +912,7 @@ async fn send_status(shared: &Shared, status: Status) -> Result<(), BrokerError>
         host: shared.config.host.clone(),
         running,
         completed: status.completed,
+        heartbeat_ms: Some(shared.config.heartbeat.as_millis() as u64),
     });
     // The job's queues may be going away; the task consumer will tell.
     shared

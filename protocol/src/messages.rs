@@ -625,6 +625,9 @@ pub struct LauncherInfo {
     /// When its placeholder's walltime ends, if it has one.
     #[serde(default)]
     pub deadline: Option<Millis>,
+    /// How often it reports: its runner judges its silence by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_ms: Option<u64>,
 }
 
 /// How often a launcher sends its [`LauncherStatus`] unless configured
@@ -645,6 +648,9 @@ pub struct LauncherStatus {
     pub host: String,
     pub running: Vec<RunningTask>,
     pub completed: u64,
+    /// As in [`LauncherInfo`], for a runner that missed the announcement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -1000,6 +1006,7 @@ mod tests {
                 slots: 1,
                 started_at: 0,
                 deadline: None,
+                heartbeat_ms: None,
             }),
             ControlMsg::LauncherStatus(LauncherStatus {
                 launcher: "l".into(),
@@ -1007,6 +1014,7 @@ mod tests {
                 host: "h".into(),
                 running: Vec::new(),
                 completed: 0,
+                heartbeat_ms: None,
             }),
             ControlMsg::LauncherGone {
                 launcher: "l".into(),

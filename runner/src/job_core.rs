@@ -37,10 +37,11 @@ pub struct JobSettings {
     /// How often the job reports to the scheduler and checks its launchers.
     #[serde(with = "humantime_serde")]
     pub heartbeat: Duration,
-    /// A launcher silent this long is considered dead. Derived from the
-    /// launchers' heartbeat when the settings are resolved, never set.
+    /// How often launchers that do not say otherwise report (`[launcher]
+    /// heartbeat`, copied when the settings are resolved, never set):
+    /// each launcher's silence is judged by its own heartbeat.
     #[serde(skip)]
-    pub launcher_silence: Duration,
+    pub launcher_heartbeat: Duration,
     /// How long a preempted launcher has before the kcm removes it.
     #[serde(with = "humantime_serde")]
     pub preempt_grace: Duration,
@@ -61,7 +62,7 @@ impl Default for JobSettings {
         Self {
             results_root: PathBuf::from("."),
             heartbeat: Duration::from_secs(2),
-            launcher_silence: Self::silence_after(gleaner_protocol::LAUNCHER_HEARTBEAT),
+            launcher_heartbeat: gleaner_protocol::LAUNCHER_HEARTBEAT,
             preempt_grace: Duration::from_secs(10),
         }
     }
@@ -478,7 +479,8 @@ pub mod testing {
     use gleaner_protocol::{Captured, Message, Millis, RunStatus};
 
     pub const HEARTBEAT: Duration = Duration::from_secs(5);
-    pub const SILENCE: Duration = Duration::from_secs(30);
+    /// How long launchers beating every [`HEARTBEAT`] may stay silent.
+    pub const SILENCE: Duration = Duration::from_secs(20);
     pub const GRACE: Duration = Duration::from_secs(10);
     /// The wall clock at the first instant of a test, in ms.
     const EPOCH_MS: Millis = 1_000_000;
@@ -504,7 +506,7 @@ pub mod testing {
             settings: JobSettings {
                 results_root: PathBuf::from("/results"),
                 heartbeat: HEARTBEAT,
-                launcher_silence: SILENCE,
+                launcher_heartbeat: HEARTBEAT,
                 preempt_grace: GRACE,
             },
             runner: "runner@here".into(),

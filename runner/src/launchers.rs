@@ -6,6 +6,8 @@ use std::{
 };
 
 use gleaner_policy::preempt::{Candidate, choose_victims};
+
+use crate::JobSettings;
 use gleaner_protocol::{
     ClusterName, LauncherId, LauncherInfo, LauncherStatus, RunningTask, naming::same_host,
 };
@@ -22,6 +24,14 @@ struct Entry {
     leaving: bool,
     /// Asked to report after a silence; cleared by its next message.
     polled: bool,
+    /// How often it said it reports, if it said.
+    heartbeat: Option<Duration>,
+}
+
+impl Entry {
+    fn silent_for(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.last_seen)
+    }
 }
 
 /// Every launcher that announced itself and has not left.
@@ -42,6 +52,7 @@ impl LauncherTable {
                 last_seen: now,
                 leaving: false,
                 polled: false,
+                heartbeat: info.heartbeat_ms.map(Duration::from_millis),
             },
         );
     }
@@ -60,7 +71,11 @@ impl LauncherTable {
                 last_seen: now,
                 leaving: false,
                 polled: false,
+                heartbeat: None,
             });
+        if let Some(ms) = status.heartbeat_ms {
+            entry.heartbeat = Some(Duration::from_millis(ms));
+        }
         if !status.host.is_empty() {
             entry.host = status.host;
         }
@@ -74,16 +89,18 @@ impl LauncherTable {
         self.launchers.remove(launcher);
     }
 
-    /// Forgets launchers silent for longer than `silence` (they died; the
-    /// broker already gave their tasks to others). Returns their ids.
+    /// Forgets launchers silent for longer than three of their heartbeats
+    /// and a margin (`heartbeat` for those that did not say theirs): they
+    /// died; the broker already gave their tasks to others. Returns their ids.
     pub fn expire(
         &mut self,
         now: Instant,
-        silence: Duration,
+        heartbeat: Duration,
     ) -> BTreeMap<ClusterName, Vec<LauncherId>> {
         let mut dead: BTreeMap<ClusterName, Vec<LauncherId>> = BTreeMap::new();
         self.launchers.retain(|id, e| {
-            let silent = now.duration_since(e.last_seen) > silence;
+            let silence = JobSettings::silence_after(e.heartbeat.unwrap_or(heartbeat));
+            let silent = e.silent_for(now) > silence;
             if silent {
                 dead.entry(e.cluster.clone()).or_default().push(id.clone());
             }
@@ -92,12 +109,15 @@ impl LauncherTable {
         dead
     }
 
-    /// Launchers silent for longer than `after` and not asked yet: they are
+    /// Launchers that missed two of their heartbeats (`heartbeat` for
+    /// those that did not say theirs) and were not asked yet: they are
     /// asked now (and marked so).
-    pub fn poll_silent(&mut self, now: Instant, after: Duration) -> Vec<LauncherId> {
+    pub fn poll_silent(&mut self, now: Instant, heartbeat: Duration) -> Vec<LauncherId> {
         self.launchers
             .iter_mut()
-            .filter(|(_, e)| !e.polled && now.duration_since(e.last_seen) > after)
+            .filter(|(_, e)| {
+                !e.polled && e.silent_for(now) > e.heartbeat.unwrap_or(heartbeat).saturating_mul(2)
+            })
             .map(|(id, e)| {
                 e.polled = true;
                 id.clone()
@@ -184,7 +204,13 @@ mod tests {
     fn table_tracks_capacity_and_expires_the_silent() {
         let start = Instant::now();
         let mut table = LauncherTable::default();
-        for (id, cluster) in [("a", "c1"), ("b", "c1"), ("c", "c2")] {
+        // d says it beats every minute; the others go by the default.
+        for (id, cluster, beat) in [
+            ("a", "c1", None),
+            ("b", "c1", None),
+            ("c", "c2", None),
+            ("d", "c2", Some(60_000)),
+        ] {
             let info = LauncherInfo {
                 launcher: id.into(),
                 cluster: cluster.into(),
@@ -192,6 +218,7 @@ mod tests {
                 slots: 1,
                 started_at: 0,
                 deadline: None,
+                heartbeat_ms: beat,
             };
             table.up(&info, start);
         }
@@ -206,6 +233,7 @@ mod tests {
                     preemptions: 0,
                 }],
                 completed: 0,
+                heartbeat_ms: None,
             },
             start + Duration::from_secs(20),
         );
@@ -225,7 +253,7 @@ mod tests {
             table.poll_silent(later, Duration::from_secs(6)).is_empty(),
             "asked once"
         );
-        let dead = table.expire(later, Duration::from_secs(10));
+        let dead = table.expire(later, Duration::from_secs(5));
         let dead: Vec<(String, Vec<LauncherId>)> = dead
             .into_iter()
             .map(|(cluster, launchers)| (cluster.to_string(), launchers))
@@ -236,8 +264,14 @@ mod tests {
                 ("c1".to_owned(), vec![LauncherId::from("b")]),
                 ("c2".to_owned(), vec![LauncherId::from("c")])
             ],
-            "by cluster, for their kcms"
+            "by cluster, for their kcms; d is judged by its own beat"
         );
-        assert_eq!(table.total_slots(), 1);
+        assert_eq!(table.total_slots(), 2, "a and d");
+        let much_later = start + Duration::from_secs(130);
+        assert_eq!(
+            table.poll_silent(much_later, Duration::from_secs(5)),
+            ["a", "d"].map(LauncherId::from),
+            "d asked once it missed two of its beats"
+        );
     }
 }

@@ -526,7 +526,8 @@ impl Sweep {
         effects
     }
 
-    /// Forgets launchers silent for longer than `launcher_silence`: they
+    /// Forgets launchers silent for too long (three of their heartbeats and
+    /// a margin, `JobSettings::silence_after`): they
     /// died or lost the broker, which gave their tasks to others. Their
     /// slots stop counting, so grows can replace them, and their kcms
     /// remove their placeholders at once, so that a launcher cut off does
@@ -534,7 +535,7 @@ impl Sweep {
     fn expire_silent(&mut self, now: Now) -> Vec<Effect<'static>> {
         let job = &self.ledger.id;
         self.launchers
-            .expire(now.instant, self.ledger.settings.launcher_silence)
+            .expire(now.instant, self.ledger.settings.launcher_heartbeat)
             .into_iter()
             .map(|(cluster, launchers)| {
                 warn!(job = %job, cluster = %cluster, launchers = ?launchers, "launchers silent too long: forgotten, their placeholders removed");
@@ -801,11 +802,10 @@ impl JobCore for Sweep {
     /// A launcher that died has lost its queue, which answers the poll at
     /// once; one silent for too long is forgotten and removed.
     fn poll(&mut self, now: Now) -> Vec<Effect<'static>> {
-        let after = self.ledger.settings.heartbeat.saturating_mul(2);
         let mut effects = self.expire_silent(now);
         effects.extend(
             self.launchers
-                .poll_silent(now.instant, after)
+                .poll_silent(now.instant, self.ledger.settings.launcher_heartbeat)
                 .into_iter()
                 .map(|launcher| Effect::ToLauncher {
                     launcher: launcher.clone(),
@@ -911,6 +911,7 @@ mod tests {
             slots,
             started_at: 0,
             deadline: None,
+            heartbeat_ms: None,
         })
     }
 
@@ -930,6 +931,7 @@ mod tests {
                 })
                 .collect(),
             completed: 0,
+            heartbeat_ms: None,
         })
     }
 
@@ -1420,14 +1422,7 @@ mod tests {
     #[test]
     fn first_attempts_go_in_bundles_and_a_lost_bundle_comes_back_alone() {
         let t0 = Instant::now();
-        let submission = submission(&format!("bundle = 4\n{}", manifest(10, 1)));
-        let mut sweep = Sweep::open(
-            opening(&submission, vec![], None),
-            tasks_of(&submission),
-            at(t0, 0),
-        )
-        .unwrap();
-        let effects = sweep.start();
+        let (mut sweep, effects) = new_sweep(&format!("bundle = 4\n{}", manifest(10, 1)), t0);
         let Some(Effect::PublishFirst(first)) = effects
             .iter()
             .find(|e| matches!(e, Effect::PublishFirst(_)))
@@ -1720,7 +1715,12 @@ mod tests {
             "{}[final]\ncommand = \"merge\"\nwhen = \"{when}\"\n",
             manifest(2, 2)
         );
-        let submission = submission(&text);
+        new_sweep(&text, t0)
+    }
+
+    /// A new job of manifest `text`, opened and started at `t0`.
+    fn new_sweep(text: &str, t0: Instant) -> (Sweep, Vec<Effect<'static>>) {
+        let submission = submission(text);
         let mut sweep = Sweep::open(
             opening(&submission, vec![], None),
             tasks_of(&submission),

@@ -100,6 +100,7 @@ impl Launcher {
             host: cluster.to_string(),
             running,
             completed: self.completed,
+            heartbeat_ms: None,
         };
         (self.job, ControlMsg::LauncherStatus(status))
     }
@@ -360,6 +361,7 @@ impl Batch {
                     slots: 1,
                     started_at: millis(t),
                     deadline: None,
+                    heartbeat_ms: None,
                 }),
             ));
         }

@@ -111,7 +111,7 @@ impl Timing {
     pub fn runner(&self) -> JobSettings {
         JobSettings {
             heartbeat: self.job_report,
-            launcher_silence: JobSettings::silence_after(self.launcher_heartbeat),
+            launcher_heartbeat: self.launcher_heartbeat,
             preempt_grace: self.preempt_grace,
             ..JobSettings::default()
         }
