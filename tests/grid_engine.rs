@@ -197,7 +197,9 @@ fn a_restarted_kcm_adopts_the_running_placeholders_on_every_host() {
     g.start("scheduler", &["scheduler"]);
     g.start("runner", &["runner"]);
     let kcm = g.start("kcm", &["kcm", "--cluster", "c1"]);
-    let job = g.submit(&sweep("adopted", 24, "sleep 2; echo {n}"));
+    // Four-second tasks: all six placeholders run together for about 16 s,
+    // long enough to be seen by `qstat` on a busy machine.
+    let job = g.submit(&sweep("adopted", 24, "sleep 4; echo {n}"));
     wait_for("six launchers", MINUTE, || {
         placeholders(&queues, queue, &job, 'r') == 6
     });
