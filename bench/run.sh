@@ -14,15 +14,19 @@ bench=target/release/gleaner-bench
 export RUST_LOG=warn
 
 echo "## makespan"
-echo "| workload | slots | ideal (s) | makespan (s) | ratio |"
-echo "|---|---|---|---|---|"
+echo "| workload | slots | bundle | ideal (s) | makespan (s) | ratio |"
+echo "|---|---|---|---|---|---|"
 "$bench" makespan --tasks 400 --slots 8 --seconds 1
+"$bench" makespan --tasks 100000 --slots 8 --seconds 0.05
+"$bench" makespan --tasks 100000 --slots 8 --seconds 0.05 --bundle 4
 
-echo "## throughput"
-echo "| launchers × slots | tasks | makespan (s) | tasks/s | broker CPU s/1000 | services CPU s/1000 | launchers+tasks CPU s/1000 |"
-echo "|---|---|---|---|---|---|---|"
-"$bench" throughput --tasks 20000 --launcher-slots 1
+echo "## throughput (HQ=/path/to/hq adds HyperQueue's rows)"
+echo "| launchers × slots | command | bundle | tasks | makespan (s) | tasks/s | broker CPU s/1000 | services CPU s/1000 | launchers + tasks CPU s/1000 |"
+echo "|---|---|---|---|---|---|---|---|---|"
 "$bench" throughput --tasks 20000 --launcher-slots 8
+
+echo "## launchers at scale"
+"$bench" launcher-scale --launchers 100,500,1000
 
 echo "## memory"
 echo "| process | RSS (KiB) | private (KiB) |"

@@ -31,6 +31,9 @@ enum Bench {
         slots: u32,
         #[arg(long, default_value_t = 1.0)]
         seconds: f64,
+        /// Tasks per message.
+        #[arg(long, default_value_t = 1)]
+        bundle: u32,
     },
     /// No-op tasks end to end through 1, 2 and 4 launchers.
     Throughput {
@@ -176,7 +179,8 @@ fn main() -> anyhow::Result<()> {
             tasks,
             slots,
             seconds,
-        } => measure::makespan(&gleaner_binary()?, tasks, slots, seconds),
+            bundle,
+        } => measure::makespan(&gleaner_binary()?, tasks, slots, seconds, bundle),
         Bench::Throughput {
             tasks,
             launcher_slots,

@@ -94,14 +94,24 @@ pub fn run_job(g: &Gleaner, manifest: &str) -> anyhow::Result<(f64, serde_json::
     Ok((makespan, file))
 }
 
-pub fn makespan(exe: &Path, tasks: u32, slots: u32, seconds: f64) -> anyhow::Result<()> {
+pub fn makespan(
+    exe: &Path,
+    tasks: u32,
+    slots: u32,
+    seconds: f64,
+    bundle: u32,
+) -> anyhow::Result<()> {
     let mut g = Gleaner::new("bench-makespan", exe);
     g.up(slots);
     wait_until_serving(&g);
-    let (makespan, _) = run_job(&g, &sweep("makespan", tasks, &format!("sleep {seconds}")))?;
+    let manifest = format!(
+        "bundle = {bundle}\n{}",
+        sweep("makespan", tasks, &format!("sleep {seconds}"))
+    );
+    let (makespan, _) = run_job(&g, &manifest)?;
     let ideal = f64::from(tasks) * seconds / f64::from(slots);
     println!(
-        "| {tasks} × `sleep {seconds}` | {slots} | {ideal:.1} | {makespan:.2} | {:.3} |",
+        "| {tasks} × `sleep {seconds}` | {slots} | {bundle} | {ideal:.1} | {makespan:.2} | {:.3} |",
         makespan / ideal
     );
     Ok(())
