@@ -41,15 +41,22 @@ impl Tree {
         &self.base
     }
 
-    /// A cgroup for a process about to start: the open `cgroup.procs` file
-    /// the process writes itself into before it runs anything ([`join`]).
+    /// A cgroup for a process about to start: its directory, to start the
+    /// process in ([`spawn`]), and its `cgroup.procs`, open for a process
+    /// to write itself into before it runs anything ([`join`]).
     pub fn make(&self, name: &str) -> std::io::Result<Entry> {
-        let dir = self.base.join(name);
-        std::fs::create_dir_all(&dir)?;
+        use std::os::unix::fs::OpenOptionsExt;
+        let path = self.base.join(name);
+        std::fs::create_dir_all(&path)?;
+        let dir = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_DIRECTORY)
+            .open(&path)?;
         let procs = std::fs::OpenOptions::new()
             .write(true)
-            .open(dir.join("cgroup.procs"))?;
-        Ok(Entry { procs })
+            .open(path.join("cgroup.procs"))?;
+        let events = std::fs::File::open(path.join("cgroup.events"))?;
+        Ok(Entry { dir, procs, events })
     }
 
     /// Hands the cgroup `name` to `account`, so that a process of theirs
@@ -75,12 +82,6 @@ impl Tree {
         }
         kill_all(&dir);
         remove(&dir)
-    }
-
-    /// Kills everything in a cgroup (its descendants' too) and keeps it,
-    /// for the next process.
-    pub fn kill(&self, name: &str) {
-        kill_all(&self.base.join(name));
     }
 
     /// Kills everything in the tree and removes it, as [`Tree::end`] does
@@ -114,13 +115,33 @@ impl Tree {
 /// A cgroup made for a process, to be joined by it.
 #[derive(Debug)]
 pub struct Entry {
+    dir: std::fs::File,
     procs: std::fs::File,
+    events: std::fs::File,
 }
 
 impl Entry {
     /// The descriptor the child writes its pid to (see [`join`]).
     pub fn fd(&self) -> RawFd {
         self.procs.as_raw_fd()
+    }
+
+    /// The cgroup's directory, for `clone3`'s `CLONE_INTO_CGROUP`.
+    fn dir_fd(&self) -> RawFd {
+        self.dir.as_raw_fd()
+    }
+
+    /// Whether a process is still in the cgroup or below it (`true` when
+    /// that cannot be read: the caller must then kill to be sure).
+    pub fn populated(&self) -> bool {
+        use std::os::unix::fs::FileExt;
+        let mut events = [0u8; 256];
+        let Ok(read) = self.events.read_at(&mut events, 0) else {
+            return true;
+        };
+        !String::from_utf8_lossy(&events[..read])
+            .lines()
+            .any(|line| line == "populated 0")
     }
 }
 

@@ -6,6 +6,13 @@
 //! borrows the parent's memory and runs a few async-signal-safe calls
 //! (cgroup, process group, signals, descriptors, directory) before `exec`,
 //! while the calling thread waits.
+//!
+//! The child starts in the task's cgroup where the kernel can do that
+//! (`clone3` with `CLONE_INTO_CGROUP`, Linux 5.7). Moving a running process
+//! there instead (a write to `cgroup.procs`) takes the kernel's cgroup
+//! migration lock for writing, which waits for an RCU grace period: some
+//! 10–20 ms per task when tasks start a few times a second, a delay every
+//! short task would pay.
 
 use std::{
     ffi::{CString, OsStr, OsString},
@@ -17,10 +24,12 @@ use std::{
     path::Path,
     ptr,
     sync::OnceLock,
-    sync::atomic::{AtomicI32, Ordering},
+    sync::atomic::{AtomicBool, AtomicI32, Ordering},
 };
 
 use nix::libc;
+
+use crate::Entry;
 
 /// What to start: `program` (a path, not searched for) with `argv` (its
 /// first word included) and exactly `env`, in `cwd`.
@@ -30,8 +39,8 @@ pub struct Spawn<'a> {
     pub argv: &'a [&'a OsStr],
     pub env: &'a [(OsString, OsString)],
     pub cwd: &'a Path,
-    /// `cgroup.procs` of the cgroup the process starts in, open for writing.
-    pub cgroup_procs: Option<RawFd>,
+    /// The cgroup the process starts in.
+    pub cgroup: Option<&'a Entry>,
 }
 
 /// A started process, leader of its own process group, with its standard
@@ -61,6 +70,9 @@ struct ChildArgs {
     cwd: *const libc::c_char,
     procs: RawFd,
     streams: [RawFd; 3],
+    /// Set by the child as it starts: one that did not was killed as it
+    /// was born.
+    started: AtomicBool,
     /// Set by a child that failed: the step (index in [`STEPS`]) and
     /// `errno`. The child shares this memory and the parent reads it only
     /// once the child has exited.
@@ -94,13 +106,14 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
     let null = dev_null()?;
     let (out_read, out_write) = pipe()?;
     let (err_read, err_write) = pipe()?;
-    let args = ChildArgs {
+    let mut args = ChildArgs {
         program: program.as_ptr(),
         argv: argv_ptrs.as_ptr(),
         envp: envp_ptrs.as_ptr(),
         cwd: cwd.as_ptr(),
-        procs: spec.cgroup_procs.unwrap_or(-1),
+        procs: -1,
         streams: [null, out_write.as_raw_fd(), err_write.as_raw_fd()],
+        started: AtomicBool::new(false),
         failed: AtomicI32::new(-1),
         errno: AtomicI32::new(0),
     };
@@ -111,18 +124,45 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
     // blocked meanwhile, so that no handler of the parent's runs in the
     // child before `child` resets them.
     let pid = unsafe {
-        let top = stack.as_mut_ptr().add(STACK_BYTES);
+        let base = stack.as_mut_ptr();
+        let top = base.add(STACK_BYTES);
         let top = top.sub(top as usize % 16);
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let pid = libc::clone(
-            child,
-            top.cast(),
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
-            ptr::from_ref(&args).cast_mut().cast(),
-        );
+        let born_in_cgroup = spec.cgroup.and_then(|cgroup| {
+            let pid = clone_into_cgroup(
+                cgroup.dir_fd(),
+                (base, top.offset_from(base) as usize),
+                ptr::from_ref(&args).cast_mut().cast(),
+            )?;
+            if pid > 0 && !args.started.load(Ordering::Acquire) {
+                // Killed before it ran a thing: some kernels kill a child
+                // born into a cgroup whose count of `cgroup.kill`s differs
+                // from its parent's. The child moves itself from now on.
+                libc::waitpid(pid, ptr::null_mut(), 0);
+                NO_CLONE_INTO_CGROUP.store(true, Ordering::Relaxed);
+                tracing::warn!(
+                    "children born in a cgroup are killed: tasks move into theirs instead"
+                );
+                return None;
+            }
+            Some(pid)
+        });
+        let pid = match born_in_cgroup {
+            Some(pid) => pid,
+            None => {
+                // The child joins its cgroup itself.
+                args.procs = spec.cgroup.map_or(-1, Entry::fd);
+                libc::clone(
+                    child,
+                    top.cast(),
+                    libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+                    ptr::from_ref(&args).cast_mut().cast(),
+                )
+            }
+        };
         let error = io::Error::last_os_error();
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, ptr::null_mut());
         if pid < 0 {
@@ -152,6 +192,107 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
 /// Enough for the few calls the child makes before `exec`.
 const STACK_BYTES: usize = 64 << 10;
 
+/// `struct clone_args` of `clone3` (up to `cgroup`, Linux 5.7).
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// Set once the kernel has said it has no `clone3` into a cgroup.
+static NO_CLONE_INTO_CGROUP: AtomicBool = AtomicBool::new(false);
+
+/// Starts [`child`] on `stack` (base and size) in the cgroup open as
+/// `cgroup`, as [`libc::clone`] would start it anywhere: its pid, or `-1`
+/// with `errno` set; `None` where the kernel cannot, for the caller to
+/// start it otherwise.
+///
+/// # Safety
+/// As for `libc::clone` with `CLONE_VM | CLONE_VFORK`: `arg` and `stack`
+/// outlive the child's `exec`, and every signal is blocked.
+#[cfg(target_arch = "x86_64")]
+unsafe fn clone_into_cgroup(
+    cgroup: RawFd,
+    (stack, size): (*mut u8, usize),
+    arg: *mut libc::c_void,
+) -> Option<libc::pid_t> {
+    if NO_CLONE_INTO_CGROUP.load(Ordering::Relaxed) {
+        return None;
+    }
+    let args = CloneArgs {
+        flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | CLONE_INTO_CGROUP,
+        exit_signal: libc::SIGCHLD as u64,
+        stack: stack as u64,
+        stack_size: size as u64,
+        cgroup: cgroup as u64,
+        ..CloneArgs::default()
+    };
+    let entry: extern "C" fn(*mut libc::c_void) -> libc::c_int = child;
+    let returned: i64;
+    // SAFETY: the raw `clone3` system call. The parent gets the child's pid
+    // or `-errno` and goes on. The child starts on the top of `stack`
+    // (16-byte aligned, so `call` leaves it as a function expects) with the
+    // parent's registers: it calls `child(arg)` from the two registers the
+    // kernel preserves, and exits with what it returns (it never does: it
+    // `exec`s or `_exit`s). `arg` and `stack` outlive the child's `exec`,
+    // the caller's promise, since CLONE_VFORK holds this thread until then.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            "test rax, rax",
+            "jnz 2f",
+            "mov rdi, r12",
+            "call r13",
+            "mov edi, eax",
+            "mov eax, 231", // exit_group
+            "syscall",
+            "ud2",
+            "2:",
+            inlateout("rax") libc::SYS_clone3 => returned,
+            in("rdi") &args as *const CloneArgs,
+            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("r12") arg,
+            in("r13") entry,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    match returned {
+        pid if pid >= 0 => Some(pid as libc::pid_t),
+        // No `clone3`, or none with a cgroup: never again.
+        e if e == -i64::from(libc::ENOSYS) || e == -i64::from(libc::E2BIG) => {
+            NO_CLONE_INTO_CGROUP.store(true, Ordering::Relaxed);
+            None
+        }
+        // Anything else (a cgroup the kernel refuses to start a process
+        // in, say): the child tries to join it itself, and says why not.
+        _ => None,
+    }
+}
+
+/// Elsewhere, the child always joins its cgroup itself.
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn clone_into_cgroup(
+    _cgroup: RawFd,
+    _stack: (*mut u8, usize),
+    _arg: *mut libc::c_void,
+) -> Option<libc::pid_t> {
+    None
+}
+
 /// The child, between clone and `exec`: async-signal-safe calls only, on
 /// memory the parent prepared.
 extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
@@ -159,6 +300,7 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
     // called `exec` or exited; only plain system calls follow.
     unsafe {
         let args = &*(arg as *const ChildArgs);
+        args.started.store(true, Ordering::Release);
         let fail = |step: i32| fail(args, step);
         // "0": the writing process itself.
         if args.procs >= 0 && libc::write(args.procs, b"0".as_ptr().cast(), 1) != 1 {
@@ -257,14 +399,54 @@ mod tests {
     use super::*;
 
     fn start(program: &str, argv: &[&str], cwd: &str) -> io::Result<Spawned> {
+        start_in(None, program, argv, cwd)
+    }
+
+    fn start_in(
+        cgroup: Option<&Entry>,
+        program: &str,
+        argv: &[&str],
+        cwd: &str,
+    ) -> io::Result<Spawned> {
         let argv: Vec<&OsStr> = argv.iter().map(OsStr::new).collect();
         spawn(&Spawn {
             program: Path::new(program),
             argv: &argv,
             env: &[("X".into(), "forty two".into())],
             cwd: Path::new(cwd),
-            cgroup_procs: None,
+            cgroup,
         })
+    }
+
+    #[test]
+    fn the_program_starts_in_its_cgroup_whether_born_there_or_moved() {
+        let tree = crate::Tree::under_own(Path::new(&format!("spawn-test-{}", std::process::id())))
+            .expect("a cgroup v2 tree under this test's own cgroup");
+        // Where it ran, by its own word.
+        let own_cgroup = |entry: &Entry| -> io::Result<String> {
+            let child = start_in(Some(entry), "/bin/cat", &["cat", "/proc/self/cgroup"], "/")?;
+            let (out, _, _) = ended(child);
+            Ok(out
+                .lines()
+                .find_map(|l| l.strip_prefix("0::"))
+                .unwrap_or_default()
+                .to_owned())
+        };
+        let mut born = tree.make("born").unwrap();
+        // Not writable: the child can only have been born in it.
+        born.procs = std::fs::File::open("/dev/null").unwrap();
+        let in_born = own_cgroup(&born);
+        let emptied = born.populated();
+        // As on a kernel without `clone3` into a cgroup: the child moves.
+        NO_CLONE_INTO_CGROUP.store(true, Ordering::Relaxed);
+        let moved = tree.make("moved").unwrap();
+        let in_moved = own_cgroup(&moved);
+        NO_CLONE_INTO_CGROUP.store(false, Ordering::Relaxed);
+        assert!(tree.end_all(), "the test's cgroups are removed");
+        let (in_born, in_moved) = (in_born.unwrap(), in_moved.unwrap());
+        assert!(!emptied, "the cgroup of a child that ended is empty");
+        assert!(in_born.ends_with("/born"), "{in_born}");
+        assert!(in_moved.ends_with("/moved"), "{in_moved}");
     }
 
     /// Its stdout, stderr and exit status, once it ended.
@@ -279,6 +461,24 @@ mod tests {
         // SAFETY: reaps the child just started.
         unsafe { libc::waitpid(child.pid, &mut status, 0) };
         (out, err, std::process::ExitStatus::from_raw(status))
+    }
+
+    #[test]
+    fn a_child_starts_in_a_cgroup_that_was_killed_before() {
+        let tree = crate::Tree::under_own(Path::new(&format!("spawn-test-{}", std::process::id())))
+            .expect("a cgroup v2 tree under this test's own cgroup");
+        let killed = tree.make("killed").unwrap();
+        crate::kill_all(&tree.path().join("killed"));
+        let child = start_in(
+            Some(&killed),
+            "/bin/cat",
+            &["cat", "/proc/self/cgroup"],
+            "/",
+        );
+        let (out, _, status) = ended(child.unwrap());
+        assert!(tree.end_all(), "the test's cgroups are removed");
+        assert!(status.success(), "{status:?}");
+        assert!(out.contains("/killed\n"), "{out}");
     }
 
     #[test]

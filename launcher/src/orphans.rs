@@ -37,8 +37,8 @@ use nix::{
 };
 use tokio::{io::unix::AsyncFd, net::unix::pipe};
 
-/// A task cgroup in [`TASK_CGROUPS`]: its name, and its `cgroup.procs`
-/// kept open from task to task.
+/// A task cgroup in [`TASK_CGROUPS`]: its name, and its directory and
+/// `cgroup.procs` kept open from task to task.
 type TaskCgroup = (String, Entry);
 
 /// The running tasks' processes, each its own group's leader, and its
@@ -52,9 +52,14 @@ static TASK_CGROUPS: OnceLock<Option<Tree>> = OnceLock::new();
 /// Names the next task cgroup.
 static NEXT_CGROUP: AtomicU64 = AtomicU64::new(0);
 
-/// Task cgroups emptied at their task's end, for the next tasks: making and
+/// Task cgroups left empty by their task, for the next tasks: making and
 /// removing one per task would cost more than the task's own spawn.
 static FREE_CGROUPS: Mutex<Vec<TaskCgroup>> = Mutex::new(Vec::new());
+
+/// Task cgroups whose task left processes behind: killed, and removed once
+/// empty. Never reused: some kernels kill every process born into a cgroup
+/// killed before.
+static KILLED_CGROUPS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// Makes this process the subreaper of everything it starts; `false` where
 /// the kernel refuses (strays then go to init, as before).
@@ -118,7 +123,7 @@ pub fn spawn(
         argv,
         env,
         cwd,
-        cgroup_procs: cgroup.as_ref().map(|(_, entry)| entry.fd()),
+        cgroup: cgroup.as_ref().map(|(_, entry)| entry),
     });
     let spawned = match spawned {
         Ok(spawned) => spawned,
@@ -209,17 +214,23 @@ impl Drop for TaskProcess {
     }
 }
 
-/// A task's shell has ended: kills what is left in its cgroup (kept for
-/// the next task), then the strays, and forgets the shell.
+/// A task's shell has ended: its cgroup is kept for the next task if the
+/// task left nothing in it, else killed and removed; then the strays are
+/// killed, and the shell forgotten.
 pub fn ended(pid: i32) {
     let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(Some(cgroup)) = running.remove(&pid)
-        && let Some(Some(tree)) = TASK_CGROUPS.get()
-    {
-        tree.kill(&cgroup.0);
-        if let Ok(mut free) = FREE_CGROUPS.lock() {
-            free.push(cgroup);
+    if let Some(Some(tree)) = TASK_CGROUPS.get() {
+        let mut killed = KILLED_CGROUPS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(Some((name, entry))) = running.remove(&pid) {
+            if entry.populated() {
+                killed.push(name);
+            } else if let Ok(mut free) = FREE_CGROUPS.lock() {
+                free.push((name, entry));
+            }
         }
+        killed.retain(|name| !tree.end(name));
+    } else {
+        running.remove(&pid);
     }
     kill_strays(&running);
 }
