@@ -121,6 +121,24 @@ command = "if [ -e {m} ]; then echo second time lucky; else touch {m}; exit 1; f
     assert_eq!(String::from_utf8_lossy(&logs.stdout), "always failing\n");
     let none = g.run(&["logs", &job, "7"]);
     assert_eq!(none.status.code(), Some(1), "task 7 never ends: {none:?}");
+
+    // A task that cannot even start says why, in the index, in its stderr
+    // and in the summary.
+    let nowhere =
+        "name = \"nowhere\"\nworkdir = \"/nonexistent/dir\"\n[[task]]\ncommand = \"true\"\n";
+    let output = finish(g.submit_waiting(nowhere), 2 * MINUTE);
+    assert_eq!(output.status.code(), Some(1), "{output:?}");
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let index = g.index(&job);
+    let error = index[0]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("cannot enter its directory"), "{index:?}");
+    let stderr = std::fs::read_to_string(g.results_dir(&job).join("tasks/0/stderr")).unwrap();
+    assert!(stderr.contains(error), "{stderr}");
+    let summary = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        summary.contains(&format!("  task 0 could not start: {error}")),
+        "{summary}"
+    );
 }
 
 /// `gleaner resubmit --failed` runs exactly the failed tasks again, with

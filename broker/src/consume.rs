@@ -145,6 +145,19 @@ impl<M: Decode> Inbox<M> {
         &self.queue
     }
 
+    /// A new consumer of the same queue, on the same channel, that may hold
+    /// `prefetch` unacked deliveries: RabbitMQ cannot change a consumer's
+    /// prefetch, so the caller then [`Inbox::stop`]s this one and reads
+    /// what it still delivers. Deliveries of both are acked alike.
+    pub async fn reopen(&self, tag: &str, prefetch: u16) -> Result<Self, BrokerError> {
+        let options = ConsumeOptions {
+            tag,
+            prefetch,
+            exclusive: false,
+        };
+        Self::open(&self.channel, self.publisher.clone(), &self.queue, options).await
+    }
+
     /// Asks the broker for no more deliveries. Those already sent still come
     /// out of [`Inbox::next`], which then returns `None`.
     pub async fn stop(&self) -> Result<(), BrokerError> {

@@ -111,8 +111,10 @@ launch_node() {
     rm -f "$data/$node.pid"
     log "starting rabbit@$node at $(addr_of "$node")"
     # Erlang's schedulers must not spin on a 2-core machine shared by 4 brokers.
+    # Each client connection is a descriptor: as systemd's unit does, the
+    # broker gets 65536 (or the most it may) rather than a shell's 1024.
     on "$node" env RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="+sbwt none +sbwtdcpu none +sbwtdio none" \
-        rabbitmq-server -detached
+        sh -c 'ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec rabbitmq-server -detached'
 }
 
 # Waits until every given node answers; fails at once if one dies. A node

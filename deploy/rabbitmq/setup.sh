@@ -28,7 +28,9 @@ if ! answers; then
     if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
         as_root systemctl start rabbitmq-server
     else
-        as_root rabbitmq-server -detached
+        # Each client connection is a descriptor: 65536 (or the most it
+        # may), as systemd's unit gives it, rather than a shell's 1024.
+        as_root sh -c 'ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec rabbitmq-server -detached'
     fi
     for _ in $(seq 1 120); do answers && break; sleep 1; done
     answers || { log "RabbitMQ did not start; see /var/log/rabbitmq/"; exit 1; }

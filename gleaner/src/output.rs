@@ -277,6 +277,8 @@ fn unsuccessful_tasks(results: &Path) -> Option<String> {
     const SHOWN: usize = 10;
     let index = std::fs::read_to_string(results.join("index.jsonl")).ok()?;
     let mut by_status: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    // The first task that could not even start, and why.
+    let mut not_started: Option<(u64, String)> = None;
     for line in index.lines() {
         let Ok(entry) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
@@ -284,6 +286,11 @@ fn unsuccessful_tasks(results: &Path) -> Option<String> {
         let (Some(task), Some(status)) = (entry["task"].as_u64(), entry["status"].as_str()) else {
             continue;
         };
+        if let Some(error) = entry["error"].as_str()
+            && not_started.as_ref().is_none_or(|(first, _)| task < *first)
+        {
+            not_started = Some((task, error.to_owned()));
+        }
         if status != "succeeded" {
             by_status
                 .entry(status.replace('_', " "))
@@ -304,6 +311,9 @@ fn unsuccessful_tasks(results: &Path) -> Option<String> {
         lines.push(format!("  {status}: task {}{more}", shown.join(", ")));
     }
     let example = example?;
+    if let Some((task, error)) = not_started {
+        lines.push(format!("  task {task} could not start: {error}"));
+    }
     lines.push(format!(
         "  each task's output: {}",
         results

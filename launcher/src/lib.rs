@@ -1,7 +1,7 @@
 //! The launcher: one per placeholder slot, pulling its job's tasks.
 //!
 //! It consumes the job's task queue with prefetch equal to the tasks it runs
-//! at once, and acks a message (one task, or a bundle of them) only once
+//! at once (twice that while tasks are short, see [`state`]), and acks a message (one task, or a bundle of them) only once
 //! each of its tasks has its result safely with the broker or is back in the
 //! queue alone, so a launcher that dies loses nothing but partial runs: the
 //! broker redelivers the message, and the runner keeps the first result of
@@ -76,6 +76,11 @@ pub struct LauncherConfig {
 }
 
 impl LauncherConfig {
+    /// Its consumers' tag, as the management UI shows it.
+    fn consumer_tag(&self) -> String {
+        format!("launcher@{}/{}", self.host, self.slot)
+    }
+
     /// Tasks it runs at once: whole tasks of `task_slots` in its slots.
     pub fn tasks_at_once(&self) -> u32 {
         (self.slots / self.task_slots.max(1)).max(1)
@@ -309,7 +314,7 @@ async fn serve(
     let connection = broker.connect().await?;
     let publisher = connection.publisher().await?;
     let queues = JobQueues::new(&config.job);
-    let tag = format!("launcher@{}/{}", config.host, config.slot);
+    let tag = config.consumer_tag();
     let own_channel = connection.channel().await?;
     let own_queue = declare_launcher(&own_channel, &config.job, &config.id).await?;
     let own: Inbox<LauncherMsg> = Inbox::open(
@@ -424,6 +429,11 @@ fn job_over_or(e: BrokerError) -> Result<Exit, LauncherError> {
 struct Shell {
     shared: Arc<Shared>,
     tasks: Inbox<TaskBundle>,
+    /// Task consumers replaced by one of another prefetch and cancelled,
+    /// oldest first: what they still deliver is taken like any delivery.
+    retiring: Vec<Inbox<TaskBundle>>,
+    /// Task consumers opened so far, to tag each apart.
+    consumers: u32,
     own: Inbox<LauncherMsg>,
     /// The own queue's consumer may still deliver.
     own_open: bool,
@@ -482,6 +492,8 @@ impl Shell {
         Self {
             shared,
             tasks,
+            retiring: Vec::new(),
+            consumers: 1,
             own,
             own_open: true,
             signals,
@@ -519,6 +531,14 @@ impl Shell {
                 Some(Ok(incoming)) => self.delivered(incoming).await,
                 Some(Err(e)) => vec![Event::Failed(e.into())],
                 None => vec![Event::TasksEnded],
+            },
+            delivery = next_retiring(&mut self.retiring), if !self.retiring.is_empty() && state.listening() => match delivery {
+                Some(Ok(incoming)) => self.delivered(incoming).await,
+                Some(Err(e)) => vec![Event::Failed(e.into())],
+                None => {
+                    self.retiring.remove(0);
+                    Vec::new()
+                }
             },
             Some(joined) = self.work.join_next_with_id() => self.joined(joined).await,
             message = self.own.next(), if self.own_open && state.listening() => match message {
@@ -689,6 +709,20 @@ impl Shell {
                     return ControlFlow::Continue(Some(Event::Failed(e.into())));
                 }
             }
+            Effect::Prefetch(messages) => {
+                self.consumers += 1;
+                let tag = format!("{}#{}", self.shared.config.consumer_tag(), self.consumers);
+                let prefetch = u16::try_from(messages).unwrap_or(u16::MAX);
+                let replaced = match self.tasks.reopen(&tag, prefetch).await {
+                    Ok(fresh) => std::mem::replace(&mut self.tasks, fresh),
+                    Err(e) => return ControlFlow::Continue(Some(Event::Failed(e.into()))),
+                };
+                let stopped = replaced.stop().await;
+                self.retiring.push(replaced);
+                if let Err(e) = stopped {
+                    return ControlFlow::Continue(Some(Event::Failed(e.into())));
+                }
+            }
             Effect::StopTasks => {
                 self.stop.send_replace(true);
             }
@@ -729,6 +763,17 @@ fn settle_failed(e: BrokerError, tag: u64) -> Vec<Event<LauncherError>> {
         vec![Event::QueueGone, Event::Settled { tag }]
     } else {
         vec![Event::Failed(e.into()), Event::Settled { tag }]
+    }
+}
+
+/// The next delivery of the oldest retiring consumer; `None` once it has
+/// delivered everything.
+async fn next_retiring(
+    retiring: &mut [Inbox<TaskBundle>],
+) -> Option<Result<Incoming<TaskBundle>, BrokerError>> {
+    match retiring.first_mut() {
+        Some(inbox) => inbox.next().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -4,8 +4,8 @@
 //! over, a delivery settled with the broker, a message on the launcher's own
 //! queue, a signal, the clock reaching [`State::next_wakeup`] — together with
 //! the time, and answers with the [`Effect`]s the shell (`lib.rs`) must apply.
-//! It decides which tasks to run, refuse or give back, when to stop taking
-//! tasks, when to stop running ones and whether they are then republished or
+//! It decides which tasks to run, refuse or give back, how many to hold
+//! ahead of its slots, when to stop taking tasks, when to stop running ones and whether they are then republished or
 //! abandoned, when to report status, and when and why to leave.
 //!
 //! It touches no broker, process, file or clock: the time is an argument, so
@@ -22,6 +22,15 @@ use gleaner_protocol::{ClusterName, LauncherId, LauncherMsg};
 use tracing::{info, warn};
 
 use crate::{Exit, LauncherConfig};
+
+/// Tasks that run shorter than this on average are read ahead: a round trip
+/// to the broker (some milliseconds, more through a replicated broker) is
+/// then a share of their run worth saving. The cost is imbalance: a task
+/// held waits up to a task's run time while another launcher may idle.
+const READ_AHEAD_BELOW: Duration = Duration::from_secs(5);
+
+/// Tasks that run longer than this on average are not read ahead any more.
+const NO_READ_AHEAD_ABOVE: Duration = Duration::from_secs(20);
 
 /// Something that happened, as the shell saw it. Delivered tasks are named
 /// by a tag the shell gives each, unique in the launcher (a message may
@@ -78,6 +87,9 @@ pub enum Effect<E> {
     Abandon { tag: u64 },
     /// Ask the broker for no more deliveries.
     StopConsuming,
+    /// From now on, hold up to this many messages unacked (running,
+    /// waiting or settling).
+    Prefetch(u32),
     /// Kill every running task, and any started from now on.
     StopTasks,
     /// Tell the job's runner what runs here.
@@ -152,6 +164,12 @@ pub struct State<E> {
     waiting: VecDeque<u64>,
     /// Held tasks whose process runs.
     running: usize,
+    /// Recent tasks' run time (a moving average), for [`State::prefetch`].
+    runtime: Option<Duration>,
+    /// A slot's next task is held while its task runs: for short tasks,
+    /// whose slots would otherwise sit idle for the round trip to the
+    /// broker (result, ack, next delivery) between one task and the next.
+    read_ahead: bool,
     completed: u64,
     /// Since when nothing was held; `None` while anything is.
     idle_since: Option<Instant>,
@@ -192,6 +210,8 @@ impl<E> State<E> {
             held: BTreeMap::new(),
             waiting: VecDeque::new(),
             running: 0,
+            runtime: None,
+            read_ahead: false,
             completed: 0,
             idle_since: Some(now),
             next_heartbeat: now.checked_add(config.heartbeat),
@@ -202,6 +222,17 @@ impl<E> State<E> {
             walltime_reached: false,
             abandoned: None,
             left: false,
+        }
+    }
+
+    /// Messages the task consumer may hold unacked: one per slot, two
+    /// while tasks are short. It starts at one: a launcher that takes two
+    /// long tasks keeps one waiting that another launcher could be running.
+    pub fn prefetch(&self) -> u32 {
+        let capacity = u32::try_from(self.capacity).unwrap_or(u32::MAX);
+        match self.read_ahead {
+            true => capacity.saturating_mul(2),
+            false => capacity,
         }
     }
 
@@ -361,12 +392,17 @@ impl<E> State<E> {
         let Some(held) = self.held.get_mut(&tag) else {
             return;
         };
-        if held.phase == Phase::Running {
+        let ran = held.phase == Phase::Running;
+        if ran {
             self.running -= 1;
         }
         held.phase = Phase::Settling;
+        let runtime = now.saturating_duration_since(held.started);
         if !killed {
             effects.push(Effect::Report { tag });
+            if ran {
+                self.ran_for(runtime, effects);
+            }
         } else if self.abandoned.is_some() {
             self.forget(tag, now);
             effects.push(Effect::Abandon { tag });
@@ -374,6 +410,26 @@ impl<E> State<E> {
             effects.push(Effect::Republish { tag });
         }
         self.start_waiting(now, effects);
+    }
+
+    /// A task ran this long: reads ahead once recent tasks are short, and
+    /// stops once they are long (apart enough that run times around either
+    /// bound do not switch it at every task).
+    fn ran_for(&mut self, runtime: Duration, effects: &mut Vec<Effect<E>>) {
+        let average = match self.runtime {
+            Some(average) => (average * 4 + runtime) / 5,
+            None => runtime,
+        };
+        self.runtime = Some(average);
+        let read_ahead = match self.read_ahead {
+            false => average < READ_AHEAD_BELOW,
+            true => average <= NO_READ_AHEAD_ABOVE,
+        };
+        if read_ahead != self.read_ahead && self.consuming() && self.leaving.is_none() {
+            self.read_ahead = read_ahead;
+            info!(job = %self.job, launcher = %self.launcher, cluster = %self.cluster, read_ahead, average_ms = average.as_millis() as u64, "task run times changed the prefetch");
+            effects.push(Effect::Prefetch(self.prefetch()));
+        }
     }
 
     fn message(&mut self, msg: LauncherMsg, effects: &mut Vec<Effect<E>>) {
@@ -758,7 +814,10 @@ mod tests {
         let mut l = launcher(|_, _| {});
         assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
         assert_eq!(l.at(1, deliver(2, None)), [Effect::Run { tag: 2 }]);
-        assert_eq!(l.at(2, ended(1)), [Effect::Report { tag: 1 }]);
+        assert_eq!(
+            l.at(2, ended(1)),
+            [Effect::Report { tag: 1 }, Effect::Prefetch(4)]
+        );
         // The consumer ended without our asking: the queue is gone.
         assert_eq!(l.at(3, Event::TasksEnded), [Effect::StopTasks]);
         assert_eq!(l.state.next_wakeup(), None);
@@ -883,9 +942,14 @@ mod tests {
         assert_eq!(l.at(1, deliver(3, None)), []);
         assert_eq!(l.at(1, deliver(4, None)), []);
         assert_eq!(l.at(1, deliver(5, None)), []);
+        // A task of 1 s: the next ones are read ahead.
         assert_eq!(
             l.at(2, ended(1)),
-            [Effect::Report { tag: 1 }, Effect::Run { tag: 3 }]
+            [
+                Effect::Report { tag: 1 },
+                Effect::Prefetch(4),
+                Effect::Run { tag: 3 }
+            ]
         );
         let running = |l: &mut Launcher| -> Vec<u64> {
             match &l.at(2, Event::Message(LauncherMsg::Poll {}))[..] {
@@ -911,6 +975,44 @@ mod tests {
             assert_eq!(l.at(5, settled(tag)), []);
         }
         assert_eq!(l.at(5, settled(5)), [Effect::Leave(Ok(Exit::Preempted))]);
+    }
+
+    #[test]
+    fn short_tasks_are_read_ahead_and_long_ones_are_not() {
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.state.prefetch(), 2, "one per slot to begin with");
+        let mut at = 0;
+        // Runs `tag` for `secs` and returns the effects of its end but the
+        // report and the next start.
+        let mut run = |l: &mut Launcher, tag: u64, secs: u64| -> Effects {
+            assert_eq!(l.at(at, deliver(tag, None)), [Effect::Run { tag }]);
+            at += secs;
+            let effects = l.at(at, ended(tag));
+            assert_eq!(l.at(at, settled(tag)), []);
+            effects
+                .into_iter()
+                .filter(|e| *e != Effect::Report { tag })
+                .collect()
+        };
+        assert_eq!(run(&mut l, 1, 2), [Effect::Prefetch(4)]);
+        assert_eq!(l.state.prefetch(), 4);
+        // Longer tasks move the average, which must pass 20 s to stop it.
+        assert_eq!(run(&mut l, 2, 60), []);
+        assert_eq!(run(&mut l, 3, 60), [Effect::Prefetch(2)]);
+        assert_eq!(run(&mut l, 4, 1), []);
+        // A task killed mid-run says nothing of its run time.
+        assert_eq!(l.at(at, deliver(5, None)), [Effect::Run { tag: 5 }]);
+        l.at(at, preempt());
+        assert_eq!(l.at(at, killed(5)), [Effect::Republish { tag: 5 }]);
+    }
+
+    #[test]
+    fn no_read_ahead_once_leaving() {
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(0, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(l.at(1, drain()), [Effect::StopConsuming]);
+        assert_eq!(l.at(2, ended(1)), [Effect::Report { tag: 1 }]);
+        assert_eq!(l.state.prefetch(), 2);
     }
 
     #[test]

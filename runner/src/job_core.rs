@@ -308,6 +308,7 @@ pub fn index_entry(
         runtime_s: result.map_or(0.0, |r| r.runtime_ms as f64 / 1000.0),
         cluster: result.map(|r| r.cluster.clone()),
         host: result.map(|r| r.host.clone()).filter(|h| !h.is_empty()),
+        error: result.and_then(|r| r.error.clone()),
     }
 }
 

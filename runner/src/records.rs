@@ -26,6 +26,9 @@ pub struct IndexEntry {
     pub runtime_s: f64,
     pub cluster: Option<ClusterName>,
     pub host: Option<String>,
+    /// Why its last run could not even start (its directory, its program).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `job.json`: the job's summary, rewritten as it progresses.

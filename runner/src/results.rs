@@ -87,7 +87,8 @@ impl ResultsDir {
             Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
             _ => {}
         }
-        let streams = [("stdout", &result.stdout), ("stderr", &result.stderr)];
+        let stderr = stderr_of(result);
+        let streams = [("stdout", &result.stdout), ("stderr", &*stderr)];
         let produced = |c: &Captured| !c.data.is_empty() || c.dropped > 0;
         if !streams.iter().any(|(_, c)| produced(c)) && result.outputs.is_empty() {
             return Ok(());
@@ -226,6 +227,21 @@ impl ResultsDir {
     }
 }
 
+/// A run's stderr, followed by why it could not start, if it could not: the
+/// file a user is pointed to then says what went wrong.
+fn stderr_of(result: &ResultMsg) -> std::borrow::Cow<'_, Captured> {
+    match &result.error {
+        None => std::borrow::Cow::Borrowed(&result.stderr),
+        Some(error) => {
+            let mut stderr = result.stderr.clone();
+            stderr
+                .data
+                .extend_from_slice(format!("gleaner: {error}\n").as_bytes());
+            std::borrow::Cow::Owned(stderr)
+        }
+    }
+}
+
 /// One declared output file; a truncated one gets a note beside it.
 fn write_output(dir: &Path, relative: &Path, output: &OutputFile) -> io::Result<()> {
     let path = dir.join(relative);
@@ -309,6 +325,7 @@ mod tests {
             runtime_s: 0.5,
             cluster: Some("local".into()),
             host: Some("h".into()),
+            error: None,
         }
     }
 
