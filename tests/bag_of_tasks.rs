@@ -516,6 +516,41 @@ fn completions_cover_every_command() {
     }
 }
 
+/// Launchers whose tasks are short hold a second task per slot (by a new
+/// consumer: RabbitMQ cannot change a consumer's prefetch), and every task
+/// still ends once.
+#[test]
+fn short_tasks_are_read_ahead_and_each_ends_once() {
+    let mut g = gleaner("readahead");
+    g.up(2);
+    let waiting = g.submit_waiting(&sweep("short", 120, "sleep 0.1; echo {n}"));
+    let mut read_ahead = None;
+    wait_for("a launcher to read ahead", Duration::from_secs(60), || {
+        read_ahead = g.vhost.consumers().into_iter().find(|c| {
+            c["queue"]["name"]
+                .as_str()
+                .is_some_and(|q| q.ends_with(".tasks"))
+                && c["consumer_tag"]
+                    .as_str()
+                    .is_some_and(|t| t.ends_with("#2"))
+        });
+        read_ahead.is_some()
+    });
+    let consumer = read_ahead.unwrap_or_default();
+    assert_eq!(consumer["prefetch_count"], 2, "{consumer}");
+    let output = finish_all_succeeded(waiting, 120, 3 * MINUTE);
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 120);
+    for (task, line) in &tasks {
+        assert_eq!(line["attempts"], 1, "task {task}");
+        let stdout =
+            std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{task}/stdout")))
+                .expect("stdout file");
+        assert_eq!(stdout, format!("{}\n", line["params"]["n"]), "task {task}");
+    }
+}
+
 #[test]
 fn a_killed_launcher_loses_only_its_partial_run() {
     let mut g = gleaner("kill9");

@@ -161,6 +161,14 @@ impl Vhost {
         serde_json::from_str(&text).ok()
     }
 
+    /// The consumers of the vhost's queues, as the management API lists them.
+    pub fn consumers(&self) -> Vec<Value> {
+        self.api("GET", &format!("/consumers/{}", self.name), None)
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default()
+    }
+
     /// Takes (and removes) up to `count` messages from a queue.
     pub fn get(&self, queue: &str, count: u32) -> Vec<Value> {
         let body = serde_json::json!({
