@@ -168,37 +168,47 @@ pub fn throughput(exe: &Path, run: &Throughput<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The floor: how fast this machine can start and reap `sh -c true`.
+/// The floor: how fast this machine can start and reap `/usr/bin/true`
+/// (what the direct and bundled rows run) and `sh -c true` (the rows
+/// through a shell), one and two at a time.
 pub fn spawn_rate(duration: Duration) -> anyhow::Result<()> {
-    for parallel in [1, 2] {
-        let started = Instant::now();
-        let before = cpu(std::process::id());
-        let counts: Vec<u64> = std::thread::scope(|scope| {
-            let workers: Vec<_> = (0..parallel)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut n = 0u64;
-                        while started.elapsed() < duration {
-                            let ok = Command::new("/bin/sh")
-                                .args(["-c", "true"])
-                                .status()
-                                .is_ok_and(|s| s.success());
-                            n += u64::from(ok);
-                        }
-                        n
+    let programs: [(&str, &[&str]); 2] = [("/usr/bin/true", &[]), ("/bin/sh", &["-c", "true"])];
+    for (program, args) in programs {
+        for parallel in [1, 2] {
+            let started = Instant::now();
+            let before = cpu(std::process::id());
+            let counts: Vec<u64> = std::thread::scope(|scope| {
+                let workers: Vec<_> = (0..parallel)
+                    .map(|_| {
+                        scope.spawn(|| {
+                            let mut n = 0u64;
+                            while started.elapsed() < duration {
+                                let ok = Command::new(program)
+                                    .args(args)
+                                    .status()
+                                    .is_ok_and(|s| s.success());
+                                n += u64::from(ok);
+                            }
+                            n
+                        })
                     })
-                })
-                .collect();
-            workers.into_iter().map(|w| w.join().unwrap_or(0)).collect()
-        });
-        let spawned: u64 = counts.iter().sum();
-        let after = cpu(std::process::id());
-        let cpu_ms = (after.own + after.children - before.own - before.children) * 1000.0;
-        println!(
-            "spawn floor: {parallel} at a time: {:.0} `sh -c true`/s, {:.2} ms CPU each",
-            spawned as f64 / started.elapsed().as_secs_f64(),
-            cpu_ms / spawned as f64,
-        );
+                    .collect();
+                workers.into_iter().map(|w| w.join().unwrap_or(0)).collect()
+            });
+            let spawned: u64 = counts.iter().sum();
+            let after = cpu(std::process::id());
+            let cpu_ms = (after.own + after.children - before.own - before.children) * 1000.0;
+            let what = [program]
+                .into_iter()
+                .chain(args.iter().copied())
+                .collect::<Vec<_>>()
+                .join(" ");
+            println!(
+                "spawn floor: {parallel} at a time: {:.0} `{what}`/s, {:.2} ms CPU each",
+                spawned as f64 / started.elapsed().as_secs_f64(),
+                cpu_ms / spawned as f64,
+            );
+        }
     }
     Ok(())
 }
