@@ -218,13 +218,19 @@ struct Outgoing {
 
 /// Results in one message at most.
 const RESULTS_PER_MESSAGE: usize = 64;
+/// How long a message of results waits for more while they come fast.
+const RESULTS_LINGER: Duration = Duration::from_millis(5);
 /// Bytes of captured output in one message, unless its first result alone
 /// has more.
 const BYTES_PER_MESSAGE: usize = 4 << 20;
 
 /// Publishes results as they come, those that queued while the last
-/// message was being confirmed together in the next: no result waits for
-/// another. Each waiter hears once its result is with the broker.
+/// message was being confirmed together in the next. While results come
+/// faster than one per confirm, a message also waits up to
+/// [`RESULTS_LINGER`] for more: each message costs the broker a write to
+/// its quorum log, a delivery and an ack, whatever it holds. A lone
+/// result waits for no other. Each waiter hears once its result is with
+/// the broker.
 async fn publish_results(
     publisher: Publisher,
     route: (String, String),
@@ -238,6 +244,7 @@ async fn publish_results(
     };
     // A result that would have made the last message too big starts the next.
     let mut carried: Option<Outgoing> = None;
+    let mut linger = false;
     loop {
         let first = match carried.take() {
             Some(first) => first,
@@ -248,9 +255,15 @@ async fn publish_results(
         };
         let mut bytes = size(&first);
         let mut batch = vec![first];
+        let until = tokio::time::Instant::now() + RESULTS_LINGER;
         while batch.len() < RESULTS_PER_MESSAGE {
-            let Ok(next) = outgoing.try_recv() else {
-                break;
+            let next = match outgoing.try_recv() {
+                Ok(next) => next,
+                Err(_) if !linger => break,
+                Err(_) => match tokio::time::timeout_at(until, outgoing.recv()).await {
+                    Ok(Some(next)) => next,
+                    Ok(None) | Err(_) => break,
+                },
             };
             bytes += size(&next);
             if bytes > BYTES_PER_MESSAGE {
@@ -259,6 +272,7 @@ async fn publish_results(
             }
             batch.push(next);
         }
+        linger = batch.len() > 1;
         let (results, waiting): (Vec<ResultMsg>, Vec<_>) =
             batch.into_iter().map(|o| (o.result, o.settled)).unzip();
         let sent = publisher
