@@ -73,6 +73,8 @@ struct ChildArgs {
     /// Set by the child as it starts: one that did not was killed as it
     /// was born.
     started: AtomicBool,
+    /// The kernel started the child with default signal handlers.
+    handlers_cleared: bool,
     /// Set by a child that failed: the step (index in [`STEPS`]) and
     /// `errno`. The child shares this memory and the parent reads it only
     /// once the child has exited.
@@ -114,6 +116,7 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
         procs: -1,
         streams: [null, out_write.as_raw_fd(), err_write.as_raw_fd()],
         started: AtomicBool::new(false),
+        handlers_cleared: cfg!(target_arch = "x86_64") && spec.cgroup.is_some(),
         failed: AtomicI32::new(-1),
         errno: AtomicI32::new(0),
     };
@@ -153,8 +156,9 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
         let pid = match born_in_cgroup {
             Some(pid) => pid,
             None => {
-                // The child joins its cgroup itself.
+                // The child joins its cgroup itself, and resets handlers.
                 args.procs = spec.cgroup.map_or(-1, Entry::fd);
+                args.handlers_cleared = false;
                 libc::clone(
                     child,
                     top.cast(),
@@ -210,14 +214,30 @@ struct CloneArgs {
 }
 
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+/// The child starts with every caught signal at its default (Linux 5.5).
+const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
 
 /// Set once the kernel has said it has no `clone3` into a cgroup.
 static NO_CLONE_INTO_CGROUP: AtomicBool = AtomicBool::new(false);
 
+#[cfg(test)]
+thread_local! {
+    /// A test's child moves into its cgroup, as on a kernel that cannot
+    /// start it there (per thread: tests run side by side).
+    static MOVE_INTO_CGROUP: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn told_to_move() -> bool {
+    #[cfg(test)]
+    return MOVE_INTO_CGROUP.with(std::cell::Cell::get);
+    #[cfg(not(test))]
+    false
+}
+
 /// Starts [`child`] on `stack` (base and size) in the cgroup open as
-/// `cgroup`, as [`libc::clone`] would start it anywhere: its pid, or `-1`
-/// with `errno` set; `None` where the kernel cannot, for the caller to
-/// start it otherwise.
+/// `cgroup`, as [`libc::clone`] would start it anywhere, with no handler
+/// of the parent's: its pid, or `None` where the kernel cannot, for the
+/// caller to start it otherwise.
 ///
 /// # Safety
 /// As for `libc::clone` with `CLONE_VM | CLONE_VFORK`: `arg` and `stack`
@@ -228,11 +248,13 @@ unsafe fn clone_into_cgroup(
     (stack, size): (*mut u8, usize),
     arg: *mut libc::c_void,
 ) -> Option<libc::pid_t> {
-    if NO_CLONE_INTO_CGROUP.load(Ordering::Relaxed) {
+    if NO_CLONE_INTO_CGROUP.load(Ordering::Relaxed) || told_to_move() {
         return None;
     }
     let args = CloneArgs {
-        flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | CLONE_INTO_CGROUP,
+        flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64
+            | CLONE_INTO_CGROUP
+            | CLONE_CLEAR_SIGHAND,
         exit_signal: libc::SIGCHLD as u64,
         stack: stack as u64,
         stack_size: size as u64,
@@ -272,8 +294,9 @@ unsafe fn clone_into_cgroup(
     }
     match returned {
         pid if pid >= 0 => Some(pid as libc::pid_t),
-        // No `clone3`, or none with a cgroup: never again.
-        e if e == -i64::from(libc::ENOSYS) || e == -i64::from(libc::E2BIG) => {
+        // No `clone3`, none with a cgroup, or one a seccomp filter forbids:
+        // never again.
+        e if [libc::ENOSYS, libc::E2BIG, libc::EPERM].contains(&(-e as i32)) => {
             NO_CLONE_INTO_CGROUP.store(true, Ordering::Relaxed);
             None
         }
@@ -309,11 +332,25 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
         if libc::setpgid(0, 0) != 0 {
             fail(1);
         }
-        // `exec` resets the signals the parent catches; SIGPIPE, which the
-        // Rust runtime ignores, is reset as the standard library does, so
-        // that `yes | head` ends. Then none is blocked.
+        // No handler of the parent's may run here once signals are
+        // unblocked (one would act in the parent's memory): each caught
+        // signal goes back to its default, unless the kernel did that
+        // (CLONE_CLEAR_SIGHAND). SIGPIPE, which the Rust runtime ignores,
+        // is reset as the standard library does, so that `yes | head`
+        // ends. Then none is blocked.
         let mut default: libc::sigaction = std::mem::zeroed();
         default.sa_sigaction = libc::SIG_DFL;
+        if !args.handlers_cleared {
+            for signal in 1..=64 {
+                let mut current: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(signal, ptr::null(), &mut current) == 0
+                    && current.sa_sigaction != libc::SIG_DFL
+                    && current.sa_sigaction != libc::SIG_IGN
+                {
+                    libc::sigaction(signal, &default, ptr::null_mut());
+                }
+            }
+        }
         libc::sigaction(libc::SIGPIPE, &default, ptr::null_mut());
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
@@ -418,10 +455,21 @@ mod tests {
         })
     }
 
+    /// Held by the tests that start children in cgroups: how a child
+    /// starts there is decided for the whole process.
+    static IN_CGROUPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// A cgroup tree of the test's own, under the test process's cgroup.
+    fn test_tree(test: &str) -> crate::Tree {
+        let name = format!("spawn-test-{test}-{}", std::process::id());
+        crate::Tree::under_own(Path::new(&name))
+            .expect("a cgroup v2 tree under this test's own cgroup")
+    }
+
     #[test]
     fn the_program_starts_in_its_cgroup_whether_born_there_or_moved() {
-        let tree = crate::Tree::under_own(Path::new(&format!("spawn-test-{}", std::process::id())))
-            .expect("a cgroup v2 tree under this test's own cgroup");
+        let _alone = IN_CGROUPS.lock().unwrap_or_else(|e| e.into_inner());
+        let tree = test_tree("where");
         // Where it ran, by its own word.
         let own_cgroup = |entry: &Entry| -> io::Result<String> {
             let child = start_in(Some(entry), "/bin/cat", &["cat", "/proc/self/cgroup"], "/")?;
@@ -438,10 +486,10 @@ mod tests {
         let in_born = own_cgroup(&born);
         let emptied = born.populated();
         // As on a kernel without `clone3` into a cgroup: the child moves.
-        NO_CLONE_INTO_CGROUP.store(true, Ordering::Relaxed);
+        MOVE_INTO_CGROUP.with(|moving| moving.set(true));
         let moved = tree.make("moved").unwrap();
         let in_moved = own_cgroup(&moved);
-        NO_CLONE_INTO_CGROUP.store(false, Ordering::Relaxed);
+        MOVE_INTO_CGROUP.with(|moving| moving.set(false));
         assert!(tree.end_all(), "the test's cgroups are removed");
         let (in_born, in_moved) = (in_born.unwrap(), in_moved.unwrap());
         assert!(!emptied, "the cgroup of a child that ended is empty");
@@ -465,8 +513,8 @@ mod tests {
 
     #[test]
     fn a_child_starts_in_a_cgroup_that_was_killed_before() {
-        let tree = crate::Tree::under_own(Path::new(&format!("spawn-test-{}", std::process::id())))
-            .expect("a cgroup v2 tree under this test's own cgroup");
+        let _alone = IN_CGROUPS.lock().unwrap_or_else(|e| e.into_inner());
+        let tree = test_tree("killed");
         let killed = tree.make("killed").unwrap();
         crate::kill_all(&tree.path().join("killed"));
         let child = start_in(
@@ -475,8 +523,12 @@ mod tests {
             &["cat", "/proc/self/cgroup"],
             "/",
         );
-        let (out, _, status) = ended(child.unwrap());
+        let ran = child.map(ended);
+        // Where such a child was killed at birth, children move from now
+        // on: not for the other tests.
+        NO_CLONE_INTO_CGROUP.store(false, Ordering::Relaxed);
         assert!(tree.end_all(), "the test's cgroups are removed");
+        let (out, _, status) = ran.unwrap();
         assert!(status.success(), "{status:?}");
         assert!(out.contains("/killed\n"), "{out}");
     }

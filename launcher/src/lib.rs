@@ -362,7 +362,7 @@ async fn serve(
         return job_over_or(e);
     }
     let task_channel = connection.channel().await?;
-    let prefetch = u16::try_from(config.tasks_at_once()).unwrap_or(u16::MAX);
+    let prefetch = initial_prefetch(&config);
     let tasks: Inbox<TaskBundle> = match Inbox::open(
         &task_channel,
         publisher.clone(),
@@ -429,6 +429,12 @@ async fn serve(
     result
 }
 
+/// One message per task it runs at once, to begin with (see
+/// [`State::prefetch`]).
+fn initial_prefetch(config: &LauncherConfig) -> u16 {
+    u16::try_from(config.tasks_at_once()).unwrap_or(u16::MAX)
+}
+
 fn job_over_or(e: BrokerError) -> Result<Exit, LauncherError> {
     if e.is_not_found() {
         Ok(Exit::JobOver)
@@ -442,8 +448,21 @@ fn job_over_or(e: BrokerError) -> Result<Exit, LauncherError> {
 /// [`Effect`]s it answers.
 struct Shell {
     shared: Arc<Shared>,
+    /// The task consumer (RabbitMQ cannot change a consumer's prefetch:
+    /// a new prefetch takes a new consumer).
     tasks: Inbox<TaskBundle>,
-    /// Task consumers replaced by one of another prefetch and cancelled,
+    /// `tasks` may still deliver: its stream has not ended.
+    tasks_open: bool,
+    /// `tasks` was cancelled: by [`Effect::StopConsuming`], or for a lower
+    /// prefetch.
+    tasks_cancelled: bool,
+    /// The prefetch asked for last.
+    prefetch: u16,
+    /// A lower prefetch, for a consumer opened once fewer messages than it
+    /// are held: opened at once, it would add its own to those the
+    /// cancelled one still holds.
+    reopen_below: Option<u16>,
+    /// Task consumers replaced by one of a higher prefetch and cancelled,
     /// oldest first: what they still deliver is taken like any delivery.
     retiring: Vec<Inbox<TaskBundle>>,
     /// Task consumers opened so far, to tag each apart.
@@ -504,8 +523,12 @@ impl Shell {
         signals: Signals,
     ) -> Self {
         Self {
+            prefetch: initial_prefetch(&shared.config),
             shared,
             tasks,
+            tasks_open: true,
+            tasks_cancelled: false,
+            reopen_below: None,
             retiring: Vec::new(),
             consumers: 1,
             own,
@@ -541,17 +564,23 @@ impl Shell {
     /// Waits for what happens next.
     async fn next_events(&mut self, state: &State<LauncherError>) -> Vec<Event<LauncherError>> {
         tokio::select! {
-            delivery = self.tasks.next(), if state.consuming() => match delivery {
+            delivery = self.tasks.next(), if self.tasks_open && state.consuming() => match delivery {
                 Some(Ok(incoming)) => self.delivered(incoming).await,
                 Some(Err(e)) => vec![Event::Failed(e.into())],
-                None => vec![Event::TasksEnded],
+                None => {
+                    self.tasks_open = false;
+                    match self.reopen_below {
+                        Some(_) => self.reopen_if_due().await,
+                        None => self.tasks_ended(),
+                    }
+                }
             },
             delivery = next_retiring(&mut self.retiring), if !self.retiring.is_empty() && state.listening() => match delivery {
                 Some(Ok(incoming)) => self.delivered(incoming).await,
                 Some(Err(e)) => vec![Event::Failed(e.into())],
                 None => {
                     self.retiring.remove(0);
-                    Vec::new()
+                    self.tasks_ended()
                 }
             },
             Some(joined) = self.work.join_next_with_id() => self.joined(joined).await,
@@ -667,7 +696,11 @@ impl Shell {
                 delivery,
                 sent: Ok(()),
             } => match self.settled(delivery).await {
-                Ok(()) => vec![Event::Settled { tag }],
+                Ok(()) => {
+                    let mut events = vec![Event::Settled { tag }];
+                    events.extend(self.reopen_if_due().await);
+                    events
+                }
                 Err(e) => settle_failed(e, tag),
             },
             Done::Settled { sent: Err(e), .. } => settle_failed(e, tag),
@@ -719,22 +752,46 @@ impl Shell {
                 self.held.remove(&tag);
             }
             Effect::StopConsuming => {
-                if let Err(e) = self.tasks.stop().await {
-                    return ControlFlow::Continue(Some(Event::Failed(e.into())));
+                self.reopen_below = None;
+                if !std::mem::replace(&mut self.tasks_cancelled, true)
+                    && let Err(e) = self.tasks.stop().await
+                {
+                    return ControlFlow::Continue(Some(broker_failure(e)));
                 }
+                return ControlFlow::Continue(self.tasks_ended().pop());
             }
             Effect::Prefetch(messages) => {
-                self.consumers += 1;
-                let tag = format!("{}#{}", self.shared.config.consumer_tag(), self.consumers);
                 let prefetch = u16::try_from(messages).unwrap_or(u16::MAX);
-                let replaced = match self.tasks.reopen(&tag, prefetch).await {
-                    Ok(fresh) => std::mem::replace(&mut self.tasks, fresh),
-                    Err(e) => return ControlFlow::Continue(Some(Event::Failed(e.into()))),
-                };
-                let stopped = replaced.stop().await;
-                self.retiring.push(replaced);
-                if let Err(e) = stopped {
-                    return ControlFlow::Continue(Some(Event::Failed(e.into())));
+                let raised = prefetch > self.prefetch;
+                self.prefetch = prefetch;
+                if self.reopen_below.is_some() {
+                    self.reopen_below = Some(prefetch);
+                    return ControlFlow::Continue(self.reopen_if_due().await.pop());
+                }
+                if self.tasks_cancelled {
+                    return ControlFlow::Continue(None);
+                }
+                if raised {
+                    let tag = self.next_consumer_tag();
+                    let fresh = match self.tasks.reopen(&tag, prefetch).await {
+                        Ok(fresh) => fresh,
+                        Err(e) => return ControlFlow::Continue(Some(broker_failure(e))),
+                    };
+                    let replaced = std::mem::replace(&mut self.tasks, fresh);
+                    let open = std::mem::replace(&mut self.tasks_open, true);
+                    let stopped = replaced.stop().await;
+                    if open {
+                        self.retiring.push(replaced);
+                    }
+                    if let Err(e) = stopped {
+                        return ControlFlow::Continue(Some(broker_failure(e)));
+                    }
+                } else {
+                    self.tasks_cancelled = true;
+                    self.reopen_below = Some(prefetch);
+                    if let Err(e) = self.tasks.stop().await {
+                        return ControlFlow::Continue(Some(broker_failure(e)));
+                    }
                 }
             }
             Effect::StopTasks => {
@@ -748,6 +805,42 @@ impl Shell {
             Effect::Leave(exit) => return ControlFlow::Break(exit),
         }
         ControlFlow::Continue(None)
+    }
+
+    /// The consumers have all ended (and no new one is due): the state
+    /// hears it once nothing more can be delivered.
+    fn tasks_ended(&self) -> Vec<Event<LauncherError>> {
+        match !self.tasks_open && self.retiring.is_empty() && self.reopen_below.is_none() {
+            true => vec![Event::TasksEnded],
+            false => Vec::new(),
+        }
+    }
+
+    /// Opens the consumer of a lowered prefetch once the cancelled one has
+    /// delivered its last and fewer messages than the new prefetch are held.
+    async fn reopen_if_due(&mut self) -> Vec<Event<LauncherError>> {
+        let Some(prefetch) = self.reopen_below else {
+            return Vec::new();
+        };
+        if self.tasks_open || self.deliveries.len() >= usize::from(prefetch) {
+            return Vec::new();
+        }
+        self.reopen_below = None;
+        let tag = self.next_consumer_tag();
+        match self.tasks.reopen(&tag, prefetch).await {
+            Ok(fresh) => {
+                self.tasks = fresh;
+                self.tasks_open = true;
+                self.tasks_cancelled = false;
+                Vec::new()
+            }
+            Err(e) => vec![broker_failure(e)],
+        }
+    }
+
+    fn next_consumer_tag(&mut self) -> String {
+        self.consumers += 1;
+        format!("{}#{}", self.shared.config.consumer_tag(), self.consumers)
     }
 
     fn spawn(&mut self, tag: u64, work: impl Future<Output = Done> + Send + 'static) {
@@ -773,10 +866,14 @@ impl Shell {
 /// A task's settlement failed: the fault first, so that the state ends for
 /// it rather than for a drain this settlement completes.
 fn settle_failed(e: BrokerError, tag: u64) -> Vec<Event<LauncherError>> {
-    if e.is_not_found() {
-        vec![Event::QueueGone, Event::Settled { tag }]
-    } else {
-        vec![Event::Failed(e.into()), Event::Settled { tag }]
+    vec![broker_failure(e), Event::Settled { tag }]
+}
+
+/// The event a broker error is: the job's queues gone, or a failure.
+fn broker_failure(e: BrokerError) -> Event<LauncherError> {
+    match e.is_not_found() {
+        true => Event::QueueGone,
+        false => Event::Failed(e.into()),
     }
 }
 

@@ -400,9 +400,6 @@ impl<E> State<E> {
         let runtime = now.saturating_duration_since(held.started);
         if !killed {
             effects.push(Effect::Report { tag });
-            if ran {
-                self.ran_for(runtime, effects);
-            }
         } else if self.abandoned.is_some() {
             self.forget(tag, now);
             effects.push(Effect::Abandon { tag });
@@ -410,6 +407,10 @@ impl<E> State<E> {
             effects.push(Effect::Republish { tag });
         }
         self.start_waiting(now, effects);
+        // After the next start: a new prefetch takes the broker round trips.
+        if ran && !killed {
+            self.ran_for(runtime, effects);
+        }
     }
 
     /// A task ran this long: reads ahead once recent tasks are short, and
@@ -947,8 +948,8 @@ mod tests {
             l.at(2, ended(1)),
             [
                 Effect::Report { tag: 1 },
-                Effect::Prefetch(4),
-                Effect::Run { tag: 3 }
+                Effect::Run { tag: 3 },
+                Effect::Prefetch(4)
             ]
         );
         let running = |l: &mut Launcher| -> Vec<u64> {
