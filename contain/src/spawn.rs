@@ -116,7 +116,7 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
         procs: -1,
         streams: [null, out_write.as_raw_fd(), err_write.as_raw_fd()],
         started: AtomicBool::new(false),
-        handlers_cleared: cfg!(target_arch = "x86_64") && spec.cgroup.is_some(),
+        handlers_cleared: cfg!(target_arch = "x86_64"),
         failed: AtomicI32::new(-1),
         errno: AtomicI32::new(0),
     };
@@ -134,18 +134,18 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
         let mut old: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);
         libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
-        let born_in_cgroup = spec.cgroup.and_then(|cgroup| {
-            let pid = clone_into_cgroup(
-                cgroup.dir_fd(),
-                (base, top.offset_from(base) as usize),
-                ptr::from_ref(&args).cast_mut().cast(),
-            )?;
-            if pid > 0 && !args.started.load(Ordering::Acquire) {
+        let cloned = clone3_child(
+            spec.cgroup.map(Entry::dir_fd),
+            (base, top.offset_from(base) as usize),
+            ptr::from_ref(&args).cast_mut().cast(),
+        )
+        .and_then(|pid| {
+            if !args.started.load(Ordering::Acquire) {
                 // Killed before it ran a thing: some kernels kill a child
                 // born into a cgroup whose count of `cgroup.kill`s differs
                 // from its parent's. The child moves itself from now on.
                 libc::waitpid(pid, ptr::null_mut(), 0);
-                NO_CLONE_INTO_CGROUP.store(true, Ordering::Relaxed);
+                NO_CLONE3.store(true, Ordering::Relaxed);
                 tracing::warn!(
                     "children born in a cgroup are killed: tasks move into theirs instead"
                 );
@@ -153,7 +153,7 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
             }
             Some(pid)
         });
-        let pid = match born_in_cgroup {
+        let pid = match cloned {
             Some(pid) => pid,
             None => {
                 // The child joins its cgroup itself, and resets handlers.
@@ -217,8 +217,8 @@ const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// The child starts with every caught signal at its default (Linux 5.5).
 const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
 
-/// Set once the kernel has said it has no `clone3` into a cgroup.
-static NO_CLONE_INTO_CGROUP: AtomicBool = AtomicBool::new(false);
+/// Set once the kernel has said it has no `clone3` (into a cgroup).
+static NO_CLONE3: AtomicBool = AtomicBool::new(false);
 
 #[cfg(test)]
 thread_local! {
@@ -234,8 +234,8 @@ fn told_to_move() -> bool {
     false
 }
 
-/// Starts [`child`] on `stack` (base and size) in the cgroup open as
-/// `cgroup`, as [`libc::clone`] would start it anywhere, with no handler
+/// Starts [`child`] on `stack` (base and size), in the cgroup open as
+/// `cgroup` if any, as [`libc::clone`] would start it, but with no handler
 /// of the parent's: its pid, or `None` where the kernel cannot, for the
 /// caller to start it otherwise.
 ///
@@ -243,22 +243,24 @@ fn told_to_move() -> bool {
 /// As for `libc::clone` with `CLONE_VM | CLONE_VFORK`: `arg` and `stack`
 /// outlive the child's `exec`, and every signal is blocked.
 #[cfg(target_arch = "x86_64")]
-unsafe fn clone_into_cgroup(
-    cgroup: RawFd,
+unsafe fn clone3_child(
+    cgroup: Option<RawFd>,
     (stack, size): (*mut u8, usize),
     arg: *mut libc::c_void,
 ) -> Option<libc::pid_t> {
-    if NO_CLONE_INTO_CGROUP.load(Ordering::Relaxed) || told_to_move() {
+    if NO_CLONE3.load(Ordering::Relaxed) || told_to_move() {
         return None;
     }
+    let into_cgroup = match cgroup {
+        Some(_) => CLONE_INTO_CGROUP,
+        None => 0,
+    };
     let args = CloneArgs {
-        flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64
-            | CLONE_INTO_CGROUP
-            | CLONE_CLEAR_SIGHAND,
+        flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | into_cgroup | CLONE_CLEAR_SIGHAND,
         exit_signal: libc::SIGCHLD as u64,
         stack: stack as u64,
         stack_size: size as u64,
-        cgroup: cgroup as u64,
+        cgroup: cgroup.map_or(0, |fd| fd as u64),
         ..CloneArgs::default()
     };
     let entry: extern "C" fn(*mut libc::c_void) -> libc::c_int = child;
@@ -297,7 +299,7 @@ unsafe fn clone_into_cgroup(
         // No `clone3`, none with a cgroup, or one a seccomp filter forbids:
         // never again.
         e if [libc::ENOSYS, libc::E2BIG, libc::EPERM].contains(&(-e as i32)) => {
-            NO_CLONE_INTO_CGROUP.store(true, Ordering::Relaxed);
+            NO_CLONE3.store(true, Ordering::Relaxed);
             None
         }
         // Anything else (a cgroup the kernel refuses to start a process
@@ -308,8 +310,8 @@ unsafe fn clone_into_cgroup(
 
 /// Elsewhere, the child always joins its cgroup itself.
 #[cfg(not(target_arch = "x86_64"))]
-unsafe fn clone_into_cgroup(
-    _cgroup: RawFd,
+unsafe fn clone3_child(
+    _cgroup: Option<RawFd>,
     _stack: (*mut u8, usize),
     _arg: *mut libc::c_void,
 ) -> Option<libc::pid_t> {
@@ -526,7 +528,7 @@ mod tests {
         let ran = child.map(ended);
         // Where such a child was killed at birth, children move from now
         // on: not for the other tests.
-        NO_CLONE_INTO_CGROUP.store(false, Ordering::Relaxed);
+        NO_CLONE3.store(false, Ordering::Relaxed);
         assert!(tree.end_all(), "the test's cgroups are removed");
         let (out, _, status) = ran.unwrap();
         assert!(status.success(), "{status:?}");

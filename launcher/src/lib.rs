@@ -1,14 +1,14 @@
 //! The launcher: one per placeholder slot, pulling its job's tasks.
 //!
 //! It consumes the job's task queue with prefetch equal to the tasks it runs
-//! at once (twice that while tasks are short, see [`state`]), and acks a message (one task, or a bundle of them) only once
-//! each of its tasks has its result safely with the broker or is back in the
-//! queue alone, so a launcher that dies loses nothing but partial runs: the
-//! broker redelivers the message, and the runner keeps the first result of
-//! each task. It
+//! at once (twice that while tasks are short, see [`state`]), and acks a
+//! message (one task, or a bundle of them) only once each of its tasks has
+//! its result safely with the broker or is back in the queue alone, so a
+//! launcher that dies loses nothing but partial runs: the broker redelivers
+//! the message, and the runner keeps the first result of each task. It
 //! leaves when its job's queue is deleted, when it has been idle for
-//! `idle_timeout`, or when told to (preempt, drain, SIGTERM, its placeholder's
-//! walltime).
+//! `idle_timeout`, or when told to (preempt, drain, SIGTERM, its
+//! placeholder's walltime).
 //!
 //! What to do and when is decided in [`state`], without I/O; this file is the
 //! shell that connects, turns what happens into events for it, and carries
