@@ -60,8 +60,8 @@ impl Drop for Instance<'_> {
 }
 
 /// One row: `tasks` × `/usr/bin/true` on one worker of `slots` CPUs, its
-/// output captured or not.
-pub fn throughput(hq: &Path, tasks: u32, slots: u32, capture: bool) -> anyhow::Result<()> {
+/// output captured or not; returns its tasks per second.
+pub fn throughput(hq: &Path, tasks: u32, slots: u32, capture: bool) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir()?;
     let server = Command::new(hq)
         .arg("--server-dir")
@@ -122,13 +122,13 @@ pub fn throughput(hq: &Path, tasks: u32, slots: u32, capture: bool) -> anyhow::R
     ensure!(submitted.success(), "hq submit --wait failed");
     let (server_after, worker_after) = (cpu(instance.server.id()), cpu(worker));
     let per_k = 1000.0 / f64::from(tasks);
+    let rate = f64::from(tasks) / makespan;
     println!(
-        "| HyperQueue, 1 worker × {slots} | `/usr/bin/true`{} | – | {tasks} | {makespan:.2} | {:.0} | – | {:.2} | {:.2} |",
+        "| HyperQueue, 1 worker × {slots} | `/usr/bin/true`{} | – | {tasks} | {makespan:.2} | {rate:.0} | – | {:.2} | {:.2} |",
         if capture { "" } else { ", no capture" },
-        f64::from(tasks) / makespan,
         (server_after.own - server_before.own) * per_k,
         (worker_after.own + worker_after.children - worker_before.own - worker_before.children)
             * per_k,
     );
-    Ok(())
+    Ok(rate)
 }

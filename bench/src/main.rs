@@ -8,6 +8,7 @@ mod fairness;
 mod hq;
 mod inbox;
 mod measure;
+mod rounds;
 mod sge;
 mod slurm;
 
@@ -51,6 +52,9 @@ enum Bench {
         /// Only the bundled runs.
         #[arg(long)]
         bundled_only: bool,
+        /// Rounds, each in a rotated order; more than one prints medians.
+        #[arg(long, default_value_t = 1)]
+        rounds: u32,
     },
     /// Launchers of one job at scale: the services' and the broker's CPU
     /// and memory per launcher while each runs a task that sleeps.
@@ -187,9 +191,8 @@ fn main() -> anyhow::Result<()> {
             launchers,
             bundle,
             bundled_only,
+            rounds,
         } => {
-            let exe = gleaner_binary()?;
-            measure::spawn_rate(Duration::from_secs(5))?;
             let runs = [
                 ("/usr/bin/true", 1),
                 ("/usr/bin/true;", 1),
@@ -200,24 +203,15 @@ fn main() -> anyhow::Result<()> {
             if let Some(hq) = &hq {
                 println!("beside {}", hq::version(hq));
             }
-            for launchers in launchers {
-                if let Some(hq) = &hq {
-                    for capture in [true, false] {
-                        hq::throughput(hq, tasks, launchers * launcher_slots, capture)?;
-                    }
-                }
-                for &(command, bundle) in &runs[if bundled_only { 2 } else { 0 }..] {
-                    let run = measure::Throughput {
-                        tasks,
-                        launchers,
-                        launcher_slots,
-                        command,
-                        bundle,
-                    };
-                    measure::throughput(&exe, &run)?;
-                }
-            }
-            Ok(())
+            let plan = rounds::Plan {
+                tasks,
+                launcher_slots,
+                launchers: &launchers,
+                runs: &runs[if bundled_only { 2 } else { 0 }..],
+                hq: hq.as_deref(),
+                rounds,
+            };
+            rounds::throughput(&gleaner_binary()?, &plan)
         }
         Bench::LauncherScale {
             launchers,

@@ -71,7 +71,7 @@ fn broker_pid() -> Option<u32> {
         })
 }
 
-/// Waits until `gleaner up` serves: the scheduler answers and knows a cluster.
+/// Waits until the services serve: the scheduler answers and knows a cluster.
 pub fn wait_until_serving(g: &Gleaner) {
     wait_for("gleaner up to serve", Duration::from_secs(60), || {
         g.status()
@@ -128,7 +128,8 @@ pub struct Throughput<'a> {
     pub bundle: u32,
 }
 
-pub fn throughput(exe: &Path, run: &Throughput<'_>) -> anyhow::Result<()> {
+/// Runs one row; returns its tasks per second.
+pub fn throughput(exe: &Path, run: &Throughput<'_>) -> anyhow::Result<f64> {
     let Throughput {
         tasks,
         launchers,
@@ -158,20 +159,22 @@ pub fn throughput(exe: &Path, run: &Throughput<'_>) -> anyhow::Result<()> {
     std::thread::sleep(Duration::from_millis(1500));
     let (broker_after, up_after) = (cpu(broker), cpu(up));
     let per_k = 1000.0 / f64::from(tasks);
+    let rate = f64::from(tasks) / makespan;
     println!(
-        "| {launchers} × {launcher_slots} | `{command}` | {bundle} | {tasks} | {makespan:.2} | {:.0} | {:.2} | {:.2} | {:.2} |",
-        f64::from(tasks) / makespan,
+        "| {launchers} × {launcher_slots} | `{command}` | {bundle} | {tasks} | {makespan:.2} | {rate:.0} | {:.2} | {:.2} | {:.2} |",
         (broker_after.own - broker_before.own) * per_k,
         (up_after.own - up_before.own) * per_k,
         (up_after.children - up_before.children) * per_k,
     );
-    Ok(())
+    Ok(rate)
 }
 
 /// The floor: how fast this machine can start and reap `/usr/bin/true`
 /// (what the direct and bundled rows run) and `sh -c true` (the rows
-/// through a shell), one and two at a time.
-pub fn spawn_rate(duration: Duration) -> anyhow::Result<()> {
+/// through a shell), one and two at a time. Returns the `/usr/bin/true`
+/// rate two at a time: the ceiling of a 2-core machine.
+pub fn spawn_rate(duration: Duration) -> anyhow::Result<f64> {
+    let mut ceiling = 0.0;
     let programs: [(&str, &[&str]); 2] = [("/usr/bin/true", &[]), ("/bin/sh", &["-c", "true"])];
     for (program, args) in programs {
         for parallel in [1, 2] {
@@ -203,14 +206,17 @@ pub fn spawn_rate(duration: Duration) -> anyhow::Result<()> {
                 .chain(args.iter().copied())
                 .collect::<Vec<_>>()
                 .join(" ");
+            let rate = spawned as f64 / started.elapsed().as_secs_f64();
+            if program == "/usr/bin/true" {
+                ceiling = f64::max(ceiling, rate);
+            }
             println!(
-                "spawn floor: {parallel} at a time: {:.0} `{what}`/s, {:.2} ms CPU each",
-                spawned as f64 / started.elapsed().as_secs_f64(),
+                "spawn floor: {parallel} at a time: {rate:.0} `{what}`/s, {:.2} ms CPU each",
                 cpu_ms / spawned as f64,
             );
         }
     }
-    Ok(())
+    Ok(ceiling)
 }
 
 pub fn memory(exe: &Path, tasks: u32) -> anyhow::Result<()> {
@@ -297,8 +303,9 @@ fn broker_socket_limit() -> Option<u32> {
 }
 
 /// `n` single-slot launchers of one job, each running a task that sleeps:
-/// the CPU and memory of `gleaner up` (scheduler, kcm, runner) and of the
-/// broker over `window`, per launcher.
+/// the CPU and memory of the runner, of the scheduler and kcm, and of the
+/// broker over `window`, per launcher. The services run as separate
+/// processes, as deployed, so the runner's share is its own.
 pub fn launcher_scale(
     exe: &Path,
     counts: &[u32],
@@ -309,7 +316,7 @@ pub fn launcher_scale(
     for &n in counts {
         if limit.is_some_and(|limit| n + 20 > limit) {
             println!(
-                "| {n} | skipped: the broker allows {} sockets |||||",
+                "| {n} | skipped: the broker allows {} sockets ||||||||",
                 limit.unwrap_or(0)
             );
             continue;
@@ -323,14 +330,13 @@ pub fn launcher_scale(
         );
         // The deployed heartbeats, not the tests' quick ones.
         let beat = humantime::format_duration(heartbeat).to_string();
-        let up = g.start_with(
-            "up",
-            &["up"],
-            &[
-                ("GLEANER_LAUNCHER__HEARTBEAT", beat.as_str()),
-                ("GLEANER_RUNNER__HEARTBEAT", "2s"),
-            ],
-        );
+        let env = [
+            ("GLEANER_LAUNCHER__HEARTBEAT", beat.as_str()),
+            ("GLEANER_RUNNER__HEARTBEAT", "2s"),
+        ];
+        let scheduler = g.start_with("scheduler", &["scheduler"], &env);
+        let runner = g.start_with("runner", &["runner"], &env);
+        let kcm = g.start_with("kcm", &["kcm", "--cluster", "bench"], &env);
         wait_until_serving(&g);
         let broker = broker_pid().context("no beam.smp process: is RabbitMQ local?")?;
         let broker_idle = memory_kib(broker).0;
@@ -341,21 +347,22 @@ pub fn launcher_scale(
         });
         // Start-up is over: what follows is the steady cost.
         std::thread::sleep(Duration::from_secs(5));
-        let (up_before, broker_before) = (cpu(up), cpu(broker));
+        let own = |pids: &[u32]| pids.iter().map(|&p| cpu(p).own).sum::<f64>();
+        let before = (own(&[runner]), own(&[scheduler, kcm]), own(&[broker]));
         std::thread::sleep(window);
-        let (up_after, broker_after) = (cpu(up), cpu(broker));
+        let after = (own(&[runner]), own(&[scheduler, kcm]), own(&[broker]));
         let seconds = window.as_secs_f64();
-        let up_core = (up_after.own - up_before.own) / seconds;
-        let broker_core = (broker_after.own - broker_before.own) / seconds;
-        let up_kib = memory_kib(up).0;
+        let per_k = 1000.0 / f64::from(n);
+        let runner_core = 100.0 * (after.0 - before.0) / seconds;
+        let services_core = 100.0 * (after.1 - before.1) / seconds;
+        let broker_core = 100.0 * (after.2 - before.2) / seconds;
+        let runner_mib = memory_kib(runner).0 / 1024;
         let broker_kib = memory_kib(broker).0.saturating_sub(broker_idle);
         println!(
-            "| {n} | {:.1} % | {:.2} % | {:.1} % | {:.2} % | {} | {} | {:.0} |",
-            up_core * 100.0,
-            up_core * 100.0 * 1000.0 / f64::from(n),
-            broker_core * 100.0,
-            broker_core * 100.0 * 1000.0 / f64::from(n),
-            up_kib / 1024,
+            "| {n} | {runner_core:.1} % | {:.2} % | {services_core:.1} % | {:.2} % | {broker_core:.1} % | {:.1} % | {runner_mib} | {} | {:.0} |",
+            runner_core * per_k,
+            services_core * per_k,
+            broker_core * per_k,
             broker_kib / 1024,
             broker_kib as f64 / f64::from(n),
         );

@@ -30,7 +30,14 @@ if ! answers; then
     else
         # Each client connection is a descriptor: 65536 (or the most it
         # may), as systemd's unit gives it, rather than a shell's 1024.
-        as_root sh -c 'ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"; exec rabbitmq-server -detached'
+        # Debian's wrapper switches to the rabbitmq user through su, whose
+        # PAM session resets that limit: switch first, then raise it.
+        raise='ulimit -n 65536 2>/dev/null || ulimit -n "$(ulimit -Hn)"'
+        if id rabbitmq >/dev/null 2>&1 && [ -x /usr/lib/rabbitmq/bin/rabbitmq-server ]; then
+            as_root runuser -u rabbitmq -- sh -c "$raise; cd /var/lib/rabbitmq && HOME=/var/lib/rabbitmq exec /usr/lib/rabbitmq/bin/rabbitmq-server -detached"
+        else
+            as_root sh -c "$raise; exec rabbitmq-server -detached"
+        fi
     fi
     for _ in $(seq 1 120); do answers && break; sleep 1; done
     answers || { log "RabbitMQ did not start; see /var/log/rabbitmq/"; exit 1; }

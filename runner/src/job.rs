@@ -57,6 +57,10 @@ const RESULT_BATCH: usize = 512;
 const PUBLISH_BATCH: usize = 1000;
 /// Control messages (mostly launchers' heartbeats) handled per ack.
 const CONTROL_BATCH: usize = 256;
+/// How long the control messages that follow a first one gather before
+/// they are handled: with a thousand launchers beating, one wake-up and
+/// one ack for several instead of each. None of them is that urgent.
+const CONTROL_GATHER: Duration = Duration::from_millis(50);
 
 /// Runs a job to its end. Returns `Ok` once the manifest may be acked.
 pub async fn run(
@@ -288,6 +292,10 @@ impl<C: JobCore> Job<C> {
             .inbox(publisher, &self.queues.control, options(256))
             .await?;
         let mut heartbeat = tokio::time::interval(self.core.ledger().settings.heartbeat);
+        // The first control message of a batch, held while the rest gather.
+        let mut first_control = None;
+        let gathered = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(gathered);
         loop {
             if let Some(state) = self.core.ending() {
                 return self.end(state).await;
@@ -322,10 +330,14 @@ impl<C: JobCore> Job<C> {
                     self.apply(effects, Now::read()).await?;
                     incoming.ack().await?;
                 }
-                message = control.next() => {
-                    // What else is there now goes with it, acked at once
-                    // after: many launchers' heartbeats, one ack.
-                    let mut batch = vec![delivered(message)?];
+                message = control.next(), if first_control.is_none() => {
+                    first_control = Some(delivered(message)?);
+                    gathered.as_mut().reset(tokio::time::Instant::now() + CONTROL_GATHER);
+                }
+                () = &mut gathered, if first_control.is_some() => {
+                    // What came meanwhile goes with it, acked at once after:
+                    // many launchers' heartbeats, one ack.
+                    let mut batch: Vec<_> = first_control.take().into_iter().collect();
                     while batch.len() < CONTROL_BATCH {
                         match control.next().now_or_never() {
                             Some(next) => batch.push(delivered(next)?),
