@@ -525,6 +525,8 @@ fn short_tasks_are_read_ahead_and_each_ends_once() {
     g.up(2);
     let waiting = g.submit_waiting(&sweep("short", 120, "sleep 0.1; echo {n}"));
     let mut read_ahead = None;
+    // A one-slot launcher starts with prefetch 1 (its first consumer, `#1`);
+    // a later consumer of its reads ahead.
     wait_for("a launcher to read ahead", Duration::from_secs(60), || {
         read_ahead = g.vhost.consumers().into_iter().find(|c| {
             c["queue"]["name"]
@@ -532,12 +534,13 @@ fn short_tasks_are_read_ahead_and_each_ends_once() {
                 .is_some_and(|q| q.ends_with(".tasks"))
                 && c["consumer_tag"]
                     .as_str()
-                    .is_some_and(|t| t.ends_with("#2"))
+                    .is_some_and(|t| !t.ends_with("#1"))
         });
         read_ahead.is_some()
     });
     let consumer = read_ahead.unwrap_or_default();
-    assert_eq!(consumer["prefetch_count"], 2, "{consumer}");
+    let prefetch = consumer["prefetch_count"].as_u64().unwrap_or(0);
+    assert!((2..=8).contains(&prefetch), "{consumer}");
     let output = finish_all_succeeded(waiting, 120, 3 * MINUTE);
     let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     let tasks = by_task(&g.index(&job));

@@ -619,6 +619,7 @@ impl Shell {
                 Err(e) => vec![Event::Failed(e.into())],
             };
         }
+        let message_tasks = u32::try_from(tasks.len()).unwrap_or(u32::MAX);
         self.deliveries.insert(
             delivery,
             Delivery {
@@ -636,6 +637,7 @@ impl Shell {
                     task: task.task,
                     preemptions: task.preemptions,
                     walltime: task.walltime_ms.map(Duration::from_millis),
+                    message_tasks,
                 };
                 self.held.insert(
                     tag,

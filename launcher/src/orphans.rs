@@ -22,7 +22,7 @@ use std::{
     process::ExitStatus,
     sync::{
         Mutex, OnceLock,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
 };
 
@@ -60,6 +60,12 @@ static FREE_CGROUPS: Mutex<Vec<TaskCgroup>> = Mutex::new(Vec::new());
 /// empty. Never reused: some kernels kill every process born into a cgroup
 /// killed before.
 static KILLED_CGROUPS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+/// Whether a child was killed but not reaped yet. Orphans the launcher
+/// adopts are children of its first thread, which the sweep at each task's
+/// end reads; a task's own process is a child of the thread that started
+/// it, so every thread's children are read only while one such is left.
+static UNREAPED: AtomicBool = AtomicBool::new(false);
 
 /// Makes this process the subreaper of everything it starts; `false` where
 /// the kernel refuses (strays then go to init, as before).
@@ -209,8 +215,20 @@ impl Drop for TaskProcess {
     fn drop(&mut self) {
         if !self.reaped {
             let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
-            let _ = waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG));
+            reap_or_remember(self.pid);
         }
+    }
+}
+
+/// Reaps a killed child if it is dead already; else the next sweep reads
+/// every thread's children, and reaps it then.
+fn reap_or_remember(pid: i32) {
+    let reaped = waitpid(
+        Pid::from_raw(pid),
+        Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL),
+    );
+    if !matches!(reaped, Ok(status) if status.pid().is_some()) {
+        UNREAPED.store(true, Ordering::Relaxed);
     }
 }
 
@@ -261,31 +279,34 @@ fn kill_strays(running: &BTreeMap<i32, Option<TaskCgroup>>) {
                 let _ = killpg(Pid::from_raw(group), Signal::SIGKILL);
             }
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-            let _ = waitpid(
-                Pid::from_raw(pid),
-                Some(WaitPidFlag::WNOHANG | WaitPidFlag::__WALL),
-            );
+            reap_or_remember(pid);
         }
     }
 }
 
 /// `(pid, process group)` of this process's children but those `known`
-/// (running tasks: their `stat` is not read): each thread's
-/// `/proc/self/task/<tid>/children` (a few lines, cheap at every task end);
-/// where the kernel lacks those files, every process's `stat`.
+/// (running tasks: their `stat` is not read): from the first thread's
+/// `/proc/self/task/<tid>/children` (a few lines, cheap at every task end),
+/// which adopted orphans are children of, or from every thread's while a
+/// killed child may be unreaped (see [`UNREAPED`]); where the kernel lacks
+/// those files, every process's `stat`.
 fn children(known: impl Fn(i32) -> bool) -> Vec<(i32, i32)> {
-    let listed: Option<Vec<i32>> = std::fs::read_dir("/proc/self/task").ok().and_then(|tasks| {
-        let mut pids = Vec::new();
-        for task in tasks.flatten() {
-            let text = std::fs::read_to_string(task.path().join("children")).ok()?;
-            pids.extend(
-                text.split_whitespace()
-                    .filter_map(|p| p.parse::<i32>().ok()),
-            );
-        }
-        Some(pids)
-    });
     let me = std::process::id() as i32;
+    let read = |thread: &Path| -> Option<Vec<i32>> {
+        let text = std::fs::read_to_string(thread.join("children")).ok()?;
+        Some(text.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+    };
+    let listed: Option<Vec<i32>> = if UNREAPED.swap(false, Ordering::Relaxed) {
+        std::fs::read_dir("/proc/self/task").ok().and_then(|threads| {
+            let mut pids = Vec::new();
+            for thread in threads.flatten() {
+                pids.extend(read(&thread.path())?);
+            }
+            Some(pids)
+        })
+    } else {
+        read(Path::new(&format!("/proc/self/task/{me}")))
+    };
     let candidates: Vec<i32> = match listed {
         Some(pids) => pids,
         None => std::fs::read_dir("/proc")

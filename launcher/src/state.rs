@@ -32,6 +32,9 @@ const READ_AHEAD_BELOW: Duration = Duration::from_secs(5);
 /// Tasks that run longer than this on average are not read ahead any more.
 const NO_READ_AHEAD_ABOVE: Duration = Duration::from_secs(20);
 
+/// Messages held per slot at most while reading ahead.
+const MOST_PER_SLOT: u32 = 8;
+
 /// Something that happened, as the shell saw it. Delivered tasks are named
 /// by a tag the shell gives each, unique in the launcher (a message may
 /// carry a bundle of tasks). `E` is the shell's error,
@@ -46,6 +49,8 @@ pub enum Event<E> {
         /// spare a task preempted often.
         preemptions: u32,
         walltime: Option<Duration>,
+        /// Tasks in the message it came in (a bundle's, or 1).
+        message_tasks: u32,
     },
     /// The task consumer ended: cancelled by us, or by the broker because the
     /// job's task queue was deleted.
@@ -140,6 +145,8 @@ struct Held {
     preemptions: u32,
     walltime: Option<Duration>,
     started: Instant,
+    /// When its run ended and its settlement began.
+    ended: Option<Instant>,
     phase: Phase,
 }
 
@@ -166,6 +173,13 @@ pub struct State<E> {
     running: usize,
     /// Recent tasks' run time (a moving average), for [`State::prefetch`].
     runtime: Option<Duration>,
+    /// Recent tasks' settlement time, their end to their result's confirm
+    /// (a moving average), for [`State::prefetch`].
+    settle: Option<Duration>,
+    /// Tasks per message lately (a moving average), for [`State::prefetch`].
+    message_tasks: f64,
+    /// The prefetch last asked of the shell.
+    asked: u32,
     /// A slot's next task is held while its task runs: for short tasks,
     /// whose slots would otherwise sit idle for the round trip to the
     /// broker (result, ack, next delivery) between one task and the next.
@@ -211,6 +225,9 @@ impl<E> State<E> {
             waiting: VecDeque::new(),
             running: 0,
             runtime: None,
+            settle: None,
+            message_tasks: 1.0,
+            asked: config.tasks_at_once(),
             read_ahead: false,
             completed: 0,
             idle_since: Some(now),
@@ -225,15 +242,32 @@ impl<E> State<E> {
         }
     }
 
-    /// Messages the task consumer may hold unacked: one per slot, two
-    /// while tasks are short. It starts at one: a launcher that takes two
-    /// long tasks keeps one waiting that another launcher could be running.
+    /// Messages the task consumer may hold unacked: one per slot, and
+    /// while tasks are short two, plus those that wait for their results'
+    /// confirms (a message is acked only then). By Little's law these are
+    /// the messages ending per second times the settlement time:
+    /// `slots × settle / (runtime × tasks per message)`, many for single
+    /// millisecond tasks, next to none for bundles. At most
+    /// [`MOST_PER_SLOT`] per slot. It starts at one: a launcher that takes
+    /// two long tasks keeps one waiting that another launcher could be
+    /// running.
     pub fn prefetch(&self) -> u32 {
         let capacity = u32::try_from(self.capacity).unwrap_or(u32::MAX);
-        match self.read_ahead {
-            true => capacity.saturating_mul(2),
-            false => capacity,
+        if !self.read_ahead {
+            return capacity;
         }
+        let settling = match (self.settle, self.runtime) {
+            (Some(settle), Some(runtime)) => {
+                let ending = f64::from(capacity)
+                    / runtime.as_secs_f64().max(1e-4)
+                    / self.message_tasks.max(1.0);
+                (ending * settle.as_secs_f64()).ceil()
+            }
+            _ => 0.0,
+        };
+        let most = capacity.saturating_mul(MOST_PER_SLOT);
+        let settling = settling.min(f64::from(most)) as u32;
+        capacity.saturating_mul(2).saturating_add(settling).min(most)
     }
 
     /// Whether the shell should read the task consumer.
@@ -278,7 +312,9 @@ impl<E> State<E> {
                 task,
                 preemptions,
                 walltime,
+                message_tasks,
             } => {
+                self.message_tasks = (self.message_tasks * 4.0 + f64::from(message_tasks)) / 5.0;
                 let task = Task { task, preemptions };
                 self.delivered(tag, task, walltime, now, &mut effects);
             }
@@ -290,7 +326,17 @@ impl<E> State<E> {
                 }
             }
             Event::Ended { tag, killed } => self.ended(tag, killed, now, &mut effects),
-            Event::Settled { tag } => self.forget(tag, now),
+            Event::Settled { tag } => {
+                if let Some(ended) = self.held.get(&tag).and_then(|held| held.ended) {
+                    let settle = now.saturating_duration_since(ended);
+                    self.settle = Some(match self.settle {
+                        Some(average) => (average * 4 + settle) / 5,
+                        None => settle,
+                    });
+                }
+                self.forget(tag, now);
+                self.ask_prefetch(&mut effects);
+            }
             Event::QueueGone => self.abandon(Ok(Exit::JobOver), now, &mut effects),
             Event::Failed(error) => self.abandon(Err(error), now, &mut effects),
             Event::Message(msg) if self.listening() => self.message(msg, &mut effects),
@@ -398,6 +444,9 @@ impl<E> State<E> {
         }
         held.phase = Phase::Settling;
         let runtime = now.saturating_duration_since(held.started);
+        if ran && !killed {
+            held.ended = Some(now);
+        }
         if !killed {
             effects.push(Effect::Report { tag });
         } else if self.abandoned.is_some() {
@@ -429,7 +478,22 @@ impl<E> State<E> {
         if read_ahead != self.read_ahead && self.consuming() && self.leaving.is_none() {
             self.read_ahead = read_ahead;
             info!(job = %self.job, launcher = %self.launcher, cluster = %self.cluster, read_ahead, average_ms = average.as_millis() as u64, "task run times changed the prefetch");
-            effects.push(Effect::Prefetch(self.prefetch()));
+        }
+        self.ask_prefetch(effects);
+    }
+
+    /// Asks the shell for the prefetch [`State::prefetch`] says, when it
+    /// differs from the one asked last by a quarter or more: each change
+    /// costs the shell a new consumer, so small drifts are let be.
+    fn ask_prefetch(&mut self, effects: &mut Vec<Effect<E>>) {
+        if !self.consuming() || self.leaving.is_some() {
+            return;
+        }
+        let prefetch = self.prefetch();
+        let (low, high) = (prefetch.min(self.asked), prefetch.max(self.asked));
+        if u64::from(high - low) * 4 >= u64::from(high) && high > low {
+            self.asked = prefetch;
+            effects.push(Effect::Prefetch(prefetch));
         }
     }
 
@@ -488,6 +552,7 @@ impl<E> State<E> {
                 preemptions: task.preemptions,
                 walltime,
                 started: now,
+                ended: None,
                 phase,
             },
         );
@@ -650,6 +715,7 @@ mod tests {
             task: 100 + tag,
             preemptions: 0,
             walltime: walltime_secs.map(Duration::from_secs),
+            message_tasks: 1,
         }
     }
 
@@ -959,7 +1025,8 @@ mod tests {
             }
         };
         assert_eq!(running(&mut l), vec![102, 103]);
-        assert_eq!(l.at(3, settled(1)), []);
+        // Its result took 1 s to be confirmed: two more messages are held.
+        assert_eq!(l.at(3, settled(1)), [Effect::Prefetch(6)]);
         assert_eq!(
             l.at(4, preempt()),
             [
@@ -1005,6 +1072,42 @@ mod tests {
         assert_eq!(l.at(at, deliver(5, None)), [Effect::Run { tag: 5 }]);
         l.at(at, preempt());
         assert_eq!(l.at(at, killed(5)), [Effect::Republish { tag: 5 }]);
+    }
+
+    #[test]
+    fn read_ahead_covers_the_messages_that_wait_for_their_confirms() {
+        // Two slots, 1 s tasks whose results take 4 s to be confirmed: two
+        // messages end a second, so eight wait for confirms at any time.
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(0, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert!(l.at(1, ended(1)).contains(&Effect::Prefetch(4)));
+        assert_eq!(l.at(5, settled(1)), [Effect::Prefetch(12)]);
+        // A small drift keeps the consumer it has.
+        assert_eq!(l.at(5, deliver(2, None)), [Effect::Run { tag: 2 }]);
+        l.at(6, ended(2));
+        assert_eq!(l.at(11, settled(2)), []);
+        assert_eq!(l.state.prefetch(), 13);
+        // Confirms that take forever hold eight messages a slot at most.
+        assert_eq!(l.at(11, deliver(3, None)), [Effect::Run { tag: 3 }]);
+        l.at(12, ended(3));
+        assert_eq!(l.at(500, settled(3)), [Effect::Prefetch(16)]);
+
+        // Bundles of 32 end a message every 16 s: next to none waits.
+        let mut l = launcher(|_, _| {});
+        for tag in 1..=10 {
+            let bundled = Event::Delivered {
+                tag,
+                task: 100 + tag,
+                preemptions: 0,
+                walltime: None,
+                message_tasks: 32,
+            };
+            let t = tag * 6;
+            assert_eq!(l.at(t, bundled), [Effect::Run { tag }]);
+            l.at(t + 1, ended(tag));
+            l.at(t + 5, settled(tag));
+        }
+        assert_eq!(l.state.prefetch(), 5);
     }
 
     #[test]
