@@ -25,7 +25,14 @@ echo "| launchers × slots | command | bundle | tasks | makespan (s) | tasks/s |
 echo "|---|---|---|---|---|---|---|---|---|"
 "$bench" throughput --tasks 20000 --launcher-slots 8
 
+echo "## beside HyperQueue (HQ=/path/to/hq; gleaner's rows alone without it), medians of 3 rounds"
+for slots in 8 4; do
+    "$bench" throughput --tasks 20000 --launcher-slots "$slots" --launchers 1 --bundle 32 --rounds 3
+done
+
 echo "## launchers at scale"
+echo "| launchers | runner CPU (% of a core) | per 1,000 launchers | scheduler + kcm CPU | per 1,000 launchers | broker CPU (% of a core) | per 1,000 launchers | runner RSS (MiB) | broker memory added (MiB) | broker KiB per launcher |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 "$bench" launcher-scale --launchers 100,500,1000
 
 echo "## memory"

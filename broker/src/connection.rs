@@ -227,8 +227,17 @@ pub struct Connection {
 }
 
 impl Connection {
+    /// A new channel; a broker that does not open it in time (a node busy
+    /// electing leaders after losing another) counts as lost, so that the
+    /// caller reconnects rather than waits for ever.
     pub async fn channel(&self) -> Result<Channel, BrokerError> {
-        Ok(self.object.create_channel().await?)
+        match tokio::time::timeout(CONNECT_TIMEOUT, self.object.create_channel()).await {
+            Ok(channel) => Ok(channel?),
+            Err(_) => Err(BrokerError::Connect(format!(
+                "no channel opened within {}s",
+                CONNECT_TIMEOUT.as_secs()
+            ))),
+        }
     }
 
     /// A channel in publisher-confirm mode.
@@ -274,9 +283,10 @@ impl Connection {
     }
 
     /// Closes the connection politely (consumers are cancelled, unacked
-    /// deliveries return to their queues).
+    /// deliveries return to their queues); a broker that does not answer in
+    /// time has the connection dropped instead.
     pub async fn close(&self) {
-        let _ = self.object.close(200, "bye".into()).await;
+        let _ = tokio::time::timeout(CONNECT_TIMEOUT, self.object.close(200, "bye".into())).await;
     }
 }
 

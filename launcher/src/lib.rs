@@ -561,9 +561,21 @@ impl Shell {
         }
     }
 
-    /// Waits for what happens next.
+    /// Waits for what happens next, looking in order: a replaced
+    /// consumer's last deliveries come before the new one's, which the
+    /// broker sent after them, so that tasks start in the order they were
+    /// queued.
     async fn next_events(&mut self, state: &State<LauncherError>) -> Vec<Event<LauncherError>> {
         tokio::select! {
+            biased;
+            delivery = next_retiring(&mut self.retiring), if !self.retiring.is_empty() && state.listening() => match delivery {
+                Some(Ok(incoming)) => self.delivered(incoming).await,
+                Some(Err(e)) => vec![Event::Failed(e.into())],
+                None => {
+                    self.retiring.remove(0);
+                    self.tasks_ended()
+                }
+            },
             delivery = self.tasks.next(), if self.tasks_open && state.consuming() => match delivery {
                 Some(Ok(incoming)) => self.delivered(incoming).await,
                 Some(Err(e)) => vec![Event::Failed(e.into())],
@@ -573,26 +585,6 @@ impl Shell {
                         Some(_) => self.reopen_if_due().await,
                         None => self.tasks_ended(),
                     }
-                }
-            },
-            delivery = next_retiring(&mut self.retiring), if !self.retiring.is_empty() && state.listening() => match delivery {
-                Some(Ok(incoming)) => self.delivered(incoming).await,
-                Some(Err(e)) => vec![Event::Failed(e.into())],
-                None => {
-                    self.retiring.remove(0);
-                    self.tasks_ended()
-                }
-            },
-            Some(joined) = self.work.join_next_with_id() => self.joined(joined).await,
-            message = self.own.next(), if self.own_open && state.listening() => match message {
-                Some(Ok(incoming)) => {
-                    let _ = incoming.ack().await;
-                    vec![Event::Message(incoming.msg)]
-                }
-                Some(Err(e)) => vec![Event::Failed(e.into())],
-                None => {
-                    self.own_open = false;
-                    Vec::new()
                 }
             },
             () = self.signals.stop.cancelled(), if !self.signalled && state.listening() => {
@@ -605,6 +597,18 @@ impl Shell {
                     reason: "the batch system's warning (SIGUSR1)".to_owned(),
                 })]
             }
+            message = self.own.next(), if self.own_open && state.listening() => match message {
+                Some(Ok(incoming)) => {
+                    let _ = incoming.ack().await;
+                    vec![Event::Message(incoming.msg)]
+                }
+                Some(Err(e)) => vec![Event::Failed(e.into())],
+                None => {
+                    self.own_open = false;
+                    Vec::new()
+                }
+            },
+            Some(joined) = self.work.join_next_with_id() => self.joined(joined).await,
             () = sleep_until(state.next_wakeup()) => vec![Event::Tick],
         }
     }

@@ -294,16 +294,22 @@ fn children(known: impl Fn(i32) -> bool) -> Vec<(i32, i32)> {
     let me = std::process::id() as i32;
     let read = |thread: &Path| -> Option<Vec<i32>> {
         let text = std::fs::read_to_string(thread.join("children")).ok()?;
-        Some(text.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+        Some(
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect(),
+        )
     };
     let listed: Option<Vec<i32>> = if UNREAPED.swap(false, Ordering::Relaxed) {
-        std::fs::read_dir("/proc/self/task").ok().and_then(|threads| {
-            let mut pids = Vec::new();
-            for thread in threads.flatten() {
-                pids.extend(read(&thread.path())?);
-            }
-            Some(pids)
-        })
+        std::fs::read_dir("/proc/self/task")
+            .ok()
+            .and_then(|threads| {
+                let mut pids = Vec::new();
+                for thread in threads.flatten() {
+                    pids.extend(read(&thread.path())?);
+                }
+                Some(pids)
+            })
     } else {
         read(Path::new(&format!("/proc/self/task/{me}")))
     };

@@ -246,8 +246,8 @@ impl<E> State<E> {
     /// while tasks are short two, plus those that wait for their results'
     /// confirms (a message is acked only then). By Little's law these are
     /// the messages ending per second times the settlement time:
-    /// `slots × settle / (runtime × tasks per message)`, many for single
-    /// millisecond tasks, next to none for bundles. At most
+    /// `slots × settle / (runtime × tasks per message)`, rounded: many for
+    /// millisecond tasks, none for bundles or tasks of seconds. At most
     /// [`MOST_PER_SLOT`] per slot. It starts at one: a launcher that takes
     /// two long tasks keeps one waiting that another launcher could be
     /// running.
@@ -261,13 +261,18 @@ impl<E> State<E> {
                 let ending = f64::from(capacity)
                     / runtime.as_secs_f64().max(1e-4)
                     / self.message_tasks.max(1.0);
-                (ending * settle.as_secs_f64()).ceil()
+                // A part of a message is not worth holding: tasks of some
+                // seconds keep two per slot, and no more would wait idle.
+                (ending * settle.as_secs_f64()).round()
             }
             _ => 0.0,
         };
         let most = capacity.saturating_mul(MOST_PER_SLOT);
         let settling = settling.min(f64::from(most)) as u32;
-        capacity.saturating_mul(2).saturating_add(settling).min(most)
+        capacity
+            .saturating_mul(2)
+            .saturating_add(settling)
+            .min(most)
     }
 
     /// Whether the shell should read the task consumer.
@@ -1086,13 +1091,13 @@ mod tests {
         assert_eq!(l.at(5, deliver(2, None)), [Effect::Run { tag: 2 }]);
         l.at(6, ended(2));
         assert_eq!(l.at(11, settled(2)), []);
-        assert_eq!(l.state.prefetch(), 13);
+        assert_eq!(l.state.prefetch(), 12);
         // Confirms that take forever hold eight messages a slot at most.
         assert_eq!(l.at(11, deliver(3, None)), [Effect::Run { tag: 3 }]);
         l.at(12, ended(3));
         assert_eq!(l.at(500, settled(3)), [Effect::Prefetch(16)]);
 
-        // Bundles of 32 end a message every 16 s: next to none waits.
+        // Bundles of 32 end a message every 16 s: none waits.
         let mut l = launcher(|_, _| {});
         for tag in 1..=10 {
             let bundled = Event::Delivered {
@@ -1107,7 +1112,7 @@ mod tests {
             l.at(t + 1, ended(tag));
             l.at(t + 5, settled(tag));
         }
-        assert_eq!(l.state.prefetch(), 5);
+        assert_eq!(l.state.prefetch(), 4);
     }
 
     #[test]
