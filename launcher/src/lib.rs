@@ -1,7 +1,7 @@
 //! The launcher: one per placeholder slot, pulling its job's tasks.
 //!
 //! It consumes the job's task queue with prefetch equal to the tasks it runs
-//! at once (twice that while tasks are short, see [`state`]), and acks a
+//! at once (more while tasks are short, see [`State::prefetch`]), and acks a
 //! message (one task, or a bundle of them) only once each of its tasks has
 //! its result safely with the broker or is back in the queue alone, so a
 //! launcher that dies loses nothing but partial runs: the broker redelivers

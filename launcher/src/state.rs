@@ -268,7 +268,8 @@ impl<E> State<E> {
             _ => 0.0,
         };
         let most = capacity.saturating_mul(MOST_PER_SLOT);
-        let settling = settling.min(f64::from(most)) as u32;
+        // The cast saturates: confirms that take for ever give `most`.
+        let settling = settling as u32;
         capacity
             .saturating_mul(2)
             .saturating_add(settling)
@@ -334,10 +335,7 @@ impl<E> State<E> {
             Event::Settled { tag } => {
                 if let Some(ended) = self.held.get(&tag).and_then(|held| held.ended) {
                     let settle = now.saturating_duration_since(ended);
-                    self.settle = Some(match self.settle {
-                        Some(average) => (average * 4 + settle) / 5,
-                        None => settle,
-                    });
+                    self.settle = Some(moving_average(self.settle, settle));
                 }
                 self.forget(tag, now);
                 self.ask_prefetch(&mut effects);
@@ -471,10 +469,7 @@ impl<E> State<E> {
     /// stops once they are long (apart enough that run times around either
     /// bound do not switch it at every task).
     fn ran_for(&mut self, runtime: Duration, effects: &mut Vec<Effect<E>>) {
-        let average = match self.runtime {
-            Some(average) => (average * 4 + runtime) / 5,
-            None => runtime,
-        };
+        let average = moving_average(self.runtime, runtime);
         self.runtime = Some(average);
         let read_ahead = match self.read_ahead {
             false => average < READ_AHEAD_BELOW,
@@ -651,6 +646,15 @@ impl<E> State<E> {
                 .collect(),
             completed: self.completed,
         }
+    }
+}
+
+/// A moving average that follows the last fifth of a sample, so that one
+/// odd task moves it little.
+fn moving_average(average: Option<Duration>, sample: Duration) -> Duration {
+    match average {
+        Some(average) => (average * 4 + sample) / 5,
+        None => sample,
     }
 }
 
