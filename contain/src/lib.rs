@@ -18,7 +18,7 @@ use tracing::debug;
 mod account;
 mod spawn;
 pub use account::Account;
-pub use spawn::{Spawn, Spawned, spawn};
+pub use spawn::{Spawn, Spawned, prompt_wakeups, spawn};
 
 /// A directory of cgroups, one per contained process, named by the caller.
 #[derive(Debug)]

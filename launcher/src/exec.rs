@@ -44,6 +44,11 @@ pub struct Limits {
     /// not succeed; a bigger one is removed, and the next run starts over.
     #[serde(rename = "max_checkpoint_bytes")]
     pub checkpoint_bytes: u64,
+    /// Added to the launcher's niceness for its tasks: a launcher serves
+    /// all its slots from one thread, and a task that ends waits for it to
+    /// start the next; behind its own busy tasks it would come last.
+    #[serde(rename = "task_nice")]
+    pub nice: i32,
 }
 
 impl Default for Limits {
@@ -54,6 +59,7 @@ impl Default for Limits {
             outputs_bytes: 64 << 20,
             kill_grace: Duration::from_secs(2),
             checkpoint_bytes: 1 << 30,
+            nice: 10,
         }
     }
 }
@@ -279,7 +285,7 @@ async fn supervise(
             .chain(pwd.iter().map(|pwd| (OsStr::new("PWD"), pwd.as_os_str()))),
     );
     let argv: Vec<&OsStr> = argv.iter().map(OsString::as_os_str).collect();
-    let mut child = match orphans::spawn(&program, &argv, &env, cwd) {
+    let mut child = match orphans::spawn(&program, &argv, &env, cwd, limits.nice) {
         Ok(child) => child,
         Err(e) => {
             return Some(Outcome::not_started(
@@ -638,6 +644,29 @@ mod tests {
             std::fs::read_dir(&sandbox).unwrap().count(),
             0,
             "emptied for the next task"
+        );
+    }
+
+    /// Tasks yield to their launcher, and to whatever else runs on the node.
+    #[tokio::test]
+    async fn a_task_runs_nicer_than_its_launcher() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = Limits {
+            nice: 3,
+            ..Limits::default()
+        };
+        let outcome = super::run(
+            task("cut -d' ' -f19 /proc/self/stat", dir.path()),
+            limits,
+            never(),
+        )
+        .await
+        .unwrap();
+        // SAFETY: reads this thread's niceness.
+        let own = unsafe { nix::libc::getpriority(nix::libc::PRIO_PROCESS, 0) };
+        assert_eq!(
+            String::from_utf8(outcome.stdout.data).unwrap().trim(),
+            (own + 3).min(19).to_string()
         );
     }
 

@@ -304,6 +304,9 @@ pub async fn run(
 ) -> Result<Exit, LauncherError> {
     private_scratch(&config.scratch)?;
     private_scratch(&config.checkpoints)?;
+    if let Err(e) = gleaner_contain::prompt_wakeups() {
+        debug!(launcher = %config.id, error = %e, "the kernel keeps its default slice for the launcher");
+    }
     if !orphans::adopt() {
         warn!(launcher = %config.id, "cannot be the subreaper of its tasks: processes they move out of their group may outlive them");
     }

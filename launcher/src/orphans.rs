@@ -111,6 +111,7 @@ pub fn spawn(
     argv: &[&OsStr],
     env: &[(OsString, OsString)],
     cwd: &Path,
+    nice: i32,
 ) -> io::Result<TaskProcess> {
     let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
     let cgroup = TASK_CGROUPS
@@ -130,6 +131,7 @@ pub fn spawn(
         env,
         cwd,
         cgroup: cgroup.as_ref().map(|(_, entry)| entry),
+        nice,
     });
     let spawned = match spawned {
         Ok(spawned) => spawned,
