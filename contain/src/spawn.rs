@@ -52,6 +52,9 @@ pub struct Spawned {
     pub pid: i32,
     pub stdout: OwnedFd,
     pub stderr: OwnedFd,
+    /// A descriptor of the process, readable once it has exited, where
+    /// the kernel made one as it started it (`clone3`).
+    pub pidfd: Option<OwnedFd>,
 }
 
 /// The steps of the child, to say which failed.
@@ -126,15 +129,17 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
         failed: AtomicI32::new(-1),
         errno: AtomicI32::new(0),
     };
-    let mut stack = vec![0u8; STACK_BYTES];
+    let mut stack = STACK.take();
+    stack.reserve_exact(STACK_BYTES);
+    let mut pidfd = None;
     // SAFETY: the child runs `child` on its own stack and only reads
     // `args`, which outlive the call: with CLONE_VFORK this thread resumes
     // only once the child has called `exec` or exited. Every signal is
     // blocked meanwhile, so that no handler of the parent's runs in the
     // child before `child` resets them.
-    let pid = unsafe {
+    let (pid, error) = unsafe {
         let base = stack.as_mut_ptr();
-        let top = base.add(STACK_BYTES);
+        let top = base.add(stack.capacity());
         let top = top.sub(top as usize % 16);
         let mut all: libc::sigset_t = std::mem::zeroed();
         let mut old: libc::sigset_t = std::mem::zeroed();
@@ -144,9 +149,11 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
             spec.cgroup.map(Entry::dir_fd),
             (base, top.offset_from(base) as usize),
             ptr::from_ref(&args).cast_mut().cast(),
+            &mut pidfd,
         )
         .and_then(|pid| {
             if !args.started.load(Ordering::Acquire) {
+                pidfd = None;
                 // Killed before it ran a thing: some kernels kill a child
                 // born into a cgroup whose count of `cgroup.kill`s differs
                 // from its parent's. The child moves itself from now on.
@@ -175,11 +182,12 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
         };
         let error = io::Error::last_os_error();
         libc::pthread_sigmask(libc::SIG_SETMASK, &old, ptr::null_mut());
-        if pid < 0 {
-            return Err(error);
-        }
-        pid
+        (pid, error)
     };
+    STACK.set(stack);
+    if pid < 0 {
+        return Err(error);
+    }
     drop((out_write, err_write));
     let step = args.failed.load(Ordering::Acquire);
     if step >= 0 {
@@ -196,11 +204,20 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
         pid,
         stdout: out_read,
         stderr: err_read,
+        pidfd,
     })
 }
 
 /// Enough for the few calls the child makes before `exec`.
 const STACK_BYTES: usize = 64 << 10;
+
+thread_local! {
+    /// The children's stack (its capacity; never read before a child
+    /// writes it), kept from one to the next: the calling thread waits
+    /// while a child uses it, and freeing so large a block makes the
+    /// allocator consolidate its free lists.
+    static STACK: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
+}
 
 /// `struct clone_args` of `clone3` (up to `cgroup`, Linux 5.7).
 #[repr(C)]
@@ -242,8 +259,8 @@ fn told_to_move() -> bool {
 
 /// Starts [`child`] on `stack` (base and size), in the cgroup open as
 /// `cgroup` if any, as [`libc::clone`] would start it, but with no handler
-/// of the parent's: its pid, or `None` where the kernel cannot, for the
-/// caller to start it otherwise.
+/// of the parent's, and a pidfd of it in `pidfd`: its pid, or `None` where
+/// the kernel cannot, for the caller to start it otherwise.
 ///
 /// # Safety
 /// As for `libc::clone` with `CLONE_VM | CLONE_VFORK`: `arg` and `stack`
@@ -253,6 +270,7 @@ unsafe fn clone3_child(
     cgroup: Option<RawFd>,
     (stack, size): (*mut u8, usize),
     arg: *mut libc::c_void,
+    pidfd: &mut Option<OwnedFd>,
 ) -> Option<libc::pid_t> {
     if NO_CLONE3.load(Ordering::Relaxed) || told_to_move() {
         return None;
@@ -261,8 +279,12 @@ unsafe fn clone3_child(
         Some(_) => CLONE_INTO_CGROUP,
         None => 0,
     };
+    let mut fd: libc::c_int = -1;
     let args = CloneArgs {
-        flags: (libc::CLONE_VM | libc::CLONE_VFORK) as u64 | into_cgroup | CLONE_CLEAR_SIGHAND,
+        flags: (libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD) as u64
+            | into_cgroup
+            | CLONE_CLEAR_SIGHAND,
+        pidfd: &raw mut fd as u64,
         exit_signal: libc::SIGCHLD as u64,
         stack: stack as u64,
         stack_size: size as u64,
@@ -301,7 +323,11 @@ unsafe fn clone3_child(
         );
     }
     match returned {
-        pid if pid >= 0 => Some(pid as libc::pid_t),
+        pid if pid >= 0 => {
+            // SAFETY: the kernel made this descriptor for us alone.
+            *pidfd = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) });
+            Some(pid as libc::pid_t)
+        }
         // No `clone3`, none with a cgroup, or one a seccomp filter forbids:
         // never again.
         e if [libc::ENOSYS, libc::E2BIG, libc::EPERM].contains(&(-e as i32)) => {
@@ -320,6 +346,7 @@ unsafe fn clone3_child(
     _cgroup: Option<RawFd>,
     _stack: (*mut u8, usize),
     _arg: *mut libc::c_void,
+    _pidfd: &mut Option<OwnedFd>,
 ) -> Option<libc::pid_t> {
     None
 }

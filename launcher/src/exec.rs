@@ -100,7 +100,15 @@ pub async fn run(
     mut stop: watch::Receiver<bool>,
 ) -> Option<Outcome> {
     let started = Instant::now();
-    if let Err(e) = std::fs::create_dir_all(&task.sandbox) {
+    // One call where the sandbox is a reused one, as it mostly is.
+    let made = match std::fs::create_dir(&task.sandbox) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(&task.sandbox)
+        }
+        made => made,
+    };
+    if let Err(e) = made {
         return Some(Outcome::not_started(
             format!("cannot create sandbox {}: {e}", task.sandbox.display()),
             started,
@@ -203,15 +211,35 @@ fn plain_words(command: &str) -> Option<Vec<&str>> {
 /// Only an executable file that the kernel runs by itself counts: one
 /// without `#!` the shell would run as a script.
 fn find_program(program: &str, cwd: &Path, path: Option<&str>) -> Option<PathBuf> {
-    use std::{io::Read, os::unix::fs::PermissionsExt};
+    use std::{io::Read, os::unix::fs::MetadataExt};
+    /// What the first bytes of files said, by file and change time (which
+    /// any write or `chmod` moves): a sweep starts one program many times.
+    static MAGIC: Mutex<BTreeMap<(u64, u64, i64, i64), bool>> = Mutex::new(BTreeMap::new());
     let runnable = |p: &Path| {
-        let executable =
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
-        let mut magic = [0u8; 4];
-        executable
-            && std::fs::File::open(p)
+        let Ok(meta) = std::fs::metadata(p) else {
+            return false;
+        };
+        if !meta.is_file() || meta.mode() & 0o111 == 0 {
+            return false;
+        }
+        let file = (meta.dev(), meta.ino(), meta.ctime(), meta.ctime_nsec());
+        let known = MAGIC
+            .lock()
+            .ok()
+            .and_then(|magic| magic.get(&file).copied());
+        known.unwrap_or_else(|| {
+            let mut magic = [0u8; 4];
+            let runnable = std::fs::File::open(p)
                 .and_then(|mut f| f.read_exact(&mut magic))
-                .is_ok_and(|()| magic.starts_with(b"#!") || magic == *b"\x7fELF")
+                .is_ok_and(|()| magic.starts_with(b"#!") || magic == *b"\x7fELF");
+            if let Ok(mut magic) = MAGIC.lock() {
+                if magic.len() >= 1024 {
+                    magic.clear();
+                }
+                magic.insert(file, runnable);
+            }
+            runnable
+        })
     };
     if program.contains('/') {
         let found = std::path::absolute(cwd.join(program)).ok()?;
@@ -436,14 +464,17 @@ impl TailReader {
         let sink = tail.clone();
         let task = tokio::spawn(async move {
             let Some(mut stream) = stream else { return };
-            let mut buffer = [0u8; 16 * 1024];
-            while let Ok(n) = stream.read(&mut buffer).await {
+            // On the heap and not zeroed: most tasks write nothing, and a
+            // buffer in the future would be copied as it is spawned.
+            let mut buffer = Vec::with_capacity(16 * 1024);
+            while let Ok(n) = stream.read_buf(&mut buffer).await {
                 if n == 0 {
                     break;
                 }
                 if let Ok(mut tail) = sink.lock() {
-                    tail.push(&buffer[..n], limit);
+                    tail.push(&buffer, limit);
                 }
+                buffer.clear();
             }
         });
         Self { tail, task, limit }

@@ -165,10 +165,10 @@ impl TaskProcess {
     fn new(spawned: Spawned) -> io::Result<Self> {
         // SAFETY: `pidfd_open` of our own child; a valid result is a new
         // descriptor we own.
-        let pidfd = unsafe {
+        let pidfd = spawned.pidfd.or_else(|| unsafe {
             let fd = libc::syscall(libc::SYS_pidfd_open, spawned.pid, 0);
             (fd >= 0).then(|| OwnedFd::from_raw_fd(fd as i32))
-        };
+        });
         let mut process = Self {
             pid: spawned.pid,
             pidfd: None,
@@ -294,26 +294,24 @@ fn kill_strays(running: &BTreeMap<i32, Option<TaskCgroup>>) {
 /// those files, every process's `stat`.
 fn children(known: impl Fn(i32) -> bool) -> Vec<(i32, i32)> {
     let me = std::process::id() as i32;
-    let read = |thread: &Path| -> Option<Vec<i32>> {
-        let text = std::fs::read_to_string(thread.join("children")).ok()?;
-        Some(
-            text.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect(),
-        )
+    let pids = |text: &str| -> Vec<i32> {
+        text.split_whitespace()
+            .filter_map(|p| p.parse().ok())
+            .collect()
     };
     let listed: Option<Vec<i32>> = if UNREAPED.swap(false, Ordering::Relaxed) {
         std::fs::read_dir("/proc/self/task")
             .ok()
             .and_then(|threads| {
-                let mut pids = Vec::new();
+                let mut listed = Vec::new();
                 for thread in threads.flatten() {
-                    pids.extend(read(&thread.path())?);
+                    let text = std::fs::read_to_string(thread.path().join("children")).ok()?;
+                    listed.extend(pids(&text));
                 }
-                Some(pids)
+                Some(listed)
             })
     } else {
-        read(Path::new(&format!("/proc/self/task/{me}")))
+        first_thread_children().map(|text| pids(&text))
     };
     let candidates: Vec<i32> = match listed {
         Some(pids) => pids,
@@ -334,6 +332,29 @@ fn children(known: impl Fn(i32) -> bool) -> Vec<(i32, i32)> {
             (ppid == me).then_some((pid, group))
         })
         .collect()
+}
+
+/// The first thread's `children`, kept open from one task's end to the
+/// next and read again from its start: the kernel lists them anew each
+/// time.
+fn first_thread_children() -> Option<String> {
+    use std::os::unix::fs::FileExt;
+    static FILE: OnceLock<Option<std::fs::File>> = OnceLock::new();
+    let file = FILE
+        .get_or_init(|| {
+            std::fs::File::open(format!("/proc/self/task/{}/children", std::process::id())).ok()
+        })
+        .as_ref()?;
+    let mut text = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        match file.read_at(&mut chunk, text.len() as u64) {
+            Ok(0) => break,
+            Ok(n) => text.extend_from_slice(&chunk[..n]),
+            Err(_) => return None,
+        }
+    }
+    String::from_utf8(text).ok()
 }
 
 /// Whether a process is in one of these task cgroups (a running task's,
