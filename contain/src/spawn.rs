@@ -219,23 +219,6 @@ thread_local! {
     static STACK: std::cell::Cell<Vec<u8>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// `struct clone_args` of `clone3` (up to `cgroup`, Linux 5.7).
-#[repr(C)]
-#[derive(Default)]
-struct CloneArgs {
-    flags: u64,
-    pidfd: u64,
-    child_tid: u64,
-    parent_tid: u64,
-    exit_signal: u64,
-    stack: u64,
-    stack_size: u64,
-    tls: u64,
-    set_tid: u64,
-    set_tid_size: u64,
-    cgroup: u64,
-}
-
 const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
 /// The child starts with every caught signal at its default (Linux 5.5).
 const CLONE_CLEAR_SIGHAND: u64 = 0x1_0000_0000;
@@ -280,16 +263,20 @@ unsafe fn clone3_child(
         None => 0,
     };
     let mut fd: libc::c_int = -1;
-    let args = CloneArgs {
+    let args = libc::clone_args {
         flags: (libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD) as u64
             | into_cgroup
             | CLONE_CLEAR_SIGHAND,
         pidfd: &raw mut fd as u64,
+        child_tid: 0,
+        parent_tid: 0,
         exit_signal: libc::SIGCHLD as u64,
         stack: stack as u64,
         stack_size: size as u64,
+        tls: 0,
+        set_tid: 0,
+        set_tid_size: 0,
         cgroup: cgroup.map_or(0, |fd| fd as u64),
-        ..CloneArgs::default()
     };
     let entry: extern "C" fn(*mut libc::c_void) -> libc::c_int = child;
     let returned: i64;
@@ -313,8 +300,8 @@ unsafe fn clone3_child(
             "ud2",
             "2:",
             inlateout("rax") libc::SYS_clone3 => returned,
-            in("rdi") &args as *const CloneArgs,
-            in("rsi") std::mem::size_of::<CloneArgs>(),
+            in("rdi") &args as *const libc::clone_args,
+            in("rsi") std::mem::size_of::<libc::clone_args>(),
             in("r12") arg,
             in("r13") entry,
             lateout("rcx") _,
@@ -411,24 +398,8 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
     }
 }
 
-/// `struct sched_attr` of `sched_setattr` (up to `sched_period`).
-#[repr(C)]
-#[derive(Default)]
-struct SchedAttr {
-    size: u32,
-    policy: u32,
-    flags: u64,
-    nice: i32,
-    priority: u32,
-    runtime: u64,
-    deadline: u64,
-    period: u64,
-}
-
 /// The shortest slice the kernel grants a thread (Linux 6.12): 0.1 ms.
 const SHORTEST_SLICE_NS: u64 = 100_000;
-/// Threads and processes this one starts get the default slice back.
-const SCHED_FLAG_RESET_ON_FORK: u64 = 1;
 
 /// Asks the scheduler to run the calling thread soon after it wakes, in
 /// return for running it in short slices: a thread that starts processes
@@ -437,16 +408,26 @@ const SCHED_FLAG_RESET_ON_FORK: u64 = 1;
 pub fn prompt_wakeups() -> io::Result<()> {
     // SAFETY: reads the calling thread's niceness, which cannot fail.
     let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
-    let attr = SchedAttr {
-        size: std::mem::size_of::<SchedAttr>() as u32,
-        policy: libc::SCHED_OTHER as u32,
-        flags: SCHED_FLAG_RESET_ON_FORK,
-        nice,
-        runtime: SHORTEST_SLICE_NS,
-        ..SchedAttr::default()
+    let attr = libc::sched_attr {
+        size: std::mem::size_of::<libc::sched_attr>() as u32,
+        sched_policy: libc::SCHED_OTHER as u32,
+        // Threads and processes this one starts get the default slice.
+        sched_flags: libc::SCHED_FLAG_RESET_ON_FORK as u64,
+        sched_nice: nice,
+        sched_priority: 0,
+        sched_runtime: SHORTEST_SLICE_NS,
+        sched_deadline: 0,
+        sched_period: 0,
     };
     // SAFETY: `sched_setattr` of the calling thread (0) reads `attr`.
-    let set = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) };
+    let set = unsafe {
+        libc::syscall(
+            libc::SYS_sched_setattr,
+            0,
+            &attr as *const libc::sched_attr,
+            0,
+        )
+    };
     if set != 0 {
         return Err(io::Error::last_os_error());
     }
