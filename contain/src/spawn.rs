@@ -41,7 +41,8 @@ pub struct Spawn<'a> {
     pub cwd: &'a Path,
     /// The cgroup the process starts in.
     pub cgroup: Option<&'a Entry>,
-    /// Added to the caller's niceness for the process (0: as the caller).
+    /// Added to the calling thread's niceness for the process (0 or less:
+    /// none added).
     pub nice: i32,
 }
 
@@ -404,30 +405,40 @@ const SHORTEST_SLICE_NS: u64 = 100_000;
 /// Asks the scheduler to run the calling thread soon after it wakes, in
 /// return for running it in short slices: a thread that starts processes
 /// for others is woken by each end and works briefly, and what it serves
-/// waits while it queues behind them. Kernels before 6.12 ignore it.
+/// waits while it queues behind them. The thread keeps its policy and
+/// niceness; a thread not under the fair scheduler's normal or batch
+/// policy is left as it is. Kernels before 6.12 ignore the slice, not the
+/// rest: what the thread starts begins with the default attributes
+/// (`SCHED_FLAG_RESET_ON_FORK`: a negative niceness back at 0).
 pub fn prompt_wakeups() -> io::Result<()> {
-    // SAFETY: reads the calling thread's niceness, which cannot fail.
-    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
-    let attr = libc::sched_attr {
-        size: std::mem::size_of::<libc::sched_attr>() as u32,
-        sched_policy: libc::SCHED_OTHER as u32,
-        // Threads and processes this one starts get the default slice.
-        sched_flags: libc::SCHED_FLAG_RESET_ON_FORK as u64,
-        sched_nice: nice,
+    let size = std::mem::size_of::<libc::sched_attr>() as u32;
+    let mut attr = libc::sched_attr {
+        size,
+        sched_policy: 0,
+        sched_flags: 0,
+        sched_nice: 0,
         sched_priority: 0,
-        sched_runtime: SHORTEST_SLICE_NS,
+        sched_runtime: 0,
         sched_deadline: 0,
         sched_period: 0,
     };
+    // SAFETY: `sched_getattr` of the calling thread (0) fills `attr`, no
+    // more than `size` bytes of it.
+    let got = unsafe { libc::syscall(libc::SYS_sched_getattr, 0, &raw mut attr, size, 0) };
+    if got != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if ![libc::SCHED_OTHER, libc::SCHED_BATCH].contains(&(attr.sched_policy as libc::c_int)) {
+        return Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "not under the fair scheduler's normal or batch policy",
+        ));
+    }
+    attr.size = size;
+    attr.sched_flags |= libc::SCHED_FLAG_RESET_ON_FORK as u64;
+    attr.sched_runtime = SHORTEST_SLICE_NS;
     // SAFETY: `sched_setattr` of the calling thread (0) reads `attr`.
-    let set = unsafe {
-        libc::syscall(
-            libc::SYS_sched_setattr,
-            0,
-            &attr as *const libc::sched_attr,
-            0,
-        )
-    };
+    let set = unsafe { libc::syscall(libc::SYS_sched_setattr, 0, &raw const attr, 0) };
     if set != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -435,9 +446,10 @@ pub fn prompt_wakeups() -> io::Result<()> {
 }
 
 /// The niceness a child `more` nicer than this thread takes (at most 19,
-/// the least favoured), `None` for this thread's own.
+/// the least favoured), `None` for none nicer: a child may not run ahead
+/// of the thread that starts it.
 fn niceness(more: i32) -> io::Result<Option<libc::c_int>> {
-    if more == 0 {
+    if more <= 0 {
         return Ok(None);
     }
     // SAFETY: plain system calls; `getpriority` may return -1 as a
@@ -555,11 +567,24 @@ mod tests {
             line.rsplit(':').next()?.trim().parse().ok()
         };
         std::thread::spawn(move || {
+            // A batch thread stays one.
+            let param = libc::sched_param { sched_priority: 0 };
+            // SAFETY: sets and reads the calling thread's policy.
+            let batch = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
+            assert_eq!(batch, 0);
             prompt_wakeups().unwrap();
-            let own = std::fs::read_to_string("/proc/thread-self/sched").unwrap();
+            // SAFETY: reads the calling thread's policy.
+            let policy = unsafe { libc::sched_getscheduler(0) };
+            assert_eq!(
+                policy,
+                libc::SCHED_BATCH | libc::SCHED_RESET_ON_FORK,
+                "the policy kept, its children's reset"
+            );
+            // Kernels before 6.12 have no slice of their own to show, and
+            // some no `sched` file at all.
+            let own = std::fs::read_to_string("/proc/thread-self/sched").unwrap_or_default();
             let child = start("/bin/cat", &["cat", "/proc/self/sched"], "/").unwrap();
             let (childs, _, _) = ended(child);
-            // Kernels before 6.12 have no slice of their own to show.
             if let Some(own) = slice(&own) {
                 assert_eq!(own, SHORTEST_SLICE_NS);
                 assert_ne!(slice(&childs), Some(SHORTEST_SLICE_NS), "{childs}");
@@ -589,6 +614,7 @@ mod tests {
         assert_eq!(nice_of(0), own);
         assert_eq!(nice_of(5), (own + 5).min(19));
         assert_eq!(nice_of(100), 19, "at most the least favoured");
+        assert_eq!(nice_of(-5), own, "never ahead of its starter");
     }
 
     /// Held by the tests that start children in cgroups: how a child

@@ -44,9 +44,10 @@ pub struct Limits {
     /// not succeed; a bigger one is removed, and the next run starts over.
     #[serde(rename = "max_checkpoint_bytes")]
     pub checkpoint_bytes: u64,
-    /// Added to the launcher's niceness for its tasks: a launcher serves
-    /// all its slots from one thread, and a task that ends waits for it to
-    /// start the next; behind its own busy tasks it would come last.
+    /// Added to the launcher's niceness for its tasks (0 or more): a
+    /// launcher serves all its slots from one thread, and a task that ends
+    /// waits for it to start the next; behind its own busy tasks it would
+    /// come last.
     #[serde(rename = "task_nice")]
     pub nice: i32,
 }
@@ -102,10 +103,8 @@ pub async fn run(
     let started = Instant::now();
     // One call where the sandbox is a reused one, as it mostly is.
     let made = match std::fs::create_dir(&task.sandbox) {
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            std::fs::create_dir_all(&task.sandbox)
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && task.sandbox.is_dir() => Ok(()),
+        Err(_) => std::fs::create_dir_all(&task.sandbox),
         made => made,
     };
     if let Err(e) = made {
@@ -211,35 +210,15 @@ fn plain_words(command: &str) -> Option<Vec<&str>> {
 /// Only an executable file that the kernel runs by itself counts: one
 /// without `#!` the shell would run as a script.
 fn find_program(program: &str, cwd: &Path, path: Option<&str>) -> Option<PathBuf> {
-    use std::{io::Read, os::unix::fs::MetadataExt};
-    /// What the first bytes of files said, by file and change time (which
-    /// any write or `chmod` moves): a sweep starts one program many times.
-    static MAGIC: Mutex<BTreeMap<(u64, u64, i64, i64), bool>> = Mutex::new(BTreeMap::new());
+    use std::{io::Read, os::unix::fs::PermissionsExt};
     let runnable = |p: &Path| {
-        let Ok(meta) = std::fs::metadata(p) else {
-            return false;
-        };
-        if !meta.is_file() || meta.mode() & 0o111 == 0 {
-            return false;
-        }
-        let file = (meta.dev(), meta.ino(), meta.ctime(), meta.ctime_nsec());
-        let known = MAGIC
-            .lock()
-            .ok()
-            .and_then(|magic| magic.get(&file).copied());
-        known.unwrap_or_else(|| {
-            let mut magic = [0u8; 4];
-            let runnable = std::fs::File::open(p)
+        let executable =
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
+        let mut magic = [0u8; 4];
+        executable
+            && std::fs::File::open(p)
                 .and_then(|mut f| f.read_exact(&mut magic))
-                .is_ok_and(|()| magic.starts_with(b"#!") || magic == *b"\x7fELF");
-            if let Ok(mut magic) = MAGIC.lock() {
-                if magic.len() >= 1024 {
-                    magic.clear();
-                }
-                magic.insert(file, runnable);
-            }
-            runnable
-        })
+                .is_ok_and(|()| magic.starts_with(b"#!") || magic == *b"\x7fELF")
     };
     if program.contains('/') {
         let found = std::path::absolute(cwd.join(program)).ok()?;
