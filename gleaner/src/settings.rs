@@ -225,6 +225,11 @@ impl Settings {
                 bail!("{key} must be longer than 0s");
             }
         }
+        if !(0..=19).contains(&self.launcher.limits.nice) {
+            bail!(
+                "launcher.task_nice must be between 0 and 19: tasks never run ahead of their launcher"
+            );
+        }
         for cluster in &self.clusters {
             cluster.validate().map_err(anyhow::Error::msg)?;
         }
@@ -400,6 +405,7 @@ h_rt = "1h"
                 "[scheduler]\nstale_after = \"0s\"\n",
                 "scheduler.stale_after",
             ),
+            ("[launcher]\ntask_nice = -5\n", "launcher.task_nice"),
         ];
         for (text, named) in cases {
             std::fs::write(&path, text).unwrap();

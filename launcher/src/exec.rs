@@ -44,7 +44,7 @@ pub struct Limits {
     /// not succeed; a bigger one is removed, and the next run starts over.
     #[serde(rename = "max_checkpoint_bytes")]
     pub checkpoint_bytes: u64,
-    /// Added to the launcher's niceness for its tasks (0 or more): a
+    /// Added to the launcher's niceness for its tasks (0 to 19): a
     /// launcher serves all its slots from one thread, and a task that ends
     /// waits for it to start the next; behind its own busy tasks it would
     /// come last.
