@@ -16,12 +16,12 @@ use gleaner_scheduler::state::{Action, State, StateConfig};
 /// jobs of 70 slots that must shrink scavengers to fit.
 fn state(clusters: usize, jobs: usize, grid: usize, config: &StateConfig, now: Instant) -> State {
     let mut state = State::new(GrantId::new(1));
-    let ids: Vec<JobId> = (0..jobs).map(|i| JobId::new("sweep", i as u32)).collect();
+    let ids: Vec<JobId> = (0..jobs).map(|i| JobId::new("sweep", i as u64)).collect();
     for id in &ids {
         state.on_job_update(report(id.clone(), JobKind::Scavenge, vec![]), now);
     }
     for g in 0..grid {
-        let id = JobId::new("grid", g as u32);
+        let id = JobId::new("grid", g as u64);
         state.on_job_update(report(id, JobKind::Grid, vec![70]), now);
     }
     for c in 0..clusters {

@@ -58,7 +58,7 @@ async fn drive(
     let connection = broker.connect().await?;
     let channel = connection.channel().await?;
     topology::declare_core(&channel).await?;
-    let ids: Vec<JobId> = (0..jobs).map(|i| JobId::new("sweep", i as u32)).collect();
+    let ids: Vec<JobId> = (0..jobs).map(|i| JobId::new("sweep", i as u64)).collect();
     // The runners' control queues, where the offers go: bounded, nobody reads them.
     let mut bounded = FieldTable::default();
     bounded.insert("x-max-length".into(), AMQPValue::LongLongInt(16));

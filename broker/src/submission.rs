@@ -21,6 +21,12 @@ pub struct Raw {
 }
 
 impl Raw {
+    /// A fingerprint of the body: the same for a redelivery of this
+    /// message, another for any other submission.
+    pub fn fingerprint(&self) -> u64 {
+        fnv1a(&self.data)
+    }
+
     fn of(properties: &BasicProperties, data: &[u8]) -> Self {
         Self {
             properties: properties.clone(),
@@ -94,8 +100,9 @@ fn json_name(data: &[u8]) -> Option<String> {
 }
 
 /// A hand-published manifest is named by its `message_id` when that is a job
-/// id, and otherwise by a hash of its body and timestamp, so that a
-/// redelivery of the same message resumes the same job.
+/// id, and otherwise by a hash of its sender, body and timestamp, so that a
+/// redelivery of the same message resumes the same job. Neither binds the
+/// id to its owner: the runner's claim does.
 fn job_id_for(properties: &BasicProperties, name: &str, data: &[u8]) -> JobId {
     if let Some(id) = properties
         .message_id()
@@ -105,11 +112,12 @@ fn job_id_for(properties: &BasicProperties, name: &str, data: &[u8]) -> JobId {
     {
         return id;
     }
-    let mut hash = fnv1a(data);
+    let sender = properties.user_id().as_ref().map(|u| u.as_str().as_bytes());
+    let mut hash = fnv1a_extend(fnv1a(sender.unwrap_or_default()), data);
     if let Some(timestamp) = properties.timestamp() {
         hash = fnv1a_extend(hash, &timestamp.to_le_bytes());
     }
-    JobId::new(name, (hash ^ (hash >> 32)) as u32)
+    JobId::new(name, hash)
 }
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
@@ -142,9 +150,9 @@ mod tests {
         let (_, IncomingSubmission(b, _)) = IncomingSubmission::decode(&json(), body).unwrap();
         assert_eq!(a.job, b.job);
         assert_eq!(a.job.name(), "hand");
-        let named = json().with_message_id("hand-00beef".into());
+        let named = json().with_message_id("hand-00000000000beef0".into());
         let (_, IncomingSubmission(c, _)) = IncomingSubmission::decode(&named, body).unwrap();
-        assert_eq!(c.job.as_str(), "hand-00beef");
+        assert_eq!(c.job.as_str(), "hand-00000000000beef0");
     }
 
     #[test]

@@ -61,8 +61,8 @@ pub fn kcm_queue(cluster: &ClusterName) -> String {
 
 /// A launcher's own inbox. It carries the job, so that a job's launcher
 /// account may be allowed its own launchers' queues and no others; `:`,
-/// which no job id has, ends the job's part (`a-000000` is not a prefix
-/// of `a-000000.b-111111`'s).
+/// which no job id has, ends the job's part (`a-0000000000000000` is not a prefix
+/// of `a-0000000000000000.b-111111`'s).
 pub fn launcher_queue(job: &JobId, launcher: &LauncherId) -> String {
     format!("gleaner.launcher.{job}:{launcher}")
 }
@@ -75,9 +75,13 @@ pub struct JobQueues {
     pub tasks: String,
     pub results: String,
     pub dead: String,
-    /// Exclusive to the connection of the runner that owns the job: a
+    /// Exclusive to the connection of the runner that runs the job: a
     /// broker-kept lock, released when that runner's connection dies.
-    pub owner: String,
+    pub lock: String,
+    /// Whose the job id is ([`JobClaim`](gleaner_protocol::JobClaim)),
+    /// kept as long as the job: what a runner compares before it takes
+    /// the job over.
+    pub claim: String,
     /// The job's direct exchange, routing [`JobQueues::to_control`],
     /// [`JobQueues::to_tasks`] and [`JobQueues::to_results`] to their
     /// queues: how launchers publish, so that a job's launcher account
@@ -94,7 +98,8 @@ impl JobQueues {
             tasks: format!("{base}.tasks"),
             results: format!("{base}.results"),
             dead: format!("{base}.dead"),
-            owner: format!("{base}.runner"),
+            lock: format!("{base}.runner"),
+            claim: format!("{base}.owner"),
             exchange: base,
         }
     }
@@ -354,7 +359,8 @@ pub async fn delete_job(channel: &Channel, queues: &JobQueues) -> Result<()> {
         &queues.results,
         &queues.dead,
         &queues.control,
-        &queues.owner,
+        &queues.claim,
+        &queues.lock,
     ] {
         channel
             .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
@@ -387,13 +393,28 @@ pub async fn lock_job(connection: &lapin::Connection, queues: &JobQueues) -> Res
         ..QueueDeclareOptions::default()
     };
     match channel
-        .queue_declare(queues.owner.as_str().into(), options, FieldTable::default())
+        .queue_declare(queues.lock.as_str().into(), options, FieldTable::default())
         .await
     {
         Ok(_) => Ok(true),
         Err(e) if crate::error::is_locked(&e) => Ok(false),
         Err(e) => Err(e.into()),
     }
+}
+
+/// Gives the job's lock up (a runner that may not run the job), so that
+/// the runner whose job it is can take it at once.
+pub async fn unlock_job(channel: &Channel, queues: &JobQueues) -> Result<()> {
+    channel
+        .queue_delete(queues.lock.as_str().into(), QueueDeleteOptions::default())
+        .await?;
+    Ok(())
+}
+
+/// The job's claim: one message, its owner's. Declared by the lock holder
+/// only; a runner waiting for the lock just reads it.
+pub async fn declare_claim(channel: &Channel, queues: &JobQueues) -> Result<()> {
+    durable(channel, &queues.claim, Args::quorum().max_length(1)).await
 }
 
 /// A launcher's own inbox: it lives and dies with the launcher's connection.
@@ -441,17 +462,17 @@ mod tests {
 
     #[test]
     fn names_follow_the_contract() {
-        let job: JobId = "sweep-3fa9c2".parse().unwrap();
+        let job: JobId = "sweep-3fa9c2d41e07b5a8".parse().unwrap();
         let q = JobQueues::new(&job);
-        assert_eq!(q.tasks, "gleaner.job.sweep-3fa9c2.tasks");
-        assert_eq!(q.control, "gleaner.job.sweep-3fa9c2.control");
-        assert_eq!(q.results, "gleaner.job.sweep-3fa9c2.results");
-        assert_eq!(q.dead, "gleaner.job.sweep-3fa9c2.dead");
+        assert_eq!(q.tasks, "gleaner.job.sweep-3fa9c2d41e07b5a8.tasks");
+        assert_eq!(q.control, "gleaner.job.sweep-3fa9c2d41e07b5a8.control");
+        assert_eq!(q.results, "gleaner.job.sweep-3fa9c2d41e07b5a8.results");
+        assert_eq!(q.dead, "gleaner.job.sweep-3fa9c2d41e07b5a8.dead");
         assert_eq!(kcm_queue(&"c1".into()), "gleaner.kcm.c1");
         assert_eq!(
             launcher_queue(&job, &"c1-h-1".into()),
-            "gleaner.launcher.sweep-3fa9c2:c1-h-1"
+            "gleaner.launcher.sweep-3fa9c2d41e07b5a8:c1-h-1"
         );
-        assert_eq!(q.to_results(), ("gleaner.job.sweep-3fa9c2", "results"));
+        assert_eq!(q.to_results(), ("gleaner.job.sweep-3fa9c2d41e07b5a8", "results"));
     }
 }

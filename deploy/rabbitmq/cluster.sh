@@ -18,6 +18,12 @@
 # addresses at all. Clients log in as `gleaner` with a password made on
 # first `up` and kept, with the base URLs, in /etc/gleaner-broker/urls (root
 # only). `up` prints the `broker_urls` line for gleaner.toml.
+#
+# There is no `guest` on the cluster: a fresh node makes guest/guest, an
+# administrator, so `up` deletes it (every time: a cluster started afresh
+# has it again), and until then guest may log in from loopback only, where
+# no node listens. The password never goes on a command line (where `ps`
+# shows it to every local user): rabbitmqctl reads it from its stdin.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -89,7 +95,9 @@ keyfile = $etc/tls/$node.key"
         echo "management.ssl.ip = $addr"
         echo "management.ssl.port = 15671"
         echo "$tls" | sed 's/^/management.ssl./'
-        echo "loopback_users = none"
+        # guest (which a fresh node makes, until `up` deletes it) may log
+        # in from loopback only, and no node listens there.
+        echo "loopback_users.guest = true"
         # Keep a node that lost its peers from serving stale state.
         echo "cluster_partition_handling = pause_minority"
         cat "$here/50-gleaner.conf"
@@ -185,15 +193,23 @@ up() {
     if [ ! -s "$etc/password" ]; then
         (umask 077; head -c 18 /dev/urandom | base64 | tr -d '/+=' > "$etc/password")
     fi
-    local password
+    local password users
     password=$(cat "$etc/password")
-    if ctl node1 list_users --formatter json | grep -q "\"user\":\"$user\""; then
-        ctl node1 change_password "$user" "$password" >/dev/null
+    users=$(ctl node1 list_users --formatter json)
+    # Given no password argument, rabbitmqctl reads it from stdin (-q: no
+    # prompt): not on any command line.
+    if grep -q "\"user\":\"$user\"" <<<"$users"; then
+        ctl node1 change_password "$user" <"$etc/password" >/dev/null
     else
-        ctl node1 add_user "$user" "$password" >/dev/null
+        ctl node1 add_user "$user" <"$etc/password" >/dev/null
     fi
     ctl node1 set_user_tags "$user" administrator >/dev/null
     ctl node1 set_permissions -p / "$user" '.*' '.*' '.*' >/dev/null
+    # The default administrator guest/guest, which a fresh node makes.
+    if grep -q '"user":"guest"' <<<"$users"; then
+        log "deleting the default user guest"
+        ctl node1 delete_user guest >/dev/null
+    fi
     (umask 077; for node in $nodes; do echo "amqps://$user:$password@$(addr_of "$node"):5671"; done > "$etc/urls")
     log "up: $(clustered_with node1 | tr '\n' ' ')"
     printf 'broker_urls = [%s]\n' "$(sed 's|.*|"&/%2f?heartbeat=10"|' "$etc/urls" | paste -sd, -)"

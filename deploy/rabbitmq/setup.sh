@@ -7,6 +7,11 @@
 #     and the Prometheus plugin (queue metrics on :15692)
 #   - raises consumer_timeout: gleaner holds task and manifest deliveries
 #     for as long as a task or a job runs
+#   - keeps it on loopback: the tests log in as guest/guest, which RabbitMQ
+#     lets in from loopback only; a broker it starts listens on 127.0.0.1
+#     only (AMQP, the management API, Prometheus), and one it reuses that
+#     listens elsewhere is reported. A broker reachable from elsewhere needs
+#     accounts of its own (user.sh) and no guest (see cluster.sh).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -25,6 +30,16 @@ if ! answers; then
     log "starting RabbitMQ"
     as_root install -d -m 0755 /etc/rabbitmq/conf.d
     as_root cp "$here/50-gleaner.conf" /etc/rabbitmq/conf.d/50-gleaner.conf
+    {
+        echo "# The development broker: guest/guest, from loopback only, and"
+        echo "# nothing offered beyond loopback (deploy/rabbitmq/setup.sh)."
+        echo "loopback_users.guest = true"
+        # Unless this machine's configuration names its AMQP listeners.
+        grep -qs '^[[:space:]]*listeners\.tcp' /etc/rabbitmq/rabbitmq.conf ||
+            echo "listeners.tcp.default = 127.0.0.1:5672"
+        echo "management.tcp.ip = 127.0.0.1"
+        echo "prometheus.tcp.ip = 127.0.0.1"
+    } | as_root tee /etc/rabbitmq/conf.d/40-gleaner-loopback.conf >/dev/null
     if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
         as_root systemctl start rabbitmq-server
     else
@@ -58,10 +73,21 @@ if command -v rabbitmqctl >/dev/null 2>&1; then
     fi
     # At runtime too, for a broker that was already running with the default (30 min).
     as_root rabbitmqctl -q eval 'application:set_env(rabbit, consumer_timeout, 604800000).' >/dev/null
+    # "Interface: [::], port: 15672, protocol: http, purpose: HTTP API"
+    exposed=$(as_root rabbitmq-diagnostics -q listeners 2>/dev/null |
+        sed -n 's/^Interface: \(.*\), port: \([0-9]*\),.*/\1 \2/p' |
+        awk '$1 != "127.0.0.1" && $1 != "::1" && $1 != "[::1]" { printf " %s:%s", $1, $2 }' || true)
+    if [ -n "$exposed" ]; then
+        log "warning: RabbitMQ listens beyond loopback (${exposed# }), where guest is refused;" \
+            "to keep it on loopback, set listeners.tcp.default = 127.0.0.1:5672," \
+            "management.tcp.ip = 127.0.0.1 and prometheus.tcp.ip = 127.0.0.1 and restart it"
+    fi
 fi
 
+# The password on curl's stdin (-K -), not its command line.
 for _ in $(seq 1 60); do
-    if curl -fsS -u guest:guest http://127.0.0.1:15672/api/overview >/dev/null 2>&1; then
+    if printf 'user = "guest:guest"\n' |
+        curl -fsS -K - http://127.0.0.1:15672/api/overview >/dev/null 2>&1; then
         log "ready: amqp://127.0.0.1:5672, management UI http://127.0.0.1:15672/"
         exit 0
     fi

@@ -20,7 +20,17 @@
 # `add` when NAME is also a Unix account, into that account's
 # ~/.config/gleaner/gleaner.toml (mode 0600, theirs) as its broker_url:
 # amqp://H:5672, or amqps://H:5671 with --tls (H must then be a name the
-# broker's certificate carries).
+# broker's certificate carries). It never goes on a command line, where
+# `ps` shows it to every local user: rabbitmqctl reads it from its stdin.
+#
+# Limits: each `add` account may hold at most GLEANER_USER_MAX_CONNECTIONS
+# connections (default 64: each gleaner command a user runs holds one) and
+# GLEANER_USER_MAX_CHANNELS channels (default 256) at once, on every vhost
+# together, so that no user can exhaust the broker's descriptors or memory
+# for everyone (a negative value lifts the limit; `service` accounts have
+# none). RabbitMQ has no per-user limit on queues: the number of queues (and
+# connections) is limited per vhost, with
+# `rabbitmqctl set_vhost_limits -p V '{"max-queues": N}'`, for all its users.
 set -euo pipefail
 
 log() { printf 'broker-user: %s\n' "$*" >&2; }
@@ -46,6 +56,11 @@ done
 # The same words gleaner accepts as owners: a name is part of regexes and
 # routing keys, so nothing that means something there.
 [[ $name =~ ^[A-Za-z0-9_@-]{1,64}$ ]] || die "$name: names are letters, digits, '_', '-' and '@'"
+max_connections=${GLEANER_USER_MAX_CONNECTIONS:-64}
+max_channels=${GLEANER_USER_MAX_CHANNELS:-256}
+for limit in "$max_connections" "$max_channels"; do
+    [[ $limit =~ ^-?[0-9]{1,9}$ ]] || die "$limit: a limit is a whole number (negative: none)"
+done
 
 if [ "$action" = remove ]; then
     ctl delete_user "$name" 2>/dev/null || true
@@ -54,24 +69,22 @@ if [ "$action" = remove ]; then
 fi
 
 password=$(head -c 18 /dev/urandom | base64 | tr '+/' 'xy')
-# Never on a command line, where `ps` shows it to everyone: the broker
-# reads it from a file only it may read.
-secret=$(as_root mktemp)
-trap 'as_root rm -f "$secret"' EXIT
-printf '%s' "$password" | as_root tee "$secret" >/dev/null
-as_root chown rabbitmq "$secret" 2>/dev/null || true
 if as_root rabbitmqctl -q list_users | awk '{print $1}' | grep -qx -- "$name"; then
     set_password=change_password
 else
     set_password=add_user
 fi
-answer=$(as_root rabbitmqctl -q eval "{ok, P} = file:read_file(\"$secret\"), rabbit_auth_backend_internal:$set_password(<<\"$name\">>, P, <<\"deploy\">>).")
-[ "$answer" = ok ] || die "cannot set the password of $name: $answer"
+# Without a password argument rabbitmqctl reads it from stdin (-q: no
+# prompt); printf is the shell's own, no process of its own either.
+printf '%s\n' "$password" | ctl "$set_password" "$name" ||
+    die "cannot set the password of $name"
 
 case $action in
     service)
         ctl set_user_tags "$name" administrator
         ctl set_permissions -p "$vhost" "$name" '.*' '.*' '.*'
+        # The services hold a connection per component and launcher account.
+        ctl clear_user_limits "$name" all
         ;;
     add)
         ctl set_user_tags "$name"
@@ -84,6 +97,8 @@ case $action in
         # Topic permissions: publishing no events, binding to their own
         # jobs' (cluster events name every job: admins only).
         ctl set_topic_permissions -p "$vhost" "$name" gleaner.events '^$' "^($jobs)\$"
+        ctl set_user_limits "$name" \
+            "{\"max-connections\": $max_connections, \"max-channels\": $max_channels}"
         ;;
     *) die "unknown action $action (add, service or remove)" ;;
 esac

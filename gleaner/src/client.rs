@@ -178,7 +178,7 @@ pub async fn submit(
     wait: bool,
     output: &dyn Output,
 ) -> Result<(), CliError> {
-    let job = JobId::new(&manifest.name, rand::random::<u32>());
+    let job = JobId::new(&manifest.name, rand::random::<u64>());
     let connection = connect(settings).await?;
     let watch = Watch::new(&job, connection.user());
     let events = async {

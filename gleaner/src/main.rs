@@ -60,7 +60,7 @@ enum Command {
   gleaner submit sweep.toml --wait
   gleaner submit --array 1-100 -- ./solve --seed {i}
   gleaner submit --array 0-1000:10 --name scan --wait -- 'python3 scan.py {i} > out.txt'
-  gleaner submit --open sweep.toml && gleaner submit --job sweep-3fa9c2 more.toml")]
+  gleaner submit --open sweep.toml && gleaner submit --job sweep-3fa9c2d41e07b5a8 more.toml")]
     Submit {
         /// The manifest: TOML, or JSON for a `.json` file; with `--job`, the
         /// tasks to add ([[task]] entries and a [sweep]).
@@ -91,9 +91,9 @@ enum Command {
     /// Run some of a job's tasks again, as a new job: same parameters, same
     /// task numbers, its results linked to the job's (`rerun-of`).
     #[command(after_help = "Examples:
-  gleaner resubmit sweep-3fa9c2 --failed --timed-out --wait
-  gleaner resubmit sweep-3fa9c2 --tasks 3,7-12
-  gleaner resubmit sweep-3fa9c2 --lost --tasks 0-999")]
+  gleaner resubmit sweep-3fa9c2d41e07b5a8 --failed --timed-out --wait
+  gleaner resubmit sweep-3fa9c2d41e07b5a8 --tasks 3,7-12
+  gleaner resubmit sweep-3fa9c2d41e07b5a8 --lost --tasks 0-999")]
     Resubmit {
         job: String,
         /// Tasks that failed.
@@ -120,7 +120,7 @@ enum Command {
     },
     /// Clusters, their hosts and jobs as the scheduler sees them.
     #[command(
-        after_help = "Examples:\n  gleaner status\n  gleaner status sweep-3fa9c2\n  gleaner status --hosts --output json"
+        after_help = "Examples:\n  gleaner status\n  gleaner status sweep-3fa9c2d41e07b5a8\n  gleaner status --hosts --output json"
     )]
     Status {
         job: Option<String>,
@@ -129,17 +129,17 @@ enum Command {
         hosts: bool,
     },
     /// An open job takes no more tasks; it ends once those it has ended.
-    #[command(after_help = "Example:\n  gleaner close sweep-3fa9c2 && gleaner wait sweep-3fa9c2")]
+    #[command(after_help = "Example:\n  gleaner close sweep-3fa9c2d41e07b5a8 && gleaner wait sweep-3fa9c2d41e07b5a8")]
     Close { job: String },
     /// Stop a job: running tasks are killed, results so far are kept.
-    #[command(after_help = "Example:\n  gleaner cancel sweep-3fa9c2")]
+    #[command(after_help = "Example:\n  gleaner cancel sweep-3fa9c2d41e07b5a8")]
     Cancel { job: String },
     /// A live view of clusters, jobs and recent events (q quits).
     #[command(after_help = "Example:\n  gleaner top")]
     Top,
     /// Follow a running job to its end, as `submit --wait` does (same exit code).
     #[command(
-        after_help = "Example:\n  gleaner submit sweep.toml\n  gleaner wait sweep-3fa9c2 && echo all done"
+        after_help = "Example:\n  gleaner submit sweep.toml\n  gleaner wait sweep-3fa9c2d41e07b5a8 && echo all done"
     )]
     Wait { job: String },
     /// Your jobs that are running: state, progress, launchers.
@@ -151,7 +151,7 @@ enum Command {
     },
     /// A job's results index, filtered by final state.
     #[command(
-        after_help = "Examples:\n  gleaner results sweep-3fa9c2\n  gleaner results sweep-3fa9c2 --status failed --status timed-out\n  gleaner results sweep-3fa9c2 --output json | jq '.[].task'"
+        after_help = "Examples:\n  gleaner results sweep-3fa9c2d41e07b5a8\n  gleaner results sweep-3fa9c2d41e07b5a8 --status failed --status timed-out\n  gleaner results sweep-3fa9c2d41e07b5a8 --output json | jq '.[].task'"
     )]
     Results {
         job: String,
@@ -164,7 +164,7 @@ enum Command {
     },
     /// A task's captured output (it arrives when the task ends).
     #[command(
-        after_help = "Examples:\n  gleaner logs sweep-3fa9c2 17\n  gleaner logs sweep-3fa9c2 17 --stderr --follow"
+        after_help = "Examples:\n  gleaner logs sweep-3fa9c2d41e07b5a8 17\n  gleaner logs sweep-3fa9c2d41e07b5a8 17 --stderr --follow"
     )]
     Logs {
         job: String,

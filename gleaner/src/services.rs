@@ -285,7 +285,7 @@ mod tests {
     #[test]
     fn launchers_read_the_arguments_kcms_write() {
         let written = naming::LauncherArgs {
-            job: "sweep-3fa9c2",
+            job: "sweep-3fa9c2d41e07b5a8",
             cluster: "c1",
             id: "c1-4711.3",
             slot: "4711.3",

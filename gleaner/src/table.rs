@@ -288,20 +288,20 @@ mod tests {
     #[test]
     fn a_placement_says_how_long_the_job_has_tried() {
         let mut waiting = GridPlacement {
-            job: "rigid-0a1b2c".parse().unwrap(),
+            job: "rigid-0a1b2c3d4e5f6071".parse().unwrap(),
             queue: gleaner_manifest::Priority::High,
             tries: 1,
             placed_ms_ago: None,
         };
         assert_eq!(
             placement(&waiting),
-            "rigid-0a1b2c: not placed after 1 try, in the high queue"
+            "rigid-0a1b2c3d4e5f6071: not placed after 1 try, in the high queue"
         );
         waiting.tries = 31;
         waiting.placed_ms_ago = Some(12_400);
         assert_eq!(
             placement(&waiting),
-            "rigid-0a1b2c: not placed after 31 tries, in the high queue; placed 12s ago, waiting for its clusters"
+            "rigid-0a1b2c3d4e5f6071: not placed after 31 tries, in the high queue; placed 12s ago, waiting for its clusters"
         );
     }
 

@@ -262,7 +262,7 @@ mod tests {
     #[test]
     fn the_view_shows_clusters_jobs_and_ends() {
         let report: gleaner_protocol::JobReport = serde_json::from_value(serde_json::json!({
-            "job": "sweep-3fa9c2", "owner": "alice", "kind": "scavenge", "priority": "super-low",
+            "job": "sweep-3fa9c2d41e07b5a8", "owner": "alice", "kind": "scavenge", "priority": "super-low",
             "state": "running", "runner": "r",
             "tasks": {"total": 100, "pending": 50, "running": 10, "succeeded": 40, "failed": 0,
                       "timed_out": 0, "lost": 0, "cancelled": 0},
@@ -294,10 +294,10 @@ mod tests {
             .iter()
             .map(|c| c.symbol())
             .collect();
-        assert!(screen.contains("sweep-3fa9c2"), "{screen}");
+        assert!(screen.contains("sweep-3fa9c2d41e07b5a8"), "{screen}");
         assert!(screen.contains("40/100"), "{screen}");
         assert!(
-            screen.contains("12:00:01 sweep-3fa9c2 Done: 40 of 100"),
+            screen.contains("12:00:01 sweep-3fa9c2d41e07b5a8 Done: 40 of 100"),
             "{screen}"
         );
         assert_eq!(bar(40, 100, 10), "████░░░░░░");

@@ -418,7 +418,7 @@ mod tests {
     #[test]
     fn an_owners_component_gets_nothing_of_roots_but_the_spool_files() {
         let spec = ComponentSpec {
-            job: "j-000001".parse().unwrap(),
+            job: "j-0000000000000001".parse().unwrap(),
             component: 0,
             slots: 1,
             command: "./mpi_app".into(),
@@ -442,7 +442,7 @@ mod tests {
         assert!(!script.contains("export"), "{script}");
         assert!(!script.contains("X;id"), "{script}");
         assert!(
-            script.contains("/usr/bin/setpriv --reuid=4242 --regid=4242 --init-groups --reset-env -- /usr/bin/env 'OMP_NUM_THREADS=4' /bin/sh -c 'cd '\\''/home/alice/run'\\'' || exit 1\n./mpi_app' > '/spool/j-000001.0.out'"),
+            script.contains("/usr/bin/setpriv --reuid=4242 --regid=4242 --init-groups --reset-env -- /usr/bin/env 'OMP_NUM_THREADS=4' /bin/sh -c 'cd '\\''/home/alice/run'\\'' || exit 1\n./mpi_app' > '/spool/j-0000000000000001.0.out'"),
             "{script}"
         );
     }

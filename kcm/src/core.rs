@@ -879,7 +879,7 @@ mod tests {
     use super::*;
 
     fn job(name: &str) -> JobId {
-        format!("{name}-000000").parse().unwrap()
+        format!("{name}-0000000000000000").parse().unwrap()
     }
 
     /// `preempt_grace` 3 s + 2 × a 1 s poll.
@@ -970,7 +970,7 @@ mod tests {
         let mut kcm = core();
         poll(&mut kcm, cluster(4, Vec::new()), clock.at(0));
         let grant = |grant, task_slots| KcmMsg::StartLaunchers {
-            job: "sweep-000001".parse().unwrap(),
+            job: "sweep-0000000000000001".parse().unwrap(),
             grant: GrantId::new(grant),
             slots: 8,
             task_slots,

@@ -339,7 +339,7 @@ mod tests {
         assert!(
             s.placeholders
                 .iter()
-                .all(|p| p.job.as_str() == "sweep-3fa9c2")
+                .all(|p| p.job.as_str() == "sweep-3fa9c2d41e07b5a8")
         );
         assert_eq!(s.local_running(), 0);
         assert_eq!(
@@ -353,9 +353,9 @@ mod tests {
     #[test]
     fn grid_components_are_neither_local_nor_placeholders() {
         let xml = r#"<job_info><queue_info><Queue-List><name>c1.q@a</name><slots_total>8</slots_total>
-            <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00beef.0</JB_name><state>r</state><slots>4</slots></job_list>
+            <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00000000000beef0.0</JB_name><state>r</state><slots>4</slots></job_list>
             </Queue-List></queue_info>
-            <job_info><job_list state="pending"><JB_job_number>6</JB_job_number><JB_name>gg-mpi-00beef.1</JB_name><state>qw</state><slots>2</slots></job_list></job_info></job_info>"#;
+            <job_info><job_list state="pending"><JB_job_number>6</JB_job_number><JB_name>gg-mpi-00000000000beef0.1</JB_name><state>qw</state><slots>2</slots></job_list></job_info></job_info>"#;
         let s = snapshot(xml, "c1.q").unwrap();
         assert_eq!((s.grid_running(), s.local_running()), (4, 0));
         assert!(s.waiting.is_empty() && s.placeholders.is_empty());
@@ -384,11 +384,11 @@ mod tests {
     fn placeholders_and_components_know_their_hosts() {
         let xml = r#"<job_info><queue_info>
             <Queue-List><name>g1.q@n1</name><slots_total>4</slots_total>
-              <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00beef.0</JB_name><state>r</state><slots>2</slots></job_list>
-              <job_list state="running"><JB_job_number>7</JB_job_number><JB_name>gl-sweep-00beef</JB_name><state>r</state><slots>2</slots><tasks>1</tasks></job_list>
+              <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00000000000beef0.0</JB_name><state>r</state><slots>2</slots></job_list>
+              <job_list state="running"><JB_job_number>7</JB_job_number><JB_name>gl-sweep-00000000000beef0</JB_name><state>r</state><slots>2</slots><tasks>1</tasks></job_list>
             </Queue-List>
             <Queue-List><name>g1.q@n2</name><slots_total>4</slots_total>
-              <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00beef.0</JB_name><state>r</state><slots>4</slots></job_list>
+              <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00000000000beef0.0</JB_name><state>r</state><slots>4</slots></job_list>
             </Queue-List></queue_info>
             <job_info>
               <job_list state="pending"><JB_job_number>8</JB_job_number><JB_name>whole</JB_name><state>qw</state><slots>1</slots>

@@ -346,8 +346,8 @@ mod tests {
     #[test]
     fn an_owners_launchers_get_their_jobs_account_and_nothing_of_the_kcms() {
         let sge = backend();
-        let settings = std::path::Path::new("/spool/launchers/j-000001.toml");
-        let job: JobId = "j-000001".parse().unwrap();
+        let settings = std::path::Path::new("/spool/launchers/j-0000000000000001.toml");
+        let job: JobId = "j-0000000000000001".parse().unwrap();
         let script = sge.config.launcher.for_owner(settings).script(
             &"c1".into(),
             &job,
@@ -358,17 +358,17 @@ mod tests {
         );
         assert!(!script.contains("u:p"), "{script}");
         assert!(
-            script.contains("export GLEANER_CONFIG='/spool/launchers/j-000001.toml'"),
+            script.contains("export GLEANER_CONFIG='/spool/launchers/j-0000000000000001.toml'"),
             "{script}"
         );
         let credentials = gleaner_protocol::Credentials {
-            user: "gleaner-launcher-j-000001".into(),
+            user: "gleaner-launcher-j-0000000000000001".into(),
             password: "pw".into(),
         };
         let text = sge.config.launcher.owner_settings(&credentials);
         assert!(
             text.contains(
-                r#"broker_urls = ["amqp://gleaner-launcher-j-000001:pw@h/v?heartbeat=10"]"#
+                r#"broker_urls = ["amqp://gleaner-launcher-j-0000000000000001:pw@h/v?heartbeat=10"]"#
             ),
             "{text}"
         );
@@ -394,7 +394,7 @@ mod tests {
     #[test]
     fn the_job_script_names_the_launcher_after_its_array_task() {
         let c = backend().config;
-        let job = "sweep-3fa9c2".parse().unwrap();
+        let job = "sweep-3fa9c2d41e07b5a8".parse().unwrap();
         let script = c.launcher.script(
             &c.cluster,
             &job,
@@ -407,7 +407,7 @@ mod tests {
         assert!(script.contains("export GLEANER_BROKER_URL='amqp://u:p@h/v?heartbeat=10'\n"));
         assert!(
             script
-                .contains(r"exec '/opt/gleaner'\''s bin/gleaner' 'launcher' --job 'sweep-3fa9c2'")
+                .contains(r"exec '/opt/gleaner'\''s bin/gleaner' 'launcher' --job 'sweep-3fa9c2d41e07b5a8'")
         );
         assert!(
             script.contains(r#"--id 'c1'-"$JOB_ID.$SGE_TASK_ID" --slot "$JOB_ID.$SGE_TASK_ID""#)

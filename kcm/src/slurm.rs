@@ -269,7 +269,7 @@ mod tests {
             broker_urls: vec!["amqp://h/v".into()],
             launcher_settings: String::new(),
         };
-        let job: JobId = "sweep-00beef".parse().unwrap();
+        let job: JobId = "sweep-00000000000beef0".parse().unwrap();
         let script = command.script(
             &"c1".into(),
             &job,

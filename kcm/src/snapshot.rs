@@ -209,9 +209,9 @@ mod tests {
                 },
             ],
             placeholders: vec![
-                placeholder("1.1", "a-000000", 2, Some("n1.grid.example")),
-                placeholder("1.2", "a-000000", 2, None),
-                placeholder("2.1", "b-000000", 1, Some("n2")),
+                placeholder("1.1", "a-0000000000000000", 2, Some("n1.grid.example")),
+                placeholder("1.2", "a-0000000000000000", 2, None),
+                placeholder("2.1", "b-0000000000000000", 1, Some("n2")),
             ],
             ..Snapshot::default()
         };
@@ -225,7 +225,7 @@ mod tests {
             placeholders: Vec::new(),
             components: vec![ComponentRun {
                 id: "3".into(),
-                job: "g-000000".parse().unwrap(),
+                job: "g-0000000000000000".parse().unwrap(),
                 component: 0,
                 slots: 3,
                 running: false,

@@ -272,17 +272,17 @@ mod tests {
         node3|local|4|3/1/0/4|mixed\n\
         vm|solo|4|0/4/0/4|idle\n";
 
-    const SQUEUE: &str = "10_1|gl-sweep-00beef|RUNNING|node1|1|1|OK|None|gleaner\n\
-        10_2|gl-sweep-00beef|RUNNING|node1|1|1|OK|None|gleaner\n\
-        10_3|gl-sweep-00beef|PENDING||1|1|OK|Priority|gleaner\n\
-        11|gg-mpi-00beef.0|RUNNING|node[2-3]|6|2|OK|None|gleaner\n\
+    const SQUEUE: &str = "10_1|gl-sweep-00000000000beef0|RUNNING|node1|1|1|OK|None|gleaner\n\
+        10_2|gl-sweep-00000000000beef0|RUNNING|node1|1|1|OK|None|gleaner\n\
+        10_3|gl-sweep-00000000000beef0|PENDING||1|1|OK|Priority|gleaner\n\
+        11|gg-mpi-00000000000beef0.0|RUNNING|node[2-3]|6|2|OK|None|gleaner\n\
         12|wrap|RUNNING|node1|2|1|OK|None|local\n\
         13|whole|PENDING||4|1|OK|Resources|local\n\
         14|spread|PENDING||6|2|OK|Priority|local\n\
         15|alone|PENDING||1|1|NO|Priority|local\n\
         16|held|PENDING||1|1|OK|JobHeldUser|local\n\
         17|elsewhere|PENDING||1|1|OK|Resources|solo\n\
-        18|gl-other-00beef|PENDING||1|1|OK|Priority|solo\n";
+        18|gl-other-00000000000beef0|PENDING||1|1|OK|Priority|solo\n";
 
     #[test]
     fn host_lists_expand() {

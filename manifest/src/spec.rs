@@ -616,7 +616,10 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
         assert_eq!(m.kind, JobKind::Scavenge);
         assert_eq!(m.max_attempts, 3);
         assert_eq!(m.walltime, None);
-        assert_eq!(m.results_dir("a-000000"), PathBuf::from("results/a-000000"));
+        assert_eq!(
+            m.results_dir("a-0000000000000000"),
+            PathBuf::from("results/a-0000000000000000")
+        );
     }
 
     #[test]
@@ -635,7 +638,10 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
         }
         let m =
             parse("name = \"a\"\nresults = \"runs/x..y\"\n[[task]]\ncommand = \"true\"\n").unwrap();
-        assert_eq!(m.results_dir("a-000000"), PathBuf::from("runs/x..y"));
+        assert_eq!(
+            m.results_dir("a-0000000000000000"),
+            PathBuf::from("runs/x..y")
+        );
     }
 
     #[test]

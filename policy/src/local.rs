@@ -333,7 +333,7 @@ mod tests {
     use super::*;
 
     fn job(name: &str) -> JobId {
-        format!("{name}-000000").parse().unwrap()
+        format!("{name}-0000000000000000").parse().unwrap()
     }
 
     fn host(name: &str, slots: u32, free: u32, held: &[(&str, u32)]) -> HostLoad {

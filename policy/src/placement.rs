@@ -265,7 +265,7 @@ mod tests {
     use super::*;
 
     fn id(name: &str) -> JobId {
-        format!("{name}-000000").parse().unwrap()
+        format!("{name}-0000000000000000").parse().unwrap()
     }
 
     fn job(name: &str, queue: Priority, components: &[u32]) -> GridJob {

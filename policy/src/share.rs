@@ -521,7 +521,7 @@ mod tests {
     use super::*;
 
     fn job(name: &str) -> JobId {
-        format!("{name}-000000").parse().unwrap()
+        format!("{name}-0000000000000000").parse().unwrap()
     }
 
     fn cluster(

@@ -514,6 +514,46 @@ impl Message for KcmMsg {
     }
 }
 
+// --------------------------------------------------------- gleaner.job.<job>.owner
+
+/// Whose a job id is. Ids are public (`qstat` shows them), so the first
+/// runner to hold a job's lock keeps this in the job's `owner` queue, and
+/// every runner compares it before it takes the job over, purges its
+/// queues or publishes into them: a redelivery of the same submission
+/// matches; another user's submission of the id, or a second submission of
+/// it, does not, and is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobClaim {
+    /// The broker user who submitted the job.
+    pub owner: String,
+    /// A fingerprint of the submission's body as it came.
+    pub submission: u64,
+}
+
+impl JobClaim {
+    /// Why a submission claiming `self` may not run a job claimed by
+    /// `held`, if it may not.
+    pub fn refusal(&self, job: &str, held: &Self) -> Option<String> {
+        if held.owner != self.owner {
+            Some(format!(
+                "job id {job} belongs to another user; a job id is never taken over"
+            ))
+        } else if held.submission != self.submission {
+            Some(format!(
+                "job {job} was already submitted; each submission gets a job id of its own"
+            ))
+        } else {
+            None
+        }
+    }
+}
+
+impl Message for JobClaim {
+    fn kind(&self) -> &'static str {
+        "job_claim"
+    }
+}
+
 // ------------------------------------------------------- gleaner.job.<job>.control
 
 /// A job runner's inbox.
@@ -1069,7 +1109,7 @@ mod tests {
     fn job_events_carry_their_owner() {
         assert_eq!(
             Event::Done(report()).routing_key(),
-            "job.alice.j-000001.done"
+            "job.alice.j-0000000000000001.done"
         );
         let anonymous = Event::Rejected {
             job: "j-1".into(),
@@ -1323,5 +1363,24 @@ mod tests {
                 at: 1_700_000_000_000,
             },
         );
+    }
+
+    #[test]
+    fn a_claim_admits_its_own_submission_only() {
+        let alice = JobClaim {
+            owner: "alice".into(),
+            submission: 7,
+        };
+        assert_eq!(alice.refusal("j-1", &alice.clone()), None);
+        let bob = JobClaim {
+            owner: "bob".into(),
+            ..alice.clone()
+        };
+        assert!(bob.refusal("j-1", &alice).unwrap().contains("another user"));
+        let again = JobClaim {
+            submission: 8,
+            ..alice.clone()
+        };
+        assert!(again.refusal("j-1", &alice).unwrap().contains("already submitted"));
     }
 }

@@ -179,7 +179,7 @@ mod tests {
 
     fn result(task: u64, attempt: u32, status: RunStatus) -> ResultMsg {
         ResultMsg {
-            job: "j-000000".parse().unwrap(),
+            job: "j-0000000000000000".parse().unwrap(),
             task,
             attempt,
             preemptions: 0,

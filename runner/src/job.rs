@@ -11,13 +11,13 @@ use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use futures_util::FutureExt;
 use gleaner_broker::{
-    BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher,
+    BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher, peek,
     admin::{Admin, launcher_user},
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
 };
 use gleaner_manifest::{JobId, JobKind, TaskList};
 use gleaner_protocol::{
-    ControlMsg, JobReport, JobState, Message, ResultBatch, Submission, TaskBundle,
+    ControlMsg, JobClaim, JobReport, JobState, Message, ResultBatch, Submission, TaskBundle,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -67,6 +67,7 @@ pub async fn run(
     connection: Arc<Connection>,
     settings: JobSettings,
     submission: &Submission,
+    claim: &JobClaim,
     owner: &Owner,
     admin: Option<&Admin>,
     shutdown: CancellationToken,
@@ -93,7 +94,7 @@ pub async fn run(
         )));
     }
     let publisher = connection.publisher().await?;
-    if !wait_for_lock(&connection, &queues, &root, account, &id, &shutdown).await? {
+    if !wait_for_lock(&connection, &publisher, &queues, claim, &root, account, &shutdown).await? {
         info!(job = %id, "another runner finished the job meanwhile");
         return Ok(());
     }
@@ -159,19 +160,39 @@ pub async fn run(
     }
 }
 
-/// Takes the job's lock, waiting while another runner holds it. `false` if
-/// that runner finished the job meanwhile.
+/// Takes the job's lock, waiting while another runner holds it, and then
+/// its claim: `claim` is staked if the job has none, and must match the
+/// one it has (a refusal otherwise, the lock given back). `false` if the
+/// runner that held the lock finished the job meanwhile.
+///
+/// Only the lock holder reads the claim: a reader takes the message out of
+/// the queue until it puts it back, so a second reader could find it empty.
 async fn wait_for_lock(
     connection: &Connection,
+    publisher: &Publisher,
     queues: &JobQueues,
+    claim: &JobClaim,
     root: &std::path::Path,
     account: Option<&crate::owner::Account>,
-    job: &JobId,
     shutdown: &CancellationToken,
 ) -> Result<bool, JobError> {
+    let job = &queues.job;
     let mut said = false;
     loop {
         if topology::lock_job(connection.lapin(), queues).await? {
+            let channel = connection.channel().await?;
+            topology::declare_claim(&channel, queues).await?;
+            let refusal = match peek::<JobClaim>(&channel, &queues.claim).await? {
+                Some(held) => claim.refusal(job.as_str(), &held),
+                None => {
+                    publisher.send(&queues.claim, claim).await?;
+                    None
+                }
+            };
+            if let Some(reason) = refusal {
+                topology::unlock_job(&channel, queues).await?;
+                return Err(JobError::Refused(reason));
+            }
             return Ok(true);
         }
         if ResultsDir::job_file_at(root, account)

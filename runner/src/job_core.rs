@@ -489,7 +489,7 @@ pub mod testing {
     /// A submission of this manifest (TOML), submitted at 1 s.
     pub fn submission(manifest: &str) -> Submission {
         Submission {
-            job: "sweep-3fa9c2".parse().unwrap(),
+            job: "sweep-3fa9c2d41e07b5a8".parse().unwrap(),
             manifest: Manifest::from_toml(manifest).unwrap(),
             submitted_at: 1_000,
         }
@@ -528,7 +528,7 @@ pub mod testing {
 
     pub fn result(task: u64, attempt: u32, status: RunStatus) -> ResultMsg {
         ResultMsg {
-            job: "sweep-3fa9c2".parse().unwrap(),
+            job: "sweep-3fa9c2d41e07b5a8".parse().unwrap(),
             task,
             attempt,
             preemptions: 0,

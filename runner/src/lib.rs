@@ -25,7 +25,7 @@ use gleaner_broker::{
 };
 use gleaner_manifest::JobId;
 use gleaner_policy::access::Users;
-use gleaner_protocol::{Event, SchedulerMsg};
+use gleaner_protocol::{Event, JobClaim, SchedulerMsg};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
@@ -141,14 +141,14 @@ async fn session(
                     let submission = &incoming.msg.0;
                     let job = submission.job.clone();
                     if active.contains(&job) {
-                        warn!(job = %job, "the same job was submitted twice; the second copy is dropped");
-                        incoming.ack().await?;
+                        let reason = format!("job {job} was already submitted; each submission gets a job id of its own");
+                        refuse(&publisher, &incoming, incoming.user.as_deref().unwrap_or_default(), &reason).await?;
                         continue;
                     }
                     let owner = match owner(users, incoming.user.as_deref(), connection.user()) {
                         Ok(owner) => owner,
                         Err(reason) => {
-                            refuse(&publisher, &incoming, &reason).await?;
+                            refuse(&publisher, &incoming, incoming.user.as_deref().unwrap_or_default(), &reason).await?;
                             continue;
                         }
                     };
@@ -180,11 +180,13 @@ async fn session(
     outcome
 }
 
-/// A submission nobody may run: to `gleaner.dead` with the reason, and a
-/// `rejected` event for its sender's `--wait`.
+/// A submission that may not run: to `gleaner.dead` with the reason, and a
+/// `rejected` event for its sender's `--wait` (routed by `owner`, the
+/// sender's name), then acked: refused, never dropped in silence.
 async fn refuse(
     publisher: &gleaner_broker::Publisher,
     incoming: &Incoming<IncomingSubmission>,
+    owner: &str,
     reason: &str,
 ) -> Result<(), BrokerError> {
     let IncomingSubmission(submission, raw) = &incoming.msg;
@@ -194,7 +196,7 @@ async fn refuse(
         .await?;
     let event = Event::Rejected {
         job: submission.job.to_string(),
-        owner: incoming.user.clone().unwrap_or_default(),
+        owner: owner.to_owned(),
         reason: reason.to_owned(),
     };
     if let Err(e) = publisher.event(&event).await {
@@ -213,13 +215,18 @@ async fn supervise(
     admin: Option<Admin>,
     stop: CancellationToken,
 ) -> (JobId, Result<(), BrokerError>) {
-    let submission = &manifest.msg.0;
+    let IncomingSubmission(submission, raw) = &manifest.msg;
     let job = submission.job.clone();
+    let claim = JobClaim {
+        owner: owner.name.clone(),
+        submission: raw.fingerprint(),
+    };
     loop {
         let outcome = job::run(
             connection.clone(),
             settings.clone(),
             submission,
+            &claim,
             &owner,
             admin.as_ref(),
             stop.clone(),
@@ -228,23 +235,10 @@ async fn supervise(
         let result = match outcome {
             Ok(()) => manifest.ack().await,
             Err(JobError::Shutdown) => Ok(()),
-            Err(JobError::Refused(reason)) => {
-                error!(job = %job, reason, "job refused");
-                let event = Event::Rejected {
-                    job: job.to_string(),
-                    owner: owner.name.clone(),
-                    reason,
-                };
-                match connection.publisher().await {
-                    Ok(publisher) => {
-                        if let Err(e) = publisher.event(&event).await {
-                            error!(job = %job, error = %e, "cannot publish the rejection");
-                        }
-                    }
-                    Err(e) => error!(job = %job, error = %e, "cannot publish the rejection"),
-                }
-                manifest.ack().await
-            }
+            Err(JobError::Refused(reason)) => match connection.publisher().await {
+                Ok(publisher) => refuse(&publisher, &manifest, &owner.name, &reason).await,
+                Err(e) => Err(e),
+            },
             Err(JobError::Broker(e)) if e.is_not_found() => {
                 error!(job = %job, error = %e, "the job's queues were deleted under it; giving the job up");
                 manifest.ack().await

@@ -372,7 +372,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (results, _) = ResultsDir::open(dir.path(), None).unwrap();
         let result = ResultMsg {
-            job: "j-000000".parse().unwrap(),
+            job: "j-0000000000000000".parse().unwrap(),
             task: 7,
             attempt: 1,
             preemptions: 0,
@@ -477,7 +477,7 @@ mod tests {
         let (results, _) = ResultsDir::open(dir.path(), None).unwrap();
         assert!(results.read_job_file().is_none());
         let file = JobFile {
-            job: "j-000000".into(),
+            job: "j-0000000000000000".into(),
             owner: "alice".into(),
             name: "j".into(),
             state: JobState::Running,

@@ -1283,14 +1283,14 @@ mod tests {
         let t0 = Instant::now();
         let submission = submission(&manifest(2, 1));
         let mut file = started(2, 1, t0).job_file();
-        file.job = "other-000000".into();
+        file.job = "other-0000000000000000".into();
         let refusal = Sweep::open(
             opening(&submission, vec![], Some(file)),
             tasks_of(&submission),
             at(t0, 0),
         )
         .unwrap_err();
-        assert_eq!(refusal.owner, "other-000000");
+        assert_eq!(refusal.owner, "other-0000000000000000");
     }
 
     #[test]
@@ -1300,7 +1300,7 @@ mod tests {
         let mut preempted = result(1, 1, RunStatus::Failed);
         preempted.preemptions = 2;
         let mut stranger = result(2, 1, RunStatus::Succeeded);
-        stranger.job = "other-000000".parse().unwrap();
+        stranger.job = "other-0000000000000000".parse().unwrap();
         let batch = [
             result(0, 1, RunStatus::Succeeded),
             result(0, 1, RunStatus::Succeeded),
@@ -1415,7 +1415,7 @@ mod tests {
         );
         assert!(sweep.on_lost(&alone(lost.clone())).is_empty());
         lost.task = 0;
-        lost.job = "other-000000".parse().unwrap();
+        lost.job = "other-0000000000000000".parse().unwrap();
         assert!(sweep.on_lost(&alone(lost)).is_empty(), "another job's task");
     }
 
@@ -1655,7 +1655,7 @@ mod tests {
 
     #[test]
     fn recorded_additions_are_checked_not_trusted() {
-        let job: JobId = "sweep-3fa9c2".parse().unwrap();
+        let job: JobId = "sweep-3fa9c2d41e07b5a8".parse().unwrap();
         let record = |first, id| AddedTasks {
             first,
             addition: addition(id, &["a", "b"]),

@@ -158,7 +158,7 @@ mod tests {
     #[test]
     fn a_jobs_figures_are_labelled_series() {
         let job: gleaner_protocol::JobReport = serde_json::from_value(serde_json::json!({
-            "job": "sweep-3fa9c2", "owner": "alice", "kind": "scavenge", "priority": "super-low",
+            "job": "sweep-3fa9c2d41e07b5a8", "owner": "alice", "kind": "scavenge", "priority": "super-low",
             "state": "running", "runner": "r",
             "tasks": {"total": 100, "pending": 50, "running": 10, "succeeded": 40, "failed": 0,
                       "timed_out": 0, "lost": 0, "cancelled": 0},
@@ -179,10 +179,10 @@ mod tests {
         let page = render(&status);
         for line in [
             "# TYPE gleaner_job_tasks gauge",
-            "gleaner_job_tasks{job=\"sweep-3fa9c2\",owner=\"alice\",state=\"running\"} 10",
-            "gleaner_job_launcher_slots{job=\"sweep-3fa9c2\",owner=\"alice\"} 10",
-            "gleaner_job_tasks_per_second{job=\"sweep-3fa9c2\",owner=\"alice\"} 2.5",
-            "gleaner_job_preemptions{job=\"sweep-3fa9c2\",owner=\"alice\"} 3",
+            "gleaner_job_tasks{job=\"sweep-3fa9c2d41e07b5a8\",owner=\"alice\",state=\"running\"} 10",
+            "gleaner_job_launcher_slots{job=\"sweep-3fa9c2d41e07b5a8\",owner=\"alice\"} 10",
+            "gleaner_job_tasks_per_second{job=\"sweep-3fa9c2d41e07b5a8\",owner=\"alice\"} 2.5",
+            "gleaner_job_preemptions{job=\"sweep-3fa9c2d41e07b5a8\",owner=\"alice\"} 3",
         ] {
             assert!(page.lines().any(|l| l == line), "{line}\n{page}");
         }

@@ -733,7 +733,7 @@ mod tests {
     use crate::grid::GridConfig;
 
     fn job(name: &str) -> JobId {
-        format!("{name}-000000").parse().unwrap()
+        format!("{name}-0000000000000000").parse().unwrap()
     }
 
     fn job_report(name: &str, unfinished: u64) -> JobReport {

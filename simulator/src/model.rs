@@ -205,7 +205,7 @@ impl<'a> Sim<'a> {
         let ids: Vec<JobId> = jobs
             .iter()
             .enumerate()
-            .map(|(i, j)| JobId::new(&j.name, i as u32))
+            .map(|(i, j)| JobId::new(&j.name, i as u64))
             .collect();
         let tasks = jobs
             .iter()
@@ -630,7 +630,7 @@ fn grid_arrivals(scenario: &Scenario) -> Vec<GridSim> {
                 _ => 0.0,
             };
             GridSim {
-                id: JobId::new("grid", p as u32),
+                id: JobId::new("grid", p as u64),
                 arrival: p as f64 * period + offset,
                 components: components.clone(),
                 length: g.length.as_secs_f64(),
