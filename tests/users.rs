@@ -5,7 +5,12 @@
 use std::{os::unix::fs::MetadataExt, time::Duration};
 
 use gleaner_protocol::naming::placeholder_name;
-use gleaner_testkit::{Gleaner, SgeQueues, SlurmCluster, users::BrokerUser, wait_for};
+use gleaner_testkit::{
+    Gleaner, SgeQueues, SlurmCluster,
+    users::{BasicProperties, BrokerUser},
+    wait_for,
+};
+use nix::sys::signal::Signal;
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -18,6 +23,22 @@ fn many_users(test: &str) -> (Gleaner, BrokerUser, BrokerUser) {
 
 /// [`many_users`] with `clusters` (configuration) and `up` (its command).
 fn many_users_on(test: &str, clusters: &str, up: &[&str]) -> (Gleaner, BrokerUser, BrokerUser) {
+    let (mut g, alice, bob, env) = many_users_configured(test, clusters);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    g.start_with("up", up, &env);
+    // Users cannot declare gleaner's queues: the services do.
+    wait_for("the runner to serve", MINUTE, || {
+        g.log("up").contains("runner serving")
+    });
+    (g, alice, bob)
+}
+
+/// A gleaner of many users with its configuration written and no service
+/// started yet: the environment its services need.
+fn many_users_configured(
+    test: &str,
+    clusters: &str,
+) -> (Gleaner, BrokerUser, BrokerUser, [(&'static str, String); 2]) {
     for account in ["alice", "bob"] {
         assert!(
             nix::unistd::User::from_name(account)
@@ -27,7 +48,7 @@ fn many_users_on(test: &str, clusters: &str, up: &[&str]) -> (Gleaner, BrokerUse
             "no Unix account {account}: run deploy/accounts.sh alice bob"
         );
     }
-    let mut g = Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"));
+    let g = Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"));
     std::fs::set_permissions(
         g.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
@@ -43,19 +64,11 @@ fn many_users_on(test: &str, clusters: &str, up: &[&str]) -> (Gleaner, BrokerUse
         ),
     );
     let config = config.to_str().expect("path").to_owned();
-    g.start_with(
-        "up",
-        up,
-        &[
-            ("GLEANER_CONFIG", &config),
-            ("GLEANER_USERS__SINGLE", "false"),
-        ],
-    );
-    // Users cannot declare gleaner's queues: the services do.
-    wait_for("the runner to serve", MINUTE, || {
-        g.log("up").contains("runner serving")
-    });
-    (g, alice, bob)
+    let env = [
+        ("GLEANER_CONFIG", config),
+        ("GLEANER_USERS__SINGLE", "false".to_owned()),
+    ];
+    (g, alice, bob, env)
 }
 
 fn text(output: &std::process::Output) -> String {
@@ -154,6 +167,111 @@ fn users_reach_their_own_jobs_only() {
     assert!(
         job_file.contains(&format!("\"owner\": \"{}\"", alice.name)),
         "{job_file}"
+    );
+}
+
+/// Job ids are public (`qstat` shows them). Bob hand-publishes a manifest
+/// under the id of Alice's running job, to a second runner that waits for
+/// the job's lock; Alice's runner is then killed. Bob's copy is refused
+/// (it never takes the job over, purges her tasks or publishes his), and
+/// Alice's job completes, resumed, with her tasks only; a copy sent to the
+/// runner that then holds her job is refused at once.
+#[test]
+fn another_users_submission_of_a_live_job_id_is_refused() {
+    let (mut g, alice, bob, env) = many_users_configured(
+        "claim",
+        "[[cluster]]\nname = \"local\"\nbackend = \"local\"\nslots = 2\n",
+    );
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    g.start_with("scheduler", &["scheduler"], &env);
+    g.start_with("kcm", &["kcm", "--cluster", "local"], &env);
+    // One job at a time, so that Bob's copy must go to the second runner.
+    let one_job: Vec<(&str, &str)> = env
+        .iter()
+        .copied()
+        .chain([("GLEANER_RUNNER__MAX_JOBS", "1")])
+        .collect();
+    let first = g.start_with("runner", &["runner"], &one_job);
+    wait_for("the first runner to serve", MINUTE, || {
+        g.log("runner").contains("runner serving")
+    });
+    let manifest = g.write(
+        "victim.toml",
+        "name = \"victim\"\n[sweep]\ncommand = \"sleep 2; echo alice {n}\"\nparams = { n = { from = 1, to = 16 } }\n",
+    );
+    let submitted = g.run_as(&alice, &["submit", manifest.to_str().unwrap()]);
+    assert!(submitted.status.success(), "{}", text(&submitted));
+    let job = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
+    let results = g.path().join("alice/results").join(&job);
+    let index = || {
+        std::fs::read_to_string(results.join("index.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("index line"))
+            .collect::<Vec<_>>()
+    };
+    wait_for("alice's first results", MINUTE, || !index().is_empty());
+
+    g.start_with("runner2", &["runner"], &env);
+    let intruder = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_user_id(bob.name.as_str().into())
+        .with_message_id(job.as_str().into());
+    let intrude = |command: &str| {
+        let body = format!(r#"{{"name":"victim","task":[{{"command":"{command}"}}]}}"#);
+        bob.amqp()
+            .publish_with(
+                ("gleaner.user", "submit"),
+                body.as_bytes(),
+                intruder.clone(),
+            )
+            .expect("bob may submit");
+    };
+    intrude("echo bob");
+    wait_for("bob's copy to wait for the job's lock", MINUTE, || {
+        g.log("runner2").contains("another runner owns this job")
+    });
+    g.signal(first, Signal::SIGKILL);
+    wait_for("alice's job to be resumed", 2 * MINUTE, || {
+        g.log("runner2").contains("job resumed")
+    });
+    let log = g.log("runner2");
+    assert!(log.contains("belongs to another user"), "{log}");
+    intrude("echo bob again");
+    let mut dead = Vec::new();
+    wait_for("bob's copies in gleaner.dead", MINUTE, || {
+        dead.extend(g.vhost.get("gleaner.dead", 10));
+        dead.len() >= 2
+    });
+    assert!(
+        dead.iter()
+            .all(|d| d["properties"]["headers"]["x-gleaner-reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("belongs to another user"))),
+        "{dead:?}"
+    );
+
+    wait_for("alice's job to end", 3 * MINUTE, || {
+        std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
+    });
+    let outputs: std::collections::BTreeSet<String> = (0..16)
+        .map(|task| {
+            std::fs::read_to_string(results.join(format!("tasks/{task}/stdout")))
+                .unwrap_or_default()
+        })
+        .collect();
+    let expected: std::collections::BTreeSet<String> =
+        (1..=16).map(|n| format!("alice {n}\n")).collect();
+    assert_eq!(outputs, expected, "alice's tasks, and only hers, ran");
+    let tasks = gleaner_testkit::by_task(&index());
+    assert_eq!(tasks.len(), 16);
+    assert!(
+        tasks.values().all(|t| t["status"] == "succeeded"),
+        "{tasks:?}"
+    );
+    assert!(
+        !g.path().join("bob/results").join(&job).exists(),
+        "bob's copies ran nothing"
     );
 }
 

@@ -190,13 +190,19 @@ mod tests {
     fn a_launcher_account_reaches_its_own_job_only() {
         let job: JobId = "sweep.v2-3fa9c2d41e07b5a8".parse().unwrap();
         let (configure, write, read) = launcher_permissions(&job);
-        assert_eq!(configure, r"^gleaner\.launcher\.sweep\.v2-3fa9c2d41e07b5a8:.*$");
+        assert_eq!(
+            configure,
+            r"^gleaner\.launcher\.sweep\.v2-3fa9c2d41e07b5a8:.*$"
+        );
         assert_eq!(write, r"^gleaner\.job\.sweep\.v2-3fa9c2d41e07b5a8$");
         assert_eq!(
             read,
             r"^(gleaner\.job\.sweep\.v2-3fa9c2d41e07b5a8\.tasks|gleaner\.launcher\.sweep\.v2-3fa9c2d41e07b5a8:.*)$"
         );
-        assert_eq!(launcher_user(&job), "gleaner-launcher-sweep.v2-3fa9c2d41e07b5a8");
+        assert_eq!(
+            launcher_user(&job),
+            "gleaner-launcher-sweep.v2-3fa9c2d41e07b5a8"
+        );
     }
 
     #[test]

@@ -473,6 +473,9 @@ mod tests {
             launcher_queue(&job, &"c1-h-1".into()),
             "gleaner.launcher.sweep-3fa9c2d41e07b5a8:c1-h-1"
         );
-        assert_eq!(q.to_results(), ("gleaner.job.sweep-3fa9c2d41e07b5a8", "results"));
+        assert_eq!(
+            q.to_results(),
+            ("gleaner.job.sweep-3fa9c2d41e07b5a8", "results")
+        );
     }
 }

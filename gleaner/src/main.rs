@@ -129,7 +129,9 @@ enum Command {
         hosts: bool,
     },
     /// An open job takes no more tasks; it ends once those it has ended.
-    #[command(after_help = "Example:\n  gleaner close sweep-3fa9c2d41e07b5a8 && gleaner wait sweep-3fa9c2d41e07b5a8")]
+    #[command(
+        after_help = "Example:\n  gleaner close sweep-3fa9c2d41e07b5a8 && gleaner wait sweep-3fa9c2d41e07b5a8"
+    )]
     Close { job: String },
     /// Stop a job: running tasks are killed, results so far are kept.
     #[command(after_help = "Example:\n  gleaner cancel sweep-3fa9c2d41e07b5a8")]

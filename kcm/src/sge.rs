@@ -405,10 +405,9 @@ mod tests {
         );
         assert!(script.starts_with("#!/bin/sh\n"));
         assert!(script.contains("export GLEANER_BROKER_URL='amqp://u:p@h/v?heartbeat=10'\n"));
-        assert!(
-            script
-                .contains(r"exec '/opt/gleaner'\''s bin/gleaner' 'launcher' --job 'sweep-3fa9c2d41e07b5a8'")
-        );
+        assert!(script.contains(
+            r"exec '/opt/gleaner'\''s bin/gleaner' 'launcher' --job 'sweep-3fa9c2d41e07b5a8'"
+        ));
         assert!(
             script.contains(r#"--id 'c1'-"$JOB_ID.$SGE_TASK_ID" --slot "$JOB_ID.$SGE_TASK_ID""#)
         );

@@ -1381,6 +1381,11 @@ mod tests {
             submission: 8,
             ..alice.clone()
         };
-        assert!(again.refusal("j-1", &alice).unwrap().contains("already submitted"));
+        assert!(
+            again
+                .refusal("j-1", &alice)
+                .unwrap()
+                .contains("already submitted")
+        );
     }
 }

@@ -146,10 +146,16 @@ mod tests {
     fn names_read_back() {
         let job: JobId = "sweep-3fa9c2d41e07b5a8".parse().unwrap();
         assert_eq!(placeholder_name(job.as_str()), "gl-sweep-3fa9c2d41e07b5a8");
-        assert_eq!(parse_placeholder_name("gl-sweep-3fa9c2d41e07b5a8"), Some(job.clone()));
+        assert_eq!(
+            parse_placeholder_name("gl-sweep-3fa9c2d41e07b5a8"),
+            Some(job.clone())
+        );
         assert_eq!(parse_placeholder_name("gg-sweep-3fa9c2d41e07b5a8.1"), None);
         assert_eq!(component_name(&job, 2), "gg-sweep-3fa9c2d41e07b5a8.2");
-        assert_eq!(parse_component_name("gg-sweep-3fa9c2d41e07b5a8.2"), Some((job, 2)));
+        assert_eq!(
+            parse_component_name("gg-sweep-3fa9c2d41e07b5a8.2"),
+            Some((job, 2))
+        );
         assert_eq!(parse_component_name("gl-sweep-3fa9c2d41e07b5a8"), None);
     }
 

@@ -11,8 +11,9 @@ use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use futures_util::FutureExt;
 use gleaner_broker::{
-    BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher, peek,
+    BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher,
     admin::{Admin, launcher_user},
+    peek,
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
 };
 use gleaner_manifest::{JobId, JobKind, TaskList};
@@ -68,6 +69,7 @@ pub async fn run(
     settings: JobSettings,
     submission: &Submission,
     claim: &JobClaim,
+    claimed: impl FnOnce(),
     owner: &Owner,
     admin: Option<&Admin>,
     shutdown: CancellationToken,
@@ -94,10 +96,21 @@ pub async fn run(
         )));
     }
     let publisher = connection.publisher().await?;
-    if !wait_for_lock(&connection, &publisher, &queues, claim, &root, account, &shutdown).await? {
+    if !wait_for_lock(
+        &connection,
+        &publisher,
+        &queues,
+        claim,
+        &root,
+        account,
+        &shutdown,
+    )
+    .await?
+    {
         info!(job = %id, "another runner finished the job meanwhile");
         return Ok(());
     }
+    claimed();
     // Only the lock holder reads (and repairs) the index: another runner
     // may still have been appending to it until now.
     let (results, finished) = ResultsDir::open(&root, account).map_err(io_error)?;

@@ -5,6 +5,7 @@
 //! hands its jobs to another runner (or to itself, restarted), which resumes
 //! them from their queues and results directories.
 
+mod admission;
 mod book;
 mod effect;
 mod grid;
@@ -16,7 +17,9 @@ mod records;
 mod results;
 mod sweep;
 
-use std::{collections::HashSet, sync::Arc, time::Duration};
+use std::{sync::Arc, time::Duration};
+
+use admission::{Admissions, Arrival};
 
 use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, IncomingSubmission,
@@ -26,7 +29,7 @@ use gleaner_broker::{
 use gleaner_manifest::JobId;
 use gleaner_policy::access::Users;
 use gleaner_protocol::{Event, JobClaim, SchedulerMsg};
-use tokio::task::JoinSet;
+use tokio::{sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
@@ -133,39 +136,59 @@ async fn session(
     info!(runner = %connection.identity(), max_jobs = config.max_jobs, "runner serving gleaner.submit");
     let stop_jobs = shutdown.child_token();
     let mut jobs: JoinSet<(JobId, Result<(), BrokerError>)> = JoinSet::new();
-    let mut active: HashSet<JobId> = HashSet::new();
+    let mut admissions = Admissions::default();
+    let (claimed, mut claims) = mpsc::unbounded_channel::<JobId>();
+    let start =
+        |jobs: &mut JoinSet<_>, (incoming, owner): (Incoming<IncomingSubmission>, Owner), claim| {
+            let admin = owner.account.as_ref().and(admin).cloned();
+            jobs.spawn(supervise(
+                connection.clone(),
+                config.job.clone(),
+                incoming,
+                owner,
+                claim,
+                admin,
+                claimed.clone(),
+                stop_jobs.clone(),
+            ));
+        };
     let outcome = loop {
         tokio::select! {
             delivery = submissions.next() => match delivery {
                 Some(Ok(incoming)) => {
-                    let submission = &incoming.msg.0;
+                    let IncomingSubmission(submission, raw) = &incoming.msg;
                     let job = submission.job.clone();
-                    if active.contains(&job) {
-                        let reason = format!("job {job} was already submitted; each submission gets a job id of its own");
-                        refuse(&publisher, &incoming, incoming.user.as_deref().unwrap_or_default(), &reason).await?;
-                        continue;
-                    }
                     let owner = match owner(users, incoming.user.as_deref(), connection.user()) {
                         Ok(owner) => owner,
                         Err(reason) => {
-                            refuse(&publisher, &incoming, incoming.user.as_deref().unwrap_or_default(), &reason).await?;
+                            let sender = incoming.user.clone().unwrap_or_default();
+                            refuse(&publisher, &incoming, &sender, &reason).await?;
                             continue;
                         }
                     };
+                    let claim = JobClaim { owner: owner.name.clone(), submission: raw.fingerprint() };
                     info!(job = %job, owner = %owner.name, from = %incoming.from, redelivered = incoming.redelivered, "job accepted");
-                    active.insert(job);
-                    let admin = owner.account.as_ref().and(admin).cloned();
-                    jobs.spawn(supervise(connection.clone(), config.job.clone(), incoming, owner, admin, stop_jobs.clone()));
+                    match admissions.arrive(&job, claim.clone(), (incoming, owner)) {
+                        Arrival::Run(submission) => start(&mut jobs, submission, claim),
+                        Arrival::Wait => info!(job = %job, "another submission of this job id is being checked; this one waits for it"),
+                        Arrival::Refuse((incoming, owner), reason) => refuse(&publisher, &incoming, &owner.name, &reason).await?,
+                    }
                 }
                 Some(Err(e)) => break Err(e),
                 None => break Err(BrokerError::NoQueue(SUBMIT_QUEUE.to_owned())),
             },
-            Some(ended) = jobs.join_next() => match ended {
-                Ok((job, Ok(()))) => { active.remove(&job); }
-                Ok((job, Err(e))) => {
-                    active.remove(&job);
-                    break Err(e);
+            Some(job) = claims.recv() => {
+                for ((incoming, owner), reason) in admissions.claimed(&job) {
+                    refuse(&publisher, &incoming, &owner.name, &reason).await?;
                 }
+            }
+            Some(ended) = jobs.join_next() => match ended {
+                Ok((job, Ok(()))) => {
+                    if let Some((claim, next)) = admissions.ended(&job) {
+                        start(&mut jobs, next, claim);
+                    }
+                }
+                Ok((_, Err(e))) => break Err(e),
                 Err(e) => {
                     // Its manifest can only go back to the queue with the channel.
                     error!(error = %e, "job controller failed; restarting the session");
@@ -212,21 +235,23 @@ async fn supervise(
     settings: JobSettings,
     manifest: Incoming<IncomingSubmission>,
     owner: Owner,
+    claim: JobClaim,
     admin: Option<Admin>,
+    claimed: mpsc::UnboundedSender<JobId>,
     stop: CancellationToken,
 ) -> (JobId, Result<(), BrokerError>) {
-    let IncomingSubmission(submission, raw) = &manifest.msg;
+    let submission = &manifest.msg.0;
     let job = submission.job.clone();
-    let claim = JobClaim {
-        owner: owner.name.clone(),
-        submission: raw.fingerprint(),
-    };
     loop {
         let outcome = job::run(
             connection.clone(),
             settings.clone(),
             submission,
             &claim,
+            || {
+                // The session outlives its jobs: it hears this.
+                let _ = claimed.send(job.clone());
+            },
             &owner,
             admin.as_ref(),
             stop.clone(),

@@ -5,8 +5,9 @@
 use std::{path::Path, process::Command};
 
 use futures_util::StreamExt;
+pub use lapin::BasicProperties;
 use lapin::{
-    BasicProperties, Connection, ConnectionProperties,
+    Connection, ConnectionProperties,
     options::{
         BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions,
         QueueDeclareOptions,
@@ -126,26 +127,36 @@ impl Amqp {
     /// confirm, claiming to be `user_id` if given.
     pub fn publish(
         &self,
-        (exchange, key): (&str, &str),
+        route: (&str, &str),
         body: &[u8],
         user_id: Option<&str>,
+    ) -> Result<(), String> {
+        let mut properties = BasicProperties::default();
+        if let Some(user) = user_id {
+            properties = properties.with_user_id(user.into());
+        }
+        self.publish_with(route, body, properties)
+    }
+
+    /// [`Amqp::publish`] with the message's properties as given.
+    pub fn publish_with(
+        &self,
+        (exchange, key): (&str, &str),
+        body: &[u8],
+        properties: BasicProperties,
     ) -> Result<(), String> {
         self.run(async |connection| {
             let channel = connection.create_channel().await?;
             channel
                 .confirm_select(ConfirmSelectOptions::default())
                 .await?;
-            let mut properties = BasicProperties::default();
-            if let Some(user) = user_id {
-                properties = properties.with_user_id(user.into());
-            }
             channel
                 .basic_publish(
                     exchange.into(),
                     key.into(),
                     BasicPublishOptions::default(),
                     body,
-                    properties,
+                    properties.clone(),
                 )
                 .await?
                 .await?;

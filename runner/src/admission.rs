@@ -1,0 +1,176 @@
+//! Which submission of a job id a runner runs. Ids are public (`qstat`
+//! shows them), so two submissions may name one job: a redelivery of the
+//! job's own after its runner died, another user's, or a second one. The
+//! job's claim in the broker says which is the job's
+//! ([`JobClaim`]), but only to the runner that holds the job's lock, and
+//! the jobs of one runner share its connection and so its lock. So a
+//! runner runs one submission of an id at a time: a second waits while the
+//! first has not been found to be the job's (it may be the impostor), and
+//! is refused once it has.
+
+use std::collections::{HashMap, VecDeque};
+
+use gleaner_manifest::JobId;
+use gleaner_protocol::JobClaim;
+
+/// The submissions this runner holds, by job id.
+#[derive(Debug)]
+pub struct Admissions<P> {
+    jobs: HashMap<JobId, Held<P>>,
+}
+
+#[derive(Debug)]
+struct Held<P> {
+    claim: JobClaim,
+    /// The job's claim in the broker is this submission's.
+    claimed: bool,
+    /// Submissions of the same id that wait for this one's fate.
+    waiting: VecDeque<(JobClaim, P)>,
+}
+
+/// What to do with a submission that arrived.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Arrival<P> {
+    /// Start the job's controller with it.
+    Run(P),
+    /// Hold it until the submission that holds the id is known for the
+    /// job's, or has gone.
+    Wait,
+    /// Refuse it, for this reason.
+    Refuse(P, String),
+}
+
+impl<P> Default for Admissions<P> {
+    fn default() -> Self {
+        Self {
+            jobs: HashMap::new(),
+        }
+    }
+}
+
+impl<P> Admissions<P> {
+    pub fn arrive(&mut self, job: &JobId, claim: JobClaim, submission: P) -> Arrival<P> {
+        match self.jobs.get_mut(job) {
+            None => {
+                self.jobs.insert(
+                    job.clone(),
+                    Held {
+                        claim,
+                        claimed: false,
+                        waiting: VecDeque::new(),
+                    },
+                );
+                Arrival::Run(submission)
+            }
+            Some(held) if held.claimed => {
+                let reason = refusal(job, &claim, &held.claim);
+                Arrival::Refuse(submission, reason)
+            }
+            Some(held) => {
+                held.waiting.push_back((claim, submission));
+                Arrival::Wait
+            }
+        }
+    }
+
+    /// The running submission of `job` holds the job's claim: those that
+    /// waited for it are refused.
+    pub fn claimed(&mut self, job: &JobId) -> Vec<(P, String)> {
+        let Some(held) = self.jobs.get_mut(job) else {
+            return Vec::new();
+        };
+        held.claimed = true;
+        let claim = held.claim.clone();
+        held.waiting
+            .drain(..)
+            .map(|(theirs, submission)| (submission, refusal(job, &theirs, &claim)))
+            .collect()
+    }
+
+    /// The running submission of `job` has gone (its job ended, or it was
+    /// refused): the next one that waited runs, with its claim.
+    pub fn ended(&mut self, job: &JobId) -> Option<(JobClaim, P)> {
+        let mut held = self.jobs.remove(job)?;
+        let (claim, next) = held.waiting.pop_front()?;
+        self.jobs.insert(
+            job.clone(),
+            Held {
+                claim: claim.clone(),
+                claimed: false,
+                waiting: held.waiting,
+            },
+        );
+        Some((claim, next))
+    }
+}
+
+fn refusal(job: &JobId, theirs: &JobClaim, held: &JobClaim) -> String {
+    theirs
+        .refusal(job.as_str(), held)
+        .unwrap_or_else(|| format!("job {job} is already running"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(owner: &str, submission: u64) -> JobClaim {
+        JobClaim {
+            owner: owner.into(),
+            submission,
+        }
+    }
+
+    #[test]
+    fn a_second_submission_waits_while_the_first_may_be_the_impostor() {
+        let job = JobId::new("j", 1);
+        let mut admissions = Admissions::default();
+        assert_eq!(
+            admissions.arrive(&job, claim("bob", 2), "bob's"),
+            Arrival::Run("bob's")
+        );
+        assert_eq!(
+            admissions.arrive(&job, claim("alice", 1), "alice's"),
+            Arrival::Wait
+        );
+        // Bob's copy found the job claimed by Alice and was refused: hers runs.
+        assert_eq!(admissions.ended(&job), Some((claim("alice", 1), "alice's")));
+        assert!(admissions.claimed(&job).is_empty());
+        // Now it is known for hers: another copy is refused at once.
+        match admissions.arrive(&job, claim("bob", 3), "bob's again") {
+            Arrival::Refuse("bob's again", reason) => {
+                assert!(reason.contains("another user"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(admissions.ended(&job), None);
+        assert_eq!(
+            admissions.arrive(&job, claim("bob", 4), "new"),
+            Arrival::Run("new")
+        );
+    }
+
+    #[test]
+    fn those_waiting_are_refused_once_the_running_one_holds_the_claim() {
+        let job = JobId::new("j", 1);
+        let mut admissions = Admissions::default();
+        assert_eq!(
+            admissions.arrive(&job, claim("alice", 1), 'a'),
+            Arrival::Run('a')
+        );
+        assert_eq!(
+            admissions.arrive(&job, claim("alice", 2), 'b'),
+            Arrival::Wait
+        );
+        assert_eq!(admissions.arrive(&job, claim("bob", 3), 'c'), Arrival::Wait);
+        let refused = admissions.claimed(&job);
+        assert_eq!(refused.len(), 2);
+        assert!(
+            refused[0].1.contains("already submitted"),
+            "{}",
+            refused[0].1
+        );
+        assert!(refused[1].1.contains("another user"), "{}", refused[1].1);
+        assert_eq!(admissions.ended(&job), None);
+    }
+}
