@@ -275,6 +275,83 @@ fn another_users_submission_of_a_live_job_id_is_refused() {
     );
 }
 
+/// A task holds its launcher's broker account, and with it its job's
+/// control queue: what it sends there may be refused, but costs its runner
+/// nothing. A launcher announcing itself with a 300-byte cluster name
+/// (which no queue name can hold) and a body that is not a message go to
+/// `gleaner.dead` with their reasons; the runner keeps serving and the
+/// job completes.
+#[test]
+fn a_tasks_hostile_control_messages_leave_its_runner_serving() {
+    let (g, alice, _bob) = many_users("users-hostile");
+    let hers = g.write(
+        "alice.toml",
+        "name = \"hostile\"\n[[task]]\ncommand = \"cat \\\"$GLEANER_CONFIG\\\"\"\n[sweep]\ncommand = \"sleep 1\"\nparams = { n = { from = 1, to = 12 } }\n",
+    );
+    let submitted = g.run_as(&alice, &["submit", hers.to_str().unwrap()]);
+    assert!(submitted.status.success(), "{}", text(&submitted));
+    let job = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
+    let results = g.path().join("alice/results").join(&job);
+    let stdout = results.join("tasks/0/stdout");
+    wait_for("her task's output", MINUTE, || {
+        std::fs::read_to_string(&stdout).is_ok_and(|t| t.contains("amqp://"))
+    });
+    let seen = std::fs::read_to_string(&stdout).unwrap();
+    let url = seen
+        .split('"')
+        .find(|s| s.starts_with("amqp://"))
+        .unwrap_or_else(|| panic!("no broker URL in the launcher's settings:\n{seen}"));
+    let stolen = gleaner_testkit::users::Amqp(url.to_owned());
+    let up = gleaner_protocol::ControlMsg::LauncherUp(gleaner_protocol::LauncherInfo {
+        launcher: "local-1".into(),
+        cluster: "c".repeat(300).as_str().into(),
+        host: "node1".into(),
+        slots: 1,
+        started_at: 0,
+        deadline: None,
+        heartbeat_ms: None,
+    });
+    let control = (format!("gleaner.job.{job}"), "control");
+    for body in [
+        gleaner_protocol::codec::encode("launcher@forged", &up).unwrap(),
+        b"\xc1 not a message".to_vec(),
+    ] {
+        stolen
+            .publish((&control.0, control.1), &body, None)
+            .expect("her own job's exchange takes it");
+    }
+    let mut dead = Vec::new();
+    wait_for("both in gleaner.dead", MINUTE, || {
+        dead.extend(g.vhost.get("gleaner.dead", 10));
+        dead.len() >= 2
+    });
+    let reasons: Vec<&str> = dead
+        .iter()
+        .filter_map(|d| d["properties"]["headers"]["x-gleaner-reason"].as_str())
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r.contains("not a cluster name")),
+        "{reasons:?}"
+    );
+    wait_for("her job to end", 3 * MINUTE, || {
+        std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
+    });
+    let index = std::fs::read_to_string(results.join("index.jsonl")).unwrap();
+    let tasks: Vec<serde_json::Value> = index
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let tasks = gleaner_testkit::by_task(&tasks);
+    assert_eq!(tasks.len(), 13);
+    assert!(
+        tasks.values().all(|t| t["status"] == "succeeded"),
+        "{tasks:?}"
+    );
+    let log = g.log("up");
+    assert!(!log.contains("panicked"), "{log}");
+    assert!(!log.contains("restarting the session"), "{log}");
+}
+
 #[test]
 fn submissions_without_a_sender_or_leaving_the_users_area_are_refused() {
     let (g, alice, _bob) = many_users("anonymous");

@@ -17,6 +17,7 @@ use tracing::warn;
 use crate::{
     BrokerError,
     codec::{Decode, DecodeError},
+    error::short,
     publish::Publisher,
 };
 use gleaner_protocol::Event;
@@ -26,7 +27,7 @@ use gleaner_protocol::Event;
 /// cannot be read is dropped, with a warning, and reads as none.
 pub async fn peek<M: Decode>(channel: &Channel, queue: &str) -> Result<Option<M>, BrokerError> {
     let Some(got) = channel
-        .basic_get(queue.into(), BasicGetOptions { no_ack: false })
+        .basic_get(short(queue)?, BasicGetOptions { no_ack: false })
         .await?
     else {
         return Ok(None);
@@ -122,8 +123,8 @@ impl<M: Decode> Inbox<M> {
             .await?;
         let consumer = channel
             .basic_consume(
-                queue.into(),
-                options.tag.into(),
+                short(queue)?,
+                short(options.tag)?,
                 BasicConsumeOptions {
                     exclusive: options.exclusive,
                     ..BasicConsumeOptions::default()

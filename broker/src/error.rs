@@ -16,6 +16,15 @@ pub enum BrokerError {
     NoQueue(String),
     #[error("cannot encode message: {0}")]
     Encode(String),
+    /// A queue, exchange or routing key longer than AMQP's 255 bytes:
+    /// refused here, where the client library would panic.
+    #[error("name too long for AMQP ({} bytes): {}…", .0.len(), .0.chars().take(60).collect::<String>())]
+    NameTooLong(String),
+}
+
+/// `name` as AMQP's short string, or the error that it is too long.
+pub(crate) fn short(name: &str) -> Result<lapin::types::ShortString, BrokerError> {
+    lapin::types::ShortString::try_new(name).map_err(|_| BrokerError::NameTooLong(name.to_owned()))
 }
 
 impl BrokerError {

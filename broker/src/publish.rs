@@ -14,6 +14,7 @@ use lapin::{
 use crate::{
     BrokerError,
     codec::{MSGPACK, encode},
+    error::short,
     topology::{DEAD_QUEUE, EVENTS_EXCHANGE},
 };
 use gleaner_protocol::{Message, now_ms};
@@ -88,8 +89,8 @@ impl Publisher {
         Ok(self
             .channel
             .basic_publish(
-                exchange.into(),
-                routing_key.into(),
+                short(exchange)?,
+                short(routing_key)?,
                 options,
                 &body,
                 properties,

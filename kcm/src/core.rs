@@ -167,6 +167,9 @@ const HEARD_KEPT: Duration = Duration::from_secs(600);
 #[derive(Debug)]
 struct Removal {
     due: Instant,
+    /// The job whose placeholders these are: a runner's word covers its
+    /// own job's launchers only (a task can send its runner anything).
+    job: JobId,
     ids: Vec<String>,
 }
 
@@ -193,7 +196,7 @@ pub struct KcmCore {
     /// Why the last placeholder that ended at once did.
     start_error: Option<String>,
     /// Placeholders whose launcher reached the broker, and when it said so.
-    heard: BTreeMap<String, Instant>,
+    heard: BTreeMap<String, (JobId, Instant)>,
     /// Placeholders this kcm asked the batch system to remove.
     withdrawn: BTreeSet<String>,
     /// The first reading is done: what it found ran under an earlier kcm.
@@ -346,6 +349,7 @@ impl KcmCore {
                 info!(job = %job, cluster = %cluster, launchers = ?launchers, grace_ms, "will remove preempted launchers that do not leave");
                 self.removals.push(Removal {
                     due: now.instant + Duration::from_millis(grace_ms),
+                    job,
                     ids,
                 });
                 Vec::new()
@@ -355,12 +359,21 @@ impl KcmCore {
                 effects.push(Effect::PollNow);
                 effects
             }
-            KcmMsg::LauncherUp { launcher } => {
+            KcmMsg::LauncherUp { job, launcher } => {
                 let Some(id) = naming::batch_id(&self.config.cluster, &launcher) else {
                     warn!(cluster = %self.config.cluster, launcher = %launcher, "a launcher of another cluster says it is up; ignored");
                     return Vec::new();
                 };
-                self.heard.insert(id.to_owned(), now.instant);
+                if self
+                    .last
+                    .placeholders
+                    .iter()
+                    .any(|p| p.id == id && p.job != job)
+                {
+                    warn!(job = %job, cluster = %self.config.cluster, launcher = %launcher, "a launcher says it is up for a job whose placeholder it is not; ignored");
+                    return Vec::new();
+                }
+                self.heard.insert(id.to_owned(), (job, now.instant));
                 if self.failed_starts > 0 {
                     info!(cluster = %self.config.cluster, launcher = %launcher, failures = self.failed_starts, "a launcher reached the broker: starts work again");
                 }
@@ -484,7 +497,10 @@ impl KcmCore {
             // An earlier kcm's: their launchers told it.
             self.adopted = true;
             for placeholder in next.placeholders.iter().filter(|p| p.running()) {
-                self.heard.insert(placeholder.id.clone(), now.instant);
+                self.heard.insert(
+                    placeholder.id.clone(),
+                    (placeholder.job.clone(), now.instant),
+                );
             }
             return;
         }
@@ -497,7 +513,10 @@ impl KcmCore {
             .cloned()
             .collect();
         for placeholder in gone {
-            let heard = self.heard.remove(&placeholder.id).is_some();
+            let heard = self
+                .heard
+                .remove(&placeholder.id)
+                .is_some_and(|(job, _)| job == placeholder.job);
             if self.withdrawn.remove(&placeholder.id) || heard {
                 continue;
             }
@@ -512,7 +531,7 @@ impl KcmCore {
         self.withdrawn.retain(|id| still.contains(id.as_str()));
         // A launcher may speak before the kcm sees its placeholder; one
         // never seen at all is forgotten after a while.
-        self.heard.retain(|id, at| {
+        self.heard.retain(|id, (_, at)| {
             still.contains(id.as_str()) || now.instant.saturating_duration_since(*at) < HEARD_KEPT
         });
     }
@@ -738,8 +757,12 @@ impl KcmCore {
         self.removals = later;
         let still_there: Vec<String> = due
             .into_iter()
-            .flat_map(|r| r.ids)
-            .filter(|id| self.last.placeholders.iter().any(|p| &p.id == id))
+            .flat_map(|r| {
+                let placeholders = &self.last.placeholders;
+                r.ids
+                    .into_iter()
+                    .filter(move |id| placeholders.iter().any(|p| &p.id == id && p.job == r.job))
+            })
             .collect();
         if still_there.is_empty() {
             return Vec::new();
@@ -795,6 +818,7 @@ impl KcmCore {
         if !running.is_empty() {
             self.removals.push(Removal {
                 due: now.instant + self.config.job_end_grace,
+                job: job.clone(),
                 ids: running,
             });
         }
@@ -1244,6 +1268,18 @@ mod tests {
             clock.at(0),
         );
         assert!(effects.is_empty(), "no poll needed: {effects:?}");
+        // Another job's runner cannot have a's launchers removed.
+        let b = job("b");
+        message(
+            &mut kcm,
+            KcmMsg::Release {
+                job: b,
+                launchers: vec!["c1-5.1".into(), "c1-5.2".into()],
+                grace_ms: 0,
+            },
+            clock.at(0),
+        );
+        assert!(removed(&poll(&mut kcm, both.clone(), clock.at(1))).is_empty());
         assert!(removed(&poll(&mut kcm, both, clock.at(2_999))).is_empty());
         // 5.1 left by itself; 5.3 is another cluster's.
         let one = cluster(4, vec![placeholder("5.2", &a, true)]);
@@ -1393,6 +1429,7 @@ mod tests {
             "submitted is not started yet"
         );
         let up = KcmMsg::LauncherUp {
+            job: job("a"),
             launcher: naming::launcher_id(&"c1".into(), "7.1"),
         };
         message(&mut kcm, up, clock.at(1_000));
@@ -1444,9 +1481,17 @@ mod tests {
             error.contains("before its launcher reached the broker"),
             "{error}"
         );
+        // Job b's launchers cannot speak for a's placeholder 3.1.
+        let forged = KcmMsg::LauncherUp {
+            job: b.clone(),
+            launcher: naming::launcher_id(&"c1".into(), "3.1"),
+        };
+        message(&mut kcm, forged, clock.at(3_200));
+        assert_eq!(report(&mut kcm, clock.at(3_200)).failed_starts, 2);
         // 3.1's launcher speaks before the kcm sees it run, and clears the
         // count; 4.1 is removed by the kcm. Neither ending is a failure.
         let up = KcmMsg::LauncherUp {
+            job: a.clone(),
             launcher: naming::launcher_id(&"c1".into(), "3.1"),
         };
         message(&mut kcm, up, clock.at(3_500));

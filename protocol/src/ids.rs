@@ -3,8 +3,15 @@
 //!
 //! Each is its own type because as bare strings and integers they were
 //! mixed up (a launcher id where a cluster name belongs, a grant id next to
-//! slot counts). On the wire they are exactly what they wrap
-//! (`#[serde(transparent)]`), so older and newer components keep talking.
+//! slot counts). On the wire they are exactly what they wrap.
+//!
+//! The string ids name queues, batch jobs and log fields, and launchers
+//! send them (a task can hold its launcher's account and send anything):
+//! so they are checked where they are read, and a message with a name
+//! that is too long or has other characters than `A-Z a-z 0-9 . _ -` does
+//! not decode (it goes to `gleaner.dead` with the reason), rather than
+//! make a queue name the broker cannot take. Host names that launchers
+//! report are held to the same characters ([`host_name`]).
 
 use std::{borrow::Borrow, fmt};
 
@@ -13,7 +20,7 @@ use serde::{Deserialize, Serialize};
 /// A cluster's name, as its kcm calls it: it keys every per-cluster map and
 /// names the kcm's queue, so it must not be confused with a launcher's id or
 /// a host.
-#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
 pub struct ClusterName(String);
 
@@ -22,7 +29,7 @@ pub struct ClusterName(String);
 /// queue and is what a runner tells a kcm to remove, so it must not be
 /// confused with the cluster it runs on. The default, empty, is no launcher
 /// (a grid component's result).
-#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(transparent)]
 pub struct LauncherId(String);
 
@@ -35,9 +42,63 @@ pub struct LauncherId(String);
 #[serde(transparent)]
 pub struct GrantId(u64);
 
+/// The longest cluster name: it names the kcm's queue and begins every
+/// launcher id.
+pub const MAX_CLUSTER_NAME: usize = 64;
+/// The longest launcher id: `gleaner.launcher.<job>:<launcher>` stays
+/// within the broker's 255 bytes for the longest job id (81).
+pub const MAX_LAUNCHER_ID: usize = 150;
+/// The longest host name (DNS's limit).
+pub const MAX_HOST_NAME: usize = 253;
+
+/// Whether `word` (empty or not) is at most `max` bytes of `A-Z a-z 0-9 .
+/// _ -`: safe in a queue name, a batch job's name, a log line and a
+/// terminal.
+pub fn is_name(word: &str, max: usize) -> bool {
+    word.len() <= max
+        && word
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// Deserializes a host name a launcher reports, checked as [`is_name`].
+pub fn host_name<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    let host = String::deserialize(deserializer)?;
+    if is_name(&host, MAX_HOST_NAME) {
+        Ok(host)
+    } else {
+        Err(serde::de::Error::custom(format!(
+            "host {:?} is not a host name",
+            shorten(&host)
+        )))
+    }
+}
+
+/// The start of a refused name, for the reason that names it.
+fn shorten(word: &str) -> String {
+    word.chars().take(40).collect()
+}
+
 /// What the two string identifiers share.
 macro_rules! string_id {
-    ($name:ident) => {
+    ($name:ident, $max:expr, $what:literal) => {
+        /// Checked as it is read: it came from outside.
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                let id = String::deserialize(deserializer)?;
+                if is_name(&id, $max) {
+                    Ok(Self(id))
+                } else {
+                    Err(serde::de::Error::custom(format!(
+                        "{:?} is not a {} (at most {} of A-Z a-z 0-9 . _ -)",
+                        shorten(&id),
+                        $what,
+                        $max
+                    )))
+                }
+            }
+        }
+
         impl $name {
             pub fn new(id: impl Into<String>) -> Self {
                 Self(id.into())
@@ -81,8 +142,8 @@ macro_rules! string_id {
     };
 }
 
-string_id!(ClusterName);
-string_id!(LauncherId);
+string_id!(ClusterName, MAX_CLUSTER_NAME, "cluster name");
+string_id!(LauncherId, MAX_LAUNCHER_ID, "launcher id");
 
 impl GrantId {
     pub const fn new(id: u64) -> Self {
@@ -127,5 +188,26 @@ mod tests {
         assert_eq!(LauncherId::from("c1-4711.3").to_string(), "c1-4711.3");
         assert_eq!(GrantId::new(7).to_string(), "7");
         assert_eq!(GrantId::new(7).next(), GrantId::new(8));
+    }
+
+    #[test]
+    fn names_from_outside_are_checked_where_they_are_read() {
+        let read = |json: &str| serde_json::from_str::<ClusterName>(json);
+        assert_eq!(read("\"c1.a_b-2\"").unwrap().as_str(), "c1.a_b-2");
+        let long = format!("\"{}\"", "c".repeat(300));
+        for bad in [long.as_str(), "\"a b\"", "\"a\\nb\"", "\"gl\\u001b[2J\""] {
+            let err = read(bad).unwrap_err().to_string();
+            assert!(err.contains("not a cluster name"), "{err}");
+        }
+        let launcher = format!("\"c1-{}\"", "1".repeat(MAX_LAUNCHER_ID));
+        assert!(serde_json::from_str::<LauncherId>(&launcher).is_err());
+        assert!(serde_json::from_str::<LauncherId>("\"c1-4711.3\"").is_ok());
+        #[derive(Deserialize)]
+        struct Host(#[serde(deserialize_with = "host_name")] String);
+        assert_eq!(
+            serde_json::from_str::<Host>("\"node1.example\"").unwrap().0,
+            "node1.example"
+        );
+        assert!(serde_json::from_str::<Host>("\"node1;rm\"").is_err());
     }
 }

@@ -12,5 +12,5 @@ mod ids;
 mod messages;
 pub mod naming;
 
-pub use ids::{ClusterName, GrantId, LauncherId};
+pub use ids::{ClusterName, GrantId, LauncherId, is_name};
 pub use messages::*;

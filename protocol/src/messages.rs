@@ -462,9 +462,11 @@ pub enum KcmMsg {
     JobEnded { job: JobId },
     /// Run one component of a grid job as an ordinary batch job.
     SubmitComponent(ComponentSpec),
-    /// A launcher reached the broker: its placeholder started well. One
-    /// that leaves the batch system without saying so is a failed start.
-    LauncherUp { launcher: LauncherId },
+    /// A launcher of `job` reached the broker: its placeholder started
+    /// well. One that leaves the batch system without saying so is a
+    /// failed start. The job is its runner's, which relays it: a launcher
+    /// speaks for its own job's placeholders only.
+    LauncherUp { job: JobId, launcher: LauncherId },
 }
 
 /// A broker account and its password.
@@ -659,6 +661,7 @@ pub enum ShrinkMode {
 pub struct LauncherInfo {
     pub launcher: LauncherId,
     pub cluster: ClusterName,
+    #[serde(deserialize_with = "crate::ids::host_name")]
     pub host: String,
     pub slots: u32,
     pub started_at: Millis,
@@ -684,7 +687,7 @@ pub struct LauncherStatus {
     pub cluster: ClusterName,
     /// Where it runs, so that a runner that missed its announcement can
     /// still choose it for a shrink on its host.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::ids::host_name")]
     pub host: String,
     pub running: Vec<RunningTask>,
     pub completed: u64,
@@ -807,6 +810,7 @@ pub struct ResultMsg {
     pub runtime_ms: u64,
     pub launcher: LauncherId,
     pub cluster: ClusterName,
+    #[serde(deserialize_with = "crate::ids::host_name")]
     pub host: String,
     pub stdout: Captured,
     pub stderr: Captured,

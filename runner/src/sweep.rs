@@ -712,6 +712,7 @@ impl JobCore for Sweep {
                 let mut effects = vec![Effect::ToKcm {
                     cluster: info.cluster.clone(),
                     msg: KcmMsg::LauncherUp {
+                        job: job.clone(),
                         launcher: info.launcher.clone(),
                     },
                     followup: Followup::Nothing,
@@ -1146,8 +1147,8 @@ mod tests {
         assert!(
             matches!(
                 effects.as_slice(),
-                [Effect::ToKcm { cluster, msg: KcmMsg::LauncherUp { launcher }, followup: Followup::Nothing }]
-                    if cluster.as_str() == "c1" && launcher.as_str() == "a"
+                [Effect::ToKcm { cluster, msg: KcmMsg::LauncherUp { job, launcher }, followup: Followup::Nothing }]
+                    if cluster.as_str() == "c1" && launcher.as_str() == "a" && *job == sweep.ledger.id
             ),
             "{effects:?}"
         );
