@@ -23,7 +23,19 @@ fn many_users(test: &str) -> (Gleaner, BrokerUser, BrokerUser) {
 
 /// [`many_users`] with `clusters` (configuration) and `up` (its command).
 fn many_users_on(test: &str, clusters: &str, up: &[&str]) -> (Gleaner, BrokerUser, BrokerUser) {
+    many_users_up(test, clusters, up, |_| {})
+}
+
+/// [`many_users_on`] with `prepare` run on the test's directory before
+/// the services start.
+fn many_users_up(
+    test: &str,
+    clusters: &str,
+    up: &[&str],
+    prepare: impl FnOnce(&Gleaner),
+) -> (Gleaner, BrokerUser, BrokerUser) {
     let (mut g, alice, bob, env) = many_users_configured(test, clusters);
+    prepare(&g);
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     g.start_with("up", up, &env);
     // Users cannot declare gleaner's queues: the services do.
@@ -446,6 +458,76 @@ fn grid_engine_runs_a_users_placeholders_as_hers() {
     );
     a_batch_cluster_runs_alices_tasks_as_hers("users-sge", &clusters, |name| {
         listing("qstat", &["-u", "alice", "-xml"]).contains(name)
+    });
+}
+
+/// A grid component's command with lines a batch system reads as
+/// options (`#$ -p 1000`, `#SBATCH --nice=-1000`), and a default request
+/// file in the kcm's directory asking the same: the component runs as
+/// Alice, as submitted, with none of them.
+fn a_components_option_lines_change_nothing(
+    test: &str,
+    clusters: &str,
+    asked: impl Fn(&str) -> Option<String>,
+) {
+    let (g, alice, _bob) = many_users_up(test, clusters, &["up"], |g| {
+        g.write(".sge_request", "-p 1000\n");
+    });
+    let manifest = g.write(
+        "grid.toml",
+        "name = \"rigid\"\nkind = \"grid\"\npriority = \"high\"\n[[component]]\nslots = 1\ncommand = \"\"\"\nsleep 8\n#$ -p 1000\n#SBATCH --nice=-1000\nid -un\n\"\"\"\n",
+    );
+    let submitted = g.run_as(&alice, &["submit", manifest.to_str().unwrap()]);
+    assert!(submitted.status.success(), "{}", text(&submitted));
+    let job = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
+    let name = gleaner_protocol::naming::component_name(&job.parse().unwrap(), 0);
+    let mut seen = None;
+    wait_for("the component in the batch system", MINUTE, || {
+        seen = asked(&name);
+        seen.is_some()
+    });
+    let seen = seen.unwrap_or_default();
+    assert!(
+        !seen.contains("1000"),
+        "the script's lines were read as options: {seen}"
+    );
+    let results = g.path().join("alice/results").join(&job);
+    wait_for("the grid job to end", MINUTE, || {
+        std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
+    });
+    let stdout = std::fs::read_to_string(results.join("tasks/0/stdout")).expect("output");
+    assert_eq!(stdout, "alice\n");
+}
+
+#[test]
+fn grid_engine_reads_no_option_of_a_users_component() {
+    let queues = SgeQueues::new(1, 2);
+    let clusters = format!(
+        "[[cluster]]\nname = \"g1\"\nbackend = \"sge\"\nqueue = \"{}\"\n",
+        queues.names[0]
+    );
+    a_components_option_lines_change_nothing("users-sge-lines", &clusters, |name| {
+        let job = listing("qstat", &["-j", name]);
+        // `priority:` is shown only when it is not 0.
+        job.contains("job_number").then(|| {
+            job.lines()
+                .filter(|l| l.starts_with("priority") || l.starts_with("job_name"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    });
+}
+
+#[test]
+fn slurm_reads_no_option_of_a_users_component() {
+    let _slurm = SlurmCluster::lock();
+    let clusters = format!(
+        "[[cluster]]\nname = \"s1\"\nbackend = \"slurm\"\npartition = \"{}\"\n",
+        SlurmCluster::PARTITION
+    );
+    a_components_option_lines_change_nothing("users-slurm-lines", &clusters, |name| {
+        let nice = listing("squeue", &["-h", "-n", name, "-o", "%y"]);
+        (!nice.trim().is_empty()).then(|| format!("nice {}", nice.trim()))
     });
 }
 

@@ -43,6 +43,11 @@ impl ComponentFiles {
 
     /// The shell script that runs a component and records how it ended.
     ///
+    /// No line of it comes from the job: Grid Engine reads every `#$` line
+    /// of a script as options and Slurm its leading `#SBATCH` lines, so the
+    /// command, directory and variables are written as [`literal`]s,
+    /// printable ASCII that only the shell turns back into them.
+    ///
     /// With `run_as`, the wrapper (the kcm's account, root) opens the
     /// spool files and does nothing else: the owner's shell gets a clean
     /// environment (`setpriv --reset-env`), then the job's variables and
@@ -50,39 +55,58 @@ impl ComponentFiles {
     /// the kcm's the job.
     pub fn script(&self, spec: &ComponentSpec, run_as: Option<&Account>) -> String {
         let mut script = String::from("#!/bin/sh\n# gleaner grid job component\n");
-        // Names the manifest checked; one that is not is dropped, not run.
-        let env = spec.env.iter().filter(|(key, _)| is_env_name(key));
         let mut command = spec.command.clone();
         if let Some(dir) = &spec.workdir {
             command = format!("cd {} || exit 1\n{command}", quote(dir));
         }
+        script.push_str(&literal("gleaner_command", &command));
+        // Names the manifest checked; one that is not is dropped, not run.
+        let env = spec.env.iter().filter(|(key, _)| is_env_name(key));
         let start = match run_as.filter(|a| !a.is_me()) {
             Some(account) => {
                 let mut start = format!(
                     "/usr/bin/setpriv --reuid={} --regid={} --init-groups --reset-env -- /usr/bin/env",
                     account.uid, account.gid
                 );
-                for (key, value) in env {
-                    start.push_str(&format!(" {}", quote(&format!("{key}={value}"))));
+                for (i, (key, value)) in env.enumerate() {
+                    let name = format!("gleaner_env{i}");
+                    script.push_str(&literal(&name, &format!("{key}={value}")));
+                    start.push_str(&format!(" \"${name}\""));
                 }
                 start + " "
             }
             None => {
                 for (key, value) in env {
-                    script.push_str(&format!("export {key}={}\n", quote(value)));
+                    script.push_str(&literal(key, value));
+                    script.push_str(&format!("export {key}\n"));
                 }
                 String::new()
             }
         };
         script.push_str(&format!(
-            "{start}/bin/sh -c {} > {} 2> {}\necho $? > {}\n",
-            quote(&command),
+            "{start}/bin/sh -c \"$gleaner_command\" > {} 2> {}\necho $? > {}\n",
             quote(&self.stdout.to_string_lossy()),
             quote(&self.stderr.to_string_lossy()),
             quote(&self.exit.to_string_lossy()),
         ));
         script
     }
+}
+
+/// A line that sets the shell variable `name` to exactly `text`, made of
+/// printable ASCII whatever `text` holds: bytes other than letters, digits
+/// and a few marks are written as octal escapes, which `printf %b` turns
+/// back (the `x` keeps trailing newlines from `$(…)`, which drops them).
+fn literal(name: &str, text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || b" _-.,/:=+@".contains(&byte) {
+            escaped.push(char::from(byte));
+        } else {
+            escaped.push_str(&format!("\\0{byte:03o}"));
+        }
+    }
+    format!("{name}=$(printf '%bx' '{escaped}'); {name}=${{{name}%x}}\n")
 }
 
 /// `program args` as `run_as` where that is not this process's account:
@@ -381,6 +405,17 @@ pub async fn run(
         message,
     };
     let mut command = Command::new(program);
+    // Slurm's submission commands take options from these too: only the
+    // command line says what gleaner asks for.
+    for (key, _) in std::env::vars_os() {
+        if let Some(key) = key.to_str()
+            && ["SBATCH_", "SALLOC_", "SRUN_"]
+                .iter()
+                .any(|p| key.starts_with(p))
+        {
+            command.env_remove(key);
+        }
+    }
     command
         .args(args)
         .envs(env.iter().copied())
@@ -442,8 +477,55 @@ mod tests {
         assert!(!script.contains("export"), "{script}");
         assert!(!script.contains("X;id"), "{script}");
         assert!(
-            script.contains("/usr/bin/setpriv --reuid=4242 --regid=4242 --init-groups --reset-env -- /usr/bin/env 'OMP_NUM_THREADS=4' /bin/sh -c 'cd '\\''/home/alice/run'\\'' || exit 1\n./mpi_app' > '/spool/j-0000000000000001.0.out'"),
+            script.contains("/usr/bin/setpriv --reuid=4242 --regid=4242 --init-groups --reset-env -- /usr/bin/env \"$gleaner_env0\" /bin/sh -c \"$gleaner_command\" > '/spool/j-0000000000000001.0.out'"),
             "{script}"
+        );
+        let ran = expand(
+            &files.script(&spec, None),
+            "\"$gleaner_command\" \"$(env | grep OMP)\"",
+        );
+        assert_eq!(
+            ran,
+            "cd '/home/alice/run' || exit 1\n./mpi_app|OMP_NUM_THREADS=4"
+        );
+    }
+
+    /// Runs the script up to its command, then prints the two `words`
+    /// with a `|` between them.
+    fn expand(script: &str, words: &str) -> String {
+        let (head, _) = script.split_once("/bin/sh -c").expect("the command");
+        let probe = format!("{head}printf '%s|%s' {words}");
+        let out = std::process::Command::new("/bin/sh")
+            .args(["-c", &probe])
+            .output()
+            .expect("sh");
+        String::from_utf8(out.stdout).expect("utf-8")
+    }
+
+    #[test]
+    fn no_line_of_a_component_script_comes_from_its_job() {
+        let hostile =
+            "sleep 12\n#$ -p 1000\n#SBATCH --nice=-1000\ntrue 'it''s' \\c \"$HOME\" é\n\n";
+        let spec = ComponentSpec {
+            job: "j-0000000000000001".parse().unwrap(),
+            component: 0,
+            slots: 1,
+            command: hostile.into(),
+            env: vec![("V".into(), "a\n#$ -i /etc/shadow\n".into())],
+            walltime_ms: None,
+            workdir: None,
+            owner: "alice".into(),
+        };
+        let files = ComponentFiles::new(std::path::Path::new("/spool"), &spec.job, 0);
+        let script = files.script(&spec, None);
+        for line in script.lines().skip(2) {
+            assert!(!line.starts_with('#'), "{line:?} in\n{script}");
+            assert!(line.bytes().all(|b| (0x20..0x7f).contains(&b)), "{line:?}");
+        }
+        assert_eq!(
+            expand(&script, "\"$gleaner_command\" \"$V\""),
+            format!("{hostile}|a\n#$ -i /etc/shadow\n"),
+            "the shell gets the text back exactly"
         );
     }
 

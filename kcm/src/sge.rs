@@ -102,9 +102,13 @@ impl SgeBackend {
 
     /// What every submission says: its name and queue, the script on stdin
     /// run by `/bin/sh`, and `-w e`, which refuses a job that could never
-    /// run rather than leave it waiting.
+    /// run rather than leave it waiting. `-clear` first: what the default
+    /// request files (the cell's, the submitting owner's `~/.sge_request`,
+    /// the working directory's) and any `#$` line of the script asked is
+    /// dropped, so the job is exactly what these options say.
     fn qsub_args(&self, name: String, queue: String) -> Vec<String> {
         vec![
+            "-clear".into(),
             "-terse".into(),
             "-N".into(),
             name,
