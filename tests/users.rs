@@ -364,6 +364,65 @@ fn a_tasks_hostile_control_messages_leave_its_runner_serving() {
     assert!(!log.contains("restarting the session"), "{log}");
 }
 
+/// Everything in a user's results directory is theirs to make anything:
+/// Bob's job resumes from an index that is a sparse file of 2 GB with no
+/// newline (no disk used). The runner reads it in bounded memory and runs
+/// the job.
+#[test]
+fn a_huge_sparse_index_leaves_the_runners_memory_flat() {
+    let (mut g, _alice, bob, env) = many_users_configured("users-sparse", "");
+    let bob_account = nix::unistd::User::from_name("bob").unwrap().unwrap();
+    let results = g.path().join("bob/results/sparse");
+    std::fs::create_dir_all(&results).unwrap();
+    for dir in [
+        g.path().join("bob"),
+        g.path().join("bob/results"),
+        results.clone(),
+    ] {
+        std::os::unix::fs::chown(
+            &dir,
+            Some(bob_account.uid.as_raw()),
+            Some(bob_account.gid.as_raw()),
+        )
+        .unwrap();
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+            .unwrap();
+    }
+    let index = std::fs::File::create(results.join("index.jsonl")).unwrap();
+    index.set_len(2 << 30).unwrap();
+    std::os::unix::fs::fchown(
+        &index,
+        Some(bob_account.uid.as_raw()),
+        Some(bob_account.gid.as_raw()),
+    )
+    .unwrap();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let up = g.start_with("up", &["up", "--slots", "2"], &env);
+    wait_for("the runner to serve", MINUTE, || {
+        g.log("up").contains("runner serving")
+    });
+    let manifest = g.write(
+        "bob.toml",
+        "name = \"sparse\"\nresults = \"results/sparse\"\n[[task]]\ncommand = \"echo ran\"\n",
+    );
+    let submitted = g.run_as(&bob, &["submit", manifest.to_str().unwrap()]);
+    assert!(submitted.status.success(), "{}", text(&submitted));
+    wait_for("bob's job to end", 3 * MINUTE, || {
+        std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
+    });
+    let status = std::fs::read_to_string(format!("/proc/{up}/status")).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    assert!(peak_kib < 512 * 1024, "the runner peaked at {peak_kib} KiB");
+    assert_eq!(
+        std::fs::read_to_string(results.join("tasks/0/stdout")).unwrap(),
+        "ran\n"
+    );
+}
+
 #[test]
 fn submissions_without_a_sender_or_leaving_the_users_area_are_refused() {
     let (g, alice, _bob) = many_users("anonymous");

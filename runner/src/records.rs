@@ -154,9 +154,17 @@ pub struct IndexContents {
     /// Bytes in whole lines: anything after them is a line cut short by a
     /// crash, which the caller cuts off before appending.
     pub whole_bytes: u64,
-    /// Whole lines that do not parse; skipped, for the caller to report.
-    pub unreadable: Vec<serde_json::Error>,
+    /// Whole lines that do not parse (or are longer than
+    /// [`MAX_INDEX_LINE`]); skipped, for the caller to report.
+    pub unreadable: u64,
+    /// Why the first of them could not be read.
+    pub first_error: Option<String>,
 }
+
+/// The longest index line read: an index sits in its owner's directory, so
+/// it is read as if hostile (a sparse file of 60 GB without a newline
+/// costs the runner this much memory, not 60 GB).
+pub const MAX_INDEX_LINE: usize = 1 << 20;
 
 #[derive(Deserialize)]
 struct IndexLine {
@@ -165,7 +173,8 @@ struct IndexLine {
 }
 
 /// Reads an index. Only a reader's own errors fail it: unreadable lines are
-/// skipped, and a torn last line is left out.
+/// skipped, and a torn last line is left out. Memory is bounded by
+/// [`MAX_INDEX_LINE`] and the lines that name a task within `MAX_TASKS`.
 pub fn read_index(mut index: impl BufRead) -> io::Result<IndexContents> {
     let mut contents = IndexContents::default();
     // Bytes, not text: a line cut in the middle of a UTF-8 character must
@@ -173,14 +182,59 @@ pub fn read_index(mut index: impl BufRead) -> io::Result<IndexContents> {
     let mut line = Vec::new();
     loop {
         line.clear();
-        let n = index.read_until(b'\n', &mut line)?;
-        if n == 0 || line.last() != Some(&b'\n') {
+        let n = io::Read::take(&mut index, MAX_INDEX_LINE as u64).read_until(b'\n', &mut line)?;
+        if n == 0 {
             return Ok(contents);
+        }
+        if line.last() != Some(&b'\n') {
+            if n < MAX_INDEX_LINE {
+                // The end of the file, in a line cut short.
+                return Ok(contents);
+            }
+            let Some(rest) = skip_line(&mut index)? else {
+                return Ok(contents);
+            };
+            contents.whole_bytes += (n + rest) as u64;
+            contents.skip(format!("a line longer than {MAX_INDEX_LINE} bytes"));
+            continue;
         }
         contents.whole_bytes += n as u64;
         match serde_json::from_slice::<IndexLine>(&line) {
-            Ok(entry) => contents.finished.push((entry.task, entry.status)),
-            Err(e) => contents.unreadable.push(e),
+            Ok(entry) if entry.task < gleaner_manifest::MAX_TASKS => {
+                contents.finished.push((entry.task, entry.status));
+            }
+            Ok(entry) => contents.skip(format!("task {} is beyond any job", entry.task)),
+            Err(e) => contents.skip(e.to_string()),
+        }
+    }
+}
+
+impl IndexContents {
+    fn skip(&mut self, why: String) {
+        self.unreadable += 1;
+        self.first_error.get_or_insert(why);
+    }
+}
+
+/// Reads past the rest of a line without keeping it: its length with the
+/// newline, or `None` if the file ends first.
+fn skip_line(index: &mut impl BufRead) -> io::Result<Option<usize>> {
+    let mut skipped = 0;
+    loop {
+        let buffer = index.fill_buf()?;
+        if buffer.is_empty() {
+            return Ok(None);
+        }
+        match buffer.iter().position(|&b| b == b'\n') {
+            Some(at) => {
+                index.consume(at + 1);
+                return Ok(Some(skipped + at + 1));
+            }
+            None => {
+                let length = buffer.len();
+                index.consume(length);
+                skipped += length;
+            }
         }
     }
 }
@@ -209,6 +263,23 @@ mod tests {
             [(3, FinalStatus::Succeeded), (0, FinalStatus::Lost)]
         );
         assert_eq!(contents.whole_bytes, whole);
-        assert_eq!(contents.unreadable.len(), 1);
+        assert_eq!(contents.unreadable, 1);
+    }
+
+    #[test]
+    fn long_lines_are_skipped_in_bounded_memory() {
+        let mut index = vec![b'x'; MAX_INDEX_LINE * 3];
+        index.push(b'\n');
+        let long = index.len() as u64;
+        index.extend_from_slice(b"{\"task\":2,\"status\":\"failed\"}\n");
+        index.extend_from_slice(b"{\"task\":99999999999,\"status\":\"failed\"}\n");
+        let whole = index.len() as u64;
+        index.extend(std::iter::repeat_n(0, MAX_INDEX_LINE * 2));
+        let contents = read_index(std::io::BufReader::new(&index[..])).unwrap();
+        assert_eq!(contents.finished, [(2, FinalStatus::Failed)]);
+        assert_eq!(contents.whole_bytes, whole, "the zeros are a torn line");
+        assert_eq!(contents.unreadable, 2);
+        assert!(contents.first_error.unwrap().contains("longer than"));
+        assert!(long < whole);
     }
 }

@@ -5,7 +5,7 @@
 
 use std::{
     fs::{File, OpenOptions},
-    io::{self, BufReader, Seek, Write},
+    io::{self, BufReader, Read, Seek, Write},
     path::{Component, Path, PathBuf},
 };
 
@@ -143,7 +143,10 @@ impl ResultsDir {
     /// The `job.json` of the results directory at `root`, without opening
     /// the directory: its index belongs to whoever holds the job's lock.
     pub fn job_file_at(root: &Path, account: Option<&Account>) -> Option<JobFile> {
-        let text = as_account(account, || std::fs::read(root.join("job.json"))).ok()?;
+        let text = as_account(account, || {
+            read_at_most(&root.join("job.json"), MAX_JOB_FILE)
+        })
+        .ok()?;
         match serde_json::from_slice(&text) {
             Ok(file) => Some(file),
             Err(e) => {
@@ -173,7 +176,7 @@ impl ResultsDir {
     pub fn read_additions(&self) -> io::Result<Vec<AddedTasks>> {
         as_account(self.account.as_ref(), || {
             let path = self.root.join(ADDITIONS_FILE);
-            let mut text = match std::fs::read(&path) {
+            let mut text = match read_at_most(&path, MAX_ADDITIONS_FILE) {
                 Ok(text) => text,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
                 Err(e) => return Err(e),
@@ -225,6 +228,27 @@ impl ResultsDir {
         std::fs::rename(&tmp, self.root.join(name))?;
         File::open(&self.root)?.sync_all()
     }
+}
+
+/// The largest `job.json` read: the runner writes a few kilobytes.
+const MAX_JOB_FILE: u64 = 1 << 20;
+/// The largest `additions.jsonl` read: far more than `MAX_TASKS` tasks of
+/// additions take.
+const MAX_ADDITIONS_FILE: u64 = 1 << 30;
+
+/// A file of the owner's directory, read whole only if it is at most
+/// `limit` bytes: the owner may have made it anything, a sparse file of
+/// terabytes included.
+fn read_at_most(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    let mut text = Vec::new();
+    File::open(path)?.take(limit + 1).read_to_end(&mut text)?;
+    if text.len() as u64 > limit {
+        return Err(io::Error::other(format!(
+            "{} is larger than {limit} bytes",
+            path.display()
+        )));
+    }
+    Ok(text)
 }
 
 /// A run's stderr, followed by why it could not start, if it could not: the
@@ -292,8 +316,8 @@ fn safe_relative(path: &str) -> Option<PathBuf> {
 fn recover_index(index: &mut File, root: &Path) -> io::Result<Vec<(u64, FinalStatus)>> {
     index.rewind()?;
     let contents = read_index(BufReader::new(&*index))?;
-    for e in &contents.unreadable {
-        warn!(results = %root.display(), error = %e, "unreadable index line skipped");
+    if let Some(error) = &contents.first_error {
+        warn!(results = %root.display(), lines = contents.unreadable, first = %error, "unreadable index lines skipped");
     }
     let length = index.metadata()?.len();
     if length > contents.whole_bytes {
