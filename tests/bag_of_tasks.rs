@@ -744,6 +744,36 @@ params = { n = [1, 2] }
     }
 }
 
+/// Anybody may send what cannot be read: `gleaner.dead` keeps the newest
+/// `DEAD_LIMIT` of it and drops the oldest, so it cannot fill the broker.
+#[test]
+fn the_dead_letter_queue_stays_bounded() {
+    let mut g = gleaner("dead-bound");
+    g.up(1);
+    wait_for("the submit queue", MINUTE, || {
+        g.vhost.queue("gleaner.submit").is_some()
+    });
+    let limit = gleaner_broker::topology::DEAD_LIMIT as u64;
+    gleaner_testkit::users::Amqp(g.vhost.url())
+        .publish_many(
+            ("", "gleaner.submit"),
+            b"\x01 not a manifest",
+            limit as usize + 500,
+        )
+        .expect("publish");
+    wait_for("every copy dead-lettered", 3 * MINUTE, || {
+        g.vhost
+            .queue("gleaner.submit")
+            .is_some_and(|q| q["messages"].as_u64() == Some(0))
+    });
+    // The management API's figures lag the queue by a few seconds.
+    wait_for("the dead-letter queue at its bound", MINUTE, || {
+        g.vhost
+            .queue("gleaner.dead")
+            .is_some_and(|q| q["messages"].as_u64() == Some(limit))
+    });
+}
+
 #[test]
 fn garbage_on_the_submit_queue_is_dead_lettered_and_the_next_job_runs() {
     let mut g = gleaner("garbage");

@@ -162,6 +162,13 @@ impl Args {
         self
     }
 
+    /// Holds this many bytes at most; a new message pushes the oldest out.
+    fn max_length_bytes(mut self, bytes: i64) -> Self {
+        self.0
+            .insert("x-max-length-bytes".into(), AMQPValue::LongLongInt(bytes));
+        self
+    }
+
     fn delivery_limit(mut self, limit: i64) -> Self {
         self.0
             .insert("x-delivery-limit".into(), AMQPValue::LongLongInt(limit));
@@ -201,9 +208,22 @@ pub async fn declare_watch(
     Ok(())
 }
 
+/// The most messages `gleaner.dead` keeps; a new one pushes the oldest
+/// out, so that nobody can fill the broker by sending what cannot be read.
+pub const DEAD_LIMIT: i64 = 10_000;
+/// The most bytes it keeps, likewise.
+pub const DEAD_LIMIT_BYTES: i64 = 256 << 20;
+
 /// The queues and exchange every component relies on.
 pub async fn declare_core(channel: &Channel) -> Result<()> {
-    durable(channel, DEAD_QUEUE, Args::quorum()).await?;
+    durable(
+        channel,
+        DEAD_QUEUE,
+        Args::quorum()
+            .max_length(DEAD_LIMIT)
+            .max_length_bytes(DEAD_LIMIT_BYTES),
+    )
+    .await?;
     durable(
         channel,
         SUBMIT_QUEUE,

@@ -166,6 +166,40 @@ impl Amqp {
         })
     }
 
+    /// Publishes `count` copies of `body` through `exchange` with `key`,
+    /// pipelined on one channel, and waits for their confirms.
+    pub fn publish_many(
+        &self,
+        (exchange, key): (&str, &str),
+        body: &[u8],
+        count: usize,
+    ) -> Result<(), String> {
+        self.run(async |connection| {
+            let channel = connection.create_channel().await?;
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await?;
+            let mut confirms = Vec::with_capacity(count);
+            for _ in 0..count {
+                confirms.push(
+                    channel
+                        .basic_publish(
+                            exchange.into(),
+                            key.into(),
+                            BasicPublishOptions::default(),
+                            body,
+                            BasicProperties::default(),
+                        )
+                        .await?,
+                );
+            }
+            for confirm in confirms {
+                confirm.await?;
+            }
+            Ok(())
+        })
+    }
+
     /// Declares a watch queue of this user's and binds it to
     /// `gleaner.events` with `pattern`.
     pub fn watch(&self, pattern: &str) -> Result<(), String> {
