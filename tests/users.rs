@@ -423,6 +423,95 @@ fn a_huge_sparse_index_leaves_the_runners_memory_flat() {
     );
 }
 
+/// Bob owns the launchers' scratch base (he made it first, mode 1777).
+/// Once Alice's launcher made her directory in it, he would swap that
+/// for a link to a tree of his whose sandbox links to a directory of
+/// hers, and her launcher would empty it when her task ends. The kcm makes
+/// such a base root's, so the swap is refused and nothing of hers is lost.
+#[test]
+fn a_swap_in_a_shared_scratch_base_harms_no_file() {
+    let bob_account = nix::unistd::User::from_name("bob").unwrap().unwrap();
+    let alice_account = nix::unistd::User::from_name("alice").unwrap().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        scratch.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let base = scratch.path().join("scratch");
+    std::fs::create_dir(&base).unwrap();
+    std::os::unix::fs::chown(&base, Some(bob_account.uid.as_raw()), None).unwrap();
+    std::fs::set_permissions(&base, std::os::unix::fs::PermissionsExt::from_mode(0o1777)).unwrap();
+    let victim = scratch.path().join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::write(victim.join("thesis.tex"), "years of work").unwrap();
+    std::os::unix::fs::chown(&victim, Some(alice_account.uid.as_raw()), None).unwrap();
+    std::os::unix::fs::chown(
+        victim.join("thesis.tex"),
+        Some(alice_account.uid.as_raw()),
+        None,
+    )
+    .unwrap();
+
+    let config = format!("[launcher]\nscratch = \"{}\"\n", base.display());
+    let (g, alice, _bob) = many_users_up("users-swap", &config, &["up", "--slots", "1"], |_| {});
+    let manifest = g.write(
+        "alice.toml",
+        "name = \"long\"\n[[task]]\ncommand = \"sleep 10\"\n",
+    );
+    let submitted = g.run_as(&alice, &["submit", manifest.to_str().unwrap()]);
+    assert!(submitted.status.success(), "{}", text(&submitted));
+    let job = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
+    let hers = base.join(alice_account.uid.to_string());
+    let mut launcher = None;
+    wait_for("her task's sandbox", MINUTE, || {
+        launcher = std::fs::read_dir(&hers)
+            .ok()
+            .and_then(|mut entries| entries.next())
+            .and_then(|entry| entry.ok())
+            .map(|entry| entry.file_name());
+        launcher.is_some()
+    });
+    let launcher = launcher.unwrap();
+    // Bob's tree: the sandbox the launcher will empty, a link to hers.
+    let tree = scratch.path().join("bobtree");
+    std::fs::create_dir_all(tree.join(&launcher)).unwrap();
+    std::os::unix::fs::symlink(&victim, tree.join(&launcher).join("s0")).unwrap();
+    std::os::unix::fs::chown(&tree, Some(bob_account.uid.as_raw()), None).unwrap();
+    let as_bob = |args: &[&std::ffi::OsStr]| {
+        std::process::Command::new("runuser")
+            .args(["-u", "bob", "--"])
+            .args(args)
+            .output()
+            .expect("runuser")
+    };
+    let moved = as_bob(&[
+        "mv".as_ref(),
+        hers.as_os_str(),
+        base.join("old").as_os_str(),
+    ]);
+    if moved.status.success() {
+        as_bob(&[
+            "ln".as_ref(),
+            "-s".as_ref(),
+            tree.as_os_str(),
+            hers.as_os_str(),
+        ]);
+    }
+    let results = g.path().join("alice/results").join(&job);
+    wait_for("her job to end", 2 * MINUTE, || {
+        std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
+    });
+    assert!(!moved.status.success(), "bob could move her directory");
+    assert_eq!(
+        std::fs::read_to_string(victim.join("thesis.tex"))
+            .ok()
+            .as_deref(),
+        Some("years of work")
+    );
+    assert!(g.log("up").contains("it is root's now"), "{}", g.log("up"));
+}
+
 #[test]
 fn submissions_without_a_sender_or_leaving_the_users_area_are_refused() {
     let (g, alice, _bob) = many_users("anonymous");

@@ -16,6 +16,7 @@ use std::{
 use tracing::debug;
 
 mod account;
+pub mod shared;
 mod spawn;
 pub use account::Account;
 pub use spawn::{Spawn, Spawned, prompt_wakeups, spawn};

@@ -11,7 +11,7 @@ use gleaner_launcher::{Exit, LauncherConfig};
 use gleaner_manifest::JobId;
 use gleaner_protocol::{ClusterName, LauncherId, naming, now_ms};
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::settings::Settings;
 
@@ -98,6 +98,9 @@ pub async fn kcm(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let config = settings.kcm(cluster);
+    if nix::unistd::geteuid().is_root() {
+        launcher_bases(settings);
+    }
     let broker = broker(settings, &format!("kcm.{}", cluster.name))?;
     match cluster.backend {
         BackendKind::Local => {
@@ -120,6 +123,25 @@ pub async fn kcm(
         }
     }
     Ok(())
+}
+
+/// Makes the launchers' scratch and checkpoint bases on this host root's,
+/// shared like `/tmp`: one that a user's launcher made first would be that
+/// user's to swap other users' directories in. Other hosts' are their
+/// admins' to make so (a launcher refuses a base of someone else's).
+fn launcher_bases(settings: &Settings) {
+    use gleaner_contain::shared::{Base, root_base};
+    for base in [&settings.launcher.scratch, &settings.launcher.checkpoints] {
+        match root_base(base) {
+            Ok(Base::Kept | Base::Made) => {}
+            Ok(Base::Repaired) => {
+                warn!(base = %base.display(), "a launcher base was someone else's; it is root's now (mode 1777)");
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot make a launcher base root's; launchers of other users may refuse it")
+            }
+        }
+    }
 }
 
 /// What the kcm tells a launcher on its command line.

@@ -367,31 +367,23 @@ impl<B: Backend> Kcm<B> {
 
 /// Makes `dir` if needed, and checks that nobody but root or this process
 /// could have put anything in it or on the way to it (a link, a file the
-/// kcm then writes through as root): every part is a directory, owned by
-/// root or by this process, that nobody else may write to — but for
-/// sticky ones of root's, like `/tmp`, which others may only add to.
+/// kcm then writes through as root): [`gleaner_contain::shared`], and the
+/// spool itself writable by nobody else, sticky or not.
 fn trusted_dir(dir: &std::path::Path) -> Result<(), String> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    use std::os::unix::fs::DirBuilderExt;
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o755)
         .create(dir)
         .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
-    let me = nix::unistd::geteuid().as_raw();
-    for part in dir.ancestors() {
-        let meta =
-            std::fs::symlink_metadata(part).map_err(|e| format!("{}: {e}", part.display()))?;
-        let shared_tmp = meta.uid() == 0 && meta.mode() & 0o1000 != 0 && part != dir;
-        let writable_by_others = meta.mode() & 0o022 != 0 && !shared_tmp;
-        if !meta.is_dir() || (meta.uid() != 0 && meta.uid() != me) || writable_by_others {
-            return Err(format!(
-                "the spool directory {} is not safe for many users: {} must be a directory of root's (or the kcm's) that nobody else may write to",
-                dir.display(),
-                part.display()
-            ));
-        }
-    }
-    Ok(())
+    gleaner_contain::shared::open_private(dir, nix::unistd::geteuid())
+        .map(|_| ())
+        .map_err(|e| {
+            format!(
+                "the spool directory {} is not safe for many users: {e}",
+                dir.display()
+            )
+        })
 }
 
 /// Replaces `path` with `text`, readable and writable by `account` only.

@@ -163,40 +163,25 @@ pub enum LauncherError {
     Scratch { path: String, reason: String },
 }
 
-/// Makes the scratch directory private to this account (mode 0700), or,
-/// if it is there, checks that it is a real directory of this account's
-/// that nobody else may write to:
-/// on a shared `/tmp`, another user could have put a link or a directory
-/// of theirs in its place.
+/// Makes the scratch directory (`<base>/<uid>`) private to this account
+/// (mode 0700), or, if it is there, checks that it is a real directory of
+/// this account's that nobody else may write to, on a way only root and
+/// this account can change ([`gleaner_contain::shared`]): on a shared
+/// `/tmp`, another user could have put a link or a directory of theirs in
+/// its place, or, owning the base, swap it for one later.
 fn private_scratch(dir: &std::path::Path) -> Result<(), LauncherError> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
     let failed = |reason: String| LauncherError::Scratch {
         path: dir.display().to_string(),
         reason,
     };
-    if let Some(base) = dir.parent()
-        && !base.exists()
-    {
-        std::fs::create_dir_all(base).map_err(|e| failed(e.to_string()))?;
-        // Shared like /tmp: anyone may make their own directory in it,
-        // nobody may remove another's. Only if this launcher made it.
-        let shared = std::fs::Permissions::from_mode(0o1777);
-        let _ = std::fs::set_permissions(base, shared);
-    }
-    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
-        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => {
-            return Err(failed(e.to_string()));
-        }
-        _ => {}
-    }
-    let meta = std::fs::symlink_metadata(dir).map_err(|e| failed(e.to_string()))?;
-    let me = nix::unistd::geteuid().as_raw();
-    if !meta.is_dir() || meta.uid() != me || meta.mode() & 0o022 != 0 {
-        return Err(failed(format!(
-            "not a directory of uid {me}'s that only it may write to (a link, someone else's, or writable by others)"
-        )));
-    }
-    Ok(())
+    let (Some(base), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str())) else {
+        return Err(failed("not a directory in a base directory".to_owned()));
+    };
+    gleaner_contain::shared::shared_base(base).map_err(|e| failed(e.to_string()))?;
+    let me = nix::unistd::geteuid();
+    gleaner_contain::shared::private_dir(base, name, (me, nix::unistd::getegid()), me, 0o700)
+        .map(|_| ())
+        .map_err(|e| failed(e.to_string()))
 }
 
 /// Shared between the shell's loop and the futures it spawns.

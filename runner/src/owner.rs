@@ -101,38 +101,26 @@ pub fn symlink_on_the_way(base: &Path, relative: &Path) -> Option<std::path::Pat
 }
 
 /// Makes `dir` (`results_root/<account>`) the owner's private area: created
-/// for them with mode 0700, or, if it exists, a real directory of theirs.
+/// for them with mode 0700, or, if it exists, a real directory of theirs
+/// that nobody else may write to, on a way that only root may change
+/// ([`gleaner_contain::shared`]).
 pub fn prepare_area(dir: &Path, account: &Account) -> io::Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    // Where others may write, the area could be swapped for a link
-    // between its making and its handing over.
-    if let Some(root) = dir.parent() {
-        std::fs::create_dir_all(root)?;
-        let meta = std::fs::symlink_metadata(root)?;
-        if !meta.is_dir() || meta.mode() & 0o022 != 0 {
-            return Err(io::Error::other(format!(
-                "results_root {} must be a directory that only its owner may write to (mode 0755 or 0711)",
-                root.display()
-            )));
-        }
-    }
-    match std::fs::symlink_metadata(dir) {
-        Ok(meta) => {
-            if !meta.is_dir() || meta.uid() != account.uid.as_raw() {
-                return Err(io::Error::other(format!(
-                    "{} is not a directory of {}'s",
-                    dir.display(),
-                    account.name
-                )));
-            }
-            Ok(())
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            std::fs::DirBuilder::new().mode(0o700).create(dir)?;
-            std::os::unix::fs::lchown(dir, Some(account.uid.as_raw()), Some(account.gid.as_raw()))
-        }
-        Err(e) => Err(e),
-    }
+    let (Some(root), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str())) else {
+        return Err(io::Error::other(format!(
+            "{} is not an area",
+            dir.display()
+        )));
+    };
+    std::fs::create_dir_all(root)?;
+    gleaner_contain::shared::private_dir(
+        root,
+        name,
+        (account.uid, account.gid),
+        nix::unistd::geteuid(),
+        0o700,
+    )
+    .map(|_| ())
+    .map_err(|e| io::Error::other(format!("results_root: {e}")))
 }
 
 #[cfg(test)]
