@@ -62,6 +62,18 @@ impl Account {
     }
 }
 
+/// Sets this thread's supplementary groups alone, for a thread that takes
+/// an account's file system identity for a while (`setfsuid`). The C
+/// library's `setgroups` sets every thread's, which would hand the
+/// account's groups to the process's other threads meanwhile; the system
+/// call sets the caller's.
+pub fn set_thread_groups(groups: &[Gid]) -> nix::Result<()> {
+    let raw: Vec<nix::libc::gid_t> = groups.iter().map(|g| g.as_raw()).collect();
+    // SAFETY: the pointer and length describe `raw`, alive for the call.
+    let done = unsafe { nix::libc::syscall(nix::libc::SYS_setgroups, raw.len(), raw.as_ptr()) };
+    nix::errno::Errno::result(done).map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,6 +85,39 @@ mod tests {
             Account::lookup("no-such-user-here")
                 .unwrap_err()
                 .contains("no Unix account")
+        );
+    }
+
+    fn groups_of(status: &str) -> String {
+        std::fs::read_to_string(status)
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    }
+
+    #[test]
+    fn a_threads_groups_are_its_own() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let before = groups_of("/proc/thread-self/status");
+        let (theirs, after) = std::thread::spawn(|| {
+            set_thread_groups(&[Gid::from_raw(54_321)]).unwrap();
+            let theirs = groups_of("/proc/thread-self/status");
+            set_thread_groups(&[]).unwrap();
+            (theirs, groups_of("/proc/thread-self/status"))
+        })
+        .join()
+        .unwrap();
+        assert_eq!(theirs, "54321");
+        assert_eq!(after, "");
+        assert_eq!(
+            groups_of("/proc/thread-self/status"),
+            before,
+            "not the others'"
         );
     }
 }

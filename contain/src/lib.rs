@@ -18,7 +18,7 @@ use tracing::debug;
 mod account;
 pub mod shared;
 mod spawn;
-pub use account::Account;
+pub use account::{Account, set_thread_groups};
 pub use spawn::{Spawn, Spawned, prompt_wakeups, spawn};
 
 /// A directory of cgroups, one per contained process, named by the caller.

@@ -54,7 +54,8 @@ impl ComponentFiles {
     /// directory, so nothing of the job's reaches root, nor anything of
     /// the kcm's the job.
     pub fn script(&self, spec: &ComponentSpec, run_as: Option<&Account>) -> String {
-        let mut script = String::from("#!/bin/sh\n# gleaner grid job component\n");
+        // Its output files are the owner's business only.
+        let mut script = String::from("#!/bin/sh\n# gleaner grid job component\numask 077\n");
         let mut command = spec.command.clone();
         if let Some(dir) = &spec.workdir {
             command = format!("cd {} || exit 1\n{command}", quote(dir));
@@ -126,8 +127,8 @@ pub fn as_account(
                 "--".to_owned(),
                 "env".to_owned(),
             ];
-            for key in KCM_ONLY {
-                wrapped.extend(["-u".to_owned(), key.to_owned()]);
+            for key in kcm_only() {
+                wrapped.extend(["-u".to_owned(), key]);
             }
             wrapped.push(program.to_owned());
             wrapped.extend(args.iter().cloned());
@@ -209,13 +210,16 @@ pub struct LauncherCommand {
     pub launcher_settings: String,
 }
 
-/// Settings of the kcm's that a launcher running as a job's owner must not
-/// see: the kcm's broker account, and its configuration file.
-pub const KCM_ONLY: [&str; 3] = [
-    "GLEANER_BROKER_URL",
-    "GLEANER_BROKER_URLS",
-    "GLEANER_CONFIG",
-];
+/// The kcm's settings in its environment, which a launcher running as a
+/// job's owner must not see: its broker account, its configuration file,
+/// and every other `GLEANER_*` variable (a launcher of the owner's reads
+/// its settings file, which has what it needs).
+pub fn kcm_only() -> Vec<String> {
+    std::env::vars_os()
+        .filter_map(|(key, _)| key.into_string().ok())
+        .filter(|key| key.starts_with("GLEANER_"))
+        .collect()
+}
 
 /// Whom launchers run for: the job owner's account, and the settings file
 /// they read instead of the kcm's (with the job's launcher account).
@@ -234,18 +238,13 @@ impl LauncherCommand {
         }
     }
 
-    /// The command for launchers running as a job's owner: the kcm's
-    /// broker account and configuration left out, `settings` read instead.
+    /// The command for launchers running as a job's owner: none of the
+    /// kcm's environment (its broker account, its configuration, whatever
+    /// else its `GLEANER_*` variables say), `settings` read instead, which
+    /// holds all a launcher needs (`[launcher]` as the kcm has it).
     pub fn for_owner(&self, settings: &std::path::Path) -> Self {
-        let mut env: Vec<(String, String)> = self
-            .env
-            .iter()
-            .filter(|(key, _)| !KCM_ONLY.contains(&key.as_str()))
-            .cloned()
-            .collect();
-        env.push(("GLEANER_CONFIG".to_owned(), settings.display().to_string()));
         Self {
-            env,
+            env: vec![("GLEANER_CONFIG".to_owned(), settings.display().to_string())],
             ..self.clone()
         }
     }

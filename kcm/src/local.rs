@@ -16,7 +16,7 @@ use gleaner_protocol::{
 };
 
 use crate::{
-    backend::{Backend, BackendError, ComponentFiles, KCM_ONLY, LauncherCommand, RunAs},
+    backend::{Backend, BackendError, ComponentFiles, LauncherCommand, RunAs, kcm_only},
     contain::{self, Account, Cgroups},
     snapshot::{ComponentRun, Host, Placeholder, Snapshot},
 };
@@ -24,6 +24,8 @@ use crate::{
 struct Launcher {
     id: String,
     job: JobId,
+    /// The account it runs as.
+    owner: String,
     /// The first of its slots, which names it in the consumer tag.
     slot: u32,
     slots: u32,
@@ -49,6 +51,9 @@ pub struct LocalBackend {
     next_id: u64,
     /// A cgroup per launcher, killed when it ends.
     cgroups: Cgroups,
+    /// This kcm's account, which runs components (and launchers of no
+    /// other account).
+    account: String,
 }
 
 /// The pid of the kcm that started a launcher, from its placeholder id
@@ -106,6 +111,7 @@ impl LocalBackend {
             components: Vec::new(),
             next_id: 0,
             cgroups: Cgroups::new(cluster.as_str()),
+            account: account_name(),
         }
     }
 
@@ -207,6 +213,17 @@ pub fn hostname() -> String {
         .unwrap_or_else(|| "localhost".to_owned())
 }
 
+/// This process's account (its effective user), by the name batch systems
+/// give the owner of the jobs it submits; its number if it has no name,
+/// which then matches no owner.
+pub fn account_name() -> String {
+    let uid = nix::unistd::geteuid();
+    nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .map_or_else(|| uid.to_string(), |user| user.name)
+}
+
 impl Backend for LocalBackend {
     fn kind(&self) -> &'static str {
         "local"
@@ -233,6 +250,7 @@ impl Backend for LocalBackend {
                     component: c.spec.component,
                     slots: c.spec.slots,
                     running: c.child.is_some(),
+                    owner: self.account.clone(),
                 })
                 .collect(),
             placeholders: self
@@ -243,6 +261,7 @@ impl Backend for LocalBackend {
                     job: l.job.clone(),
                     slots: l.slots,
                     host: Some(host.clone()),
+                    owner: l.owner.clone(),
                 })
                 .collect(),
             ..Snapshot::default()
@@ -280,7 +299,7 @@ impl Backend for LocalBackend {
             let mut command = Command::new(&launcher.program);
             if run_as.is_some() {
                 // Nor what the kcm itself was started with.
-                for key in KCM_ONLY {
+                for key in kcm_only() {
                     command.env_remove(key);
                 }
             }
@@ -321,6 +340,9 @@ impl Backend for LocalBackend {
             self.launchers.push(Launcher {
                 id,
                 job: job.clone(),
+                owner: run_as
+                    .as_ref()
+                    .map_or_else(|| self.account.clone(), |a| a.name.clone()),
                 slot,
                 slots: length,
                 child,

@@ -170,6 +170,18 @@ impl SweepPlan {
             if count == 0 {
                 return Err(ManifestError::invalid(&field, "has no values"));
             }
+            if let ParamSpec::List(values) = spec
+                && let Some(x) = values.iter().find_map(|v| match v {
+                    ParamValue::Float(x) if !x.is_finite() => Some(x),
+                    _ => None,
+                })
+            {
+                // JSON, which the results index is, has no such number.
+                return Err(ManifestError::invalid(
+                    &field,
+                    format!("{x} is not a number (write it as a string)"),
+                ));
+            }
             len = len.saturating_mul(count);
             names.push(name.clone());
             factors.push(Factor::Param(spec.clone(), count));
@@ -357,6 +369,13 @@ params = { x = { from = 0, to = 10, step = 5 }, y = [0.5, 1.0], z = ["a b", true
         )
         .unwrap_err();
         assert!(err.to_string().contains("at most"), "{err}");
+        for x in ["nan", "inf", "-inf"] {
+            let text = format!(
+                "name = \"s\"\n[sweep]\ncommand = \"{{x}}\"\nparams = {{ x = [1.5, {x}] }}\n"
+            );
+            let err = list(&text).unwrap_err();
+            assert_eq!(err.field(), Some("sweep.params.x"), "{err}");
+        }
     }
 
     #[test]

@@ -45,6 +45,10 @@ pub struct JobSettings {
     /// How long a preempted launcher has before the kcm removes it.
     #[serde(with = "humantime_serde")]
     pub preempt_grace: Duration,
+    /// An open job with no task to run and no addition for this long is
+    /// closed (and so ends).
+    #[serde(with = "humantime_serde")]
+    pub open_idle: Duration,
 }
 
 impl JobSettings {
@@ -64,6 +68,7 @@ impl Default for JobSettings {
             heartbeat: Duration::from_secs(2),
             launcher_heartbeat: gleaner_protocol::LAUNCHER_HEARTBEAT,
             preempt_grace: Duration::from_secs(10),
+            open_idle: Duration::from_secs(3600),
         }
     }
 }
@@ -509,6 +514,7 @@ pub mod testing {
                 heartbeat: HEARTBEAT,
                 launcher_heartbeat: HEARTBEAT,
                 preempt_grace: GRACE,
+                ..JobSettings::default()
             },
             runner: "runner@here".into(),
             results: "/results/sweep".into(),

@@ -52,8 +52,9 @@ pub fn may_send_control(
 }
 
 /// Runs `f` with `account`'s filesystem identity on this thread (as the
-/// runner itself without one). `f` must not await: the identity belongs
-/// to the thread, not the task.
+/// runner itself without one): its uid and gid for the file system, and
+/// its supplementary groups, not root's. `f` must not await: the identity
+/// belongs to the thread, not the task.
 pub fn as_account<T>(account: Option<&Account>, f: impl FnOnce() -> T) -> T {
     let Some(account) = account else {
         return f();
@@ -66,14 +67,24 @@ pub fn as_account<T>(account: Option<&Account>, f: impl FnOnce() -> T) -> T {
 struct FsIdentity {
     uid: Uid,
     gid: Gid,
+    groups: Option<Vec<Gid>>,
 }
 
 impl FsIdentity {
     fn assume(account: &Account) -> Self {
-        // Group first: once the uid is not root, the gid cannot change.
+        // Groups first, while the fsuid is still root's.
+        let groups = nix::unistd::getgroups().ok();
+        let groups = match gleaner_contain::set_thread_groups(&account.groups) {
+            Ok(()) => groups,
+            Err(e) => {
+                tracing::warn!(account = %account.name, error = %e, "cannot take the owner's groups for writing results; keeping the runner's");
+                None
+            }
+        };
+        // Group next: once the uid is not root, the gid cannot change.
         let gid = nix::unistd::setfsgid(account.gid);
         let uid = nix::unistd::setfsuid(account.uid);
-        Self { uid, gid }
+        Self { uid, gid, groups }
     }
 }
 
@@ -81,6 +92,11 @@ impl Drop for FsIdentity {
     fn drop(&mut self) {
         nix::unistd::setfsuid(self.uid);
         nix::unistd::setfsgid(self.gid);
+        if let Some(groups) = &self.groups
+            && let Err(e) = gleaner_contain::set_thread_groups(groups)
+        {
+            tracing::error!(error = %e, "cannot restore the runner's groups on this thread");
+        }
     }
 }
 

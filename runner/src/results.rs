@@ -161,12 +161,16 @@ impl ResultsDir {
         as_account(self.account.as_ref(), || {
             let mut line = serde_json::to_vec(added)?;
             line.push(b'\n');
-            let mut file = OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(self.root.join(ADDITIONS_FILE))?;
+            let path = self.root.join(ADDITIONS_FILE);
+            let new = !path.exists();
+            let mut file = OpenOptions::new().create(true).append(true).open(&path)?;
             file.write_all(&line)?;
-            file.sync_data()
+            file.sync_data()?;
+            if new {
+                // The file's name is durable only with its directory.
+                File::open(&self.root)?.sync_all()?;
+            }
+            Ok(())
         })
     }
 

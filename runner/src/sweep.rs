@@ -290,6 +290,9 @@ pub struct Sweep {
     owed: Vec<OwedShrink>,
     /// When recent tasks finished, for the throughput figure.
     recent: VecDeque<Instant>,
+    /// When an open job last had news (its start here, an addition, a
+    /// task that ended): one idle for `open_idle` is closed.
+    last_news: Instant,
 }
 
 impl Sweep {
@@ -323,7 +326,23 @@ impl Sweep {
             launchers: LauncherTable::default(),
             owed: Vec::new(),
             recent: VecDeque::new(),
+            last_news: now.instant,
         })
+    }
+
+    /// Closes an open job that has had nothing to do for `open_idle`: it
+    /// holds one of its runner's jobs, which an owner could otherwise
+    /// keep by the dozen doing nothing.
+    fn close_idle(&mut self, now: Now) -> Vec<Effect<'static>> {
+        let idle = now.instant.saturating_duration_since(self.last_news);
+        if !self.ledger.takes_tasks()
+            || self.ledger.counts().unfinished() > 0
+            || idle < self.ledger.settings.open_idle
+        {
+            return Vec::new();
+        }
+        info!(job = %self.ledger.id, idle_s = idle.as_secs(), "an open job with nothing to do for open_idle is closed");
+        self.close()
     }
 
     /// Publishes the final step once every task has a final state (or,
@@ -642,6 +661,7 @@ impl JobCore for Sweep {
                     self.ledger.book.finish(result.task, status);
                     self.ledger.preemptions += u64::from(result.preemptions);
                     self.recent.push_back(now.instant);
+                    self.last_news = now.instant;
                     debug!(job = %job, task = result.task, ?status, "task finished");
                 }
                 Verdict::Retry { attempt } => {
@@ -756,7 +776,10 @@ impl JobCore for Sweep {
                 now,
             ),
             ControlMsg::Cancel { reason } => self.cancel(&reason),
-            ControlMsg::AddTasks(addition) => self.add_tasks(addition),
+            ControlMsg::AddTasks(addition) => {
+                self.last_news = now.instant;
+                self.add_tasks(addition)
+            }
             ControlMsg::Close {} => self.close(),
             ControlMsg::Place { .. } => {
                 debug!(job = %job, "placement ignored: already placed, or not for this job");
@@ -803,7 +826,8 @@ impl JobCore for Sweep {
     /// A launcher that died has lost its queue, which answers the poll at
     /// once; one silent for too long is forgotten and removed.
     fn poll(&mut self, now: Now) -> Vec<Effect<'static>> {
-        let mut effects = self.expire_silent(now);
+        let mut effects = self.close_idle(now);
+        effects.extend(self.expire_silent(now));
         effects.extend(
             self.launchers
                 .poll_silent(now.instant, self.ledger.settings.launcher_heartbeat)
@@ -1709,6 +1733,23 @@ mod tests {
                 .is_empty(),
             "recorded before the crash: not added twice"
         );
+    }
+
+    #[test]
+    fn an_open_job_with_nothing_to_do_is_closed_after_open_idle() {
+        let t0 = Instant::now();
+        let (mut sweep, _) = new_sweep("name = \"open\"\nopen = true\n", t0);
+        let idle = sweep.ledger.settings.open_idle.as_secs();
+        sweep.poll(at(t0, idle - 1));
+        assert_eq!(sweep.ending(), None, "not idle long enough");
+        let effects = sweep.on_control(ControlMsg::AddTasks(addition(1, &["a"])), at(t0, idle - 1));
+        assert_eq!(published_first(&effects), [0]);
+        sweep.poll(at(t0, 3 * idle));
+        assert_eq!(sweep.ending(), None, "a task still to run");
+        let (mut sweep, _) = new_sweep("name = \"open\"\nopen = true\n", t0);
+        sweep.poll(at(t0, idle));
+        assert!(sweep.ledger.file.closed);
+        assert_eq!(sweep.ending(), Some(JobState::Done));
     }
 
     fn with_final(when: &str, t0: Instant) -> (Sweep, Vec<Effect<'static>>) {
