@@ -54,6 +54,25 @@ fn losing_a_broker_node_mid_sweep_loses_and_duplicates_nothing() {
     });
 }
 
+/// The replicated broker is reached from the network: no `guest` there,
+/// neither over AMQP nor through the management API, on any node.
+#[test]
+fn guest_is_refused_on_every_node() {
+    let cluster = BrokerCluster::lock();
+    let guest = cluster.access.as_user("guest", "guest");
+    for answer in guest.whoami_each() {
+        let refused = answer.expect_err("guest logged in to the management API");
+        assert!(refused.contains("401"), "{refused}");
+    }
+    for url in guest.amqp_urls() {
+        let outcome = gleaner_testkit::users::Amqp(url.clone()).consume("gleaner.submit");
+        let refused = outcome.expect_err("guest connected over AMQP");
+        assert!(refused.contains("ACCESS_REFUSED"), "{url}: {refused}");
+    }
+    // The services' account is not refused: what is refused is guest.
+    assert!(cluster.access.whoami_each().iter().all(Result::is_ok));
+}
+
 /// The job's id, once the runner has made its results directory.
 fn wait_for_job(g: &Gleaner) -> String {
     let root = g.path().join("results");

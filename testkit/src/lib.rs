@@ -73,6 +73,38 @@ impl BrokerAccess {
         )
     }
 
+    /// The same broker, as `user`.
+    pub fn as_user(&self, user: &str, password: &str) -> Self {
+        let bases = self
+            .amqp
+            .iter()
+            .map(|url| {
+                let (scheme, rest) = url.split_once("://").unwrap_or(("amqp", url));
+                let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+                format!("{scheme}://{user}:{password}@{host}")
+            })
+            .collect();
+        Self::new(bases)
+    }
+
+    /// One URL per node, with the credentials.
+    pub fn amqp_urls(&self) -> &[String] {
+        &self.amqp
+    }
+
+    /// `GET /api/whoami` on each node: what each answered.
+    pub fn whoami_each(&self) -> Vec<Result<String, String>> {
+        self.api
+            .iter()
+            .map(
+                |base| match api(&self.auth, &format!("{base}/whoami"), "GET", None) {
+                    Ok(answer) => answer,
+                    Err(Unanswered(e)) => Err(e),
+                },
+            )
+            .collect()
+    }
+
     /// Calls the management API of the first node that answers.
     fn api(&self, method: &str, path: &str, body: Option<&str>) -> Result<String, String> {
         let mut errors = Vec::new();
