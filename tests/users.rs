@@ -147,6 +147,12 @@ fn users_reach_their_own_jobs_only() {
         bob.amqp().watch(&format!("job.{}.#", bob.name)).is_ok(),
         "his own events"
     );
+    // Nor can he take the broker's connections and channels for himself.
+    let limits = g.vhost.user_limits(&bob.name).to_string();
+    assert!(
+        limits.contains("\"max-connections\":64") && limits.contains("\"max-channels\":256"),
+        "{limits}"
+    );
 
     // Her task ran as her.
     let area = g.path().join("alice");

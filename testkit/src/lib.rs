@@ -244,6 +244,14 @@ impl Vhost {
         self.api("GET", &format!("/users/{name}"), None).is_ok()
     }
 
+    /// The limits the broker sets a user (`max-connections`, …), as JSON.
+    pub fn user_limits(&self, name: &str) -> Value {
+        self.api("GET", &format!("/user-limits/{name}"), None)
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default()
+    }
+
     pub fn queue_names(&self) -> Vec<String> {
         let text = self
             .api("GET", &format!("/queues/{}", self.name), None)
