@@ -18,6 +18,15 @@
 //!   so that it carries the failures of the poll's own commands);
 //! - effects in order; those that run a command are answered at once with
 //!   the event they name, whose effects come before the remaining ones.
+//!
+//! Batch jobs are gleaner's by name and owner. Job ids are public and
+//! anyone may name a job `gl-<job>` or `gg-<job>.<n>`, so a reading leaves
+//! such jobs [`NamedJob`] and the core judges them: a component is gleaner's
+//! if the kcm's own account submitted it, a placeholder if the account
+//! the kcm submits its job's placeholders as did (the kcm's with one user,
+//! the job owner's with many, learned from the job's grants). Anybody
+//! else's counts as their local job: never removed, withdrawn, or taken
+//! for a failed start of gleaner's.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -25,7 +34,10 @@ use std::{
 };
 
 use gleaner_manifest::JobId;
-use gleaner_policy::local::{Answered, LocalState, on_local_wait};
+use gleaner_policy::{
+    access::Users,
+    local::{Answered, LocalState, on_local_wait},
+};
 use gleaner_protocol::{
     Captured, ClusterName, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, Credentials,
     GrantId, Holding, KcmMsg, SchedulerMsg, ShrinkMode, component_on_one_host, naming,
@@ -34,7 +46,7 @@ use tracing::{error, info, warn};
 
 pub use crate::{
     backend::BackendError,
-    snapshot::{ComponentRun, Host, Placeholder, Snapshot},
+    snapshot::{ComponentRun, Host, NamedJob, Placeholder, Snapshot},
 };
 pub use gleaner_policy::local::WaitingJob;
 
@@ -56,6 +68,13 @@ pub struct CoreConfig {
     pub max_scavenged: Option<crate::Cap>,
     /// Hosts placeholders must leave alone.
     pub reserve_hosts: Vec<String>,
+    /// The batch system's name of the kcm's own account (the process's
+    /// effective user), which submits every grid component, and with one
+    /// user every placeholder too.
+    pub account: String,
+    /// Whose accounts jobs run as (`[users]`): with many users, a job's
+    /// placeholders are submitted as its owner's.
+    pub users: Users,
 }
 
 pub use gleaner_protocol::Now;
@@ -163,6 +182,16 @@ const RECENT_GRANTS: usize = 1024;
 /// How long a launcher's word is kept for a placeholder not seen yet.
 const HEARD_KEPT: Duration = Duration::from_secs(600);
 
+/// The account a job's placeholders are submitted as (with many users).
+#[derive(Debug)]
+struct JobAccount {
+    /// The batch system's name of it.
+    name: String,
+    /// The job has ended: forgotten once none of its placeholders is left
+    /// (those still running are removed after a grace, as its own).
+    ended: bool,
+}
+
 /// Removals waiting for their grace period to pass.
 #[derive(Debug)]
 struct Removal {
@@ -189,6 +218,9 @@ pub struct KcmCore {
     command_error: Option<String>,
     /// The last failure to read the batch system (cleared by the next read).
     read_error: Option<String>,
+    /// Batch ids of the jobs named like gleaner's that are not, as last
+    /// read (each is logged once).
+    strangers: BTreeSet<String>,
     /// Consecutive starts that failed: refused by the batch system, or a
     /// placeholder that ended before its launcher reached the broker.
     /// Cleared only by a launcher that reached it.
@@ -211,6 +243,10 @@ pub struct KcmCore {
     blocked: Option<(u32, Instant)>,
     answered: Answered,
     components: BTreeMap<(JobId, u32), TrackedComponent>,
+    /// With many users, the account each job's placeholders are submitted
+    /// as: learned from its grants, or for what a predecessor left, from
+    /// the first reading ([`KcmCore::judge`]).
+    accounts: BTreeMap<JobId, JobAccount>,
 }
 
 impl KcmCore {
@@ -225,6 +261,7 @@ impl KcmCore {
             removals: Vec::new(),
             command_error: None,
             read_error: None,
+            strangers: BTreeSet::new(),
             failed_starts: 0,
             start_error: None,
             heard: BTreeMap::new(),
@@ -235,6 +272,7 @@ impl KcmCore {
             blocked: None,
             answered: Answered::default(),
             components: BTreeMap::new(),
+            accounts: BTreeMap::new(),
         }
     }
 
@@ -324,6 +362,12 @@ impl KcmCore {
                 }
                 self.recent_grants.push_back(grant);
                 self.applied_grants.push(grant);
+                if !self.config.users.is_single() {
+                    // As the shell submits them (`Kcm::run_as`).
+                    let name = self.config.users.account(&owner).to_owned();
+                    self.accounts
+                        .insert(job.clone(), JobAccount { name, ended: false });
+                }
                 vec![
                     Effect::SubmitLaunchers {
                         job,
@@ -355,6 +399,9 @@ impl KcmCore {
                 Vec::new()
             }
             KcmMsg::JobEnded { job } => {
+                if let Some(account) = self.accounts.get_mut(&job) {
+                    account.ended = true;
+                }
                 let mut effects = self.end_job(&job, now);
                 effects.push(Effect::PollNow);
                 effects
@@ -449,6 +496,7 @@ impl KcmCore {
         let mut effects = Vec::new();
         match snapshot {
             Ok(snapshot) => {
+                let snapshot = self.judge(snapshot);
                 if let Some(problem) = snapshot
                     .problem
                     .as_ref()
@@ -475,6 +523,11 @@ impl KcmCore {
                 }
                 self.count_early_ends(&snapshot, now);
                 self.last = snapshot;
+                // An ended job's account goes with its last placeholder.
+                let placeholders = &self.last.placeholders;
+                self.accounts.retain(|job, account| {
+                    !account.ended || placeholders.iter().any(|p| &p.job == job)
+                });
                 effects.extend(self.settle_components(spooled, now));
                 effects.extend(self.make_room(now));
                 effects.extend(self.withdraw_stuck(now));
@@ -486,6 +539,82 @@ impl KcmCore {
         }
         effects.extend(self.due_removals(now));
         effects
+    }
+
+    /// The reading with its jobs named like gleaner's judged by their
+    /// owners ([`KcmCore::is_gleaners`]): anybody else's is a job like any
+    /// other of theirs, which the kcm never removes, withdraws or counts
+    /// as a start of its own. Each is logged once: someone may be
+    /// impersonating gleaner.
+    fn judge(&mut self, snapshot: Snapshot) -> Snapshot {
+        if !self.adopted {
+            self.adopt_accounts(&snapshot.named);
+        }
+        let mut strangers = BTreeSet::new();
+        for named in snapshot.named.iter().filter(|n| !self.is_gleaners(n)) {
+            if !named.ids.iter().any(|id| self.strangers.contains(id)) {
+                let expected = match named.component {
+                    Some(_) => Some(self.config.account.as_str()),
+                    None => self.placeholder_account(&named.job),
+                };
+                warn!(cluster = %self.config.cluster, job = %named.job, component = ?named.component, owner = %named.owner, expected = ?expected, batch_ids = ?named.ids, "a batch job named like gleaner's is not gleaner's: counted as a local job");
+            }
+            strangers.extend(named.ids.iter().cloned());
+        }
+        self.strangers = strangers;
+        snapshot.judge(|named| self.is_gleaners(named))
+    }
+
+    /// Whether a job named like gleaner's is: submitted by the account
+    /// that submits such jobs — the kcm's own for a grid component, the
+    /// job's [`KcmCore::placeholder_account`] for a placeholder.
+    fn is_gleaners(&self, named: &NamedJob) -> bool {
+        match named.component {
+            Some(_) => named.owner == self.config.account,
+            None => self.placeholder_account(&named.job) == Some(named.owner.as_str()),
+        }
+    }
+
+    /// The account `job`'s placeholders are submitted as: with one user
+    /// the kcm's own; with many, its owner's, known from its grants (or
+    /// adopted); `None` for a job the kcm has no account for.
+    fn placeholder_account(&self, job: &JobId) -> Option<&str> {
+        if self.config.users.is_single() {
+            return Some(&self.config.account);
+        }
+        self.accounts.get(job).map(|account| account.name.as_str())
+    }
+
+    /// With many users, at the first reading: the placeholders of a job
+    /// the kcm has no account for (its predecessor's) are adopted if they
+    /// all have one owner, which becomes the job's account; if two owners
+    /// claim one job, none are, until a grant says whose it is. Later
+    /// readings adopt nothing: a kcm learns a job's account before it
+    /// submits any placeholder for it, so a placeholder of a job it has no
+    /// account for is not its own.
+    fn adopt_accounts(&mut self, named: &[NamedJob]) {
+        if self.config.users.is_single() {
+            return;
+        }
+        let mut owners: BTreeMap<&JobId, BTreeSet<&str>> = BTreeMap::new();
+        for named in named
+            .iter()
+            .filter(|n| n.component.is_none() && !self.accounts.contains_key(&n.job))
+        {
+            owners.entry(&named.job).or_default().insert(&named.owner);
+        }
+        for (job, owners) in owners {
+            match owners.first() {
+                Some(owner) if owners.len() == 1 => {
+                    let name = (*owner).to_owned();
+                    self.accounts
+                        .insert(job.clone(), JobAccount { name, ended: false });
+                }
+                _ => {
+                    warn!(cluster = %self.config.cluster, job = %job, owners = ?owners, "placeholders of one job by different owners: none adopted until the job's next grant says whose");
+                }
+            }
+        }
     }
 
     /// Placeholders that left the batch system without their launcher ever
@@ -522,7 +651,7 @@ impl KcmCore {
             }
             self.failed_starts = self.failed_starts.saturating_add(1);
             let host = placeholder.host.as_deref().unwrap_or("before it ran");
-            error!(job = %placeholder.job, cluster = %self.config.cluster, placeholder = %placeholder.id, host, failures = self.failed_starts, "placeholder ended before its launcher reached the broker");
+            error!(job = %placeholder.job, cluster = %self.config.cluster, placeholder = %placeholder.id, owner = %placeholder.owner, host, failures = self.failed_starts, "placeholder ended before its launcher reached the broker");
             self.start_error = Some(format!(
                 "placeholder {} ({host}) ended before its launcher reached the broker; its output (log_dir) says why",
                 placeholder.id
@@ -725,7 +854,7 @@ impl KcmCore {
         }
         let mut effects = Vec::new();
         for run in &components {
-            warn!(job = %run.job, component = run.component, cluster = %cluster, failures = self.stuck_starts, "grid component {reason}, to be placed again");
+            warn!(job = %run.job, component = run.component, cluster = %cluster, owner = %run.owner, failures = self.stuck_starts, "grid component {reason}, to be placed again");
             self.components.remove(&(run.job.clone(), run.component));
             effects.push(Effect::Tell {
                 job: run.job.clone(),
@@ -919,6 +1048,8 @@ mod tests {
             max_pending: MAX_PENDING,
             max_scavenged: None,
             reserve_hosts: Vec::new(),
+            account: "root".into(),
+            users: Users::default(),
         })
     }
 
@@ -944,6 +1075,7 @@ mod tests {
             job: job.clone(),
             slots: 1,
             host: running.then(|| "n1".to_owned()),
+            owner: "alice".into(),
         }
     }
 
@@ -954,6 +1086,7 @@ mod tests {
             component,
             slots,
             running: true,
+            owner: "root".into(),
         }
     }
 
@@ -1446,6 +1579,7 @@ mod tests {
             job: a.clone(),
             slots: 1,
             host: host.map(str::to_owned),
+            owner: "alice".into(),
         };
         let b = job("b");
         let of_b = Placeholder {
@@ -1898,5 +2032,189 @@ mod tests {
         );
         assert_eq!((r.error, r.failed_starts), (None, 0));
         assert_eq!(r.at, 1_700_000_001_234);
+    }
+
+    /// A job named like gleaner's, as a reading leaves it: one batch id
+    /// of one slot, running on `n1` or waiting (on hold: no local job).
+    fn named(id: &str, job: &JobId, component: Option<u32>, owner: &str, runs: bool) -> NamedJob {
+        NamedJob {
+            job: job.clone(),
+            component,
+            owner: owner.into(),
+            ids: vec![id.into()],
+            slots: 1,
+            hosts: if runs {
+                vec![("n1".into(), 1)]
+            } else {
+                Vec::new()
+            },
+            waiting: None,
+            problem: None,
+        }
+    }
+
+    /// One host, `n1`, of 4 slots, and jobs named like gleaner's.
+    fn reading(named: Vec<NamedJob>) -> Snapshot {
+        Snapshot {
+            named,
+            ..cluster(4, Vec::new())
+        }
+    }
+
+    fn grant(job: &JobId, grant: u64, owner: &str) -> KcmMsg {
+        KcmMsg::StartLaunchers {
+            job: job.clone(),
+            grant: GrantId::new(grant),
+            slots: 1,
+            task_slots: 1,
+            owner: owner.into(),
+            credentials: None,
+        }
+    }
+
+    /// Many users; the broker user `alice@lab` is the Unix account alice.
+    fn many_users() -> KcmCore {
+        let mut users = Users::default();
+        users.accounts.insert("alice@lab".into(), "alice".into());
+        KcmCore::new(CoreConfig {
+            users,
+            ..core().config
+        })
+    }
+
+    #[test]
+    fn another_owners_jobs_named_like_gleaners_are_his_local_jobs() {
+        let clock = Clock::new();
+        let mut kcm = many_users();
+        let (a, g) = (job("a"), job("g"));
+        poll(&mut kcm, reading(Vec::new()), clock.at(0));
+        message(&mut kcm, grant(&a, 1, "alice@lab"), clock.at(0));
+        let submitted = Event::ComponentSubmitted {
+            spec: spec(&g, 0, 1),
+            result: Ok(()),
+        };
+        kcm.handle(submitted, clock.at(0));
+        let hers = named("5.1", &a, None, "alice", true);
+        let gleaners = named("8", &g, Some(0), "root", true);
+        // Bob's: a held `gl-<a>`, a running `gg-<g>.0`.
+        let held = named("6", &a, None, "bob", false);
+        let fake = named("7", &g, Some(0), "bob", true);
+        let all = vec![hers.clone(), held.clone(), fake, gleaners.clone()];
+        assert!(removed(&poll(&mut kcm, reading(all), clock.at(1_000))).is_empty());
+        let r = report(&mut kcm, clock.at(1_000));
+        let one = Holding {
+            running: 1,
+            pending: 0,
+        };
+        assert_eq!((r.jobs[&a], r.grid[&g]), (one, one));
+        assert_eq!(
+            (r.local_slots, r.grid_slots, r.idle_slots),
+            (1, 1, 1),
+            "bob's component is a local job; his held one takes nothing"
+        );
+
+        // Bob's component ends; g's does not, nor is anything reported.
+        let without = vec![hers.clone(), held.clone(), gleaners.clone()];
+        assert!(ended(&poll(&mut kcm, reading(without.clone()), clock.at(2_000))).is_empty());
+        // His placeholder waits far longer than max_pending, then runs
+        // and ends without a launcher: never withdrawn, no failed start.
+        let effects = poll(&mut kcm, reading(without), clock.at(120_000));
+        assert!(removed(&effects).is_empty(), "{effects:?}");
+        let ran = vec![
+            hers.clone(),
+            named("6", &a, None, "bob", true),
+            gleaners.clone(),
+        ];
+        poll(&mut kcm, reading(ran), clock.at(121_000));
+        let left = vec![hers.clone(), held.clone(), gleaners.clone()];
+        poll(&mut kcm, reading(left.clone()), clock.at(122_000));
+        let r = report(&mut kcm, clock.at(122_000));
+        assert_eq!((r.failed_starts, r.error), (0, None));
+
+        // Alice's job ends: hers go (after the grace), his never.
+        let effects = message(
+            &mut kcm,
+            KcmMsg::JobEnded { job: a.clone() },
+            clock.at(123_000),
+        );
+        assert!(removed(&effects).is_empty(), "{effects:?}");
+        let effects = poll(&mut kcm, reading(left.clone()), clock.at(133_000));
+        assert_eq!(removed(&effects), [["5.1"]]);
+        // Her last placeholder gone, her job's account is forgotten: a
+        // `gl-<a>` of hers now is one of her local jobs.
+        poll(
+            &mut kcm,
+            reading(vec![held.clone(), gleaners.clone()]),
+            clock.at(134_000),
+        );
+        let late = vec![named("9.1", &a, None, "alice", true), held, gleaners];
+        assert!(removed(&poll(&mut kcm, reading(late), clock.at(135_000))).is_empty());
+        let r = report(&mut kcm, clock.at(135_000));
+        assert!(r.jobs.is_empty(), "{:?}", r.jobs);
+        assert_eq!(r.local_slots, 1);
+    }
+
+    #[test]
+    fn a_restarted_kcm_adopts_placeholders_of_one_owner_per_job() {
+        let clock = Clock::new();
+        let mut kcm = many_users();
+        let (b, c, d) = (job("b"), job("c"), job("d"));
+        let found = vec![
+            named("1.1", &b, None, "carol", true),
+            named("1.2", &b, None, "carol", false),
+            named("2.1", &c, None, "alice", true),
+            named("3", &c, None, "bob", false),
+        ];
+        poll(&mut kcm, reading(found.clone()), clock.at(0));
+        let r = report(&mut kcm, clock.at(0));
+        let jobs: Vec<&JobId> = r.jobs.keys().collect();
+        assert_eq!(jobs, [&b], "two owners claim c: neither is adopted");
+        assert_eq!(r.local_slots, 1, "c's running one counts as a local job");
+
+        // c's grant says whose it is; d's placeholder comes after the
+        // first reading, without a grant: not gleaner's.
+        message(&mut kcm, grant(&c, 1, "alice@lab"), clock.at(100));
+        let mut later = found;
+        later.push(named("4.1", &d, None, "dave", true));
+        poll(&mut kcm, reading(later), clock.at(1_000));
+        let r = report(&mut kcm, clock.at(1_000));
+        let held: Vec<(&JobId, u32, u32)> = r
+            .jobs
+            .iter()
+            .map(|(job, h)| (job, h.running, h.pending))
+            .collect();
+        assert_eq!(held, [(&b, 1, 1), (&c, 1, 0)]);
+        assert_eq!(r.local_slots, 1, "d's");
+    }
+
+    #[test]
+    fn with_one_user_every_placeholder_is_the_kcms_own_accounts() {
+        let clock = Clock::new();
+        let mut kcm = KcmCore::new(CoreConfig {
+            account: "gleaner".into(),
+            users: Users {
+                single: Some(true),
+                ..Users::default()
+            },
+            ..core().config
+        });
+        let a = job("a");
+        message(&mut kcm, grant(&a, 1, "alice"), clock.at(0));
+        let found = vec![
+            named("1.1", &a, None, "gleaner", true),
+            named("2.1", &a, None, "alice", true),
+            named("3", &a, Some(0), "alice", true),
+        ];
+        poll(&mut kcm, reading(found), clock.at(0));
+        let r = report(&mut kcm, clock.at(0));
+        assert_eq!(
+            r.jobs[&a],
+            Holding {
+                running: 1,
+                pending: 0
+            }
+        );
+        assert!(r.grid.is_empty());
+        assert_eq!(r.local_slots, 2);
     }
 }

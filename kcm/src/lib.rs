@@ -75,6 +75,8 @@ impl KcmConfig {
             max_pending: self.max_pending,
             max_scavenged: self.max_scavenged,
             reserve_hosts: self.reserve_hosts.clone(),
+            account: local::account_name(),
+            users: self.users.clone(),
         }
     }
 }

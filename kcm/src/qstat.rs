@@ -5,10 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_policy::local::WaitingJob;
-use gleaner_protocol::naming::{parse_component_name, parse_placeholder_name};
 use serde::Deserialize;
 
-use crate::snapshot::{ComponentRun, Host, Placeholder, Snapshot};
+use crate::snapshot::{Host, NamedJob, Snapshot, named_after};
 
 #[derive(Debug, Default, Deserialize)]
 struct Root {
@@ -49,6 +48,10 @@ struct JobEntry {
     number: u64,
     #[serde(rename = "JB_name")]
     name: String,
+    /// Who submitted it (empty if not said: then it is nobody's that
+    /// gleaner would claim).
+    #[serde(rename = "JB_owner", default)]
+    owner: String,
     state: String,
     #[serde(default)]
     slots: u32,
@@ -130,7 +133,10 @@ impl Qstat {
     }
 
     /// The cluster's snapshot, reading waiting jobs' parallel environments
-    /// by `rules` (one it does not know counts as spread).
+    /// by `rules` (one it does not know counts as spread). Jobs named like
+    /// gleaner's are left [`NamedJob`], with their owners (`JB_owner`), for
+    /// the kcm's core to judge: each with what it is as someone else's
+    /// too, a waiting local job unless it is on hold or in error.
     pub fn snapshot(
         &self,
         queue: &str,
@@ -155,28 +161,27 @@ impl Qstat {
                     Some(task) => format!("{}.{task}", job.number),
                     None => job.number.to_string(),
                 };
-                if let Some(owner) = parse_placeholder_name(&job.name) {
-                    snapshot.placeholders.push(Placeholder {
-                        id,
-                        job: owner,
-                        slots: job.slots.max(1),
-                        host: Some(host_name.to_owned()),
-                    });
-                } else if let Some((owner, component)) = parse_component_name(&job.name) {
-                    host.grid = host.grid.saturating_add(job.slots);
-                    // A component on many hosts is one run with their slots.
-                    match snapshot.components.iter_mut().find(|c| c.id == id) {
-                        Some(run) => run.slots = run.slots.saturating_add(job.slots),
-                        None => snapshot.components.push(ComponentRun {
-                            id,
-                            job: owner,
-                            component,
-                            slots: job.slots.max(1),
-                            running: true,
-                        }),
-                    }
-                } else {
+                let Some((named, component)) = named_after(&job.name) else {
                     host.local = host.local.saturating_add(job.slots);
+                    continue;
+                };
+                let here = (host_name.to_owned(), job.slots);
+                // A job on many hosts is one job with their slots.
+                match snapshot.named.iter_mut().find(|n| n.ids == [id.as_str()]) {
+                    Some(run) => {
+                        run.slots = run.slots.saturating_add(job.slots);
+                        run.hosts.push(here);
+                    }
+                    None => snapshot.named.push(NamedJob {
+                        job: named,
+                        component,
+                        owner: job.owner.clone(),
+                        ids: vec![id],
+                        slots: job.slots.max(1),
+                        hosts: vec![here],
+                        waiting: None,
+                        problem: None,
+                    }),
                 }
             }
             snapshot.hosts.push(host);
@@ -190,46 +195,48 @@ impl Qstat {
                 Some(ranges) => expand_tasks(ranges),
                 None => vec![None],
             };
-            if let Some((owner, component)) = parse_component_name(&job.name) {
-                snapshot.components.push(ComponentRun {
-                    id: job.number.to_string(),
-                    job: owner,
-                    component,
-                    slots: job.slots.max(1),
-                    running: false,
-                });
-                continue;
-            }
-            match parse_placeholder_name(&job.name) {
-                Some(owner) => {
-                    if job.state.contains('E') {
-                        problems.push(format!(
-                            "placeholder job {} is in error state {}",
-                            job.number, job.state
-                        ));
-                    }
-                    snapshot
-                        .placeholders
-                        .extend(tasks.iter().map(|task| Placeholder {
-                            id: match task {
-                                Some(task) => format!("{}.{task}", job.number),
-                                None => job.number.to_string(),
-                            },
-                            job: owner.clone(),
-                            slots: job.slots.max(1),
-                            host: None,
-                        }));
-                }
-                // A job on hold, or in error, is not waiting for slots.
-                None if job.state.contains(['h', 'E']) => {}
-                None => snapshot.waiting.push(waiting_job(
+            // A job on hold, or in error, is not waiting for slots.
+            let waiting = (!job.state.contains(['h', 'E'])).then(|| {
+                waiting_job(
                     job,
                     tasks.len() as u32,
                     snapshot.total_slots().max(1),
                     largest_host,
                     rules,
-                )),
-            }
+                )
+            });
+            let Some((named, component)) = named_after(&job.name) else {
+                snapshot.waiting.extend(waiting);
+                continue;
+            };
+            let (ids, problem) = match component {
+                Some(_) => (vec![job.number.to_string()], None),
+                None => (
+                    tasks
+                        .iter()
+                        .map(|task| match task {
+                            Some(task) => format!("{}.{task}", job.number),
+                            None => job.number.to_string(),
+                        })
+                        .collect(),
+                    job.state.contains('E').then(|| {
+                        format!(
+                            "placeholder job {} is in error state {}",
+                            job.number, job.state
+                        )
+                    }),
+                ),
+            };
+            snapshot.named.push(NamedJob {
+                job: named,
+                component,
+                owner: job.owner.clone(),
+                ids,
+                slots: job.slots.max(1),
+                hosts: Vec::new(),
+                waiting,
+                problem,
+            });
         }
         snapshot.problem = (!problems.is_empty()).then(|| problems.join("; "));
         Ok(snapshot)
@@ -303,7 +310,8 @@ fn expand_tasks(ranges: &str) -> Vec<Option<u64>> {
 mod tests {
     use super::*;
 
-    fn snapshot(xml: &str, queue: &str) -> Result<Snapshot, String> {
+    /// The snapshot as read, its jobs named like gleaner's not judged.
+    fn unjudged(xml: &str, queue: &str) -> Result<Snapshot, String> {
         let rules = [
             ("smp".to_owned(), AllocationRule::OneHost),
             ("make".to_owned(), AllocationRule::Spread),
@@ -311,6 +319,11 @@ mod tests {
         ]
         .into();
         read(xml)?.snapshot(queue, &rules)
+    }
+
+    /// The snapshot as a kcm running as root with one user judges it.
+    fn snapshot(xml: &str, queue: &str) -> Result<Snapshot, String> {
+        unjudged(xml, queue).map(|s| s.judge(|job| job.owner == "root"))
     }
 
     const SAMPLE: &str = include_str!("../tests/data/qstat-c1.xml");
@@ -350,12 +363,108 @@ mod tests {
         assert_eq!(s.problem, None);
     }
 
+    /// Bob's jobs named like gleaner's in a 4-slot queue (a running
+    /// placeholder, a held array of three, a running component of two
+    /// slots, a held one) beside root's array of two placeholders.
+    #[test]
+    fn the_real_output_of_jobs_named_like_gleaners() {
+        let xml = include_str!("../tests/data/qstat-named.xml");
+        let s = unjudged(xml, "c1.q").unwrap();
+        assert!(s.placeholders.is_empty() && s.components.is_empty());
+        assert_eq!((s.local_running(), s.grid_running()), (0, 0));
+        let named: Vec<(Vec<&str>, &str, Option<u32>, usize)> = s
+            .named
+            .iter()
+            .map(|n| {
+                (
+                    n.ids.iter().map(String::as_str).collect(),
+                    n.owner.as_str(),
+                    n.component,
+                    n.hosts.len(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            named,
+            [
+                (vec!["9"], "bob", None, 1),
+                (vec!["11"], "bob", Some(0), 1),
+                (vec!["13.1"], "root", None, 1),
+                (vec!["13.2"], "root", None, 0),
+                (vec!["10.1", "10.2", "10.3"], "bob", None, 0),
+                (vec!["12"], "bob", Some(1), 0),
+            ]
+        );
+        assert_eq!(
+            s.named[3].waiting,
+            Some(WaitingJob::anywhere("13", 1)),
+            "were it anybody else's, it would be a waiting local job"
+        );
+        assert!(
+            s.named[4..].iter().all(|n| n.waiting.is_none()),
+            "held ones wait for nothing"
+        );
+
+        let s = s.judge(|job| job.owner == "root");
+        let ids: Vec<(&str, bool)> = s
+            .placeholders
+            .iter()
+            .map(|p| (p.id.as_str(), p.running()))
+            .collect();
+        assert_eq!(ids, [("13.1", true), ("13.2", false)]);
+        assert!(s.components.is_empty() && s.waiting.is_empty());
+        assert_eq!(
+            (s.local_running(), s.grid_running()),
+            (3, 0),
+            "bob's placeholder and component are his local jobs"
+        );
+        assert_eq!(s.idle_slots(), 0, "3 local, 1 held, 1 claimed");
+    }
+
+    #[test]
+    fn someone_elses_named_jobs_are_local_and_report_nothing() {
+        let xml = r#"<job_info><queue_info>
+            <Queue-List><name>g1.q@n1</name><slots_total>4</slots_total>
+              <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00000000000beef0.0</JB_name><JB_owner>bob</JB_owner><state>r</state><slots>1</slots></job_list>
+            </Queue-List>
+            <Queue-List><name>g1.q@n2</name><slots_total>4</slots_total>
+              <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00000000000beef0.0</JB_name><JB_owner>bob</JB_owner><state>r</state><slots>3</slots></job_list>
+            </Queue-List></queue_info>
+            <job_info>
+              <job_list state="pending"><JB_job_number>6</JB_job_number><JB_name>gl-sweep-00000000000beef0</JB_name><JB_owner>bob</JB_owner><state>qw</state><slots>2</slots><tasks>1-3:1</tasks>
+                <requested_pe name="smp">2</requested_pe></job_list>
+              <job_list state="pending"><JB_job_number>7</JB_job_number><JB_name>gl-sweep-00000000000beef0</JB_name><JB_owner>bob</JB_owner><state>Eqw</state><slots>1</slots></job_list>
+              <job_list state="pending"><JB_job_number>8</JB_job_number><JB_name>gl-sweep-00000000000beef0</JB_name><JB_owner>root</JB_owner><state>Eqw</state><slots>1</slots></job_list>
+              <job_list state="pending"><JB_job_number>9</JB_job_number><JB_name>gl-sweep-00000000000beef0</JB_name><state>qw</state><slots>1</slots></job_list>
+            </job_info></job_info>"#;
+        let s = snapshot(xml, "g1.q").unwrap();
+        let hosts: Vec<(u32, u32)> = s.hosts.iter().map(|h| (h.local, h.grid)).collect();
+        assert_eq!(hosts, [(1, 0), (3, 0)], "bob's component, where it runs");
+        let ids: Vec<&str> = s.placeholders.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["8"], "root's alone; one without an owner is nobody's");
+        let waiting: Vec<(&str, u32, u32)> = s
+            .waiting
+            .iter()
+            .map(|w| (w.id.as_str(), w.slots, w.together))
+            .collect();
+        assert_eq!(
+            waiting,
+            [("6", 6, 2), ("9", 1, 1)],
+            "bob's array waits as his; his job in error does not"
+        );
+        assert_eq!(
+            s.problem.as_deref(),
+            Some("placeholder job 8 is in error state Eqw"),
+            "only gleaner's own placeholders' errors are reported"
+        );
+    }
+
     #[test]
     fn grid_components_are_neither_local_nor_placeholders() {
         let xml = r#"<job_info><queue_info><Queue-List><name>c1.q@a</name><slots_total>8</slots_total>
-            <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00000000000beef0.0</JB_name><state>r</state><slots>4</slots></job_list>
+            <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00000000000beef0.0</JB_name><JB_owner>root</JB_owner><state>r</state><slots>4</slots></job_list>
             </Queue-List></queue_info>
-            <job_info><job_list state="pending"><JB_job_number>6</JB_job_number><JB_name>gg-mpi-00000000000beef0.1</JB_name><state>qw</state><slots>2</slots></job_list></job_info></job_info>"#;
+            <job_info><job_list state="pending"><JB_job_number>6</JB_job_number><JB_name>gg-mpi-00000000000beef0.1</JB_name><JB_owner>root</JB_owner><state>qw</state><slots>2</slots></job_list></job_info></job_info>"#;
         let s = snapshot(xml, "c1.q").unwrap();
         assert_eq!((s.grid_running(), s.local_running()), (4, 0));
         assert!(s.waiting.is_empty() && s.placeholders.is_empty());
@@ -384,11 +493,11 @@ mod tests {
     fn placeholders_and_components_know_their_hosts() {
         let xml = r#"<job_info><queue_info>
             <Queue-List><name>g1.q@n1</name><slots_total>4</slots_total>
-              <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00000000000beef0.0</JB_name><state>r</state><slots>2</slots></job_list>
-              <job_list state="running"><JB_job_number>7</JB_job_number><JB_name>gl-sweep-00000000000beef0</JB_name><state>r</state><slots>2</slots><tasks>1</tasks></job_list>
+              <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00000000000beef0.0</JB_name><JB_owner>root</JB_owner><state>r</state><slots>2</slots></job_list>
+              <job_list state="running"><JB_job_number>7</JB_job_number><JB_name>gl-sweep-00000000000beef0</JB_name><JB_owner>root</JB_owner><state>r</state><slots>2</slots><tasks>1</tasks></job_list>
             </Queue-List>
             <Queue-List><name>g1.q@n2</name><slots_total>4</slots_total>
-              <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00000000000beef0.0</JB_name><state>r</state><slots>4</slots></job_list>
+              <job_list state="running"><JB_job_number>5</JB_job_number><JB_name>gg-mpi-00000000000beef0.0</JB_name><JB_owner>root</JB_owner><state>r</state><slots>4</slots></job_list>
             </Queue-List></queue_info>
             <job_info>
               <job_list state="pending"><JB_job_number>8</JB_job_number><JB_name>whole</JB_name><state>qw</state><slots>1</slots>

@@ -3,8 +3,10 @@
 //! `qsub` submits `m` launchers as one array job named `gl-<job>`, at the
 //! lowest priority, with `-notify` (so a `qdel` warns the launcher with
 //! SIGUSR2 before it kills it) and the configured `h_rt`. `qstat -xml` is
-//! read on every poll; placeholders are recognised by their name alone, so a
-//! restarted kcm adopts whatever its predecessor left running.
+//! read on every poll; placeholders and components are recognised by
+//! their name and their owner (the kcm's core judges: `core::KcmCore`),
+//! so a restarted kcm adopts what its predecessor left running, and
+//! nobody else's job named like them.
 
 use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 

@@ -5,8 +5,9 @@
 //! each on one node with `--cpus-per-task` of its slots, `--no-requeue`
 //! (gleaner, not Slurm, decides what runs again) and a USR1 before its time
 //! limit or at preemption. `sinfo` and `squeue` are read on every poll;
-//! placeholders are recognised by their name alone, so a restarted kcm
-//! adopts whatever its predecessor left.
+//! placeholders and components are recognised by their name and their
+//! owner (the kcm's core judges: `core::KcmCore`), so a restarted kcm
+//! adopts what its predecessor left, and nobody else's job named like them.
 
 use std::{path::PathBuf, time::Duration};
 

@@ -5,7 +5,10 @@ use std::collections::BTreeMap;
 
 use gleaner_manifest::JobId;
 use gleaner_policy::local::{HostLoad, WaitingJob};
-use gleaner_protocol::{HostReport, naming::host_key};
+use gleaner_protocol::{
+    HostReport,
+    naming::{host_key, parse_component_name, parse_placeholder_name, same_host},
+};
 
 /// Slot counts come from the batch system: added without overflowing.
 fn saturating_sum(slots: impl IntoIterator<Item = u32>) -> u32 {
@@ -22,6 +25,8 @@ pub struct Placeholder {
     pub slots: u32,
     /// Where it runs; `None` while it waits.
     pub host: Option<String>,
+    /// The batch system's name of the account that submitted it.
+    pub owner: String,
 }
 
 impl Placeholder {
@@ -39,6 +44,47 @@ pub struct ComponentRun {
     pub component: u32,
     pub slots: u32,
     pub running: bool,
+    /// The batch system's name of the account that submitted it.
+    pub owner: String,
+}
+
+/// A batch job named like one of gleaner's — `gl-<job>` (placeholders) or
+/// `gg-<job>.<n>` (a grid component) — as read, with its owner. Anyone may
+/// give a job any name, and job ids are public: the name alone makes
+/// nothing gleaner's. Whose it is depends on which accounts submit
+/// gleaner's jobs, which the kcm's core knows and a reading of the batch
+/// system does not, so a reading leaves it unjudged and counted nowhere
+/// until [`Snapshot::judge`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamedJob {
+    /// The gleaner job its name names.
+    pub job: JobId,
+    /// `Some(n)` for the component `gg-<job>.<n>`, `None` for `gl-<job>`.
+    pub component: Option<u32>,
+    /// The batch system's name of the account that submitted it.
+    pub owner: String,
+    /// Batch ids: of a running placeholder (`4711.3`) or of the component;
+    /// of a waiting array, one per task, each a placeholder of its own.
+    pub ids: Vec<String>,
+    /// Slots of each placeholder, or of the component.
+    pub slots: u32,
+    /// Where it runs, and its slots there (a component may span hosts);
+    /// empty while it waits.
+    pub hosts: Vec<(String, u32)>,
+    /// As someone else's job that waits for slots, the local job it is;
+    /// `None` when it runs, is on hold or in error.
+    pub waiting: Option<WaitingJob>,
+    /// As gleaner's, what is wrong with it (a placeholder in error).
+    pub problem: Option<String>,
+}
+
+/// The gleaner job a batch job's name names, and the component when it is
+/// one; `None` for a name of no gleaner job.
+pub fn named_after(name: &str) -> Option<(JobId, Option<u32>)> {
+    match parse_placeholder_name(name) {
+        Some(job) => Some((job, None)),
+        None => parse_component_name(name).map(|(job, component)| (job, Some(component))),
+    }
 }
 
 /// One execution host of the cluster.
@@ -72,11 +118,68 @@ pub struct Snapshot {
     pub placeholders: Vec<Placeholder>,
     /// Grid job components, running or waiting.
     pub components: Vec<ComponentRun>,
+    /// Jobs named like gleaner's, not judged yet: a batch system's reading
+    /// has them, and [`Snapshot::judge`] makes them placeholders,
+    /// components or others' jobs. A backend that knows its launchers
+    /// without their names (the local one) has none.
+    pub named: Vec<NamedJob>,
     /// Something wrong in the batch system worth reporting (a queue in error).
     pub problem: Option<String>,
 }
 
 impl Snapshot {
+    /// The snapshot with its named jobs judged by `gleaners`. Gleaner's
+    /// become placeholders and components (a running component's slots its
+    /// hosts' grid slots). Anybody else's are what any job of theirs is:
+    /// local slots where it runs, a local job if it waits for slots.
+    pub fn judge(mut self, gleaners: impl Fn(&NamedJob) -> bool) -> Self {
+        let mut problems: Vec<String> = self.problem.take().into_iter().collect();
+        for named in std::mem::take(&mut self.named) {
+            let ours = gleaners(&named);
+            for (name, slots) in &named.hosts {
+                let Some(host) = self.hosts.iter_mut().find(|h| same_host(&h.name, name)) else {
+                    continue;
+                };
+                match (ours, named.component) {
+                    (false, _) => host.local = host.local.saturating_add(*slots),
+                    (true, Some(_)) => host.grid = host.grid.saturating_add(*slots),
+                    // Held by its job: counted from the placeholders.
+                    (true, None) => {}
+                }
+            }
+            if !ours {
+                self.waiting.extend(named.waiting);
+                continue;
+            }
+            problems.extend(named.problem);
+            let host = named.hosts.first().map(|(host, _)| host.clone());
+            match named.component {
+                Some(component) => {
+                    self.components
+                        .extend(named.ids.into_iter().map(|id| ComponentRun {
+                            id,
+                            job: named.job.clone(),
+                            component,
+                            slots: named.slots,
+                            running: host.is_some(),
+                            owner: named.owner.clone(),
+                        }))
+                }
+                None => self
+                    .placeholders
+                    .extend(named.ids.into_iter().map(|id| Placeholder {
+                        id,
+                        job: named.job.clone(),
+                        slots: named.slots,
+                        host: host.clone(),
+                        owner: named.owner.clone(),
+                    })),
+            }
+        }
+        self.problem = (!problems.is_empty()).then(|| problems.join("; "));
+        self
+    }
+
     pub fn total_slots(&self) -> u32 {
         saturating_sum(self.hosts.iter().map(|h| h.slots))
     }
@@ -192,6 +295,7 @@ mod tests {
             job: job.parse().unwrap(),
             slots,
             host: host.map(str::to_owned),
+            owner: "alice".into(),
         }
     }
 
@@ -229,6 +333,7 @@ mod tests {
                 component: 0,
                 slots: 3,
                 running: false,
+                owner: "root".into(),
             }],
             ..snapshot.clone()
         };
@@ -244,6 +349,61 @@ mod tests {
         assert_eq!(
             (reports[0].scavenged, reports[1].scavenged, reports[1].grid),
             (2, 1, 2)
+        );
+    }
+
+    #[test]
+    fn judged_named_jobs_are_gleaners_or_their_owners_local_jobs() {
+        let job: JobId = "g-0000000000000000".parse().unwrap();
+        let named = |owner: &str, component, ids: &[&str], hosts: &[(&str, u32)]| NamedJob {
+            job: job.clone(),
+            component,
+            owner: owner.into(),
+            ids: ids.iter().map(|id| (*id).to_owned()).collect(),
+            slots: 3,
+            hosts: hosts.iter().map(|(h, s)| ((*h).to_owned(), *s)).collect(),
+            waiting: hosts.is_empty().then(|| WaitingJob::anywhere(ids[0], 3)),
+            problem: Some(format!("{owner}'s problem")),
+        };
+        let read = Snapshot {
+            hosts: vec![Host::new("n1", 4), Host::new("n2", 4)],
+            named: vec![
+                named(
+                    "root",
+                    Some(0),
+                    &["5"],
+                    &[("n1", 1), ("n2.grid.example", 2)],
+                ),
+                named("bob", Some(1), &["6"], &[("n1", 1), ("n2", 2)]),
+                named("root", None, &["7.1", "7.2"], &[]),
+                named("bob", None, &["8.1", "8.2"], &[]),
+                named("bob", None, &["9.1"], &[("n1", 1)]),
+            ],
+            problem: Some("a queue's problem".into()),
+            ..Snapshot::default()
+        };
+        let s = read.judge(|n| n.owner == "root");
+        assert!(s.named.is_empty());
+        let hosts: Vec<(u32, u32)> = s.hosts.iter().map(|h| (h.local, h.grid)).collect();
+        assert_eq!(hosts, [(2, 1), (2, 2)]);
+        assert_eq!(
+            (
+                s.components.len(),
+                s.components[0].slots,
+                s.components[0].running
+            ),
+            (1, 3, true)
+        );
+        let ids: Vec<(&str, bool)> = s
+            .placeholders
+            .iter()
+            .map(|p| (p.id.as_str(), p.running()))
+            .collect();
+        assert_eq!(ids, [("7.1", false), ("7.2", false)]);
+        assert_eq!(s.waiting, [WaitingJob::anywhere("8.1", 3)]);
+        assert_eq!(
+            s.problem.as_deref(),
+            Some("a queue's problem; root's problem; root's problem")
         );
     }
 }

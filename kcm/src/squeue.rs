@@ -7,18 +7,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_policy::local::WaitingJob;
-use gleaner_protocol::naming::{parse_component_name, parse_placeholder_name};
 
-use crate::snapshot::{ComponentRun, Host, Placeholder, Snapshot};
+use crate::snapshot::{Host, NamedJob, Snapshot, named_after};
 
 /// `sinfo -h -N -o`: node, partition, CPUs, allocated/idle/other/total
 /// CPUs, state.
 pub const SINFO_FORMAT: &str = "%N|%P|%c|%C|%T";
 
-/// `squeue -h -r -o`: job id (`123_4` for an array task), name, state,
-/// nodes, CPUs, node count, whether it shares nodes (`NO`: exclusive),
-/// pending reason, partitions.
-pub const SQUEUE_FORMAT: &str = "%i|%j|%T|%N|%C|%D|%h|%r|%P";
+/// `squeue -h -r -o`: job id (`123_4` for an array task), owner's user
+/// name, state, nodes, CPUs, node count, whether it shares nodes (`NO`:
+/// exclusive), partitions, pending reason, name. The name is anybody's
+/// to choose, `|` included: it goes last, where it cannot shift the
+/// fields that follow.
+pub const SQUEUE_FORMAT: &str = "%i|%u|%T|%N|%C|%D|%h|%P|%r|%j";
 
 /// Pending reasons that mean a job waits for slots somebody holds.
 const WAITING_FOR_SLOTS: [&str; 3] = ["Resources", "Priority", "None"];
@@ -40,6 +41,7 @@ struct Node {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Job<'a> {
     id: &'a str,
+    user: &'a str,
     name: &'a str,
     state: &'a str,
     nodes: Vec<String>,
@@ -53,6 +55,28 @@ struct Job<'a> {
 impl Job<'_> {
     fn running(&self) -> bool {
         !matches!(self.state, "PENDING" | "REQUEUED" | "REQUEUE_HOLD")
+    }
+
+    /// Whether it waits for slots that the partition's nodes have (in a
+    /// partition in `sharing`), and not for anything else (a hold, a
+    /// dependency, a limit).
+    fn waits_for_slots(&self, sharing: &BTreeSet<String>) -> bool {
+        !self.running()
+            && WAITING_FOR_SLOTS.contains(&self.reason)
+            && self.partitions.iter().any(|p| sharing.contains(*p))
+    }
+
+    /// The local job it is while it waits.
+    fn waiting(&self) -> WaitingJob {
+        WaitingJob {
+            id: self.id.to_owned(),
+            slots: self.cpus.max(1),
+            together: match self.node_count {
+                1 => self.cpus.max(1),
+                _ => 1,
+            },
+            exclusive: self.exclusive,
+        }
     }
 }
 
@@ -106,12 +130,21 @@ fn read_nodes(sinfo: &str, partition: &str) -> Result<(Vec<Node>, BTreeSet<Strin
 fn read_jobs(squeue: &str) -> Result<Vec<Job<'_>>, String> {
     let mut jobs = Vec::new();
     for line in squeue.lines().filter(|l| !l.trim().is_empty()) {
-        // The reason may be free text: the fields around it are fixed.
-        let fields: Vec<&str> = line.splitn(8, '|').collect();
-        let [id, name, state, nodes, cpus, count, shared, rest] = fields[..] else {
-            return Err(format!("unexpected squeue line {line:?}"));
-        };
-        let Some((reason, partitions)) = rest.rsplit_once('|') else {
+        // The name, last, keeps whatever `|` it has.
+        let fields: Vec<&str> = line.splitn(10, '|').collect();
+        let [
+            id,
+            user,
+            state,
+            nodes,
+            cpus,
+            count,
+            shared,
+            partitions,
+            reason,
+            name,
+        ] = fields[..]
+        else {
             return Err(format!("unexpected squeue line {line:?}"));
         };
         let number = |text: &str| {
@@ -121,6 +154,7 @@ fn read_jobs(squeue: &str) -> Result<Vec<Job<'_>>, String> {
         };
         jobs.push(Job {
             id,
+            user,
             name,
             state,
             nodes: expand_hostlist(nodes),
@@ -135,58 +169,45 @@ fn read_jobs(squeue: &str) -> Result<Vec<Job<'_>>, String> {
 }
 
 /// Reads `sinfo` and `squeue` output into the partition's snapshot: its
-/// nodes, the placeholders and components of gleaner in it, the slots of
-/// everybody else's jobs running there, and their jobs waiting for them.
+/// nodes, the slots of jobs running there and the jobs waiting for them.
+/// Jobs in the partition named like gleaner's are left [`NamedJob`], with
+/// their owners (`%u`), for the kcm's core to judge, each with what it is
+/// as someone else's too.
 pub fn snapshot(sinfo: &str, squeue: &str, partition: &str) -> Result<Snapshot, String> {
     let (nodes, sharing) = read_nodes(sinfo, partition)?;
     let jobs = read_jobs(squeue)?;
     let ours = |job: &Job| job.partitions.contains(&partition);
     let mut snapshot = Snapshot::default();
-    // CPUs of gleaner's running jobs per node, to tell the others' apart.
-    let mut gleaner_cpus: BTreeMap<&str, u32> = BTreeMap::new();
-    let mut grid_cpus: BTreeMap<&str, u32> = BTreeMap::new();
+    // CPUs of named jobs running per node, to tell the others' apart.
+    let mut named_cpus: BTreeMap<&str, u32> = BTreeMap::new();
     for job in &jobs {
-        if let Some(owner) = parse_placeholder_name(job.name).filter(|_| ours(job)) {
-            let node = job.nodes.first().filter(|_| job.running());
-            if let Some(node) = node {
-                *gleaner_cpus.entry(node.as_str()).or_default() += job.cpus;
+        let Some((named, component)) = named_after(job.name).filter(|_| ours(job)) else {
+            if job.waits_for_slots(&sharing) {
+                snapshot.waiting.push(job.waiting());
             }
-            snapshot.placeholders.push(Placeholder {
-                id: job.id.to_owned(),
-                job: owner,
-                slots: job.cpus.max(1),
-                host: node.cloned(),
-            });
-        } else if let Some((owner, component)) =
-            parse_component_name(job.name).filter(|_| ours(job))
-        {
-            if job.running() {
-                for (node, cpus) in split_over(job.cpus, &job.nodes) {
-                    *gleaner_cpus.entry(node).or_default() += cpus;
-                    *grid_cpus.entry(node).or_default() += cpus;
-                }
-            }
-            snapshot.components.push(ComponentRun {
-                id: job.id.to_owned(),
-                job: owner,
-                component,
-                slots: job.cpus.max(1),
-                running: job.running(),
-            });
-        } else if !job.running()
-            && WAITING_FOR_SLOTS.contains(&job.reason)
-            && job.partitions.iter().any(|p| sharing.contains(*p))
-        {
-            snapshot.waiting.push(WaitingJob {
-                id: job.id.to_owned(),
-                slots: job.cpus.max(1),
-                together: match job.node_count {
-                    1 => job.cpus.max(1),
-                    _ => 1,
-                },
-                exclusive: job.exclusive,
-            });
+            continue;
+        };
+        let hosts = match job.running() {
+            true => split_over(job.cpus, &job.nodes),
+            false => Vec::new(),
+        };
+        for &(node, cpus) in &hosts {
+            let sum = named_cpus.entry(node).or_default();
+            *sum = sum.saturating_add(cpus);
         }
+        snapshot.named.push(NamedJob {
+            job: named,
+            component,
+            owner: job.user.to_owned(),
+            ids: vec![job.id.to_owned()],
+            slots: job.cpus.max(1),
+            hosts: hosts
+                .into_iter()
+                .map(|(node, cpus)| (node.to_owned(), cpus))
+                .collect(),
+            waiting: job.waits_for_slots(&sharing).then(|| job.waiting()),
+            problem: None,
+        });
     }
     let mut problems = Vec::new();
     for node in &nodes {
@@ -194,10 +215,9 @@ pub fn snapshot(sinfo: &str, squeue: &str, partition: &str) -> Result<Snapshot, 
             problems.push(format!("node {} is {}", node.name, node.state));
         }
         let name = node.name.as_str();
-        let gleaner = gleaner_cpus.get(name).copied().unwrap_or(0);
+        let named = named_cpus.get(name).copied().unwrap_or(0);
         snapshot.hosts.push(Host {
-            local: node.allocated.saturating_sub(gleaner),
-            grid: grid_cpus.get(name).copied().unwrap_or(0),
+            local: node.allocated.saturating_sub(named),
             ..Host::new(name, if node.usable { node.cpus } else { 0 })
         });
     }
@@ -272,17 +292,22 @@ mod tests {
         node3|local|4|3/1/0/4|mixed\n\
         vm|solo|4|0/4/0/4|idle\n";
 
-    const SQUEUE: &str = "10_1|gl-sweep-00000000000beef0|RUNNING|node1|1|1|OK|None|gleaner\n\
-        10_2|gl-sweep-00000000000beef0|RUNNING|node1|1|1|OK|None|gleaner\n\
-        10_3|gl-sweep-00000000000beef0|PENDING||1|1|OK|Priority|gleaner\n\
-        11|gg-mpi-00000000000beef0.0|RUNNING|node[2-3]|6|2|OK|None|gleaner\n\
-        12|wrap|RUNNING|node1|2|1|OK|None|local\n\
-        13|whole|PENDING||4|1|OK|Resources|local\n\
-        14|spread|PENDING||6|2|OK|Priority|local\n\
-        15|alone|PENDING||1|1|NO|Priority|local\n\
-        16|held|PENDING||1|1|OK|JobHeldUser|local\n\
-        17|elsewhere|PENDING||1|1|OK|Resources|solo\n\
-        18|gl-other-00000000000beef0|PENDING||1|1|OK|Priority|solo\n";
+    const SQUEUE: &str = "10_1|root|RUNNING|node1|1|1|OK|gleaner|None|gl-sweep-00000000000beef0\n\
+        10_2|root|RUNNING|node1|1|1|OK|gleaner|None|gl-sweep-00000000000beef0\n\
+        10_3|root|PENDING||1|1|OK|gleaner|Priority|gl-sweep-00000000000beef0\n\
+        11|root|RUNNING|node[2-3]|6|2|OK|gleaner|None|gg-mpi-00000000000beef0.0\n\
+        12|carol|RUNNING|node1|2|1|OK|local|None|wrap\n\
+        13|carol|PENDING||4|1|OK|local|Resources|whole\n\
+        14|carol|PENDING||6|2|OK|local|Priority|spread\n\
+        15|carol|PENDING||1|1|NO|local|Priority|alone\n\
+        16|carol|PENDING||1|1|OK|local|JobHeldUser|held\n\
+        17|carol|PENDING||1|1|OK|solo|Resources|elsewhere\n\
+        18|root|PENDING||1|1|OK|solo|Priority|gl-other-00000000000beef0\n";
+
+    /// The snapshot as a kcm running as root with one user judges it.
+    fn judged(sinfo: &str, squeue: &str, partition: &str) -> Result<Snapshot, String> {
+        snapshot(sinfo, squeue, partition).map(|s| s.judge(|job| job.owner == "root"))
+    }
 
     #[test]
     fn host_lists_expand() {
@@ -297,7 +322,7 @@ mod tests {
 
     #[test]
     fn a_busy_partition() {
-        let s = snapshot(SINFO, SQUEUE, "gleaner").unwrap();
+        let s = judged(SINFO, SQUEUE, "gleaner").unwrap();
         let hosts: Vec<(&str, u32, u32, u32)> = s
             .hosts
             .iter()
@@ -353,6 +378,75 @@ mod tests {
                 .contains("no nodes")
         );
         assert!(snapshot("garbage", "", "gleaner").is_err());
-        assert!(snapshot(SINFO, "1|x|RUNNING", "gleaner").is_err());
+        assert!(snapshot(SINFO, "1|root|RUNNING", "gleaner").is_err());
+    }
+
+    /// `squeue` and `sinfo` with bob's jobs named like gleaner's (a
+    /// running placeholder, a held array of two, a component on two nodes
+    /// and a held one), one named `odd|name`, and root's placeholders.
+    #[test]
+    fn jobs_named_like_gleaners_carry_their_owners_until_judged() {
+        let sinfo = include_str!("../tests/data/sinfo-named.txt");
+        let squeue = include_str!("../tests/data/squeue-named.txt");
+        let s = snapshot(sinfo, squeue, "gleaner").unwrap();
+        assert!(s.placeholders.is_empty() && s.components.is_empty());
+        let named: Vec<(&str, &str, Option<u32>, usize, bool)> = s
+            .named
+            .iter()
+            .map(|n| {
+                (
+                    n.ids[0].as_str(),
+                    n.owner.as_str(),
+                    n.component,
+                    n.hosts.len(),
+                    n.waiting.is_some(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            named,
+            [
+                ("10", "bob", Some(1), 0, false),
+                ("8_1", "bob", None, 0, false),
+                ("8_2", "bob", None, 0, false),
+                ("7", "bob", None, 1, false),
+                ("9", "bob", Some(0), 2, false),
+                ("12_1", "root", None, 1, false),
+                ("12_2", "root", None, 1, false),
+            ],
+            "held ones wait for no slots; `odd|name` is read whole, and is no gleaner name"
+        );
+        let locals = |s: &Snapshot| -> Vec<u32> { s.hosts.iter().map(|h| h.local).collect() };
+        assert_eq!(locals(&s), [1, 0, 0], "only odd|name counts until judged");
+
+        let s = s.judge(|job| job.owner == "root");
+        let ids: Vec<&str> = s.placeholders.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(ids, ["12_1", "12_2"], "root's only");
+        assert!(s.components.is_empty() && s.waiting.is_empty());
+        assert_eq!(
+            locals(&s),
+            [3, 1, 0],
+            "bob's count where they run: a launcher and half a component on node1"
+        );
+        assert_eq!(s.grid_running(), 0);
+    }
+
+    #[test]
+    fn someone_elses_waiting_placeholder_is_a_waiting_local_job() {
+        let squeue = "20|bob|PENDING||4|1|OK|gleaner|Resources|gl-sweep-00000000000beef0\n\
+            21|bob|PENDING||2|2|NO|gleaner|Priority|gg-mpi-00000000000beef0.0\n\
+            22|root|PENDING||1|1|OK|gleaner|Priority|gg-mpi-00000000000beef0.0\n";
+        let s = judged(SINFO, squeue, "gleaner").unwrap();
+        let waiting: Vec<(&str, u32, u32, bool)> = s
+            .waiting
+            .iter()
+            .map(|w| (w.id.as_str(), w.slots, w.together, w.exclusive))
+            .collect();
+        assert_eq!(waiting, [("20", 4, 4, false), ("21", 2, 1, true)]);
+        assert_eq!(s.components.len(), 1);
+        assert_eq!(
+            (s.components[0].id.as_str(), s.components[0].running),
+            ("22", false)
+        );
     }
 }

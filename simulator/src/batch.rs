@@ -15,6 +15,10 @@ use rand::{RngExt, rngs::StdRng};
 
 use crate::scenario::{ClusterSpec, LocalJobs};
 
+/// Whom the simulated batch system shows as the owner of gleaner's jobs:
+/// it hands them over as gleaner's, with nothing for the kcm to judge.
+const SIMULATED_ACCOUNT: &str = "simulated";
+
 /// A job's tasks as the broker holds them, and what became of their runs.
 #[derive(Debug, Clone)]
 pub struct Tasks {
@@ -505,6 +509,7 @@ impl Batch {
                     job: jobs[l.job].clone(),
                     slots: 1,
                     host: l.dispatched.map(|_| self.name.to_string()),
+                    owner: SIMULATED_ACCOUNT.to_owned(),
                 })
                 .collect(),
             components: self
@@ -516,8 +521,11 @@ impl Batch {
                     component: c.index,
                     slots: c.nodes,
                     running: c.started.is_some(),
+                    owner: SIMULATED_ACCOUNT.to_owned(),
                 })
                 .collect(),
+            // The simulated batch system knows gleaner's jobs as its own.
+            named: Vec::new(),
             problem: None,
         };
         (snapshot, self.spool.clone())
