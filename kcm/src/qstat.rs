@@ -146,6 +146,8 @@ impl Qstat {
         let instance_prefix = format!("{queue}@");
         let mut snapshot = Snapshot::default();
         let mut problems = Vec::new();
+        // Where in `snapshot.named` each running job is, by batch id.
+        let mut running: BTreeMap<String, usize> = BTreeMap::new();
         for instance in &root.queue_info.queues {
             let Some(host_name) = instance.name.strip_prefix(&instance_prefix) else {
                 continue;
@@ -167,21 +169,24 @@ impl Qstat {
                 };
                 let here = (host_name.to_owned(), job.slots);
                 // A job on many hosts is one job with their slots.
-                match snapshot.named.iter_mut().find(|n| n.ids == [id.as_str()]) {
+                match running.get(&id).and_then(|&i| snapshot.named.get_mut(i)) {
                     Some(run) => {
                         run.slots = run.slots.saturating_add(job.slots);
                         run.hosts.push(here);
                     }
-                    None => snapshot.named.push(NamedJob {
-                        job: named,
-                        component,
-                        owner: job.owner.clone(),
-                        ids: vec![id],
-                        slots: job.slots.max(1),
-                        hosts: vec![here],
-                        waiting: None,
-                        problem: None,
-                    }),
+                    None => {
+                        running.insert(id.clone(), snapshot.named.len());
+                        snapshot.named.push(NamedJob {
+                            job: named,
+                            component,
+                            owner: job.owner.clone(),
+                            ids: vec![id],
+                            slots: job.slots.max(1),
+                            hosts: vec![here],
+                            waiting: None,
+                            problem: None,
+                        });
+                    }
                 }
             }
             snapshot.hosts.push(host);

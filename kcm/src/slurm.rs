@@ -25,7 +25,7 @@ use crate::{
     },
     contain::Account,
     snapshot::Snapshot,
-    squeue::{self, SINFO_FORMAT, SQUEUE_FORMAT},
+    squeue::{self, SINFO_FORMAT, squeue_format},
 };
 
 /// How long before a placeholder's time limit Slurm signals it (USR1): the
@@ -151,6 +151,17 @@ impl SlurmBackend {
     }
 }
 
+/// A word nobody can guess, new each time, that starts each job's line of
+/// `squeue` output ([`squeue_format`]): the keys of std's hasher are
+/// random for each process, and each hasher's differ.
+fn marker() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let word = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    format!("gleaner{word:016x}")
+}
+
 /// `--parsable` answers `1234` or `1234;cluster`.
 fn parse_job_id(answer: &str) -> Option<u64> {
     answer.trim().split(';').next()?.parse().ok()
@@ -176,11 +187,15 @@ impl Backend for SlurmBackend {
     async fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
         let sinfo_args: Vec<String> = ["-h", "-N", "-o", SINFO_FORMAT].map(str::to_owned).to_vec();
         let sinfo = self.run("sinfo", &sinfo_args, None).await?;
-        let squeue_args: Vec<String> = ["-h", "-r", "-a", "-o", SQUEUE_FORMAT]
-            .map(str::to_owned)
-            .to_vec();
-        let queue = self.run("squeue", &squeue_args, None).await?;
-        squeue::snapshot(&sinfo, &queue, &self.config.partition).map_err(|message| BackendError {
+        let squeue_args: Vec<String> = ["-h", "-r", "-a"].map(str::to_owned).to_vec();
+        // The format in squeue's environment, which only root can read.
+        let marker = marker();
+        let format = squeue_format(&marker);
+        let env = [("SQUEUE_FORMAT", format.as_str())];
+        let timeout = self.config.command_timeout;
+        let queue = run("squeue", &squeue_args, None, &env, timeout).await?;
+        let partition = &self.config.partition;
+        squeue::snapshot(&sinfo, &queue, &marker, partition).map_err(|message| BackendError {
             command: format!(
                 "sinfo {} / squeue {}",
                 sinfo_args.join(" "),
@@ -250,6 +265,13 @@ impl Backend for SlurmBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_reading_has_a_marker_of_its_own() {
+        let (first, second) = (marker(), marker());
+        assert_ne!(first, second);
+        assert!(squeue_format(&first).starts_with(&format!("{first}|%i|")));
+    }
 
     #[test]
     fn answers_and_time_limits() {

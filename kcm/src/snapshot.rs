@@ -7,7 +7,7 @@ use gleaner_manifest::JobId;
 use gleaner_policy::local::{HostLoad, WaitingJob};
 use gleaner_protocol::{
     HostReport,
-    naming::{host_key, parse_component_name, parse_placeholder_name, same_host},
+    naming::{host_key, parse_component_name, parse_placeholder_name},
 };
 
 /// Slot counts come from the batch system: added without overflowing.
@@ -134,18 +134,33 @@ impl Snapshot {
     /// local slots where it runs, a local job if it waits for slots.
     pub fn judge(mut self, gleaners: impl Fn(&NamedJob) -> bool) -> Self {
         let mut problems: Vec<String> = self.problem.take().into_iter().collect();
+        let index: BTreeMap<String, usize> = self
+            .hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (host_key(&h.name), i))
+            .collect();
         for named in std::mem::take(&mut self.named) {
             let ours = gleaners(&named);
-            for (name, slots) in &named.hosts {
-                let Some(host) = self.hosts.iter_mut().find(|h| same_host(&h.name, name)) else {
+            // A placeholder of gleaner's is held by its job: counted from
+            // the placeholders, not here.
+            let counted = match (ours, named.component) {
+                (true, None) => &[][..],
+                _ => named.hosts.as_slice(),
+            };
+            for (name, slots) in counted {
+                let Some(host) = index
+                    .get(&host_key(name))
+                    .and_then(|&i| self.hosts.get_mut(i))
+                else {
                     continue;
                 };
-                match (ours, named.component) {
-                    (false, _) => host.local = host.local.saturating_add(*slots),
-                    (true, Some(_)) => host.grid = host.grid.saturating_add(*slots),
-                    // Held by its job: counted from the placeholders.
-                    (true, None) => {}
-                }
+                let count = if ours {
+                    &mut host.grid
+                } else {
+                    &mut host.local
+                };
+                *count = count.saturating_add(*slots);
             }
             if !ours {
                 self.waiting.extend(named.waiting);

@@ -2,7 +2,7 @@
 //! in, the snapshot out (the commands are run by `slurm.rs`).
 //!
 //! `squeue --json` ignores every filter and format flag in Slurm 22.05, so
-//! both commands print delimited fields ([`SINFO_FORMAT`], [`SQUEUE_FORMAT`]).
+//! both commands print delimited fields ([`SINFO_FORMAT`], [`squeue_format`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,12 +14,22 @@ use crate::snapshot::{Host, NamedJob, Snapshot, named_after};
 /// CPUs, state.
 pub const SINFO_FORMAT: &str = "%N|%P|%c|%C|%T";
 
-/// `squeue -h -r -o`: job id (`123_4` for an array task), owner's user
-/// name, state, nodes, CPUs, node count, whether it shares nodes (`NO`:
-/// exclusive), partitions, pending reason, name. The name is anybody's
-/// to choose, `|` included: it goes last, where it cannot shift the
-/// fields that follow.
-pub const SQUEUE_FORMAT: &str = "%i|%u|%T|%N|%C|%D|%h|%P|%r|%j";
+/// `squeue -h -r`'s fields: job id (`123_4` for an array task), owner's
+/// user name, state, nodes, CPUs, node count, whether it shares nodes
+/// (`NO`: exclusive), partitions, pending reason, name.
+const SQUEUE_FIELDS: &str = "%i|%u|%T|%N|%C|%D|%h|%P|%r|%j";
+
+/// The format `squeue` prints jobs in: each job's [`SQUEUE_FIELDS`] after
+/// `marker`, on a line of its own. A job's name is anybody's to choose,
+/// `|` and newlines included, so it goes last, where it cannot shift the
+/// other fields, and a job starts only at a line that starts with the
+/// marker: a name with lines of its own, made to look like jobs (root's
+/// `gl-<job>`, say), stays one name as long as its owner cannot know the
+/// marker — one made anew for each reading, and not on squeue's command
+/// line, which anybody can see.
+pub fn squeue_format(marker: &str) -> String {
+    format!("{marker}|{SQUEUE_FIELDS}")
+}
 
 /// Pending reasons that mean a job waits for slots somebody holds.
 const WAITING_FOR_SLOTS: [&str; 3] = ["Resources", "Priority", "None"];
@@ -127,10 +137,22 @@ fn read_nodes(sinfo: &str, partition: &str) -> Result<(Vec<Node>, BTreeSet<Strin
     Ok((nodes, sharing))
 }
 
-fn read_jobs(squeue: &str) -> Result<Vec<Job<'_>>, String> {
+/// The jobs of `squeue` output in [`squeue_format`]`(marker)`.
+fn read_jobs<'a>(squeue: &'a str, marker: &str) -> Result<Vec<Job<'a>>, String> {
+    let start = format!("{marker}|");
+    if squeue.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    let Some(first) = squeue.strip_prefix(&start) else {
+        return Err(format!(
+            "unexpected squeue output {:?}",
+            squeue.lines().next().unwrap_or_default()
+        ));
+    };
     let mut jobs = Vec::new();
-    for line in squeue.lines().filter(|l| !l.trim().is_empty()) {
-        // The name, last, keeps whatever `|` it has.
+    for line in first.split(&format!("\n{start}")) {
+        let line = line.strip_suffix('\n').unwrap_or(line);
+        // The name, last, keeps whatever `|` and lines it has.
         let fields: Vec<&str> = line.splitn(10, '|').collect();
         let [
             id,
@@ -173,9 +195,16 @@ fn read_jobs(squeue: &str) -> Result<Vec<Job<'_>>, String> {
 /// Jobs in the partition named like gleaner's are left [`NamedJob`], with
 /// their owners (`%u`), for the kcm's core to judge, each with what it is
 /// as someone else's too.
-pub fn snapshot(sinfo: &str, squeue: &str, partition: &str) -> Result<Snapshot, String> {
+///
+/// `squeue` is in [`squeue_format`]`(marker)`.
+pub fn snapshot(
+    sinfo: &str,
+    squeue: &str,
+    marker: &str,
+    partition: &str,
+) -> Result<Snapshot, String> {
     let (nodes, sharing) = read_nodes(sinfo, partition)?;
-    let jobs = read_jobs(squeue)?;
+    let jobs = read_jobs(squeue, marker)?;
     let ours = |job: &Job| job.partitions.contains(&partition);
     let mut snapshot = Snapshot::default();
     // CPUs of named jobs running per node, to tell the others' apart.
@@ -292,21 +321,21 @@ mod tests {
         node3|local|4|3/1/0/4|mixed\n\
         vm|solo|4|0/4/0/4|idle\n";
 
-    const SQUEUE: &str = "10_1|root|RUNNING|node1|1|1|OK|gleaner|None|gl-sweep-00000000000beef0\n\
-        10_2|root|RUNNING|node1|1|1|OK|gleaner|None|gl-sweep-00000000000beef0\n\
-        10_3|root|PENDING||1|1|OK|gleaner|Priority|gl-sweep-00000000000beef0\n\
-        11|root|RUNNING|node[2-3]|6|2|OK|gleaner|None|gg-mpi-00000000000beef0.0\n\
-        12|carol|RUNNING|node1|2|1|OK|local|None|wrap\n\
-        13|carol|PENDING||4|1|OK|local|Resources|whole\n\
-        14|carol|PENDING||6|2|OK|local|Priority|spread\n\
-        15|carol|PENDING||1|1|NO|local|Priority|alone\n\
-        16|carol|PENDING||1|1|OK|local|JobHeldUser|held\n\
-        17|carol|PENDING||1|1|OK|solo|Resources|elsewhere\n\
-        18|root|PENDING||1|1|OK|solo|Priority|gl-other-00000000000beef0\n";
+    const SQUEUE: &str = "M|10_1|root|RUNNING|node1|1|1|OK|gleaner|None|gl-sweep-00000000000beef0\n\
+        M|10_2|root|RUNNING|node1|1|1|OK|gleaner|None|gl-sweep-00000000000beef0\n\
+        M|10_3|root|PENDING||1|1|OK|gleaner|Priority|gl-sweep-00000000000beef0\n\
+        M|11|root|RUNNING|node[2-3]|6|2|OK|gleaner|None|gg-mpi-00000000000beef0.0\n\
+        M|12|carol|RUNNING|node1|2|1|OK|local|None|wrap\n\
+        M|13|carol|PENDING||4|1|OK|local|Resources|whole\n\
+        M|14|carol|PENDING||6|2|OK|local|Priority|spread\n\
+        M|15|carol|PENDING||1|1|NO|local|Priority|alone\n\
+        M|16|carol|PENDING||1|1|OK|local|JobHeldUser|held\n\
+        M|17|carol|PENDING||1|1|OK|solo|Resources|elsewhere\n\
+        M|18|root|PENDING||1|1|OK|solo|Priority|gl-other-00000000000beef0\n";
 
     /// The snapshot as a kcm running as root with one user judges it.
     fn judged(sinfo: &str, squeue: &str, partition: &str) -> Result<Snapshot, String> {
-        snapshot(sinfo, squeue, partition).map(|s| s.judge(|job| job.owner == "root"))
+        snapshot(sinfo, squeue, "M", partition).map(|s| s.judge(|job| job.owner == "root"))
     }
 
     #[test]
@@ -365,7 +394,7 @@ mod tests {
     #[test]
     fn down_nodes_offer_nothing_and_are_reported() {
         let sinfo = "node1|gleaner*|4|0/0/4/4|down*\nnode2|gleaner*|4|0/4/0/4|idle\n";
-        let s = snapshot(sinfo, "", "gleaner").unwrap();
+        let s = snapshot(sinfo, "", "M", "gleaner").unwrap();
         assert_eq!(s.total_slots(), 4);
         assert_eq!(s.problem.as_deref(), Some("node node1 is down*"));
     }
@@ -373,22 +402,34 @@ mod tests {
     #[test]
     fn unknown_partitions_and_garbage_are_errors() {
         assert!(
-            snapshot(SINFO, "", "nope")
+            snapshot(SINFO, "", "M", "nope")
                 .unwrap_err()
                 .contains("no nodes")
         );
-        assert!(snapshot("garbage", "", "gleaner").is_err());
-        assert!(snapshot(SINFO, "1|root|RUNNING", "gleaner").is_err());
+        assert!(snapshot("garbage", "", "M", "gleaner").is_err());
+        assert!(snapshot(SINFO, "M|1|root|RUNNING", "M", "gleaner").is_err());
+        assert!(
+            snapshot(
+                SINFO,
+                "1|root|RUNNING|||1|1|OK|gleaner|None|x",
+                "M",
+                "gleaner"
+            )
+            .is_err(),
+            "lines start with the marker"
+        );
     }
 
     /// `squeue` and `sinfo` with bob's jobs named like gleaner's (a
     /// running placeholder, a held array of two, a component on two nodes
-    /// and a held one), one named `odd|name`, and root's placeholders.
+    /// and a held one), one named `odd|name`, one whose name's second line
+    /// looks like a waiting placeholder of root's (job 99), and root's
+    /// placeholders.
     #[test]
     fn jobs_named_like_gleaners_carry_their_owners_until_judged() {
         let sinfo = include_str!("../tests/data/sinfo-named.txt");
         let squeue = include_str!("../tests/data/squeue-named.txt");
-        let s = snapshot(sinfo, squeue, "gleaner").unwrap();
+        let s = snapshot(sinfo, squeue, "gleaner0123456789abcdef", "gleaner").unwrap();
         assert!(s.placeholders.is_empty() && s.components.is_empty());
         let named: Vec<(&str, &str, Option<u32>, usize, bool)> = s
             .named
@@ -406,22 +447,22 @@ mod tests {
         assert_eq!(
             named,
             [
-                ("10", "bob", Some(1), 0, false),
-                ("8_1", "bob", None, 0, false),
-                ("8_2", "bob", None, 0, false),
-                ("7", "bob", None, 1, false),
-                ("9", "bob", Some(0), 2, false),
-                ("12_1", "root", None, 1, false),
-                ("12_2", "root", None, 1, false),
+                ("65", "bob", Some(1), 0, false),
+                ("63_1", "bob", None, 0, false),
+                ("63_2", "bob", None, 0, false),
+                ("62", "bob", None, 1, false),
+                ("64", "bob", Some(0), 2, false),
+                ("68_1", "root", None, 1, false),
+                ("68_2", "root", None, 1, false),
             ],
-            "held ones wait for no slots; `odd|name` is read whole, and is no gleaner name"
+            "held ones wait for no slots; `odd|name` and the two-line name are read whole, and are no gleaner names"
         );
         let locals = |s: &Snapshot| -> Vec<u32> { s.hosts.iter().map(|h| h.local).collect() };
         assert_eq!(locals(&s), [1, 0, 0], "only odd|name counts until judged");
 
         let s = s.judge(|job| job.owner == "root");
         let ids: Vec<&str> = s.placeholders.iter().map(|p| p.id.as_str()).collect();
-        assert_eq!(ids, ["12_1", "12_2"], "root's only");
+        assert_eq!(ids, ["68_1", "68_2"], "root's only");
         assert!(s.components.is_empty() && s.waiting.is_empty());
         assert_eq!(
             locals(&s),
@@ -433,9 +474,9 @@ mod tests {
 
     #[test]
     fn someone_elses_waiting_placeholder_is_a_waiting_local_job() {
-        let squeue = "20|bob|PENDING||4|1|OK|gleaner|Resources|gl-sweep-00000000000beef0\n\
-            21|bob|PENDING||2|2|NO|gleaner|Priority|gg-mpi-00000000000beef0.0\n\
-            22|root|PENDING||1|1|OK|gleaner|Priority|gg-mpi-00000000000beef0.0\n";
+        let squeue = "M|20|bob|PENDING||4|1|OK|gleaner|Resources|gl-sweep-00000000000beef0\n\
+            M|21|bob|PENDING||2|2|NO|gleaner|Priority|gg-mpi-00000000000beef0.0\n\
+            M|22|root|PENDING||1|1|OK|gleaner|Priority|gg-mpi-00000000000beef0.0\n";
         let s = judged(SINFO, squeue, "gleaner").unwrap();
         let waiting: Vec<(&str, u32, u32, bool)> = s
             .waiting
