@@ -44,6 +44,7 @@ use gleaner_protocol::{
 };
 use tracing::{error, info, warn};
 
+use crate::failures::StartFailures;
 pub use crate::{
     backend::BackendError,
     snapshot::{ComponentRun, Host, NamedJob, Placeholder, Snapshot},
@@ -221,10 +222,10 @@ pub struct KcmCore {
     /// Batch ids of the jobs named like gleaner's that are not, as last
     /// read (each is logged once).
     strangers: BTreeSet<String>,
-    /// Consecutive starts that failed: refused by the batch system, or a
+    /// Starts that failed, by account: refused by the batch system, or a
     /// placeholder that ended before its launcher reached the broker.
     /// Cleared only by a launcher that reached it.
-    failed_starts: u32,
+    failures: StartFailures,
     /// Why the last placeholder that ended at once did.
     start_error: Option<String>,
     /// Placeholders whose launcher reached the broker, and when it said so.
@@ -253,6 +254,7 @@ impl KcmCore {
     /// A kcm that knows nothing yet: whatever its predecessor left in the
     /// batch system is adopted from the first [`Event::Polled`].
     pub fn new(config: CoreConfig) -> Self {
+        let failures = StartFailures::new(config.users.is_single());
         Self {
             config,
             last: Snapshot::default(),
@@ -262,7 +264,7 @@ impl KcmCore {
             command_error: None,
             read_error: None,
             strangers: BTreeSet::new(),
-            failed_starts: 0,
+            failures,
             start_error: None,
             heard: BTreeMap::new(),
             withdrawn: BTreeSet::new(),
@@ -311,8 +313,12 @@ impl KcmCore {
                         self.command_error = None;
                     }
                     Err(e) => {
-                        self.failed_starts += 1;
-                        error!(job = %job, cluster = %cluster, grant = %grant, error = %e, failures = self.failed_starts, "cannot submit launchers");
+                        let account = self
+                            .placeholder_account(&job)
+                            .unwrap_or_default()
+                            .to_owned();
+                        let failures = self.failures.failed(&account, now.instant);
+                        error!(job = %job, cluster = %self.config.cluster, grant = %grant, account, error = %e, failures, "cannot submit launchers");
                         self.command_error = Some(e.to_string());
                     }
                 }
@@ -420,11 +426,13 @@ impl KcmCore {
                     warn!(job = %job, cluster = %self.config.cluster, launcher = %launcher, "a launcher says it is up for a job whose placeholder it is not; ignored");
                     return Vec::new();
                 }
-                self.heard.insert(id.to_owned(), (job, now.instant));
-                if self.failed_starts > 0 {
-                    info!(cluster = %self.config.cluster, launcher = %launcher, failures = self.failed_starts, "a launcher reached the broker: starts work again");
+                let failures = self.failures.cluster();
+                if failures > 0 {
+                    info!(cluster = %self.config.cluster, launcher = %launcher, failures, "a launcher reached the broker: starts work again");
                 }
-                self.failed_starts = 0;
+                let account = self.placeholder_account(&job).map(str::to_owned);
+                self.failures.started(account.as_deref());
+                self.heard.insert(id.to_owned(), (job, now.instant));
                 self.start_error = None;
                 Vec::new()
             }
@@ -649,9 +657,9 @@ impl KcmCore {
             if self.withdrawn.remove(&placeholder.id) || heard {
                 continue;
             }
-            self.failed_starts = self.failed_starts.saturating_add(1);
+            let failures = self.failures.failed(&placeholder.owner, now.instant);
             let host = placeholder.host.as_deref().unwrap_or("before it ran");
-            error!(job = %placeholder.job, cluster = %self.config.cluster, placeholder = %placeholder.id, owner = %placeholder.owner, host, failures = self.failed_starts, "placeholder ended before its launcher reached the broker");
+            error!(job = %placeholder.job, cluster = %self.config.cluster, placeholder = %placeholder.id, owner = %placeholder.owner, host, failures, "placeholder ended before its launcher reached the broker");
             self.start_error = Some(format!(
                 "placeholder {} ({host}) ended before its launcher reached the broker; its output (log_dir) says why",
                 placeholder.id
@@ -1019,7 +1027,20 @@ impl KcmCore {
                 .or_else(|| self.start_error.clone())
                 .or_else(|| self.read_error.clone())
                 .or_else(|| snapshot.problem.clone()),
-            failed_starts: self.failed_starts.saturating_add(self.stuck_starts),
+            failed_starts: self.failures.cluster().saturating_add(self.stuck_starts),
+            job_failures: self
+                .accounts
+                .iter()
+                .map(|(job, account)| (job, account.name.as_str()))
+                .chain(
+                    snapshot
+                        .placeholders
+                        .iter()
+                        .map(|p| (&p.job, p.owner.as_str())),
+                )
+                .map(|(job, account)| (job.clone(), self.failures.of(account, now.instant)))
+                .filter(|(_, failures)| *failures > 0)
+                .collect(),
             at: now.wall_ms,
         }
     }
@@ -1525,7 +1546,8 @@ mod tests {
             };
             assert!(kcm.handle(event, clock.at(0)).is_empty());
             let r = report(&mut kcm, clock.at(0));
-            assert_eq!(r.failed_starts, failures);
+            assert_eq!(r.failed_starts, 0, "alice's alone are not the cluster's");
+            assert_eq!(r.job_failures.get(&a), Some(&failures));
             assert_eq!(
                 r.error.as_deref(),
                 Some("qsub -t 1-4: exit status: 1: denied")
@@ -1557,16 +1579,40 @@ mod tests {
         kcm.handle(event, clock.at(0));
         let r = report(&mut kcm, clock.at(0));
         assert_eq!(
-            (r.failed_starts, r.error),
-            (2, None),
+            (r.job_failures.get(&job("a")), r.error),
+            (Some(&2), None),
             "submitted is not started yet"
         );
+        // Bob's start fails too: two accounts' failures are the cluster's.
+        let b = job("b");
+        message(
+            &mut kcm,
+            KcmMsg::StartLaunchers {
+                job: b.clone(),
+                grant: GrantId::new(4),
+                slots: 1,
+                task_slots: 1,
+                owner: "bob".into(),
+                credentials: None,
+            },
+            clock.at(0),
+        );
+        let event = Event::LaunchersSubmitted {
+            job: b.clone(),
+            grant: GrantId::new(4),
+            requested: 1,
+            result: Err(failure("qsub")),
+        };
+        kcm.handle(event, clock.at(0));
+        assert_eq!(report(&mut kcm, clock.at(0)).failed_starts, 3);
         let up = KcmMsg::LauncherUp {
             job: job("a"),
             launcher: naming::launcher_id(&"c1".into(), "7.1"),
         };
         message(&mut kcm, up, clock.at(1_000));
-        assert_eq!(report(&mut kcm, clock.at(1_000)).failed_starts, 0);
+        let r = report(&mut kcm, clock.at(1_000));
+        assert_eq!(r.failed_starts, 0);
+        assert_eq!(r.job_failures, [(b, 1)].into(), "bob's are still his");
     }
 
     #[test]
@@ -1609,7 +1655,8 @@ mod tests {
             clock.at(3_000),
         );
         let r = report(&mut kcm, clock.at(3_000));
-        assert_eq!(r.failed_starts, 2);
+        assert_eq!(r.job_failures.get(&a), Some(&2), "alice's");
+        assert_eq!(r.failed_starts, 0, "hers alone are not the cluster's");
         let error = r.error.unwrap_or_default();
         assert!(
             error.contains("before its launcher reached the broker"),
@@ -1621,7 +1668,10 @@ mod tests {
             launcher: naming::launcher_id(&"c1".into(), "3.1"),
         };
         message(&mut kcm, forged, clock.at(3_200));
-        assert_eq!(report(&mut kcm, clock.at(3_200)).failed_starts, 2);
+        assert_eq!(
+            report(&mut kcm, clock.at(3_200)).job_failures.get(&a),
+            Some(&2)
+        );
         // 3.1's launcher speaks before the kcm sees it run, and clears the
         // count; 4.1 is removed by the kcm. Neither ending is a failure.
         let up = KcmMsg::LauncherUp {

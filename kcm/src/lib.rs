@@ -12,6 +12,7 @@ mod backend;
 mod config;
 mod contain;
 pub mod core;
+mod failures;
 mod local;
 mod qstat;
 mod sge;

@@ -81,6 +81,9 @@ pub struct ClusterInput {
     pub excluded: bool,
     /// Jobs giving slots back here right now; they get none meanwhile.
     pub draining: std::collections::BTreeSet<JobId>,
+    /// Jobs whose launchers fail to start here (their account's, not the
+    /// cluster's failures): they get none here for a while.
+    pub barred: std::collections::BTreeSet<JobId>,
 }
 
 impl ClusterInput {
@@ -330,7 +333,11 @@ struct Member<'a> {
 /// by what it can use. Jobs below target get idle slots; when there are none
 /// left, jobs above target are drained.
 fn share<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, rebalance: bool, plan: &mut Plan) {
-    let draining = |job: &JobId| pool.iter().any(|c| c.draining.contains(job));
+    // Draining or barred somewhere in the pool: no slot more for it.
+    let gets_none = |job: &JobId| {
+        pool.iter()
+            .any(|c| c.draining.contains(job) || c.barred.contains(job))
+    };
     let mut holders: BTreeMap<&'a JobId, u32> = BTreeMap::new();
     // Where each job holds most: where a drain takes its slots.
     let mut most_held: BTreeMap<&'a JobId, (&'a ClusterName, u32)> = BTreeMap::new();
@@ -348,7 +355,7 @@ fn share<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, rebalance: bool, pl
     let hungry_elsewhere = book
         .hungry
         .iter()
-        .filter(|(_, job)| !holders.contains_key(job) && !draining(job))
+        .filter(|(_, job)| !holders.contains_key(job) && !gets_none(job))
         .take(capacity as usize + 1)
         .count();
     if holders.len() + hungry_elsewhere > capacity as usize {
@@ -366,7 +373,7 @@ fn share<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, rebalance: bool, pl
         .map(|(job, held)| Member {
             job,
             held,
-            more: if draining(job) { 0 } else { book.demand(job) },
+            more: if gets_none(job) { 0 } else { book.demand(job) },
         })
         .filter(|m| m.held + m.more > 0)
         .collect();
@@ -444,12 +451,16 @@ fn share_thinly<'a>(
     let room = (capacity as usize)
         .saturating_sub(holders.len())
         .min(idle as usize);
-    let draining = |job: &JobId| pool.iter().any(|c| c.draining.contains(job));
+    // Draining or barred somewhere in the pool: no slot more for it.
+    let gets_none = |job: &JobId| {
+        pool.iter()
+            .any(|c| c.draining.contains(job) || c.barred.contains(job))
+    };
     let chosen: Vec<&'a JobId> = book
         .hungry
         .iter()
         .map(|(_, job)| *job)
-        .filter(|job| !holders.contains_key(job) && !draining(job))
+        .filter(|job| !holders.contains_key(job) && !gets_none(job))
         .take(room)
         .collect();
     let mut free = FreeSlots::new(pool);
@@ -539,6 +550,7 @@ mod tests {
             held: held.iter().map(|(j, n)| (job(j), *n)).collect(),
             excluded: false,
             draining: Default::default(),
+            barred: Default::default(),
         }
     }
 

@@ -285,9 +285,14 @@ pub struct ClusterReport {
     /// The last batch-system failure, if the last attempt failed.
     #[serde(default)]
     pub error: Option<String>,
-    /// Consecutive launcher start failures.
+    /// Consecutive launcher start failures that are the cluster's (of two
+    /// accounts or more, or of the one user): they exclude it.
     #[serde(default)]
     pub failed_starts: u32,
+    /// Consecutive failures of each job's account, while they bar its
+    /// jobs here: one user's failures are theirs, not the cluster's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub job_failures: BTreeMap<JobId, u32>,
     pub at: Millis,
     /// The cluster's execution hosts (empty from a kcm that does not say).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -52,6 +52,13 @@ pub enum JobError {
     Refused(String),
 }
 
+/// A submission's claim on its job's id, and what to do once the job's
+/// claim in the broker is found to be it (the runner's session hears so).
+pub struct Claim<F> {
+    pub claim: JobClaim,
+    pub on_claimed: F,
+}
+
 /// Results processed per write-and-sync round.
 const RESULT_BATCH: usize = 512;
 /// Tasks published per confirm round.
@@ -68,9 +75,8 @@ pub async fn run(
     connection: Arc<Connection>,
     settings: JobSettings,
     submission: &Submission,
-    claim: &JobClaim,
-    claimed: impl FnOnce(),
     owner: &Owner,
+    claim: &Claim<impl Fn()>,
     admin: Option<&Admin>,
     shutdown: CancellationToken,
 ) -> Result<(), JobError> {
@@ -100,7 +106,7 @@ pub async fn run(
         &connection,
         &publisher,
         &queues,
-        claim,
+        &claim.claim,
         &root,
         account,
         &shutdown,
@@ -110,7 +116,7 @@ pub async fn run(
         info!(job = %id, "another runner finished the job meanwhile");
         return Ok(());
     }
-    claimed();
+    (claim.on_claimed)();
     // Only the lock holder reads (and repairs) the index: another runner
     // may still have been appending to it until now.
     let (results, finished) = ResultsDir::open(&root, account).map_err(io_error)?;

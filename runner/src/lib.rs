@@ -37,6 +37,7 @@ pub use book::{FinalStatus, TaskBook, Verdict};
 /// Public, with what it takes to drive it, so that the simulator's
 /// scavenging jobs are run by the runner's own core.
 pub use effect::{Effect, Followup, Now};
+use job::Claim;
 pub use job::JobError;
 pub use job_core::{JobCore, JobSettings, Ledger, Opening, Refusal};
 pub use owner::{Account, Owner};
@@ -141,6 +142,15 @@ async fn session(
     let start =
         |jobs: &mut JoinSet<_>, (incoming, owner): (Incoming<IncomingSubmission>, Owner), claim| {
             let admin = owner.account.as_ref().and(admin).cloned();
+            let job = incoming.msg.0.job.clone();
+            let claimed = claimed.clone();
+            let claim = Claim {
+                claim,
+                // The session outlives its jobs: it hears this.
+                on_claimed: move || {
+                    let _ = claimed.send(job.clone());
+                },
+            };
             jobs.spawn(supervise(
                 connection.clone(),
                 config.job.clone(),
@@ -148,7 +158,6 @@ async fn session(
                 owner,
                 claim,
                 admin,
-                claimed.clone(),
                 stop_jobs.clone(),
             ));
         };
@@ -235,9 +244,8 @@ async fn supervise(
     settings: JobSettings,
     manifest: Incoming<IncomingSubmission>,
     owner: Owner,
-    claim: JobClaim,
+    claim: Claim<impl Fn()>,
     admin: Option<Admin>,
-    claimed: mpsc::UnboundedSender<JobId>,
     stop: CancellationToken,
 ) -> (JobId, Result<(), BrokerError>) {
     let submission = &manifest.msg.0;
@@ -247,12 +255,8 @@ async fn supervise(
             connection.clone(),
             settings.clone(),
             submission,
-            &claim,
-            || {
-                // The session outlives its jobs: it hears this.
-                let _ = claimed.send(job.clone());
-            },
             &owner,
+            &claim,
             admin.as_ref(),
             stop.clone(),
         )

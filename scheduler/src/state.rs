@@ -644,6 +644,12 @@ impl State {
                     held,
                     excluded: growable.is_none(),
                     draining,
+                    barred: report
+                        .job_failures
+                        .iter()
+                        .filter(|(_, failures)| **failures >= config.max_consecutive_failures)
+                        .map(|(job, _)| job.clone())
+                        .collect(),
                 }
             })
             .collect()
@@ -1005,6 +1011,23 @@ mod tests {
         let later = now + config.probe_interval + Duration::from_secs(31);
         state.on_job_update(job_report("a", 100), later);
         assert!(state.round(later, &config).is_empty(), "report too old");
+    }
+
+    #[test]
+    fn a_job_whose_launchers_fail_here_leaves_the_slots_to_others() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(GrantId::new(1));
+        state.on_job_update(job_report("a", 100), now);
+        state.on_job_update(job_report("b", 100), now);
+        let mut report = cluster_report(8, &[], vec![]);
+        report.job_failures = [(job("a"), config.max_consecutive_failures)].into();
+        state.on_cluster(report, now, &config);
+        assert_eq!(
+            offers(&state.round(now, &config)),
+            [("b".into(), 8)],
+            "b gets what a cannot use; the cluster is not excluded"
+        );
     }
 
     fn grid_report(name: &str, priority: Priority, components: &[u32]) -> JobReport {

@@ -630,7 +630,7 @@ fn grid_arrivals(scenario: &Scenario) -> Vec<GridSim> {
                 _ => 0.0,
             };
             GridSim {
-                id: JobId::new("grid", p as u64),
+                id: JobId::new("grid", p),
                 arrival: p as f64 * period + offset,
                 components: components.clone(),
                 length: g.length.as_secs_f64(),
