@@ -13,7 +13,7 @@ use std::{
 };
 
 use gleaner_protocol::naming::{component_name, placeholder_name};
-use gleaner_testkit::{Gleaner, SgeQueues, SlurmCluster, users::BrokerUser, wait_for};
+use gleaner_testkit::{Gleaner, SgeQueues, SlurmCluster, wait_for};
 
 const MINUTE: Duration = Duration::from_secs(60);
 
@@ -187,39 +187,10 @@ fn now_ms() -> u64 {
 /// after them submitted as soon as their ids are known (to `queue` on
 /// Grid Engine).
 fn bobs_names_take_nothing_of_alices(test: &str, batch: Batch, clusters: &str, queue: &str) {
-    for account in ["alice", "bob"] {
-        assert!(
-            nix::unistd::User::from_name(account)
-                .ok()
-                .flatten()
-                .is_some(),
-            "no Unix account {account}: run deploy/accounts.sh alice bob"
-        );
-    }
-    let mut g = Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"));
-    std::fs::set_permissions(
-        g.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
-    let alice = BrokerUser::add(&g.vhost, "alice");
-    let bob = BrokerUser::add(&g.vhost, "bob");
-    let config = g.write(
-        "gleaner.toml",
-        &format!(
-            "{clusters}[users]\nsingle = false\naccounts = {{ \"{}\" = \"alice\", \"{}\" = \"bob\" }}\n",
-            alice.name, bob.name
-        ),
-    );
-    let config = config.to_str().expect("path").to_owned();
-    g.start_with(
-        "up",
-        &["up"],
-        &[
-            ("GLEANER_CONFIG", config.as_str()),
-            ("GLEANER_USERS__SINGLE", "false"),
-        ],
-    );
+    let (mut g, alice, _bob, env) =
+        gleaner_testkit::users::many_users(test, env!("CARGO_BIN_EXE_gleaner"), clusters);
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    g.start_with("up", &["up"], &env);
     wait_for("the runner to serve", MINUTE, || {
         g.log("up").contains("runner serving")
     });

@@ -51,36 +51,7 @@ fn many_users_configured(
     test: &str,
     clusters: &str,
 ) -> (Gleaner, BrokerUser, BrokerUser, [(&'static str, String); 2]) {
-    for account in ["alice", "bob"] {
-        assert!(
-            nix::unistd::User::from_name(account)
-                .ok()
-                .flatten()
-                .is_some(),
-            "no Unix account {account}: run deploy/accounts.sh alice bob"
-        );
-    }
-    let g = Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"));
-    std::fs::set_permissions(
-        g.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
-    let alice = BrokerUser::add(&g.vhost, "alice");
-    let bob = BrokerUser::add(&g.vhost, "bob");
-    let config = g.write(
-        "gleaner.toml",
-        &format!(
-            "{clusters}[users]\nsingle = false\naccounts = {{ \"{}\" = \"alice\", \"{}\" = \"bob\" }}\n",
-            alice.name, bob.name
-        ),
-    );
-    let config = config.to_str().expect("path").to_owned();
-    let env = [
-        ("GLEANER_CONFIG", config),
-        ("GLEANER_USERS__SINGLE", "false".to_owned()),
-    ];
-    (g, alice, bob, env)
+    gleaner_testkit::users::many_users(test, env!("CARGO_BIN_EXE_gleaner"), clusters)
 }
 
 fn text(output: &std::process::Output) -> String {

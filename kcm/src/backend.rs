@@ -404,11 +404,11 @@ pub async fn run(
         message,
     };
     let mut command = Command::new(program);
-    // Slurm's submission commands take options from these too: only the
-    // command line says what gleaner asks for.
+    // Slurm's commands take options from these too: only the command line
+    // (and what the backend passes) says what gleaner asks for or reads.
     for (key, _) in std::env::vars_os() {
         if let Some(key) = key.to_str()
-            && ["SBATCH_", "SALLOC_", "SRUN_"]
+            && ["SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO_"]
                 .iter()
                 .any(|p| key.starts_with(p))
         {

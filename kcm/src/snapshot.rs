@@ -134,12 +134,7 @@ impl Snapshot {
     /// local slots where it runs, a local job if it waits for slots.
     pub fn judge(mut self, gleaners: impl Fn(&NamedJob) -> bool) -> Self {
         let mut problems: Vec<String> = self.problem.take().into_iter().collect();
-        let index: BTreeMap<String, usize> = self
-            .hosts
-            .iter()
-            .enumerate()
-            .map(|(i, h)| (host_key(&h.name), i))
-            .collect();
+        let index = self.host_index();
         for named in std::mem::take(&mut self.named) {
             let ours = gleaners(&named);
             // A placeholder of gleaner's is held by its job: counted from
@@ -238,15 +233,19 @@ impl Snapshot {
         saturating_sum(self.waiting.iter().map(|w| w.slots))
     }
 
-    /// Slots each job's running placeholders hold, per host (in the
-    /// snapshot's host order), in one pass over the placeholders.
-    fn held_per_host(&self) -> Vec<BTreeMap<JobId, u32>> {
-        let index: BTreeMap<String, usize> = self
-            .hosts
+    /// Each host's place in `hosts`, by its name without a domain.
+    fn host_index(&self) -> BTreeMap<String, usize> {
+        self.hosts
             .iter()
             .enumerate()
             .map(|(i, h)| (host_key(&h.name), i))
-            .collect();
+            .collect()
+    }
+
+    /// Slots each job's running placeholders hold, per host (in the
+    /// snapshot's host order), in one pass over the placeholders.
+    fn held_per_host(&self) -> Vec<BTreeMap<JobId, u32>> {
+        let index = self.host_index();
         let mut held = vec![BTreeMap::<JobId, u32>::new(); self.hosts.len()];
         for placeholder in &self.placeholders {
             let Some(&i) = placeholder

@@ -15,7 +15,7 @@ use lapin::{
     types::FieldTable,
 };
 
-use crate::Vhost;
+use crate::{Gleaner, Vhost};
 
 /// A broker account on a test's vhost, removed at the end of the test.
 pub struct BrokerUser {
@@ -141,37 +141,29 @@ impl Amqp {
     /// [`Amqp::publish`] with the message's properties as given.
     pub fn publish_with(
         &self,
-        (exchange, key): (&str, &str),
+        route: (&str, &str),
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), String> {
-        self.run(async |connection| {
-            let channel = connection.create_channel().await?;
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await?;
-            channel
-                .basic_publish(
-                    exchange.into(),
-                    key.into(),
-                    BasicPublishOptions::default(),
-                    body,
-                    properties.clone(),
-                )
-                .await?
-                .await?;
-            // A refusal closes the channel after the publish went out.
-            channel.basic_qos(1, Default::default()).await?;
-            Ok(())
-        })
+        self.publish_copies(route, body, properties, 1)
     }
 
     /// Publishes `count` copies of `body` through `exchange` with `key`,
     /// pipelined on one channel, and waits for their confirms.
     pub fn publish_many(
         &self,
+        route: (&str, &str),
+        body: &[u8],
+        count: usize,
+    ) -> Result<(), String> {
+        self.publish_copies(route, body, BasicProperties::default(), count)
+    }
+
+    fn publish_copies(
+        &self,
         (exchange, key): (&str, &str),
         body: &[u8],
+        properties: BasicProperties,
         count: usize,
     ) -> Result<(), String> {
         self.run(async |connection| {
@@ -188,7 +180,7 @@ impl Amqp {
                             key.into(),
                             BasicPublishOptions::default(),
                             body,
-                            BasicProperties::default(),
+                            properties.clone(),
                         )
                         .await?,
                 );
@@ -196,6 +188,8 @@ impl Amqp {
             for confirm in confirms {
                 confirm.await?;
             }
+            // A refusal closes the channel after the publish went out.
+            channel.basic_qos(1, Default::default()).await?;
             Ok(())
         })
     }
@@ -241,4 +235,46 @@ impl Drop for BrokerUser {
             .stderr(std::process::Stdio::null())
             .status();
     }
+}
+
+/// A gleaner of many users for `test`, its services not started yet:
+/// `alice-<pid>` and `bob-<pid>`, broker accounts made by `user.sh`, are
+/// the Unix accounts alice and bob (`deploy/accounts.sh`); `clusters`
+/// (configuration) comes before `[users]`; the test's directory is open
+/// to every account. With the environment its services need.
+pub fn many_users(
+    test: &str,
+    exe: &str,
+    clusters: &str,
+) -> (Gleaner, BrokerUser, BrokerUser, [(&'static str, String); 2]) {
+    for account in ["alice", "bob"] {
+        assert!(
+            nix::unistd::User::from_name(account)
+                .ok()
+                .flatten()
+                .is_some(),
+            "no Unix account {account}: run deploy/accounts.sh alice bob"
+        );
+    }
+    let g = Gleaner::new(test, exe);
+    std::fs::set_permissions(
+        g.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .expect("chmod");
+    let alice = BrokerUser::add(&g.vhost, "alice");
+    let bob = BrokerUser::add(&g.vhost, "bob");
+    let config = g.write(
+        "gleaner.toml",
+        &format!(
+            "{clusters}[users]\nsingle = false\naccounts = {{ \"{}\" = \"alice\", \"{}\" = \"bob\" }}\n",
+            alice.name, bob.name
+        ),
+    );
+    let config = config.to_str().expect("path").to_owned();
+    let env = [
+        ("GLEANER_CONFIG", config),
+        ("GLEANER_USERS__SINGLE", "false".to_owned()),
+    ];
+    (g, alice, bob, env)
 }
