@@ -588,8 +588,8 @@ fn grid_engine_runs_a_users_placeholders_as_hers() {
 
 /// A grid component's command with lines a batch system reads as
 /// options (`#$ -p 1000`, `#SBATCH --nice=-1000`), and a default request
-/// file in the kcm's directory asking the same: the component runs as
-/// Alice, as submitted, with none of them.
+/// file in the kcm's directory asking the same: the component is
+/// submitted as Alice and runs as her, as submitted, with none of them.
 fn a_components_option_lines_change_nothing(
     test: &str,
     clusters: &str,
@@ -616,6 +616,7 @@ fn a_components_option_lines_change_nothing(
         !seen.contains("1000"),
         "the script's lines were read as options: {seen}"
     );
+    assert!(seen.contains("alice"), "submitted as its owner: {seen}");
     let results = g.path().join("alice/results").join(&job);
     wait_for("the grid job to end", MINUTE, || {
         std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
@@ -636,7 +637,11 @@ fn grid_engine_reads_no_option_of_a_users_component() {
         // `priority:` is shown only when it is not 0.
         job.contains("job_number").then(|| {
             job.lines()
-                .filter(|l| l.starts_with("priority") || l.starts_with("job_name"))
+                .filter(|l| {
+                    ["priority", "job_name", "owner"]
+                        .iter()
+                        .any(|k| l.starts_with(k))
+                })
                 .collect::<Vec<_>>()
                 .join("; ")
         })
@@ -651,8 +656,8 @@ fn slurm_reads_no_option_of_a_users_component() {
         SlurmCluster::PARTITION
     );
     a_components_option_lines_change_nothing("users-slurm-lines", &clusters, |name| {
-        let nice = listing("squeue", &["-h", "-n", name, "-o", "%y"]);
-        (!nice.trim().is_empty()).then(|| format!("nice {}", nice.trim()))
+        let job = listing("squeue", &["-h", "-n", name, "-o", "nice %y, user %u"]);
+        (!job.trim().is_empty()).then(|| job.trim().to_owned())
     });
 }
 

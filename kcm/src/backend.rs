@@ -177,8 +177,17 @@ pub trait Backend: Send + 'static {
     /// Removes placeholders or components by id, running or not.
     fn remove(&mut self, ids: &[String]) -> impl Future<Output = Result<(), BackendError>> + Send;
 
+    /// Whether it submits a component of another account's as that
+    /// account (the batch system runs it as the owner, and accounts it to
+    /// them), its files in a directory of the owner's; otherwise the
+    /// kcm's account runs its wrapper, which switches to the owner for the
+    /// command alone, its files in the spool itself.
+    fn components_as_owner(&self) -> bool;
+
     /// Submits a grid job's component as an ordinary batch job running
-    /// `files.script(spec, run_as)`, its slots on one host if `one_host`.
+    /// `files.script(spec, run_as)` (as `run_as` if it
+    /// [`Backend::components_as_owner`]), its slots on one host if
+    /// `one_host`.
     fn submit_component(
         &mut self,
         spec: &ComponentSpec,

@@ -436,18 +436,27 @@ impl KcmCore {
                 self.start_error = None;
                 Vec::new()
             }
-            KcmMsg::SubmitComponent(spec) => vec![
-                // Left over from an earlier run of the same component.
-                Effect::DeleteSpoolEntry {
-                    job: spec.job.clone(),
-                    component: spec.component,
-                },
-                Effect::SubmitComponent {
-                    one_host: component_on_one_host(spec.slots, self.last.largest_host()),
-                    spec,
-                },
-                Effect::PollNow,
-            ],
+            KcmMsg::SubmitComponent(spec) => {
+                if !self.config.users.is_single() {
+                    // A batch system that runs components as their owner
+                    // has them submitted as the owner's account.
+                    let name = self.config.users.account(&spec.owner).to_owned();
+                    self.accounts
+                        .insert(spec.job.clone(), JobAccount { name, ended: false });
+                }
+                vec![
+                    // Left over from an earlier run of the same component.
+                    Effect::DeleteSpoolEntry {
+                        job: spec.job.clone(),
+                        component: spec.component,
+                    },
+                    Effect::SubmitComponent {
+                        one_host: component_on_one_host(spec.slots, self.last.largest_host()),
+                        spec,
+                    },
+                    Effect::PollNow,
+                ]
+            }
         }
     }
 
@@ -531,10 +540,12 @@ impl KcmCore {
                 }
                 self.count_early_ends(&snapshot, now);
                 self.last = snapshot;
-                // An ended job's account goes with its last placeholder.
-                let placeholders = &self.last.placeholders;
+                // An ended job's account goes with its last batch job.
+                let last = &self.last;
                 self.accounts.retain(|job, account| {
-                    !account.ended || placeholders.iter().any(|p| &p.job == job)
+                    !account.ended
+                        || last.placeholders.iter().any(|p| &p.job == job)
+                        || last.components.iter().any(|c| &c.job == job)
                 });
                 effects.extend(self.settle_components(spooled, now));
                 effects.extend(self.make_room(now));
@@ -577,15 +588,21 @@ impl KcmCore {
     /// that submits such jobs — the kcm's own for a grid component, the
     /// job's [`KcmCore::placeholder_account`] for a placeholder.
     fn is_gleaners(&self, named: &NamedJob) -> bool {
+        let of_the_job = self.placeholder_account(&named.job) == Some(named.owner.as_str());
         match named.component {
-            Some(_) => named.owner == self.config.account,
-            None => self.placeholder_account(&named.job) == Some(named.owner.as_str()),
+            // The kcm's own where it submits components and switches to
+            // the owner in their wrapper, the owner's where the batch
+            // system runs them as the owner.
+            Some(_) => named.owner == self.config.account || of_the_job,
+            None => of_the_job,
         }
     }
 
-    /// The account `job`'s placeholders are submitted as: with one user
-    /// the kcm's own; with many, its owner's, known from its grants (or
-    /// adopted); `None` for a job the kcm has no account for.
+    /// The account `job`'s placeholders (and, where the batch system runs
+    /// them as their owner, its components) are submitted as: with one
+    /// user the kcm's own; with many, its owner's, known from its grants
+    /// and components (or adopted); `None` for a job the kcm has no
+    /// account for.
     fn placeholder_account(&self, job: &JobId) -> Option<&str> {
         if self.config.users.is_single() {
             return Some(&self.config.account);
@@ -593,22 +610,23 @@ impl KcmCore {
         self.accounts.get(job).map(|account| account.name.as_str())
     }
 
-    /// With many users, at the first reading: the placeholders of a job
-    /// the kcm has no account for (its predecessor's) are adopted if they
-    /// all have one owner, which becomes the job's account; if two owners
-    /// claim one job, none are, until a grant says whose it is. Later
-    /// readings adopt nothing: a kcm learns a job's account before it
-    /// submits any placeholder for it, so a placeholder of a job it has no
-    /// account for is not its own.
+    /// With many users, at the first reading: the placeholders (and the
+    /// components submitted as their owner) of a job the kcm has no
+    /// account for (its predecessor's) are adopted if they all have one
+    /// owner, which becomes the job's account; if two owners claim one
+    /// job, none are, until a grant says whose it is. Later readings adopt
+    /// nothing: a kcm learns a job's account before it submits anything
+    /// for it, so a batch job of a job it has no account for is not its
+    /// own.
     fn adopt_accounts(&mut self, named: &[NamedJob]) {
         if self.config.users.is_single() {
             return;
         }
         let mut owners: BTreeMap<&JobId, BTreeSet<&str>> = BTreeMap::new();
-        for named in named
-            .iter()
-            .filter(|n| n.component.is_none() && !self.accounts.contains_key(&n.job))
-        {
+        for named in named.iter().filter(|n| {
+            !self.accounts.contains_key(&n.job)
+                && (n.component.is_none() || n.owner != self.config.account)
+        }) {
             owners.entry(&named.job).or_default().insert(&named.owner);
         }
         for (job, owners) in owners {
@@ -2130,6 +2148,32 @@ mod tests {
             users,
             ..core().config
         })
+    }
+
+    #[test]
+    fn a_component_submitted_as_its_owner_is_gleaners_and_no_one_elses_is() {
+        let clock = Clock::new();
+        let mut kcm = many_users();
+        let h = job("h");
+        poll(&mut kcm, reading(Vec::new()), clock.at(0));
+        let submit = KcmMsg::SubmitComponent(ComponentSpec {
+            owner: "alice@lab".into(),
+            ..spec(&h, 0, 1)
+        });
+        message(&mut kcm, submit, clock.at(0));
+        let hers = named("9", &h, Some(0), "alice", true);
+        let bobs = named("10", &h, Some(1), "bob", true);
+        poll(&mut kcm, reading(vec![hers, bobs]), clock.at(1_000));
+        let r = report(&mut kcm, clock.at(1_000));
+        assert_eq!(
+            r.grid[&h],
+            Holding {
+                running: 1,
+                pending: 0
+            },
+            "alice's is the job's; bob's is his own local job"
+        );
+        assert_eq!(r.local_slots, 1);
     }
 
     #[test]

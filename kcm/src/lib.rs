@@ -20,7 +20,11 @@ mod slurm;
 mod snapshot;
 mod squeue;
 
-use std::{collections::VecDeque, time::Duration};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
@@ -89,6 +93,9 @@ struct Kcm<B> {
     config: KcmConfig,
     backend: B,
     core: KcmCore,
+    /// Where each component's files are, as submitted or as last found:
+    /// the spool, or its owner's directory in it.
+    component_dirs: BTreeMap<(JobId, u32), PathBuf>,
 }
 
 /// Serves the cluster until `shutdown`, reconnecting after broker outages.
@@ -103,6 +110,7 @@ pub async fn run<B: Backend>(
         config,
         backend,
         core,
+        component_dirs: BTreeMap::new(),
     };
     let cluster = kcm.config.cluster.clone();
     broker
@@ -180,7 +188,7 @@ impl<B: Backend> Kcm<B> {
     async fn poll(&mut self, publisher: &Publisher) -> Result<(), BrokerError> {
         let snapshot = self.backend.snapshot().await;
         let spooled = if snapshot.is_ok() {
-            spooled_exits(&self.config.spool_dir)
+            self.spooled_exits()
         } else {
             Vec::new()
         };
@@ -244,9 +252,13 @@ impl<B: Backend> Kcm<B> {
                 }
                 Effect::Remove { ids } => Some(Event::Removed(self.backend.remove(&ids).await)),
                 Effect::DeleteSpoolEntry { job, component } => {
-                    let files = ComponentFiles::new(&self.config.spool_dir, &job, component);
-                    for file in [&files.stdout, &files.stderr, &files.exit] {
-                        let _ = std::fs::remove_file(file);
+                    let known = self.component_dirs.remove(&(job.clone(), component));
+                    for dir in known.map_or_else(|| spool_dirs(&self.config.spool_dir), |d| vec![d])
+                    {
+                        let files = ComponentFiles::new(&dir, &job, component);
+                        for file in [&files.stdout, &files.stderr, &files.exit] {
+                            let _ = std::fs::remove_file(file);
+                        }
                     }
                     None
                 }
@@ -260,9 +272,15 @@ impl<B: Backend> Kcm<B> {
                 }
                 Effect::ReportComponentEnd { job, mut outcome } => {
                     let component = outcome.component;
-                    let files = ComponentFiles::new(&self.config.spool_dir, &job, component);
-                    outcome.stdout = read_tail(&files.stdout);
-                    outcome.stderr = read_tail(&files.stderr);
+                    let dir = self
+                        .component_dirs
+                        .get(&(job.clone(), component))
+                        .cloned()
+                        .unwrap_or_else(|| self.config.spool_dir.clone());
+                    let files = ComponentFiles::new(&dir, &job, component);
+                    let owner = dir_owner(&dir);
+                    outcome.stdout = read_tail(&files.stdout, owner);
+                    outcome.stderr = read_tail(&files.stderr, owner);
                     tell_job(publisher, &job, ControlMsg::ComponentEnded(outcome)).await?;
                     Some(Event::ComponentReported { job, component })
                 }
@@ -346,25 +364,78 @@ impl<B: Backend> Kcm<B> {
         Ok(path)
     }
 
-    /// Submits a component whose wrapper writes to the spool directory.
+    /// Submits a component whose wrapper writes to the spool directory,
+    /// or, submitted as its owner, to the owner's directory in it
+    /// (`<spool>/<uid>`, theirs, mode 0700), which the kcm reads as
+    /// hostile ([`read_tail`]).
     async fn submit_component(
         &mut self,
         spec: &ComponentSpec,
         one_host: bool,
     ) -> Result<(), BackendError> {
-        let files = ComponentFiles::new(&self.config.spool_dir, &spec.job, spec.component);
         let run_as = self.run_as(&spec.owner)?;
-        match std::fs::create_dir_all(&self.config.spool_dir) {
-            Ok(()) => {
-                self.backend
-                    .submit_component(spec, &files, one_host, run_as.as_ref())
-                    .await
+        let spool = &self.config.spool_dir;
+        let failed = |message: String| BackendError {
+            command: format!("mkdir {}", spool.display()),
+            message,
+        };
+        std::fs::create_dir_all(spool).map_err(|e| failed(e.to_string()))?;
+        let owners = run_as
+            .as_ref()
+            .filter(|account| !account.is_me() && self.backend.components_as_owner());
+        let dir = match owners {
+            Some(account) => gleaner_contain::shared::private_dir(
+                spool,
+                &account.uid.to_string(),
+                (account.uid, account.gid),
+                nix::unistd::geteuid(),
+                0o700,
+            )
+            .map_err(|e| failed(e.to_string()))?,
+            None => spool.clone(),
+        };
+        let files = ComponentFiles::new(&dir, &spec.job, spec.component);
+        self.component_dirs
+            .insert((spec.job.clone(), spec.component), dir);
+        self.backend
+            .submit_component(spec, &files, one_host, run_as.as_ref())
+            .await
+    }
+
+    /// The components whose exit status waits in the spool or an owner's
+    /// directory in it; where each was found is kept for reading its
+    /// output.
+    fn spooled_exits(&mut self) -> Vec<SpooledExit> {
+        let mut spooled = Vec::new();
+        for dir in spool_dirs(&self.config.spool_dir) {
+            let owner = dir_owner(&dir);
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let Some((job, component)) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(ComponentFiles::parse_exit)
+                else {
+                    continue;
+                };
+                let exit_code = open_component_file(&entry.path(), owner).and_then(|file| {
+                    use std::io::Read;
+                    let mut text = String::new();
+                    file.take(32).read_to_string(&mut text).ok()?;
+                    text.trim().parse().ok()
+                });
+                self.component_dirs
+                    .insert((job.clone(), component), dir.clone());
+                spooled.push(SpooledExit {
+                    job,
+                    component,
+                    exit_code,
+                });
             }
-            Err(e) => Err(BackendError {
-                command: format!("mkdir {}", self.config.spool_dir.display()),
-                message: e.to_string(),
-            }),
         }
+        spooled
     }
 }
 
@@ -424,32 +495,51 @@ async fn tell_job(
         .map(|_| ())
 }
 
-/// The components whose exit status waits in the spool directory.
-fn spooled_exits(spool: &std::path::Path) -> Vec<SpooledExit> {
-    let Ok(entries) = std::fs::read_dir(spool) else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|entry| {
-            let name = entry.file_name().into_string().ok()?;
-            let (job, component) = ComponentFiles::parse_exit(&name)?;
-            let exit_code = std::fs::read_to_string(entry.path())
-                .ok()
-                .and_then(|text| text.trim().parse().ok());
-            Some(SpooledExit {
-                job,
-                component,
-                exit_code,
-            })
-        })
-        .collect()
+/// The spool and the owners' directories in it (named by uid; nobody but
+/// root makes entries in the spool).
+fn spool_dirs(spool: &Path) -> Vec<PathBuf> {
+    let mut dirs = vec![spool.to_path_buf()];
+    if let Ok(entries) = std::fs::read_dir(spool) {
+        dirs.extend(
+            entries
+                .flatten()
+                .filter(|e| {
+                    e.file_name().to_str().is_some_and(|name| {
+                        !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())
+                    }) && e.file_type().is_ok_and(|t| t.is_dir())
+                })
+                .map(|e| e.path()),
+        );
+    }
+    dirs
 }
 
-/// The last bytes of a file, and how many came before them.
-fn read_tail(path: &std::path::Path) -> Captured {
+/// Who owns a directory of component files (whose files they must be).
+fn dir_owner(dir: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(dir).ok().map(|m| m.uid())
+}
+
+/// A component's file, opened only if it is a regular file of `owner`'s,
+/// not through a link and not a pipe that would keep the kcm waiting:
+/// in a directory of the component's owner, they could have put anything
+/// in its place.
+fn open_component_file(path: &Path, owner: Option<u32>) -> Option<std::fs::File> {
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    (meta.is_file() && Some(meta.uid()) == owner).then_some(file)
+}
+
+/// The last bytes of a component's file ([`open_component_file`]), and
+/// how many came before them.
+fn read_tail(path: &Path, owner: Option<u32>) -> Captured {
     use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut file) = std::fs::File::open(path) else {
+    let Some(mut file) = open_component_file(path, owner) else {
         return Captured::default();
     };
     let length = file.metadata().map_or(0, |m| m.len());
@@ -459,4 +549,28 @@ fn read_tail(path: &std::path::Path) -> Captured {
         let _ = file.take(COMPONENT_OUTPUT).read_to_end(&mut data);
     }
     Captured { data, dropped }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt;
+
+    use super::*;
+
+    #[test]
+    fn a_components_files_are_read_only_if_they_are_its_owners_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let owner = dir_owner(dir.path());
+        let file = dir.path().join("j.0.out");
+        std::fs::write(&file, "output").unwrap();
+        assert_eq!(read_tail(&file, owner).data, b"output");
+        let link = dir.path().join("j.1.out");
+        std::os::unix::fs::symlink(&file, &link).unwrap();
+        assert!(open_component_file(&link, owner).is_none(), "a link");
+        let pipe = dir.path().join("j.2.out");
+        nix::unistd::mkfifo(&pipe, nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(open_component_file(&pipe, owner).is_none(), "a pipe");
+        let someone = Some(std::fs::metadata(&file).unwrap().uid() + 1);
+        assert!(open_component_file(&file, someone).is_none(), "another's");
+    }
 }

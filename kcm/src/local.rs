@@ -368,6 +368,10 @@ impl Backend for LocalBackend {
         Ok(())
     }
 
+    fn components_as_owner(&self) -> bool {
+        false
+    }
+
     async fn submit_component(
         &mut self,
         spec: &ComponentSpec,

@@ -280,6 +280,10 @@ impl Backend for SgeBackend {
         .await
     }
 
+    fn components_as_owner(&self) -> bool {
+        true
+    }
+
     async fn submit_component(
         &mut self,
         spec: &ComponentSpec,
@@ -310,8 +314,11 @@ impl Backend for SgeBackend {
                 format!("h_rt={}", walltime.div_ceil(1000).max(1)),
             ]);
         }
-        self.run("qsub", &args, Some(&files.script(spec, run_as)))
-            .await?;
+        // Submitted as the owner, it runs as them: the script has no
+        // account to switch to.
+        let script = files.script(spec, None);
+        let (program, args) = as_account("qsub", &args, run_as);
+        self.run(&program, &args, Some(&script)).await?;
         Ok(())
     }
 

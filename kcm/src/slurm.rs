@@ -228,6 +228,10 @@ impl Backend for SlurmBackend {
         .await
     }
 
+    fn components_as_owner(&self) -> bool {
+        true
+    }
+
     async fn submit_component(
         &mut self,
         spec: &ComponentSpec,
@@ -248,13 +252,15 @@ impl Backend for SlurmBackend {
             let limit = Duration::from_millis(walltime);
             args.push(format!("--time={}", slurm_time(limit)));
         }
-        let answer = self
-            .run("sbatch", &args, Some(&files.script(spec, run_as)))
-            .await?;
+        // Submitted as the owner, it runs as them: the script has no
+        // account to switch to.
+        let script = files.script(spec, None);
+        let (program, args) = as_account("sbatch", &args, run_as);
+        let answer = self.run(&program, &args, Some(&script)).await?;
         parse_job_id(&answer)
             .map(|_| ())
             .ok_or_else(|| BackendError {
-                command: format!("sbatch {}", args.join(" ")),
+                command: format!("{program} {}", args.join(" ")),
                 message: format!("unexpected answer {:?}", answer.trim()),
             })
     }
