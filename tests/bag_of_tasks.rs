@@ -774,6 +774,22 @@ fn the_dead_letter_queue_stays_bounded() {
     });
 }
 
+/// A `gleaner.dead` an older gleaner declared without its bound does not
+/// stop the services: it is kept as it is, with a warning.
+#[test]
+fn an_unbounded_dead_letter_queue_of_before_is_kept() {
+    let mut g = gleaner("dead-before");
+    g.vhost
+        .declare_queue("gleaner.dead", r#"{"x-queue-type": "quorum"}"#);
+    g.up(1);
+    let output = finish(
+        g.submit_waiting("name = \"after\"\n[[task]]\ncommand = \"echo fine\"\n"),
+        MINUTE,
+    );
+    assert!(output.status.success(), "{output:?}");
+    assert!(g.log("up").contains("stays unbounded"), "{}", g.log("up"));
+}
+
 #[test]
 fn garbage_on_the_submit_queue_is_dead_lettered_and_the_next_job_runs() {
     let mut g = gleaner("garbage");

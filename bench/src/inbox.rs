@@ -57,7 +57,7 @@ async fn drive(
     let broker = Broker::new(&[g.vhost.url()], "bench")?;
     let connection = broker.connect().await?;
     let channel = connection.channel().await?;
-    topology::declare_core(&channel).await?;
+    topology::declare_core(connection.lapin()).await?;
     let ids: Vec<JobId> = (0..jobs).map(|i| JobId::new("sweep", i as u64)).collect();
     // The runners' control queues, where the offers go: bounded, nobody reads them.
     let mut bounded = FieldTable::default();

@@ -37,6 +37,12 @@ impl BrokerError {
         }
     }
 
+    /// A declaration differs from what the broker has (a queue declared
+    /// with other arguments by an older gleaner).
+    pub fn is_precondition_failed(&self) -> bool {
+        matches!(self, Self::Amqp(e) if soft_error(e).is_some_and(|s| matches!(s, AMQPSoftError::PRECONDITIONFAILED)))
+    }
+
     /// The broker's permissions do not let this user do it.
     pub fn is_access_refused(&self) -> bool {
         matches!(self, Self::Amqp(e) if soft_error(e).is_some_and(|s| matches!(s, AMQPSoftError::ACCESSREFUSED)))

@@ -214,16 +214,41 @@ pub const DEAD_LIMIT: i64 = 10_000;
 /// The most bytes it keeps, likewise.
 pub const DEAD_LIMIT_BYTES: i64 = 256 << 20;
 
+/// `gleaner.dead`, bounded. One an older gleaner declared without its
+/// bound is kept as it is, with a warning: redeclaring it differently
+/// would fail every service's start. Uses a throwaway channel, because a
+/// refused declaration closes the channel it was made on.
+async fn declare_dead(connection: &lapin::Connection) -> Result<()> {
+    let channel = connection.create_channel().await?;
+    let args = Args::quorum()
+        .max_length(DEAD_LIMIT)
+        .max_length_bytes(DEAD_LIMIT_BYTES);
+    match durable(&channel, DEAD_QUEUE, args).await {
+        Err(e) if e.is_precondition_failed() => {
+            tracing::warn!(
+                queue = DEAD_QUEUE,
+                "declared without its bound by an older gleaner: it stays unbounded until it is deleted (rabbitmqctl delete_queue {DEAD_QUEUE})"
+            );
+            Ok(())
+        }
+        declared => {
+            let _ = channel.close(200, "done".into()).await;
+            declared
+        }
+    }
+}
+
 /// The queues and exchange every component relies on.
-pub async fn declare_core(channel: &Channel) -> Result<()> {
-    durable(
-        channel,
-        DEAD_QUEUE,
-        Args::quorum()
-            .max_length(DEAD_LIMIT)
-            .max_length_bytes(DEAD_LIMIT_BYTES),
-    )
-    .await?;
+pub async fn declare_core(connection: &lapin::Connection) -> Result<()> {
+    declare_dead(connection).await?;
+    let channel = connection.create_channel().await?;
+    let declared = declare_routes(&channel).await;
+    let _ = channel.close(200, "done".into()).await;
+    declared
+}
+
+/// What [`declare_core`] declares beside `gleaner.dead`.
+async fn declare_routes(channel: &Channel) -> Result<()> {
     durable(
         channel,
         SUBMIT_QUEUE,
@@ -285,13 +310,9 @@ pub async fn declare_core(channel: &Channel) -> Result<()> {
 /// having declared it, which is not an error. Uses a throwaway channel,
 /// because a refusal closes the channel it was made on.
 pub async fn declare_core_if_allowed(connection: &lapin::Connection) -> Result<()> {
-    let channel = connection.create_channel().await?;
-    match declare_core(&channel).await {
+    match declare_core(connection).await {
         Err(e) if e.is_access_refused() => Ok(()),
-        declared => {
-            let _ = channel.close(200, "done".into()).await;
-            declared
-        }
+        declared => declared,
     }
 }
 
@@ -429,6 +450,15 @@ pub async fn unlock_job(channel: &Channel, queues: &JobQueues) -> Result<()> {
         .queue_delete(queues.lock.as_str().into(), QueueDeleteOptions::default())
         .await?;
     Ok(())
+}
+
+/// Deletes the job's claim, then gives its lock up: the job was refused
+/// after its claim was staked, and the id names nothing again.
+pub async fn forget_claim(channel: &Channel, queues: &JobQueues) -> Result<()> {
+    channel
+        .queue_delete(queues.claim.as_str().into(), QueueDeleteOptions::default())
+        .await?;
+    unlock_job(channel, queues).await
 }
 
 /// The job's claim: one message, its owner's. Declared by the lock holder

@@ -208,19 +208,25 @@ pub fn root_base(base: &Path) -> Result<Base, Untrusted> {
 }
 
 /// Makes `base`, if it is missing, a base of per-user directories shared
-/// like `/tmp` (mode 1777, this account's, since this account made it; a
-/// base of someone else's that appeared meanwhile is refused by
-/// [`private_dir`]).
-pub fn shared_base(base: &Path) -> std::io::Result<()> {
-    if base.exists() {
-        return Ok(());
+/// like `/tmp` (mode 1777, this account's, since this account made it), in
+/// a parent trusted as the module says: made by `mkdirat` and its mode set
+/// through a descriptor that did not follow a link, so that a link
+/// planted or swapped in meanwhile gets nothing. A base of someone else's
+/// found there is refused by [`private_dir`].
+pub fn shared_base(base: &Path, me: Uid) -> Result<(), Untrusted> {
+    let (Some(parent), Some(name)) = (base.parent(), base.file_name()) else {
+        return Err(untrusted(base, "not a directory in a directory"));
+    };
+    let parent_dir = open_trusted(parent, me)?;
+    match mkdirat(parent_dir.as_fd(), name, Mode::from_bits_truncate(0o700)) {
+        Ok(()) => {
+            let made = open_below(&parent_dir, name).map_err(|e| untrusted(base, e))?;
+            fchmod(made.as_fd(), Mode::from_bits_truncate(0o1777))
+                .map_err(|e| untrusted(base, e.desc()))
+        }
+        Err(Errno::EEXIST) => Ok(()),
+        Err(e) => Err(untrusted(base, e.desc())),
     }
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(base)?;
-    // Only the account that made it sets its mode: a base of someone
-    // else's that appeared meanwhile is refused by the check that follows.
-    let _ = std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o1777));
-    Ok(())
 }
 
 #[cfg(test)]
@@ -237,7 +243,21 @@ mod tests {
     fn a_private_directory_is_made_once_and_found_again() {
         let root = tempfile::tempdir().unwrap();
         let base = root.path().join("scratch");
-        shared_base(&base).unwrap();
+        shared_base(&base, me().0).unwrap();
+        std::fs::remove_dir(&base).unwrap();
+        std::os::unix::fs::symlink(root.path().join("elsewhere"), &base).unwrap();
+        std::fs::create_dir(root.path().join("elsewhere")).unwrap();
+        shared_base(&base, me().0).unwrap();
+        assert_eq!(
+            std::fs::metadata(root.path().join("elsewhere"))
+                .unwrap()
+                .mode()
+                & 0o7777,
+            0o755,
+            "a link in its place gets no mode"
+        );
+        std::fs::remove_file(&base).unwrap();
+        shared_base(&base, me().0).unwrap();
         let dir = private_dir(&base, "1000", me(), me().0, 0o700).unwrap();
         assert_eq!(dir, base.join("1000"));
         let meta = std::fs::metadata(&dir).unwrap();

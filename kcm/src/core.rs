@@ -230,6 +230,8 @@ pub struct KcmCore {
     start_error: Option<String>,
     /// Placeholders whose launcher reached the broker, and when it said so.
     heard: BTreeMap<String, (JobId, Instant)>,
+    /// Placeholders whose start has been counted as working.
+    credited: BTreeSet<String>,
     /// Placeholders this kcm asked the batch system to remove.
     withdrawn: BTreeSet<String>,
     /// The first reading is done: what it found ran under an earlier kcm.
@@ -267,6 +269,7 @@ impl KcmCore {
             failures,
             start_error: None,
             heard: BTreeMap::new(),
+            credited: BTreeSet::new(),
             withdrawn: BTreeSet::new(),
             adopted: false,
             stuck_starts: 0,
@@ -417,23 +420,20 @@ impl KcmCore {
                     warn!(cluster = %self.config.cluster, launcher = %launcher, "a launcher of another cluster says it is up; ignored");
                     return Vec::new();
                 };
-                if self
-                    .last
-                    .placeholders
-                    .iter()
-                    .any(|p| p.id == id && p.job != job)
+                let placeholder = self.last.placeholders.iter().find(|p| p.id == id);
+                let heard_for = self.heard.get(id).map(|(heard, _)| heard);
+                if placeholder.is_some_and(|p| p.job != job) || heard_for.is_some_and(|h| *h != job)
                 {
                     warn!(job = %job, cluster = %self.config.cluster, launcher = %launcher, "a launcher says it is up for a job whose placeholder it is not; ignored");
                     return Vec::new();
                 }
-                let failures = self.failures.cluster();
-                if failures > 0 {
-                    info!(cluster = %self.config.cluster, launcher = %launcher, failures, "a launcher reached the broker: starts work again");
-                }
-                let account = self.placeholder_account(&job).map(str::to_owned);
-                self.failures.started(account.as_deref());
+                // A start counts once the placeholder is seen: a word about
+                // one never seen (a forged id) clears no failure.
+                let owner = placeholder.map(|p| p.owner.clone());
                 self.heard.insert(id.to_owned(), (job, now.instant));
-                self.start_error = None;
+                if let Some(owner) = owner {
+                    self.credit(id, &owner);
+                }
                 Vec::new()
             }
             KcmMsg::SubmitComponent(spec) => {
@@ -539,6 +539,17 @@ impl KcmCore {
                     self.blocked = None;
                 }
                 self.count_early_ends(&snapshot, now);
+                for placeholder in &snapshot.placeholders {
+                    if self
+                        .heard
+                        .get(&placeholder.id)
+                        .is_some_and(|(job, _)| *job == placeholder.job)
+                    {
+                        self.credit(&placeholder.id, &placeholder.owner);
+                    }
+                }
+                self.credited
+                    .retain(|id| snapshot.placeholders.iter().any(|p| &p.id == id));
                 self.last = snapshot;
                 // An ended job's account goes with its last batch job.
                 let last = &self.last;
@@ -558,6 +569,21 @@ impl KcmCore {
         }
         effects.extend(self.due_removals(now));
         effects
+    }
+
+    /// A placeholder of `owner`'s whose launcher reached the broker: its
+    /// start worked, once (the cluster's failures and its account's are
+    /// cleared).
+    fn credit(&mut self, id: &str, owner: &str) {
+        if !self.credited.insert(id.to_owned()) {
+            return;
+        }
+        let failures = self.failures.cluster();
+        if failures > 0 {
+            info!(cluster = %self.config.cluster, placeholder = id, failures, "a launcher reached the broker: starts work again");
+        }
+        self.failures.started(Some(owner));
+        self.start_error = None;
     }
 
     /// The reading with its jobs named like gleaner's judged by their
@@ -1628,8 +1654,18 @@ mod tests {
             launcher: naming::launcher_id(&"c1".into(), "7.1"),
         };
         message(&mut kcm, up, clock.at(1_000));
-        let r = report(&mut kcm, clock.at(1_000));
-        assert_eq!(r.failed_starts, 0);
+        assert_eq!(
+            report(&mut kcm, clock.at(1_000)).failed_starts,
+            3,
+            "a placeholder not seen yet: its word clears nothing (it could be forged)"
+        );
+        poll(
+            &mut kcm,
+            cluster(4, vec![placeholder("7.1", &job("a"), true)]),
+            clock.at(2_000),
+        );
+        let r = report(&mut kcm, clock.at(2_000));
+        assert_eq!(r.failed_starts, 0, "seen: its start worked");
         assert_eq!(r.job_failures, [(b, 1)].into(), "bob's are still his");
     }
 

@@ -21,7 +21,7 @@ mod snapshot;
 mod squeue;
 
 use std::{
-    collections::{BTreeMap, VecDeque},
+    collections::VecDeque,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -93,9 +93,6 @@ struct Kcm<B> {
     config: KcmConfig,
     backend: B,
     core: KcmCore,
-    /// Where each component's files are, as submitted or as last found:
-    /// the spool, or its owner's directory in it.
-    component_dirs: BTreeMap<(JobId, u32), PathBuf>,
 }
 
 /// Serves the cluster until `shutdown`, reconnecting after broker outages.
@@ -110,7 +107,6 @@ pub async fn run<B: Backend>(
         config,
         backend,
         core,
-        component_dirs: BTreeMap::new(),
     };
     let cluster = kcm.config.cluster.clone();
     broker
@@ -143,7 +139,7 @@ impl<B: Backend> Kcm<B> {
         shutdown: &CancellationToken,
     ) -> Result<(), BrokerError> {
         let channel = connection.channel().await?;
-        topology::declare_core(&channel).await?;
+        topology::declare_core(connection.lapin()).await?;
         topology::declare_kcm(&channel, &self.config.cluster).await?;
         let publisher = connection.publisher().await?;
         let mut inbox: Inbox<KcmMsg> = connection
@@ -252,13 +248,15 @@ impl<B: Backend> Kcm<B> {
                 }
                 Effect::Remove { ids } => Some(Event::Removed(self.backend.remove(&ids).await)),
                 Effect::DeleteSpoolEntry { job, component } => {
-                    let known = self.component_dirs.remove(&(job.clone(), component));
-                    for dir in known.map_or_else(|| spool_dirs(&self.config.spool_dir), |d| vec![d])
-                    {
-                        let files = ComponentFiles::new(&dir, &job, component);
-                        for file in [&files.stdout, &files.stderr, &files.exit] {
-                            let _ = std::fs::remove_file(file);
-                        }
+                    let dir = component_dir(&self.config.spool_dir, &job);
+                    let files = ComponentFiles::new(&dir, &job, component);
+                    for file in [&files.stdout, &files.stderr, &files.exit] {
+                        let _ = std::fs::remove_file(file);
+                    }
+                    if dir != self.config.spool_dir {
+                        // The job's directory, once its last component's
+                        // files are gone.
+                        let _ = std::fs::remove_dir(&dir);
                     }
                     None
                 }
@@ -272,11 +270,7 @@ impl<B: Backend> Kcm<B> {
                 }
                 Effect::ReportComponentEnd { job, mut outcome } => {
                     let component = outcome.component;
-                    let dir = self
-                        .component_dirs
-                        .get(&(job.clone(), component))
-                        .cloned()
-                        .unwrap_or_else(|| self.config.spool_dir.clone());
+                    let dir = component_dir(&self.config.spool_dir, &job);
                     let files = ComponentFiles::new(&dir, &job, component);
                     let owner = dir_owner(&dir);
                     outcome.stdout = read_tail(&files.stdout, owner);
@@ -365,9 +359,10 @@ impl<B: Backend> Kcm<B> {
     }
 
     /// Submits a component whose wrapper writes to the spool directory,
-    /// or, submitted as its owner, to the owner's directory in it
-    /// (`<spool>/<uid>`, theirs, mode 0700), which the kcm reads as
-    /// hostile ([`read_tail`]).
+    /// or, submitted as its owner, to its job's directory in it
+    /// (`<spool>/<job>`, the owner's, mode 0700), which the kcm reads as
+    /// hostile ([`read_tail`]): an owner writes there for their own job
+    /// only (nobody else makes entries in the spool).
     async fn submit_component(
         &mut self,
         spec: &ComponentSpec,
@@ -386,7 +381,7 @@ impl<B: Backend> Kcm<B> {
         let dir = match owners {
             Some(account) => gleaner_contain::shared::private_dir(
                 spool,
-                &account.uid.to_string(),
+                spec.job.as_str(),
                 (account.uid, account.gid),
                 nix::unistd::geteuid(),
                 0o700,
@@ -395,19 +390,16 @@ impl<B: Backend> Kcm<B> {
             None => spool.clone(),
         };
         let files = ComponentFiles::new(&dir, &spec.job, spec.component);
-        self.component_dirs
-            .insert((spec.job.clone(), spec.component), dir);
         self.backend
             .submit_component(spec, &files, one_host, run_as.as_ref())
             .await
     }
 
-    /// The components whose exit status waits in the spool or an owner's
-    /// directory in it; where each was found is kept for reading its
-    /// output.
-    fn spooled_exits(&mut self) -> Vec<SpooledExit> {
+    /// The components whose exit status waits in the spool or in their
+    /// job's directory in it; in a job's directory, that job's only.
+    fn spooled_exits(&self) -> Vec<SpooledExit> {
         let mut spooled = Vec::new();
-        for dir in spool_dirs(&self.config.spool_dir) {
+        for (dir, only) in spool_dirs(&self.config.spool_dir) {
             let owner = dir_owner(&dir);
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
@@ -420,14 +412,15 @@ impl<B: Backend> Kcm<B> {
                 else {
                     continue;
                 };
+                if only.as_ref().is_some_and(|only| *only != job) {
+                    continue;
+                }
                 let exit_code = open_component_file(&entry.path(), owner).and_then(|file| {
                     use std::io::Read;
                     let mut text = String::new();
                     file.take(32).read_to_string(&mut text).ok()?;
                     text.trim().parse().ok()
                 });
-                self.component_dirs
-                    .insert((job.clone(), component), dir.clone());
                 spooled.push(SpooledExit {
                     job,
                     component,
@@ -495,23 +488,30 @@ async fn tell_job(
         .map(|_| ())
 }
 
-/// The spool and the owners' directories in it (named by uid; nobody but
-/// root makes entries in the spool).
-fn spool_dirs(spool: &Path) -> Vec<PathBuf> {
-    let mut dirs = vec![spool.to_path_buf()];
+/// The spool, and the directories in it of jobs whose components run as
+/// their owner, each with the job whose files alone it may hold (nobody
+/// but the kcm makes entries in the spool).
+fn spool_dirs(spool: &Path) -> Vec<(PathBuf, Option<JobId>)> {
+    let mut dirs = vec![(spool.to_path_buf(), None)];
     if let Ok(entries) = std::fs::read_dir(spool) {
-        dirs.extend(
-            entries
-                .flatten()
-                .filter(|e| {
-                    e.file_name().to_str().is_some_and(|name| {
-                        !name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())
-                    }) && e.file_type().is_ok_and(|t| t.is_dir())
-                })
-                .map(|e| e.path()),
-        );
+        dirs.extend(entries.flatten().filter_map(|e| {
+            let job = e.file_name().to_str()?.parse::<JobId>().ok()?;
+            e.file_type()
+                .is_ok_and(|t| t.is_dir())
+                .then(|| (e.path(), Some(job)))
+        }));
     }
     dirs
+}
+
+/// Where a job's component files are: its directory in the spool if it
+/// has one (its components run as their owner), the spool otherwise.
+fn component_dir(spool: &Path, job: &JobId) -> PathBuf {
+    let dir = spool.join(job.as_str());
+    match std::fs::symlink_metadata(&dir) {
+        Ok(meta) if meta.is_dir() => dir,
+        _ => spool.to_path_buf(),
+    }
 }
 
 /// Who owns a directory of component files (whose files they must be).

@@ -177,8 +177,8 @@ fn private_scratch(dir: &std::path::Path) -> Result<(), LauncherError> {
     let (Some(base), Some(name)) = (dir.parent(), dir.file_name().and_then(|n| n.to_str())) else {
         return Err(failed("not a directory in a base directory".to_owned()));
     };
-    gleaner_contain::shared::shared_base(base).map_err(|e| failed(e.to_string()))?;
     let me = nix::unistd::geteuid();
+    gleaner_contain::shared::shared_base(base, me).map_err(|e| failed(e.to_string()))?;
     gleaner_contain::shared::private_dir(base, name, (me, nix::unistd::getegid()), me, 0o700)
         .map(|_| ())
         .map_err(|e| failed(e.to_string()))

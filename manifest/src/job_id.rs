@@ -18,7 +18,7 @@ pub struct JobId(String);
 const SUFFIX: usize = 16;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0:?} is not a job id (expected <name>-<6 hex digits>, e.g. sweep-3fa9c2d41e07b5a8)")]
+#[error("{0:?} is not a job id (expected <name>-<16 hex digits>, e.g. sweep-3fa9c2d41e07b5a8)")]
 pub struct JobIdError(String);
 
 pub(crate) fn is_valid_name(name: &str) -> bool {

@@ -165,18 +165,50 @@ pub async fn run(
                     standing: None,
                 }
             })?;
-            let core = Sweep::open(opening, tasks, Now::read()).map_err(refused)?;
+            let core = match Sweep::open(opening, tasks, Now::read()) {
+                Ok(core) => core,
+                Err(refusal) => {
+                    return Err(give_up(&connection, &queues, admin, refused(refusal)).await);
+                }
+            };
             Job::new(core, queues, results, publisher, admin.cloned())
                 .run(&connection, &shutdown)
                 .await
         }
         JobKind::Grid => {
-            let core = Grid::open(opening, Now::read()).map_err(refused)?;
+            let core = match Grid::open(opening, Now::read()) {
+                Ok(core) => core,
+                Err(refusal) => {
+                    return Err(give_up(&connection, &queues, admin, refused(refusal)).await);
+                }
+            };
             Job::new(core, queues, results, publisher, admin.cloned())
                 .run(&connection, &shutdown)
                 .await
         }
     }
+}
+
+/// A job refused after its claim was staked: its claim, lock and launcher
+/// account go, so that a refused submission leaves nothing behind.
+async fn give_up(
+    connection: &Connection,
+    queues: &JobQueues,
+    admin: Option<&Admin>,
+    refusal: JobError,
+) -> JobError {
+    let forgotten = async {
+        let channel = connection.channel().await?;
+        topology::forget_claim(&channel, queues).await?;
+        if let Some(admin) = admin {
+            admin.forget_launcher_account(&queues.job).await?;
+        }
+        Ok::<_, BrokerError>(())
+    };
+    if let Err(e) = forgotten.await {
+        warn!(job = %queues.job, error = %e, "a refused job's claim or launcher account is left behind");
+    }
+    refusal
 }
 
 /// Takes the job's lock, waiting while another runner holds it, and then

@@ -121,7 +121,7 @@ async fn session(
     shutdown: &CancellationToken,
 ) -> Result<(), BrokerError> {
     let channel = connection.channel().await?;
-    topology::declare_core(&channel).await?;
+    topology::declare_core(connection.lapin()).await?;
     let publisher = connection.publisher().await?;
     let mut submissions: Inbox<IncomingSubmission> = Inbox::open(
         &channel,

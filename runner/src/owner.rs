@@ -128,6 +128,10 @@ pub fn prepare_area(dir: &Path, account: &Account) -> io::Result<()> {
         )));
     };
     std::fs::create_dir_all(root)?;
+    // Nobody else may add an entry to it, sticky or not: they could
+    // take an account's name before the account's first job.
+    gleaner_contain::shared::open_private(root, nix::unistd::geteuid())
+        .map_err(|e| io::Error::other(format!("results_root: {e}")))?;
     gleaner_contain::shared::private_dir(
         root,
         name,

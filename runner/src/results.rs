@@ -6,6 +6,7 @@
 use std::{
     fs::{File, OpenOptions},
     io::{self, BufReader, Read, Seek, Write},
+    os::unix::fs::OpenOptionsExt,
     path::{Component, Path, PathBuf},
 };
 
@@ -45,11 +46,14 @@ impl ResultsDir {
                 use std::os::unix::fs::PermissionsExt;
                 std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
             }
-            let mut index = OpenOptions::new()
+            let path = root.join("index.jsonl");
+            let opened = OpenOptions::new()
                 .create(true)
                 .read(true)
                 .append(true)
-                .open(root.join("index.jsonl"))?;
+                .custom_flags(nix::libc::O_NONBLOCK)
+                .open(&path)?;
+            let mut index = regular(opened, &path)?;
             let finished = recover_index(&mut index, root)?;
             Ok((
                 Self {
@@ -245,7 +249,15 @@ const MAX_ADDITIONS_FILE: u64 = 1 << 30;
 /// terabytes included.
 fn read_at_most(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     let mut text = Vec::new();
-    File::open(path)?.take(limit + 1).read_to_end(&mut text)?;
+    regular(
+        OpenOptions::new()
+            .read(true)
+            .custom_flags(nix::libc::O_NONBLOCK)
+            .open(path)?,
+        path,
+    )?
+    .take(limit + 1)
+    .read_to_end(&mut text)?;
     if text.len() as u64 > limit {
         return Err(io::Error::other(format!(
             "{} is larger than {limit} bytes",
@@ -253,6 +265,20 @@ fn read_at_most(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
         )));
     }
     Ok(text)
+}
+
+/// `file`, if it is a regular file: the owner may have put a pipe there,
+/// which would keep the runner waiting (opened without waiting for a
+/// writer, `O_NONBLOCK`), or a device.
+fn regular(file: File, path: &Path) -> io::Result<File> {
+    if file.metadata()?.is_file() {
+        Ok(file)
+    } else {
+        Err(io::Error::other(format!(
+            "{} is not a regular file",
+            path.display()
+        )))
+    }
 }
 
 /// A run's stderr, followed by why it could not start, if it could not: the
@@ -355,6 +381,28 @@ mod tests {
             host: Some("h".into()),
             error: None,
         }
+    }
+
+    #[test]
+    fn a_pipe_or_a_huge_file_in_the_owners_directory_is_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        nix::unistd::mkfifo(&dir.path().join("job.json"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(
+            ResultsDir::job_file_at(dir.path(), None).is_none(),
+            "no wait on a pipe"
+        );
+        let additions = dir.path().join(ADDITIONS_FILE);
+        std::fs::File::create(&additions)
+            .unwrap()
+            .set_len(MAX_ADDITIONS_FILE + 1)
+            .unwrap();
+        assert!(read_at_most(&additions, MAX_ADDITIONS_FILE).is_err());
+        nix::unistd::mkfifo(
+            &dir.path().join("index.jsonl"),
+            nix::sys::stat::Mode::S_IRWXU,
+        )
+        .unwrap();
+        assert!(ResultsDir::open(dir.path(), None).is_err());
     }
 
     #[test]

@@ -163,7 +163,7 @@ async fn session(
 ) -> Result<(), BrokerError> {
     let mut rendered: Option<Instant> = None;
     let channel = connection.channel().await?;
-    topology::declare_core(&channel).await?;
+    topology::declare_core(connection.lapin()).await?;
     topology::declare_scheduler_grid(&channel).await?;
     let publisher = connection.publisher().await?;
     let mut inbox: Inbox<SchedulerMsg> = connection

@@ -193,6 +193,18 @@ impl Vhost {
         serde_json::from_str(&text).ok()
     }
 
+    /// Declares a durable queue with `arguments` (JSON), as another
+    /// program (an older gleaner) might have.
+    pub fn declare_queue(&self, queue: &str, arguments: &str) {
+        let body = format!(r#"{{"durable": true, "arguments": {arguments}}}"#);
+        self.api(
+            "PUT",
+            &format!("/queues/{}/{queue}", self.name),
+            Some(&body),
+        )
+        .expect("declare a queue");
+    }
+
     /// The consumers of the vhost's queues, as the management API lists them.
     pub fn consumers(&self) -> Vec<Value> {
         self.api("GET", &format!("/consumers/{}", self.name), None)
