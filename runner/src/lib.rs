@@ -139,28 +139,30 @@ async fn session(
     let mut jobs: JoinSet<(JobId, Result<(), BrokerError>)> = JoinSet::new();
     let mut admissions = Admissions::default();
     let (claimed, mut claims) = mpsc::unbounded_channel::<JobId>();
-    let start =
-        |jobs: &mut JoinSet<_>, (incoming, owner): (Incoming<IncomingSubmission>, Owner), claim| {
-            let admin = owner.account.as_ref().and(admin).cloned();
-            let job = incoming.msg.0.job.clone();
-            let claimed = claimed.clone();
-            let claim = Claim {
-                claim,
-                // The session outlives its jobs: it hears this.
-                on_claimed: move || {
-                    let _ = claimed.send(job.clone());
-                },
-            };
-            jobs.spawn(supervise(
-                connection.clone(),
-                config.job.clone(),
-                incoming,
-                owner,
-                claim,
-                admin,
-                stop_jobs.clone(),
-            ));
+    let start = |jobs: &mut JoinSet<_>,
+                 (incoming, owner): (Incoming<IncomingSubmission>, Owner),
+                 claim| {
+        let admin = owner.account.as_ref().and(admin).cloned();
+        let job = incoming.msg.0.job.clone();
+        info!(job = %job, owner = %owner.name, from = %incoming.from, redelivered = incoming.redelivered, "job accepted");
+        let claimed = claimed.clone();
+        let claim = Claim {
+            claim,
+            // The session outlives its jobs: it hears this.
+            on_claimed: move || {
+                let _ = claimed.send(job.clone());
+            },
         };
+        jobs.spawn(supervise(
+            connection.clone(),
+            config.job.clone(),
+            incoming,
+            owner,
+            claim,
+            admin,
+            stop_jobs.clone(),
+        ));
+    };
     let outcome = loop {
         tokio::select! {
             delivery = submissions.next() => match delivery {
@@ -176,7 +178,6 @@ async fn session(
                         }
                     };
                     let claim = JobClaim { owner: owner.name.clone(), submission: raw.fingerprint() };
-                    info!(job = %job, owner = %owner.name, from = %incoming.from, redelivered = incoming.redelivered, "job accepted");
                     match admissions.arrive(&job, claim.clone(), (incoming, owner)) {
                         Arrival::Run(submission) => start(&mut jobs, submission, claim),
                         Arrival::Wait => info!(job = %job, "another submission of this job id is being checked; this one waits for it"),
