@@ -519,6 +519,63 @@ fn submissions_without_a_sender_or_leaving_the_users_area_are_refused() {
     }
 }
 
+/// One user's flood of jobs holds no more than `max_jobs_per_user` of a
+/// runner's places: Bob's third open job is refused with the reason while
+/// Alice's job runs, and once one of his ends he may submit again.
+#[test]
+fn one_user_holds_at_most_his_share_of_a_runners_jobs() {
+    let (mut g, alice, bob, env) = many_users_configured("perusers", "");
+    let env: Vec<(&str, &str)> = env
+        .iter()
+        .map(|(k, v)| (*k, v.as_str()))
+        .chain([("GLEANER_RUNNER__MAX_JOBS_PER_USER", "2")])
+        .collect();
+    g.start_with("up", &["up", "--slots", "2"], &env);
+    wait_for("the runner to serve", MINUTE, || {
+        g.log("up").contains("runner serving")
+    });
+    let open = g.write("open.toml", "name = \"held\"\nopen = true\n");
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let submitted = g.run_as(&bob, &["submit", open.to_str().unwrap()]);
+        assert!(submitted.status.success(), "{}", text(&submitted));
+        held.push(String::from_utf8_lossy(&submitted.stdout).trim().to_owned());
+    }
+    for job in &held {
+        wait_for("bob's open job to run", MINUTE, || {
+            g.run_as(&bob, &["status", job]).status.success()
+        });
+    }
+    let third = g.run_as(&bob, &["submit", open.to_str().unwrap()]);
+    assert!(third.status.success(), "{}", text(&third));
+    let third = String::from_utf8_lossy(&third.stdout).trim().to_owned();
+    let refused = format!("{} already has 2 jobs on this runner", bob.name);
+    wait_for("bob's third job to be refused or run", MINUTE, || {
+        g.log("up").contains(&refused) || g.run_as(&bob, &["status", &third]).status.success()
+    });
+    assert!(g.log("up").contains(&refused), "{}", g.log("up"));
+
+    // Alice is not held back by Bob's jobs.
+    let hers = g.write(
+        "hers.toml",
+        "name = \"hers\"\n[[task]]\ncommand = \"echo hi\"\n",
+    );
+    let done = g.run_as(&alice, &["submit", "--wait", hers.to_str().unwrap()]);
+    assert!(done.status.success(), "{}", text(&done));
+
+    let closed = g.run_as(&bob, &["close", &held[0]]);
+    assert!(closed.status.success(), "{}", text(&closed));
+    wait_for("bob's closed job to end", MINUTE, || {
+        !g.run_as(&bob, &["status", &held[0]]).status.success()
+    });
+    let again = g.run_as(&bob, &["submit", open.to_str().unwrap()]);
+    assert!(again.status.success(), "{}", text(&again));
+    let job = String::from_utf8_lossy(&again.stdout).trim().to_owned();
+    wait_for("bob's new job to run", MINUTE, || {
+        g.run_as(&bob, &["status", &job]).status.success()
+    });
+}
+
 /// A sweep of alice's on a batch cluster (`clusters`): her placeholders are
 /// hers in the batch system (`listed_as_hers`, given the job's placeholder
 /// name) and her tasks run as her.

@@ -7,6 +7,13 @@
 //! runner runs one submission of an id at a time: a second waits while the
 //! first has not been found to be the job's (it may be the impostor), and
 //! is refused once it has.
+//!
+//! Where users are kept apart, one user may hold only so many of a
+//! runner's jobs: the submit queue is one line for everybody, and a
+//! runner runs a bounded number of jobs, so without a limit one user's
+//! flood of long jobs would hold every place and the others' would wait
+//! behind it. A redelivered submission was accepted before (its runner
+//! lost its connection): it is never refused for the limit.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -17,6 +24,8 @@ use gleaner_protocol::JobClaim;
 #[derive(Debug)]
 pub struct Admissions<P> {
     jobs: HashMap<JobId, Held<P>>,
+    /// Submissions (running or waiting) one owner may hold; `None`: any.
+    max_per_owner: Option<usize>,
 }
 
 #[derive(Debug)]
@@ -40,16 +49,39 @@ pub enum Arrival<P> {
     Refuse(P, String),
 }
 
-impl<P> Default for Admissions<P> {
-    fn default() -> Self {
+impl<P> Admissions<P> {
+    pub fn new(max_per_owner: Option<usize>) -> Self {
         Self {
             jobs: HashMap::new(),
+            max_per_owner,
         }
     }
-}
 
-impl<P> Admissions<P> {
-    pub fn arrive(&mut self, job: &JobId, claim: JobClaim, submission: P) -> Arrival<P> {
+    /// `redelivered`: the broker delivered it before, so a runner accepted
+    /// it once.
+    pub fn arrive(
+        &mut self,
+        job: &JobId,
+        claim: JobClaim,
+        submission: P,
+        redelivered: bool,
+    ) -> Arrival<P> {
+        if let Some(held) = self.jobs.get(job)
+            && held.claimed
+        {
+            let reason = refusal(job, &claim, &held.claim);
+            return Arrival::Refuse(submission, reason);
+        }
+        if let Some(max) = self.max_per_owner
+            && !redelivered
+            && self.held_by(&claim.owner) >= max
+        {
+            let reason = format!(
+                "{} already has {max} jobs on this runner, the most one user may have (runner.max_jobs_per_user); submit it again once one has ended, or put the work in fewer jobs (a sweep of any size is one job)",
+                claim.owner
+            );
+            return Arrival::Refuse(submission, reason);
+        }
         match self.jobs.get_mut(job) {
             None => {
                 self.jobs.insert(
@@ -62,15 +94,26 @@ impl<P> Admissions<P> {
                 );
                 Arrival::Run(submission)
             }
-            Some(held) if held.claimed => {
-                let reason = refusal(job, &claim, &held.claim);
-                Arrival::Refuse(submission, reason)
-            }
             Some(held) => {
                 held.waiting.push_back((claim, submission));
                 Arrival::Wait
             }
         }
+    }
+
+    /// The submissions `owner` holds, running or waiting.
+    fn held_by(&self, owner: &str) -> usize {
+        self.jobs
+            .values()
+            .map(|held| {
+                usize::from(held.claim.owner == owner)
+                    + held
+                        .waiting
+                        .iter()
+                        .filter(|(c, _)| c.owner == owner)
+                        .count()
+            })
+            .sum()
     }
 
     /// The running submission of `job` holds the job's claim: those that
@@ -124,20 +167,20 @@ mod tests {
     #[test]
     fn a_second_submission_waits_while_the_first_may_be_the_impostor() {
         let job = JobId::new("j", 1);
-        let mut admissions = Admissions::default();
+        let mut admissions = Admissions::new(None);
         assert_eq!(
-            admissions.arrive(&job, claim("bob", 2), "bob's"),
+            admissions.arrive(&job, claim("bob", 2), "bob's", false),
             Arrival::Run("bob's")
         );
         assert_eq!(
-            admissions.arrive(&job, claim("alice", 1), "alice's"),
+            admissions.arrive(&job, claim("alice", 1), "alice's", false),
             Arrival::Wait
         );
         // Bob's copy found the job claimed by Alice and was refused: hers runs.
         assert_eq!(admissions.ended(&job), Some((claim("alice", 1), "alice's")));
         assert!(admissions.claimed(&job).is_empty());
         // Now it is known for hers: another copy is refused at once.
-        match admissions.arrive(&job, claim("bob", 3), "bob's again") {
+        match admissions.arrive(&job, claim("bob", 3), "bob's again", false) {
             Arrival::Refuse("bob's again", reason) => {
                 assert!(reason.contains("another user"), "{reason}");
             }
@@ -145,7 +188,7 @@ mod tests {
         }
         assert_eq!(admissions.ended(&job), None);
         assert_eq!(
-            admissions.arrive(&job, claim("bob", 4), "new"),
+            admissions.arrive(&job, claim("bob", 4), "new", false),
             Arrival::Run("new")
         );
     }
@@ -153,16 +196,19 @@ mod tests {
     #[test]
     fn those_waiting_are_refused_once_the_running_one_holds_the_claim() {
         let job = JobId::new("j", 1);
-        let mut admissions = Admissions::default();
+        let mut admissions = Admissions::new(None);
         assert_eq!(
-            admissions.arrive(&job, claim("alice", 1), 'a'),
+            admissions.arrive(&job, claim("alice", 1), 'a', false),
             Arrival::Run('a')
         );
         assert_eq!(
-            admissions.arrive(&job, claim("alice", 2), 'b'),
+            admissions.arrive(&job, claim("alice", 2), 'b', false),
             Arrival::Wait
         );
-        assert_eq!(admissions.arrive(&job, claim("bob", 3), 'c'), Arrival::Wait);
+        assert_eq!(
+            admissions.arrive(&job, claim("bob", 3), 'c', false),
+            Arrival::Wait
+        );
         let refused = admissions.claimed(&job);
         assert_eq!(refused.len(), 2);
         assert!(
@@ -172,5 +218,50 @@ mod tests {
         );
         assert!(refused[1].1.contains("another user"), "{}", refused[1].1);
         assert_eq!(admissions.ended(&job), None);
+    }
+
+    #[test]
+    fn one_owner_holds_at_most_its_limit_and_a_redelivered_job_is_spared() {
+        let mut admissions = Admissions::new(Some(2));
+        let (a, b, c, d) = (
+            JobId::new("a", 1),
+            JobId::new("b", 2),
+            JobId::new("c", 3),
+            JobId::new("d", 4),
+        );
+        assert_eq!(
+            admissions.arrive(&a, claim("bob", 1), 'a', false),
+            Arrival::Run('a')
+        );
+        // A second submission of a held id waits, and counts.
+        assert_eq!(
+            admissions.arrive(&a, claim("bob", 2), 'w', false),
+            Arrival::Wait
+        );
+        match admissions.arrive(&b, claim("bob", 3), 'b', false) {
+            Arrival::Refuse('b', reason) => {
+                assert!(reason.contains("bob already has 2 jobs"), "{reason}");
+                assert!(reason.contains("runner.max_jobs_per_user"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Another user is not held back by bob's.
+        assert_eq!(
+            admissions.arrive(&c, claim("alice", 4), 'c', false),
+            Arrival::Run('c')
+        );
+        // A job a runner accepted before comes back whatever the count.
+        assert_eq!(
+            admissions.arrive(&d, claim("bob", 5), 'd', true),
+            Arrival::Run('d')
+        );
+        // Once bob's jobs end, he may submit again.
+        assert_eq!(admissions.ended(&a), Some((claim("bob", 2), 'w')));
+        assert_eq!(admissions.ended(&a), None);
+        assert_eq!(admissions.ended(&d), None);
+        assert_eq!(
+            admissions.arrive(&b, claim("bob", 6), 'b', false),
+            Arrival::Run('b')
+        );
     }
 }

@@ -52,6 +52,9 @@ pub struct RunnerConfig {
     pub job: JobSettings,
     /// Jobs this runner runs at once (its prefetch on `gleaner.submit`).
     pub max_jobs: u16,
+    /// Jobs one user may have on this runner at once, where users are
+    /// kept apart; a submission beyond it is refused with the reason.
+    pub max_jobs_per_user: u16,
     /// RabbitMQ's management API (`http://host:15672`), where the runner
     /// makes each job's launcher account when users are kept apart; by
     /// default on the broker's first address.
@@ -63,6 +66,7 @@ impl Default for RunnerConfig {
         Self {
             job: JobSettings::default(),
             max_jobs: 64,
+            max_jobs_per_user: 16,
             management_url: None,
         }
     }
@@ -134,10 +138,12 @@ async fn session(
         },
     )
     .await?;
-    info!(runner = %connection.identity(), max_jobs = config.max_jobs, "runner serving gleaner.submit");
+    info!(runner = %connection.identity(), max_jobs = config.max_jobs, max_jobs_per_user = config.max_jobs_per_user, "runner serving gleaner.submit");
     let stop_jobs = shutdown.child_token();
     let mut jobs: JoinSet<(JobId, Result<(), BrokerError>)> = JoinSet::new();
-    let mut admissions = Admissions::default();
+    let mut admissions = Admissions::new(
+        (!users.is_single()).then_some(usize::from(config.max_jobs_per_user.max(1))),
+    );
     let (claimed, mut claims) = mpsc::unbounded_channel::<JobId>();
     let start = |jobs: &mut JoinSet<_>,
                  (incoming, owner): (Incoming<IncomingSubmission>, Owner),
@@ -178,7 +184,8 @@ async fn session(
                         }
                     };
                     let claim = JobClaim { owner: owner.name.clone(), submission: raw.fingerprint() };
-                    match admissions.arrive(&job, claim.clone(), (incoming, owner)) {
+                    let redelivered = incoming.redelivered;
+                    match admissions.arrive(&job, claim.clone(), (incoming, owner), redelivered) {
                         Arrival::Run(submission) => start(&mut jobs, submission, claim),
                         Arrival::Wait => info!(job = %job, "another submission of this job id is being checked; this one waits for it"),
                         Arrival::Refuse((incoming, owner), reason) => refuse(&publisher, &incoming, &owner.name, &reason).await?,
