@@ -5,20 +5,33 @@
 # Unix accounts alice and bob, and tmux) and runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
+step() { echo "test.sh: $* ($((SECONDS - started)) s)"; }
 
+step "RabbitMQ"
 deploy/rabbitmq/setup.sh
+step "Grid Engine, single host"
 deploy/sge/setup.sh
+step "the dev grid's test hosts (network namespaces) and their Grid Engine"
 deploy/sge/hosts.sh
+step "Slurm"
 deploy/slurm/setup.sh
+step "the 3-node replicated RabbitMQ on the test hosts"
 deploy/rabbitmq/cluster.sh up >/dev/null
+step "the Unix accounts alice and bob"
 deploy/accounts.sh alice bob
 # `gleaner top` is tried in a real terminal.
 if ! command -v tmux >/dev/null 2>&1; then
+    step "tmux"
     apt-get install -y -qq tmux >/dev/null 2>&1 ||
         { apt-get update -qq && apt-get install -y -qq tmux >/dev/null; }
 fi
+step "building and running every test (cargo shows its progress)"
+status=0
 if cargo nextest --version >/dev/null 2>&1; then
-    cargo nextest run --workspace --no-fail-fast "$@"
+    cargo nextest run --workspace --no-fail-fast "$@" || status=$?
 else
-    cargo test --workspace --no-fail-fast "$@"
+    cargo test --workspace --no-fail-fast "$@" || status=$?
 fi
+step "finished, exit $status"
+exit "$status"

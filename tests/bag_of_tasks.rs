@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use gleaner_testkit::{Gleaner, by_task, finish, finish_all_succeeded, sweep, wait_for};
+use gleaner_testkit::{
+    Gleaner, by_task, finish, finish_all_succeeded, sweep, terminal::Terminal, wait_for,
+};
 use nix::sys::signal::Signal;
 
 const MINUTE: Duration = Duration::from_secs(60);
@@ -470,9 +472,106 @@ fn wait_follows_a_running_job_to_its_end() {
     );
     assert!(said.contains("3 of 4 tasks succeeded"), "{said}");
     assert!(said.contains("  failed: task 2\n"), "{said}");
-    let gone = g.run(&["wait", &job]);
-    assert_eq!(gone.status.code(), Some(1), "an ended job is not running");
-    assert!(String::from_utf8_lossy(&gone.stderr).contains("is not running"));
+    // Waiting on a job that has ended answers at once, the same way.
+    let again = g.run(&["wait", &job]);
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert_eq!(again.status.code(), Some(1), "{said}");
+    assert!(said.contains("3 of 4 tasks succeeded"), "{said}");
+}
+
+/// README's path, in order, as a new user takes it: `gleaner up` in a
+/// directory, then each command with no extra flag and no setting of the
+/// services' (the CLI is not told that `up` keeps one user), answering
+/// about a job that has ended as about one that runs.
+#[test]
+fn readmes_commands_work_as_written_after_gleaner_up() {
+    let mut g = gleaner("readme");
+    g.up(2);
+    let newcomer = |args: &[&str]| {
+        let mut command = g.command(args);
+        command
+            .env_remove("GLEANER_USERS__SINGLE")
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        finish(command.spawn().expect("start gleaner"), 3 * MINUTE)
+    };
+    let said = |output: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    };
+    let swept = newcomer(&[
+        "submit",
+        "--array",
+        "1-20",
+        "--wait",
+        "--",
+        "sh",
+        "-c",
+        "echo hello {i}; test {i} -ne 7",
+    ]);
+    assert_eq!(swept.status.code(), Some(1), "{}", said(&swept));
+    assert!(said(&swept).contains("failed: task 6"), "{}", said(&swept));
+    let job = String::from_utf8_lossy(&swept.stdout).trim().to_owned();
+
+    // The job has ended; every command still finds it and its results.
+    let mut listed = String::new();
+    wait_for("the ended job in `gleaner jobs`", MINUTE, || {
+        listed = said(&newcomer(&["jobs"]));
+        listed.contains(&job)
+    });
+    assert!(listed.contains("done"), "{listed}");
+    let running = said(&newcomer(&["jobs", "--running"]));
+    assert!(!running.contains(&job), "{running}");
+    let status = newcomer(&["status", &job]);
+    assert!(status.status.success(), "{}", said(&status));
+    assert!(
+        said(&status).contains("done") && said(&status).contains("20/20"),
+        "{}",
+        said(&status)
+    );
+    let logs = newcomer(&["logs", &job, "3"]);
+    assert!(logs.status.success(), "{}", said(&logs));
+    assert_eq!(String::from_utf8_lossy(&logs.stdout), "hello 4\n");
+    let failed = newcomer(&["results", &job, "--status", "failed", "--output", "json"]);
+    assert!(failed.status.success(), "{}", said(&failed));
+    let entries: Vec<serde_json::Value> =
+        serde_json::from_slice(&failed.stdout).expect("results as JSON");
+    let tasks: Vec<_> = entries.iter().map(|e| e["task"].as_u64()).collect();
+    assert_eq!(tasks, [Some(6)], "{entries:?}");
+
+    // Task 6 again, as a new job: it fails again, alone.
+    let again = newcomer(&["resubmit", &job, "--failed", "--wait"]);
+    assert_eq!(again.status.code(), Some(1), "{}", said(&again));
+    assert!(
+        said(&again).contains("0 of 1 tasks succeeded"),
+        "{}",
+        said(&again)
+    );
+
+    // A running job: in `top`, then cancelled.
+    let long = newcomer(&["submit", "--array", "1-4", "--", "sleep", "600"]);
+    assert!(long.status.success(), "{}", said(&long));
+    let long = String::from_utf8_lossy(&long.stdout).trim().to_owned();
+    let mut top_command = g.command(&["top"]);
+    top_command.env_remove("GLEANER_USERS__SINGLE");
+    let top = Terminal::start(&top_command, 150, 40);
+    wait_for("top to show the job running", MINUTE, || {
+        let screen = top.screen();
+        screen.contains(&long) && screen.contains("running")
+    });
+    top.keys("q");
+    wait_for("top to quit on q", MINUTE, || !top.running());
+    let cancelled = newcomer(&["cancel", &long]);
+    assert!(cancelled.status.success(), "{}", said(&cancelled));
+    let waited = newcomer(&["wait", &long]);
+    assert_eq!(waited.status.code(), Some(1), "{}", said(&waited));
+    wait_for("the cancelled job to be told as such", MINUTE, || {
+        said(&newcomer(&["status", &long])).contains("cancelled")
+    });
 }
 
 /// Every command's help ends with an example.
@@ -525,16 +624,15 @@ fn short_tasks_are_read_ahead_and_each_ends_once() {
     g.up(2);
     let waiting = g.submit_waiting(&sweep("short", 120, "sleep 0.1; echo {n}"));
     let mut read_ahead = None;
-    // A one-slot launcher starts with prefetch 1 (its first consumer, `#1`);
-    // a later consumer of its reads ahead.
+    // A one-slot launcher's first consumer (`launcher@HOST/SLOT`) has
+    // prefetch 1; each new prefetch takes a new consumer (`…#2`, `#3`, …),
+    // and those read ahead. (Under load the first may still be listed.)
     wait_for("a launcher to read ahead", Duration::from_secs(60), || {
         read_ahead = g.vhost.consumers().into_iter().find(|c| {
             c["queue"]["name"]
                 .as_str()
                 .is_some_and(|q| q.ends_with(".tasks"))
-                && c["consumer_tag"]
-                    .as_str()
-                    .is_some_and(|t| !t.ends_with("#1"))
+                && c["consumer_tag"].as_str().is_some_and(|t| t.contains('#'))
         });
         read_ahead.is_some()
     });
@@ -921,55 +1019,16 @@ fn top_shows_a_running_job_live() {
     let mut g = gleaner("top");
     g.up(2);
     let job = g.submit(&sweep("watched", 20, "sleep 2"));
-    let socket = format!("gleaner-test-{}", std::process::id());
-    /// The test's own tmux server, gone with the test however it ends.
-    struct Server(String);
-    impl Drop for Server {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("tmux")
-                .args(["-L", &self.0, "kill-server"])
-                .output();
-        }
-    }
-    let _server = Server(socket.clone());
-    let tmux = |args: &[&str]| {
-        std::process::Command::new("tmux")
-            .args(["-L", &socket])
-            .args(args)
-            .output()
-            .expect("tmux")
-    };
-    let top = g.command(&["top"]);
-    let mut command = vec![
-        "new-session",
-        "-d",
-        "-s",
-        "top",
-        "-x",
-        "150",
-        "-y",
-        "40",
-        "env",
-    ];
-    let env: Vec<String> = top
-        .get_envs()
-        .filter_map(|(k, v)| Some(format!("{}={}", k.to_str()?, v?.to_str()?)))
-        .collect();
-    command.extend(env.iter().map(String::as_str));
-    let exe = env!("CARGO_BIN_EXE_gleaner");
-    command.extend([exe, "top"]);
-    let started = tmux(&command);
-    assert!(started.status.success(), "{started:?}");
+    let top = Terminal::start(&g.command(&["top"]), 150, 40);
     let mut screen = String::new();
     wait_for("top to show the job running", MINUTE, || {
-        screen = String::from_utf8_lossy(&tmux(&["capture-pane", "-p", "-t", "top"]).stdout)
-            .into_owned();
+        screen = top.screen();
         screen.contains(&job) && screen.contains("local") && screen.contains("running")
     });
     assert!(screen.contains("recent events"), "{screen}");
-    tmux(&["send-keys", "-t", "top", "q"]);
+    top.keys("q");
     wait_for("top to quit on q", Duration::from_secs(10), || {
-        !tmux(&["has-session", "-t", "top"]).status.success()
+        !top.running()
     });
     g.run(&["cancel", &job]);
 }

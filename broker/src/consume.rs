@@ -79,6 +79,8 @@ pub struct Incoming<M> {
     /// against the sending connection), if the sender set it.
     pub user: Option<String>,
     pub redelivered: bool,
+    /// When it was sent (its `timestamp`, in seconds), if it says.
+    pub sent_at: Option<u64>,
     pub reply: crate::publish::Reply,
     acker: Acker,
     delivery_tag: u64,
@@ -118,6 +120,32 @@ impl<M: Decode> Inbox<M> {
         queue: &str,
         options: ConsumeOptions<'_>,
     ) -> Result<Self, BrokerError> {
+        Self::open_with(channel, publisher, queue, options, FieldTable::default()).await
+    }
+
+    /// Reads the stream `queue` from its first message on; each delivery
+    /// must still be acked (it gives the consumer credit for the next).
+    pub async fn read_stream(
+        channel: &Channel,
+        publisher: Publisher,
+        queue: &str,
+        options: ConsumeOptions<'_>,
+    ) -> Result<Self, BrokerError> {
+        let mut from_first = FieldTable::default();
+        from_first.insert(
+            "x-stream-offset".into(),
+            lapin::types::AMQPValue::LongString("first".into()),
+        );
+        Self::open_with(channel, publisher, queue, options, from_first).await
+    }
+
+    async fn open_with(
+        channel: &Channel,
+        publisher: Publisher,
+        queue: &str,
+        options: ConsumeOptions<'_>,
+        arguments: FieldTable,
+    ) -> Result<Self, BrokerError> {
         channel
             .basic_qos(options.prefetch, BasicQosOptions { global: false })
             .await?;
@@ -129,7 +157,7 @@ impl<M: Decode> Inbox<M> {
                     exclusive: options.exclusive,
                     ..BasicConsumeOptions::default()
                 },
-                FieldTable::default(),
+                arguments,
             )
             .await?;
         Ok(Self {
@@ -188,6 +216,7 @@ impl<M: Decode> Inbox<M> {
                             .as_ref()
                             .map(|u| u.to_string()),
                         redelivered: delivery.redelivered,
+                        sent_at: *delivery.properties.timestamp(),
                         reply: crate::publish::Reply {
                             correlation_id: delivery
                                 .properties

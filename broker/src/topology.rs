@@ -27,6 +27,12 @@ pub const EVENTS_EXCHANGE: &str = "gleaner.events";
 pub const DEAD_QUEUE: &str = "gleaner.dead";
 /// Users' requests (status, cancel), for the active scheduler.
 pub const REQUESTS_QUEUE: &str = "gleaner.requests";
+/// Every ended job's last report (a stream: read from its start by the
+/// scheduler, which answers for ended jobs from it; users never reach it).
+pub const HISTORY_QUEUE: &str = "gleaner.history";
+/// The bytes of reports the history keeps (tens of thousands of jobs);
+/// older ones are dropped a segment at a time.
+pub const HISTORY_BYTES: i64 = 64 << 20;
 /// Where users publish: a direct exchange routing [`SUBMIT_KEY`] to
 /// `gleaner.submit` and [`REQUEST_KEY`] to `gleaner.requests`. Users get
 /// write permission on it, never on the default exchange (which reaches
@@ -125,6 +131,22 @@ impl Args {
         table.insert(
             "x-queue-type".into(),
             AMQPValue::LongString("quorum".into()),
+        );
+        Self(table)
+    }
+
+    /// An append-only log that consumers read from an offset without
+    /// taking anything out; bounded by bytes, in segments of `segment`.
+    fn stream(bytes: i64, segment: i64) -> Self {
+        let mut table = FieldTable::default();
+        table.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("stream".into()),
+        );
+        table.insert("x-max-length-bytes".into(), AMQPValue::LongLongInt(bytes));
+        table.insert(
+            "x-stream-max-segment-size-bytes".into(),
+            AMQPValue::LongLongInt(segment),
         );
         Self(table)
     }
@@ -288,6 +310,23 @@ async fn declare_routes(channel: &Channel) -> Result<()> {
             USER_EXCHANGE.into(),
             ExchangeKind::Direct,
             exchange,
+            FieldTable::default(),
+        )
+        .await?;
+    durable(
+        channel,
+        HISTORY_QUEUE,
+        Args::stream(HISTORY_BYTES, HISTORY_BYTES / 16),
+    )
+    .await?;
+    // A job's `done` event, whatever its owner and name (a name may hold
+    // dots; the event's word is always the last).
+    channel
+        .queue_bind(
+            HISTORY_QUEUE.into(),
+            EVENTS_EXCHANGE.into(),
+            "job.#.done".into(),
+            QueueBindOptions::default(),
             FieldTable::default(),
         )
         .await?;

@@ -19,21 +19,19 @@ pub async fn locate(
     job: &str,
     dir: Option<&Path>,
 ) -> Result<PathBuf, CliError> {
-    let _: JobId = job
+    let id: JobId = job
         .parse()
         .map_err(|e: JobIdError| CliError::BadInput(e.to_string()))?;
     if let Some(dir) = dir {
         return Ok(dir.to_owned());
     }
-    if let Ok(Some(running)) = client::results_of(settings, job).await {
-        return Ok(PathBuf::from(running));
+    if let Ok(Some(known)) = client::results_of(settings, &id).await {
+        return Ok(PathBuf::from(known));
     }
-    let mut root = settings.runner.job.results_root.clone();
-    if !settings.users.is_single() {
-        let user = settings.broker_user();
-        root.push(settings.users.account(&user));
-    }
-    Ok(root.join("results").join(job))
+    let area = settings
+        .users
+        .results_area(&settings.runner.job.results_root, &settings.broker_user());
+    Ok(area.join(Manifest::default_results_dir(job)))
 }
 
 /// A file of a job's results directory; `what` it is, for the error.

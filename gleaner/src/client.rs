@@ -209,42 +209,100 @@ pub async fn submit(
 }
 
 /// `gleaner wait JOB`: follows a running job to its end, as `submit --wait`
-/// does, with the same exit code.
+/// does, with the same exit code; a job that has ended already answers at
+/// once.
 pub async fn wait(settings: &Settings, job: &str, output: &dyn Output) -> Result<(), CliError> {
     /// A job submitted a moment ago may not be anyone's yet.
     const PATIENCE: Duration = Duration::from_secs(10);
+    let id = job_id(job)?;
     let connection = connect(settings).await?;
     let standing = async |connection: &Connection| {
         let started = Instant::now();
         loop {
-            let reply: StatusReply = ask(connection, &RequestMsg::Status {}).await?;
-            let hidden = reply.hidden > 0;
-            match reply.jobs.into_iter().find(|j| j.job.as_str() == job) {
-                Some(report) => return Ok(report),
-                None if started.elapsed() >= PATIENCE => return Err(not_running(job, hidden)),
+            match look_up(connection, &id).await? {
+                Some(known) => return Ok(known),
+                None if started.elapsed() >= PATIENCE => {
+                    return Err(not_found(connection, &id).await);
+                }
                 None => tokio::time::sleep(Duration::from_secs(1)).await,
             }
         }
     };
+    let ended = |report: &JobReport| {
+        output.job_ended(report);
+        outcome(report)
+    };
     // Its owner names its events; following them before asking again
     // leaves no moment in which its end could be missed.
-    let report = standing(&connection).await?;
+    let report = match standing(&connection).await? {
+        Known::Running(report) => report,
+        Known::Ended(report) => return ended(&report),
+    };
     let watch = Watch::another(&report.job, &report.owner, connection.user());
     let events = watch
         .follow(&connection)
         .await
         .map_err(|e| unless_missing(e, "a runner"))?;
     match standing(&connection).await {
-        Ok(report) => {
+        Ok(Known::Running(report)) => {
             watch
                 .until_done(settings, connection, events, output, Some(&report))
                 .await
+        }
+        Ok(Known::Ended(report)) => {
+            connection.forget(&watch.queue).await;
+            ended(&report)
         }
         Err(e) => {
             connection.forget(&watch.queue).await;
             Err(e)
         }
     }
+}
+
+/// The exit of a job that ended: success only if every task succeeded
+/// and nothing else went wrong.
+fn outcome(report: &JobReport) -> Result<(), CliError> {
+    let t = &report.tasks;
+    if t.succeeded == t.total && report.problem.is_none() {
+        Ok(())
+    } else {
+        Err(CliError::Unsuccessful(None))
+    }
+}
+
+/// A job as the scheduler knows it.
+enum Known {
+    Running(JobReport),
+    /// From the history of ended jobs.
+    Ended(JobReport),
+}
+
+impl Known {
+    fn report(&self) -> &JobReport {
+        match self {
+            Self::Running(report) | Self::Ended(report) => report,
+        }
+    }
+}
+
+/// `job`, running or ended, if the asking user may see it.
+async fn look_up(connection: &Connection, job: &JobId) -> Result<Option<Known>, CliError> {
+    let reply: StatusReply = ask(
+        connection,
+        &RequestMsg::Status {
+            job: Some(job.clone()),
+        },
+    )
+    .await?;
+    if let Some(report) = reply.jobs.into_iter().find(|j| &j.job == job) {
+        return Ok(Some(Known::Running(report)));
+    }
+    Ok(reply
+        .ended
+        .into_iter()
+        .find(|e| &e.report.job == job)
+        .map(|e| Known::Ended(e.report)))
 }
 
 /// A `--wait` client's own queue of the job's events.
@@ -335,12 +393,7 @@ impl Watch {
                 Event::Done(report) => {
                     progress.finish(&report);
                     output.job_ended(&report);
-                    let t = report.tasks;
-                    break if t.succeeded == t.total && report.problem.is_none() {
-                        Ok(())
-                    } else {
-                        Err(CliError::Unsuccessful(None))
-                    };
+                    break outcome(&report);
                 }
                 Event::Rejected { reason, .. } => {
                     progress.abandon();
@@ -370,29 +423,39 @@ impl Watch {
     }
 }
 
-/// Where a running job's results are, as the scheduler knows it.
-pub async fn results_of(settings: &Settings, job: &str) -> Result<Option<String>, CliError> {
+/// Where a job's results are, as the scheduler knows it (running, or
+/// ended within the history's retention).
+pub async fn results_of(settings: &Settings, job: &JobId) -> Result<Option<String>, CliError> {
     let connection = connect(settings).await?;
-    let reply: StatusReply = ask(&connection, &RequestMsg::Status {}).await?;
-    Ok(reply
-        .jobs
-        .into_iter()
-        .find(|j| j.job.as_str() == job)
-        .map(|j| j.results))
+    Ok(look_up(&connection, job)
+        .await?
+        .map(|known| known.report().results.clone()))
 }
 
-/// `gleaner jobs`: the user's jobs (`all`: every job the user may see).
-pub async fn jobs(settings: &Settings, all: bool, output: &dyn Output) -> Result<(), CliError> {
+/// `gleaner jobs`: the user's jobs, running and recently ended (`all`:
+/// every job the user may see; `running`: those running only).
+pub async fn jobs(
+    settings: &Settings,
+    all: bool,
+    running: bool,
+    output: &dyn Output,
+) -> Result<(), CliError> {
     let connection = connect(settings).await?;
-    let mut reply: StatusReply = ask(&connection, &RequestMsg::Status {}).await?;
+    let reply: StatusReply = ask(&connection, &RequestMsg::Status { job: None }).await?;
+    let mut jobs = reply.jobs;
+    if !running {
+        jobs.extend(reply.ended.into_iter().map(|e| e.report));
+    }
     if !all {
         let user = connection.user().to_owned();
-        reply.jobs.retain(|j| j.owner == user);
+        jobs.retain(|j| j.owner == user);
     }
-    output.jobs(&reply.jobs);
+    output.jobs(&jobs);
     Ok(())
 }
 
+/// `gleaner status [JOB]`: the clusters and jobs; of one job, running or
+/// ended.
 pub async fn status(
     settings: &Settings,
     job: Option<&str>,
@@ -400,15 +463,18 @@ pub async fn status(
     output: &dyn Output,
 ) -> Result<(), CliError> {
     let connection = connect(settings).await?;
-    let mut reply: StatusReply = ask(&connection, &RequestMsg::Status {}).await?;
-    if let Some(job) = job {
-        reply.jobs.retain(|j| j.job.as_str() == job);
-        reply.placements.retain(|p| p.job.as_str() == job);
+    let job = job.map(job_id).transpose()?;
+    let mut reply: StatusReply = ask(&connection, &RequestMsg::Status { job: job.clone() }).await?;
+    if let Some(job) = &job {
         if reply.jobs.is_empty() {
-            return Err(not_running(job, reply.hidden > 0));
+            match reply.ended.pop() {
+                Some(ended) => reply.jobs.push(ended.report),
+                None => return Err(not_found(&connection, job).await),
+            }
         }
+        reply.ended.clear();
     }
-    output.status(&reply, job, hosts);
+    output.status(&reply, job.as_ref().map(JobId::as_str), hosts);
     Ok(())
 }
 
@@ -440,15 +506,23 @@ fn unless_missing(e: BrokerError, service: &str) -> CliError {
     CliError::from(e)
 }
 
-/// A job the user cannot find: ended, not started, or (`others`: the
-/// scheduler left some jobs out) someone else's.
-fn not_running(job: &str, others: bool) -> CliError {
-    let why = if others {
-        "it ended, no runner has it yet, or it is not yours"
+/// A job the user cannot find, running or ended: not started yet, ended
+/// beyond the history, or (the scheduler left it out) someone else's.
+async fn not_found(connection: &Connection, job: &JobId) -> CliError {
+    let hidden = ask::<StatusReply>(
+        connection,
+        &RequestMsg::Status {
+            job: Some(job.clone()),
+        },
+    )
+    .await
+    .is_ok_and(|reply| reply.hidden > 0);
+    let why = if hidden {
+        "it is not yours"
     } else {
-        "it ended, or no runner has it yet"
+        "no runner has it yet, or it ended before the history's retention"
     };
-    CliError::Unsuccessful(Some(format!("job {job} is not running ({why})")))
+    CliError::Unsuccessful(Some(format!("job {job} is not known ({why})")))
 }
 
 pub async fn cancel(settings: &Settings, job: &str, output: &dyn Output) -> Result<(), CliError> {
@@ -510,7 +584,13 @@ async fn act(
     let connection = connect(settings).await?;
     match ask(&connection, request).await? {
         ActionReply::Accepted {} => Ok(()),
-        ActionReply::NotRunning {} => Err(not_running(job.as_str(), false)),
+        ActionReply::NotRunning {} => Err(match look_up(&connection, job).await {
+            Ok(Some(Known::Ended(report))) => CliError::Unsuccessful(Some(format!(
+                "cannot {what} {job}: it has ended ({})",
+                format!("{:?}", report.state).to_lowercase()
+            ))),
+            _ => not_found(&connection, job).await,
+        }),
         ActionReply::Refused { reason } => {
             Err(CliError::Denied(format!("cannot {what} {job}: {reason}")))
         }

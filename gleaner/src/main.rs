@@ -139,17 +139,20 @@ enum Command {
     /// A live view of clusters, jobs and recent events (q quits).
     #[command(after_help = "Example:\n  gleaner top")]
     Top,
-    /// Follow a running job to its end, as `submit --wait` does (same exit code).
+    /// Follow a running job to its end, as `submit --wait` does (same exit code); an ended job answers at once.
     #[command(
         after_help = "Example:\n  gleaner submit sweep.toml\n  gleaner wait sweep-3fa9c2d41e07b5a8 && echo all done"
     )]
     Wait { job: String },
-    /// Your jobs that are running: state, progress, launchers.
+    /// Your jobs, running and lately ended: state, progress, launchers.
     #[command(after_help = "Examples:\n  gleaner jobs\n  gleaner jobs --all --output json")]
     Jobs {
         /// Every job you may see (all of them, for admins), not only yours.
         #[arg(long)]
         all: bool,
+        /// Only those running, not those that ended lately.
+        #[arg(long)]
+        running: bool,
     },
     /// A job's results index, filtered by final state.
     #[command(
@@ -359,7 +362,7 @@ async fn dispatch(
         Command::Cancel { job } => client::cancel(&settings, &job, output).await,
         Command::Close { job } => client::close(&settings, &job, output).await,
         Command::Wait { job } => client::wait(&settings, &job, output).await,
-        Command::Jobs { all } => client::jobs(&settings, all, output).await,
+        Command::Jobs { all, running } => client::jobs(&settings, all, running, output).await,
         Command::Top => top::top(&settings).await,
         Command::Results { job, status, dir } => {
             browse::results(&settings, &job, &status, dir.as_deref(), output).await

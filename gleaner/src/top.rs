@@ -220,7 +220,7 @@ pub async fn top(settings: &Settings) -> Result<(), CliError> {
         tokio::select! {
             _ = tick.tick() => {
                 view.at = clock();
-                match client::ask::<StatusReply>(&connection, &RequestMsg::Status {}).await {
+                match client::ask::<StatusReply>(&connection, &RequestMsg::Status { job: None }).await {
                     Ok(status) => {
                         view.status = Some(status);
                         view.problem = None;
@@ -278,6 +278,7 @@ mod tests {
                 jobs: vec![report.clone()],
                 placements: Vec::new(),
                 hidden: 0,
+                ended: Vec::new(),
             }),
             at: "12:00:00".into(),
             ..View::default()

@@ -517,7 +517,12 @@ impl Manifest {
     pub fn results_dir(&self, job: &str) -> PathBuf {
         self.results
             .clone()
-            .unwrap_or_else(|| PathBuf::from("results").join(job))
+            .unwrap_or_else(|| Self::default_results_dir(job))
+    }
+
+    /// Where a job's results go when its manifest does not say.
+    pub fn default_results_dir(job: &str) -> PathBuf {
+        PathBuf::from("results").join(job)
     }
 
     /// The priority this job is placed with.

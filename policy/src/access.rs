@@ -4,7 +4,10 @@
 //! that name may do; RabbitMQ's permissions (`deploy/rabbitmq/user.sh`)
 //! decide which queues it reaches at all.
 
-use std::collections::BTreeMap;
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+};
 
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +24,17 @@ pub struct Users {
     pub admins: Vec<String>,
     /// Broker user → Unix account, where the two names differ.
     pub accounts: BTreeMap<String, String>,
+}
+
+/// Where a user's results go under `results_root`: in the directory of
+/// their Unix `account` when users are kept apart, straight under it when
+/// there is one user. The runner writes there and the CLI looks there;
+/// this is the one place that says so.
+pub fn results_area(results_root: &Path, account: Option<&str>) -> PathBuf {
+    match account {
+        Some(account) => results_root.join(account),
+        None => results_root.to_owned(),
+    }
 }
 
 /// Why a sender may not own a job.
@@ -60,6 +74,14 @@ impl Users {
     }
 
     /// The Unix account a broker user's tasks run as.
+    /// Where `user`'s results go under `results_root` ([`results_area`]).
+    pub fn results_area(&self, results_root: &Path, user: &str) -> PathBuf {
+        results_area(
+            results_root,
+            (!self.is_single()).then(|| self.account(user)),
+        )
+    }
+
     pub fn account<'a>(&'a self, user: &'a str) -> &'a str {
         self.accounts.get(user).map_or(user, String::as_str)
     }

@@ -86,8 +86,12 @@ impl Message for Submission {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum RequestMsg {
-    /// `gleaner status`: answered with a [`StatusReply`].
-    Status {},
+    /// `gleaner status`: answered with a [`StatusReply`]; with `job`, of
+    /// that job alone, running or ended.
+    Status {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        job: Option<JobId>,
+    },
     /// `gleaner cancel`: answered with an [`ActionReply`].
     Cancel { job: JobId },
     /// `gleaner submit --job JOB`: tasks for an open job, answered with an
@@ -101,7 +105,7 @@ pub enum RequestMsg {
 impl Message for RequestMsg {
     fn kind(&self) -> &'static str {
         match self {
-            Self::Status {} => "status",
+            Self::Status { .. } => "status",
             Self::Cancel { .. } => "cancel",
             Self::AddTasks { .. } => "add_tasks",
             Self::Close { .. } => "close",
@@ -373,6 +377,17 @@ pub struct StatusReply {
     /// Jobs left out: other users' (their slots still show in the clusters).
     #[serde(default)]
     pub hidden: u32,
+    /// Ended jobs the user may see, the latest first: the one asked for,
+    /// or the most recent.
+    #[serde(default)]
+    pub ended: Vec<EndedJob>,
+}
+
+/// A job that ended: its last report, and when.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EndedJob {
+    pub report: JobReport,
+    pub ended_at: Millis,
 }
 
 impl Message for StatusReply {
@@ -1007,7 +1022,10 @@ mod tests {
                 accepted: 1,
             },
         ]);
-        assert_kinds(&[RequestMsg::Status {}, RequestMsg::Cancel { job: job() }]);
+        assert_kinds(&[
+            RequestMsg::Status { job: None },
+            RequestMsg::Cancel { job: job() },
+        ]);
         let spec = ComponentSpec {
             job: job(),
             component: 0,

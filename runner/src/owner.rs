@@ -23,10 +23,8 @@ impl Owner {
     /// Where the job's results go: `results` under the owner's area, or
     /// straight under `results_root` when there is one user.
     pub fn results_dir(&self, results_root: &Path, results: &Path) -> std::path::PathBuf {
-        match &self.account {
-            Some(account) => results_root.join(&account.name).join(results),
-            None => results_root.join(results),
-        }
+        let account = self.account.as_ref().map(|a| a.name.as_str());
+        gleaner_policy::access::results_area(results_root, account).join(results)
     }
 }
 

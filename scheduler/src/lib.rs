@@ -7,6 +7,7 @@
 //! messages.
 
 mod grid;
+mod history;
 pub mod metrics;
 pub mod outbox;
 pub mod state;
@@ -20,12 +21,15 @@ use std::{
 
 use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher, peek,
-    topology::{self, JobQueues, REQUESTS_QUEUE, SCHEDULER_GRID_QUEUE, SCHEDULER_QUEUE},
+    topology::{
+        self, HISTORY_QUEUE, JobQueues, REQUESTS_QUEUE, SCHEDULER_GRID_QUEUE, SCHEDULER_QUEUE,
+    },
 };
 use gleaner_manifest::JobId;
 use gleaner_policy::access::Users;
 use gleaner_protocol::{
-    ActionReply, ControlMsg, GrantId, GridSnapshot, Now, RequestMsg, SchedulerMsg, now_ms,
+    ActionReply, ControlMsg, EndedJob, Event, GrantId, GridSnapshot, Now, RequestMsg, SchedulerMsg,
+    now_ms,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -177,6 +181,20 @@ async fn session(
             },
         )
         .await?;
+    // Ended jobs, from the history's start: a standby reads it too, so
+    // that it can answer for them the moment it is active.
+    let history_channel = connection.channel().await?;
+    let mut history: Inbox<Event> = Inbox::read_stream(
+        &history_channel,
+        publisher.clone(),
+        HISTORY_QUEUE,
+        ConsumeOptions {
+            tag: connection.identity(),
+            prefetch: 512,
+            exclusive: false,
+        },
+    )
+    .await?;
     info!(scheduler = %connection.identity(), policy = config.state.policy.policy.name(), "scheduler consuming (active once the broker hands it the inbox)");
     let mut clock = RoundClock::new(config.round_interval, config.round_min_gap, Instant::now());
     // Rounds are posted by a task of their own, so that a round of
@@ -211,6 +229,19 @@ async fn session(
                     None => return Err(BrokerError::NoQueue(REQUESTS_QUEUE.to_owned())),
                 };
                 answer(&publisher, state, incoming, config, users).await?;
+            }
+            ended = history.next() => {
+                let incoming = match ended {
+                    Some(Ok(incoming)) => incoming,
+                    Some(Err(e)) => return Err(e),
+                    None => return Err(BrokerError::NoQueue(HISTORY_QUEUE.to_owned())),
+                };
+                if let Event::Done(report) = &incoming.msg {
+                    let now = Now::read();
+                    let ended_at = incoming.sent_at.map_or(now.wall_ms, |s| s.saturating_mul(1000));
+                    state.on_ended(EndedJob { report: report.clone(), ended_at }, now, &config.state);
+                }
+                incoming.ack().await?;
             }
             message = inbox.next() => {
                 let incoming = match message {

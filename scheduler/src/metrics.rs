@@ -173,6 +173,7 @@ mod tests {
             jobs: Vec::new(),
             placements: Vec::new(),
             hidden: 0,
+            ended: Vec::new(),
         };
         assert_eq!(render(&status), "# EOF\n", "an empty grid");
         status.jobs.push(job);

@@ -17,14 +17,17 @@ use gleaner_policy::{
     share::{self, ClusterInput, JobInput, PolicyConfig},
 };
 use gleaner_protocol::{
-    ActionReply, ClusterName, ClusterReport, ClusterView, ControlMsg, GrantId, GridSnapshot,
-    JobReport, Message, Now, RequestMsg, SchedulerMsg, StatusReply,
+    ActionReply, ClusterName, ClusterReport, ClusterView, ControlMsg, EndedJob, GrantId,
+    GridSnapshot, JobReport, Message, Now, RequestMsg, SchedulerMsg, StatusReply,
 };
 use tracing::{debug, info};
 
 use serde::{Deserialize, Serialize};
 
-use crate::grid::{GridBook, GridConfig};
+use crate::{
+    grid::{GridBook, GridConfig},
+    history::History,
+};
 
 /// The scheduler's decisions' settings: the keys of `[scheduler]` besides
 /// the round interval. Defaults live here and nowhere else.
@@ -51,7 +54,14 @@ pub struct StateConfig {
     pub probe_interval: Duration,
     #[serde(flatten)]
     pub grid: GridConfig,
+    /// Ended jobs are remembered this long (within the history's bound),
+    /// for `gleaner status`, `jobs`, `results` and `logs` after the end.
+    #[serde(with = "humantime_serde")]
+    pub history_retention: Duration,
 }
+
+/// Ended jobs in a status reply that names no job.
+const RECENT_ENDED: usize = 50;
 
 impl Default for StateConfig {
     fn default() -> Self {
@@ -63,6 +73,7 @@ impl Default for StateConfig {
             idle_settle: Duration::ZERO,
             probe_interval: Duration::from_secs(60),
             grid: GridConfig::default(),
+            history_retention: Duration::from_secs(30 * 86_400),
         }
     }
 }
@@ -219,6 +230,7 @@ pub struct State {
     drains: Vec<DrainOrder>,
     next_grant: GrantId,
     grid: GridBook,
+    history: History,
 }
 
 impl State {
@@ -279,8 +291,12 @@ impl State {
         users: &Users,
     ) -> Answer {
         match request {
-            RequestMsg::Status {} => {
+            RequestMsg::Status { job } => {
                 let mut reply = self.status("", now, config);
+                if let Some(job) = &job {
+                    reply.jobs.retain(|j| &j.job == job);
+                    reply.placements.retain(|p| &p.job == job);
+                }
                 let before = reply.jobs.len();
                 reply.jobs.retain(|j| users.may_act_on(user, &j.owner));
                 let visible: std::collections::BTreeSet<&JobId> =
@@ -295,7 +311,23 @@ impl State {
                         host.jobs.retain(|job, _| visible.contains(job));
                     }
                 }
-                reply.hidden = u32::try_from(before - reply.jobs.len()).unwrap_or(u32::MAX);
+                let mut hidden = before - reply.jobs.len();
+                let visible = |e: &&EndedJob| users.may_act_on(user, &e.report.owner);
+                reply.ended = match &job {
+                    Some(job) => {
+                        let ended = self.history.get(job);
+                        hidden += ended.filter(|e| !visible(e)).map_or(0, |_| 1);
+                        ended.filter(visible).cloned().into_iter().collect()
+                    }
+                    None => self
+                        .history
+                        .latest()
+                        .filter(visible)
+                        .take(RECENT_ENDED)
+                        .cloned()
+                        .collect(),
+                };
+                reply.hidden = u32::try_from(hidden).unwrap_or(u32::MAX);
                 Answer::Status(reply)
             }
             RequestMsg::Cancel { job } => {
@@ -345,6 +377,12 @@ impl State {
         self.jobs
             .insert(report.job.clone(), JobEntry { report, seen: now })
             .is_none()
+    }
+
+    /// An ended job read from the history, sent at `ended_at`.
+    pub fn on_ended(&mut self, ended: EndedJob, now: Now, config: &StateConfig) {
+        self.history
+            .record(ended, now.wall_ms, config.history_retention);
     }
 
     pub fn on_job_done(&mut self, job: &JobId) {
@@ -711,6 +749,7 @@ impl State {
                 .collect(),
             placements: self.grid.placements(now),
             hidden: 0,
+            ended: Vec::new(),
         }
     }
 
@@ -731,7 +770,7 @@ impl State {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use gleaner_manifest::Priority;
     use gleaner_protocol::{Holding, JobState, TaskCounts};
@@ -742,7 +781,7 @@ mod tests {
         format!("{name}-0000000000000000").parse().unwrap()
     }
 
-    fn job_report(name: &str, unfinished: u64) -> JobReport {
+    pub(crate) fn job_report(name: &str, unfinished: u64) -> JobReport {
         JobReport {
             job: job(name),
             owner: "alice".into(),
@@ -836,6 +875,50 @@ mod tests {
     }
 
     #[test]
+    fn users_find_their_own_ended_jobs_only() {
+        let config = StateConfig::default();
+        let now = Now::read();
+        let mut state = State::new(GrantId::new(1));
+        let users = Users {
+            single: Some(false),
+            ..Users::default()
+        };
+        let mut hers = job_report("a", 0);
+        hers.state = JobState::Done;
+        let mut his = job_report("b", 0);
+        his.owner = "bob".into();
+        for report in [hers, his] {
+            let ended = EndedJob {
+                report,
+                ended_at: now.wall_ms,
+            };
+            state.on_ended(ended, now, &config);
+        }
+        let ask = |user, job: Option<JobId>| match state.on_request(
+            Some(user),
+            RequestMsg::Status { job },
+            now.instant,
+            &config,
+            &users,
+        ) {
+            Answer::Status(reply) => reply,
+            other => panic!("{other:?}"),
+        };
+        let all = ask("alice", None);
+        assert_eq!(all.ended.len(), 1);
+        assert_eq!(all.ended[0].report.job, job("a"));
+        let hers = ask("alice", Some(job("a")));
+        assert_eq!((hers.ended.len(), hers.hidden), (1, 0));
+        let his = ask("alice", Some(job("b")));
+        assert_eq!(
+            (his.ended.len(), his.hidden),
+            (0, 1),
+            "not hers: left out, and counted"
+        );
+        assert_eq!(ask("bob", Some(job("b"))).ended.len(), 1);
+    }
+
+    #[test]
     fn users_see_and_cancel_their_own_jobs_only() {
         let config = StateConfig::default();
         let now = Instant::now();
@@ -849,8 +932,13 @@ mod tests {
             admins: vec!["ops".into()],
             ..Users::default()
         };
-        let seen = |user| match state.on_request(user, RequestMsg::Status {}, now, &config, &users)
-        {
+        let seen = |user| match state.on_request(
+            user,
+            RequestMsg::Status { job: None },
+            now,
+            &config,
+            &users,
+        ) {
             Answer::Status(reply) => (
                 reply
                     .jobs

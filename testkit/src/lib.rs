@@ -18,6 +18,7 @@ use nix::{
 use serde_json::Value;
 
 pub mod chaos;
+pub mod terminal;
 pub mod users;
 
 /// A RabbitMQ broker the tests use: the development broker on this machine,
