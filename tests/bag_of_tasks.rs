@@ -311,6 +311,19 @@ fn tasks_added_to_an_open_job_run_and_it_ends_when_closed() {
     );
     wait_for("the added tasks", MINUTE, || g.index(&job).len() == 5);
 
+    // Tasks its runner cannot take (the job would pass the task limit) are
+    // refused to their sender, with the reason, not dropped in silence.
+    let huge = g.write(
+        "huge.toml",
+        "[sweep]\ncommand = \"echo {i}\"\nparams.i = { from = 1, to = 10000000 }\n",
+    );
+    let too_many = g.run(&["submit", "--job", &job, huge.to_str().unwrap()]);
+    assert_eq!(too_many.status.code(), Some(4), "{too_many:?}");
+    assert!(
+        String::from_utf8_lossy(&too_many.stderr).contains("more than 10000000 tasks"),
+        "{too_many:?}"
+    );
+
     let bad = g.write("bad.toml", "name = \"x\"\n[[task]]\ncommand = \"true\"\n");
     let refused = g.run(&["submit", "--job", &job, bad.to_str().unwrap()]);
     assert_eq!(refused.status.code(), Some(2), "{refused:?}");

@@ -44,6 +44,17 @@ pub struct Reply {
     pub reply_to: Option<String>,
 }
 
+impl Reply {
+    /// The asker waits on RabbitMQ's direct reply-to, the only address
+    /// the services answer: a `reply_to` naming a queue would have them
+    /// post into it for whoever asked.
+    pub fn is_direct(&self) -> bool {
+        self.reply_to
+            .as_deref()
+            .is_some_and(|to| to.starts_with("amq.rabbitmq.reply-to"))
+    }
+}
+
 impl Publisher {
     pub(crate) fn new(channel: Channel, identity: Arc<str>, user: Arc<str>) -> Self {
         Self {
@@ -144,6 +155,30 @@ impl Publisher {
     /// not a failure.
     pub async fn deliver<M: Message>(&self, queue: &str, msg: &M) -> Result<bool, BrokerError> {
         self.deliver_via(("", queue), msg).await
+    }
+
+    /// [`Publisher::deliver`] of a request to be answered by whoever takes
+    /// it: it carries the asker's reply address (`reply`), so the answer
+    /// goes to the asker, not to this sender.
+    pub async fn deliver_answerable<M: Message>(
+        &self,
+        queue: &str,
+        msg: &M,
+        reply: &Reply,
+    ) -> Result<bool, BrokerError> {
+        let mut properties = self.properties(msg.kind()).with_delivery_mode(PERSISTENT);
+        if let Some(to) = &reply.reply_to {
+            properties = properties.with_reply_to(to.as_str().into());
+        }
+        if let Some(id) = &reply.correlation_id {
+            properties = properties.with_correlation_id(id.as_str().into());
+        }
+        let confirm = self.start("", queue, msg, properties, true).await?;
+        match check(confirm.await?, queue) {
+            Ok(()) => Ok(true),
+            Err(e) if e.is_not_found() => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// [`Publisher::deliver`] through a named exchange (one that is gone

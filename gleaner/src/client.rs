@@ -305,6 +305,9 @@ async fn look_up(connection: &Connection, job: &JobId) -> Result<Option<Known>, 
         .map(|e| Known::Ended(e.report)))
 }
 
+/// How long `submit --job` waits for the job's runner to take the tasks.
+const ADDITION_PATIENCE: Duration = Duration::from_secs(30);
+
 /// A `--wait` client's own queue of the job's events.
 struct Watch {
     job: JobId,
@@ -483,16 +486,26 @@ pub(crate) async fn ask<A: gleaner_protocol::Message>(
     connection: &Connection,
     request: &RequestMsg,
 ) -> Result<A, CliError> {
-    let answer = connection
-        .ask::<RequestMsg, A>(REQUEST, request, Duration::from_secs(5))
+    ask_within(connection, request, Duration::from_secs(5))
+        .await?
+        .ok_or_else(|| {
+            CliError::Unreachable(
+                "no scheduler answered within 5 s (is `gleaner up` or `gleaner scheduler` running?)"
+                    .to_owned(),
+            )
+        })
+}
+
+/// [`ask`], waiting `timeout` for the answer.
+async fn ask_within<A: gleaner_protocol::Message>(
+    connection: &Connection,
+    request: &RequestMsg,
+    timeout: Duration,
+) -> Result<Option<A>, CliError> {
+    connection
+        .ask::<RequestMsg, A>(REQUEST, request, timeout)
         .await
-        .map_err(|e| unless_missing(e, "a scheduler"))?;
-    answer.ok_or_else(|| {
-        CliError::Unreachable(
-            "no scheduler answered within 5 s (is `gleaner up` or `gleaner scheduler` running?)"
-                .to_owned(),
-        )
-    })
+        .map_err(|e| unless_missing(e, "a scheduler"))
 }
 
 /// A broker error, or, if gleaner's queues are not there (a user may not
@@ -561,7 +574,19 @@ pub async fn add_tasks(
         job: job.clone(),
         addition,
     };
-    act(settings, &job, &request, "add tasks to").await?;
+    // The job's runner answers, once it has recorded the tasks or
+    // refused them (the job was closed meanwhile, or would be too big).
+    let connection = connect(settings).await?;
+    match ask_within(&connection, &request, ADDITION_PATIENCE).await? {
+        Some(ActionReply::Accepted {}) => {}
+        Some(refused) => return Err(action_error(&connection, &job, refused, "add tasks to").await),
+        None => {
+            return Err(CliError::Unreachable(format!(
+                "no answer from {job}'s runner within {} s: the tasks may still be added (`gleaner status {job}` counts them)",
+                ADDITION_PATIENCE.as_secs()
+            )));
+        }
+    }
     output.passed_on(&job, Passed::Tasks(count));
     match wait {
         true => self::wait(settings, job.as_str(), output).await,
@@ -584,15 +609,27 @@ async fn act(
     let connection = connect(settings).await?;
     match ask(&connection, request).await? {
         ActionReply::Accepted {} => Ok(()),
-        ActionReply::NotRunning {} => Err(match look_up(&connection, job).await {
+        refused => Err(action_error(&connection, job, refused, what).await),
+    }
+}
+
+/// Why `what` (to) `job` did not happen: it is not running, or was refused.
+async fn action_error(
+    connection: &Connection,
+    job: &JobId,
+    reply: ActionReply,
+    what: &str,
+) -> CliError {
+    match reply {
+        ActionReply::Refused { reason } => {
+            CliError::Denied(format!("cannot {what} {job}: {reason}"))
+        }
+        _ => match look_up(connection, job).await {
             Ok(Some(Known::Ended(report))) => CliError::Unsuccessful(Some(format!(
                 "cannot {what} {job}: it has ended ({})",
                 format!("{:?}", report.state).to_lowercase()
             ))),
-            _ => not_found(&connection, job).await,
-        }),
-        ActionReply::Refused { reason } => {
-            Err(CliError::Denied(format!("cannot {what} {job}: {reason}")))
-        }
+            _ => not_found(connection, job).await,
+        },
     }
 }

@@ -5,7 +5,8 @@
 use std::borrow::Cow;
 
 use gleaner_protocol::{
-    ClusterName, Event, GrantId, KcmMsg, LauncherId, LauncherMsg, ResultMsg, SchedulerMsg, TaskMsg,
+    ActionReply, ClusterName, Event, GrantId, KcmMsg, LauncherId, LauncherMsg, ResultMsg,
+    SchedulerMsg, TaskMsg,
 };
 
 use crate::{
@@ -35,6 +36,9 @@ pub enum Effect<'r> {
     },
     /// For watchers, on the events exchange.
     Event(Event),
+    /// To the user who sent the control message being handled (tasks to
+    /// add), if they wait for it: whether the job took it, or why not.
+    Answer(ActionReply),
     /// Empties the job's task queue: a publication cut short by a crash left
     /// an unknown part of it there.
     PurgeTasks,

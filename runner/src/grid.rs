@@ -16,8 +16,8 @@ use std::{
 };
 
 use gleaner_protocol::{
-    ClusterName, ComponentOutcome, ComponentSpec, ControlMsg, JobReport, JobState, KcmMsg,
-    LauncherId, ResultMsg, RunStatus, SchedulerMsg, TaskBundle,
+    ActionReply, ClusterName, ComponentOutcome, ComponentSpec, ControlMsg, JobReport, JobState,
+    KcmMsg, LauncherId, ResultMsg, RunStatus, SchedulerMsg, TaskBundle,
 };
 use indexmap::IndexMap;
 use tracing::{debug, info, warn};
@@ -302,8 +302,12 @@ impl JobCore for Grid {
                 debug!(job = %job, "launcher message ignored: this job is a grid job");
                 Vec::new()
             }
-            ControlMsg::AddTasks(_) | ControlMsg::Close {} => {
-                debug!(job = %job, "tasks ignored: grid jobs are never open");
+            ControlMsg::AddTasks(_) => {
+                let reason = "grid jobs are never open".to_owned();
+                vec![Effect::Answer(ActionReply::Refused { reason })]
+            }
+            ControlMsg::Close {} => {
+                debug!(job = %job, "close ignored: grid jobs are never open");
                 Vec::new()
             }
         }

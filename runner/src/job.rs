@@ -11,7 +11,7 @@ use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use futures_util::FutureExt;
 use gleaner_broker::{
-    BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher,
+    BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher, Reply,
     admin::{Admin, launcher_user},
     peek,
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
@@ -275,6 +275,9 @@ struct Job<C> {
     /// (so that grants are taken, and launchers start, meanwhile), with the
     /// next chunk's index.
     publishing: VecDeque<(FirstAttempts, usize)>,
+    /// Where an [`Effect::Answer`] goes: the sender of the control message
+    /// being handled, if it asked for an answer.
+    answering: Option<Reply>,
 }
 
 /// Work for [`Job::apply`]: an effect, or the report an [`Effect::Report`]
@@ -298,6 +301,7 @@ impl<C: JobCore> Job<C> {
             results,
             publisher,
             admin,
+            answering: None,
             publishing: VecDeque::new(),
         }
     }
@@ -425,7 +429,10 @@ impl<C: JobCore> Job<C> {
                         }
                         let now = Now::read();
                         let effects = self.core.on_control(incoming.msg.clone(), now);
-                        self.apply(effects, now).await?;
+                        self.answering = Some(incoming.reply.clone());
+                        let applied = self.apply(effects, now).await;
+                        self.answering = None;
+                        applied?;
                     }
                     if let Some(last) = batch.last() {
                         last.ack_up_to_here().await?;
@@ -521,6 +528,13 @@ impl<C: JobCore> Job<C> {
                     push_front(&mut work, more);
                 }
                 Effect::Event(event) => self.publisher.event(&event).await?,
+                Effect::Answer(answer) => {
+                    if let Some(to) = self.answering.as_ref().filter(|r| r.is_direct())
+                        && let Err(e) = self.publisher.reply(to, &answer).await
+                    {
+                        warn!(job = %self.queues.job, error = %e, "cannot answer the sender of tasks to add");
+                    }
+                }
                 Effect::PurgeTasks => {
                     topology::purge(self.publisher.channel(), &self.queues.tasks).await?;
                 }

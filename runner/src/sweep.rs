@@ -22,8 +22,8 @@ use gleaner_manifest::{
 };
 use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
-    ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherInfo, LauncherMsg,
-    ResultMsg, SchedulerMsg, ShrinkMode, TaskBundle, TaskMsg, naming::same_host,
+    ActionReply, ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherInfo,
+    LauncherMsg, ResultMsg, SchedulerMsg, ShrinkMode, TaskBundle, TaskMsg, naming::same_host,
 };
 use tracing::{debug, info, warn};
 
@@ -379,25 +379,29 @@ impl Sweep {
     /// then published, then counted as published in `job.json`.
     fn add_tasks(&mut self, addition: Addition) -> Vec<Effect<'static>> {
         let job = &self.ledger.id;
-        if !self.ledger.takes_tasks() || self.ledger.file.state == JobState::Cancelled {
-            warn!(job = %job, "tasks for a job that takes none (not open, closed or cancelled) dropped");
-            return Vec::new();
+        let refuse = |reason: String| {
+            warn!(job = %job, addition = addition.id, reason, "tasks not added");
+            vec![Effect::Answer(ActionReply::Refused { reason })]
+        };
+        if self.ledger.file.state == JobState::Cancelled {
+            return refuse("the job was cancelled".to_owned());
+        }
+        if !self.ledger.takes_tasks() {
+            return refuse("the job was closed, or is not open".to_owned());
         }
         if self.additions.iter().any(|(id, _)| *id == addition.id) {
             info!(job = %job, addition = addition.id, "the same addition came again: added once");
-            return Vec::new();
+            return vec![Effect::Answer(ActionReply::Accepted {})];
         }
         let list = match addition.task_list() {
             Ok(list) => list,
-            Err(e) => {
-                warn!(job = %job, error = %e, "invalid addition dropped");
-                return Vec::new();
-            }
+            Err(e) => return refuse(format!("the tasks are not valid: {e}")),
         };
         let (first, count) = (self.tasks.len(), list.len());
         if first + count > MAX_TASKS {
-            warn!(job = %job, first, count, "addition dropped: the job would have more than {MAX_TASKS} tasks");
-            return Vec::new();
+            return refuse(format!(
+                "the job would have more than {MAX_TASKS} tasks ({first} and {count} more)"
+            ));
         }
         info!(job = %job, first, count, "tasks added");
         self.tasks = Arc::new(self.tasks.with(first, list));
@@ -405,6 +409,7 @@ impl Sweep {
         self.additions.push((addition.id, first..first + count));
         vec![
             Effect::RecordAddition(Box::new(AddedTasks { first, addition })),
+            Effect::Answer(ActionReply::Accepted {}),
             Effect::PublishFirst(FirstAttempts {
                 maker: self.tasks.clone(),
                 tasks: (first..first + count).collect(),
@@ -1627,6 +1632,13 @@ mod tests {
             ),
             "recorded before published"
         );
+        assert!(
+            matches!(
+                effects.get(1),
+                Some(Effect::Answer(ActionReply::Accepted {}))
+            ),
+            "its sender told once it is recorded: {effects:?}"
+        );
         assert_eq!(published_first(&effects), [1, 2]);
         assert_eq!(
             sweep.job_file().additions_published,
@@ -1637,9 +1649,12 @@ mod tests {
         assert_eq!(sweep.job_file().additions_published, 1);
         assert_eq!(sweep.ledger.counts().total, 3);
         assert!(
-            sweep
-                .on_control(ControlMsg::AddTasks(addition(7, &["a", "b"])), at(t0, 3))
-                .is_empty(),
+            matches!(
+                sweep
+                    .on_control(ControlMsg::AddTasks(addition(7, &["a", "b"])), at(t0, 3))
+                    .as_slice(),
+                [Effect::Answer(ActionReply::Accepted {})]
+            ),
             "the same addition again is added once"
         );
         assert_eq!(sweep.tasks.msg(2, 1, 0).unwrap().command, "more b");
@@ -1668,12 +1683,15 @@ mod tests {
             .collect();
         assert_eq!(final_step, [3], "closed, every task ended: the final step");
         assert!(sweep.job_file().closed);
-        assert!(
-            sweep
-                .on_control(ControlMsg::AddTasks(addition(8, &["c"])), at(t0, 6))
-                .is_empty(),
-            "closed: no more"
-        );
+        match sweep
+            .on_control(ControlMsg::AddTasks(addition(8, &["c"])), at(t0, 6))
+            .as_slice()
+        {
+            [Effect::Answer(ActionReply::Refused { reason })] => {
+                assert!(reason.contains("closed"), "{reason}");
+            }
+            other => panic!("closed: no more, and its sender told why: {other:?}"),
+        }
         sweep.on_results([&result(3, 1, RunStatus::Succeeded)], at(t0, 7));
         assert_eq!(sweep.ending(), Some(JobState::Done));
     }
@@ -1728,10 +1746,13 @@ mod tests {
         assert_eq!(sweep.ledger.counts().total, 3);
         assert_eq!(sweep.ledger.counts().succeeded, 1);
         assert!(
-            sweep
-                .on_control(ControlMsg::AddTasks(addition(2, &["c"])), at(t0, 11))
-                .is_empty(),
-            "recorded before the crash: not added twice"
+            matches!(
+                sweep
+                    .on_control(ControlMsg::AddTasks(addition(2, &["c"])), at(t0, 11))
+                    .as_slice(),
+                [Effect::Answer(ActionReply::Accepted {})]
+            ),
+            "recorded before the crash: not added twice, and its sender told it is"
         );
     }
 

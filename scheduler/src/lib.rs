@@ -328,12 +328,7 @@ async fn answer(
     let user = incoming.user.as_deref();
     // Answers go to the asker's direct reply-to and nowhere else: a user
     // naming any queue as `reply_to` must not have the services post there.
-    if !incoming
-        .reply
-        .reply_to
-        .as_deref()
-        .is_some_and(|to| to.starts_with("amq.rabbitmq.reply-to"))
-    {
+    if !incoming.reply.is_direct() {
         warn!(user, "request without a direct reply-to address; ignored");
         return incoming.ack().await;
     }
@@ -347,6 +342,22 @@ async fn answer(
         Answer::Status(mut reply) => {
             reply.scheduler = publisher.identity().to_owned();
             publisher.reply(&incoming.reply, &reply).await
+        }
+        // Tasks to add are answered by the job's runner, once it has
+        // recorded them or refused them: the asker's address goes along.
+        Answer::Action(_, Some((job, action @ ControlMsg::AddTasks(_)))) => {
+            let control = JobQueues::new(&job).control;
+            match publisher
+                .deliver_answerable(&control, &action, &incoming.reply)
+                .await?
+            {
+                true => Ok(()),
+                false => {
+                    publisher
+                        .reply(&incoming.reply, &ActionReply::NotRunning {})
+                        .await
+                }
+            }
         }
         Answer::Action(mut reply, action) => {
             if let Some((job, action)) = action

@@ -134,6 +134,7 @@ impl SweepRunner {
                     push_front(&mut work, self.core.poll(now));
                 }
                 Effect::Event(_)
+                | Effect::Answer(_)
                 | Effect::WriteOutputs(_)
                 | Effect::WriteFinalOutputs(_)
                 | Effect::Record(_)
