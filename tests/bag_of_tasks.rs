@@ -531,14 +531,18 @@ fn readmes_commands_work_as_written_after_gleaner_up() {
     let job = String::from_utf8_lossy(&swept.stdout).trim().to_owned();
 
     // The job has ended; every command still finds it and its results.
-    let mut listed = String::new();
-    wait_for("the ended job in `gleaner jobs`", MINUTE, || {
-        listed = said(&newcomer(&["jobs"]));
-        listed.contains(&job)
-    });
-    assert!(listed.contains("done"), "{listed}");
-    let running = said(&newcomer(&["jobs", "--running"]));
-    assert!(!running.contains(&job), "{running}");
+    wait_for(
+        "the ended job in `gleaner jobs`, and not among those running",
+        MINUTE,
+        || {
+            let listed = said(&newcomer(&["jobs"]));
+            let running = said(&newcomer(&["jobs", "--running"]));
+            listed
+                .lines()
+                .any(|l| l.contains(&job) && l.contains("done"))
+                && !running.contains(&job)
+        },
+    );
     let status = newcomer(&["status", &job]);
     assert!(status.status.success(), "{}", said(&status));
     assert!(

@@ -528,7 +528,12 @@ fn one_user_holds_at_most_his_share_of_a_runners_jobs() {
     let env: Vec<(&str, &str)> = env
         .iter()
         .map(|(k, v)| (*k, v.as_str()))
-        .chain([("GLEANER_RUNNER__MAX_JOBS_PER_USER", "2")])
+        // Three places: without the limit, Bob's third job would take
+        // the last one and Alice's would wait behind it.
+        .chain([
+            ("GLEANER_RUNNER__MAX_JOBS_PER_USER", "2"),
+            ("GLEANER_RUNNER__MAX_JOBS", "3"),
+        ])
         .collect();
     g.start_with("up", &["up", "--slots", "2"], &env);
     wait_for("the runner to serve", MINUTE, || {
@@ -563,16 +568,33 @@ fn one_user_holds_at_most_his_share_of_a_runners_jobs() {
     let done = g.run_as(&alice, &["submit", "--wait", hers.to_str().unwrap()]);
     assert!(done.status.success(), "{}", text(&done));
 
+    // Refused, it is not forgotten: `status` and `wait` tell him why.
+    let told = g.run_as(&bob, &["status", &third]);
+    assert!(!told.status.success(), "{}", text(&told));
+    assert!(text(&told).contains(&refused), "{}", text(&told));
+
     let closed = g.run_as(&bob, &["close", &held[0]]);
     assert!(closed.status.success(), "{}", text(&closed));
-    wait_for("bob's closed job to end", MINUTE, || {
-        !g.run_as(&bob, &["status", &held[0]]).status.success()
-    });
-    let again = g.run_as(&bob, &["submit", open.to_str().unwrap()]);
-    assert!(again.status.success(), "{}", text(&again));
-    let job = String::from_utf8_lossy(&again.stdout).trim().to_owned();
+    let ended = g.run_as(&bob, &["wait", &held[0]]);
+    assert!(ended.status.success(), "{}", text(&ended));
+    // His place is free once the runner is done with the job, a moment
+    // after its end is told: until then he is refused again.
+    let mut job = String::new();
     wait_for("bob's new job to run", MINUTE, || {
-        g.run_as(&bob, &["status", &job]).status.success()
+        let again = g.run_as(&bob, &["submit", open.to_str().unwrap()]);
+        job = String::from_utf8_lossy(&again.stdout).trim().to_owned();
+        let started = std::time::Instant::now();
+        loop {
+            let status = g.run_as(&bob, &["status", &job]);
+            if status.status.success() {
+                return true;
+            }
+            if text(&status).contains("was refused") || started.elapsed() > Duration::from_secs(20)
+            {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
     });
 }
 

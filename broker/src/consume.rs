@@ -49,6 +49,30 @@ pub async fn peek<M: Decode>(channel: &Channel, queue: &str) -> Result<Option<M>
     }
 }
 
+/// Takes up to `limit` messages out of `queue`, each with the address its
+/// sender asked to be answered at; those that cannot be read are dropped.
+/// For a queue about to be deleted, whose senders should hear why.
+pub async fn take_all<M: Decode>(
+    channel: &Channel,
+    queue: &str,
+    limit: usize,
+) -> Result<Vec<(M, crate::publish::Reply)>, BrokerError> {
+    let mut taken = Vec::new();
+    while taken.len() < limit {
+        let Some(got) = channel
+            .basic_get(short(queue)?, BasicGetOptions { no_ack: true })
+            .await?
+        else {
+            break;
+        };
+        let properties = &got.delivery.properties;
+        if let Ok((_, msg)) = M::decode(properties, &got.delivery.data) {
+            taken.push((msg, crate::publish::Reply::of(properties)));
+        }
+    }
+    Ok(taken)
+}
+
 /// How to consume a queue.
 #[derive(Debug, Clone)]
 pub struct ConsumeOptions<'a> {
@@ -217,18 +241,7 @@ impl<M: Decode> Inbox<M> {
                             .map(|u| u.to_string()),
                         redelivered: delivery.redelivered,
                         sent_at: *delivery.properties.timestamp(),
-                        reply: crate::publish::Reply {
-                            correlation_id: delivery
-                                .properties
-                                .correlation_id()
-                                .as_ref()
-                                .map(|s| s.to_string()),
-                            reply_to: delivery
-                                .properties
-                                .reply_to()
-                                .as_ref()
-                                .map(|s| s.to_string()),
-                        },
+                        reply: crate::publish::Reply::of(&delivery.properties),
                         acker: delivery.acker.clone(),
                         delivery_tag: delivery.delivery_tag,
                     }));

@@ -45,6 +45,14 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// Where the sender of a message with these properties waits.
+    pub fn of(properties: &BasicProperties) -> Self {
+        Self {
+            correlation_id: properties.correlation_id().as_ref().map(|s| s.to_string()),
+            reply_to: properties.reply_to().as_ref().map(|s| s.to_string()),
+        }
+    }
+
     /// The asker waits on RabbitMQ's direct reply-to, the only address
     /// the services answer: a `reply_to` naming a queue would have them
     /// post into it for whoever asked.

@@ -27,8 +27,9 @@ pub const EVENTS_EXCHANGE: &str = "gleaner.events";
 pub const DEAD_QUEUE: &str = "gleaner.dead";
 /// Users' requests (status, cancel), for the active scheduler.
 pub const REQUESTS_QUEUE: &str = "gleaner.requests";
-/// Every ended job's last report (a stream: read from its start by the
-/// scheduler, which answers for ended jobs from it; users never reach it).
+/// Every ended job's last report and every refused submission (a stream:
+/// read from its start by the scheduler, which answers for ended jobs from
+/// it; users never reach it).
 pub const HISTORY_QUEUE: &str = "gleaner.history";
 /// The bytes of reports the history keeps (tens of thousands of jobs);
 /// older ones are dropped a segment at a time.
@@ -260,9 +261,30 @@ async fn declare_dead(connection: &lapin::Connection) -> Result<()> {
     }
 }
 
+/// `gleaner.history`, bounded. One declared with other bounds is kept as
+/// it is, with a warning, as `gleaner.dead` is.
+async fn declare_history(connection: &lapin::Connection) -> Result<()> {
+    let channel = connection.create_channel().await?;
+    let args = Args::stream(HISTORY_BYTES, HISTORY_BYTES / 16);
+    match durable(&channel, HISTORY_QUEUE, args).await {
+        Err(e) if e.is_precondition_failed() => {
+            tracing::warn!(
+                queue = HISTORY_QUEUE,
+                "declared with other bounds: kept as it is (rabbitmqctl delete_queue {HISTORY_QUEUE} lets the services declare it again)"
+            );
+            Ok(())
+        }
+        declared => {
+            let _ = channel.close(200, "done".into()).await;
+            declared
+        }
+    }
+}
+
 /// The queues and exchange every component relies on.
 pub async fn declare_core(connection: &lapin::Connection) -> Result<()> {
     declare_dead(connection).await?;
+    declare_history(connection).await?;
     let channel = connection.create_channel().await?;
     let declared = declare_routes(&channel).await;
     let _ = channel.close(200, "done".into()).await;
@@ -313,23 +335,19 @@ async fn declare_routes(channel: &Channel) -> Result<()> {
             FieldTable::default(),
         )
         .await?;
-    durable(
-        channel,
-        HISTORY_QUEUE,
-        Args::stream(HISTORY_BYTES, HISTORY_BYTES / 16),
-    )
-    .await?;
-    // A job's `done` event, whatever its owner and name (a name may hold
-    // dots; the event's word is always the last).
-    channel
-        .queue_bind(
-            HISTORY_QUEUE.into(),
-            EVENTS_EXCHANGE.into(),
-            "job.#.done".into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    // A job's `done` and `rejected` events, whatever its owner and name (a
+    // name may hold dots; the event's word is always the last).
+    for event in ["job.#.done", "job.#.rejected"] {
+        channel
+            .queue_bind(
+                HISTORY_QUEUE.into(),
+                EVENTS_EXCHANGE.into(),
+                event.into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+    }
     for (queue, key) in [(SUBMIT_QUEUE, SUBMIT_KEY), (REQUESTS_QUEUE, REQUEST_KEY)] {
         channel
             .queue_bind(

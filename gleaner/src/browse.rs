@@ -11,9 +11,9 @@ use serde_json::Value;
 
 use crate::{client, error::CliError, output::Output, settings::Settings};
 
-/// Where job `job`'s results are: `dir` if given; the running job's own
-/// directory, as the scheduler knows it; or where the runner puts a job by
-/// default (`results_root[/<account>]/results/<job>`).
+/// Where job `job`'s results are: `dir` if given; the job's own directory,
+/// as the scheduler knows it (running or ended); or where the runner puts a
+/// job by default (`results_root[/<account>]/results/<job>`).
 pub async fn locate(
     settings: &Settings,
     job: &str,
@@ -28,10 +28,26 @@ pub async fn locate(
     if let Ok(Some(known)) = client::results_of(settings, &id).await {
         return Ok(PathBuf::from(known));
     }
-    let area = settings
-        .users
-        .results_area(&settings.runner.job.results_root, &settings.broker_user());
-    Ok(area.join(Manifest::default_results_dir(job)))
+    // No scheduler knows it (none runs, or the job ended long ago): where
+    // the runner puts a job by default, in the layout this configuration
+    // says, else in the other (a CLI is not told that `gleaner up` keeps
+    // one user, say).
+    let root = &settings.runner.job.results_root;
+    let user = settings.broker_user();
+    let relative = Manifest::default_results_dir(job);
+    let configured = settings.users.results_area(root, &user).join(&relative);
+    let other = gleaner_policy::access::results_area(
+        root,
+        settings
+            .users
+            .is_single()
+            .then(|| settings.users.account(&user)),
+    )
+    .join(&relative);
+    Ok(match configured.exists() || !other.exists() {
+        true => configured,
+        false => other,
+    })
 }
 
 /// A file of a job's results directory; `what` it is, for the error.

@@ -12,7 +12,8 @@ use gleaner_broker::{
 };
 use gleaner_manifest::{Addition, JobId, JobIdError, Manifest};
 use gleaner_protocol::{
-    ActionReply, Event, JobReport, RequestMsg, StatusReply, Submission, job_events, now_ms,
+    ActionReply, EndedJob, Ending, Event, JobReport, RequestMsg, StatusReply, Submission,
+    job_events, now_ms,
 };
 
 use crate::{
@@ -212,31 +213,17 @@ pub async fn submit(
 /// does, with the same exit code; a job that has ended already answers at
 /// once.
 pub async fn wait(settings: &Settings, job: &str, output: &dyn Output) -> Result<(), CliError> {
-    /// A job submitted a moment ago may not be anyone's yet.
-    const PATIENCE: Duration = Duration::from_secs(10);
     let id = job_id(job)?;
     let connection = connect(settings).await?;
-    let standing = async |connection: &Connection| {
-        let started = Instant::now();
-        loop {
-            match look_up(connection, &id).await? {
-                Some(known) => return Ok(known),
-                None if started.elapsed() >= PATIENCE => {
-                    return Err(not_found(connection, &id).await);
-                }
-                None => tokio::time::sleep(Duration::from_secs(1)).await,
-            }
-        }
-    };
-    let ended = |report: &JobReport| {
-        output.job_ended(report);
-        outcome(report)
+    let standing = async |connection: &Connection| match find(connection, &id, PATIENCE).await? {
+        (_, Some(known)) => Ok(known),
+        (reply, None) => Err(not_found(&id, reply.hidden > 0)),
     };
     // Its owner names its events; following them before asking again
     // leaves no moment in which its end could be missed.
     let report = match standing(&connection).await? {
         Known::Running(report) => report,
-        Known::Ended(report) => return ended(&report),
+        settled => return settled.settle(output, None).unwrap_or(Ok(())),
     };
     let watch = Watch::another(&report.job, &report.owner, connection.user());
     let events = watch
@@ -249,9 +236,9 @@ pub async fn wait(settings: &Settings, job: &str, output: &dyn Output) -> Result
                 .until_done(settings, connection, events, output, Some(&report))
                 .await
         }
-        Ok(Known::Ended(report)) => {
+        Ok(settled) => {
             connection.forget(&watch.queue).await;
-            ended(&report)
+            settled.settle(output, None).unwrap_or(Ok(()))
         }
         Err(e) => {
             connection.forget(&watch.queue).await;
@@ -259,6 +246,11 @@ pub async fn wait(settings: &Settings, job: &str, output: &dyn Output) -> Result
         }
     }
 }
+
+/// How long a job the scheduler knows nothing of is asked about again: it
+/// may have been submitted a moment ago, or be between its runner and
+/// the history.
+const PATIENCE: Duration = Duration::from_secs(10);
 
 /// The exit of a job that ended: success only if every task succeeded
 /// and nothing else went wrong.
@@ -274,36 +266,89 @@ fn outcome(report: &JobReport) -> Result<(), CliError> {
 /// A job as the scheduler knows it.
 enum Known {
     Running(JobReport),
-    /// From the history of ended jobs.
+    /// From the history: it ran and ended.
     Ended(JobReport),
+    /// From the history: a runner refused it, for this reason.
+    Refused(String),
 }
 
 impl Known {
-    fn report(&self) -> &JobReport {
+    /// What the scheduler's answer about `job` says of it. An end is
+    /// final: a running report beside it is stale.
+    fn of(reply: &StatusReply, job: &JobId) -> Option<Self> {
+        if let Some(report) = reply.ended.iter().find_map(EndedJob::report) {
+            return Some(Self::Ended(report.clone()));
+        }
+        if let Some(report) = reply.jobs.iter().find(|j| &j.job == job) {
+            return Some(Self::Running(report.clone()));
+        }
+        reply.ended.iter().find_map(|e| match &e.ending {
+            Ending::Refused { reason } => Some(Self::Refused(reason.clone())),
+            Ending::Done(_) => None,
+        })
+    }
+
+    /// Where its results are, if it ran.
+    fn results(&self) -> Option<&str> {
         match self {
-            Self::Running(report) | Self::Ended(report) => report,
+            Self::Running(report) | Self::Ended(report) => Some(&report.results),
+            Self::Refused(_) => None,
+        }
+    }
+
+    /// The end of waiting for a job that is over, as `submit --wait` ends:
+    /// `None` while it runs.
+    fn settle(
+        self,
+        output: &dyn Output,
+        progress: Option<&mut crate::output::Progress>,
+    ) -> Option<Result<(), CliError>> {
+        match self {
+            Self::Running(_) => None,
+            Self::Ended(report) => {
+                if let Some(progress) = progress {
+                    progress.finish(&report);
+                }
+                output.job_ended(&report);
+                Some(outcome(&report))
+            }
+            Self::Refused(reason) => {
+                if let Some(progress) = progress {
+                    progress.abandon();
+                }
+                Some(Err(CliError::BadInput(format!(
+                    "the runner refused the job: {reason}"
+                ))))
+            }
         }
     }
 }
 
-/// `job`, running or ended, if the asking user may see it.
-async fn look_up(connection: &Connection, job: &JobId) -> Result<Option<Known>, CliError> {
-    let reply: StatusReply = ask(
-        connection,
-        &RequestMsg::Status {
+/// What the scheduler knows of `job` (as the asking user may see it),
+/// asked again for up to `patience` while it knows nothing: its last
+/// answer, and what that says.
+async fn find(
+    connection: &Connection,
+    job: &JobId,
+    patience: Duration,
+) -> Result<(StatusReply, Option<Known>), CliError> {
+    let started = Instant::now();
+    loop {
+        let request = RequestMsg::Status {
             job: Some(job.clone()),
-        },
-    )
-    .await?;
-    if let Some(report) = reply.jobs.into_iter().find(|j| &j.job == job) {
-        return Ok(Some(Known::Running(report)));
+        };
+        let reply: StatusReply = ask(connection, &request).await?;
+        let known = Known::of(&reply, job);
+        if known.is_some() || started.elapsed() >= patience {
+            return Ok((reply, known));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
     }
-    Ok(reply
-        .ended
-        .into_iter()
-        .find(|e| &e.report.job == job)
-        .map(|e| Known::Ended(e.report)))
 }
+
+/// How long a `--wait` client hears nothing before it asks whether the
+/// job has ended.
+const SILENCE: Duration = Duration::from_secs(10);
 
 /// How long `submit --job` waits for the job's runner to take the tasks.
 const ADDITION_PATIENCE: Duration = Duration::from_secs(30);
@@ -368,6 +413,7 @@ impl Watch {
             progress.update(report);
         }
         let mut last_news = Instant::now();
+        let mut last_look = Instant::now();
         let mut nudged = false;
         let ended = loop {
             let next = tokio::time::timeout(Duration::from_secs(1), events.next()).await;
@@ -376,6 +422,16 @@ impl Watch {
                     if !nudged && last_news.elapsed() > Duration::from_secs(10) {
                         progress.note("no runner has picked the job up yet (is `gleaner up` or `gleaner runner` running?)");
                         nudged = true;
+                    }
+                    // An end told before this client listened is in the
+                    // history: looked for after a silence.
+                    if last_news.elapsed() > SILENCE && last_look.elapsed() > SILENCE {
+                        last_look = Instant::now();
+                        if let Ok((_, Some(known))) = find(&connection, job, Duration::ZERO).await
+                            && let Some(ended) = known.settle(output, Some(&mut progress))
+                        {
+                            break ended;
+                        }
                     }
                     continue;
                 }
@@ -394,15 +450,15 @@ impl Watch {
             match incoming.msg {
                 Event::Progress(report) => progress.update(&report),
                 Event::Done(report) => {
-                    progress.finish(&report);
-                    output.job_ended(&report);
-                    break outcome(&report);
+                    if let Some(ended) = Known::Ended(report).settle(output, Some(&mut progress)) {
+                        break ended;
+                    }
                 }
                 Event::Rejected { reason, .. } => {
-                    progress.abandon();
-                    break Err(CliError::BadInput(format!(
-                        "the runner refused the job: {reason}"
-                    )));
+                    if let Some(ended) = Known::Refused(reason).settle(output, Some(&mut progress))
+                    {
+                        break ended;
+                    }
                 }
                 Event::Cluster(_) => {}
             }
@@ -430,9 +486,8 @@ impl Watch {
 /// ended within the history's retention).
 pub async fn results_of(settings: &Settings, job: &JobId) -> Result<Option<String>, CliError> {
     let connection = connect(settings).await?;
-    Ok(look_up(&connection, job)
-        .await?
-        .map(|known| known.report().results.clone()))
+    let (_, known) = find(&connection, job, Duration::from_secs(3)).await?;
+    Ok(known.as_ref().and_then(Known::results).map(str::to_owned))
 }
 
 /// `gleaner jobs`: the user's jobs, running and recently ended (`all`:
@@ -447,7 +502,7 @@ pub async fn jobs(
     let reply: StatusReply = ask(&connection, &RequestMsg::Status { job: None }).await?;
     let mut jobs = reply.jobs;
     if !running {
-        jobs.extend(reply.ended.into_iter().map(|e| e.report));
+        jobs.extend(reply.ended.iter().filter_map(EndedJob::report).cloned());
     }
     if !all {
         let user = connection.user().to_owned();
@@ -466,18 +521,28 @@ pub async fn status(
     output: &dyn Output,
 ) -> Result<(), CliError> {
     let connection = connect(settings).await?;
-    let job = job.map(job_id).transpose()?;
-    let mut reply: StatusReply = ask(&connection, &RequestMsg::Status { job: job.clone() }).await?;
-    if let Some(job) = &job {
-        if reply.jobs.is_empty() {
-            match reply.ended.pop() {
-                Some(ended) => reply.jobs.push(ended.report),
-                None => return Err(not_found(&connection, job).await),
+    let mut reply = match job.map(job_id).transpose()? {
+        None => ask(&connection, &RequestMsg::Status { job: None }).await?,
+        Some(id) => {
+            let (mut reply, known) = find(&connection, &id, Duration::from_secs(3)).await?;
+            match known {
+                Some(Known::Running(_)) => {}
+                Some(Known::Ended(report)) => reply.jobs = vec![report],
+                Some(Known::Refused(reason)) => {
+                    return Err(CliError::Unsuccessful(Some(format!(
+                        "job {id} was refused: {reason}"
+                    ))));
+                }
+                None => return Err(not_found(&id, reply.hidden > 0)),
             }
+            reply.ended.clear();
+            reply
         }
+    };
+    if job.is_none() {
         reply.ended.clear();
     }
-    output.status(&reply, job.as_ref().map(JobId::as_str), hosts);
+    output.status(&reply, job, hosts);
     Ok(())
 }
 
@@ -519,23 +584,15 @@ fn unless_missing(e: BrokerError, service: &str) -> CliError {
     CliError::from(e)
 }
 
-/// A job the user cannot find, running or ended: not started yet, ended
-/// beyond the history, or (the scheduler left it out) someone else's.
-async fn not_found(connection: &Connection, job: &JobId) -> CliError {
-    let hidden = ask::<StatusReply>(
-        connection,
-        &RequestMsg::Status {
-            job: Some(job.clone()),
-        },
-    )
-    .await
-    .is_ok_and(|reply| reply.hidden > 0);
-    let why = if hidden {
-        "it is not yours"
-    } else {
-        "no runner has it yet, or it ended before the history's retention"
-    };
-    CliError::Unsuccessful(Some(format!("job {job} is not known ({why})")))
+/// A job the user cannot find, running or ended: `others`, the scheduler
+/// left one of that id out (someone else's).
+fn not_found(job: &JobId, others: bool) -> CliError {
+    CliError::Unsuccessful(Some(match others {
+        true => format!("job {job} is not yours"),
+        false => format!(
+            "job {job} is not known here: no runner has it yet, or it ended longer ago than the history keeps"
+        ),
+    }))
 }
 
 pub async fn cancel(settings: &Settings, job: &str, output: &dyn Output) -> Result<(), CliError> {
@@ -581,8 +638,13 @@ pub async fn add_tasks(
         Some(ActionReply::Accepted {}) => {}
         Some(refused) => return Err(action_error(&connection, &job, refused, "add tasks to").await),
         None => {
+            if let Ok((_, Some(Known::Ended(_)))) = find(&connection, &job, Duration::ZERO).await {
+                return Err(CliError::Unsuccessful(Some(format!(
+                    "cannot add tasks to {job}: it ended before its runner took them; none was added"
+                ))));
+            }
             return Err(CliError::Unreachable(format!(
-                "no answer from {job}'s runner within {} s: the tasks may still be added (`gleaner status {job}` counts them)",
+                "no answer from the scheduler or {job}'s runner within {} s: the tasks may yet be added (`gleaner status {job}` counts them)",
                 ADDITION_PATIENCE.as_secs()
             )));
         }
@@ -620,16 +682,21 @@ async fn action_error(
     reply: ActionReply,
     what: &str,
 ) -> CliError {
-    match reply {
-        ActionReply::Refused { reason } => {
-            CliError::Denied(format!("cannot {what} {job}: {reason}"))
-        }
-        _ => match look_up(connection, job).await {
-            Ok(Some(Known::Ended(report))) => CliError::Unsuccessful(Some(format!(
-                "cannot {what} {job}: it has ended ({})",
-                format!("{:?}", report.state).to_lowercase()
-            ))),
-            _ => not_found(connection, job).await,
-        },
+    if let ActionReply::Refused { reason } = reply {
+        return CliError::Denied(format!("cannot {what} {job}: {reason}"));
+    }
+    match find(connection, job, Duration::from_secs(3)).await {
+        Ok((_, Some(Known::Ended(report)))) => CliError::Unsuccessful(Some(format!(
+            "cannot {what} {job}: it has ended ({})",
+            format!("{:?}", report.state).to_lowercase()
+        ))),
+        Ok((_, Some(Known::Refused(reason)))) => CliError::Unsuccessful(Some(format!(
+            "cannot {what} {job}: it was refused ({reason})"
+        ))),
+        Ok((_, Some(Known::Running(_)))) => CliError::Unsuccessful(Some(format!(
+            "cannot {what} {job}: its runner is not taking messages now; try again"
+        ))),
+        Ok((reply, None)) => not_found(job, reply.hidden > 0),
+        Err(e) => e,
     }
 }

@@ -73,7 +73,6 @@ impl Users {
         self.admins.iter().any(|admin| admin == user)
     }
 
-    /// The Unix account a broker user's tasks run as.
     /// Where `user`'s results go under `results_root` ([`results_area`]).
     pub fn results_area(&self, results_root: &Path, user: &str) -> PathBuf {
         results_area(
@@ -82,6 +81,7 @@ impl Users {
         )
     }
 
+    /// The Unix account a broker user's tasks run as.
     pub fn account<'a>(&'a self, user: &'a str) -> &'a str {
         self.accounts.get(user).map_or(user, String::as_str)
     }

@@ -383,11 +383,64 @@ pub struct StatusReply {
     pub ended: Vec<EndedJob>,
 }
 
-/// A job that ended: its last report, and when.
+/// A job that ended, or a submission a runner refused, and when.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EndedJob {
-    pub report: JobReport,
+    pub job: JobId,
+    /// Its owner; of a refused submission, its sender.
+    pub owner: String,
     pub ended_at: Millis,
+    pub ending: Ending,
+}
+
+/// How a job ended.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Ending {
+    /// It ran: its last report.
+    Done(Box<JobReport>),
+    /// A runner refused it, for this reason.
+    Refused { reason: String },
+}
+
+impl EndedJob {
+    /// What the history keeps of an event: a job's end or a refusal.
+    pub fn of(event: &Event, ended_at: Millis) -> Option<Self> {
+        let (job, owner, ending) = match event {
+            Event::Done(report) => {
+                let mut report = report.clone();
+                // Nothing is left to place of a job that ended.
+                report.components = Vec::new();
+                (
+                    report.job.clone(),
+                    report.owner.clone(),
+                    Ending::Done(Box::new(report)),
+                )
+            }
+            Event::Rejected { job, owner, reason } => (
+                job.parse().ok()?,
+                owner.clone(),
+                Ending::Refused {
+                    reason: reason.clone(),
+                },
+            ),
+            Event::Progress(_) | Event::Cluster(_) => return None,
+        };
+        Some(Self {
+            job,
+            owner,
+            ended_at,
+            ending,
+        })
+    }
+
+    /// Its last report, if it ran.
+    pub fn report(&self) -> Option<&JobReport> {
+        match &self.ending {
+            Ending::Done(report) => Some(report),
+            Ending::Refused { .. } => None,
+        }
+    }
 }
 
 impl Message for StatusReply {

@@ -13,12 +13,13 @@ use futures_util::FutureExt;
 use gleaner_broker::{
     BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher, Reply,
     admin::{Admin, launcher_user},
-    peek,
+    peek, take_all,
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
 };
 use gleaner_manifest::{JobId, JobKind, TaskList};
 use gleaner_protocol::{
-    ControlMsg, JobClaim, JobReport, JobState, Message, ResultBatch, Submission, TaskBundle,
+    ActionReply, ControlMsg, JobClaim, JobReport, JobState, Message, ResultBatch, Submission,
+    TaskBundle,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -374,6 +375,15 @@ impl<C: JobCore> Job<C> {
         tokio::pin!(gathered);
         loop {
             if let Some(state) = self.core.ending() {
+                // Tasks on their way to a job that ends are refused to
+                // their senders, not deleted with its queues unread.
+                let mut late: Vec<_> = first_control.take().into_iter().collect();
+                while let Some(Some(Ok(incoming))) = control.next().now_or_never() {
+                    late.push(incoming);
+                }
+                for incoming in late {
+                    self.refuse_late(&incoming.msg, &incoming.reply).await;
+                }
                 return self.end(state).await;
             }
             // Results wait while a new job's tasks are being published: a
@@ -488,6 +498,19 @@ impl<C: JobCore> Job<C> {
         self.apply(effects, now).await
     }
 
+    /// Answers tasks sent to a job that has ended: they were not added.
+    async fn refuse_late(&self, msg: &ControlMsg, reply: &Reply) {
+        if !matches!(msg, ControlMsg::AddTasks(_)) || !reply.is_direct() {
+            return;
+        }
+        let refused = ActionReply::Refused {
+            reason: "the job ended before its runner took the tasks".to_owned(),
+        };
+        if let Err(e) = self.publisher.reply(reply, &refused).await {
+            warn!(job = %self.queues.job, error = %e, "cannot answer the sender of tasks to add");
+        }
+    }
+
     /// Applies effects in order. What comes back from a message to a kcm or
     /// launcher is applied before the effects after it.
     async fn apply(&mut self, effects: Vec<Effect<'_>>, now: Now) -> Result<(), JobError> {
@@ -572,6 +595,11 @@ impl<C: JobCore> Job<C> {
                     push_front(&mut work, polls);
                 }
                 Effect::DeleteQueues => {
+                    let late: Vec<(ControlMsg, Reply)> =
+                        take_all(self.publisher.channel(), &self.queues.control, 10_000).await?;
+                    for (msg, reply) in late {
+                        self.refuse_late(&msg, &reply).await;
+                    }
                     topology::delete_job(self.publisher.channel(), &self.queues).await?;
                     // Its launchers' connections close with it.
                     if let Some(admin) = &self.admin {

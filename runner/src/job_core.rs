@@ -440,8 +440,8 @@ pub trait JobCore {
         vec![Effect::SaveJobFile]
     }
 
-    /// The end of a job, repeatable after a crash: scheduler and kcms told,
-    /// watchers notified, then the queues deleted (launchers leave). The
+    /// The end of a job, repeatable after a crash: watchers, scheduler and
+    /// kcms told, then the queues deleted (launchers leave). The
     /// news goes first: with a broker node down, deleting a replicated
     /// queue can take seconds, and nobody should wait for that.
     fn wind_up(&mut self, now: Now) -> Vec<Effect<'static>> {
@@ -462,15 +462,18 @@ pub trait JobCore {
             ));
         }
         let job = self.ledger().id.clone();
-        let mut effects = vec![Effect::ToScheduler(SchedulerMsg::JobDone {
-            job: job.clone(),
-        })];
+        // The end goes to watchers (and the history) first, the scheduler
+        // next: a job is never gone from both its running list and the
+        // history at once.
+        let mut effects = vec![
+            Effect::Event(Event::Done(report)),
+            Effect::ToScheduler(SchedulerMsg::JobDone { job: job.clone() }),
+        ];
         effects.extend(clusters.into_iter().map(|cluster| Effect::ToKcm {
             cluster,
             msg: KcmMsg::JobEnded { job: job.clone() },
             followup: Followup::Nothing,
         }));
-        effects.push(Effect::Event(Event::Done(report)));
         effects.push(Effect::DeleteQueues);
         effects
     }

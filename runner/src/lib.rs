@@ -108,7 +108,11 @@ fn owner(users: &Users, sender: Option<&str>, runner_user: &str) -> Result<Owner
                 .to_owned(),
         );
     }
-    let account = Account::lookup(users.account(&name))?;
+    let account = Account::lookup(users.account(&name)).map_err(|e| {
+        format!(
+            "{e}: a gleaner of many users runs each job as its owner's Unix account, named as the broker user (or mapped in [users] accounts); a gleaner of one user says [users] single = true"
+        )
+    })?;
     Ok(Owner {
         name,
         account: Some(account),

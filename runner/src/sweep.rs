@@ -383,15 +383,15 @@ impl Sweep {
             warn!(job = %job, addition = addition.id, reason, "tasks not added");
             vec![Effect::Answer(ActionReply::Refused { reason })]
         };
+        if self.additions.iter().any(|(id, _)| *id == addition.id) {
+            info!(job = %job, addition = addition.id, "the same addition came again: added once");
+            return vec![Effect::Answer(ActionReply::Accepted {})];
+        }
         if self.ledger.file.state == JobState::Cancelled {
             return refuse("the job was cancelled".to_owned());
         }
         if !self.ledger.takes_tasks() {
             return refuse("the job was closed, or is not open".to_owned());
-        }
-        if self.additions.iter().any(|(id, _)| *id == addition.id) {
-            info!(job = %job, addition = addition.id, "the same addition came again: added once");
-            return vec![Effect::Answer(ActionReply::Accepted {})];
         }
         let list = match addition.task_list() {
             Ok(list) => list,
@@ -1504,19 +1504,20 @@ mod tests {
             Some((at(t0, 4).wall_ms - 1_000) as f64 / 1000.0)
         );
         let effects = sweep.wind_up(at(t0, 4));
+        let [done, to_scheduler, .., delete] = effects.as_slice() else {
+            panic!("{effects:?}")
+        };
+        assert!(
+            matches!(done, Effect::Event(gleaner_protocol::Event::Done(report)) if report.state == JobState::Done),
+            "watchers and the history first"
+        );
         assert!(matches!(
-            effects[0],
+            to_scheduler,
             Effect::ToScheduler(SchedulerMsg::JobDone { .. })
         ));
         assert_eq!(
             told(&effects),
             owned(&[("c1", "job_ended"), ("c2", "job_ended")])
-        );
-        let [.., done, delete] = effects.as_slice() else {
-            panic!("{effects:?}")
-        };
-        assert!(
-            matches!(done, Effect::Event(gleaner_protocol::Event::Done(report)) if report.state == JobState::Done)
         );
         assert!(matches!(delete, Effect::DeleteQueues), "news first");
     }

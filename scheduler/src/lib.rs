@@ -236,10 +236,10 @@ async fn session(
                     Some(Err(e)) => return Err(e),
                     None => return Err(BrokerError::NoQueue(HISTORY_QUEUE.to_owned())),
                 };
-                if let Event::Done(report) = &incoming.msg {
-                    let now = Now::read();
-                    let ended_at = incoming.sent_at.map_or(now.wall_ms, |s| s.saturating_mul(1000));
-                    state.on_ended(EndedJob { report: report.clone(), ended_at }, now, &config.state);
+                let now = Now::read();
+                let ended_at = incoming.sent_at.map_or(now.wall_ms, |s| s.saturating_mul(1000));
+                if let Some(ended) = EndedJob::of(&incoming.msg, ended_at) {
+                    state.on_ended(ended, now, &config.state);
                 }
                 incoming.ack().await?;
             }

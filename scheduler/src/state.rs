@@ -293,6 +293,10 @@ impl State {
         match request {
             RequestMsg::Status { job } => {
                 let mut reply = self.status("", now, config);
+                // A report that came after the job's end is stale.
+                reply
+                    .jobs
+                    .retain(|j| !self.history.has_ended(&j.job, &j.owner));
                 if let Some(job) = &job {
                     reply.jobs.retain(|j| &j.job == job);
                     reply.placements.retain(|p| &p.job == job);
@@ -312,12 +316,14 @@ impl State {
                     }
                 }
                 let mut hidden = before - reply.jobs.len();
-                let visible = |e: &&EndedJob| users.may_act_on(user, &e.report.owner);
+                let visible = |e: &&EndedJob| users.may_act_on(user, &e.owner);
                 reply.ended = match &job {
                     Some(job) => {
-                        let ended = self.history.get(job);
-                        hidden += ended.filter(|e| !visible(e)).map_or(0, |_| 1);
-                        ended.filter(visible).cloned().into_iter().collect()
+                        hidden += self.history.of(job).filter(|e| !visible(e)).count();
+                        let mut ended: Vec<_> =
+                            self.history.of(job).filter(visible).cloned().collect();
+                        ended.sort_by_key(|e| std::cmp::Reverse(e.ended_at));
+                        ended
                     }
                     None => self
                         .history
@@ -371,6 +377,10 @@ impl State {
 
     /// Records a job's report; `true` if the job is new here.
     pub fn on_job_update(&mut self, report: JobReport, now: Instant) -> bool {
+        if self.history.has_ended(&report.job, &report.owner) {
+            debug!(job = %report.job, "a report of a job that has ended ignored");
+            return false;
+        }
         if report.kind == JobKind::Grid {
             return self.grid.update(report, now);
         }
@@ -379,10 +389,16 @@ impl State {
             .is_none()
     }
 
-    /// An ended job read from the history, sent at `ended_at`.
+    /// An ended job (or a refused submission) read from the history. A
+    /// job's end may be read before its runner's `JobDone`: it is over
+    /// either way.
     pub fn on_ended(&mut self, ended: EndedJob, now: Now, config: &StateConfig) {
+        let done = ended.report().map(|report| report.job.clone());
         self.history
             .record(ended, now.wall_ms, config.history_retention);
+        if let Some(job) = done {
+            self.on_job_done(&job);
+        }
     }
 
     pub fn on_job_done(&mut self, job: &JobId) {
@@ -888,10 +904,8 @@ pub(crate) mod tests {
         let mut his = job_report("b", 0);
         his.owner = "bob".into();
         for report in [hers, his] {
-            let ended = EndedJob {
-                report,
-                ended_at: now.wall_ms,
-            };
+            let event = gleaner_protocol::Event::Done(report);
+            let ended = EndedJob::of(&event, now.wall_ms).expect("an end");
             state.on_ended(ended, now, &config);
         }
         let ask = |user, job: Option<JobId>| match state.on_request(
@@ -906,7 +920,7 @@ pub(crate) mod tests {
         };
         let all = ask("alice", None);
         assert_eq!(all.ended.len(), 1);
-        assert_eq!(all.ended[0].report.job, job("a"));
+        assert_eq!(all.ended[0].job, job("a"));
         let hers = ask("alice", Some(job("a")));
         assert_eq!((hers.ended.len(), hers.hidden), (1, 0));
         let his = ask("alice", Some(job("b")));
