@@ -237,40 +237,23 @@ pub const DEAD_LIMIT: i64 = 10_000;
 /// The most bytes it keeps, likewise.
 pub const DEAD_LIMIT_BYTES: i64 = 256 << 20;
 
-/// `gleaner.dead`, bounded. One an older gleaner declared without its
-/// bound is kept as it is, with a warning: redeclaring it differently
-/// would fail every service's start. Uses a throwaway channel, because a
-/// refused declaration closes the channel it was made on.
-async fn declare_dead(connection: &lapin::Connection) -> Result<()> {
+/// A bounded queue (`gleaner.dead`, `gleaner.history`). One declared
+/// otherwise, by an older gleaner, is kept as it is, with a warning
+/// (`kept`): redeclaring it differently would fail every service's start.
+/// Uses a throwaway channel, because a refused declaration closes the
+/// channel it was made on.
+async fn declare_bounded(
+    connection: &lapin::Connection,
+    queue: &str,
+    args: Args,
+    kept: &str,
+) -> Result<()> {
     let channel = connection.create_channel().await?;
-    let args = Args::quorum()
-        .max_length(DEAD_LIMIT)
-        .max_length_bytes(DEAD_LIMIT_BYTES);
-    match durable(&channel, DEAD_QUEUE, args).await {
+    match durable(&channel, queue, args).await {
         Err(e) if e.is_precondition_failed() => {
             tracing::warn!(
-                queue = DEAD_QUEUE,
-                "declared without its bound by an older gleaner: it stays unbounded until it is deleted (rabbitmqctl delete_queue {DEAD_QUEUE})"
-            );
-            Ok(())
-        }
-        declared => {
-            let _ = channel.close(200, "done".into()).await;
-            declared
-        }
-    }
-}
-
-/// `gleaner.history`, bounded. One declared with other bounds is kept as
-/// it is, with a warning, as `gleaner.dead` is.
-async fn declare_history(connection: &lapin::Connection) -> Result<()> {
-    let channel = connection.create_channel().await?;
-    let args = Args::stream(HISTORY_BYTES, HISTORY_BYTES / 16);
-    match durable(&channel, HISTORY_QUEUE, args).await {
-        Err(e) if e.is_precondition_failed() => {
-            tracing::warn!(
-                queue = HISTORY_QUEUE,
-                "declared with other bounds: kept as it is (rabbitmqctl delete_queue {HISTORY_QUEUE} lets the services declare it again)"
+                queue,
+                "declared otherwise by an older gleaner: {kept} until it is deleted (rabbitmqctl delete_queue {queue})"
             );
             Ok(())
         }
@@ -283,8 +266,18 @@ async fn declare_history(connection: &lapin::Connection) -> Result<()> {
 
 /// The queues and exchange every component relies on.
 pub async fn declare_core(connection: &lapin::Connection) -> Result<()> {
-    declare_dead(connection).await?;
-    declare_history(connection).await?;
+    let dead = Args::quorum()
+        .max_length(DEAD_LIMIT)
+        .max_length_bytes(DEAD_LIMIT_BYTES);
+    declare_bounded(connection, DEAD_QUEUE, dead, "it stays unbounded").await?;
+    let history = Args::stream(HISTORY_BYTES, HISTORY_BYTES / 16);
+    declare_bounded(
+        connection,
+        HISTORY_QUEUE,
+        history,
+        "it keeps its own bounds",
+    )
+    .await?;
     let channel = connection.create_channel().await?;
     let declared = declare_routes(&channel).await;
     let _ = channel.close(200, "done".into()).await;
