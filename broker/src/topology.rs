@@ -284,7 +284,7 @@ pub async fn declare_core(connection: &lapin::Connection) -> Result<()> {
     declared
 }
 
-/// What [`declare_core`] declares beside `gleaner.dead`.
+/// What [`declare_core`] declares beside the bounded queues.
 async fn declare_routes(channel: &Channel) -> Result<()> {
     durable(
         channel,

@@ -241,7 +241,8 @@ impl Drop for BrokerUser {
 /// `alice-<pid>` and `bob-<pid>`, broker accounts made by `user.sh`, are
 /// the Unix accounts alice and bob (`deploy/accounts.sh`); `clusters`
 /// (configuration) comes before `[users]`; the test's directory is open
-/// to every account. With the environment its services need.
+/// to every account, and holds the binary the services run. With the
+/// environment its services need.
 pub fn many_users(
     test: &str,
     exe: &str,
@@ -256,12 +257,20 @@ pub fn many_users(
             "no Unix account {account}: run deploy/accounts.sh alice bob"
         );
     }
-    let g = Gleaner::new(test, exe);
+    let mut g = Gleaner::new(test, exe);
     std::fs::set_permissions(
         g.path(),
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .expect("chmod");
+    // The services start launchers and components as alice and bob with
+    // the binary they run: one in the test's directory, which they can
+    // reach wherever the checkout is (under root's home, say).
+    let reachable = g.path().join("gleaner");
+    std::fs::hard_link(&g.exe, &reachable)
+        .or_else(|_| std::fs::copy(&g.exe, &reachable).map(drop))
+        .expect("the gleaner binary in the test's directory");
+    g.exe = reachable;
     let alice = BrokerUser::add(&g.vhost, "alice");
     let bob = BrokerUser::add(&g.vhost, "bob");
     let config = g.write(
