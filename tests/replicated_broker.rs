@@ -130,11 +130,7 @@ fn the_replicated_broker_is_reached_over_tls_only() {
     );
     // Many users, so that each job's launchers get an account of their own;
     // the services' account owns the job, as the Unix account alice.
-    std::fs::set_permissions(
-        g.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
+    g.open_to_every_account();
     let config = g.write(
         "gleaner.toml",
         "[users]\nsingle = false\naccounts = { gleaner = \"alice\" }\n",

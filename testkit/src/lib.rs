@@ -360,6 +360,23 @@ impl Gleaner {
         self.dir.path()
     }
 
+    /// Opens the test's directory to every account and runs the services
+    /// from a binary in it: their launchers and components run as other
+    /// accounts (alice, bob), which must reach both wherever the checkout
+    /// is (under root's home, say).
+    pub fn open_to_every_account(&mut self) {
+        std::fs::set_permissions(
+            self.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .expect("chmod");
+        let reachable = self.path().join("gleaner");
+        std::fs::hard_link(&self.exe, &reachable)
+            .or_else(|_| std::fs::copy(&self.exe, &reachable).map(drop))
+            .expect("the gleaner binary in the test's directory");
+        self.exe = reachable;
+    }
+
     /// A gleaner command for this test's vhost and directory.
     pub fn command(&self, args: &[&str]) -> Command {
         self.prepare(Command::new(&self.exe), args)

@@ -258,19 +258,7 @@ pub fn many_users(
         );
     }
     let mut g = Gleaner::new(test, exe);
-    std::fs::set_permissions(
-        g.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .expect("chmod");
-    // The services start launchers and components as alice and bob with
-    // the binary they run: one in the test's directory, which they can
-    // reach wherever the checkout is (under root's home, say).
-    let reachable = g.path().join("gleaner");
-    std::fs::hard_link(&g.exe, &reachable)
-        .or_else(|_| std::fs::copy(&g.exe, &reachable).map(drop))
-        .expect("the gleaner binary in the test's directory");
-    g.exe = reachable;
+    g.open_to_every_account();
     let alice = BrokerUser::add(&g.vhost, "alice");
     let bob = BrokerUser::add(&g.vhost, "bob");
     let config = g.write(
