@@ -110,6 +110,20 @@ pub struct Incoming<M> {
     delivery_tag: u64,
 }
 
+/// Acks a delivery whose message has been handed on.
+#[derive(Debug, Clone)]
+pub struct Receipt {
+    acker: Acker,
+}
+
+impl Receipt {
+    /// Acks the delivery and every earlier unacked one of the same channel.
+    pub async fn ack_up_to_here(&self) -> Result<(), BrokerError> {
+        self.acker.ack(BasicAckOptions { multiple: true }).await?;
+        Ok(())
+    }
+}
+
 impl<M> Incoming<M> {
     pub async fn ack(&self) -> Result<(), BrokerError> {
         self.acker.ack(BasicAckOptions::default()).await?;
@@ -118,8 +132,14 @@ impl<M> Incoming<M> {
 
     /// Acks this delivery and every earlier unacked one of the same channel.
     pub async fn ack_up_to_here(&self) -> Result<(), BrokerError> {
-        self.acker.ack(BasicAckOptions { multiple: true }).await?;
-        Ok(())
+        self.receipt().ack_up_to_here().await
+    }
+
+    /// What acks this delivery, kept apart from its message.
+    pub fn receipt(&self) -> Receipt {
+        Receipt {
+            acker: self.acker.clone(),
+        }
     }
 
     /// Returns the delivery to its queue (its delivery count goes up).

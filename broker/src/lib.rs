@@ -16,7 +16,7 @@ pub mod topology;
 mod watch;
 
 pub use connection::{Broker, Connection, DEFAULT_URL, plain_to_tls_port, redact};
-pub use consume::{ConsumeOptions, Inbox, Incoming, peek, take_all};
+pub use consume::{ConsumeOptions, Inbox, Incoming, Receipt, peek, take_all};
 pub use error::BrokerError;
 /// Channels are handed between the broker crate's functions; callers only
 /// hold them.

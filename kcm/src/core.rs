@@ -1,21 +1,21 @@
 //! The kcm's decisions, without I/O.
 //!
-//! [`KcmCore`] is a state machine: it takes an [`Event`] — a message on the
-//! kcm's queue, a reading of the batch system with the component exits
-//! found in the spool, the outcome of a command it asked for, the moment to
-//! report — with the time as an argument, and returns the [`Effect`]s to
-//! carry out. It never reads a clock, the batch system or the spool, and
-//! never sends anything (it only logs), so it can be driven by `lib.rs`
-//! (RabbitMQ and a real batch system) or by a simulator (a simulated clock
-//! and cluster) alike, and tested by feeding it events.
+//! [`KcmCore`] is a state machine ([`Core`]): it takes an [`Event`] — a
+//! message on the kcm's queue, a reading of the batch system with the
+//! component exits found in the spool, the outcome of a command it asked
+//! for — with the time as an argument, and keeps the [`Effect`]s to carry
+//! out until its shell polls them. It never reads a clock, the batch system
+//! or the spool, and never sends anything (it only logs), so it can be
+//! driven by `lib.rs` (RabbitMQ and a real batch system) or by a simulator
+//! (a simulated clock and cluster) alike, and tested by feeding it events.
 //!
 //! How a shell drives it:
 //!
-//! - every message: `Event::Message`, then the effects; [`Effect::PollNow`]
+//! - every message: `Event::Message`, then its effects; [`Effect::PollNow`]
 //!   asks for a poll once the message is acknowledged;
-//! - every poll: read the batch system and the spool, `Event::Polled`, the
-//!   effects, then `Event::ReportDue` and its effects (the report goes last
-//!   so that it carries the failures of the poll's own commands);
+//! - every poll: read the batch system and the spool, `Event::Polled`, then
+//!   its effects, which end with the report (after the answers to the
+//!   poll's own commands, so that it carries their failures);
 //! - effects in order; those that run a command are answered at once with
 //!   the event they name, whose effects come before the remaining ones.
 //!
@@ -40,7 +40,7 @@ use gleaner_policy::{
 };
 use gleaner_protocol::{
     Captured, ClusterName, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, Credentials,
-    GrantId, Holding, KcmMsg, SchedulerMsg, ShrinkMode, component_on_one_host, naming,
+    GrantId, Holding, KcmMsg, Outbox, SchedulerMsg, ShrinkMode, component_on_one_host, naming,
 };
 use tracing::{error, info, warn};
 
@@ -78,7 +78,7 @@ pub struct CoreConfig {
     pub users: Users,
 }
 
-pub use gleaner_protocol::Now;
+pub use gleaner_protocol::{Core, Now};
 
 /// A component's exit status found in the spool directory: that component
 /// ended. The spool outlives a kcm restart, so these are found again.
@@ -100,8 +100,6 @@ pub enum Event {
         snapshot: Result<Snapshot, BackendError>,
         spooled: Vec<SpooledExit>,
     },
-    /// The poll's effects are carried out: time to report to the scheduler.
-    ReportDue,
     /// Answers [`Effect::SubmitLaunchers`]: the slots actually submitted.
     LaunchersSubmitted {
         job: JobId,
@@ -162,6 +160,8 @@ pub enum Effect {
     /// The scheduler should hear at once: poll (and report) as soon as the
     /// message at hand is acknowledged.
     PollNow,
+    /// A job ended: the settings file its launchers started with goes.
+    ForgetLauncherSettings { job: JobId },
 }
 
 /// A grid component this kcm submitted (or found), until its end is reported.
@@ -250,6 +250,41 @@ pub struct KcmCore {
     /// as: learned from its grants, or for what a predecessor left, from
     /// the first reading ([`KcmCore::judge`]).
     accounts: BTreeMap<JobId, JobAccount>,
+    /// Effects decided and not yet carried out.
+    outbox: Outbox<Effect>,
+    /// A poll was handled: its report goes once its effects are carried out.
+    report_due: bool,
+}
+
+impl Core for KcmCore {
+    type Event = Event;
+    type Effect = Effect;
+
+    fn handle(&mut self, event: Event, now: Now) {
+        let answer = !matches!(event, Event::Message(_) | Event::Polled { .. });
+        let effects = self.decide(event, now);
+        for effect in &effects {
+            if let Effect::Remove { ids } = effect {
+                self.withdrawn.extend(ids.iter().cloned());
+            }
+        }
+        if answer {
+            self.outbox.push_front(effects);
+        } else {
+            self.outbox.push(effects);
+        }
+    }
+
+    fn poll_effect(&mut self, now: Now) -> Option<Effect> {
+        if self.outbox.is_empty() && std::mem::take(&mut self.report_due) {
+            let report = self.report(now);
+            self.outbox.push([
+                Effect::ToScheduler(SchedulerMsg::ClusterStatus(report.clone())),
+                Effect::Announce(gleaner_protocol::Event::Cluster(report)),
+            ]);
+        }
+        self.outbox.pop()
+    }
 }
 
 impl KcmCore {
@@ -278,30 +313,17 @@ impl KcmCore {
             answered: Answered::default(),
             components: BTreeMap::new(),
             accounts: BTreeMap::new(),
+            outbox: Outbox::default(),
+            report_due: false,
         }
-    }
-
-    /// Decides what `event`, at `now`, calls for.
-    pub fn handle(&mut self, event: Event, now: Now) -> Vec<Effect> {
-        let effects = self.decide(event, now);
-        for effect in &effects {
-            if let Effect::Remove { ids } = effect {
-                self.withdrawn.extend(ids.iter().cloned());
-            }
-        }
-        effects
     }
 
     fn decide(&mut self, event: Event, now: Now) -> Vec<Effect> {
         match event {
             Event::Message(message) => self.on_message(message, now),
-            Event::Polled { snapshot, spooled } => self.on_poll(snapshot, &spooled, now),
-            Event::ReportDue => {
-                let report = self.report(now);
-                vec![
-                    Effect::ToScheduler(SchedulerMsg::ClusterStatus(report.clone())),
-                    Effect::Announce(gleaner_protocol::Event::Cluster(report)),
-                ]
+            Event::Polled { snapshot, spooled } => {
+                self.report_due = true;
+                self.on_poll(snapshot, &spooled, now)
             }
             Event::LaunchersSubmitted {
                 job,
@@ -412,6 +434,7 @@ impl KcmCore {
                     account.ended = true;
                 }
                 let mut effects = self.end_job(&job, now);
+                effects.push(Effect::ForgetLauncherSettings { job });
                 effects.push(Effect::PollNow);
                 effects
             }
@@ -1219,6 +1242,15 @@ mod tests {
         poll_spool(core, snapshot, Vec::new(), now)
     }
 
+    /// Hands the core `event` and takes every effect it then has, as a
+    /// shell would with no answer to give.
+    fn step(core: &mut KcmCore, event: Event, now: Now) -> Vec<Effect> {
+        core.handle(event, now);
+        std::iter::from_fn(|| core.poll_effect(now)).collect()
+    }
+
+    /// A poll's effects before its report, which goes last, both to the
+    /// scheduler and to the events exchange.
     fn poll_spool(
         core: &mut KcmCore,
         snapshot: Snapshot,
@@ -1226,25 +1258,26 @@ mod tests {
         now: Now,
     ) -> Vec<Effect> {
         let snapshot = Ok(snapshot);
-        core.handle(Event::Polled { snapshot, spooled }, now)
-    }
-
-    fn message(core: &mut KcmCore, message: KcmMsg, now: Now) -> Vec<Effect> {
-        core.handle(Event::Message(message), now)
-    }
-
-    /// The report, which goes both to the scheduler and to the events exchange.
-    fn report(core: &mut KcmCore, now: Now) -> ClusterReport {
-        let effects = core.handle(Event::ReportDue, now);
+        let mut effects = step(core, Event::Polled { snapshot, spooled }, now);
+        let report = effects.split_off(effects.len().saturating_sub(2));
         let [
             Effect::ToScheduler(SchedulerMsg::ClusterStatus(report)),
             Effect::Announce(Published::Cluster(announced)),
-        ] = effects.as_slice()
+        ] = report.as_slice()
         else {
-            panic!("a report is sent and announced: {effects:?}");
+            panic!("a poll ends with its report, sent and announced: {report:?}");
         };
         assert_eq!(format!("{report:?}"), format!("{announced:?}"));
-        report.clone()
+        effects
+    }
+
+    fn message(core: &mut KcmCore, message: KcmMsg, now: Now) -> Vec<Effect> {
+        step(core, Event::Message(message), now)
+    }
+
+    /// The report the next poll ends with.
+    fn report(core: &mut KcmCore, now: Now) -> ClusterReport {
+        core.report(now)
     }
 
     fn removed(effects: &[Effect]) -> Vec<Vec<String>> {
@@ -1588,7 +1621,7 @@ mod tests {
                 requested: 4,
                 result,
             };
-            assert!(kcm.handle(event, clock.at(0)).is_empty());
+            assert!(step(&mut kcm, event, clock.at(0)).is_empty());
             let r = report(&mut kcm, clock.at(0));
             assert_eq!(r.failed_starts, 0, "alice's alone are not the cluster's");
             assert_eq!(r.job_failures.get(&a), Some(&failures));
@@ -1620,7 +1653,7 @@ mod tests {
             requested: 4,
             result: Ok(4),
         };
-        kcm.handle(event, clock.at(0));
+        step(&mut kcm, event, clock.at(0));
         let r = report(&mut kcm, clock.at(0));
         assert_eq!(
             (r.job_failures.get(&job("a")), r.error),
@@ -1647,7 +1680,7 @@ mod tests {
             requested: 1,
             result: Err(failure("qsub")),
         };
-        kcm.handle(event, clock.at(0));
+        step(&mut kcm, event, clock.at(0));
         assert_eq!(report(&mut kcm, clock.at(0)).failed_starts, 3);
         let up = KcmMsg::LauncherUp {
             job: job("a"),
@@ -1752,7 +1785,8 @@ mod tests {
         let error = |kcm: &mut KcmCore| report(kcm, clock.at(0)).error;
         assert_eq!(error(&mut kcm).as_deref(), Some("c1.q@a is in state E"));
         let snapshot = Err(failure("qstat -xml"));
-        kcm.handle(
+        step(
+            &mut kcm,
             Event::Polled {
                 snapshot,
                 spooled: Vec::new(),
@@ -1763,12 +1797,16 @@ mod tests {
             error(&mut kcm).as_deref(),
             Some("qstat -xml: exit status: 1: denied")
         );
-        kcm.handle(Event::Removed(Err(failure("qdel 1.1"))), clock.at(0));
+        step(
+            &mut kcm,
+            Event::Removed(Err(failure("qdel 1.1"))),
+            clock.at(0),
+        );
         assert_eq!(
             error(&mut kcm).as_deref(),
             Some("qdel 1.1: exit status: 1: denied")
         );
-        kcm.handle(Event::Removed(Ok(())), clock.at(0));
+        step(&mut kcm, Event::Removed(Ok(())), clock.at(0));
         assert!(
             error(&mut kcm).is_some(),
             "only a good submission clears a command error"
@@ -1803,7 +1841,7 @@ mod tests {
             spec,
             result: Ok(()),
         };
-        assert!(kcm.handle(answer, clock.at(0)).is_empty());
+        assert!(step(&mut kcm, answer, clock.at(0)).is_empty());
         let exit = SpooledExit {
             job: g.clone(),
             component: 1,
@@ -1850,7 +1888,8 @@ mod tests {
                 .any(|e| matches!(e, Effect::DeleteSpoolEntry { .. }))
         );
         // Heard: forgotten, and only now its spool entry goes.
-        let effects = kcm.handle(
+        let effects = step(
+            &mut kcm,
             Event::ComponentReported {
                 job: g.clone(),
                 component: 1,
@@ -1902,7 +1941,7 @@ mod tests {
                 spec: spec(&g, component, 1),
                 result: Ok(()),
             };
-            kcm.handle(submitted, clock.at(0));
+            step(&mut kcm, submitted, clock.at(0));
         }
         // Component 1 shows up, then leaves without an exit status (qdel).
         let seen = Snapshot {
@@ -1916,7 +1955,8 @@ mod tests {
             .map(|(_, o)| (o.component, o.exit_code, o.runtime_ms))
             .collect();
         assert_eq!(summary, [(1, None, 2_000)]);
-        kcm.handle(
+        step(
+            &mut kcm,
             Event::ComponentReported {
                 job: g.clone(),
                 component: 1,
@@ -1940,7 +1980,11 @@ mod tests {
         let g = job("g");
         let spec = spec(&g, 2, 64);
         let result = Err(failure("qsub -pe make 64"));
-        let effects = kcm.handle(Event::ComponentSubmitted { spec, result }, clock.at(0));
+        let effects = step(
+            &mut kcm,
+            Event::ComponentSubmitted { spec, result },
+            clock.at(0),
+        );
         let [
             Effect::Tell {
                 job,
@@ -1959,6 +2003,53 @@ mod tests {
         assert!(
             ended(&poll(&mut kcm, cluster(4, Vec::new()), clock.at(120_000))).is_empty(),
             "not tracked"
+        );
+    }
+
+    #[test]
+    fn a_polls_report_carries_the_answers_to_its_own_commands() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let a = job("a");
+        let waiting = cluster(4, vec![placeholder("3.1", &a, false)]);
+        poll(&mut kcm, waiting.clone(), clock.at(0));
+        let now = clock.at(61_000);
+        kcm.handle(
+            Event::Polled {
+                snapshot: Ok(waiting),
+                spooled: Vec::new(),
+            },
+            now,
+        );
+        let mut sent = Vec::new();
+        while let Some(effect) = kcm.poll_effect(now) {
+            if let Effect::Remove { .. } = effect {
+                kcm.handle(Event::Removed(Err(failure("qdel 3.1"))), now);
+            }
+            sent.push(effect);
+        }
+        let reported = sent.iter().find_map(|e| match e {
+            Effect::ToScheduler(SchedulerMsg::ClusterStatus(report)) => Some(report.clone()),
+            _ => None,
+        });
+        assert_eq!(
+            reported.and_then(|r| r.error).as_deref(),
+            Some("qdel 3.1: exit status: 1: denied"),
+            "{sent:?}"
+        );
+    }
+
+    #[test]
+    fn a_jobs_end_forgets_its_launchers_settings() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let a = job("a");
+        let effects = message(&mut kcm, KcmMsg::JobEnded { job: a.clone() }, clock.at(0));
+        assert!(
+            effects
+                .iter()
+                .any(|e| matches!(e, Effect::ForgetLauncherSettings { job } if *job == a)),
+            "{effects:?}"
         );
     }
 
@@ -1999,7 +2090,8 @@ mod tests {
         );
         assert!(r.error.unwrap().contains("longer than"));
         // A successful submit does not clear it; a placeholder that runs does.
-        kcm.handle(
+        step(
+            &mut kcm,
             Event::LaunchersSubmitted {
                 job: a.clone(),
                 grant: GrantId::new(8),
@@ -2223,7 +2315,7 @@ mod tests {
             spec: spec(&g, 0, 1),
             result: Ok(()),
         };
-        kcm.handle(submitted, clock.at(0));
+        step(&mut kcm, submitted, clock.at(0));
         let hers = named("5.1", &a, None, "alice", true);
         let gleaners = named("8", &g, Some(0), "root", true);
         // Bob's: a held `gl-<a>`, a running `gg-<g>.0`.

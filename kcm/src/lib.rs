@@ -21,7 +21,6 @@ mod snapshot;
 mod squeue;
 
 use std::{
-    collections::VecDeque,
     path::{Path, PathBuf},
     time::Duration,
 };
@@ -45,7 +44,7 @@ pub use sge::{SgeBackend, SgeConfig};
 pub use slurm::{SlurmBackend, SlurmConfig};
 pub use snapshot::{ComponentRun, Host, Placeholder, Snapshot};
 
-use crate::core::{CoreConfig, Effect, Event, KcmCore, Now, SpooledExit};
+use crate::core::{Core, CoreConfig, Effect, Event, KcmCore, Now, SpooledExit};
 
 /// What a kcm runs with, derived from its [`ClusterConfig`].
 #[derive(Debug, Clone)]
@@ -160,11 +159,8 @@ impl<B: Backend> Kcm<B> {
             tokio::select! {
                 message = inbox.next() => match message {
                     Some(Ok(incoming)) => {
-                        if let KcmMsg::JobEnded { job } = &incoming.msg {
-                            let _ = std::fs::remove_file(self.owner_settings_file(job));
-                        }
-                        let effects = self.core.handle(Event::Message(incoming.msg.clone()), Now::read());
-                        let poll_now = self.apply(effects, &publisher).await?;
+                        self.core.handle(Event::Message(incoming.msg.clone()), Now::read());
+                        let poll_now = self.apply(&publisher).await?;
                         incoming.ack().await?;
                         if poll_now {
                             self.poll(&publisher).await?;
@@ -179,8 +175,8 @@ impl<B: Backend> Kcm<B> {
         }
     }
 
-    /// Reads the batch system and the spool, lets the core decide, carries
-    /// its decisions out, and then reports.
+    /// Reads the batch system and the spool, and lets the core decide
+    /// (and report).
     async fn poll(&mut self, publisher: &Publisher) -> Result<(), BrokerError> {
         let snapshot = self.backend.snapshot().await;
         let spooled = if snapshot.is_ok() {
@@ -188,26 +184,17 @@ impl<B: Backend> Kcm<B> {
         } else {
             Vec::new()
         };
-        let effects = self
-            .core
+        self.core
             .handle(Event::Polled { snapshot, spooled }, Now::read());
-        self.apply(effects, publisher).await?;
-        let report = self.core.handle(Event::ReportDue, Now::read());
-        self.apply(report, publisher).await?;
+        self.apply(publisher).await?;
         Ok(())
     }
 
-    /// Carries out the core's effects in order, answering each command's
-    /// outcome at once (its follow-ups go first); `true` when the core asked
-    /// for a poll.
-    async fn apply(
-        &mut self,
-        effects: Vec<Effect>,
-        publisher: &Publisher,
-    ) -> Result<bool, BrokerError> {
-        let mut effects = VecDeque::from(effects);
+    /// Carries out the core's effects, handing each command's outcome back
+    /// at once; `true` when the core asked for a poll.
+    async fn apply(&mut self, publisher: &Publisher) -> Result<bool, BrokerError> {
         let mut poll_now = false;
-        while let Some(effect) = effects.pop_front() {
+        while let Some(effect) = self.core.poll_effect(Now::read()) {
             let answer = match effect {
                 Effect::SubmitLaunchers {
                     job,
@@ -290,11 +277,13 @@ impl<B: Backend> Kcm<B> {
                     poll_now = true;
                     None
                 }
+                Effect::ForgetLauncherSettings { job } => {
+                    let _ = std::fs::remove_file(self.owner_settings_file(&job));
+                    None
+                }
             };
             if let Some(event) = answer {
-                for follow_up in self.core.handle(event, Now::read()).into_iter().rev() {
-                    effects.push_front(follow_up);
-                }
+                self.core.handle(event, Now::read());
             }
         }
         Ok(poll_now)

@@ -8,9 +8,11 @@
 //! them.
 
 pub mod codec;
+mod core;
 mod ids;
 mod messages;
 pub mod naming;
 
+pub use core::{Core, Now, Outbox, now_ms};
 pub use ids::{ClusterName, GrantId, LauncherId, is_name};
 pub use messages::*;

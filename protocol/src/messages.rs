@@ -33,33 +33,6 @@ pub trait Message: Serialize + DeserializeOwned + Send + Sync {
 /// Milliseconds since the Unix epoch; the unit of every timestamp on the wire.
 pub type Millis = u64;
 
-/// When an event happens, on the two clocks the services' cores use: the
-/// monotonic one for intervals and graces, the wall clock for what goes on
-/// the wire and on disk. Shells read it once per event ([`Now::read`]); a
-/// simulator sets both from its own clock; cores never read a clock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Now {
-    pub instant: std::time::Instant,
-    pub wall_ms: Millis,
-}
-
-impl Now {
-    /// The time now, for a shell.
-    pub fn read() -> Self {
-        Self {
-            instant: std::time::Instant::now(),
-            wall_ms: now_ms(),
-        }
-    }
-}
-
-/// Now, in wire units.
-pub fn now_ms() -> Millis {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
 // ---------------------------------------------------------------- gleaner.submit
 
 /// A manifest on `gleaner.submit`, as `gleaner submit` sends it. Manifests

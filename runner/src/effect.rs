@@ -2,23 +2,21 @@
 //! say to each other: the time a decision is made at, and the effects the
 //! shell applies for it.
 
-use std::borrow::Cow;
-
 use gleaner_protocol::{
     ActionReply, ClusterName, Event, GrantId, KcmMsg, LauncherId, LauncherMsg, ResultMsg,
     SchedulerMsg, TaskMsg,
 };
 
 use crate::{
+    publication::FirstAttempts,
     records::{AddedTasks, IndexEntry},
-    sweep::FirstAttempts,
 };
 
 pub use gleaner_protocol::Now;
 
 /// Something the shell does for a core, in the order given.
 #[derive(Debug)]
-pub enum Effect<'r> {
+pub enum Effect {
     /// To the scheduler, whose queue must exist.
     ToScheduler(SchedulerMsg),
     /// To a cluster's kcm. The queue may be gone (a cluster without a kcm):
@@ -39,6 +37,8 @@ pub enum Effect<'r> {
     /// To the user who sent the control message being handled (tasks to
     /// add), if they wait for it: whether the job took it, or why not.
     Answer(ActionReply),
+    /// Declares the job's queues, before anything is sent to them.
+    DeclareQueues,
     /// Empties the job's task queue: a publication cut short by a crash left
     /// an unknown part of it there.
     PurgeTasks,
@@ -47,11 +47,11 @@ pub enum Effect<'r> {
     /// Publishes these tasks (retries); before the results that caused them
     /// are acked.
     Publish(Vec<TaskMsg>),
-    /// Writes a run's captured output under `tasks/<task>/`. Borrowed from
-    /// the batch being handled: outputs can be large.
-    WriteOutputs(Cow<'r, ResultMsg>),
+    /// Writes a run's captured output under `tasks/<task>/`. The result
+    /// itself, moved from the batch being handled: outputs can be large.
+    WriteOutputs(Box<ResultMsg>),
     /// Writes a run of the final step's captured output under `final/`.
-    WriteFinalOutputs(Cow<'r, ResultMsg>),
+    WriteFinalOutputs(Box<ResultMsg>),
     /// Appends these lines to the index, then makes everything written so
     /// far durable (even with no lines: outputs may have been written).
     Record(Vec<IndexEntry>),
@@ -63,7 +63,8 @@ pub enum Effect<'r> {
     SaveJobFile,
     /// Reports where the job stands (silent launchers polled first, then the
     /// report), once the effects before it and what came back from them are
-    /// applied.
+    /// applied. A request to [`crate::JobMachine`], which carries it out
+    /// itself: a shell never sees it.
     Report,
     /// Deletes the job's queues: its launchers leave.
     DeleteQueues,

@@ -10,10 +10,7 @@
 //! `max_attempts` runs, as long as no component has ended. No I/O here:
 //! the shell (`job.rs`) applies the effects.
 
-use std::{
-    borrow::Cow,
-    collections::{BTreeMap, BTreeSet},
-};
+use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_protocol::{
     ActionReply, ClusterName, ComponentOutcome, ComponentSpec, ControlMsg, JobReport, JobState,
@@ -45,7 +42,7 @@ impl Grid {
 
     /// The scheduler placed the job: each component still to place goes to
     /// its cluster's kcm, which submits it to the batch system.
-    fn place(&mut self, clusters: Vec<ClusterName>) -> Vec<Effect<'static>> {
+    fn place(&mut self, clusters: Vec<ClusterName>) -> Vec<Effect> {
         let ledger = &mut self.ledger;
         let unplaced: Vec<usize> = ledger.unplaced().map(|(i, _)| i).collect();
         if ledger.file.state != JobState::Waiting || clusters.len() != unplaced.len() {
@@ -103,7 +100,7 @@ impl Grid {
         component: u32,
         cluster: ClusterName,
         reason: &str,
-    ) -> Vec<Effect<'static>> {
+    ) -> Vec<Effect> {
         let ledger = &mut self.ledger;
         let placed = ledger.file.components.get_mut(component as usize);
         let Some(slot @ Some(_)) = placed else {
@@ -123,7 +120,7 @@ impl Grid {
     /// A component ended. Its program's exit is final (a rigid job is not
     /// retried); a component lost without one sends the job back to
     /// placement while that can still make it whole.
-    fn component_ended(&mut self, outcome: ComponentOutcome) -> Vec<Effect<'static>> {
+    fn component_ended(&mut self, outcome: ComponentOutcome) -> Vec<Effect> {
         let task = u64::from(outcome.component);
         let placed_here = self
             .ledger
@@ -167,7 +164,7 @@ impl Grid {
         let entry = self.entry(task, status.into(), Some(&result));
         self.ledger.book.finish(task, status.into());
         vec![
-            Effect::WriteOutputs(Cow::Owned(result)),
+            Effect::WriteOutputs(Box::new(result)),
             Effect::Record(vec![entry]),
         ]
     }
@@ -192,16 +189,11 @@ impl Grid {
 
     /// Stops every component still standing and sends the job back to
     /// placement: a rigid job runs whole or not at all.
-    fn restart(
-        &mut self,
-        component: u32,
-        cluster: &ClusterName,
-        reason: &str,
-    ) -> Vec<Effect<'static>> {
+    fn restart(&mut self, component: u32, cluster: &ClusterName, reason: &str) -> Vec<Effect> {
         let ledger = &mut self.ledger;
         ledger.file.restarts += 1;
         warn!(job = %ledger.id, component, cluster = %cluster, reason, restarts = ledger.file.restarts, "grid component lost: stopping the others, placing the job again");
-        let mut effects: Vec<Effect<'static>> = std::mem::take(&mut ledger.clusters)
+        let mut effects: Vec<Effect> = std::mem::take(&mut ledger.clusters)
             .into_iter()
             .map(|cluster| Effect::ToKcm {
                 cluster,
@@ -236,7 +228,7 @@ impl JobCore for Grid {
 
     /// Registers the job with the scheduler: waiting to be placed, or
     /// running where it was placed before a restart.
-    fn start(&mut self) -> Vec<Effect<'static>> {
+    fn start(&mut self) -> Vec<Effect> {
         let ledger = &mut self.ledger;
         ledger.take_over();
         let components = ledger.manifest.components.len();
@@ -255,23 +247,19 @@ impl JobCore for Grid {
     }
 
     /// Components report through their kcm, never as results.
-    fn on_results<'r>(
-        &mut self,
-        batch: impl IntoIterator<Item = &'r ResultMsg>,
-        _now: Now,
-    ) -> Vec<Effect<'r>> {
+    fn on_results(&mut self, batch: impl IntoIterator<Item = ResultMsg>, _now: Now) -> Vec<Effect> {
         for result in batch {
             debug!(job = %self.ledger.id, task = result.task, "result ignored: this job is a grid job");
         }
         Vec::new()
     }
 
-    fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect<'static>> {
+    fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect> {
         debug!(job = %self.ledger.id, tasks = lost.tasks.len(), "lost tasks ignored: this job is a grid job");
         Vec::new()
     }
 
-    fn on_control(&mut self, msg: ControlMsg, _now: Now) -> Vec<Effect<'static>> {
+    fn on_control(&mut self, msg: ControlMsg, _now: Now) -> Vec<Effect> {
         let job = &self.ledger.id;
         match msg {
             ControlMsg::Place { clusters } => self.place(clusters),
@@ -313,7 +301,7 @@ impl JobCore for Grid {
         }
     }
 
-    fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect<'static>> {
+    fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect> {
         match followup {
             Followup::Component { component, cluster } if !arrived && self.may_restart() => {
                 self.restart(component, &cluster, "its cluster has no kcm")
@@ -329,7 +317,7 @@ impl JobCore for Grid {
         }
     }
 
-    fn poll(&mut self, _now: Now) -> Vec<Effect<'static>> {
+    fn poll(&mut self, _now: Now) -> Vec<Effect> {
         Vec::new()
     }
 

@@ -11,15 +11,14 @@ use std::{collections::VecDeque, sync::Arc, time::Duration};
 
 use futures_util::FutureExt;
 use gleaner_broker::{
-    BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher, Reply,
+    BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher, Receipt, Reply,
     admin::{Admin, launcher_user},
     peek, take_all,
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
 };
-use gleaner_manifest::{JobId, JobKind, TaskList};
+use gleaner_manifest::{JobKind, TaskList};
 use gleaner_protocol::{
-    ActionReply, ControlMsg, JobClaim, JobReport, JobState, Message, ResultBatch, Submission,
-    TaskBundle,
+    ControlMsg, Core, JobClaim, JobReport, JobState, Message, ResultBatch, Submission, TaskBundle,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -28,9 +27,11 @@ use crate::{
     effect::{Effect, Now},
     grid::Grid,
     job_core::{JobCore, JobSettings, Opening, Refusal},
+    machine::{JobEvent, JobMachine},
     owner::{Owner, as_account, may_send_control, prepare_area, symlink_on_the_way},
+    publication::FirstAttempts,
     results::ResultsDir,
-    sweep::{FirstAttempts, Sweep},
+    sweep::Sweep,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -263,10 +264,10 @@ async fn wait_for_lock(
     }
 }
 
-/// The shell of one job: its queues, its results directory, and the core
-/// that decides.
+/// The shell of one job: its queues, its results directory, and the
+/// machine that decides.
 struct Job<C> {
-    core: C,
+    machine: JobMachine<C>,
     queues: JobQueues,
     results: ResultsDir,
     publisher: Publisher,
@@ -279,13 +280,12 @@ struct Job<C> {
     /// Where an [`Effect::Answer`] goes: the sender of the control message
     /// being handled, if it asked for an answer.
     answering: Option<Reply>,
-}
-
-/// Work for [`Job::apply`]: an effect, or the report an [`Effect::Report`]
-/// asked for, once the polls before it are answered.
-enum Step<'r> {
-    Apply(Box<Effect<'r>>),
-    ReportNow,
+    /// Acks the deliveries being handled once their effects are carried
+    /// out, or before their queue is deleted.
+    unacked: Option<Receipt>,
+    /// Control messages taken from the queue as it was deleted, for the
+    /// machine to answer.
+    late: Vec<(ControlMsg, Reply)>,
 }
 
 impl<C: JobCore> Job<C> {
@@ -297,13 +297,15 @@ impl<C: JobCore> Job<C> {
         admin: Option<Admin>,
     ) -> Self {
         Self {
-            core,
+            machine: JobMachine::new(core),
             queues,
             results,
             publisher,
             admin,
             answering: None,
             publishing: VecDeque::new(),
+            unacked: None,
+            late: Vec::new(),
         }
     }
 
@@ -315,26 +317,16 @@ impl<C: JobCore> Job<C> {
         }
     }
 
-    fn id(&self) -> &JobId {
-        &self.core.ledger().id
-    }
-
     async fn run(
         mut self,
         connection: &Connection,
         shutdown: &CancellationToken,
     ) -> Result<(), JobError> {
-        if self.core.ledger().has_ended() {
-            info!(job = %self.id(), "job had already ended; cleaning up");
-            let now = Now::read();
-            let effects = self.core.wind_up(now);
-            return self.apply(effects, now).await;
-        }
         let outcome = async {
-            let channel = connection.channel().await?;
-            topology::declare_job(&channel, &self.queues).await?;
-            let effects = self.core.start();
-            self.apply(effects, Now::read()).await?;
+            self.handle(JobEvent::Start, Now::read()).await?;
+            if self.machine.is_over() {
+                return Ok(());
+            }
             self.serve(connection, shutdown).await
         }
         .await;
@@ -342,7 +334,7 @@ impl<C: JobCore> Job<C> {
             Err(JobError::Results { path, error, .. }) => Err(JobError::Results {
                 path,
                 error,
-                standing: Some(Box::new(self.core.standing(Now::read()))),
+                standing: Some(Box::new(self.machine.standing(Now::read()))),
             }),
             outcome => outcome,
         }
@@ -368,23 +360,25 @@ impl<C: JobCore> Job<C> {
         let mut control: Inbox<ControlMsg> = connection
             .inbox(publisher, &self.queues.control, options(256))
             .await?;
-        let mut heartbeat = tokio::time::interval(self.core.ledger().settings.heartbeat);
+        let mut heartbeat = tokio::time::interval(self.machine.core().ledger().settings.heartbeat);
         // The first control message of a batch, held while the rest gather.
         let mut first_control = None;
         let gathered = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(gathered);
         loop {
-            if let Some(state) = self.core.ending() {
-                // Tasks on their way to a job that ends are refused to
-                // their senders, not deleted with its queues unread.
-                let mut late: Vec<_> = first_control.take().into_iter().collect();
-                while let Some(Some(Ok(incoming))) = control.next().now_or_never() {
-                    late.push(incoming);
+            if self.machine.is_over() {
+                // Tasks on their way to a job that ended go back to their
+                // senders with the machine's answer, not deleted unread.
+                let mut late: Vec<_> = std::mem::take(&mut self.late);
+                let held = first_control.take().into_iter();
+                let prefetched = std::iter::from_fn(|| control.next().now_or_never().flatten());
+                late.extend(held.chain(prefetched.flatten()).map(|i| (i.msg, i.reply)));
+                for (msg, reply) in late {
+                    self.answering = Some(reply);
+                    self.handle(JobEvent::Control(msg), Now::read()).await?;
                 }
-                for incoming in late {
-                    self.refuse_late(&incoming.msg, &incoming.reply).await;
-                }
-                return self.end(state).await;
+                self.answering = None;
+                return Ok(());
             }
             // Results wait while a new job's tasks are being published: a
             // retry published meanwhile would be lost to the purge of a
@@ -408,13 +402,14 @@ impl<C: JobCore> Job<C> {
                             None => break,
                         }
                     }
-                    self.on_results(batch).await?;
+                    self.unacked = batch.last().map(Incoming::receipt);
+                    let results = batch.into_iter().flat_map(|i| i.msg.results).collect();
+                    self.handle(JobEvent::Results(results), Now::read()).await?;
                 }
                 lost = dead.next() => {
                     let incoming = delivered(lost)?;
-                    let effects = self.core.on_lost(&incoming.msg);
-                    self.apply(effects, Now::read()).await?;
-                    incoming.ack().await?;
+                    self.unacked = Some(incoming.receipt());
+                    self.handle(JobEvent::Lost(incoming.msg), Now::read()).await?;
                 }
                 message = control.next(), if first_control.is_none() => {
                     first_control = Some(delivered(message)?);
@@ -430,33 +425,38 @@ impl<C: JobCore> Job<C> {
                             None => break,
                         }
                     }
-                    for incoming in &batch {
+                    self.unacked = batch.last().map(Incoming::receipt);
+                    for incoming in batch {
                         if self.admin.is_some()
                             && !may_send_control(&incoming.msg, incoming.user.as_deref(), &launcher_user(&self.queues.job))
                         {
                             warn!(job = %self.queues.job, sender = incoming.user.as_deref().unwrap_or("-"), kind = incoming.msg.kind(), "control message from a sender who may not send it; dropped");
                             continue;
                         }
-                        let now = Now::read();
-                        let effects = self.core.on_control(incoming.msg.clone(), now);
-                        self.answering = Some(incoming.reply.clone());
-                        let applied = self.apply(effects, now).await;
+                        self.answering = Some(incoming.reply);
+                        let handled = self.handle(JobEvent::Control(incoming.msg), Now::read()).await;
                         self.answering = None;
-                        applied?;
+                        handled?;
                     }
-                    if let Some(last) = batch.last() {
-                        last.ack_up_to_here().await?;
-                    }
+                    self.settle().await?;
                 }
-                _ = heartbeat.tick() => self.apply(vec![Effect::Report], Now::read()).await?,
+                _ = heartbeat.tick() => self.handle(JobEvent::Heartbeat, Now::read()).await?,
                 () = shutdown.cancelled() => return Err(JobError::Shutdown),
                 () = std::future::ready(()), if !self.publishing.is_empty() => self.publish_chunk().await?,
             }
         }
     }
 
+    /// Acks the deliveries handled so far.
+    async fn settle(&mut self) -> Result<(), JobError> {
+        if let Some(receipt) = self.unacked.take() {
+            receipt.ack_up_to_here().await?;
+        }
+        Ok(())
+    }
+
     /// Publishes the next chunk of first attempts; once a publication is
-    /// all with the broker, the core hears it.
+    /// all with the broker, the machine hears it.
     async fn publish_chunk(&mut self) -> Result<(), JobError> {
         let Some((first, next)) = self.publishing.front_mut() else {
             return Ok(());
@@ -470,152 +470,111 @@ impl<C: JobCore> Job<C> {
             return Ok(());
         }
         if let Some((first, _)) = self.publishing.pop_front() {
-            info!(job = %self.id(), tasks = first.tasks().len(), "tasks published");
-            let effects = self.core.on_published(first.completes());
-            self.apply(effects, Now::read()).await?;
+            info!(job = %self.queues.job, tasks = first.tasks().len(), "tasks published");
+            self.handle(JobEvent::Published(first.completes()), Now::read())
+                .await?;
         }
         Ok(())
     }
 
-    /// Results are on disk, and their retries published, before they are acked.
-    async fn on_results(&mut self, batch: Vec<Incoming<ResultBatch>>) -> Result<(), JobError> {
-        let now = Now::read();
-        let results = batch.iter().flat_map(|i| &i.msg.results);
-        let effects = self.core.on_results(results, now);
-        self.apply(effects, now).await?;
-        if let Some(last) = batch.last() {
-            last.ack_up_to_here().await?;
+    /// Hands `event` to the machine and carries out its effects in order;
+    /// what was delivered is acked once they are (results are on disk, and
+    /// their retries published, before they are acked), unless a control
+    /// batch is still being handled.
+    async fn handle(&mut self, event: JobEvent, now: Now) -> Result<(), JobError> {
+        let control = matches!(event, JobEvent::Control(_));
+        self.machine.handle(event, now);
+        while let Some(effect) = self.machine.poll_effect(now) {
+            self.carry_out(effect, now).await?;
+        }
+        if !control {
+            self.settle().await?;
         }
         Ok(())
     }
 
-    /// The job is over: its end recorded, then wound up.
-    async fn end(&mut self, state: JobState) -> Result<(), JobError> {
-        let now = Now::read();
-        let effects = self.core.finish(state, now);
-        self.apply(effects, now).await?;
-        let effects = self.core.wind_up(now);
-        self.apply(effects, now).await
-    }
-
-    /// Answers tasks sent to a job that has ended: they were not added.
-    async fn refuse_late(&self, msg: &ControlMsg, reply: &Reply) {
-        if !matches!(msg, ControlMsg::AddTasks(_)) || !reply.is_direct() {
-            return;
-        }
-        let refused = ActionReply::Refused {
-            reason: "the job ended before its runner took the tasks".to_owned(),
-        };
-        if let Err(e) = self.publisher.reply(reply, &refused).await {
-            warn!(job = %self.queues.job, error = %e, "cannot answer the sender of tasks to add");
-        }
-    }
-
-    /// Applies effects in order. What comes back from a message to a kcm or
-    /// launcher is applied before the effects after it.
-    async fn apply(&mut self, effects: Vec<Effect<'_>>, now: Now) -> Result<(), JobError> {
-        let mut work: VecDeque<Step<'_>> = effects
-            .into_iter()
-            .map(|effect| Step::Apply(Box::new(effect)))
-            .collect();
-        while let Some(step) = work.pop_front() {
-            let effect = match step {
-                Step::Apply(effect) => *effect,
-                Step::ReportNow => {
-                    let report = self.core.report(now);
-                    push_front(&mut work, report);
-                    continue;
+    /// One effect's I/O; answers go back to the machine.
+    async fn carry_out(&mut self, effect: Effect, now: Now) -> Result<(), JobError> {
+        match effect {
+            Effect::ToScheduler(msg) => self.publisher.send(SCHEDULER_QUEUE, &msg).await?,
+            Effect::ToKcm {
+                cluster,
+                msg,
+                followup,
+            } => {
+                let arrived = self.publisher.deliver(&kcm_queue(&cluster), &msg).await?;
+                self.machine
+                    .handle(JobEvent::Delivered { followup, arrived }, now);
+            }
+            Effect::ToLauncher {
+                launcher,
+                msg,
+                followup,
+            } => {
+                let arrived = self
+                    .publisher
+                    .deliver(&launcher_queue(&self.queues.job, &launcher), &msg)
+                    .await?;
+                self.machine
+                    .handle(JobEvent::Delivered { followup, arrived }, now);
+            }
+            Effect::Event(event) => self.publisher.event(&event).await?,
+            Effect::Answer(answer) => {
+                if let Some(to) = self.answering.as_ref().filter(|r| r.is_direct())
+                    && let Err(e) = self.publisher.reply(to, &answer).await
+                {
+                    warn!(job = %self.queues.job, error = %e, "cannot answer the sender of tasks to add");
                 }
-            };
-            match effect {
-                Effect::ToScheduler(msg) => self.publisher.send(SCHEDULER_QUEUE, &msg).await?,
-                Effect::ToKcm {
-                    cluster,
-                    msg,
-                    followup,
-                } => {
-                    let arrived = self.publisher.deliver(&kcm_queue(&cluster), &msg).await?;
-                    let more = self.core.on_delivery(followup, arrived);
-                    push_front(&mut work, more);
+            }
+            Effect::DeclareQueues => {
+                topology::declare_job(self.publisher.channel(), &self.queues).await?;
+            }
+            Effect::PurgeTasks => {
+                topology::purge(self.publisher.channel(), &self.queues.tasks).await?;
+            }
+            Effect::PublishFirst(first) => self.publishing.push_back((first, 0)),
+            Effect::Publish(tasks) => {
+                self.publisher.send_all(&self.queues.tasks, &tasks).await?;
+            }
+            Effect::WriteOutputs(result) => self
+                .results
+                .write_outputs(&result, false)
+                .map_err(|e| self.io_error(e))?,
+            Effect::WriteFinalOutputs(result) => self
+                .results
+                .write_outputs(&result, true)
+                .map_err(|e| self.io_error(e))?,
+            Effect::Record(entries) => {
+                if !entries.is_empty() {
+                    self.results
+                        .append(&entries)
+                        .map_err(|e| self.io_error(e))?;
                 }
-                Effect::ToLauncher {
-                    launcher,
-                    msg,
-                    followup,
-                } => {
-                    let arrived = self
-                        .publisher
-                        .deliver(&launcher_queue(&self.queues.job, &launcher), &msg)
-                        .await?;
-                    let more = self.core.on_delivery(followup, arrived);
-                    push_front(&mut work, more);
-                }
-                Effect::Event(event) => self.publisher.event(&event).await?,
-                Effect::Answer(answer) => {
-                    if let Some(to) = self.answering.as_ref().filter(|r| r.is_direct())
-                        && let Err(e) = self.publisher.reply(to, &answer).await
-                    {
-                        warn!(job = %self.queues.job, error = %e, "cannot answer the sender of tasks to add");
-                    }
-                }
-                Effect::PurgeTasks => {
-                    topology::purge(self.publisher.channel(), &self.queues.tasks).await?;
-                }
-                Effect::PublishFirst(first) => self.publishing.push_back((first, 0)),
-                Effect::Publish(tasks) => {
-                    self.publisher.send_all(&self.queues.tasks, &tasks).await?;
-                }
-                Effect::WriteOutputs(result) => self
-                    .results
-                    .write_outputs(&result, false)
-                    .map_err(|e| self.io_error(e))?,
-                Effect::WriteFinalOutputs(result) => self
-                    .results
-                    .write_outputs(&result, true)
-                    .map_err(|e| self.io_error(e))?,
-                Effect::Record(entries) => {
-                    if !entries.is_empty() {
-                        self.results
-                            .append(&entries)
-                            .map_err(|e| self.io_error(e))?;
-                    }
-                    self.results.sync().map_err(|e| self.io_error(e))?;
-                }
-                Effect::RecordAddition(added) => self
-                    .results
-                    .append_addition(&added)
-                    .map_err(|e| self.io_error(e))?,
-                Effect::SaveJobFile => self
-                    .results
-                    .write_job_file(&self.core.job_file())
-                    .map_err(|e| self.io_error(e))?,
-                Effect::Report => {
-                    work.push_front(Step::ReportNow);
-                    let polls = self.core.poll(now);
-                    push_front(&mut work, polls);
-                }
-                Effect::DeleteQueues => {
-                    let late: Vec<(ControlMsg, Reply)> =
-                        take_all(self.publisher.channel(), &self.queues.control, 10_000).await?;
-                    for (msg, reply) in late {
-                        self.refuse_late(&msg, &reply).await;
-                    }
-                    topology::delete_job(self.publisher.channel(), &self.queues).await?;
-                    // Its launchers' connections close with it.
-                    if let Some(admin) = &self.admin {
-                        admin.forget_launcher_account(&self.queues.job).await?;
-                    }
+                self.results.sync().map_err(|e| self.io_error(e))?;
+            }
+            Effect::RecordAddition(added) => self
+                .results
+                .append_addition(&added)
+                .map_err(|e| self.io_error(e))?,
+            Effect::SaveJobFile => self
+                .results
+                .write_job_file(&self.machine.core().job_file())
+                .map_err(|e| self.io_error(e))?,
+            // Carried out by the machine itself.
+            Effect::Report => {}
+            Effect::DeleteQueues => {
+                // What is being handled goes before its queue.
+                self.settle().await?;
+                let late = take_all(self.publisher.channel(), &self.queues.control, 10_000).await?;
+                self.late.extend(late);
+                topology::delete_job(self.publisher.channel(), &self.queues).await?;
+                // Its launchers' connections close with it.
+                if let Some(admin) = &self.admin {
+                    admin.forget_launcher_account(&self.queues.job).await?;
                 }
             }
         }
         Ok(())
-    }
-}
-
-/// Puts effects at the front of the work, in their order.
-fn push_front<'r>(work: &mut VecDeque<Step<'r>>, effects: Vec<Effect<'r>>) {
-    for effect in effects.into_iter().rev() {
-        work.push_front(Step::Apply(Box::new(effect)));
     }
 }
 

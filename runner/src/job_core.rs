@@ -23,8 +23,8 @@ use tracing::info;
 use crate::{
     book::{FinalStatus, TaskBook},
     effect::{Effect, Followup, Now},
+    publication::Publication,
     records::{AddedTasks, FinalOutcome, IndexEntry, JobFile},
-    sweep::Publication,
 };
 
 /// Settings every job controller of a runner shares: keys of `[runner]`,
@@ -282,7 +282,7 @@ impl Ledger {
 
     /// The scheduler hears every report; watchers, and `job.json`, only
     /// those where the progress changed.
-    pub fn publish(&mut self, report: JobReport) -> Vec<Effect<'static>> {
+    pub fn publish(&mut self, report: JobReport) -> Vec<Effect> {
         let mut effects = vec![Effect::ToScheduler(SchedulerMsg::JobUpdate(report.clone()))];
         let progress = (report.tasks.finished(), report.tasks.running);
         if self.reported != Some(progress) {
@@ -325,29 +325,25 @@ pub trait JobCore {
     fn ledger_mut(&mut self) -> &mut Ledger;
 
     /// Starts (or resumes) the job, once its queues exist.
-    fn start(&mut self) -> Vec<Effect<'static>>;
+    fn start(&mut self) -> Vec<Effect>;
     /// A publication of first attempts is all with the broker.
-    fn on_published(&mut self, publication: Publication) -> Vec<Effect<'static>> {
+    fn on_published(&mut self, publication: Publication) -> Vec<Effect> {
         let file = &mut self.ledger_mut().file;
         file.tasks_published |= publication.all_tasks;
         file.additions_published = file.additions_published.max(publication.additions);
         vec![Effect::SaveJobFile]
     }
     /// Results in delivery order; the shell acks them once the effects are applied.
-    fn on_results<'r>(
-        &mut self,
-        batch: impl IntoIterator<Item = &'r ResultMsg>,
-        now: Now,
-    ) -> Vec<Effect<'r>>;
+    fn on_results(&mut self, batch: impl IntoIterator<Item = ResultMsg>, now: Now) -> Vec<Effect>;
     /// Tasks dead-lettered after crashing their launchers too often.
-    fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect<'static>>;
+    fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect>;
     /// A message on the job's control queue.
-    fn on_control(&mut self, msg: ControlMsg, now: Now) -> Vec<Effect<'static>>;
+    fn on_control(&mut self, msg: ControlMsg, now: Now) -> Vec<Effect>;
     /// Whether a message to a kcm or launcher arrived (its queue may be gone).
-    fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect<'static>>;
+    fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect>;
     /// Asks launchers that went quiet whether they are still there: the
     /// first half of a report, whose answers (a queue gone) the report reflects.
-    fn poll(&mut self, now: Now) -> Vec<Effect<'static>>;
+    fn poll(&mut self, now: Now) -> Vec<Effect>;
     /// Where the job stands.
     fn standing(&mut self, now: Now) -> JobReport;
     /// The index line of a task's final state.
@@ -356,7 +352,7 @@ pub trait JobCore {
     fn clusters(&self) -> BTreeSet<ClusterName>;
 
     /// The second half of a report: the scheduler, watchers, `job.json`.
-    fn report(&mut self, now: Now) -> Vec<Effect<'static>> {
+    fn report(&mut self, now: Now) -> Vec<Effect> {
         let report = self.standing(now);
         self.ledger_mut().publish(report)
     }
@@ -373,7 +369,7 @@ pub trait JobCore {
     }
 
     /// Gives every task without a final state this one, durably.
-    fn finish_unfinished(&mut self, status: FinalStatus) -> Effect<'static> {
+    fn finish_unfinished(&mut self, status: FinalStatus) -> Effect {
         let final_task = self.ledger().final_task;
         let entries: Vec<IndexEntry> = self
             .ledger()
@@ -396,7 +392,7 @@ pub trait JobCore {
 
     /// `gleaner cancel`: what has not finished is cancelled, on disk before
     /// the order is acked. The job then ends.
-    fn cancel(&mut self, reason: &str) -> Vec<Effect<'static>> {
+    fn cancel(&mut self, reason: &str) -> Vec<Effect> {
         info!(job = %self.ledger().id, reason, "cancelling");
         let record = self.finish_unfinished(FinalStatus::Cancelled);
         self.ledger_mut().file.state = JobState::Cancelled;
@@ -417,7 +413,7 @@ pub trait JobCore {
     }
 
     /// Records the end in `job.json`; [`JobCore::wind_up`] follows.
-    fn finish(&mut self, state: JobState, now: Now) -> Vec<Effect<'static>> {
+    fn finish(&mut self, state: JobState, now: Now) -> Vec<Effect> {
         let ledger = self.ledger_mut();
         let file = &mut ledger.file;
         file.state = state;
@@ -444,7 +440,7 @@ pub trait JobCore {
     /// kcms told, then the queues deleted (launchers leave). The
     /// news goes first: with a broker node down, deleting a replicated
     /// queue can take seconds, and nobody should wait for that.
-    fn wind_up(&mut self, now: Now) -> Vec<Effect<'static>> {
+    fn wind_up(&mut self, now: Now) -> Vec<Effect> {
         let clusters = self.clusters();
         let mut report = self.standing(now);
         // A final step that failed fails the job, tasks' success or not.
@@ -557,7 +553,7 @@ pub mod testing {
 
     /// The messages to kcms and launchers among `effects`, as
     /// (queue owner, message kind).
-    pub fn told(effects: &[Effect<'_>]) -> Vec<(String, &'static str)> {
+    pub fn told(effects: &[Effect]) -> Vec<(String, &'static str)> {
         effects
             .iter()
             .filter_map(|effect| match effect {
@@ -576,7 +572,7 @@ pub mod testing {
     }
 
     /// The index lines recorded among `effects`.
-    pub fn recorded(effects: &[Effect<'_>]) -> Vec<IndexEntry> {
+    pub fn recorded(effects: &[Effect]) -> Vec<IndexEntry> {
         effects
             .iter()
             .flat_map(|effect| match effect {
@@ -587,7 +583,7 @@ pub mod testing {
     }
 
     /// The grow acceptance among `effects`.
-    pub fn grow_ack(effects: &[Effect<'_>]) -> Option<u32> {
+    pub fn grow_ack(effects: &[Effect]) -> Option<u32> {
         effects.iter().find_map(|effect| match effect {
             Effect::ToScheduler(SchedulerMsg::GrowAck { accepted, .. }) => Some(*accepted),
             _ => None,

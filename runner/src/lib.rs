@@ -12,7 +12,9 @@ mod grid;
 mod job;
 mod job_core;
 mod launchers;
+mod machine;
 mod owner;
+mod publication;
 mod records;
 mod results;
 mod sweep;
@@ -40,9 +42,11 @@ pub use effect::{Effect, Followup, Now};
 use job::Claim;
 pub use job::JobError;
 pub use job_core::{JobCore, JobSettings, Ledger, Opening, Refusal};
+pub use machine::{JobEvent, JobMachine};
 pub use owner::{Account, Owner};
+pub use publication::{FirstAttempts, Publication};
 pub use records::{IndexEntry, JobFile};
-pub use sweep::{FirstAttempts, Publication, Sweep};
+pub use sweep::Sweep;
 
 /// `[runner]` of the configuration.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

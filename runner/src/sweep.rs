@@ -11,15 +11,12 @@
 //! No I/O here: the shell (`job.rs`) applies the effects.
 
 use std::{
-    borrow::Cow,
     collections::{BTreeSet, VecDeque},
     sync::Arc,
     time::{Duration, Instant},
 };
 
-use gleaner_manifest::{
-    Addition, FinalWhen, JobId, MAX_TASKS, Manifest, TaskList, TaskSpec, is_param_name,
-};
+use gleaner_manifest::{Addition, FinalWhen, JobId, MAX_TASKS, TaskList};
 use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
     ActionReply, ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherInfo,
@@ -32,6 +29,7 @@ use crate::{
     effect::{Effect, Followup, Now},
     job_core::{JobCore, Ledger, Opening, Refusal, THROUGHPUT_WINDOW, index_entry},
     launchers::LauncherTable,
+    publication::{FirstAttempts, Publication, TaskMaker},
     records::{AddedTasks, FinalOutcome, IndexEntry},
 };
 
@@ -63,185 +61,6 @@ impl ShrinkOrder {
     fn covers(&self, info: &LauncherInfo) -> bool {
         self.cluster == info.cluster
             && (self.hosts.is_empty() || self.hosts.iter().any(|h| same_host(h, &info.host)))
-    }
-}
-
-/// Makes task messages when they are needed: a sweep can have millions of
-/// tasks, too many to hold as messages at once.
-#[derive(Debug, Clone)]
-struct TaskMaker {
-    job: JobId,
-    /// The manifest's tasks, then each addition's, by their first number.
-    tasks: Vec<(u64, Arc<TaskList>)>,
-    /// The final step's number (one past the tasks) and its command.
-    final_step: Option<(u64, String)>,
-    /// `GLEANER_RESULTS` of the final step.
-    results: String,
-    env: Vec<(String, String)>,
-    walltime_ms: Option<u64>,
-    outputs: Vec<String>,
-    workdir: Option<String>,
-    preempt_signal: Option<String>,
-    preempt_grace_ms: Option<u64>,
-    max_attempts: u32,
-    /// First attempts per message (the manifest's `bundle`).
-    bundle: usize,
-}
-
-impl TaskMaker {
-    fn new(job: JobId, manifest: &Manifest, tasks: TaskList, results: String) -> Self {
-        Self {
-            job,
-            final_step: manifest
-                .final_step
-                .as_ref()
-                .map(|f| (tasks.len(), f.command.clone())),
-            tasks: vec![(0, Arc::new(tasks))],
-            results,
-            env: manifest
-                .env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            walltime_ms: manifest.walltime.map(|w| w.as_millis() as u64),
-            outputs: manifest.outputs.clone(),
-            workdir: manifest.workdir.as_ref().map(|w| w.display().to_string()),
-            preempt_grace_ms: manifest.preempt_grace.map(|g| g.as_millis() as u64),
-            max_attempts: manifest.max_attempts,
-            bundle: manifest.bundle.max(1) as usize,
-            preempt_signal: manifest.preempt_grace.map(|_| {
-                manifest
-                    .preempt_signal
-                    .clone()
-                    .unwrap_or_else(|| "TERM".to_owned())
-            }),
-        }
-    }
-
-    /// One past the last task's number.
-    fn len(&self) -> u64 {
-        self.tasks
-            .last()
-            .map_or(0, |(first, list)| first + list.len())
-    }
-
-    /// The same with `added` numbered from `first`, after the last task;
-    /// the final step moves behind them.
-    fn with(&self, first: u64, added: TaskList) -> Self {
-        let mut maker = self.clone();
-        maker.tasks.push((first, Arc::new(added)));
-        let end = maker.len();
-        if let Some((number, _)) = maker.final_step.as_mut() {
-            *number = end;
-        }
-        maker
-    }
-
-    fn spec(&self, task: u64) -> Option<TaskSpec> {
-        let (first, list) = self.tasks.iter().rev().find(|(first, _)| *first <= task)?;
-        list.get(task - first)
-    }
-
-    fn msg(&self, task: u64, attempt: u32, preemptions: u32) -> Option<TaskMsg> {
-        let mut env = self.env.clone();
-        let command = match &self.final_step {
-            Some((number, command)) if *number == task => {
-                env.push(("GLEANER_RESULTS".to_owned(), self.results.clone()));
-                env.push(("GLEANER_FINAL".to_owned(), "1".to_owned()));
-                command.clone()
-            }
-            _ => {
-                let spec = self.spec(task)?;
-                // Each parameter as GLEANER_PARAM_<name> too: a value with
-                // spaces or quotes reaches the task intact through
-                // "$GLEANER_PARAM_x".
-                env.extend(
-                    spec.params
-                        .iter()
-                        .filter(|(name, _)| is_param_name(name))
-                        .map(|(name, value)| (format!("GLEANER_PARAM_{name}"), value.to_string())),
-                );
-                spec.command
-            }
-        };
-        Some(TaskMsg {
-            job: self.job.clone(),
-            task,
-            attempt,
-            preemptions,
-            command,
-            env,
-            walltime_ms: self.walltime_ms,
-            outputs: self.outputs.clone(),
-            workdir: self.workdir.clone(),
-            preempt_signal: self.preempt_signal.clone(),
-            preempt_grace_ms: self.preempt_grace_ms,
-            max_attempts: self.max_attempts,
-        })
-    }
-}
-
-/// What `job.json` may say once a publication is all with the broker: a
-/// runner that takes over publishes again what it may not have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Publication {
-    /// Every task the job had when it started.
-    pub all_tasks: bool,
-    /// The additions (of an open job) so far.
-    pub additions: u32,
-}
-
-/// First attempts of tasks, made as they are published.
-#[derive(Debug)]
-pub struct FirstAttempts {
-    maker: Arc<TaskMaker>,
-    tasks: Vec<u64>,
-    completes: Publication,
-}
-
-impl FirstAttempts {
-    pub fn tasks(&self) -> &[u64] {
-        &self.tasks
-    }
-
-    pub fn completes(&self) -> Publication {
-        self.completes
-    }
-
-    /// Every message's tasks, one by one (as the simulator's queue holds them).
-    pub fn each(&self) -> impl Iterator<Item = TaskMsg> + '_ {
-        self.tasks
-            .iter()
-            .filter_map(|&task| self.maker.msg(task, 1, 0))
-    }
-
-    /// Tasks in a chunk of about `size`: whole bundles.
-    fn chunk_len(&self, size: usize) -> usize {
-        let bundle = self.maker.bundle.max(1);
-        size.max(1).div_ceil(bundle) * bundle
-    }
-
-    /// How many chunks of about `size` tasks the messages make.
-    pub fn chunk_count(&self, size: usize) -> usize {
-        self.tasks.len().div_ceil(self.chunk_len(size))
-    }
-
-    /// The messages of chunk `index`, about `size` tasks at a time, in
-    /// bundles of the manifest's `bundle`.
-    pub fn chunk(&self, index: usize, size: usize) -> Vec<TaskBundle> {
-        let len = self.chunk_len(size);
-        let start = index.saturating_mul(len).min(self.tasks.len());
-        let end = start.saturating_add(len).min(self.tasks.len());
-        self.tasks[start..end]
-            .chunks(self.maker.bundle.max(1))
-            .map(|bundle| TaskBundle {
-                tasks: bundle
-                    .iter()
-                    .filter_map(|&task| self.maker.msg(task, 1, 0))
-                    .collect(),
-            })
-            .filter(|bundle| !bundle.tasks.is_empty())
-            .collect()
     }
 }
 
@@ -333,7 +152,7 @@ impl Sweep {
     /// Closes an open job that has had nothing to do for `open_idle`: it
     /// holds one of its runner's jobs, which an owner could otherwise
     /// keep by the dozen doing nothing.
-    fn close_idle(&mut self, now: Now) -> Vec<Effect<'static>> {
+    fn close_idle(&mut self, now: Now) -> Vec<Effect> {
         let idle = now.instant.saturating_duration_since(self.last_news);
         if !self.ledger.takes_tasks()
             || self.ledger.counts().unfinished() > 0
@@ -347,7 +166,7 @@ impl Sweep {
 
     /// Publishes the final step once every task has a final state (or,
     /// when it runs only after success and a task failed, skips it).
-    fn final_step_due(&mut self) -> Vec<Effect<'static>> {
+    fn final_step_due(&mut self) -> Vec<Effect> {
         let ledger = &mut self.ledger;
         let (Some(task), Some(step)) = (ledger.final_task, ledger.manifest.final_step.as_ref())
         else {
@@ -377,7 +196,7 @@ impl Sweep {
 
     /// Tasks added to an open job: recorded before the message is acked,
     /// then published, then counted as published in `job.json`.
-    fn add_tasks(&mut self, addition: Addition) -> Vec<Effect<'static>> {
+    fn add_tasks(&mut self, addition: Addition) -> Vec<Effect> {
         let job = &self.ledger.id;
         let refuse = |reason: String| {
             warn!(job = %job, addition = addition.id, reason, "tasks not added");
@@ -410,20 +229,20 @@ impl Sweep {
         vec![
             Effect::RecordAddition(Box::new(AddedTasks { first, addition })),
             Effect::Answer(ActionReply::Accepted {}),
-            Effect::PublishFirst(FirstAttempts {
-                maker: self.tasks.clone(),
-                tasks: (first..first + count).collect(),
-                completes: Publication {
+            Effect::PublishFirst(FirstAttempts::new(
+                self.tasks.clone(),
+                (first..first + count).collect(),
+                Publication {
                     all_tasks: false,
                     additions: self.additions.len() as u32,
                 },
-            }),
+            )),
             Effect::Report,
         ]
     }
 
     /// An open job takes no more tasks; it ends once those it has ended.
-    fn close(&mut self) -> Vec<Effect<'static>> {
+    fn close(&mut self) -> Vec<Effect> {
         if !self.ledger.takes_tasks() {
             return Vec::new();
         }
@@ -437,33 +256,29 @@ impl Sweep {
 
     /// A run of the final step: its outputs under `final/`, its end in
     /// `job.json`, or another attempt.
-    fn on_final_result<'r>(
-        &mut self,
-        result: &'r ResultMsg,
-        retries: &mut Vec<TaskMsg>,
-    ) -> Vec<Effect<'r>> {
+    fn on_final_result(&mut self, result: ResultMsg, retries: &mut Vec<TaskMsg>) -> Vec<Effect> {
         let job = &self.ledger.id;
-        match self.ledger.book.judge(result) {
+        match self.ledger.book.judge(&result) {
             Verdict::Final(status) => {
                 info!(job = %job, status = status.name(), exit_code = ?result.exit_code, attempt = result.attempt, "final step ended");
                 self.ledger.book.finish(result.task, status);
-                self.ledger.file.final_step = Some(FinalOutcome::of(status, Some(result)));
+                self.ledger.file.final_step = Some(FinalOutcome::of(status, Some(&result)));
                 vec![
-                    Effect::WriteFinalOutputs(Cow::Borrowed(result)),
+                    Effect::WriteFinalOutputs(Box::new(result)),
                     Effect::SaveJobFile,
                 ]
             }
             Verdict::Retry { attempt } => {
                 info!(job = %job, attempt, status = ?result.status, exit_code = ?result.exit_code, "final step failed; retrying");
                 retries.extend(self.tasks.msg(result.task, attempt, result.preemptions));
-                vec![Effect::WriteFinalOutputs(Cow::Borrowed(result))]
+                vec![Effect::WriteFinalOutputs(Box::new(result))]
             }
             Verdict::Duplicate => Vec::new(),
         }
     }
 
     /// Accepts as many offered slots as there are tasks to keep them busy.
-    fn grow(&mut self, grant: GrantId, cluster: ClusterName, slots: u32) -> Vec<Effect<'static>> {
+    fn grow(&mut self, grant: GrantId, cluster: ClusterName, slots: u32) -> Vec<Effect> {
         let job = &self.ledger.id;
         let manifest = &self.ledger.manifest;
         let need = share::Need {
@@ -502,7 +317,7 @@ impl Sweep {
 
     /// Gives back slots on a cluster: idle launchers first, then those that
     /// lose least work, sparing tasks preempted often.
-    fn shrink(&mut self, order: ShrinkOrder, now: Now) -> Vec<Effect<'static>> {
+    fn shrink(&mut self, order: ShrinkOrder, now: Now) -> Vec<Effect> {
         let (victims, freed) = self.launchers.pick_victims(
             &order.cluster,
             order.slots,
@@ -526,7 +341,7 @@ impl Sweep {
                 since: now.instant,
             });
         }
-        let mut effects: Vec<Effect<'static>> = victims
+        let mut effects: Vec<Effect> = victims
             .iter()
             .map(|launcher| Effect::ToLauncher {
                 launcher: launcher.clone(),
@@ -556,7 +371,7 @@ impl Sweep {
     /// slots stop counting, so grows can replace them, and their kcms
     /// remove their placeholders at once, so that a launcher cut off does
     /// not hold its slots until the batch system's walltime.
-    fn expire_silent(&mut self, now: Now) -> Vec<Effect<'static>> {
+    fn expire_silent(&mut self, now: Now) -> Vec<Effect> {
         let job = &self.ledger.id;
         self.launchers
             .expire(now.instant, self.ledger.settings.launcher_heartbeat)
@@ -589,7 +404,7 @@ impl JobCore for Sweep {
     /// Publishes every task not yet published. A crash mid-publication
     /// leaves an unknown prefix published: the publication starts over
     /// (duplicates are harmless).
-    fn start(&mut self) -> Vec<Effect<'static>> {
+    fn start(&mut self) -> Vec<Effect> {
         self.ledger.take_over();
         let mut effects = Vec::new();
         if self.ledger.file.tasks_published {
@@ -610,30 +425,29 @@ impl JobCore for Sweep {
             };
             match unpublished.is_empty() {
                 true => self.ledger.file.additions_published = completes.additions,
-                false => effects.push(Effect::PublishFirst(FirstAttempts {
-                    maker: self.tasks.clone(),
-                    tasks: unpublished,
+                false => effects.push(Effect::PublishFirst(FirstAttempts::new(
+                    self.tasks.clone(),
+                    unpublished,
                     completes,
-                })),
+                ))),
             }
         } else {
             // Launchers may start meanwhile: the shell publishes a chunk at
             // a time between events, and the job's file says so at the end.
             effects.push(Effect::PurgeTasks);
             let final_task = self.ledger.final_task;
-            effects.push(Effect::PublishFirst(FirstAttempts {
-                maker: self.tasks.clone(),
-                tasks: self
-                    .ledger
+            effects.push(Effect::PublishFirst(FirstAttempts::new(
+                self.tasks.clone(),
+                self.ledger
                     .book
                     .unfinished()
                     .filter(|task| Some(*task) != final_task)
                     .collect(),
-                completes: Publication {
+                Publication {
                     all_tasks: true,
                     additions: self.additions.len() as u32,
                 },
-            }));
+            )));
         }
         self.ledger.file.state = JobState::Running;
         effects.extend(self.final_step_due());
@@ -641,11 +455,7 @@ impl JobCore for Sweep {
         effects
     }
 
-    fn on_results<'r>(
-        &mut self,
-        batch: impl IntoIterator<Item = &'r ResultMsg>,
-        now: Now,
-    ) -> Vec<Effect<'r>> {
+    fn on_results(&mut self, batch: impl IntoIterator<Item = ResultMsg>, now: Now) -> Vec<Effect> {
         let job = self.ledger.id.clone();
         let mut effects = Vec::new();
         let mut retries = Vec::new();
@@ -659,20 +469,20 @@ impl JobCore for Sweep {
                 effects.extend(self.on_final_result(result, &mut retries));
                 continue;
             }
-            match self.ledger.book.judge(result) {
+            match self.ledger.book.judge(&result) {
                 Verdict::Final(status) => {
-                    effects.push(Effect::WriteOutputs(Cow::Borrowed(result)));
-                    entries.push(self.entry(result.task, status, Some(result)));
+                    entries.push(self.entry(result.task, status, Some(&result)));
                     self.ledger.book.finish(result.task, status);
                     self.ledger.preemptions += u64::from(result.preemptions);
                     self.recent.push_back(now.instant);
                     self.last_news = now.instant;
                     debug!(job = %job, task = result.task, ?status, "task finished");
+                    effects.push(Effect::WriteOutputs(Box::new(result)));
                 }
                 Verdict::Retry { attempt } => {
-                    effects.push(Effect::WriteOutputs(Cow::Borrowed(result)));
                     info!(job = %job, task = result.task, attempt, status = ?result.status, exit_code = ?result.exit_code, "task failed; retrying");
                     retries.extend(self.tasks.msg(result.task, attempt, result.preemptions));
+                    effects.push(Effect::WriteOutputs(Box::new(result)));
                 }
                 Verdict::Duplicate => {
                     debug!(job = %job, task = result.task, attempt = result.attempt, "duplicate result");
@@ -688,7 +498,7 @@ impl JobCore for Sweep {
         effects
     }
 
-    fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect<'static>> {
+    fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect> {
         let unfinished: Vec<TaskMsg> = lost
             .tasks
             .iter()
@@ -725,7 +535,7 @@ impl JobCore for Sweep {
         effects
     }
 
-    fn on_control(&mut self, msg: ControlMsg, now: Now) -> Vec<Effect<'static>> {
+    fn on_control(&mut self, msg: ControlMsg, now: Now) -> Vec<Effect> {
         let job = &self.ledger.id;
         match msg {
             ControlMsg::LauncherUp(info) => {
@@ -799,7 +609,7 @@ impl JobCore for Sweep {
         }
     }
 
-    fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect<'static>> {
+    fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect> {
         let job = &self.ledger.id;
         match followup {
             Followup::Grow {
@@ -830,7 +640,7 @@ impl JobCore for Sweep {
 
     /// A launcher that died has lost its queue, which answers the poll at
     /// once; one silent for too long is forgotten and removed.
-    fn poll(&mut self, now: Now) -> Vec<Effect<'static>> {
+    fn poll(&mut self, now: Now) -> Vec<Effect> {
         let mut effects = self.close_idle(now);
         effects.extend(self.expire_silent(now));
         effects.extend(
@@ -921,7 +731,7 @@ mod tests {
 
     /// What the shell does once each publication in `effects` is with the
     /// broker.
-    fn with_broker(sweep: &mut Sweep, effects: &[Effect<'_>]) {
+    fn with_broker(sweep: &mut Sweep, effects: &[Effect]) {
         for effect in effects {
             if let Effect::PublishFirst(first) = effect {
                 sweep.on_published(first.completes());
@@ -1054,7 +864,7 @@ mod tests {
             result(0, 1, RunStatus::Succeeded),
             result(1, 1, RunStatus::Failed),
         ];
-        sweep.on_results(&results, at(t0, 1));
+        sweep.on_results(results.clone(), at(t0, 1));
         assert_eq!(sweep.ending(), Some(JobState::Done));
         let effects = sweep.on_control(offer("c1", 4), at(t0, 2));
         assert_eq!(grow_ack(&effects), Some(0));
@@ -1337,7 +1147,7 @@ mod tests {
             preempted,
             stranger,
         ];
-        let effects = sweep.on_results(&batch, at(t0, 1));
+        let effects = sweep.on_results(batch.clone(), at(t0, 1));
         let written: Vec<u64> = effects
             .iter()
             .filter_map(|e| match e {
@@ -1382,7 +1192,7 @@ mod tests {
             result(1, 1, RunStatus::Failed),
             result(1, 2, RunStatus::TimedOut),
         ];
-        let effects = sweep.on_results(&batch, at(t0, 2));
+        let effects = sweep.on_results(batch.clone(), at(t0, 2));
         let entries = recorded(&effects);
         assert_eq!(entries.len(), 1, "the stale first attempt is a duplicate");
         assert_eq!(
@@ -1411,7 +1221,7 @@ mod tests {
         let mut sweep = started(3, 1, t0);
         let mut r = result(2, 1, RunStatus::Succeeded);
         r.preemptions = 3;
-        let effects = sweep.on_results([&r], at(t0, 10));
+        let effects = sweep.on_results([r.clone()], at(t0, 10));
         assert_eq!(recorded(&effects)[0].preemptions, 3);
         let report = sweep.standing(at(t0, 20));
         assert_eq!(report.preemptions, 3);
@@ -1466,7 +1276,7 @@ mod tests {
             .map(|b| b.tasks.iter().map(|t| t.task).collect())
             .collect();
         assert_eq!(bundles, [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
-        sweep.on_results([&result(5, 1, RunStatus::Succeeded)], at(t0, 1));
+        sweep.on_results([result(5, 1, RunStatus::Succeeded)], at(t0, 1));
         let lost = first.chunk(1, 3).remove(0);
         let effects = sweep.on_lost(&lost);
         assert_eq!(
@@ -1488,9 +1298,9 @@ mod tests {
         let mut sweep = started(2, 1, t0);
         sweep.on_control(up("a", "c1", 1), at(t0, 1));
         sweep.on_control(status("b", "c2", &[]), at(t0, 1));
-        sweep.on_results([&result(0, 1, RunStatus::Succeeded)], at(t0, 2));
+        sweep.on_results([result(0, 1, RunStatus::Succeeded)], at(t0, 2));
         assert_eq!(sweep.ending(), None);
-        sweep.on_results([&result(1, 1, RunStatus::Succeeded)], at(t0, 3));
+        sweep.on_results([result(1, 1, RunStatus::Succeeded)], at(t0, 3));
         assert_eq!(sweep.ending(), Some(JobState::Done));
         assert!(matches!(
             sweep.finish(JobState::Done, at(t0, 4))[..],
@@ -1526,7 +1336,7 @@ mod tests {
     fn cancel_gives_what_is_unfinished_a_final_state_and_ends_the_job() {
         let t0 = Instant::now();
         let mut sweep = started(3, 1, t0);
-        sweep.on_results([&result(1, 1, RunStatus::Succeeded)], at(t0, 1));
+        sweep.on_results([result(1, 1, RunStatus::Succeeded)], at(t0, 1));
         let effects = sweep.on_control(
             ControlMsg::Cancel {
                 reason: "user".into(),
@@ -1567,7 +1377,7 @@ mod tests {
             effects[..],
             [Effect::ToScheduler(SchedulerMsg::JobUpdate(_))]
         ));
-        sweep.on_results([&result(1, 1, RunStatus::Succeeded)], at(t0, 3));
+        sweep.on_results([result(1, 1, RunStatus::Succeeded)], at(t0, 3));
         assert!(matches!(
             sweep.report(at(t0, 4))[1],
             Effect::Event(gleaner_protocol::Event::Progress(ref report)) if report.tasks.succeeded == 1
@@ -1576,7 +1386,7 @@ mod tests {
 
     /// A sweep of two tasks with a final step, `when` it runs.
     /// Tasks first published in these effects, by number.
-    fn published_first(effects: &[Effect<'_>]) -> Vec<u64> {
+    fn published_first(effects: &[Effect]) -> Vec<u64> {
         effects
             .iter()
             .filter_map(|e| match e {
@@ -1617,7 +1427,7 @@ mod tests {
         assert_eq!(published_first(&sweep.start()), [0]);
         assert!(
             sweep
-                .on_results([&result(0, 1, RunStatus::Succeeded)], at(t0, 1))
+                .on_results([result(0, 1, RunStatus::Succeeded)], at(t0, 1))
                 .iter()
                 .all(|e| !matches!(e, Effect::Publish(_))),
             "no final step while open"
@@ -1667,8 +1477,8 @@ mod tests {
 
         sweep.on_results(
             [
-                &result(1, 1, RunStatus::Succeeded),
-                &result(2, 1, RunStatus::Succeeded),
+                result(1, 1, RunStatus::Succeeded),
+                result(2, 1, RunStatus::Succeeded),
             ],
             at(t0, 4),
         );
@@ -1693,7 +1503,7 @@ mod tests {
             }
             other => panic!("closed: no more, and its sender told why: {other:?}"),
         }
-        sweep.on_results([&result(3, 1, RunStatus::Succeeded)], at(t0, 7));
+        sweep.on_results([result(3, 1, RunStatus::Succeeded)], at(t0, 7));
         assert_eq!(sweep.ending(), Some(JobState::Done));
     }
 
@@ -1774,7 +1584,7 @@ mod tests {
         assert_eq!(sweep.ending(), Some(JobState::Done));
     }
 
-    fn with_final(when: &str, t0: Instant) -> (Sweep, Vec<Effect<'static>>) {
+    fn with_final(when: &str, t0: Instant) -> (Sweep, Vec<Effect>) {
         let text = format!(
             "{}[final]\ncommand = \"merge\"\nwhen = \"{when}\"\n",
             manifest(2, 2)
@@ -1783,7 +1593,7 @@ mod tests {
     }
 
     /// A new job of manifest `text`, opened and started at `t0`.
-    fn new_sweep(text: &str, t0: Instant) -> (Sweep, Vec<Effect<'static>>) {
+    fn new_sweep(text: &str, t0: Instant) -> (Sweep, Vec<Effect>) {
         let submission = submission(text);
         let mut sweep = Sweep::open(
             opening(&submission, vec![], None),
@@ -1795,7 +1605,7 @@ mod tests {
         (sweep, effects)
     }
 
-    fn published(effects: &[Effect<'_>]) -> Vec<TaskMsg> {
+    fn published(effects: &[Effect]) -> Vec<TaskMsg> {
         effects
             .iter()
             .flat_map(|e| match e {
@@ -1816,11 +1626,11 @@ mod tests {
         assert_eq!(first, Some(vec![0, 1]), "the final step waits");
         assert_eq!(sweep.standing(at(t0, 1)).tasks.to_run(), 3);
         assert!(
-            published(&sweep.on_results([&result(0, 1, RunStatus::Succeeded)], at(t0, 1)))
+            published(&sweep.on_results([result(0, 1, RunStatus::Succeeded)], at(t0, 1)))
                 .is_empty()
         );
         let run = result(1, 1, RunStatus::Succeeded);
-        let effects = sweep.on_results([&run], at(t0, 2));
+        let effects = sweep.on_results([run.clone()], at(t0, 2));
         let [step] = &published(&effects)[..] else {
             panic!("{effects:?}")
         };
@@ -1843,7 +1653,7 @@ mod tests {
 
         // It fails once, is retried, then succeeds; it is no task of the index.
         let run = result(2, 1, RunStatus::Failed);
-        let effects = sweep.on_results([&run], at(t0, 3));
+        let effects = sweep.on_results([run.clone()], at(t0, 3));
         assert!(matches!(
             published(&effects)[..],
             [TaskMsg {
@@ -1853,7 +1663,7 @@ mod tests {
             }]
         ));
         let run = result(2, 2, RunStatus::Succeeded);
-        let effects = sweep.on_results([&run], at(t0, 4));
+        let effects = sweep.on_results([run.clone()], at(t0, 4));
         assert!(
             effects
                 .iter()
@@ -1883,10 +1693,10 @@ mod tests {
     fn a_final_step_for_success_only_is_skipped_after_a_failure_and_a_failed_one_fails_the_job() {
         let t0 = Instant::now();
         let (mut sweep, _) = with_final("all-succeeded", t0);
-        sweep.on_results([&result(0, 1, RunStatus::Succeeded)], at(t0, 1));
-        sweep.on_results([&result(1, 1, RunStatus::Failed)], at(t0, 1));
+        sweep.on_results([result(0, 1, RunStatus::Succeeded)], at(t0, 1));
+        sweep.on_results([result(1, 1, RunStatus::Failed)], at(t0, 1));
         let run = result(1, 2, RunStatus::Failed);
-        let effects = sweep.on_results([&run], at(t0, 2));
+        let effects = sweep.on_results([run.clone()], at(t0, 2));
         assert!(published(&effects).is_empty(), "{effects:?}");
         assert_eq!(sweep.ending(), Some(JobState::Done));
         assert_eq!(
@@ -1895,13 +1705,13 @@ mod tests {
         );
 
         let (mut sweep, _) = with_final("always", t0);
-        sweep.on_results([&result(0, 1, RunStatus::Succeeded)], at(t0, 1));
-        sweep.on_results([&result(1, 1, RunStatus::Failed)], at(t0, 1));
+        sweep.on_results([result(0, 1, RunStatus::Succeeded)], at(t0, 1));
+        sweep.on_results([result(1, 1, RunStatus::Failed)], at(t0, 1));
         let run = result(1, 2, RunStatus::Failed);
-        let effects = sweep.on_results([&run], at(t0, 2));
+        let effects = sweep.on_results([run.clone()], at(t0, 2));
         assert_eq!(published(&effects).len(), 1, "runs anyway");
-        sweep.on_results([&result(2, 1, RunStatus::Failed)], at(t0, 3));
-        sweep.on_results([&result(2, 2, RunStatus::Failed)], at(t0, 4));
+        sweep.on_results([result(2, 1, RunStatus::Failed)], at(t0, 3));
+        sweep.on_results([result(2, 2, RunStatus::Failed)], at(t0, 4));
         assert_eq!(sweep.ending(), Some(JobState::Done));
         let done = sweep.wind_up(at(t0, 5));
         assert!(done.iter().any(|e| matches!(e, Effect::Event(gleaner_protocol::Event::Done(r)) if r.problem.as_deref().is_some_and(|p| p.contains("final step failed")))));

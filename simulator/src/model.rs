@@ -9,12 +9,13 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_kcm::core::{Effect, Event, KcmCore, Now};
+use gleaner_kcm::core::{Core, Effect, Event, KcmCore, Now};
 use gleaner_manifest::JobId;
 use gleaner_policy::share::CsPolicy;
 use gleaner_protocol::{
     ClusterName, ControlMsg, GrantId, KcmMsg, LauncherId, LauncherMsg, ResultMsg, SchedulerMsg,
 };
+use gleaner_runner::JobEvent;
 use gleaner_scheduler::{
     outbox,
     state::{Reaction, State, StateConfig},
@@ -139,7 +140,9 @@ pub fn simulate(scenario: &Scenario, policy: Option<CsPolicy>) -> Run {
         every(timing.sample),
     );
     for j in 0..sim.sweeps.len() {
-        let mail = sim.at_sweep(j, |runner, now, reach| runner.start(now, reach));
+        let mail = sim.at_sweep(j, |runner, now, reach| {
+            runner.handle(JobEvent::Start, now, reach)
+        });
         sim.deliver(mail);
     }
     let mut step = 0u64;
@@ -267,9 +270,9 @@ impl<'a> Sim<'a> {
                 },
                 Mail::Launcher(launcher, message) => self.at_launcher(&launcher, message),
                 Mail::Result(result) => match self.live_sweep(&result.job) {
-                    Some(j) => {
-                        self.at_sweep(j, |runner, now, reach| runner.result(&result, now, reach))
-                    }
+                    Some(j) => self.at_sweep(j, |runner, now, reach| {
+                        runner.handle(JobEvent::Results(vec![result]), now, reach)
+                    }),
                     // Its results queue is gone.
                     None => Vec::new(),
                 },
@@ -334,7 +337,9 @@ impl<'a> Sim<'a> {
 
     fn at_runner(&mut self, job: &JobId, message: ControlMsg) -> Vec<Mail> {
         if let Some(j) = self.live_sweep(job) {
-            return self.at_sweep(j, |runner, now, reach| runner.receive(message, now, reach));
+            return self.at_sweep(j, |runner, now, reach| {
+                runner.handle(JobEvent::Control(message), now, reach)
+            });
         }
         let Some(runner) = self.grid_runners.get_mut(job) else {
             return Vec::new();
@@ -377,10 +382,10 @@ impl<'a> Sim<'a> {
     /// Hands the kcm of cluster `c` a message, as the kcm's shell does:
     /// its effects, then a poll if it asked for one.
     fn at_kcm(&mut self, c: usize, message: KcmMsg) -> Vec<Mail> {
-        let effects = self.clusters[c]
+        self.clusters[c]
             .kcm
             .handle(Event::Message(message), self.clock.now());
-        let (mut mail, poll_now) = self.apply(c, effects);
+        let (mut mail, poll_now) = self.apply(c);
         if poll_now {
             mail.extend(self.poll(c));
         }
@@ -395,23 +400,17 @@ impl<'a> Sim<'a> {
             snapshot: Ok(snapshot),
             spooled,
         };
-        let effects = self.clusters[c].kcm.handle(event, self.clock.now());
-        let (mut mail, _) = self.apply(c, effects);
-        let report = self.clusters[c]
-            .kcm
-            .handle(Event::ReportDue, self.clock.now());
-        mail.extend(self.apply(c, report).0);
-        mail
+        self.clusters[c].kcm.handle(event, self.clock.now());
+        self.apply(c).0
     }
 
-    /// Carries out the kcm's effects in order on the simulated batch
-    /// system, answering each command at once (its follow-ups go first),
-    /// as the kcm's shell does; `true` when the kcm asked for a poll.
-    fn apply(&mut self, c: usize, effects: Vec<Effect>) -> (Vec<Mail>, bool) {
-        let mut effects = VecDeque::from(effects);
+    /// Carries out the kcm's effects on the simulated batch system,
+    /// handing each command's outcome back at once, as the kcm's shell
+    /// does; `true` when the kcm asked for a poll.
+    fn apply(&mut self, c: usize) -> (Vec<Mail>, bool) {
         let mut mail = Vec::new();
         let mut poll_now = false;
-        while let Some(effect) = effects.pop_front() {
+        while let Some(effect) = self.clusters[c].kcm.poll_effect(self.clock.now()) {
             let answer = match effect {
                 Effect::SubmitLaunchers {
                     job, grant, slots, ..
@@ -472,17 +471,14 @@ impl<'a> Sim<'a> {
                     mail.push(Mail::Scheduler(message));
                     None
                 }
-                Effect::Announce(_) => None,
+                Effect::Announce(_) | Effect::ForgetLauncherSettings { .. } => None,
                 Effect::PollNow => {
                     poll_now = true;
                     None
                 }
             };
             if let Some(event) = answer {
-                let follow_ups = self.clusters[c].kcm.handle(event, self.clock.now());
-                for follow_up in follow_ups.into_iter().rev() {
-                    effects.push_front(follow_up);
-                }
+                self.clusters[c].kcm.handle(event, self.clock.now());
             }
         }
         (mail, poll_now)
@@ -553,7 +549,9 @@ impl<'a> Sim<'a> {
         let mut mail = Vec::new();
         for j in 0..self.sweeps.len() {
             if self.sweeps[j].is_live() {
-                mail.extend(self.at_sweep(j, |runner, now, reach| runner.report(now, reach)));
+                mail.extend(self.at_sweep(j, |runner, now, reach| {
+                    runner.handle(JobEvent::Heartbeat, now, reach)
+                }));
             }
         }
         mail.extend(self.grid_runners.values().map(GridRunner::report));

@@ -1,27 +1,25 @@
 //! The simulated runners. A scavenging job's runner is the runner's own
-//! core ([`Sweep`]), driven as the runner's shell (`runner/src/job.rs`)
-//! drives it: control messages and results in, effects applied in order,
-//! a message to a queue that may be gone answered at once with whether it
-//! exists. Its task queue is the simulated broker's. A grid job's runner
+//! machine ([`JobMachine`] around [`Sweep`]), driven by the loop the
+//! runner's shell (`runner/src/job.rs`) drives it with, its effects
+//! carried out in the simulated world. Its task queue is the simulated
+//! broker's. A grid job's runner
 //! is simulated here: it places its components and reports their ends.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use gleaner_manifest::{JobId, JobKind, Priority};
+use gleaner_protocol::Core;
 use gleaner_protocol::{
     ClusterName, ComponentSpec, ControlMsg, JobReport, JobState, KcmMsg, LauncherId, Millis,
-    ResultMsg, SchedulerMsg, Submission, TaskCounts, TaskMsg,
+    SchedulerMsg, Submission, TaskCounts, TaskMsg,
 };
-use gleaner_runner::{Effect, JobCore, JobSettings, Now, Opening, Sweep};
+use gleaner_runner::{Effect, JobCore, JobEvent, JobMachine, JobSettings, Now, Opening, Sweep};
 
 use crate::{model::Mail, scenario::JobSpec};
 
-/// The runner of a scavenging job: the runner's core and what its shell
-/// keeps.
+/// The runner of a scavenging job: the runner's own machine.
 pub struct SweepRunner {
-    core: Sweep,
-    /// The job ended and its queues are gone.
-    ended: bool,
+    machine: JobMachine<Sweep>,
 }
 
 /// What a sweep's effects reach in the simulated world.
@@ -57,52 +55,29 @@ impl SweepRunner {
             Ok(core) => core,
             Err(refusal) => unreachable!("a job without a job.json is nobody else's: {refusal:?}"),
         };
-        Self { core, ended: false }
+        Self {
+            machine: JobMachine::new(core),
+        }
     }
 
     pub fn is_live(&self) -> bool {
-        !self.ended
+        !self.machine.is_over()
     }
 
     /// Tasks that succeeded, as the job's index has them.
     pub fn done(&self) -> u64 {
-        self.core.ledger().book.counts().succeeded
+        self.machine.core().ledger().book.counts().succeeded
     }
 
-    /// Publishes the tasks and registers with the scheduler.
-    pub fn start(&mut self, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
-        let effects = self.core.start();
-        self.apply(effects, now, reach)
-    }
-
-    pub fn receive(&mut self, msg: ControlMsg, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
-        let effects = self.core.on_control(msg, now);
-        self.apply(effects, now, reach)
-    }
-
-    pub fn result(&mut self, result: &ResultMsg, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
-        let effects = self.core.on_results([result], now);
-        self.apply(effects, now, reach)
-    }
-
-    /// The heartbeat: silent launchers polled, then the report.
-    pub fn report(&mut self, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
-        self.apply(vec![Effect::Report], now, reach)
-    }
-
-    /// Applies effects in order, what comes back from a message first;
-    /// then, if the job is over, ends it as the shell does. Writing
-    /// outputs, index lines and `job.json` changes nothing here.
-    fn apply(&mut self, effects: Vec<Effect<'_>>, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
+    /// Hands `event` to the machine and carries out its effects in the
+    /// simulated world, as the runner's shell does in the real one: a
+    /// message to a queue that may be gone is answered at once with
+    /// whether it exists, a publication is with the broker at once.
+    /// Writing outputs, index lines and `job.json` changes nothing here.
+    pub fn handle(&mut self, event: JobEvent, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
         let mut mail = Vec::new();
-        // `None`: the report an `Effect::Report` asked for, once its polls
-        // are answered.
-        let mut work: VecDeque<Option<Effect<'_>>> = effects.into_iter().map(Some).collect();
-        while let Some(step) = work.pop_front() {
-            let Some(effect) = step else {
-                push_front(&mut work, self.core.report(now));
-                continue;
-            };
+        self.machine.handle(event, now);
+        while let Some(effect) = self.machine.poll_effect(now) {
             match effect {
                 Effect::ToScheduler(msg) => mail.push(Mail::Scheduler(msg)),
                 Effect::ToKcm {
@@ -112,7 +87,8 @@ impl SweepRunner {
                 } => {
                     let arrived = (reach.kcm)(&cluster);
                     mail.push(Mail::Kcm(cluster, msg));
-                    push_front(&mut work, self.core.on_delivery(followup, arrived));
+                    self.machine
+                        .handle(JobEvent::Delivered { followup, arrived }, now);
                 }
                 Effect::ToLauncher {
                     launcher,
@@ -121,19 +97,19 @@ impl SweepRunner {
                 } => {
                     let arrived = (reach.launcher)(&launcher);
                     mail.push(Mail::Launcher(launcher, msg));
-                    push_front(&mut work, self.core.on_delivery(followup, arrived));
+                    self.machine
+                        .handle(JobEvent::Delivered { followup, arrived }, now);
                 }
                 Effect::PurgeTasks | Effect::DeleteQueues => reach.queue.clear(),
                 Effect::PublishFirst(first) => {
                     reach.queue.extend(first.each());
-                    push_front(&mut work, self.core.on_published(first.completes()));
+                    self.machine
+                        .handle(JobEvent::Published(first.completes()), now);
                 }
                 Effect::Publish(tasks) => reach.queue.extend(tasks),
-                Effect::Report => {
-                    work.push_front(None);
-                    push_front(&mut work, self.core.poll(now));
-                }
-                Effect::Event(_)
+                Effect::DeclareQueues
+                | Effect::Report
+                | Effect::Event(_)
                 | Effect::Answer(_)
                 | Effect::WriteOutputs(_)
                 | Effect::WriteFinalOutputs(_)
@@ -142,22 +118,7 @@ impl SweepRunner {
                 | Effect::SaveJobFile => {}
             }
         }
-        if !self.ended
-            && let Some(state) = self.core.ending()
-        {
-            self.ended = true;
-            let mut end = self.core.finish(state, now);
-            end.extend(self.core.wind_up(now));
-            mail.extend(self.apply(end, now, reach));
-        }
         mail
-    }
-}
-
-/// Puts effects at the front of the work, in their order.
-fn push_front<'r>(work: &mut VecDeque<Option<Effect<'r>>>, effects: Vec<Effect<'r>>) {
-    for effect in effects.into_iter().rev() {
-        work.push_front(Some(effect));
     }
 }
 

@@ -1,0 +1,112 @@
+//! The one shape of every service's core: it takes events with the time
+//! ([`Now`]) and keeps the effects it decides in an [`Outbox`]; its shell
+//! takes them one at a time ([`Core::poll_effect`]), does each one's I/O,
+//! and hands any answer back as an event. The order effects are carried out
+//! in, what an answer leads to, and what follows what are all decided here,
+//! in the core, so that a service and the simulator drive a core with the
+//! same loop.
+
+use std::collections::VecDeque;
+
+use crate::Millis;
+
+/// When an event happens, on the two clocks the services' cores use: the
+/// monotonic one for intervals and graces, the wall clock for what goes on
+/// the wire and on disk. Shells read it once per event ([`Now::read`]); a
+/// simulator sets both from its own clock; cores never read a clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    pub instant: std::time::Instant,
+    pub wall_ms: Millis,
+}
+
+impl Now {
+    /// The time now, for a shell.
+    pub fn read() -> Self {
+        Self {
+            instant: std::time::Instant::now(),
+            wall_ms: now_ms(),
+        }
+    }
+}
+
+/// Now, in wire units.
+pub fn now_ms() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A service's decisions. A shell feeds it events with the time, then
+/// carries out [`Core::poll_effect`]'s effects until there are none, each
+/// before the next event.
+pub trait Core {
+    type Event;
+    type Effect;
+    /// Decides what `event`, at `now`, calls for. Its effects wait in the
+    /// core; an answer to an effect is decided before the effects queued
+    /// after it.
+    fn handle(&mut self, event: Self::Event, now: Now);
+    /// The next effect to carry out, or `None` until the next event.
+    fn poll_effect(&mut self, now: Now) -> Option<Self::Effect>;
+}
+
+/// Effects a core has decided and its shell has yet to carry out, in order.
+#[derive(Debug)]
+pub struct Outbox<T> {
+    queue: VecDeque<T>,
+}
+
+impl<T> Default for Outbox<T> {
+    fn default() -> Self {
+        Self {
+            queue: VecDeque::new(),
+        }
+    }
+}
+
+impl<T> Outbox<T> {
+    /// After everything decided so far.
+    pub fn push(&mut self, effects: impl IntoIterator<Item = T>) {
+        self.queue.extend(effects);
+    }
+
+    /// Before everything else, in their order: what an answer leads to
+    /// comes before the effects that were waiting behind its question.
+    pub fn push_front(&mut self, effects: impl IntoIterator<Item = T>) {
+        let mut effects: Vec<T> = effects.into_iter().collect();
+        while let Some(effect) = effects.pop() {
+            self.queue.push_front(effect);
+        }
+    }
+
+    pub fn pop(&mut self) -> Option<T> {
+        self.queue.pop_front()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// Everything waiting, in order (tests and simulations look).
+    pub fn iter(&self) -> impl Iterator<Item = &T> {
+        self.queue.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_jump_the_queue_in_their_order() {
+        let mut outbox = Outbox::default();
+        outbox.push([1, 2]);
+        assert_eq!(outbox.pop(), Some(1));
+        outbox.push_front([10, 11]);
+        outbox.push([3]);
+        let order: Vec<_> = std::iter::from_fn(|| outbox.pop()).collect();
+        assert_eq!(order, [10, 11, 2, 3]);
+        assert!(outbox.is_empty());
+    }
+}

@@ -1,0 +1,338 @@
+//! A job as its shell (`job.rs`) and the simulator both drive it: the
+//! job's core ([`JobCore`]) with the effects it has yet to have carried
+//! out. What follows what is decided here, once: a report polls silent
+//! launchers first and is written once their answers are in, an answer to
+//! a message or a publication comes before the effects queued after it,
+//! and a job whose tasks are all over is finished and wound up, after which
+//! tasks sent to it are refused.
+
+use gleaner_protocol::{ActionReply, ControlMsg, Core, Outbox, ResultMsg, TaskBundle};
+use tracing::{debug, info};
+
+use crate::{
+    effect::{Effect, Followup, Now},
+    job_core::JobCore,
+    publication::Publication,
+};
+
+/// What happens to a job, and the answers to its effects.
+#[derive(Debug)]
+pub enum JobEvent {
+    /// Its runner holds it: it starts, resumes, or (ended before a crash)
+    /// is only wound up.
+    Start,
+    /// Results, in delivery order.
+    Results(Vec<ResultMsg>),
+    /// Tasks dead-lettered after crashing their launchers too often.
+    Lost(TaskBundle),
+    /// A message on the job's control queue.
+    Control(ControlMsg),
+    /// Time to report where the job stands.
+    Heartbeat,
+    /// Answers [`Effect::ToKcm`] and [`Effect::ToLauncher`]: whether the
+    /// message arrived (its queue may be gone).
+    Delivered { followup: Followup, arrived: bool },
+    /// Answers [`Effect::PublishFirst`]: all of it is with the broker.
+    Published(Publication),
+}
+
+/// A queued effect, or the second half of a report.
+#[derive(Debug)]
+enum Step {
+    Do(Box<Effect>),
+    /// The report an [`Effect::Report`] asked for, once the polls before
+    /// it are answered.
+    ReportNow,
+}
+
+impl Step {
+    fn boxed(effect: Effect) -> Self {
+        Self::Do(Box::new(effect))
+    }
+}
+
+/// A job's core and its pending effects.
+#[derive(Debug)]
+pub struct JobMachine<C> {
+    core: C,
+    outbox: Outbox<Step>,
+    /// The end is decided (finished and wound up, or only wound up).
+    ended: bool,
+}
+
+impl<C: JobCore> JobMachine<C> {
+    pub fn new(core: C) -> Self {
+        Self {
+            core,
+            outbox: Outbox::default(),
+            ended: false,
+        }
+    }
+
+    pub fn core(&self) -> &C {
+        &self.core
+    }
+
+    /// Where the job stands, for a shell that cannot go on.
+    pub fn standing(&mut self, now: Now) -> gleaner_protocol::JobReport {
+        self.core.standing(now)
+    }
+
+    /// The job has ended and every effect of its end is carried out.
+    pub fn is_over(&self) -> bool {
+        self.ended && self.outbox.is_empty()
+    }
+
+    fn push(&mut self, effects: Vec<Effect>) {
+        self.outbox.push(effects.into_iter().map(Step::boxed));
+    }
+
+    fn push_front(&mut self, effects: Vec<Effect>) {
+        self.outbox.push_front(effects.into_iter().map(Step::boxed));
+    }
+
+    /// A control message for a job that has ended: tasks sent to it were
+    /// not added, and their sender hears so.
+    fn after_the_end(msg: &ControlMsg) -> Vec<Effect> {
+        match msg {
+            ControlMsg::AddTasks(_) => vec![Effect::Answer(ActionReply::Refused {
+                reason: "the job ended before its runner took the tasks".to_owned(),
+            })],
+            _ => Vec::new(),
+        }
+    }
+}
+
+impl<C: JobCore> Core for JobMachine<C> {
+    type Event = JobEvent;
+    type Effect = Effect;
+
+    fn handle(&mut self, event: JobEvent, now: Now) {
+        match event {
+            JobEvent::Start if self.core.ledger().has_ended() => {
+                info!(job = %self.core.ledger().id, "job had already ended; cleaning up");
+                self.ended = true;
+                let wind_up = self.core.wind_up(now);
+                self.push(wind_up);
+            }
+            JobEvent::Start => {
+                let start = self.core.start();
+                self.push(vec![Effect::DeclareQueues]);
+                self.push(start);
+            }
+            JobEvent::Control(msg) if self.ended => self.push(Self::after_the_end(&msg)),
+            JobEvent::Results(_) | JobEvent::Lost(_) | JobEvent::Heartbeat if self.ended => {
+                debug!(job = %self.core.ledger().id, "the job has ended; ignored");
+            }
+            JobEvent::Results(batch) => {
+                let effects = self.core.on_results(batch, now);
+                self.push(effects);
+            }
+            JobEvent::Lost(lost) => {
+                let effects = self.core.on_lost(&lost);
+                self.push(effects);
+            }
+            JobEvent::Control(msg) => {
+                let effects = self.core.on_control(msg, now);
+                self.push(effects);
+            }
+            JobEvent::Heartbeat => self.push(vec![Effect::Report]),
+            JobEvent::Delivered { followup, arrived } => {
+                let effects = self.core.on_delivery(followup, arrived);
+                self.push_front(effects);
+            }
+            JobEvent::Published(publication) => {
+                let effects = self.core.on_published(publication);
+                self.push_front(effects);
+            }
+        }
+    }
+
+    fn poll_effect(&mut self, now: Now) -> Option<Effect> {
+        loop {
+            match self.outbox.pop() {
+                Some(Step::Do(effect)) if matches!(*effect, Effect::Report) => {
+                    let polls = self.core.poll(now);
+                    let then = std::iter::once(Step::ReportNow);
+                    self.outbox
+                        .push_front(polls.into_iter().map(Step::boxed).chain(then));
+                }
+                Some(Step::ReportNow) => {
+                    let report = self.core.report(now);
+                    self.push_front(report);
+                }
+                Some(Step::Do(effect)) => return Some(*effect),
+                None => {
+                    let state = self.core.ending().filter(|_| !self.ended)?;
+                    self.ended = true;
+                    let mut end = self.core.finish(state, now);
+                    end.extend(self.core.wind_up(now));
+                    self.push(end);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use gleaner_manifest::Addition;
+    use gleaner_protocol::{JobState, RunStatus};
+
+    use super::*;
+    use crate::{
+        job_core::testing::{at, opening, result, submission},
+        sweep::Sweep,
+    };
+
+    /// Carries out what the machine asks, as a shell would: every launcher
+    /// but `gone` has a queue, and publications are with the broker at once.
+    fn drain_without(machine: &mut JobMachine<Sweep>, gone: &str, now: Now) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        while let Some(effect) = machine.poll_effect(now) {
+            match &effect {
+                Effect::PublishFirst(first) => {
+                    machine.handle(JobEvent::Published(first.completes()), now);
+                }
+                Effect::ToLauncher {
+                    launcher, followup, ..
+                } => {
+                    let arrived = launcher.as_str() != gone;
+                    let followup = followup.clone();
+                    machine.handle(JobEvent::Delivered { followup, arrived }, now);
+                }
+                _ => {}
+            }
+            effects.push(effect);
+        }
+        effects
+    }
+
+    fn drain(machine: &mut JobMachine<Sweep>, now: Now) -> Vec<Effect> {
+        drain_without(machine, "", now)
+    }
+
+    fn up(launcher: &str) -> JobEvent {
+        JobEvent::Control(ControlMsg::LauncherUp(gleaner_protocol::LauncherInfo {
+            launcher: launcher.into(),
+            cluster: "c1".into(),
+            host: "node1".into(),
+            slots: 1,
+            started_at: 0,
+            deadline: None,
+            heartbeat_ms: None,
+        }))
+    }
+
+    fn started(manifest: &str, t0: Instant) -> JobMachine<Sweep> {
+        let submission = submission(manifest);
+        let tasks = gleaner_manifest::TaskList::new(&submission.manifest).unwrap();
+        let core = Sweep::open(opening(&submission, vec![], None), tasks, at(t0, 0)).unwrap();
+        let mut machine = JobMachine::new(core);
+        machine.handle(JobEvent::Start, at(t0, 0));
+        drain(&mut machine, at(t0, 0));
+        machine
+    }
+
+    #[test]
+    fn a_report_counts_what_its_polls_found() {
+        let t0 = Instant::now();
+        let mut machine = started(
+            "name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1, 2]\n",
+            t0,
+        );
+        for launcher in ["a", "b"] {
+            machine.handle(up(launcher), at(t0, 0));
+            drain(&mut machine, at(t0, 0));
+        }
+        // Both are silent by now: each is polled, and `a` is found gone.
+        machine.handle(JobEvent::Heartbeat, at(t0, 11));
+        let effects = drain_without(&mut machine, "a", at(t0, 11));
+        let polls = effects
+            .iter()
+            .filter(|e| matches!(e, Effect::ToLauncher { .. }))
+            .count();
+        assert_eq!(polls, 2, "{effects:?}");
+        let reported = effects.iter().find_map(|e| match e {
+            Effect::ToScheduler(gleaner_protocol::SchedulerMsg::JobUpdate(report)) => {
+                Some(report.launchers.clone())
+            }
+            _ => None,
+        });
+        assert_eq!(
+            reported.and_then(|l| l.get("c1").copied()),
+            Some(1),
+            "the report comes after the polls' answers: {effects:?}"
+        );
+    }
+
+    #[test]
+    fn a_job_whose_tasks_are_over_ends_once_and_then_refuses_tasks() {
+        let t0 = Instant::now();
+        let mut machine = started(
+            "name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1]\n",
+            t0,
+        );
+        machine.handle(
+            JobEvent::Results(vec![result(0, 1, RunStatus::Succeeded)]),
+            at(t0, 2),
+        );
+        let effects = drain(&mut machine, at(t0, 2));
+        let done = effects
+            .iter()
+            .filter(|e| matches!(e, Effect::Event(gleaner_protocol::Event::Done(_))))
+            .count();
+        assert_eq!(done, 1, "{effects:?}");
+        assert!(matches!(effects.last(), Some(Effect::DeleteQueues)));
+        assert!(machine.is_over());
+        assert_eq!(machine.core().ledger().file.state, JobState::Done);
+
+        machine.handle(
+            JobEvent::Control(ControlMsg::AddTasks(Addition {
+                id: 1,
+                tasks: Vec::new(),
+                sweep: None,
+            })),
+            at(t0, 3),
+        );
+        let effects = drain(&mut machine, at(t0, 3));
+        assert!(
+            matches!(&effects[..], [Effect::Answer(ActionReply::Refused { .. })]),
+            "{effects:?}"
+        );
+        machine.handle(JobEvent::Heartbeat, at(t0, 4));
+        assert!(
+            drain(&mut machine, at(t0, 4)).is_empty(),
+            "nothing after the end"
+        );
+    }
+
+    #[test]
+    fn an_ended_job_is_only_wound_up() {
+        let t0 = Instant::now();
+        let submission =
+            submission("name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1]\n");
+        let tasks = gleaner_manifest::TaskList::new(&submission.manifest).unwrap();
+        let mut file = started(
+            "name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1]\n",
+            t0,
+        )
+        .core()
+        .job_file();
+        file.state = JobState::Done;
+        let core = Sweep::open(opening(&submission, vec![], Some(file)), tasks, at(t0, 5)).unwrap();
+        let mut machine = JobMachine::new(core);
+        machine.handle(JobEvent::Start, at(t0, 5));
+        let effects = drain(&mut machine, at(t0, 5));
+        assert!(
+            !effects
+                .iter()
+                .any(|e| matches!(e, Effect::DeclareQueues | Effect::PublishFirst(_))),
+            "{effects:?}"
+        );
+        assert!(matches!(effects.last(), Some(Effect::DeleteQueues)));
+        assert!(machine.is_over());
+    }
+}
