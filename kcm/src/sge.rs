@@ -8,7 +8,11 @@
 //! so a restarted kcm adopts what its predecessor left running, and
 //! nobody else's job named like them.
 
-use std::{collections::BTreeMap, path::PathBuf, time::Duration};
+use std::{
+    collections::BTreeMap,
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use gleaner_manifest::JobId;
 use tracing::warn;
@@ -102,29 +106,6 @@ impl SgeBackend {
         run(program, args, stdin, &env, self.config.command_timeout).await
     }
 
-    /// What every submission says: its name and queue, the script on stdin
-    /// run by `/bin/sh`, and `-w e`, which refuses a job that could never
-    /// run rather than leave it waiting. `-clear` first: what the default
-    /// request files (the cell's, the submitting owner's `~/.sge_request`,
-    /// the working directory's) and any `#$` line of the script asked is
-    /// dropped, so the job is exactly what these options say.
-    fn qsub_args(&self, name: String, queue: String) -> Vec<String> {
-        vec![
-            "-clear".into(),
-            "-terse".into(),
-            "-N".into(),
-            name,
-            "-q".into(),
-            queue,
-            "-w".into(),
-            "e".into(),
-            "-S".into(),
-            "/bin/sh".into(),
-            "-wd".into(),
-            std::env::temp_dir().display().to_string(),
-        ]
-    }
-
     /// Where placeholders may go: the queue, or its instances on the hosts
     /// that are not reserved.
     fn placeholder_queue(&self) -> Result<String, BackendError> {
@@ -160,37 +141,8 @@ impl SgeBackend {
         run_as: Option<RunAs<'_>>,
     ) -> Result<(), BackendError> {
         let c = &self.config;
-        let mut args = self.qsub_args(placeholder_name(job.as_str()), self.placeholder_queue()?);
-        args.extend([
-            "-t".into(),
-            format!("1-{count}"),
-            "-p".into(),
-            "-1023".into(),
-            "-notify".into(),
-        ]);
-        if each > 1 {
-            args.extend(["-pe".into(), c.pe_one_host.clone(), each.to_string()]);
-        }
-        if let Some(h_rt) = c.h_rt {
-            args.extend(["-l".into(), format!("h_rt={}", h_rt.as_secs().max(1))]);
-        }
-        match &c.log_dir {
-            Some(dir) => {
-                let dir = dir.display();
-                args.extend([
-                    "-j".into(),
-                    "y".into(),
-                    "-o".into(),
-                    format!("{dir}/$JOB_NAME.$JOB_ID.$TASK_ID.log"),
-                ]);
-            }
-            None => args.extend([
-                "-o".into(),
-                "/dev/null".into(),
-                "-e".into(),
-                "/dev/null".into(),
-            ]),
-        }
+        let queue = self.placeholder_queue()?;
+        let args = placeholder_args(c, job, queue, count, each, &std::env::temp_dir());
         let launcher = c.launcher.for_run_as(run_as);
         let script = launcher.script(
             &c.cluster,
@@ -212,6 +164,109 @@ impl SgeBackend {
         }
         Ok(())
     }
+}
+
+/// What every submission says: its name and queue, the script on stdin
+/// run by `/bin/sh`, and `-w e`, which refuses a job that could never
+/// run rather than leave it waiting. `-clear` first: what the default
+/// request files (the cell's, the submitting owner's `~/.sge_request`,
+/// the working directory's) and any `#$` line of the script asked is
+/// dropped, so the job is exactly what these options say.
+fn qsub_args(name: String, queue: String, workdir: &Path) -> Vec<String> {
+    vec![
+        "-clear".into(),
+        "-terse".into(),
+        "-N".into(),
+        name,
+        "-q".into(),
+        queue,
+        "-w".into(),
+        "e".into(),
+        "-S".into(),
+        "/bin/sh".into(),
+        "-wd".into(),
+        workdir.display().to_string(),
+    ]
+}
+
+/// qsub's options for one placeholder array of `count` launchers of
+/// `each` slots on `queue`: the lowest priority, warned before a kill,
+/// the site's walltime, output to the log directory or nowhere.
+fn placeholder_args(
+    c: &SgeConfig,
+    job: &JobId,
+    queue: String,
+    count: u32,
+    each: u32,
+    workdir: &Path,
+) -> Vec<String> {
+    let mut args = qsub_args(placeholder_name(job.as_str()), queue, workdir);
+    args.extend([
+        "-t".into(),
+        format!("1-{count}"),
+        "-p".into(),
+        "-1023".into(),
+        "-notify".into(),
+    ]);
+    if each > 1 {
+        args.extend(["-pe".into(), c.pe_one_host.clone(), each.to_string()]);
+    }
+    if let Some(h_rt) = c.h_rt {
+        args.extend(["-l".into(), format!("h_rt={}", h_rt.as_secs().max(1))]);
+    }
+    match &c.log_dir {
+        Some(dir) => {
+            let dir = dir.display();
+            args.extend([
+                "-j".into(),
+                "y".into(),
+                "-o".into(),
+                format!("{dir}/$JOB_NAME.$JOB_ID.$TASK_ID.log"),
+            ]);
+        }
+        None => args.extend([
+            "-o".into(),
+            "/dev/null".into(),
+            "-e".into(),
+            "/dev/null".into(),
+        ]),
+    }
+    args
+}
+
+/// qsub's options for a grid job's component: its slots in one host's
+/// parallel environment or spread, its walltime in whole seconds
+/// (rounded up). Nothing of the component's command, environment or
+/// directory: those are in its script, which `-clear` keeps from
+/// speaking to Grid Engine.
+fn component_args(
+    c: &SgeConfig,
+    spec: &ComponentSpec,
+    one_host: bool,
+    workdir: &Path,
+) -> Vec<String> {
+    let name = component_name(&spec.job, spec.component);
+    let mut args = qsub_args(name, c.queue.clone(), workdir);
+    args.extend([
+        "-o".into(),
+        "/dev/null".into(),
+        "-e".into(),
+        "/dev/null".into(),
+    ]);
+    if spec.slots > 1 {
+        let pe = match one_host {
+            true => &c.pe_one_host,
+            false => &c.pe_spread,
+        };
+        args.extend(["-pe".into(), pe.clone(), spec.slots.to_string()]);
+    }
+    if let Some(walltime) = spec.walltime_ms {
+        args.extend([
+            "-l".into(),
+            format!("h_rt={}", walltime.div_ceil(1000).max(1)),
+        ]);
+    }
+    args
 }
 
 impl Backend for SgeBackend {
@@ -291,29 +346,7 @@ impl Backend for SgeBackend {
         one_host: bool,
         run_as: Option<&Account>,
     ) -> Result<(), BackendError> {
-        let mut args = self.qsub_args(
-            component_name(&spec.job, spec.component),
-            self.config.queue.clone(),
-        );
-        args.extend([
-            "-o".into(),
-            "/dev/null".into(),
-            "-e".into(),
-            "/dev/null".into(),
-        ]);
-        if spec.slots > 1 {
-            let pe = match one_host {
-                true => &self.config.pe_one_host,
-                false => &self.config.pe_spread,
-            };
-            args.extend(["-pe".into(), pe.clone(), spec.slots.to_string()]);
-        }
-        if let Some(walltime) = spec.walltime_ms {
-            args.extend([
-                "-l".into(),
-                format!("h_rt={}", walltime.div_ceil(1000).max(1)),
-            ]);
-        }
+        let args = component_args(&self.config, spec, one_host, &std::env::temp_dir());
         // Submitted as the owner, it runs as them: the script has no
         // account to switch to.
         let script = files.script(spec, None);
@@ -354,6 +387,77 @@ mod tests {
                 launcher_settings: "[launcher]\nidle_timeout = \"5s\"\n".into(),
             },
         })
+    }
+
+    fn spec(slots: u32, walltime_ms: Option<u64>) -> ComponentSpec {
+        ComponentSpec {
+            job: "grid-0123456789abcdef".parse().unwrap(),
+            component: 2,
+            slots,
+            command: "sleep 12\n#$ -p 1000\ntrue".into(),
+            env: vec![("X".into(), "#$ -i /etc/shadow".into())],
+            walltime_ms,
+            workdir: Some("/home/alice/#$ -l h=x".into()),
+            owner: "alice".into(),
+        }
+    }
+
+    #[test]
+    fn a_placeholder_array_asks_exactly_for_what_the_site_set() {
+        let mut config = backend().config;
+        let job: JobId = "sweep-0123456789abcdef".parse().unwrap();
+        let args = placeholder_args(&config, &job, "c1.q".into(), 3, 1, Path::new("/tmp"));
+        assert_eq!(args[0], "-clear", "default request files say nothing");
+        let joined = args.join(" ");
+        assert!(
+            joined.contains("-N gl-sweep-0123456789abcdef -q c1.q -w e"),
+            "{joined}"
+        );
+        assert!(joined.contains("-t 1-3 -p -1023 -notify"), "{joined}");
+        assert!(joined.contains("-l h_rt=3600"), "{joined}");
+        assert!(
+            !joined.contains("-pe"),
+            "one slot each needs no environment: {joined}"
+        );
+        assert!(joined.ends_with("-o /dev/null -e /dev/null"), "{joined}");
+        config.log_dir = Some("/var/log/gleaner".into());
+        config.h_rt = None;
+        let joined =
+            placeholder_args(&config, &job, "c1.q@a".into(), 2, 4, Path::new("/tmp")).join(" ");
+        assert!(joined.contains("-pe smp 4"), "{joined}");
+        assert!(!joined.contains("h_rt"), "{joined}");
+        assert!(
+            joined.ends_with("-j y -o /var/log/gleaner/$JOB_NAME.$JOB_ID.$TASK_ID.log"),
+            "{joined}"
+        );
+    }
+
+    #[test]
+    fn a_components_options_carry_nothing_of_its_owners_text() {
+        let config = backend().config;
+        let one_host = component_args(&config, &spec(4, Some(1500)), true, Path::new("/tmp"));
+        let joined = one_host.join(" ");
+        assert_eq!(one_host[0], "-clear");
+        assert!(
+            joined.contains("-N gg-grid-0123456789abcdef.2 -q c1.q"),
+            "{joined}"
+        );
+        assert!(joined.contains("-pe smp 4"), "{joined}");
+        assert!(
+            joined.contains("-l h_rt=2"),
+            "walltime rounded up: {joined}"
+        );
+        assert!(
+            !joined.contains("#$") && !joined.contains("shadow"),
+            "{joined}"
+        );
+        let spread = component_args(&config, &spec(4, None), false, Path::new("/tmp")).join(" ");
+        assert!(
+            spread.contains("-pe make 4") && !spread.contains("h_rt"),
+            "{spread}"
+        );
+        let single = component_args(&config, &spec(1, None), false, Path::new("/tmp")).join(" ");
+        assert!(!single.contains("-pe"), "{single}");
     }
 
     #[test]

@@ -9,7 +9,10 @@
 //! owner (the kcm's core judges: `core::KcmCore`), so a restarted kcm
 //! adopts what its predecessor left, and nobody else's job named like them.
 
-use std::{path::PathBuf, time::Duration};
+use std::{
+    path::{Path, PathBuf},
+    time::Duration,
+};
 
 use gleaner_manifest::JobId;
 use gleaner_protocol::{
@@ -74,30 +77,6 @@ impl SlurmBackend {
         run(program, args, stdin, &[], self.config.command_timeout).await
     }
 
-    /// What every submission says: its name, partition and the site's
-    /// QOS, account and nice value, the script on stdin, no requeue. Time
-    /// limits differ: a placeholder's walltime, a component's own.
-    fn sbatch_args(&self, name: String) -> Vec<String> {
-        let c = &self.config;
-        let mut args = vec![
-            "--parsable".to_owned(),
-            format!("--job-name={name}"),
-            format!("--partition={}", c.partition),
-            "--no-requeue".to_owned(),
-            format!("--chdir={}", std::env::temp_dir().display()),
-        ];
-        if let Some(qos) = &c.qos {
-            args.push(format!("--qos={qos}"));
-        }
-        if let Some(account) = &c.account {
-            args.push(format!("--account={account}"));
-        }
-        if let Some(nice) = c.nice {
-            args.push(format!("--nice={nice}"));
-        }
-        args
-    }
-
     /// One placeholder array of `count` launchers of `each` slots.
     async fn submit_array(
         &self,
@@ -108,29 +87,7 @@ impl SlurmBackend {
         run_as: Option<RunAs<'_>>,
     ) -> Result<(), BackendError> {
         let c = &self.config;
-        let mut args = self.sbatch_args(placeholder_name(job.as_str()));
-        args.extend([
-            format!("--array=1-{count}"),
-            "--nodes=1".to_owned(),
-            "--ntasks=1".to_owned(),
-            format!("--cpus-per-task={each}"),
-        ]);
-        if let Some(walltime) = c.walltime {
-            args.push(format!("--time={}", slurm_time(walltime)));
-        }
-        // Before the time limit, and at preemption where the site has
-        // `preempt_send_user_signal`.
-        args.push(format!("--signal=B:USR1@{}", SIGNAL_MARGIN.as_secs()));
-        if !c.reserve_hosts.is_empty() {
-            args.push(format!("--exclude={}", c.reserve_hosts.join(",")));
-        }
-        match &c.log_dir {
-            Some(dir) => args.push(format!("--output={}/%x.%A_%a.log", dir.display())),
-            None => args.extend([
-                "--output=/dev/null".to_owned(),
-                "--error=/dev/null".to_owned(),
-            ]),
-        }
+        let args = placeholder_args(c, job, count, each, &std::env::temp_dir());
         let launcher = c.launcher.for_run_as(run_as);
         let script = launcher.script(
             &c.cluster,
@@ -149,6 +106,92 @@ impl SlurmBackend {
                 message: format!("unexpected answer {:?}", answer.trim()),
             })
     }
+}
+
+/// What every submission says: its name, partition and the site's QOS,
+/// account and nice value, the script on stdin, no requeue. Time limits
+/// differ: a placeholder's walltime, a component's own.
+fn sbatch_args(c: &SlurmConfig, name: String, workdir: &Path) -> Vec<String> {
+    let mut args = vec![
+        "--parsable".to_owned(),
+        format!("--job-name={name}"),
+        format!("--partition={}", c.partition),
+        "--no-requeue".to_owned(),
+        format!("--chdir={}", workdir.display()),
+    ];
+    if let Some(qos) = &c.qos {
+        args.push(format!("--qos={qos}"));
+    }
+    if let Some(account) = &c.account {
+        args.push(format!("--account={account}"));
+    }
+    if let Some(nice) = c.nice {
+        args.push(format!("--nice={nice}"));
+    }
+    args
+}
+
+/// sbatch's options for one placeholder array of `count` launchers of
+/// `each` CPUs on one node: warned before the time limit (and at
+/// preemption), kept off reserved hosts, output to the log directory or
+/// nowhere.
+fn placeholder_args(
+    c: &SlurmConfig,
+    job: &JobId,
+    count: u32,
+    each: u32,
+    workdir: &Path,
+) -> Vec<String> {
+    let mut args = sbatch_args(c, placeholder_name(job.as_str()), workdir);
+    args.extend([
+        format!("--array=1-{count}"),
+        "--nodes=1".to_owned(),
+        "--ntasks=1".to_owned(),
+        format!("--cpus-per-task={each}"),
+    ]);
+    if let Some(walltime) = c.walltime {
+        args.push(format!("--time={}", slurm_time(walltime)));
+    }
+    // Before the time limit, and at preemption where the site has
+    // `preempt_send_user_signal`.
+    args.push(format!("--signal=B:USR1@{}", SIGNAL_MARGIN.as_secs()));
+    if !c.reserve_hosts.is_empty() {
+        args.push(format!("--exclude={}", c.reserve_hosts.join(",")));
+    }
+    match &c.log_dir {
+        Some(dir) => args.push(format!("--output={}/%x.%A_%a.log", dir.display())),
+        None => args.extend([
+            "--output=/dev/null".to_owned(),
+            "--error=/dev/null".to_owned(),
+        ]),
+    }
+    args
+}
+
+/// sbatch's options for a grid job's component: its slots as tasks, on
+/// one node when it fits on one, its own time limit. Nothing of the
+/// component's command, environment or directory: those are in its
+/// script.
+fn component_args(
+    c: &SlurmConfig,
+    spec: &ComponentSpec,
+    one_host: bool,
+    workdir: &Path,
+) -> Vec<String> {
+    let mut args = sbatch_args(c, component_name(&spec.job, spec.component), workdir);
+    args.extend([
+        format!("--ntasks={}", spec.slots.max(1)),
+        "--output=/dev/null".to_owned(),
+        "--error=/dev/null".to_owned(),
+    ]);
+    if one_host {
+        args.push("--nodes=1".to_owned());
+    }
+    if let Some(walltime) = spec.walltime_ms {
+        let limit = Duration::from_millis(walltime);
+        args.push(format!("--time={}", slurm_time(limit)));
+    }
+    args
 }
 
 /// A word nobody can guess, new each time, that starts each job's line of
@@ -239,19 +282,7 @@ impl Backend for SlurmBackend {
         one_host: bool,
         run_as: Option<&Account>,
     ) -> Result<(), BackendError> {
-        let mut args = self.sbatch_args(component_name(&spec.job, spec.component));
-        args.extend([
-            format!("--ntasks={}", spec.slots.max(1)),
-            "--output=/dev/null".to_owned(),
-            "--error=/dev/null".to_owned(),
-        ]);
-        if one_host {
-            args.push("--nodes=1".to_owned());
-        }
-        if let Some(walltime) = spec.walltime_ms {
-            let limit = Duration::from_millis(walltime);
-            args.push(format!("--time={}", slurm_time(limit)));
-        }
+        let args = component_args(&self.config, spec, one_host, &std::env::temp_dir());
         // Submitted as the owner, it runs as them: the script has no
         // account to switch to.
         let script = files.script(spec, None);
@@ -287,6 +318,94 @@ mod tests {
         assert_eq!(slurm_time(Duration::from_secs(3600)), "60:00");
         assert_eq!(slurm_time(Duration::from_millis(1500)), "0:02");
         assert_eq!(slurm_time(Duration::ZERO), "0:01");
+    }
+
+    fn config() -> SlurmConfig {
+        SlurmConfig {
+            cluster: "c1".into(),
+            partition: "debug".into(),
+            qos: None,
+            account: Some("physics".into()),
+            nice: Some(100),
+            launcher_slots: 1,
+            reserve_hosts: vec!["n1".into(), "n2".into()],
+            walltime: Some(Duration::from_secs(3600)),
+            log_dir: None,
+            command_timeout: Duration::from_secs(10),
+            launcher: LauncherCommand {
+                program: "/opt/gleaner".into(),
+                args: Vec::new(),
+                env: Vec::new(),
+                broker_urls: Vec::new(),
+                launcher_settings: String::new(),
+            },
+        }
+    }
+
+    #[test]
+    fn a_placeholder_array_asks_exactly_for_what_the_site_set() {
+        let job: JobId = "sweep-0123456789abcdef".parse().unwrap();
+        let args = placeholder_args(&config(), &job, 3, 4, Path::new("/tmp"));
+        assert_eq!(
+            args,
+            [
+                "--parsable",
+                "--job-name=gl-sweep-0123456789abcdef",
+                "--partition=debug",
+                "--no-requeue",
+                "--chdir=/tmp",
+                "--account=physics",
+                "--nice=100",
+                "--array=1-3",
+                "--nodes=1",
+                "--ntasks=1",
+                "--cpus-per-task=4",
+                "--time=60:00",
+                "--signal=B:USR1@60",
+                "--exclude=n1,n2",
+                "--output=/dev/null",
+                "--error=/dev/null",
+            ]
+        );
+        let mut logged = config();
+        logged.log_dir = Some("/var/log/gleaner".into());
+        let args = placeholder_args(&logged, &job, 1, 1, Path::new("/tmp"));
+        assert_eq!(
+            args.last().map(String::as_str),
+            Some("--output=/var/log/gleaner/%x.%A_%a.log")
+        );
+    }
+
+    #[test]
+    fn a_components_options_carry_nothing_of_its_owners_text() {
+        let spec = ComponentSpec {
+            job: "grid-0123456789abcdef".parse().unwrap(),
+            component: 1,
+            slots: 6,
+            command: "sleep 12\n#SBATCH --nice=-1000\ntrue".into(),
+            env: vec![("SBATCH_QOS".into(), "high".into())],
+            walltime_ms: Some(90_500),
+            workdir: Some("/home/alice".into()),
+            owner: "alice".into(),
+        };
+        let args = component_args(&config(), &spec, true, Path::new("/tmp"));
+        let joined = args.join(" ");
+        assert!(
+            joined
+                .starts_with("--parsable --job-name=gg-grid-0123456789abcdef.1 --partition=debug"),
+            "{joined}"
+        );
+        assert!(
+            joined
+                .contains("--ntasks=6 --output=/dev/null --error=/dev/null --nodes=1 --time=1:31"),
+            "{joined}"
+        );
+        assert!(
+            !joined.contains("-1000") && !joined.contains("high"),
+            "{joined}"
+        );
+        let spread = component_args(&config(), &spec, false, Path::new("/tmp"));
+        assert!(!spread.iter().any(|a| a == "--nodes=1"), "{spread:?}");
     }
 
     #[test]

@@ -33,8 +33,8 @@ use gleaner_broker::{
 };
 use gleaner_manifest::JobId;
 use gleaner_protocol::{
-    Captured, ClusterName, ControlMsg, LauncherId, LauncherInfo, LauncherMsg, LauncherStatus,
-    ResultBatch, ResultMsg, RunStatus, RunningTask, TaskBundle, TaskMsg, now_ms,
+    Captured, ClusterName, ControlMsg, Core, LauncherId, LauncherInfo, LauncherMsg, LauncherStatus,
+    Now, ResultBatch, ResultMsg, RunStatus, RunningTask, TaskBundle, TaskMsg, now_ms,
 };
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -535,11 +535,13 @@ impl Shell {
 
     /// Runs until the state says to leave.
     async fn serve(mut self) -> Result<Exit, LauncherError> {
-        let mut state = State::new(&self.shared.config, Instant::now());
+        let mut state = State::new(&self.shared.config, Now::read());
         loop {
             let mut events = VecDeque::from(self.next_events(&state).await);
             while let Some(event) = events.pop_front() {
-                for effect in state.handle(event, Instant::now()) {
+                let now = Now::read();
+                state.handle(event, now);
+                while let Some(effect) = state.poll_effect(now) {
                     match self.apply(effect).await {
                         ControlFlow::Break(exit) => return exit,
                         ControlFlow::Continue(failure) => events.extend(failure),
@@ -597,7 +599,7 @@ impl Shell {
                 }
             },
             Some(joined) = self.work.join_next_with_id() => self.joined(joined).await,
-            () = sleep_until(state.next_wakeup()) => vec![Event::Tick],
+            () = sleep_until(state.poll_timeout()) => vec![Event::Tick],
         }
     }
 

@@ -2,8 +2,9 @@
 //!
 //! [`State`] is told what happened — a task delivered, a task's process
 //! over, a delivery settled with the broker, a message on the launcher's own
-//! queue, a signal, the clock reaching [`State::next_wakeup`] — together with
-//! the time, and answers with the [`Effect`]s the shell (`lib.rs`) must apply.
+//! queue, a signal, the clock reaching [`State::poll_timeout`] — together
+//! with the time, and keeps the [`Effect`]s the shell (`lib.rs`) must apply
+//! until it polls them ([`Core`]).
 //! It decides which tasks to run, refuse or give back, how many to hold
 //! ahead of its slots, when to stop taking tasks, when to stop running ones and whether they are then republished or
 //! abandoned, when to report status, and when and why to leave.
@@ -18,7 +19,7 @@ use std::{
 };
 
 use gleaner_manifest::JobId;
-use gleaner_protocol::{ClusterName, LauncherId, LauncherMsg};
+use gleaner_protocol::{ClusterName, Core, LauncherId, LauncherMsg, Now, Outbox};
 use tracing::{info, warn};
 
 use crate::{Exit, LauncherConfig};
@@ -70,7 +71,7 @@ pub enum Event<E> {
     Message(LauncherMsg),
     /// SIGTERM, SIGINT or the batch system's kill warning.
     Signal,
-    /// The clock reached [`State::next_wakeup`].
+    /// The clock reached [`State::poll_timeout`].
     Tick,
 }
 
@@ -203,10 +204,27 @@ pub struct State<E> {
     /// broker, and we leave with this once none is held.
     abandoned: Option<Result<Exit, E>>,
     left: bool,
+    /// Effects decided and not yet carried out.
+    outbox: Outbox<Effect<E>>,
+}
+
+impl<E> Core for State<E> {
+    type Event = Event<E>;
+    type Effect = Effect<E>;
+
+    fn handle(&mut self, event: Event<E>, now: Now) {
+        let effects = self.decide(event, now.instant);
+        self.outbox.push(effects);
+    }
+
+    fn poll_effect(&mut self, _now: Now) -> Option<Effect<E>> {
+        self.outbox.pop()
+    }
 }
 
 impl<E> State<E> {
-    pub fn new(config: &LauncherConfig, now: Instant) -> Self {
+    pub fn new(config: &LauncherConfig, now: Now) -> Self {
+        let now = now.instant;
         let stop_at = config.deadline.map(|deadline| {
             deadline
                 .checked_sub(config.deadline_margin)
@@ -239,6 +257,7 @@ impl<E> State<E> {
             walltime_reached: false,
             abandoned: None,
             left: false,
+            outbox: Outbox::default(),
         }
     }
 
@@ -289,7 +308,7 @@ impl<E> State<E> {
 
     /// When the shell should send [`Event::Tick`]: the next of the idle
     /// timeout, the walltime stop and the heartbeat.
-    pub fn next_wakeup(&self) -> Option<Instant> {
+    pub fn poll_timeout(&self) -> Option<Instant> {
         if self.left || self.abandoned.is_some() {
             return None;
         }
@@ -307,7 +326,7 @@ impl<E> State<E> {
     }
 
     /// Takes one event at `now`; after [`Effect::Leave`] nothing more happens.
-    pub fn handle(&mut self, event: Event<E>, now: Instant) -> Vec<Effect<E>> {
+    fn decide(&mut self, event: Event<E>, now: Instant) -> Vec<Effect<E>> {
         let mut effects = Vec::new();
         if self.left {
             return effects;
@@ -694,7 +713,13 @@ mod tests {
         };
         configure(&mut config, t0);
         Launcher {
-            state: State::new(&config, t0),
+            state: State::new(
+                &config,
+                Now {
+                    instant: t0,
+                    wall_ms: 0,
+                },
+            ),
             t0,
         }
     }
@@ -706,13 +731,17 @@ mod tests {
 
     impl Launcher {
         fn at(&mut self, secs: u64, event: Event<&'static str>) -> Effects {
-            self.state
-                .handle(event, self.t0 + Duration::from_secs(secs))
+            let now = Now {
+                instant: self.t0 + Duration::from_secs(secs),
+                wall_ms: secs * 1000,
+            };
+            self.state.handle(event, now);
+            std::iter::from_fn(|| self.state.poll_effect(now)).collect()
         }
 
         fn wakeup(&self) -> Option<Duration> {
             self.state
-                .next_wakeup()
+                .poll_timeout()
                 .map(|at| at.duration_since(self.t0))
         }
     }
@@ -896,7 +925,7 @@ mod tests {
         );
         // The consumer ended without our asking: the queue is gone.
         assert_eq!(l.at(3, Event::TasksEnded), [Effect::StopTasks]);
-        assert_eq!(l.state.next_wakeup(), None);
+        assert_eq!(l.state.poll_timeout(), None);
         assert_eq!(l.at(3, preempt()), []);
         assert_eq!(l.at(3, killed(2)), [Effect::Abandon { tag: 2 }]);
         assert_eq!(l.at(4, settled(1)), [Effect::Leave(Ok(Exit::JobOver))]);

@@ -6,6 +6,7 @@
 //! keeps the picture and the promises in flight; this module only moves
 //! messages.
 
+pub mod core;
 mod grid;
 mod history;
 pub mod metrics;
@@ -20,7 +21,7 @@ use std::{
 };
 
 use gleaner_broker::{
-    Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher, peek,
+    Broker, BrokerError, Channel, Connection, ConsumeOptions, Inbox, Incoming, Publisher, peek,
     topology::{
         self, HISTORY_QUEUE, JobQueues, REQUESTS_QUEUE, SCHEDULER_GRID_QUEUE, SCHEDULER_QUEUE,
     },
@@ -28,15 +29,18 @@ use gleaner_broker::{
 use gleaner_manifest::JobId;
 use gleaner_policy::access::Users;
 use gleaner_protocol::{
-    ActionReply, ControlMsg, EndedJob, Event, GrantId, GridSnapshot, Now, RequestMsg, SchedulerMsg,
-    now_ms,
+    ActionReply, ControlMsg, Core, EndedJob, Event, GrantId, GridSnapshot, Now, RequestMsg,
+    SchedulerMsg, now_ms,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::state::{Answer, Reaction, RoundClock, State, StateConfig};
+use crate::{
+    core::{Effect, Event as CoreEvent, Post, Rounds, SchedulerCore},
+    state::{Answer, State, StateConfig},
+};
 
 /// Inbox messages acknowledged at once under load.
 const ACK_EVERY: u16 = 64;
@@ -47,8 +51,6 @@ const ACK_IDLE: Duration = Duration::from_millis(5);
 /// 10,000 messages a second, so that the broker has room for the inbox.
 const POST_CHUNK: usize = 500;
 const POST_PAUSE: Duration = Duration::from_millis(50);
-/// How often the metrics page is made again: a scrape interval is seconds.
-const METRICS_EVERY: Duration = Duration::from_secs(2);
 
 /// `[scheduler]` of the configuration.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -65,6 +67,15 @@ pub struct SchedulerConfig {
     pub round_min_gap: Duration,
     /// Where Prometheus metrics are served (`/metrics`), if anywhere.
     pub metrics: Option<std::net::SocketAddr>,
+}
+
+impl SchedulerConfig {
+    pub fn rounds(&self) -> Rounds {
+        Rounds {
+            interval: self.round_interval,
+            min_gap: self.round_min_gap,
+        }
+    }
 }
 
 impl Default for SchedulerConfig {
@@ -86,14 +97,22 @@ pub async fn run(
     users: Users,
     shutdown: CancellationToken,
 ) {
-    let mut state = State::new(GrantId::new(now_ms()));
     let page = Page::default();
     let server = config
         .metrics
         .and_then(|address| serve_metrics(address, &page));
+    let mut core = SchedulerCore::new(
+        State::new(GrantId::new(now_ms())),
+        config.state.clone(),
+        users,
+        String::new(),
+        config.rounds(),
+        server.is_some(),
+        Instant::now(),
+    );
     broker
         .supervise(&shutdown, async |connection| {
-            session(&connection, &config, &users, &mut state, &page, &shutdown).await
+            session(&connection, &config, &mut core, &page, &shutdown).await
         })
         .await;
     if let Some(server) = server {
@@ -160,12 +179,10 @@ fn serve_metrics(address: std::net::SocketAddr, page: &Page) -> Option<Arc<tiny_
 async fn session(
     connection: &Connection,
     config: &SchedulerConfig,
-    users: &Users,
-    state: &mut State,
+    core: &mut SchedulerCore,
     page: &Page,
     shutdown: &CancellationToken,
 ) -> Result<(), BrokerError> {
-    let mut rendered: Option<Instant> = None;
     let channel = connection.channel().await?;
     topology::declare_core(connection.lapin()).await?;
     topology::declare_scheduler_grid(&channel).await?;
@@ -196,29 +213,28 @@ async fn session(
     )
     .await?;
     info!(scheduler = %connection.identity(), policy = config.state.policy.policy.name(), "scheduler consuming (active once the broker hands it the inbox)");
-    let mut clock = RoundClock::new(config.round_interval, config.round_min_gap, Instant::now());
+    core.reconnected(config.rounds(), connection.identity(), Instant::now());
     // Rounds are posted by a task of their own, so that a round of
     // thousands of offers does not keep the inbox waiting.
     let (mail, outbox) = mpsc::channel(4);
     let (gone, mut forgotten) = mpsc::unbounded_channel();
     let mut postman = tokio::spawn(post(publisher.clone(), outbox, gone));
+    let mut shell = Shell {
+        connection,
+        channel: &channel,
+        publisher: &publisher,
+        page,
+        mail,
+        requests: None,
+    };
     // Acknowledged together, every `ACK_EVERY` messages or once the inbox is
     // quiet: one ack each costs more than reading the message at grid scale,
     // and an unacked report read again after a crash only repeats news.
     let (mut unacked, mut last) = (0u16, None);
-    // The broker hands the inbox to one scheduler at a time: the first
-    // message says this one is active. Until then it decides nothing (what
-    // it kept from an earlier turn is stale), and when it becomes active it
-    // takes over the grid bookkeeping the last active one left.
-    let mut active = false;
-    let mut handed_over_nothing = false;
-    // Users' requests are answered by the active scheduler only: a standby
-    // consumes them once it has the inbox.
-    let mut requests: Option<Inbox<RequestMsg>> = None;
     loop {
         tokio::select! {
             request = async {
-                match requests.as_mut() {
+                match shell.requests.as_mut() {
                     Some(inbox) => inbox.next().await,
                     None => std::future::pending().await,
                 }
@@ -228,7 +244,19 @@ async fn session(
                     Some(Err(e)) => return Err(e),
                     None => return Err(BrokerError::NoQueue(REQUESTS_QUEUE.to_owned())),
                 };
-                answer(&publisher, state, incoming, config, users).await?;
+                // Answers go to the asker's direct reply-to and nowhere
+                // else: a user naming any queue as `reply_to` must not have
+                // the services post there.
+                if !incoming.reply.is_direct() {
+                    warn!(user = incoming.user.as_deref(), "request without a direct reply-to address; ignored");
+                    incoming.ack().await?;
+                    continue;
+                }
+                let event = CoreEvent::Request { user: incoming.user.clone(), request: incoming.msg.clone() };
+                if !shell.handle(core, event, Some(&incoming)).await? {
+                    return postman.await.unwrap_or_else(|e| Err(BrokerError::Connect(e.to_string())));
+                }
+                incoming.ack().await?;
             }
             ended = history.next() => {
                 let incoming = match ended {
@@ -239,7 +267,7 @@ async fn session(
                 let now = Now::read();
                 let ended_at = incoming.sent_at.map_or(now.wall_ms, |s| s.saturating_mul(1000));
                 if let Some(ended) = EndedJob::of(&incoming.msg, ended_at) {
-                    state.on_ended(ended, now, &config.state);
+                    shell.handle(core, CoreEvent::Ended(ended), None).await?;
                 }
                 incoming.ack().await?;
             }
@@ -249,23 +277,7 @@ async fn session(
                     Some(Err(e)) => return Err(e),
                     None => return Err(BrokerError::NoQueue(SCHEDULER_QUEUE.to_owned())),
                 };
-                if !active {
-                    active = true;
-                    info!(scheduler = %connection.identity(), "scheduler active");
-                    if let Some(snapshot) = peek::<GridSnapshot>(&channel, SCHEDULER_GRID_QUEUE).await? {
-                        state.restore_grid(snapshot, Now::read());
-                    }
-                    requests = Some(connection.inbox(&publisher, REQUESTS_QUEUE, ConsumeOptions {
-                        tag: connection.identity(),
-                        prefetch: 16,
-                        exclusive: false,
-                    }).await?);
-                }
-                let now = Instant::now();
-                let reaction = state.on_message(incoming.msg.clone(), now, &config.state);
-                if reaction == Reaction::Round {
-                    clock.hurry(now);
-                }
+                shell.handle(core, CoreEvent::Message(incoming.msg.clone()), None).await?;
                 unacked += 1;
                 if unacked >= ACK_EVERY {
                     incoming.ack_up_to_here().await?;
@@ -280,106 +292,128 @@ async fn session(
                 }
                 unacked = 0;
             }
-            () = tokio::time::sleep_until(clock.next().into()) => {
-                let now = Now::read();
-                clock.ran(now.instant);
-                if !active {
-                    continue;
-                }
-                let actions: Vec<_> = state.round(now.instant, &config.state).into_iter().map(outbox::message).collect();
-                if config.metrics.is_some() && rendered.is_none_or(|at| now.instant.duration_since(at) >= METRICS_EVERY) {
-                    page.set(metrics::render(&state.status(connection.identity(), now.instant, &config.state)));
-                    rendered = Some(now.instant);
-                }
-                // Handed over after every round that has grid jobs, and
-                // once more when the last is gone.
-                let grid = state.grid_snapshot(now);
-                let empty = grid.placements.is_empty() && grid.reservations.is_empty();
-                let grid = (!(empty && handed_over_nothing)).then_some(grid);
-                handed_over_nothing = empty;
-                if (!actions.is_empty() || grid.is_some()) && mail.send(Post { actions, grid }).await.is_err() {
+            () = tokio::time::sleep_until(core.poll_timeout().into()) => {
+                if !shell.handle(core, CoreEvent::RoundDue, None).await? {
                     return postman.await.unwrap_or_else(|e| Err(BrokerError::Connect(e.to_string())));
                 }
             }
             Some(job) = forgotten.recv() => {
                 debug!(job = %job, "job has no control queue any more; forgotten");
-                state.on_job_done(&job);
+                shell.handle(core, CoreEvent::Gone(job), None).await?;
             }
             posted = &mut postman => {
                 return posted.unwrap_or_else(|e| Err(BrokerError::Connect(e.to_string())));
             }
             () = shutdown.cancelled() => {
-                drop(mail);
+                drop(shell);
                 return postman.await.unwrap_or_else(|e| Err(BrokerError::Connect(e.to_string())));
             }
         }
     }
 }
 
-/// Answers one user's request and acks it; a cancel goes on to the job's
-/// runner first, so that "accepted" means the runner has it.
-async fn answer(
-    publisher: &Publisher,
-    state: &State,
-    incoming: Incoming<RequestMsg>,
-    config: &SchedulerConfig,
-    users: &Users,
-) -> Result<(), BrokerError> {
-    let user = incoming.user.as_deref();
-    // Answers go to the asker's direct reply-to and nowhere else: a user
-    // naming any queue as `reply_to` must not have the services post there.
-    if !incoming.reply.is_direct() {
-        warn!(user, "request without a direct reply-to address; ignored");
-        return incoming.ack().await;
-    }
-    let answered = match state.on_request(
-        user,
-        incoming.msg.clone(),
-        Instant::now(),
-        &config.state,
-        users,
-    ) {
-        Answer::Status(mut reply) => {
-            reply.scheduler = publisher.identity().to_owned();
-            publisher.reply(&incoming.reply, &reply).await
-        }
-        // Tasks to add are answered by the job's runner, once it has
-        // recorded them or refused them: the asker's address goes along.
-        Answer::Action(_, Some((job, action @ ControlMsg::AddTasks(_)))) => {
-            let control = JobQueues::new(&job).control;
-            match publisher
-                .deliver_answerable(&control, &action, &incoming.reply)
-                .await?
-            {
-                true => Ok(()),
-                false => {
-                    publisher
-                        .reply(&incoming.reply, &ActionReply::NotRunning {})
-                        .await
-                }
-            }
-        }
-        Answer::Action(mut reply, action) => {
-            if let Some((job, action)) = action
-                && !publisher
-                    .deliver(&JobQueues::new(&job).control, &action)
-                    .await?
-            {
-                reply = ActionReply::NotRunning {};
-            }
-            publisher.reply(&incoming.reply, &reply).await
-        }
-    };
-    if let Err(e) = answered {
-        warn!(user, error = %e, "cannot answer a request");
-    }
-    incoming.ack().await
+/// What the scheduler's effects reach: the broker, the metrics page, and
+/// the postman that sends rounds.
+struct Shell<'a> {
+    connection: &'a Connection,
+    channel: &'a Channel,
+    publisher: &'a Publisher,
+    page: &'a Page,
+    mail: mpsc::Sender<Post>,
+    /// Users' requests, taken by the active scheduler only.
+    requests: Option<Inbox<RequestMsg>>,
 }
 
-/// What a round sends: its decisions, and the grid bookkeeping to hand over.
-struct Post {
-    actions: Vec<(JobId, ControlMsg)>,
-    grid: Option<GridSnapshot>,
+impl Shell<'_> {
+    /// Hands `event` to the core and carries out its effects; `false` when
+    /// the postman has stopped (its error ends the session).
+    async fn handle(
+        &mut self,
+        core: &mut SchedulerCore,
+        event: CoreEvent,
+        request: Option<&Incoming<RequestMsg>>,
+    ) -> Result<bool, BrokerError> {
+        core.handle(event, Now::read());
+        while let Some(effect) = core.poll_effect(Now::read()) {
+            match effect {
+                Effect::TakeOver => {
+                    let snapshot = peek::<GridSnapshot>(self.channel, SCHEDULER_GRID_QUEUE).await?;
+                    self.requests = Some(
+                        self.connection
+                            .inbox(
+                                self.publisher,
+                                REQUESTS_QUEUE,
+                                ConsumeOptions {
+                                    tag: self.connection.identity(),
+                                    prefetch: 16,
+                                    exclusive: false,
+                                },
+                            )
+                            .await?,
+                    );
+                    core.handle(CoreEvent::HandedOver(snapshot), Now::read());
+                }
+                Effect::Answer(answer) => {
+                    if let Some(incoming) = request {
+                        self.answer(incoming, answer).await?;
+                    }
+                }
+                Effect::Post(post) => {
+                    if self.mail.send(post).await.is_err() {
+                        return Ok(false);
+                    }
+                }
+                Effect::Metrics(text) => self.page.set(text),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Answers one user's request; a cancel goes on to the job's runner
+    /// first, so that "accepted" means the runner has it.
+    async fn answer(
+        &self,
+        incoming: &Incoming<RequestMsg>,
+        answer: Answer,
+    ) -> Result<(), BrokerError> {
+        let publisher = self.publisher;
+        let answered = match answer {
+            Answer::Status(mut reply) => {
+                reply.scheduler = publisher.identity().to_owned();
+                publisher.reply(&incoming.reply, &reply).await
+            }
+            // Tasks to add are answered by the job's runner, once it has
+            // recorded them or refused them: the asker's address goes along.
+            Answer::Action(_, Some((job, action @ ControlMsg::AddTasks(_)))) => {
+                let control = JobQueues::new(&job).control;
+                match publisher
+                    .deliver_answerable(&control, &action, &incoming.reply)
+                    .await?
+                {
+                    true => Ok(()),
+                    false => {
+                        publisher
+                            .reply(&incoming.reply, &ActionReply::NotRunning {})
+                            .await
+                    }
+                }
+            }
+            Answer::Action(mut reply, action) => {
+                if let Some((job, action)) = action
+                    && !publisher
+                        .deliver(&JobQueues::new(&job).control, &action)
+                        .await?
+                {
+                    reply = ActionReply::NotRunning {};
+                }
+                publisher.reply(&incoming.reply, &reply).await
+            }
+        };
+        if let Err(e) = answered {
+            warn!(user = incoming.user.as_deref(), error = %e, "cannot answer a request");
+        }
+        Ok(())
+    }
 }
 
 /// Sends each round's decisions to the jobs' runners, pipelined (a round at

@@ -1,15 +1,15 @@
 //! gleaner's scheduling on a simulated grid.
 //!
-//! The services' own cores run here on a simulated clock, driven as their
-//! shells drive them: the scheduler's [`gleaner_scheduler::state`] (its
-//! settings, grants, drains in flight, grid placement; a round after each
-//! cluster report and each new job, its actions sent as
-//! [`gleaner_scheduler::outbox`] words them) and one kcm core
+//! The services' own cores run here on a simulated clock, driven with the
+//! loop their shells drive them with (events in, `poll_effect` until there
+//! is none, answers handed back at once): the scheduler's
+//! [`gleaner_scheduler::core::SchedulerCore`] (a round at the simulation's
+//! interval and whenever the core hurries one), one kcm core
 //! ([`gleaner_kcm::core::KcmCore`]) per cluster, whose commands act on the
-//! simulated batch system and are answered at once, and the runner's own
-//! core ([`gleaner_runner::Sweep`]) per scavenging job, which publishes its
-//! tasks to a simulated task queue and hears from simulated launchers as
-//! from real ones. The batch systems and what runs in them are simulated
+//! simulated batch system, and the runner's own machine
+//! ([`gleaner_runner::JobMachine`] around [`gleaner_runner::Sweep`]) per
+//! scavenging job, which publishes its tasks to a simulated task queue and
+//! hears from simulated launchers as from real ones. The batch systems and what runs in them are simulated
 //! and decide nothing for gleaner. A scenario runs once without scavenging jobs (the baseline) and
 //! once per policy, with the same background load, so that the delay
 //! scavenging adds to local and grid jobs is measured job by job.

@@ -1,6 +1,6 @@
 //! The simulated grid, stepped by a simulated clock. The scheduler is the
-//! scheduler's own [`State`], each cluster's manager the kcm's own
-//! [`KcmCore`] and each scavenging job's runner the runner's own core;
+//! scheduler's own [`SchedulerCore`], each cluster's manager the kcm's own
+//! [`KcmCore`] and each scavenging job's runner the runner's own machine;
 //! they exchange the protocol's messages, and simulated batch systems run
 //! the jobs.
 
@@ -11,14 +11,14 @@ use std::{
 
 use gleaner_kcm::core::{Core, Effect, Event, KcmCore, Now};
 use gleaner_manifest::JobId;
-use gleaner_policy::share::CsPolicy;
+use gleaner_policy::{access::Users, share::CsPolicy};
 use gleaner_protocol::{
     ClusterName, ControlMsg, GrantId, KcmMsg, LauncherId, LauncherMsg, ResultMsg, SchedulerMsg,
 };
 use gleaner_runner::JobEvent;
 use gleaner_scheduler::{
-    outbox,
-    state::{Reaction, State, StateConfig},
+    core::{Effect as SchedulerEffect, Event as SchedulerEvent, Rounds, SchedulerCore},
+    state::State,
 };
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
@@ -109,8 +109,7 @@ struct Sim<'a> {
     scenario: &'a Scenario,
     policy: Option<CsPolicy>,
     clock: Clock,
-    state: State,
-    config: StateConfig,
+    scheduler: SchedulerCore,
     clusters: Vec<Cluster>,
     cluster_index: BTreeMap<ClusterName, usize>,
     ids: Vec<JobId>,
@@ -238,12 +237,25 @@ impl<'a> Sim<'a> {
             .enumerate()
             .map(|(i, g)| (g.id.clone(), i))
             .collect();
+        let start = clock.now().instant;
         Self {
             scenario,
             policy,
             clock,
-            state: State::new(GrantId::new(1)),
-            config: scenario.state_config(policy.unwrap_or_default()),
+            scheduler: SchedulerCore::new(
+                State::new(GrantId::new(1)),
+                scenario.state_config(policy.unwrap_or_default()),
+                Users::default(),
+                "simulated".to_owned(),
+                // Rounds run at the simulation's interval, and at once
+                // when the core hurries one.
+                Rounds {
+                    interval: scenario.duration + Duration::from_secs(3600),
+                    min_gap: Duration::ZERO,
+                },
+                false,
+                start,
+            ),
             clusters,
             cluster_index,
             ids,
@@ -281,28 +293,45 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// The scheduler service's handling of its inbox: the state reacts,
-    /// and a round runs when it says so (nobody asks for its status here).
+    /// The scheduler's core takes a message as its service does; a round
+    /// runs when the core says one is due.
     fn at_scheduler(&mut self, message: SchedulerMsg) -> Vec<Mail> {
-        let now = self.clock.now().instant;
-        match self.state.on_message(message, now, &self.config) {
-            Reaction::Round => self.round(),
-            Reaction::Nothing => Vec::new(),
+        let now = self.clock.now();
+        let mut mail = self.at_core(SchedulerEvent::Message(message), now);
+        if self.scheduler.poll_timeout() <= now.instant {
+            mail.extend(self.at_core(SchedulerEvent::RoundDue, now));
         }
+        mail
     }
 
-    /// A scheduling round; its actions go to the jobs' runners as the
-    /// scheduler service sends them.
+    /// A scheduling round at the simulation's own interval.
     fn round(&mut self) -> Vec<Mail> {
-        let now = self.clock.now().instant;
+        let now = self.clock.now();
+        self.at_core(SchedulerEvent::RoundDue, now)
+    }
+
+    /// Hands the scheduler's core an event and carries out its effects as
+    /// its service does: what it sends goes to the jobs' runners, a job
+    /// whose control queue is gone is forgotten, and nothing was handed
+    /// over before it became active.
+    fn at_core(&mut self, event: SchedulerEvent, now: gleaner_protocol::Now) -> Vec<Mail> {
         let mut mail = Vec::new();
-        for action in self.state.round(now, &self.config) {
-            let (job, message) = outbox::message(action);
-            if self.live_sweep(&job).is_some() || self.grid_runners.contains_key(&job) {
-                mail.push(Mail::Runner(job, message));
-            } else {
-                // Its control queue is gone: the scheduler forgets the job.
-                self.state.on_job_done(&job);
+        self.scheduler.handle(event, now);
+        while let Some(effect) = self.scheduler.poll_effect(now) {
+            match effect {
+                SchedulerEffect::TakeOver => {
+                    self.scheduler.handle(SchedulerEvent::HandedOver(None), now);
+                }
+                SchedulerEffect::Post(post) => {
+                    for (job, message) in post.actions {
+                        if self.live_sweep(&job).is_some() || self.grid_runners.contains_key(&job) {
+                            mail.push(Mail::Runner(job, message));
+                        } else {
+                            self.scheduler.handle(SchedulerEvent::Gone(job), now);
+                        }
+                    }
+                }
+                SchedulerEffect::Answer(_) | SchedulerEffect::Metrics(_) => {}
             }
         }
         mail

@@ -1,0 +1,344 @@
+//! The scheduler's core: the picture ([`State`]) with its settings, when
+//! rounds run, whether this scheduler is the active one, and what it hands
+//! over. Its shell (`lib.rs`) only moves messages: it feeds [`Event`]s with
+//! the time, carries out [`Effect`]s, and wakes it at
+//! [`SchedulerCore::poll_timeout`]; the simulator drives it the same way.
+
+use std::time::{Duration, Instant};
+
+use gleaner_manifest::JobId;
+use gleaner_policy::access::Users;
+use gleaner_protocol::{
+    ControlMsg, Core, EndedJob, GridSnapshot, Now, Outbox, RequestMsg, SchedulerMsg,
+};
+use tracing::info;
+
+use crate::{
+    metrics, outbox,
+    state::{Answer, Reaction, RoundClock, State, StateConfig},
+};
+
+/// How often the metrics page is made again: a scrape interval is seconds.
+const METRICS_EVERY: Duration = Duration::from_secs(2);
+
+/// When rounds run: every `interval`, and sooner (not sooner than
+/// `min_gap` after the last) when news calls for one.
+#[derive(Debug, Clone, Copy)]
+pub struct Rounds {
+    pub interval: Duration,
+    pub min_gap: Duration,
+}
+
+#[derive(Debug)]
+pub enum Event {
+    /// A message on `gleaner.scheduler`. The broker hands that inbox to one
+    /// scheduler at a time, so the first one makes this scheduler active.
+    Message(SchedulerMsg),
+    /// Answers [`Effect::TakeOver`]: the grid bookkeeping the last active
+    /// scheduler handed over, if any.
+    HandedOver(Option<GridSnapshot>),
+    /// A job's end, read from the history.
+    Ended(EndedJob),
+    /// A user's request; `user` is its broker-checked `user_id`.
+    Request {
+        user: Option<String>,
+        request: RequestMsg,
+    },
+    /// [`SchedulerCore::poll_timeout`] has passed.
+    RoundDue,
+    /// A job's control queue is gone: it is over.
+    Gone(JobId),
+}
+
+/// What a round sends: its decisions, and the grid bookkeeping to hand over.
+#[derive(Debug)]
+pub struct Post {
+    pub actions: Vec<(JobId, ControlMsg)>,
+    pub grid: Option<GridSnapshot>,
+}
+
+#[derive(Debug)]
+pub enum Effect {
+    /// This scheduler is now the active one: read what the last one handed
+    /// over (answer with [`Event::HandedOver`]) and take users' requests.
+    TakeOver,
+    /// Answer the request being handled.
+    Answer(Answer),
+    /// Send a round's decisions to the jobs' runners, and hand the grid
+    /// bookkeeping over.
+    Post(Post),
+    /// The metrics page, made again.
+    Metrics(String),
+}
+
+/// The scheduler's decisions.
+#[derive(Debug)]
+pub struct SchedulerCore {
+    state: State,
+    config: StateConfig,
+    users: Users,
+    /// This scheduler, as status replies and metrics name it.
+    identity: String,
+    clock: RoundClock,
+    /// Whether a metrics page is served, and when it was last made.
+    metrics: bool,
+    rendered: Option<Instant>,
+    active: bool,
+    /// The first message, held while what was handed over is read.
+    held: Option<SchedulerMsg>,
+    /// The last round handed over an empty grid: the next empty one is
+    /// not handed over again.
+    handed_over_nothing: bool,
+    outbox: Outbox<Effect>,
+}
+
+impl SchedulerCore {
+    pub fn new(
+        state: State,
+        config: StateConfig,
+        users: Users,
+        identity: String,
+        rounds: Rounds,
+        metrics: bool,
+        now: Instant,
+    ) -> Self {
+        Self {
+            state,
+            config,
+            users,
+            identity,
+            clock: RoundClock::new(rounds.interval, rounds.min_gap, now),
+            metrics,
+            rendered: None,
+            active: false,
+            held: None,
+            handed_over_nothing: false,
+            outbox: Outbox::default(),
+        }
+    }
+
+    /// When the next round is due.
+    pub fn poll_timeout(&self) -> Instant {
+        self.clock.next()
+    }
+
+    /// Whether this scheduler is the active one.
+    pub fn is_active(&self) -> bool {
+        self.active
+    }
+
+    /// The picture, for the simulator's and benchmarks' looks.
+    pub fn state(&self) -> &State {
+        &self.state
+    }
+
+    /// A new session with the broker: a standby again until the inbox is
+    /// handed to it, deciding nothing meanwhile (what it kept from an
+    /// earlier turn is stale), with rounds counted afresh.
+    pub fn reconnected(&mut self, rounds: Rounds, identity: &str, now: Instant) {
+        identity.clone_into(&mut self.identity);
+        self.active = false;
+        self.held = None;
+        self.handed_over_nothing = false;
+        self.rendered = None;
+        self.clock = RoundClock::new(rounds.interval, rounds.min_gap, now);
+    }
+
+    fn on_message(&mut self, message: SchedulerMsg, now: Instant) {
+        if self.state.on_message(message, now, &self.config) == Reaction::Round {
+            self.clock.hurry(now);
+        }
+    }
+
+    fn round(&mut self, now: Now) {
+        self.clock.ran(now.instant);
+        if !self.active {
+            return;
+        }
+        let actions: Vec<_> = self
+            .state
+            .round(now.instant, &self.config)
+            .into_iter()
+            .map(outbox::message)
+            .collect();
+        if self.metrics
+            && self
+                .rendered
+                .is_none_or(|at| now.instant.duration_since(at) >= METRICS_EVERY)
+        {
+            let status = self.state.status(&self.identity, now.instant, &self.config);
+            self.outbox
+                .push([Effect::Metrics(metrics::render(&status))]);
+            self.rendered = Some(now.instant);
+        }
+        // Handed over after every round that has grid jobs, and once more
+        // when the last is gone.
+        let grid = self.state.grid_snapshot(now);
+        let empty = grid.placements.is_empty() && grid.reservations.is_empty();
+        let grid = (!(empty && self.handed_over_nothing)).then_some(grid);
+        self.handed_over_nothing = empty;
+        if !actions.is_empty() || grid.is_some() {
+            self.outbox.push([Effect::Post(Post { actions, grid })]);
+        }
+    }
+}
+
+impl Core for SchedulerCore {
+    type Event = Event;
+    type Effect = Effect;
+
+    fn handle(&mut self, event: Event, now: Now) {
+        match event {
+            Event::Message(message) if !self.active => {
+                self.active = true;
+                info!(scheduler = %self.identity, "scheduler active");
+                self.held = Some(message);
+                self.outbox.push([Effect::TakeOver]);
+            }
+            Event::Message(message) => self.on_message(message, now.instant),
+            Event::HandedOver(snapshot) => {
+                if let Some(snapshot) = snapshot {
+                    self.state.restore_grid(snapshot, now);
+                }
+                if let Some(message) = self.held.take() {
+                    self.on_message(message, now.instant);
+                }
+            }
+            Event::Ended(ended) => self.state.on_ended(ended, now, &self.config),
+            Event::Request { user, request } => {
+                let answer = self.state.on_request(
+                    user.as_deref(),
+                    request,
+                    now.instant,
+                    &self.config,
+                    &self.users,
+                );
+                self.outbox.push([Effect::Answer(answer)]);
+            }
+            Event::RoundDue => self.round(now),
+            Event::Gone(job) => self.state.on_job_done(&job),
+        }
+    }
+
+    fn poll_effect(&mut self, _now: Now) -> Option<Effect> {
+        self.outbox.pop()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use gleaner_manifest::{JobKind, Priority};
+    use gleaner_protocol::{ClusterReport, GrantId, JobReport, JobState, TaskCounts};
+
+    use super::*;
+
+    fn at(start: Instant, ms: u64) -> Now {
+        Now {
+            instant: start + Duration::from_millis(ms),
+            wall_ms: 1_000_000 + ms,
+        }
+    }
+
+    fn core(start: Instant) -> SchedulerCore {
+        SchedulerCore::new(
+            State::new(GrantId::new(1)),
+            StateConfig::default(),
+            Users::default(),
+            "s1".into(),
+            Rounds {
+                interval: Duration::from_secs(1),
+                min_gap: Duration::from_millis(200),
+            },
+            false,
+            start,
+        )
+    }
+
+    fn effects(core: &mut SchedulerCore, event: Event, now: Now) -> Vec<Effect> {
+        core.handle(event, now);
+        std::iter::from_fn(|| core.poll_effect(now)).collect()
+    }
+
+    fn cluster(name: &str, idle: u32) -> SchedulerMsg {
+        SchedulerMsg::ClusterStatus(ClusterReport {
+            cluster: name.into(),
+            total_slots: idle,
+            idle_slots: idle,
+            ..ClusterReport::default()
+        })
+    }
+
+    fn job(name: &str) -> SchedulerMsg {
+        SchedulerMsg::JobUpdate(JobReport {
+            job: format!("{name}-0123456789abcdef").parse().unwrap(),
+            owner: "alice".into(),
+            kind: JobKind::Scavenge,
+            priority: Priority::SuperLow,
+            state: JobState::Running,
+            runner: "r".into(),
+            tasks: TaskCounts {
+                total: 10,
+                pending: 10,
+                ..TaskCounts::default()
+            },
+            launchers: BTreeMap::new(),
+            throughput: 0.0,
+            preemptions: 0,
+            started_at: 0,
+            results: String::new(),
+            components: Vec::new(),
+            max_slots: None,
+            problem: None,
+            weight: 1,
+            task_slots: 1,
+            open: false,
+        })
+    }
+
+    #[test]
+    fn the_first_message_makes_it_active_after_the_handover_is_read() {
+        let t0 = Instant::now();
+        let mut core = core(t0);
+        assert!(
+            effects(&mut core, Event::RoundDue, at(t0, 1000)).is_empty(),
+            "a standby decides nothing"
+        );
+        let taken = effects(&mut core, Event::Message(cluster("c1", 4)), at(t0, 1100));
+        assert!(matches!(taken[..], [Effect::TakeOver]), "{taken:?}");
+        assert!(core.is_active());
+        effects(&mut core, Event::HandedOver(None), at(t0, 1100));
+        effects(&mut core, Event::Message(job("a")), at(t0, 1150));
+        let round = effects(&mut core, Event::RoundDue, at(t0, 1300));
+        let offered: Vec<_> = round
+            .iter()
+            .flat_map(|e| match e {
+                Effect::Post(post) => post.actions.clone(),
+                _ => Vec::new(),
+            })
+            .collect();
+        assert!(
+            matches!(&offered[..], [(_, ControlMsg::GrowOffer { slots: 4, .. })]),
+            "the held cluster report counts: {round:?}"
+        );
+    }
+
+    #[test]
+    fn a_new_job_brings_the_round_forward_within_the_least_gap() {
+        let t0 = Instant::now();
+        let mut core = core(t0);
+        effects(&mut core, Event::Message(cluster("c1", 4)), at(t0, 0));
+        effects(&mut core, Event::HandedOver(None), at(t0, 0));
+        effects(&mut core, Event::RoundDue, at(t0, 100));
+        assert_eq!(core.poll_timeout(), at(t0, 1100).instant);
+        effects(&mut core, Event::Message(job("a")), at(t0, 150));
+        assert_eq!(
+            core.poll_timeout(),
+            at(t0, 300).instant,
+            "hurried, 200 ms after the last"
+        );
+        effects(&mut core, Event::Message(cluster("c1", 4)), at(t0, 160));
+        assert_eq!(core.poll_timeout(), at(t0, 300).instant);
+    }
+}

@@ -1,0 +1,101 @@
+//! The Slurm cluster of `deploy/slurm/setup.sh`, one test at a time, and
+//! its commands.
+
+use std::{process::Command, time::Duration};
+
+use crate::*;
+
+/// The dev grid's Slurm (`deploy/slurm/setup.sh`), one test at a time:
+/// every test shares its nodes, so each holds a lock on them for as long
+/// as it runs, and starts and ends with no job in the queue.
+pub struct SlurmCluster {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+/// One line of `squeue` for a test.
+#[derive(Debug, Clone)]
+pub struct SlurmJob {
+    /// `123`, or `123_4` for an array task.
+    pub id: String,
+    pub name: String,
+    pub state: String,
+    /// Where it runs (empty while it waits).
+    pub node: String,
+}
+
+impl SlurmCluster {
+    /// Partition of gleaner's placeholders.
+    pub const PARTITION: &str = "gleaner";
+    /// Partition of the cluster's own jobs, on the same nodes.
+    pub const LOCAL: &str = "local";
+    /// Partition of placeholders that the site's jobs preempt …
+    pub const SCAVENGER: &str = "scavenger";
+    /// … the site's jobs, in a higher PriorityTier, on the same nodes.
+    pub const SITE: &str = "batch";
+
+    pub fn lock() -> Self {
+        let cluster = Self {
+            _lock: exclusive("gleaner-slurm-tests.lock"),
+        };
+        cluster.clear();
+        cluster
+    }
+
+    /// Every job in the queue.
+    pub fn jobs(&self) -> Vec<SlurmJob> {
+        slurm("squeue", &["-h", "-r", "-o", "%i|%j|%T|%N"])
+            .lines()
+            .filter_map(|line| {
+                let mut f = line.split('|');
+                Some(SlurmJob {
+                    id: f.next()?.to_owned(),
+                    name: f.next()?.to_owned(),
+                    state: f.next()?.to_owned(),
+                    node: f.next()?.to_owned(),
+                })
+            })
+            .collect()
+    }
+
+    /// `scontrol show job ID`: how a job stands, or ended (for `MinJobAge`).
+    pub fn state(&self, id: &str) -> String {
+        slurm("scontrol", &["show", "job", id])
+    }
+
+    fn clear(&self) {
+        slurm("scancel", &["--full", "-u", "root"]);
+        wait_for("the Slurm queue to empty", Duration::from_secs(60), || {
+            self.jobs().is_empty()
+        });
+    }
+}
+
+impl Drop for SlurmCluster {
+    fn drop(&mut self) {
+        slurm("scancel", &["--full", "-u", "root"]);
+    }
+}
+
+/// `sbatch --parsable ARGS`; returns the job id.
+pub fn sbatch(args: &[&str]) -> String {
+    let answer = slurm(
+        "sbatch",
+        &[
+            &["--parsable", "--output=/dev/null", "--error=/dev/null"],
+            args,
+        ]
+        .concat(),
+    );
+    let id = answer.trim().split(';').next().unwrap_or("").to_owned();
+    assert!(id.parse::<u64>().is_ok(), "sbatch answered {answer:?}");
+    id
+}
+
+/// Runs a Slurm command; returns its stdout (and panics if it cannot run).
+pub fn slurm(program: &str, args: &[&str]) -> String {
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e} (is Slurm set up? deploy/slurm/setup.sh)"));
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
