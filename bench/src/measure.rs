@@ -24,23 +24,17 @@ pub struct Cpu {
 }
 
 pub fn cpu(pid: u32) -> Cpu {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+    let stat = i32::try_from(pid)
+        .ok()
+        .and_then(|pid| procfs::process::Process::new(pid).ok())
+        .and_then(|process| process.stat().ok());
+    let Some(stat) = stat else {
         return Cpu::default();
     };
-    // Fields after the command name, which may contain spaces.
-    let fields: Vec<f64> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .unwrap_or("")
-        .split_whitespace()
-        .map(|f| f.parse().unwrap_or(0.0))
-        .collect();
-    let tick = 100.0; // USER_HZ on Linux
-    let at = |i: usize| fields.get(i).copied().unwrap_or(0.0) / tick;
-    // utime, stime, cutime, cstime are fields 14-17, i.e. 11-14 here.
+    let tick = procfs::ticks_per_second() as f64;
     Cpu {
-        own: at(11) + at(12),
-        children: at(13) + at(14),
+        own: (stat.utime + stat.stime) as f64 / tick,
+        children: (stat.cutime + stat.cstime) as f64 / tick,
     }
 }
 

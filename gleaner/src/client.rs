@@ -102,15 +102,13 @@ impl std::str::FromStr for ArrayRange {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        let bad = || format!("{text:?}: write FROM-TO or FROM-TO:STEP, like 1-100 or 0-990:10");
-        let (range, step) = text.split_once(':').unwrap_or((text, "1"));
-        let (from, to) = range.split_once('-').ok_or_else(bad)?;
-        let number = |s: &str| s.trim().parse::<i64>().map_err(|_| bad());
-        let (from, to, step) = (number(from)?, number(to)?, number(step)?);
-        if step <= 0 || to < from {
-            return Err(format!("{text:?}: the range needs FROM <= TO and STEP > 0"));
-        }
-        Ok(Self { from, to, step })
+        let span: gleaner_manifest::Span = text.parse()?;
+        let number = |n: u64| i64::try_from(n).map_err(|_| format!("{text:?}: {n} is too large"));
+        Ok(Self {
+            from: number(span.first)?,
+            to: number(span.last)?,
+            step: number(span.step)?,
+        })
     }
 }
 

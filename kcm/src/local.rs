@@ -68,10 +68,9 @@ fn kcm_of(placeholder: &str) -> Option<i32> {
 /// Whether the kcm with this pid is gone (a zombie is: it runs nothing
 /// any more).
 fn kcm_is_gone(pid: i32) -> bool {
-    let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        stat.rsplit_once(") ")
-            .is_some_and(|(_, rest)| rest.starts_with('Z'))
-    });
+    let zombie = procfs::process::Process::new(pid)
+        .and_then(|process| process.stat())
+        .is_ok_and(|stat| stat.state == 'Z');
     zombie || kill(Pid::from_raw(pid), None).is_err()
 }
 

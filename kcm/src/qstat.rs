@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use gleaner_manifest::Span;
 use gleaner_policy::local::WaitingJob;
 use serde::Deserialize;
 
@@ -285,26 +286,12 @@ const UNUSABLE: &[char] = &['a', 'u', 'E', 'd', 's', 'S', 'D', 'C', 'o'];
 /// is not a million placeholders to look at.
 fn expand_tasks(ranges: &str) -> Vec<Option<u64>> {
     const LIMIT: usize = 100_000;
-    let mut tasks = Vec::new();
-    for part in ranges.split(',') {
-        let (range, step) = part.split_once(':').unwrap_or((part, "1"));
-        let step: u64 = step.parse().unwrap_or(1).max(1);
-        let (first, last) = match range.split_once('-') {
-            Some((a, b)) => (a.parse().ok(), b.parse().ok()),
-            None => (range.parse().ok(), range.parse().ok()),
-        };
-        let (Some(first), Some(last)) = (first, last) else {
-            continue;
-        };
-        let mut task: u64 = first;
-        while task <= last && tasks.len() < LIMIT {
-            tasks.push(Some(task));
-            let Some(next) = task.checked_add(step) else {
-                break;
-            };
-            task = next;
-        }
-    }
+    let mut tasks: Vec<Option<u64>> = Span::list(ranges)
+        .filter_map(Result::ok)
+        .flat_map(Span::numbers)
+        .take(LIMIT)
+        .map(Some)
+        .collect();
     if tasks.is_empty() {
         tasks.push(None);
     }

@@ -378,8 +378,6 @@ fn in_task_cgroup(pid: i32, cgroups: &[String]) -> bool {
 
 /// A process's parent and process group, from its `stat`.
 fn parent_and_group(pid: i32) -> Option<(i32, i32)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name, which may hold anything: state, ppid, pgrp.
-    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(1);
-    Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
+    let stat = procfs::process::Process::new(pid).ok()?.stat().ok()?;
+    Some((stat.ppid, stat.pgrp))
 }

@@ -10,6 +10,7 @@ mod addition;
 mod expand;
 mod job_id;
 mod params;
+mod span;
 mod spec;
 mod table;
 mod task_set;
@@ -18,6 +19,7 @@ pub use addition::Addition;
 pub use expand::{TaskList, TaskSpec};
 pub use job_id::{JobId, JobIdError};
 pub use params::{ParamSpec, ParamValue};
+pub use span::Span;
 pub use spec::{
     Component, FinalStep, FinalWhen, JobKind, MAX_PREEMPT_GRACE, Manifest, Priority, Rerun, Sweep,
     TaskDef, is_env_name, preempt_signal_number,

@@ -8,6 +8,8 @@ use std::{fmt, str::FromStr};
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use crate::Span;
+
 /// Task numbers; ranges inclusive at both ends, sorted, disjoint and not
 /// touching.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -86,17 +88,19 @@ impl FromStr for TaskSet {
 
     fn from_str(text: &str) -> Result<Self, String> {
         let mut ranges = Vec::new();
-        for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let bad = || format!("{part:?}: write task numbers and ranges, like 3,7-12");
-            let number = |s: &str| s.trim().parse::<u64>().map_err(|_| bad());
-            let (start, end) = match part.split_once('-') {
-                Some((a, b)) => (number(a)?, number(b)?),
-                None => (number(part)?, number(part)?),
-            };
-            if end < start {
-                return Err(format!("{part:?}: a range goes from low to high"));
+        for span in Span::list(text) {
+            match span? {
+                Span {
+                    first,
+                    last,
+                    step: 1,
+                } => ranges.push((first, last)),
+                _ => {
+                    return Err(format!(
+                        "{text:?}: write task numbers and ranges, like 3,7-12"
+                    ));
+                }
             }
-            ranges.push((start, end));
         }
         let set = Self::of_ranges(ranges);
         if set.is_empty() {

@@ -347,16 +347,21 @@ impl Drop for Gleaner {
     }
 }
 
-/// A process's parent, from its `stat` (after the command name, which may
-/// hold anything: state, then the parent).
+/// A process's parent.
 fn parent(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
+    let stat = procfs::process::Process::new(i32::try_from(pid).ok()?)
+        .ok()?
+        .stat()
+        .ok()?;
+    u32::try_from(stat.ppid).ok()
+}
+
+/// Whether a process runs: it exists and is not a zombie (dead, waiting
+/// for its parent to reap it).
+pub fn runs(pid: i32) -> bool {
+    procfs::process::Process::new(pid)
+        .and_then(|process| process.stat())
+        .is_ok_and(|stat| stat.state != 'Z')
 }
 
 pub fn rand_suffix() -> String {

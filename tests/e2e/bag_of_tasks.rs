@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use gleaner_testkit::{
-    Gleaner, by_task, finish, finish_all_succeeded, sweep, terminal::Terminal, wait_for,
+    Gleaner, by_task, finish, finish_all_succeeded, runs, sweep, terminal::Terminal, wait_for,
 };
 use nix::sys::signal::Signal;
 
@@ -1638,12 +1638,7 @@ fn launchers_killed_outright_take_what_their_tasks_started_with_them() {
             nix::sys::signal::kill(nix::unistd::Pid::from_raw(launcher as i32), Signal::SIGKILL);
     }
     // Gone, or dead and waiting for init to reap them.
-    let alive = |pid: &i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-            stat.rsplit_once(") ")
-                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
-        })
-    };
+    let alive = |pid: &i32| runs(*pid);
     wait_for(
         "the killed launchers' task processes to die",
         MINUTE,
