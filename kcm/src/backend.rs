@@ -352,7 +352,6 @@ pub fn launcher_arrays(slots: u32, size: u32, task_slots: u32) -> Vec<(u32, u32)
 /// keeps those, and is logged.
 pub async fn submit_arrays<F, Fut>(
     job: &JobId,
-    cluster: &ClusterName,
     slots: u32,
     size: u32,
     task_slots: u32,
@@ -368,7 +367,7 @@ where
             if started == 0 {
                 return Err(e);
             }
-            warn!(job = %job, cluster = %cluster, started, error = %e, "only part of the launchers submitted");
+            warn!(job = %job, started, error = %e, "only part of the launchers submitted");
             return Ok(started);
         }
         started += count * each;

@@ -331,10 +331,9 @@ impl KcmCore {
                 requested,
                 result,
             } => {
-                let cluster = &self.config.cluster;
                 match result {
                     Ok(started) => {
-                        info!(job = %job, cluster = %cluster, grant = %grant, requested, started, "launchers submitted");
+                        info!(job = %job, grant = %grant, requested, started, "launchers submitted");
                         self.command_error = None;
                     }
                     Err(e) => {
@@ -343,7 +342,7 @@ impl KcmCore {
                             .unwrap_or_default()
                             .to_owned();
                         let failures = self.failures.failed(&account, now.instant);
-                        error!(job = %job, cluster = %self.config.cluster, grant = %grant, account, error = %e, failures, "cannot submit launchers");
+                        error!(job = %job, grant = %grant, account, error = %e, failures, "cannot submit launchers");
                         self.command_error = Some(e.to_string());
                     }
                 }
@@ -351,7 +350,7 @@ impl KcmCore {
             }
             Event::Removed(result) => {
                 if let Err(e) = result {
-                    error!(cluster = %self.config.cluster, error = %e, "cannot remove placeholders");
+                    error!(error = %e, "cannot remove placeholders");
                     self.command_error = Some(e.to_string());
                 }
                 Vec::new()
@@ -378,14 +377,14 @@ impl KcmCore {
                 credentials,
             } => {
                 if self.recent_grants.contains(&grant) {
-                    info!(job = %job, cluster = %self.config.cluster, grant = %grant, "grant already carried out; the order came again");
+                    info!(job = %job, grant = %grant, "grant already carried out; the order came again");
                     return Vec::new();
                 }
                 // A placeholder no host could hold would wait or be refused,
                 // and count against the cluster as a failed start.
                 let largest = self.last.hosts.iter().map(|h| h.slots).max();
                 if largest.is_some_and(|largest| task_slots > largest) {
-                    warn!(job = %job, cluster = %self.config.cluster, grant = %grant, task_slots, largest, "the job's tasks need more slots than any host here has; grant not carried out");
+                    warn!(job = %job, grant = %grant, task_slots, largest, "the job's tasks need more slots than any host here has; grant not carried out");
                     return Vec::new();
                 }
                 if self.recent_grants.len() == RECENT_GRANTS {
@@ -421,7 +420,7 @@ impl KcmCore {
                     .iter()
                     .filter_map(|l| naming::batch_id(cluster, l).map(str::to_owned))
                     .collect();
-                info!(job = %job, cluster = %cluster, launchers = ?launchers, grace_ms, "will remove preempted launchers that do not leave");
+                info!(job = %job, launchers = ?launchers, grace_ms, "will remove preempted launchers that do not leave");
                 self.removals.push(Removal {
                     due: now.instant + Duration::from_millis(grace_ms),
                     job,
@@ -440,14 +439,14 @@ impl KcmCore {
             }
             KcmMsg::LauncherUp { job, launcher } => {
                 let Some(id) = naming::batch_id(&self.config.cluster, &launcher) else {
-                    warn!(cluster = %self.config.cluster, launcher = %launcher, "a launcher of another cluster says it is up; ignored");
+                    warn!(launcher = %launcher, "a launcher of another cluster says it is up; ignored");
                     return Vec::new();
                 };
                 let placeholder = self.last.placeholders.iter().find(|p| p.id == id);
                 let heard_for = self.heard.get(id).map(|(heard, _)| heard);
                 if placeholder.is_some_and(|p| p.job != job) || heard_for.is_some_and(|h| *h != job)
                 {
-                    warn!(job = %job, cluster = %self.config.cluster, launcher = %launcher, "a launcher says it is up for a job whose placeholder it is not; ignored");
+                    warn!(job = %job, launcher = %launcher, "a launcher says it is up for a job whose placeholder it is not; ignored");
                     return Vec::new();
                 }
                 // A start counts once the placeholder is seen: a word about
@@ -492,7 +491,7 @@ impl KcmCore {
         let cluster = &self.config.cluster;
         match result {
             Ok(()) => {
-                info!(job = %spec.job, component = spec.component, cluster = %cluster, slots = spec.slots, "grid component submitted");
+                info!(job = %spec.job, component = spec.component, slots = spec.slots, "grid component submitted");
                 self.components.insert(
                     (spec.job, spec.component),
                     TrackedComponent {
@@ -503,7 +502,7 @@ impl KcmCore {
                 Vec::new()
             }
             Err(e) => {
-                error!(job = %spec.job, component = spec.component, cluster = %cluster, error = %e, "cannot submit a grid component");
+                error!(job = %spec.job, component = spec.component, error = %e, "cannot submit a grid component");
                 self.command_error = Some(e.to_string());
                 let outcome = ComponentOutcome {
                     component: spec.component,
@@ -542,7 +541,7 @@ impl KcmCore {
                     .as_ref()
                     .filter(|p| Some(*p) != self.last.problem.as_ref())
                 {
-                    warn!(cluster = %self.config.cluster, problem, "batch system problem");
+                    warn!(problem, "batch system problem");
                 }
                 self.read_error = None;
                 let ran: BTreeSet<&str> = self
@@ -586,7 +585,7 @@ impl KcmCore {
                 effects.extend(self.withdraw_stuck(now));
             }
             Err(e) => {
-                error!(cluster = %self.config.cluster, error = %e, "cannot read the batch system");
+                error!(error = %e, "cannot read the batch system");
                 self.read_error = Some(e.to_string());
             }
         }
@@ -603,7 +602,10 @@ impl KcmCore {
         }
         let failures = self.failures.cluster();
         if failures > 0 {
-            info!(cluster = %self.config.cluster, placeholder = id, failures, "a launcher reached the broker: starts work again");
+            info!(
+                placeholder = id,
+                failures, "a launcher reached the broker: starts work again"
+            );
         }
         self.failures.started(Some(owner));
         self.start_error = None;
@@ -625,7 +627,7 @@ impl KcmCore {
                     Some(_) => Some(self.config.account.as_str()),
                     None => self.placeholder_account(&named.job),
                 };
-                warn!(cluster = %self.config.cluster, job = %named.job, component = ?named.component, owner = %named.owner, expected = ?expected, batch_ids = ?named.ids, "a batch job named like gleaner's is not gleaner's: counted as a local job");
+                warn!(job = %named.job, component = ?named.component, owner = %named.owner, expected = ?expected, batch_ids = ?named.ids, "a batch job named like gleaner's is not gleaner's: counted as a local job");
             }
             strangers.extend(named.ids.iter().cloned());
         }
@@ -686,7 +688,7 @@ impl KcmCore {
                         .insert(job.clone(), JobAccount { name, ended: false });
                 }
                 _ => {
-                    warn!(cluster = %self.config.cluster, job = %job, owners = ?owners, "placeholders of one job by different owners: none adopted until the job's next grant says whose");
+                    warn!(job = %job, owners = ?owners, "placeholders of one job by different owners: none adopted until the job's next grant says whose");
                 }
             }
         }
@@ -726,7 +728,7 @@ impl KcmCore {
             }
             let failures = self.failures.failed(&placeholder.owner, now.instant);
             let host = placeholder.host.as_deref().unwrap_or("before it ran");
-            error!(job = %placeholder.job, cluster = %self.config.cluster, placeholder = %placeholder.id, owner = %placeholder.owner, host, failures, "placeholder ended before its launcher reached the broker");
+            error!(job = %placeholder.job, placeholder = %placeholder.id, owner = %placeholder.owner, host, failures, "placeholder ended before its launcher reached the broker");
             self.start_error = Some(format!(
                 "placeholder {} ({host}) ended before its launcher reached the broker; its output (log_dir) says why",
                 placeholder.id
@@ -788,7 +790,7 @@ impl KcmCore {
                     .map_or(Duration::ZERO, |t| {
                         now.instant.saturating_duration_since(t.since)
                     });
-                info!(job = %job, component, cluster = %self.config.cluster, exit_code = ?exit_code, "grid component ended");
+                info!(job = %job, component, exit_code = ?exit_code, "grid component ended");
                 let outcome = ComponentOutcome {
                     component,
                     cluster: self.config.cluster.clone(),
@@ -831,18 +833,21 @@ impl KcmCore {
         let mut effects = Vec::new();
         for job in &plan.unplaceable {
             if let Some(w) = snapshot.waiting.iter().find(|w| &w.id == job) {
-                info!(cluster = %cluster, local_job = %job, slots = w.slots, together = w.together, exclusive = w.exclusive, "a local job waits that no host could take even without gleaner: nothing preempted for it");
+                info!(local_job = %job, slots = w.slots, together = w.together, exclusive = w.exclusive, "a local job waits that no host could take even without gleaner: nothing preempted for it");
             }
         }
         if !plan.withdraw.is_empty() {
-            info!(cluster = %cluster, placeholders = plan.withdraw.len(), waiting, "local jobs wait: withdrawing pending placeholders");
+            info!(
+                placeholders = plan.withdraw.len(),
+                waiting, "local jobs wait: withdrawing pending placeholders"
+            );
             self.last
                 .placeholders
                 .retain(|p| !plan.withdraw.contains(&p.id));
             effects.push(Effect::Remove { ids: plan.withdraw });
         }
         for order in plan.shrink {
-            info!(job = %order.job, cluster = %cluster, slots = order.slots, hosts = ?order.hosts, waiting, wanted, "local jobs wait: shrinking");
+            info!(job = %order.job, slots = order.slots, hosts = ?order.hosts, waiting, wanted, "local jobs wait: shrinking");
             let message = ControlMsg::Shrink {
                 cluster: cluster.clone(),
                 slots: order.slots,
@@ -924,12 +929,12 @@ impl KcmCore {
         let reason = format!("waited in {cluster}'s batch queue longer than {limit:?}: withdrawn");
         if !placeholders.is_empty() {
             let message = format!("{} placeholder(s) {reason}", placeholders.len());
-            warn!(cluster = %cluster, placeholders = ?placeholders, failures = self.stuck_starts, "{message}");
+            warn!(placeholders = ?placeholders, failures = self.stuck_starts, "{message}");
             self.command_error = Some(message);
         }
         let mut effects = Vec::new();
         for run in &components {
-            warn!(job = %run.job, component = run.component, cluster = %cluster, owner = %run.owner, failures = self.stuck_starts, "grid component {reason}, to be placed again");
+            warn!(job = %run.job, component = run.component, owner = %run.owner, failures = self.stuck_starts, "grid component {reason}, to be placed again");
             self.components.remove(&(run.job.clone(), run.component));
             effects.push(Effect::Tell {
                 job: run.job.clone(),
@@ -971,7 +976,7 @@ impl KcmCore {
         if still_there.is_empty() {
             return Vec::new();
         }
-        warn!(cluster = %self.config.cluster, placeholders = ?still_there, "removing launchers that outstayed their grace period");
+        warn!(placeholders = ?still_there, "removing launchers that outstayed their grace period");
         vec![Effect::Remove { ids: still_there }]
     }
 
@@ -1016,7 +1021,7 @@ impl KcmCore {
             })
             .collect();
         if !pending.is_empty() {
-            info!(job = %job, cluster = %self.config.cluster, placeholders = pending.len(), "withdrawing waiting placeholders of an ended job");
+            info!(job = %job, placeholders = pending.len(), "withdrawing waiting placeholders of an ended job");
             effects.push(Effect::Remove { ids: pending });
         }
         if !running.is_empty() {

@@ -33,7 +33,7 @@ use gleaner_manifest::JobId;
 use gleaner_policy::access::Users;
 use gleaner_protocol::{Captured, ClusterName, ComponentSpec, ControlMsg, Credentials, KcmMsg};
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{Instrument, info, info_span};
 
 use crate::contain::Account;
 
@@ -95,7 +95,20 @@ struct Kcm<B> {
 }
 
 /// Serves the cluster until `shutdown`, reconnecting after broker outages.
+/// Everything it logs names the cluster (a span).
 pub async fn run<B: Backend>(
+    broker: Broker,
+    config: KcmConfig,
+    backend: B,
+    shutdown: CancellationToken,
+) {
+    let span = info_span!("kcm", cluster = %config.cluster);
+    serve(broker, config, backend, shutdown)
+        .instrument(span)
+        .await;
+}
+
+async fn serve<B: Backend>(
     broker: Broker,
     config: KcmConfig,
     backend: B,
@@ -107,7 +120,6 @@ pub async fn run<B: Backend>(
         backend,
         core,
     };
-    let cluster = kcm.config.cluster.clone();
     broker
         .supervise(&shutdown, async |connection| {
             kcm.session(&connection, &shutdown).await
@@ -128,7 +140,7 @@ pub async fn run<B: Backend>(
     {
         let _ = std::fs::remove_dir(dir);
     }
-    info!(cluster = %cluster, "kcm stopped");
+    info!("kcm stopped");
 }
 
 impl<B: Backend> Kcm<B> {
@@ -152,7 +164,7 @@ impl<B: Backend> Kcm<B> {
                 },
             )
             .await?;
-        info!(cluster = %self.config.cluster, backend = self.backend.kind(), "kcm serving");
+        info!(backend = self.backend.kind(), "kcm serving");
         let mut poll = tokio::time::interval(self.config.poll_interval);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

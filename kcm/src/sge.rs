@@ -83,7 +83,7 @@ impl SgeBackend {
             {
                 Ok(text) => allocation_rule(&text),
                 Err(e) => {
-                    warn!(cluster = %self.config.cluster, pe = name, error = %e, "cannot read a parallel environment; its jobs count as spread over hosts");
+                    warn!(pe = name, error = %e, "cannot read a parallel environment; its jobs count as spread over hosts");
                     None
                 }
             };
@@ -320,8 +320,8 @@ impl Backend for SgeBackend {
         run_as: Option<RunAs<'_>>,
     ) -> Result<u32, BackendError> {
         let this = &*self;
-        let (cluster, size) = (&this.config.cluster, this.config.launcher_slots);
-        submit_arrays(job, cluster, slots, size, task_slots, |count, each| {
+        let size = this.config.launcher_slots;
+        submit_arrays(job, slots, size, task_slots, |count, each| {
             this.submit_array(job, count, each, task_slots, run_as)
         })
         .await

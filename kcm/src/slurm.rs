@@ -256,8 +256,8 @@ impl Backend for SlurmBackend {
         run_as: Option<RunAs<'_>>,
     ) -> Result<u32, BackendError> {
         let this = &*self;
-        let (cluster, size) = (&this.config.cluster, this.config.launcher_slots);
-        submit_arrays(job, cluster, slots, size, task_slots, |count, each| {
+        let size = this.config.launcher_slots;
+        submit_arrays(job, slots, size, task_slots, |count, each| {
             this.submit_array(job, count, each, task_slots, run_as)
         })
         .await

@@ -18,6 +18,7 @@ mod dirs;
 mod exec;
 mod orphans;
 mod state;
+mod task;
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -38,7 +39,7 @@ use gleaner_protocol::{
 };
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use dirs::{Checkpoints, Sandboxes};
 pub use exec::Limits;
@@ -287,16 +288,31 @@ pub async fn run(
     config: LauncherConfig,
     signals: Signals,
 ) -> Result<Exit, LauncherError> {
+    let span = info_span!("launcher", job = %config.job, launcher = %config.id, cluster = %config.cluster, host = %config.host);
+    launch(broker, config, signals).instrument(span).await
+}
+
+/// [`run`], in the launcher's span.
+async fn launch(
+    broker: &Broker,
+    config: LauncherConfig,
+    signals: Signals,
+) -> Result<Exit, LauncherError> {
     private_scratch(&config.scratch)?;
     private_scratch(&config.checkpoints)?;
     if let Err(e) = gleaner_contain::prompt_wakeups() {
-        debug!(launcher = %config.id, error = %e, "the kernel keeps its default slice for the launcher");
+        debug!(error = %e, "the kernel keeps its default slice for the launcher");
     }
     if !orphans::adopt() {
-        warn!(launcher = %config.id, "cannot be the subreaper of its tasks: processes they move out of their group may outlive them");
+        warn!(
+            "cannot be the subreaper of its tasks: processes they move out of their group may outlive them"
+        );
     }
     if let Err(why) = orphans::contain() {
-        debug!(launcher = %config.id, why, "tasks contained by process group and subreaper, without cgroups");
+        debug!(
+            why,
+            "tasks contained by process group and subreaper, without cgroups"
+        );
     }
     let checkpoints = config.checkpoints.join(config.job.as_str());
     let served = serve(broker, config, signals).await;
@@ -366,16 +382,19 @@ async fn serve(
         Ok(inbox) => inbox,
         Err(e) => return job_over_or(e),
     };
-    info!(job = %config.job, launcher = %config.id, cluster = %config.cluster, slots = config.slots, "launcher up");
+    info!(slots = config.slots, "launcher up");
 
     let (results, outgoing) = tokio::sync::mpsc::unbounded_channel();
     let (exchange, key) = queues.to_results();
     // It ends once the last sender (in `shared`) is gone.
-    tokio::spawn(publish_results(
-        publisher.clone(),
-        (exchange.to_owned(), key.to_owned()),
-        outgoing,
-    ));
+    tokio::spawn(
+        publish_results(
+            publisher.clone(),
+            (exchange.to_owned(), key.to_owned()),
+            outgoing,
+        )
+        .in_current_span(),
+    );
     let shared = Arc::new(Shared {
         sandboxes: Sandboxes::new(config.scratch.join(config.id.as_str())),
         checkpoints: Checkpoints::new(
@@ -405,12 +424,12 @@ async fn serve(
                 .send_via(shared.queues.to_control(), &gone)
                 .await
             {
-                debug!(job = %config.job, launcher = %config.id, cluster = %config.cluster, error = %e, "cannot say goodbye");
+                debug!(error = %e, "cannot say goodbye");
             }
-            info!(job = %config.job, launcher = %config.id, cluster = %config.cluster, exit = exit.describe(), "launcher leaves");
+            info!(exit = exit.describe(), "launcher leaves");
         }
         Err(e) => {
-            warn!(job = %config.job, launcher = %config.id, cluster = %config.cluster, error = %e, "launcher failed")
+            warn!(error = %e, "launcher failed")
         }
     }
     connection.close().await;
@@ -671,8 +690,7 @@ impl Shell {
                 done
             }
             Err(e) => {
-                let config = &self.shared.config;
-                warn!(job = %config.job, launcher = %config.id, cluster = %config.cluster, error = %e, "task supervisor failed");
+                warn!(error = %e, "task supervisor failed");
                 // Its delivery went with it, unacked: the broker redelivers it.
                 return self
                     .work_tags
@@ -840,7 +858,10 @@ impl Shell {
     }
 
     fn spawn(&mut self, tag: u64, work: impl Future<Output = Done> + Send + 'static) {
-        let id = self.work.spawn(async move { (tag, work.await) }).id();
+        let id = self
+            .work
+            .spawn(async move { (tag, work.await) }.in_current_span())
+            .id();
         self.work_tags.insert(id, tag);
     }
 
@@ -899,33 +920,13 @@ async fn run_task(shared: Arc<Shared>, held: Held, stop: watch::Receiver<bool>) 
     }
     let config = &shared.config;
     let task = &held.task;
-    let mut env = task.env.clone();
-    // A threaded library uses the task's slots, not every core of the host.
-    if !env.iter().any(|(key, _)| key == "OMP_NUM_THREADS") {
-        env.push(("OMP_NUM_THREADS".to_owned(), config.task_slots.to_string()));
-    }
-    env.extend([
-        ("GLEANER_JOB".to_owned(), task.job.to_string()),
-        ("GLEANER_TASK".to_owned(), task.task.to_string()),
-        ("GLEANER_ATTEMPT".to_owned(), task.attempt.to_string()),
-        ("GLEANER_SLOTS".to_owned(), config.task_slots.to_string()),
-    ]);
     let checkpoint = shared.checkpoints.take(task.task);
-    match &checkpoint {
-        Ok(checkpoint) => env.extend([
-            (
-                "GLEANER_CHECKPOINT".to_owned(),
-                checkpoint.display().to_string(),
-            ),
-            (
-                "GLEANER_CHECKPOINT_MAX_BYTES".to_owned(),
-                config.limits.checkpoint_bytes.to_string(),
-            ),
-        ]),
-        Err(e) => {
-            warn!(job = %task.job, task = task.task, launcher = %config.id, error = %e, "no checkpoint directory for the task");
-        }
+    if let Err(e) = &checkpoint {
+        warn!(task = task.task, error = %e, "no checkpoint directory for the task");
     }
+    let limit = config.limits.checkpoint_bytes;
+    let given = checkpoint.as_ref().ok().map(|dir| (dir.as_path(), limit));
+    let env = task::environment(task, config.task_slots, given);
     let sandbox = shared.sandboxes.take();
     let preempt = task
         .preempt_signal
@@ -942,28 +943,22 @@ async fn run_task(shared: Arc<Shared>, held: Held, stop: watch::Receiver<bool>) 
         sandbox: sandbox.clone(),
         preempt,
     };
-    debug!(job = %task.job, task = task.task, attempt = task.attempt, launcher = %config.id, cluster = %config.cluster, "task started");
+    debug!(task = task.task, attempt = task.attempt, "task started");
     let outcome = exec::run(run, config.limits, stop).await;
     shared.sandboxes.give_back(sandbox);
-    // A task that ended for good (succeeded, or failed its last attempt)
-    // needs its state no more; one preempted or failed before its last
-    // attempt keeps it for its next run, unless it is over the limit.
-    let ended_for_good = outcome.as_ref().is_some_and(|o| {
-        o.status == RunStatus::Succeeded
-            || (task.max_attempts > 0 && task.attempt >= task.max_attempts)
-    });
+    // Kept for the next run unless it is over the limit.
+    let ended_for_good = task::ended_for_good(task, outcome.as_ref().map(|o| o.status));
     if let Ok(checkpoint) = checkpoint {
-        let limit = config.limits.checkpoint_bytes;
         let oversized = !ended_for_good && exec::size_over(&checkpoint, limit);
         if oversized {
-            warn!(job = %task.job, task = task.task, launcher = %config.id, path = %checkpoint.display(), limit, "checkpoint over max_checkpoint_bytes removed: the task's next run starts over");
+            warn!(task = task.task, path = %checkpoint.display(), limit, "checkpoint over max_checkpoint_bytes removed: the task's next run starts over");
         }
         if ended_for_good || oversized {
             shared.checkpoints.remove(checkpoint);
         }
     }
     if let Some(outcome) = &outcome {
-        debug!(job = %task.job, task = task.task, attempt = task.attempt, launcher = %config.id, cluster = %config.cluster, status = ?outcome.status, "task ended");
+        debug!(task = task.task, attempt = task.attempt, status = ?outcome.status, "task ended");
     }
     Done::Ran(Box::new(Held { outcome, ..held }))
 }
@@ -1031,7 +1026,6 @@ async fn give_back(shared: Arc<Shared>, task: TaskMsg) -> Result<(), BrokerError
 /// Returns a stopped task to the queue alone with one more preemption (not
 /// a failure: its attempts are untouched).
 async fn republish(shared: Arc<Shared>, task: TaskMsg) -> Result<(), BrokerError> {
-    let config = &shared.config;
     let again = TaskMsg {
         preemptions: task.preemptions.saturating_add(1),
         ..task.clone()
@@ -1040,7 +1034,7 @@ async fn republish(shared: Arc<Shared>, task: TaskMsg) -> Result<(), BrokerError
         .publisher
         .send_via(shared.queues.to_tasks(), &again)
         .await?;
-    info!(job = %task.job, task = task.task, launcher = %config.id, cluster = %config.cluster, "task preempted and republished");
+    info!(task = task.task, "task preempted and republished");
     Ok(())
 }
 

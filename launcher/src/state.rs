@@ -18,8 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_manifest::JobId;
-use gleaner_protocol::{ClusterName, Core, LauncherId, LauncherMsg, Now, Outbox};
+use gleaner_protocol::{ClusterName, Core, LauncherMsg, Now, Outbox};
 use tracing::{info, warn};
 
 use crate::{Exit, LauncherConfig};
@@ -154,8 +153,6 @@ struct Held {
 /// The launcher's state between events.
 #[derive(Debug)]
 pub struct State<E> {
-    job: JobId,
-    launcher: LauncherId,
     cluster: ClusterName,
     idle_timeout: Duration,
     heartbeat: Duration,
@@ -231,8 +228,6 @@ impl<E> State<E> {
                 .unwrap_or(deadline)
         });
         Self {
-            job: config.job.clone(),
-            launcher: config.id.clone(),
             cluster: config.cluster.clone(),
             idle_timeout: config.idle_timeout,
             heartbeat: config.heartbeat,
@@ -363,7 +358,7 @@ impl<E> State<E> {
             Event::Failed(error) => self.abandon(Err(error), now, &mut effects),
             Event::Message(msg) if self.listening() => self.message(msg, &mut effects),
             Event::Signal if self.listening() && self.leaving != Some(Exit::Preempted) => {
-                info!(job = %self.job, launcher = %self.launcher, cluster = %self.cluster, "signalled: preempting own tasks");
+                info!("signalled: preempting own tasks");
                 self.stop_tasks(&mut effects);
                 self.leave(Exit::Preempted, &mut effects);
             }
@@ -403,7 +398,7 @@ impl<E> State<E> {
                 self.cluster,
                 window.as_secs()
             );
-            warn!(job = %self.job, task = task.task, launcher = %self.launcher, cluster = %self.cluster, reason, "task refused");
+            warn!(task = task.task, reason, "task refused");
             self.hold(tag, task, Some(walltime), now, Phase::Settling);
             effects.push(Effect::Refuse { tag, reason });
         } else {
@@ -429,7 +424,10 @@ impl<E> State<E> {
                 continue;
             };
             if !fits {
-                info!(job = %self.job, task = held.task, launcher = %self.launcher, cluster = %self.cluster, "task would outlast the placeholder; giving it back and draining");
+                info!(
+                    task = held.task,
+                    "task would outlast the placeholder; giving it back and draining"
+                );
                 held.phase = Phase::Settling;
                 effects.push(Effect::GiveBack { tag });
                 self.leave(Exit::Walltime, effects);
@@ -496,7 +494,11 @@ impl<E> State<E> {
         };
         if read_ahead != self.read_ahead && self.consuming() && self.leaving.is_none() {
             self.read_ahead = read_ahead;
-            info!(job = %self.job, launcher = %self.launcher, cluster = %self.cluster, read_ahead, average_ms = average.as_millis() as u64, "task run times changed the prefetch");
+            info!(
+                read_ahead,
+                average_ms = average.as_millis() as u64,
+                "task run times changed the prefetch"
+            );
         }
         self.ask_prefetch(effects);
     }
@@ -519,12 +521,12 @@ impl<E> State<E> {
     fn message(&mut self, msg: LauncherMsg, effects: &mut Vec<Effect<E>>) {
         match msg {
             LauncherMsg::Preempt { reason } => {
-                info!(job = %self.job, launcher = %self.launcher, cluster = %self.cluster, reason, "preempted");
+                info!(reason, "preempted");
                 self.stop_tasks(effects);
                 self.leave(Exit::Preempted, effects);
             }
             LauncherMsg::Drain { reason } => {
-                info!(job = %self.job, launcher = %self.launcher, cluster = %self.cluster, reason, "draining");
+                info!(reason, "draining");
                 self.leave(Exit::Drained, effects);
             }
             LauncherMsg::Poll {} => effects.push(self.tell()),
@@ -545,7 +547,7 @@ impl<E> State<E> {
             && !self.walltime_reached
             && self.leaving != Some(Exit::Preempted)
         {
-            info!(job = %self.job, launcher = %self.launcher, cluster = %self.cluster, "placeholder walltime ending: preempting own tasks");
+            info!("placeholder walltime ending: preempting own tasks");
             self.walltime_reached = true;
             self.stop_tasks(effects);
             self.leave(Exit::Walltime, effects);
@@ -696,7 +698,7 @@ mod tests {
     fn launcher(configure: impl FnOnce(&mut LauncherConfig, Instant)) -> Launcher {
         let t0 = Instant::now();
         let mut config = LauncherConfig {
-            job: JobId::new("sweep", 1),
+            job: gleaner_manifest::JobId::new("sweep", 1),
             cluster: "c1".into(),
             id: "l1".into(),
             host: "h1".to_owned(),

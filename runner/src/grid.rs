@@ -46,10 +46,10 @@ impl Grid {
         let ledger = &mut self.ledger;
         let unplaced: Vec<usize> = ledger.unplaced().map(|(i, _)| i).collect();
         if ledger.file.state != JobState::Waiting || clusters.len() != unplaced.len() {
-            debug!(job = %ledger.id, "placement ignored: already placed, or not for this job");
+            debug!("placement ignored: already placed, or not for this job");
             return Vec::new();
         }
-        info!(job = %ledger.id, components = ?unplaced, clusters = ?clusters, "grid job placed");
+        info!(components = ?unplaced, clusters = ?clusters, "grid job placed");
         let env: Vec<(String, String)> = ledger
             .manifest
             .env
@@ -104,16 +104,16 @@ impl Grid {
         let ledger = &mut self.ledger;
         let placed = ledger.file.components.get_mut(component as usize);
         let Some(slot @ Some(_)) = placed else {
-            debug!(job = %ledger.id, component, cluster = %cluster, "withdrawal ignored: not placed");
+            debug!(component, cluster = %cluster, "withdrawal ignored: not placed");
             return Vec::new();
         };
         if slot.as_ref() != Some(&cluster) || ledger.book.is_finished(u64::from(component)) {
-            debug!(job = %ledger.id, component, cluster = %cluster, "withdrawal ignored: placed elsewhere or ended");
+            debug!(component, cluster = %cluster, "withdrawal ignored: placed elsewhere or ended");
             return Vec::new();
         }
         *slot = None;
         ledger.file.state = JobState::Waiting;
-        warn!(job = %ledger.id, component, cluster = %cluster, reason, "grid component withdrawn; waiting to be placed again");
+        warn!(component, cluster = %cluster, reason, "grid component withdrawn; waiting to be placed again");
         vec![Effect::SaveJobFile, Effect::Report]
     }
 
@@ -129,7 +129,7 @@ impl Grid {
             .get(task as usize)
             .is_some_and(|placed| placed.as_ref() == Some(&outcome.cluster));
         if self.ledger.book.is_finished(task) || !placed_here {
-            debug!(job = %self.ledger.id, component = task, cluster = %outcome.cluster, "component end ignored: ended before, or from an earlier run");
+            debug!(component = task, cluster = %outcome.cluster, "component end ignored: ended before, or from an earlier run");
             return Vec::new();
         }
         if self.lost(&outcome) && self.may_restart() {
@@ -160,7 +160,7 @@ impl Grid {
             outputs: Vec::new(),
             error: None,
         };
-        info!(job = %self.ledger.id, component = task, cluster = %result.cluster, exit_code = ?result.exit_code, "grid component ended");
+        info!(component = task, cluster = %result.cluster, exit_code = ?result.exit_code, "grid component ended");
         let entry = self.entry(task, status.into(), Some(&result));
         self.ledger.book.finish(task, status.into());
         vec![
@@ -192,7 +192,7 @@ impl Grid {
     fn restart(&mut self, component: u32, cluster: &ClusterName, reason: &str) -> Vec<Effect> {
         let ledger = &mut self.ledger;
         ledger.file.restarts += 1;
-        warn!(job = %ledger.id, component, cluster = %cluster, reason, restarts = ledger.file.restarts, "grid component lost: stopping the others, placing the job again");
+        warn!(component, cluster = %cluster, reason, restarts = ledger.file.restarts, "grid component lost: stopping the others, placing the job again");
         let mut effects: Vec<Effect> = std::mem::take(&mut ledger.clusters)
             .into_iter()
             .map(|cluster| Effect::ToKcm {
@@ -242,20 +242,23 @@ impl JobCore for Grid {
         } else {
             JobState::Waiting
         };
-        info!(job = %ledger.id, components, placed, "grid job registered");
+        info!(components, placed, "grid job registered");
         vec![Effect::SaveJobFile, Effect::Report]
     }
 
     /// Components report through their kcm, never as results.
     fn on_results(&mut self, batch: impl IntoIterator<Item = ResultMsg>, _now: Now) -> Vec<Effect> {
         for result in batch {
-            debug!(job = %self.ledger.id, task = result.task, "result ignored: this job is a grid job");
+            debug!(task = result.task, "result ignored: this job is a grid job");
         }
         Vec::new()
     }
 
     fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect> {
-        debug!(job = %self.ledger.id, tasks = lost.tasks.len(), "lost tasks ignored: this job is a grid job");
+        debug!(
+            tasks = lost.tasks.len(),
+            "lost tasks ignored: this job is a grid job"
+        );
         Vec::new()
     }
 
@@ -264,7 +267,7 @@ impl JobCore for Grid {
         match msg {
             ControlMsg::Place { clusters } => self.place(clusters),
             ControlMsg::PlacementFailed { reason } => {
-                warn!(job = %job, reason, "the scheduler gave up placing the job");
+                warn!(reason, "the scheduler gave up placing the job");
                 vec![self.finish_unfinished(FinalStatus::Failed)]
             }
             ControlMsg::ComponentEnded(outcome) => self.component_ended(outcome),
@@ -287,7 +290,7 @@ impl JobCore for Grid {
             | ControlMsg::LauncherUp(_)
             | ControlMsg::LauncherStatus(_)
             | ControlMsg::LauncherGone { .. } => {
-                debug!(job = %job, "launcher message ignored: this job is a grid job");
+                debug!("launcher message ignored: this job is a grid job");
                 Vec::new()
             }
             ControlMsg::AddTasks(_) => {
@@ -295,7 +298,7 @@ impl JobCore for Grid {
                 vec![Effect::Answer(ActionReply::Refused { reason })]
             }
             ControlMsg::Close {} => {
-                debug!(job = %job, "close ignored: grid jobs are never open");
+                debug!("close ignored: grid jobs are never open");
                 Vec::new()
             }
         }
@@ -307,7 +310,7 @@ impl JobCore for Grid {
                 self.restart(component, &cluster, "its cluster has no kcm")
             }
             Followup::Component { component, cluster } if !arrived => {
-                warn!(job = %self.ledger.id, component, cluster = %cluster, "no kcm for the cluster; component failed");
+                warn!(component, cluster = %cluster, "no kcm for the cluster; component failed");
                 let task = u64::from(component);
                 let entry = self.entry(task, FinalStatus::Failed, None);
                 self.ledger.book.finish(task, FinalStatus::Failed);

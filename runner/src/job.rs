@@ -115,7 +115,7 @@ pub async fn run(
     )
     .await?
     {
-        info!(job = %id, "another runner finished the job meanwhile");
+        info!("another runner finished the job meanwhile");
         return Ok(());
     }
     (claim.on_claimed)();
@@ -131,7 +131,7 @@ pub async fn run(
     let launcher_credentials = match admin {
         Some(admin) => {
             let credentials = admin.launcher_account(&id).await?;
-            info!(job = %id, user = %credentials.user, "the job's launcher account is ready");
+            info!(user = %credentials.user, "the job's launcher account is ready");
             Some(credentials)
         }
         None => None,
@@ -208,7 +208,7 @@ async fn give_up(
         Ok::<_, BrokerError>(())
     };
     if let Err(e) = forgotten.await {
-        warn!(job = %queues.job, error = %e, "a refused job's claim or launcher account is left behind");
+        warn!(error = %e, "a refused job's claim or launcher account is left behind");
     }
     refusal
 }
@@ -254,7 +254,7 @@ async fn wait_for_lock(
             return Ok(false);
         }
         if !said {
-            info!(job = %job, "another runner owns this job; waiting for it to end or die");
+            info!("another runner owns this job; waiting for it to end or die");
             said = true;
         }
         tokio::select! {
@@ -430,7 +430,7 @@ impl<C: JobCore> Job<C> {
                         if self.admin.is_some()
                             && !may_send_control(&incoming.msg, incoming.user.as_deref(), &launcher_user(&self.queues.job))
                         {
-                            warn!(job = %self.queues.job, sender = incoming.user.as_deref().unwrap_or("-"), kind = incoming.msg.kind(), "control message from a sender who may not send it; dropped");
+                            warn!(sender = incoming.user.as_deref().unwrap_or("-"), kind = incoming.msg.kind(), "control message from a sender who may not send it; dropped");
                             continue;
                         }
                         self.answering = Some(incoming.reply);
@@ -470,7 +470,7 @@ impl<C: JobCore> Job<C> {
             return Ok(());
         }
         if let Some((first, _)) = self.publishing.pop_front() {
-            info!(job = %self.queues.job, tasks = first.tasks().len(), "tasks published");
+            info!(tasks = first.tasks().len(), "tasks published");
             self.handle(JobEvent::Published(first.completes()), Now::read())
                 .await?;
         }
@@ -523,7 +523,7 @@ impl<C: JobCore> Job<C> {
                 if let Some(to) = self.answering.as_ref().filter(|r| r.is_direct())
                     && let Err(e) = self.publisher.reply(to, &answer).await
                 {
-                    warn!(job = %self.queues.job, error = %e, "cannot answer the sender of tasks to add");
+                    warn!(error = %e, "cannot answer the sender of tasks to add");
                 }
             }
             Effect::DeclareQueues => {

@@ -393,7 +393,7 @@ pub trait JobCore {
     /// `gleaner cancel`: what has not finished is cancelled, on disk before
     /// the order is acked. The job then ends.
     fn cancel(&mut self, reason: &str) -> Vec<Effect> {
-        info!(job = %self.ledger().id, reason, "cancelling");
+        info!(reason, "cancelling");
         let record = self.finish_unfinished(FinalStatus::Cancelled);
         self.ledger_mut().file.state = JobState::Cancelled;
         vec![record, Effect::SaveJobFile]
@@ -421,7 +421,6 @@ pub trait JobCore {
         file.makespan_s = Some(now.wall_ms.saturating_sub(file.submitted_at) as f64 / 1000.0);
         let counts = ledger.counts();
         info!(
-            job = %ledger.id,
             ?state,
             succeeded = counts.succeeded,
             failed = counts.failed,

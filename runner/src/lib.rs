@@ -33,7 +33,7 @@ use gleaner_policy::access::Users;
 use gleaner_protocol::{Event, JobClaim, SchedulerMsg};
 use tokio::{sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, info_span, warn};
 
 pub use book::{FinalStatus, TaskBook, Verdict};
 /// Public, with what it takes to drive it, so that the simulator's
@@ -167,7 +167,8 @@ async fn session(
                 let _ = claimed.send(job.clone());
             },
         };
-        jobs.spawn(supervise(
+        let span = info_span!("job", job = %incoming.msg.0.job);
+        let supervised = supervise(
             connection.clone(),
             config.job.clone(),
             incoming,
@@ -175,7 +176,8 @@ async fn session(
             claim,
             admin,
             stop_jobs.clone(),
-        ));
+        );
+        jobs.spawn(supervised.instrument(span));
     };
     let outcome = loop {
         tokio::select! {
@@ -285,12 +287,12 @@ async fn supervise(
                 Err(e) => Err(e),
             },
             Err(JobError::Broker(e)) if e.is_not_found() => {
-                error!(job = %job, error = %e, "the job's queues were deleted under it; giving the job up");
+                error!(error = %e, "the job's queues were deleted under it; giving the job up");
                 manifest.ack().await
             }
             Err(JobError::Broker(e)) => Err(e),
             Err(e @ JobError::Results { .. }) => {
-                error!(job = %job, error = %e, "cannot write results; they wait in the broker, retrying in 10 s");
+                error!(error = %e, "cannot write results; they wait in the broker, retrying in 10 s");
                 if let JobError::Results {
                     standing: Some(mut report),
                     error,
@@ -309,7 +311,7 @@ async fn supervise(
                         Err(e) => Err(e),
                     };
                     if let Err(e) = sent {
-                        warn!(job = %job, error = %e, "cannot tell the scheduler why the job stalls");
+                        warn!(error = %e, "cannot tell the scheduler why the job stalls");
                     }
                 }
                 tokio::select! {

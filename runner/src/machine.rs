@@ -110,7 +110,7 @@ impl<C: JobCore> Core for JobMachine<C> {
     fn handle(&mut self, event: JobEvent, now: Now) {
         match event {
             JobEvent::Start if self.core.ledger().has_ended() => {
-                info!(job = %self.core.ledger().id, "job had already ended; cleaning up");
+                info!("job had already ended; cleaning up");
                 self.ended = true;
                 let wind_up = self.core.wind_up(now);
                 self.push(wind_up);
@@ -122,7 +122,7 @@ impl<C: JobCore> Core for JobMachine<C> {
             }
             JobEvent::Control(msg) if self.ended => self.push(Self::after_the_end(&msg)),
             JobEvent::Results(_) | JobEvent::Lost(_) | JobEvent::Heartbeat if self.ended => {
-                debug!(job = %self.core.ledger().id, "the job has ended; ignored");
+                debug!("the job has ended; ignored");
             }
             JobEvent::Results(batch) => {
                 let effects = self.core.on_results(batch, now);

@@ -16,7 +16,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_manifest::{Addition, FinalWhen, JobId, MAX_TASKS, TaskList};
+use gleaner_manifest::{Addition, FinalWhen, MAX_TASKS, TaskList};
 use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
     ActionReply, ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherInfo,
@@ -67,16 +67,11 @@ impl ShrinkOrder {
 /// An open job's additions as recorded, with their tasks: only an open
 /// job's, each numbered right after the one before (the file is in the
 /// owner's directory, so it is checked, not trusted), within `MAX_TASKS`.
-fn recorded_additions(
-    job: &JobId,
-    open: bool,
-    recorded: &[AddedTasks],
-    base: u64,
-) -> Vec<(u64, u64, TaskList)> {
+fn recorded_additions(open: bool, recorded: &[AddedTasks], base: u64) -> Vec<(u64, u64, TaskList)> {
     let mut added = Vec::new();
     if !open {
         if !recorded.is_empty() {
-            warn!(job = %job, "additions recorded for a job that is not open ignored");
+            warn!("additions recorded for a job that is not open ignored");
         }
         return added;
     }
@@ -87,7 +82,11 @@ fn recorded_additions(
                 list
             }
             _ => {
-                warn!(job = %job, first = record.first, expected = next, "additions.jsonl does not follow from the job's tasks; the rest of it is ignored");
+                warn!(
+                    first = record.first,
+                    expected = next,
+                    "additions.jsonl does not follow from the job's tasks; the rest of it is ignored"
+                );
                 break;
             }
         };
@@ -117,12 +116,7 @@ pub struct Sweep {
 impl Sweep {
     pub fn open(opening: Opening<'_>, tasks: TaskList, now: Now) -> Result<Self, Refusal> {
         let open = opening.submission.manifest.open;
-        let added = recorded_additions(
-            &opening.submission.job,
-            open,
-            &opening.additions,
-            tasks.len(),
-        );
+        let added = recorded_additions(open, &opening.additions, tasks.len());
         let total = added
             .last()
             .map_or(tasks.len(), |(_, first, list)| first + list.len());
@@ -160,7 +154,10 @@ impl Sweep {
         {
             return Vec::new();
         }
-        info!(job = %self.ledger.id, idle_s = idle.as_secs(), "an open job with nothing to do for open_idle is closed");
+        info!(
+            idle_s = idle.as_secs(),
+            "an open job with nothing to do for open_idle is closed"
+        );
         self.close()
     }
 
@@ -181,12 +178,16 @@ impl Sweep {
         }
         let counts = ledger.counts();
         if step.when == FinalWhen::AllSucceeded && counts.succeeded < counts.total {
-            info!(job = %ledger.id, succeeded = counts.succeeded, total = counts.total, "final step skipped: not every task succeeded");
+            info!(
+                succeeded = counts.succeeded,
+                total = counts.total,
+                "final step skipped: not every task succeeded"
+            );
             ledger.book.finish(task, FinalStatus::Cancelled);
             ledger.file.final_step = Some(FinalOutcome::skipped());
             return vec![Effect::SaveJobFile];
         }
-        info!(job = %ledger.id, "every task ended: final step published");
+        info!("every task ended: final step published");
         ledger.file.final_published = true;
         vec![
             Effect::Publish(self.tasks.msg(task, 1, 0).into_iter().collect()),
@@ -197,13 +198,15 @@ impl Sweep {
     /// Tasks added to an open job: recorded before the message is acked,
     /// then published, then counted as published in `job.json`.
     fn add_tasks(&mut self, addition: Addition) -> Vec<Effect> {
-        let job = &self.ledger.id;
         let refuse = |reason: String| {
-            warn!(job = %job, addition = addition.id, reason, "tasks not added");
+            warn!(addition = addition.id, reason, "tasks not added");
             vec![Effect::Answer(ActionReply::Refused { reason })]
         };
         if self.additions.iter().any(|(id, _)| *id == addition.id) {
-            info!(job = %job, addition = addition.id, "the same addition came again: added once");
+            info!(
+                addition = addition.id,
+                "the same addition came again: added once"
+            );
             return vec![Effect::Answer(ActionReply::Accepted {})];
         }
         if self.ledger.file.state == JobState::Cancelled {
@@ -222,7 +225,7 @@ impl Sweep {
                 "the job would have more than {MAX_TASKS} tasks ({first} and {count} more)"
             ));
         }
-        info!(job = %job, first, count, "tasks added");
+        info!(first, count, "tasks added");
         self.tasks = Arc::new(self.tasks.with(first, list));
         self.ledger.add_tasks(count);
         self.additions.push((addition.id, first..first + count));
@@ -246,7 +249,7 @@ impl Sweep {
         if !self.ledger.takes_tasks() {
             return Vec::new();
         }
-        info!(job = %self.ledger.id, "closed: it ends once its tasks have");
+        info!("closed: it ends once its tasks have");
         self.ledger.file.closed = true;
         let mut effects = vec![Effect::SaveJobFile];
         effects.extend(self.final_step_due());
@@ -257,10 +260,9 @@ impl Sweep {
     /// A run of the final step: its outputs under `final/`, its end in
     /// `job.json`, or another attempt.
     fn on_final_result(&mut self, result: ResultMsg, retries: &mut Vec<TaskMsg>) -> Vec<Effect> {
-        let job = &self.ledger.id;
         match self.ledger.book.judge(&result) {
             Verdict::Final(status) => {
-                info!(job = %job, status = status.name(), exit_code = ?result.exit_code, attempt = result.attempt, "final step ended");
+                info!(status = status.name(), exit_code = ?result.exit_code, attempt = result.attempt, "final step ended");
                 self.ledger.book.finish(result.task, status);
                 self.ledger.file.final_step = Some(FinalOutcome::of(status, Some(&result)));
                 vec![
@@ -269,7 +271,7 @@ impl Sweep {
                 ]
             }
             Verdict::Retry { attempt } => {
-                info!(job = %job, attempt, status = ?result.status, exit_code = ?result.exit_code, "final step failed; retrying");
+                info!(attempt, status = ?result.status, exit_code = ?result.exit_code, "final step failed; retrying");
                 retries.extend(self.tasks.msg(result.task, attempt, result.preemptions));
                 vec![Effect::WriteFinalOutputs(Box::new(result))]
             }
@@ -325,10 +327,9 @@ impl Sweep {
             now.wall_ms,
             self.ledger.manifest.max_preemptions,
         );
-        let job = &self.ledger.id;
-        info!(job = %job, cluster = %order.cluster, slots = order.slots, mode = ?order.mode, reason = order.reason, hosts = ?order.hosts, launchers = ?victims, freed, "shrinking");
+        info!(cluster = %order.cluster, slots = order.slots, mode = ?order.mode, reason = order.reason, hosts = ?order.hosts, launchers = ?victims, freed, "shrinking");
         if freed > order.slots {
-            info!(job = %job, cluster = %order.cluster, asked = order.slots, freed, "multi-slot launchers preempted whole: more slots freed than asked");
+            info!(cluster = %order.cluster, asked = order.slots, freed, "multi-slot launchers preempted whole: more slots freed than asked");
         }
         let (cluster, mode) = (order.cluster.clone(), order.mode);
         let message = preempt::order(mode, &order.reason);
@@ -377,7 +378,7 @@ impl Sweep {
             .expire(now.instant, self.ledger.settings.launcher_heartbeat)
             .into_iter()
             .map(|(cluster, launchers)| {
-                warn!(job = %job, cluster = %cluster, launchers = ?launchers, "launchers silent too long: forgotten, their placeholders removed");
+                warn!(cluster = %cluster, launchers = ?launchers, "launchers silent too long: forgotten, their placeholders removed");
                 Effect::ToKcm {
                     cluster,
                     msg: KcmMsg::Release {
@@ -409,7 +410,11 @@ impl JobCore for Sweep {
         let mut effects = Vec::new();
         if self.ledger.file.tasks_published {
             let counts = self.ledger.book.counts();
-            info!(job = %self.ledger.id, finished = counts.finished(), total = counts.total, "job resumed");
+            info!(
+                finished = counts.finished(),
+                total = counts.total,
+                "job resumed"
+            );
             // Additions recorded but perhaps not all published.
             let book = &self.ledger.book;
             let unpublished: Vec<u64> = self
@@ -462,7 +467,7 @@ impl JobCore for Sweep {
         let mut entries = Vec::new();
         for result in batch {
             if result.job != job {
-                warn!(job = %job, other = %result.job, "result of another job ignored");
+                warn!(other = %result.job, "result of another job ignored");
                 continue;
             }
             if Some(result.task) == self.ledger.final_task {
@@ -476,16 +481,20 @@ impl JobCore for Sweep {
                     self.ledger.preemptions += u64::from(result.preemptions);
                     self.recent.push_back(now.instant);
                     self.last_news = now.instant;
-                    debug!(job = %job, task = result.task, ?status, "task finished");
+                    debug!(task = result.task, ?status, "task finished");
                     effects.push(Effect::WriteOutputs(Box::new(result)));
                 }
                 Verdict::Retry { attempt } => {
-                    info!(job = %job, task = result.task, attempt, status = ?result.status, exit_code = ?result.exit_code, "task failed; retrying");
+                    info!(task = result.task, attempt, status = ?result.status, exit_code = ?result.exit_code, "task failed; retrying");
                     retries.extend(self.tasks.msg(result.task, attempt, result.preemptions));
                     effects.push(Effect::WriteOutputs(Box::new(result)));
                 }
                 Verdict::Duplicate => {
-                    debug!(job = %job, task = result.task, attempt = result.attempt, "duplicate result");
+                    debug!(
+                        task = result.task,
+                        attempt = result.attempt,
+                        "duplicate result"
+                    );
                 }
             }
         }
@@ -509,7 +518,10 @@ impl JobCore for Sweep {
             // One of them may be what killed the launchers: alone, each
             // either runs or is lost by itself.
             if !unfinished.is_empty() {
-                info!(job = %self.ledger.id, tasks = unfinished.len(), "a bundle's launchers died every time it ran: its tasks run again alone");
+                info!(
+                    tasks = unfinished.len(),
+                    "a bundle's launchers died every time it ran: its tasks run again alone"
+                );
                 return vec![Effect::Publish(unfinished)];
             }
             return Vec::new();
@@ -518,14 +530,21 @@ impl JobCore for Sweep {
             return Vec::new();
         };
         if Some(task.task) == self.ledger.final_task {
-            warn!(job = %self.ledger.id, attempt = task.attempt, "final step lost: its launchers died every time it ran");
+            warn!(
+                attempt = task.attempt,
+                "final step lost: its launchers died every time it ran"
+            );
             self.ledger.book.finish(task.task, FinalStatus::Lost);
             let mut outcome = FinalOutcome::of(FinalStatus::Lost, None);
             outcome.attempts = task.attempt;
             self.ledger.file.final_step = Some(outcome);
             return vec![Effect::SaveJobFile];
         }
-        warn!(job = %self.ledger.id, task = task.task, attempt = task.attempt, "task lost: its launchers died every time it ran");
+        warn!(
+            task = task.task,
+            attempt = task.attempt,
+            "task lost: its launchers died every time it ran"
+        );
         let mut entry = self.entry(task.task, FinalStatus::Lost, None);
         entry.attempts = task.attempt;
         entry.preemptions = task.preemptions;
@@ -539,7 +558,7 @@ impl JobCore for Sweep {
         let job = &self.ledger.id;
         match msg {
             ControlMsg::LauncherUp(info) => {
-                debug!(job = %job, launcher = %info.launcher, cluster = %info.cluster, host = %info.host, "launcher up");
+                debug!(launcher = %info.launcher, cluster = %info.cluster, host = %info.host, "launcher up");
                 self.ledger.clusters.insert(info.cluster.clone());
                 self.launchers.up(&info, now.instant);
                 // Its kcm counts the start as a good one. Launchers reach
@@ -565,7 +584,7 @@ impl JobCore for Sweep {
             ControlMsg::LauncherGone {
                 launcher, reason, ..
             } => {
-                debug!(job = %job, launcher = %launcher, reason, "launcher gone");
+                debug!(launcher = %launcher, reason, "launcher gone");
                 self.launchers.gone(&launcher);
                 Vec::new()
             }
@@ -597,20 +616,19 @@ impl JobCore for Sweep {
             }
             ControlMsg::Close {} => self.close(),
             ControlMsg::Place { .. } => {
-                debug!(job = %job, "placement ignored: already placed, or not for this job");
+                debug!("placement ignored: already placed, or not for this job");
                 Vec::new()
             }
             ControlMsg::PlacementFailed { .. }
             | ControlMsg::ComponentEnded(_)
             | ControlMsg::ComponentWithdrawn { .. } => {
-                debug!(job = %job, "grid job message ignored: this job is a sweep");
+                debug!("grid job message ignored: this job is a sweep");
                 Vec::new()
             }
         }
     }
 
     fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect> {
-        let job = &self.ledger.id;
         match followup {
             Followup::Grow {
                 cluster,
@@ -619,15 +637,15 @@ impl JobCore for Sweep {
                 offered,
             } => {
                 if arrived {
-                    info!(job = %job, cluster = %cluster, grant = %grant, slots, offered, "grow accepted");
+                    info!(cluster = %cluster, grant = %grant, slots, offered, "grow accepted");
                     self.ledger.clusters.insert(cluster);
                 } else {
-                    warn!(job = %job, cluster = %cluster, "no kcm queue for the cluster; grow dropped");
+                    warn!(cluster = %cluster, "no kcm queue for the cluster; grow dropped");
                 }
             }
             Followup::Leave { launcher } if !arrived => self.launchers.gone(&launcher),
             Followup::Poll { launcher } if !arrived => {
-                debug!(job = %job, launcher = %launcher, "silent launcher is gone");
+                debug!(launcher = %launcher, "silent launcher is gone");
                 self.launchers.gone(&launcher);
             }
             Followup::Leave { .. }
@@ -1509,25 +1527,24 @@ mod tests {
 
     #[test]
     fn recorded_additions_are_checked_not_trusted() {
-        let job: JobId = "sweep-3fa9c2d41e07b5a8".parse().unwrap();
         let record = |first, id| AddedTasks {
             first,
             addition: addition(id, &["a", "b"]),
         };
         let good = [record(3, 1), record(5, 2)];
-        assert_eq!(recorded_additions(&job, true, &good, 3).len(), 2);
+        assert_eq!(recorded_additions(true, &good, 3).len(), 2);
         assert!(
-            recorded_additions(&job, false, &good, 3).is_empty(),
+            recorded_additions(false, &good, 3).is_empty(),
             "a job that is not open has none"
         );
         let gap = [record(3, 1), record(1 << 40, 2)];
         assert_eq!(
-            recorded_additions(&job, true, &gap, 3).len(),
+            recorded_additions(true, &gap, 3).len(),
             1,
             "numbers must follow on"
         );
         let beyond = [record(MAX_TASKS - 1, 1)];
-        assert!(recorded_additions(&job, true, &beyond, MAX_TASKS - 1).is_empty());
+        assert!(recorded_additions(true, &beyond, MAX_TASKS - 1).is_empty());
     }
 
     #[test]

@@ -411,6 +411,8 @@ impl<'a> Sim<'a> {
     /// Hands the kcm of cluster `c` a message, as the kcm's shell does:
     /// its effects, then a poll if it asked for one.
     fn at_kcm(&mut self, c: usize, message: KcmMsg) -> Vec<Mail> {
+        let span = self.kcm_span(c);
+        let _in_kcm = span.enter();
         self.clusters[c]
             .kcm
             .handle(Event::Message(message), self.clock.now());
@@ -424,6 +426,8 @@ impl<'a> Sim<'a> {
     /// The kcm of cluster `c` reads its batch system and the spool, then
     /// reports.
     fn poll(&mut self, c: usize) -> Vec<Mail> {
+        let span = self.kcm_span(c);
+        let _in_kcm = span.enter();
         let (snapshot, spooled) = self.clusters[c].batch.read(&self.ids);
         let event = Event::Polled {
             snapshot: Ok(snapshot),
@@ -431,6 +435,11 @@ impl<'a> Sim<'a> {
         };
         self.clusters[c].kcm.handle(event, self.clock.now());
         self.apply(c).0
+    }
+
+    /// The span a kcm logs in, as its service's.
+    fn kcm_span(&self, c: usize) -> tracing::Span {
+        tracing::info_span!("kcm", cluster = %self.scenario.clusters[c].name)
     }
 
     /// Carries out the kcm's effects on the simulated batch system,
