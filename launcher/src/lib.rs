@@ -17,8 +17,11 @@
 mod dirs;
 mod exec;
 mod orphans;
+mod packing;
 mod state;
 mod task;
+
+use packing::Packer;
 
 use std::{
     collections::{BTreeMap, HashMap, VecDeque},
@@ -202,21 +205,13 @@ struct Outgoing {
     settled: tokio::sync::oneshot::Sender<Result<(), BrokerError>>,
 }
 
-/// Results in one message at most.
-const RESULTS_PER_MESSAGE: usize = 64;
 /// How long a message of results waits for more while they come fast.
 const RESULTS_LINGER: Duration = Duration::from_millis(5);
-/// Bytes of captured output in one message, unless its first result alone
-/// has more.
-const BYTES_PER_MESSAGE: usize = 4 << 20;
 
 /// Publishes results as they come, those that queued while the last
-/// message was being confirmed together in the next. While results come
-/// faster than one per confirm, a message also waits up to
-/// [`RESULTS_LINGER`] for more: each message costs the broker a write to
-/// its quorum log, a delivery and an ack, whatever it holds. A lone
-/// result waits for no other. Each waiter hears once its result is with
-/// the broker.
+/// message was being confirmed together in the next, as the [`Packer`]
+/// packs them (waiting up to [`RESULTS_LINGER`] for more while they come
+/// fast). Each waiter hears once its result is with the broker.
 async fn publish_results(
     publisher: Publisher,
     route: (String, String),
@@ -230,7 +225,7 @@ async fn publish_results(
     };
     // A result that would have made the last message too big starts the next.
     let mut carried: Option<Outgoing> = None;
-    let mut linger = false;
+    let mut packer = Packer::default();
     loop {
         let first = match carried.take() {
             Some(first) => first,
@@ -239,26 +234,25 @@ async fn publish_results(
                 None => return,
             },
         };
-        let mut bytes = size(&first);
+        packer.start(size(&first));
         let mut batch = vec![first];
         let until = tokio::time::Instant::now() + RESULTS_LINGER;
-        while batch.len() < RESULTS_PER_MESSAGE {
+        while packer.has_room() {
             let next = match outgoing.try_recv() {
                 Ok(next) => next,
-                Err(_) if !linger => break,
+                Err(_) if !packer.lingers() => break,
                 Err(_) => match tokio::time::timeout_at(until, outgoing.recv()).await {
                     Ok(Some(next)) => next,
                     Ok(None) | Err(_) => break,
                 },
             };
-            bytes += size(&next);
-            if bytes > BYTES_PER_MESSAGE {
+            if !packer.take(size(&next)) {
                 carried = Some(next);
                 break;
             }
             batch.push(next);
         }
-        linger = batch.len() > 1;
+        packer.sent();
         let (results, waiting): (Vec<ResultMsg>, Vec<_>) =
             batch.into_iter().map(|o| (o.result, o.settled)).unzip();
         let sent = publisher

@@ -22,28 +22,24 @@ use tracing::{debug, info, warn};
 use crate::{
     book::FinalStatus,
     effect::{Effect, Followup, Now},
-    job_core::{JobCore, Ledger, Opening, Refusal, index_entry},
+    job_core::{Job, Kind, Ledger, Opening, Refusal, cancel, finish_unfinished, index_entry},
     records::IndexEntry,
 };
 
-/// The core of a grid job; its tasks are its components.
+/// The kind of a grid job; its tasks are its components, all of whose
+/// state is in the job's ledger.
 #[derive(Debug)]
-pub struct Grid {
-    ledger: Ledger,
-}
+pub struct Grid;
 
 impl Grid {
-    pub fn open(opening: Opening<'_>, now: Now) -> Result<Self, Refusal> {
+    pub fn open(opening: Opening<'_>, now: Now) -> Result<Job<Self>, Refusal> {
         let components = opening.submission.manifest.components.len() as u64;
-        Ok(Self {
-            ledger: Ledger::open(opening, components, now)?,
-        })
+        Ok(Job::new(Ledger::open(opening, components, now)?, Self))
     }
 
     /// The scheduler placed the job: each component still to place goes to
     /// its cluster's kcm, which submits it to the batch system.
-    fn place(&mut self, clusters: Vec<ClusterName>) -> Vec<Effect> {
-        let ledger = &mut self.ledger;
+    fn place(&mut self, ledger: &mut Ledger, clusters: Vec<ClusterName>) -> Vec<Effect> {
         let unplaced: Vec<usize> = ledger.unplaced().map(|(i, _)| i).collect();
         if ledger.file.state != JobState::Waiting || clusters.len() != unplaced.len() {
             debug!("placement ignored: already placed, or not for this job");
@@ -97,11 +93,11 @@ impl Grid {
     /// to be placed again, with the job's other components left running.
     fn component_withdrawn(
         &mut self,
+        ledger: &mut Ledger,
         component: u32,
         cluster: ClusterName,
         reason: &str,
     ) -> Vec<Effect> {
-        let ledger = &mut self.ledger;
         let placed = ledger.file.components.get_mut(component as usize);
         let Some(slot @ Some(_)) = placed else {
             debug!(component, cluster = %cluster, "withdrawal ignored: not placed");
@@ -120,31 +116,30 @@ impl Grid {
     /// A component ended. Its program's exit is final (a rigid job is not
     /// retried); a component lost without one sends the job back to
     /// placement while that can still make it whole.
-    fn component_ended(&mut self, outcome: ComponentOutcome) -> Vec<Effect> {
+    fn component_ended(&mut self, ledger: &mut Ledger, outcome: ComponentOutcome) -> Vec<Effect> {
         let task = u64::from(outcome.component);
-        let placed_here = self
-            .ledger
+        let placed_here = ledger
             .file
             .components
             .get(task as usize)
             .is_some_and(|placed| placed.as_ref() == Some(&outcome.cluster));
-        if self.ledger.book.is_finished(task) || !placed_here {
+        if ledger.book.is_finished(task) || !placed_here {
             debug!(component = task, cluster = %outcome.cluster, "component end ignored: ended before, or from an earlier run");
             return Vec::new();
         }
-        if self.lost(&outcome) && self.may_restart() {
+        if self.lost(ledger, &outcome) && self.may_restart(ledger) {
             let reason = match outcome.exit_code {
                 None if outcome.runtime_ms == 0 => "could not start",
                 _ => "vanished without an exit status",
             };
-            return self.restart(outcome.component, &outcome.cluster, reason);
+            return self.restart(ledger, outcome.component, &outcome.cluster, reason);
         }
         let status = match outcome.exit_code {
             Some(0) => RunStatus::Succeeded,
             _ => RunStatus::Failed,
         };
         let result = ResultMsg {
-            job: self.ledger.id.clone(),
+            job: ledger.id.clone(),
             task,
             attempt: 1,
             preemptions: 0,
@@ -161,8 +156,8 @@ impl Grid {
             error: None,
         };
         info!(component = task, cluster = %result.cluster, exit_code = ?result.exit_code, "grid component ended");
-        let entry = self.entry(task, status.into(), Some(&result));
-        self.ledger.book.finish(task, status.into());
+        let entry = self.entry(ledger, task, status.into(), Some(&result));
+        ledger.book.finish(task, status.into());
         vec![
             Effect::WriteOutputs(Box::new(result)),
             Effect::Record(vec![entry]),
@@ -173,24 +168,28 @@ impl Grid {
 impl Grid {
     /// Ended without an exit status, and not at its walltime (where the
     /// batch system kills it and a rerun would be killed again).
-    fn lost(&self, outcome: &ComponentOutcome) -> bool {
-        let walltime_ms = self.ledger.manifest.walltime.map(|w| w.as_millis() as u64);
+    fn lost(&self, ledger: &Ledger, outcome: &ComponentOutcome) -> bool {
+        let walltime_ms = ledger.manifest.walltime.map(|w| w.as_millis() as u64);
         outcome.exit_code.is_none()
             && walltime_ms.is_none_or(|w| outcome.runtime_ms.saturating_add(WALLTIME_MARGIN_MS) < w)
     }
 
     /// Another run can still make the job whole: no component has ended,
     /// and runs are left.
-    fn may_restart(&self) -> bool {
-        let ledger = &self.ledger;
+    fn may_restart(&self, ledger: &Ledger) -> bool {
         ledger.book.counts().finished() == 0
             && ledger.file.restarts.saturating_add(1) < ledger.manifest.max_attempts
     }
 
     /// Stops every component still standing and sends the job back to
     /// placement: a rigid job runs whole or not at all.
-    fn restart(&mut self, component: u32, cluster: &ClusterName, reason: &str) -> Vec<Effect> {
-        let ledger = &mut self.ledger;
+    fn restart(
+        &mut self,
+        ledger: &mut Ledger,
+        component: u32,
+        cluster: &ClusterName,
+        reason: &str,
+    ) -> Vec<Effect> {
         ledger.file.restarts += 1;
         warn!(component, cluster = %cluster, reason, restarts = ledger.file.restarts, "grid component lost: stopping the others, placing the job again");
         let mut effects: Vec<Effect> = std::mem::take(&mut ledger.clusters)
@@ -217,19 +216,10 @@ impl Grid {
 /// A component ending this close to its walltime was killed for it.
 const WALLTIME_MARGIN_MS: u64 = 5_000;
 
-impl JobCore for Grid {
-    fn ledger(&self) -> &Ledger {
-        &self.ledger
-    }
-
-    fn ledger_mut(&mut self) -> &mut Ledger {
-        &mut self.ledger
-    }
-
+impl Kind for Grid {
     /// Registers the job with the scheduler: waiting to be placed, or
     /// running where it was placed before a restart.
-    fn start(&mut self) -> Vec<Effect> {
-        let ledger = &mut self.ledger;
+    fn start(&mut self, ledger: &mut Ledger) -> Vec<Effect> {
         ledger.take_over();
         let components = ledger.manifest.components.len();
         ledger.file.components.resize(components, None);
@@ -247,14 +237,19 @@ impl JobCore for Grid {
     }
 
     /// Components report through their kcm, never as results.
-    fn on_results(&mut self, batch: impl IntoIterator<Item = ResultMsg>, _now: Now) -> Vec<Effect> {
+    fn on_results(
+        &mut self,
+        _ledger: &mut Ledger,
+        batch: impl IntoIterator<Item = ResultMsg>,
+        _now: Now,
+    ) -> Vec<Effect> {
         for result in batch {
             debug!(task = result.task, "result ignored: this job is a grid job");
         }
         Vec::new()
     }
 
-    fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect> {
+    fn on_lost(&mut self, _ledger: &mut Ledger, lost: &TaskBundle) -> Vec<Effect> {
         debug!(
             tasks = lost.tasks.len(),
             "lost tasks ignored: this job is a grid job"
@@ -262,21 +257,21 @@ impl JobCore for Grid {
         Vec::new()
     }
 
-    fn on_control(&mut self, msg: ControlMsg, _now: Now) -> Vec<Effect> {
-        let job = &self.ledger.id;
+    fn on_control(&mut self, ledger: &mut Ledger, msg: ControlMsg, _now: Now) -> Vec<Effect> {
+        let job = &ledger.id;
         match msg {
-            ControlMsg::Place { clusters } => self.place(clusters),
+            ControlMsg::Place { clusters } => self.place(ledger, clusters),
             ControlMsg::PlacementFailed { reason } => {
                 warn!(reason, "the scheduler gave up placing the job");
-                vec![self.finish_unfinished(FinalStatus::Failed)]
+                vec![finish_unfinished(self, ledger, FinalStatus::Failed)]
             }
-            ControlMsg::ComponentEnded(outcome) => self.component_ended(outcome),
+            ControlMsg::ComponentEnded(outcome) => self.component_ended(ledger, outcome),
             ControlMsg::ComponentWithdrawn {
                 component,
                 cluster,
                 reason,
-            } => self.component_withdrawn(component, cluster, &reason),
-            ControlMsg::Cancel { reason } => self.cancel(&reason),
+            } => self.component_withdrawn(ledger, component, cluster, &reason),
+            ControlMsg::Cancel { reason } => cancel(self, ledger, &reason),
             // Components hold their slots for good: no launchers to add.
             ControlMsg::GrowOffer { grant, cluster, .. } => {
                 vec![Effect::ToScheduler(SchedulerMsg::GrowAck {
@@ -304,29 +299,33 @@ impl JobCore for Grid {
         }
     }
 
-    fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect> {
+    fn on_delivery(
+        &mut self,
+        ledger: &mut Ledger,
+        followup: Followup,
+        arrived: bool,
+    ) -> Vec<Effect> {
         match followup {
-            Followup::Component { component, cluster } if !arrived && self.may_restart() => {
-                self.restart(component, &cluster, "its cluster has no kcm")
+            Followup::Component { component, cluster } if !arrived && self.may_restart(ledger) => {
+                self.restart(ledger, component, &cluster, "its cluster has no kcm")
             }
             Followup::Component { component, cluster } if !arrived => {
                 warn!(component, cluster = %cluster, "no kcm for the cluster; component failed");
                 let task = u64::from(component);
-                let entry = self.entry(task, FinalStatus::Failed, None);
-                self.ledger.book.finish(task, FinalStatus::Failed);
+                let entry = self.entry(ledger, task, FinalStatus::Failed, None);
+                ledger.book.finish(task, FinalStatus::Failed);
                 vec![Effect::Record(vec![entry])]
             }
             _ => Vec::new(),
         }
     }
 
-    fn poll(&mut self, _now: Now) -> Vec<Effect> {
+    fn poll(&mut self, _ledger: &mut Ledger, _now: Now) -> Vec<Effect> {
         Vec::new()
     }
 
     /// Running components are those placed and not yet ended.
-    fn standing(&mut self, now: Now) -> JobReport {
-        let ledger = &self.ledger;
+    fn standing(&mut self, ledger: &mut Ledger, now: Now) -> JobReport {
         let running = ledger
             .file
             .components
@@ -334,12 +333,17 @@ impl JobCore for Grid {
             .enumerate()
             .filter(|(i, placed)| placed.is_some() && !ledger.book.is_finished(*i as u64))
             .count() as u64;
-        self.ledger.report(running, BTreeMap::new(), 0, now)
+        ledger.report(running, BTreeMap::new(), 0, now)
     }
 
-    fn entry(&self, task: u64, status: FinalStatus, result: Option<&ResultMsg>) -> IndexEntry {
-        let command = self
-            .ledger
+    fn entry(
+        &self,
+        ledger: &Ledger,
+        task: u64,
+        status: FinalStatus,
+        result: Option<&ResultMsg>,
+    ) -> IndexEntry {
+        let command = ledger
             .manifest
             .components
             .get(task as usize)
@@ -348,8 +352,8 @@ impl JobCore for Grid {
         index_entry(task, command, IndexMap::new(), status, result)
     }
 
-    fn clusters(&self) -> BTreeSet<ClusterName> {
-        self.ledger.clusters.clone()
+    fn clusters(&self, ledger: &Ledger) -> BTreeSet<ClusterName> {
+        ledger.clusters.clone()
     }
 }
 
@@ -367,14 +371,14 @@ mod tests {
         [[component]]\nslots = 4\ncommand = \"mpirun a\"\n\
         [[component]]\nslots = 2\ncommand = \"mpirun b\"\n";
 
-    fn started(t0: Instant) -> Grid {
+    fn started(t0: Instant) -> Job<Grid> {
         let submission = submission(MANIFEST);
         let mut grid = Grid::open(opening(&submission, vec![], None), at(t0, 0)).unwrap();
         grid.start();
         grid
     }
 
-    fn placed(t0: Instant) -> Grid {
+    fn placed(t0: Instant) -> Job<Grid> {
         let mut grid = started(t0);
         grid.on_control(
             ControlMsg::Place {
@@ -603,7 +607,7 @@ mod tests {
     fn a_component_for_a_cluster_without_a_kcm_fails_once_no_run_is_left() {
         let t0 = Instant::now();
         let mut grid = placed(t0);
-        grid.ledger.file.restarts = 2;
+        grid.ledger_mut().file.restarts = 2;
         let effects = grid.on_delivery(
             Followup::Component {
                 component: 0,

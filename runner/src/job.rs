@@ -26,7 +26,7 @@ use tracing::{info, warn};
 use crate::{
     effect::{Effect, Now},
     grid::Grid,
-    job_core::{JobCore, JobSettings, Opening, Refusal},
+    job_core::{Job, JobSettings, Kind, Opening, Refusal},
     machine::{JobEvent, JobMachine},
     owner::{Owner, as_account, may_send_control, prepare_area, symlink_on_the_way},
     publication::FirstAttempts,
@@ -173,7 +173,7 @@ pub async fn run(
                     return Err(give_up(&connection, &queues, admin, refused(refusal)).await);
                 }
             };
-            Job::new(core, queues, results, publisher, admin.cloned())
+            Shell::new(core, queues, results, publisher, admin.cloned())
                 .run(&connection, &shutdown)
                 .await
         }
@@ -184,7 +184,7 @@ pub async fn run(
                     return Err(give_up(&connection, &queues, admin, refused(refusal)).await);
                 }
             };
-            Job::new(core, queues, results, publisher, admin.cloned())
+            Shell::new(core, queues, results, publisher, admin.cloned())
                 .run(&connection, &shutdown)
                 .await
         }
@@ -266,8 +266,8 @@ async fn wait_for_lock(
 
 /// The shell of one job: its queues, its results directory, and the
 /// machine that decides.
-struct Job<C> {
-    machine: JobMachine<C>,
+struct Shell<K> {
+    machine: JobMachine<K>,
     queues: JobQueues,
     results: ResultsDir,
     publisher: Publisher,
@@ -288,9 +288,9 @@ struct Job<C> {
     late: Vec<(ControlMsg, Reply)>,
 }
 
-impl<C: JobCore> Job<C> {
+impl<K: Kind> Shell<K> {
     fn new(
-        core: C,
+        core: Job<K>,
         queues: JobQueues,
         results: ResultsDir,
         publisher: Publisher,
@@ -360,7 +360,7 @@ impl<C: JobCore> Job<C> {
         let mut control: Inbox<ControlMsg> = connection
             .inbox(publisher, &self.queues.control, options(256))
             .await?;
-        let mut heartbeat = tokio::time::interval(self.machine.core().ledger().settings.heartbeat);
+        let mut heartbeat = tokio::time::interval(self.machine.job().ledger().settings.heartbeat);
         // The first control message of a batch, held while the rest gather.
         let mut first_control = None;
         let gathered = tokio::time::sleep(Duration::ZERO);
@@ -558,7 +558,7 @@ impl<C: JobCore> Job<C> {
                 .map_err(|e| self.io_error(e))?,
             Effect::SaveJobFile => self
                 .results
-                .write_job_file(&self.machine.core().job_file())
+                .write_job_file(&self.machine.job().job_file())
                 .map_err(|e| self.io_error(e))?,
             // Carried out by the machine itself.
             Effect::Report => {}

@@ -1,5 +1,6 @@
-//! What the cores of both kinds of job share: the [`JobCore`] trait the
-//! shell (`job.rs`) drives, and the [`Ledger`] every job keeps.
+//! A job by composition: the [`Ledger`] every job keeps and its [`Kind`]
+//! (`sweep.rs`, `grid.rs`), together a [`Job`], which the machine
+//! (`machine.rs`) drives.
 //!
 //! The ledger decides what is the same for every job: how a job opens from
 //! what its results directory holds, what it reports, how it is cancelled,
@@ -317,49 +318,162 @@ pub fn index_entry(
     }
 }
 
-/// A job's decisions: the shell feeds it what happens, with the time, and
-/// applies the effects it returns, in order. Everything a job decides the
-/// same way whatever its kind is provided here.
-pub trait JobCore {
-    fn ledger(&self) -> &Ledger;
-    fn ledger_mut(&mut self) -> &mut Ledger;
-
+/// What a job decides by its kind (a sweep, a grid job), given the
+/// ledger every job keeps. [`Job`] composes the two and decides the rest.
+pub trait Kind {
     /// Starts (or resumes) the job, once its queues exist.
-    fn start(&mut self) -> Vec<Effect>;
+    fn start(&mut self, ledger: &mut Ledger) -> Vec<Effect>;
+    /// Results in delivery order; the shell acks them once the effects are applied.
+    fn on_results(
+        &mut self,
+        ledger: &mut Ledger,
+        batch: impl IntoIterator<Item = ResultMsg>,
+        now: Now,
+    ) -> Vec<Effect>;
+    /// Tasks dead-lettered after crashing their launchers too often.
+    fn on_lost(&mut self, ledger: &mut Ledger, lost: &TaskBundle) -> Vec<Effect>;
+    /// A message on the job's control queue.
+    fn on_control(&mut self, ledger: &mut Ledger, msg: ControlMsg, now: Now) -> Vec<Effect>;
+    /// Whether a message to a kcm or launcher arrived (its queue may be gone).
+    fn on_delivery(
+        &mut self,
+        ledger: &mut Ledger,
+        followup: Followup,
+        arrived: bool,
+    ) -> Vec<Effect>;
+    /// Asks launchers that went quiet whether they are still there: the
+    /// first half of a report, whose answers (a queue gone) the report reflects.
+    fn poll(&mut self, ledger: &mut Ledger, now: Now) -> Vec<Effect>;
+    /// Where the job stands.
+    fn standing(&mut self, ledger: &mut Ledger, now: Now) -> JobReport;
+    /// The index line of a task's final state.
+    fn entry(
+        &self,
+        ledger: &Ledger,
+        task: u64,
+        status: FinalStatus,
+        result: Option<&ResultMsg>,
+    ) -> IndexEntry;
+    /// Clusters whose kcm is told when the job ends.
+    fn clusters(&self, ledger: &Ledger) -> BTreeSet<ClusterName>;
+}
+
+/// Gives every task without a final state this one, durably.
+pub fn finish_unfinished(kind: &impl Kind, ledger: &mut Ledger, status: FinalStatus) -> Effect {
+    let final_task = ledger.final_task;
+    let entries: Vec<IndexEntry> = ledger
+        .book
+        .unfinished()
+        .filter(|task| Some(*task) != final_task)
+        .map(|task| kind.entry(ledger, task, status, None))
+        .collect();
+    for entry in &entries {
+        ledger.book.finish(entry.task, status);
+    }
+    if let Some(task) = final_task
+        && ledger.book.finish(task, status)
+    {
+        ledger.file.final_step = Some(FinalOutcome::of(status, None));
+    }
+    Effect::Record(entries)
+}
+
+/// `gleaner cancel`: what has not finished is cancelled, on disk before
+/// the order is acked. The job then ends.
+pub fn cancel(kind: &impl Kind, ledger: &mut Ledger, reason: &str) -> Vec<Effect> {
+    info!(reason, "cancelling");
+    let record = finish_unfinished(kind, ledger, FinalStatus::Cancelled);
+    ledger.file.state = JobState::Cancelled;
+    vec![record, Effect::SaveJobFile]
+}
+
+/// A job: the ledger every job keeps, and what its kind keeps. The shell
+/// (through [`crate::JobMachine`]) feeds it what happens, with the time,
+/// and applies the effects it returns, in order.
+#[derive(Debug)]
+pub struct Job<K> {
+    ledger: Ledger,
+    kind: K,
+}
+
+impl<K: Kind> Job<K> {
+    pub fn new(ledger: Ledger, kind: K) -> Self {
+        Self { ledger, kind }
+    }
+
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    #[cfg(test)]
+    pub(crate) fn kind(&self) -> &K {
+        &self.kind
+    }
+
+    /// For tests that set up a state no event leads to quickly.
+    #[cfg(test)]
+    pub(crate) fn ledger_mut(&mut self) -> &mut Ledger {
+        &mut self.ledger
+    }
+
+    /// Clusters whose kcm is told when the job ends.
+    pub fn clusters(&self) -> BTreeSet<ClusterName> {
+        self.kind.clusters(&self.ledger)
+    }
+
+    pub fn start(&mut self) -> Vec<Effect> {
+        self.kind.start(&mut self.ledger)
+    }
+
     /// A publication of first attempts is all with the broker.
-    fn on_published(&mut self, publication: Publication) -> Vec<Effect> {
-        let file = &mut self.ledger_mut().file;
+    pub fn on_published(&mut self, publication: Publication) -> Vec<Effect> {
+        let file = &mut self.ledger.file;
         file.tasks_published |= publication.all_tasks;
         file.additions_published = file.additions_published.max(publication.additions);
         vec![Effect::SaveJobFile]
     }
-    /// Results in delivery order; the shell acks them once the effects are applied.
-    fn on_results(&mut self, batch: impl IntoIterator<Item = ResultMsg>, now: Now) -> Vec<Effect>;
-    /// Tasks dead-lettered after crashing their launchers too often.
-    fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect>;
-    /// A message on the job's control queue.
-    fn on_control(&mut self, msg: ControlMsg, now: Now) -> Vec<Effect>;
-    /// Whether a message to a kcm or launcher arrived (its queue may be gone).
-    fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect>;
-    /// Asks launchers that went quiet whether they are still there: the
-    /// first half of a report, whose answers (a queue gone) the report reflects.
-    fn poll(&mut self, now: Now) -> Vec<Effect>;
-    /// Where the job stands.
-    fn standing(&mut self, now: Now) -> JobReport;
-    /// The index line of a task's final state.
-    fn entry(&self, task: u64, status: FinalStatus, result: Option<&ResultMsg>) -> IndexEntry;
-    /// Clusters whose kcm is told when the job ends.
-    fn clusters(&self) -> BTreeSet<ClusterName>;
+
+    pub fn on_results(
+        &mut self,
+        batch: impl IntoIterator<Item = ResultMsg>,
+        now: Now,
+    ) -> Vec<Effect> {
+        self.kind.on_results(&mut self.ledger, batch, now)
+    }
+
+    pub fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect> {
+        self.kind.on_lost(&mut self.ledger, lost)
+    }
+
+    pub fn on_control(&mut self, msg: ControlMsg, now: Now) -> Vec<Effect> {
+        self.kind.on_control(&mut self.ledger, msg, now)
+    }
+
+    pub fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect> {
+        self.kind.on_delivery(&mut self.ledger, followup, arrived)
+    }
+
+    pub fn poll(&mut self, now: Now) -> Vec<Effect> {
+        self.kind.poll(&mut self.ledger, now)
+    }
+
+    pub fn standing(&mut self, now: Now) -> JobReport {
+        self.kind.standing(&mut self.ledger, now)
+    }
+
+    pub fn entry(&self, task: u64, status: FinalStatus, result: Option<&ResultMsg>) -> IndexEntry {
+        self.kind.entry(&self.ledger, task, status, result)
+    }
 
     /// The second half of a report: the scheduler, watchers, `job.json`.
-    fn report(&mut self, now: Now) -> Vec<Effect> {
+    pub fn report(&mut self, now: Now) -> Vec<Effect> {
         let report = self.standing(now);
-        self.ledger_mut().publish(report)
+        self.ledger.publish(report)
     }
 
     /// `job.json` with the current counts.
-    fn job_file(&self) -> JobFile {
-        let ledger = self.ledger();
+    pub fn job_file(&self) -> JobFile {
+        let ledger = &self.ledger;
         JobFile {
             tasks: ledger.counts(),
             duplicates: ledger.book.duplicates(),
@@ -368,41 +482,14 @@ pub trait JobCore {
         }
     }
 
-    /// Gives every task without a final state this one, durably.
-    fn finish_unfinished(&mut self, status: FinalStatus) -> Effect {
-        let final_task = self.ledger().final_task;
-        let entries: Vec<IndexEntry> = self
-            .ledger()
-            .book
-            .unfinished()
-            .filter(|task| Some(*task) != final_task)
-            .map(|task| self.entry(task, status, None))
-            .collect();
-        let ledger = self.ledger_mut();
-        for entry in &entries {
-            ledger.book.finish(entry.task, status);
-        }
-        if let Some(task) = final_task
-            && ledger.book.finish(task, status)
-        {
-            ledger.file.final_step = Some(FinalOutcome::of(status, None));
-        }
-        Effect::Record(entries)
-    }
-
-    /// `gleaner cancel`: what has not finished is cancelled, on disk before
-    /// the order is acked. The job then ends.
-    fn cancel(&mut self, reason: &str) -> Vec<Effect> {
-        info!(reason, "cancelling");
-        let record = self.finish_unfinished(FinalStatus::Cancelled);
-        self.ledger_mut().file.state = JobState::Cancelled;
-        vec![record, Effect::SaveJobFile]
+    pub fn cancel(&mut self, reason: &str) -> Vec<Effect> {
+        cancel(&self.kind, &mut self.ledger, reason)
     }
 
     /// The job is over, and how: cancelled, or done once every task has a
     /// final state.
-    fn ending(&self) -> Option<JobState> {
-        let ledger = self.ledger();
+    pub fn ending(&self) -> Option<JobState> {
+        let ledger = &self.ledger;
         if ledger.file.state == JobState::Cancelled {
             Some(JobState::Cancelled)
         } else if ledger.book.is_complete() && !ledger.takes_tasks() {
@@ -412,9 +499,9 @@ pub trait JobCore {
         }
     }
 
-    /// Records the end in `job.json`; [`JobCore::wind_up`] follows.
-    fn finish(&mut self, state: JobState, now: Now) -> Vec<Effect> {
-        let ledger = self.ledger_mut();
+    /// Records the end in `job.json`; [`Job::wind_up`] follows.
+    pub fn finish(&mut self, state: JobState, now: Now) -> Vec<Effect> {
+        let ledger = &mut self.ledger;
         let file = &mut ledger.file;
         file.state = state;
         file.finished_at = Some(now.wall_ms);
@@ -439,11 +526,11 @@ pub trait JobCore {
     /// kcms told, then the queues deleted (launchers leave). The
     /// news goes first: with a broker node down, deleting a replicated
     /// queue can take seconds, and nobody should wait for that.
-    fn wind_up(&mut self, now: Now) -> Vec<Effect> {
+    pub fn wind_up(&mut self, now: Now) -> Vec<Effect> {
         let clusters = self.clusters();
         let mut report = self.standing(now);
         // A final step that failed fails the job, tasks' success or not.
-        if let Some(outcome) = &self.ledger().file.final_step
+        if let Some(outcome) = &self.ledger.file.final_step
             && matches!(outcome.status.as_str(), "failed" | "timed_out" | "lost")
         {
             report.problem = Some(format!(
@@ -456,7 +543,7 @@ pub trait JobCore {
                 report.results
             ));
         }
-        let job = self.ledger().id.clone();
+        let job = self.ledger.id.clone();
         // The end goes to watchers (and the history) first, the scheduler
         // next: a job is never gone from both its running list and the
         // history at once.

@@ -41,7 +41,7 @@ pub use book::{FinalStatus, TaskBook, Verdict};
 pub use effect::{Effect, Followup, Now};
 use job::Claim;
 pub use job::JobError;
-pub use job_core::{JobCore, JobSettings, Ledger, Opening, Refusal};
+pub use job_core::{Job, JobSettings, Kind, Ledger, Opening, Refusal};
 pub use machine::{JobEvent, JobMachine};
 pub use owner::{Account, Owner};
 pub use publication::{FirstAttempts, Publication};

@@ -1,5 +1,5 @@
 //! A job as its shell (`job.rs`) and the simulator both drive it: the
-//! job's core ([`JobCore`]) with the effects it has yet to have carried
+//! job ([`Job`]: its ledger and its kind) with the effects it has yet to have carried
 //! out. What follows what is decided here, once: a report polls silent
 //! launchers first and is written once their answers are in, an answer to
 //! a message or a publication comes before the effects queued after it,
@@ -11,7 +11,7 @@ use tracing::{debug, info};
 
 use crate::{
     effect::{Effect, Followup, Now},
-    job_core::JobCore,
+    job_core::{Job, Kind},
     publication::Publication,
 };
 
@@ -51,31 +51,31 @@ impl Step {
     }
 }
 
-/// A job's core and its pending effects.
+/// A job and its pending effects.
 #[derive(Debug)]
-pub struct JobMachine<C> {
-    core: C,
+pub struct JobMachine<K> {
+    job: Job<K>,
     outbox: Outbox<Step>,
     /// The end is decided (finished and wound up, or only wound up).
     ended: bool,
 }
 
-impl<C: JobCore> JobMachine<C> {
-    pub fn new(core: C) -> Self {
+impl<K: Kind> JobMachine<K> {
+    pub fn new(job: Job<K>) -> Self {
         Self {
-            core,
+            job,
             outbox: Outbox::default(),
             ended: false,
         }
     }
 
-    pub fn core(&self) -> &C {
-        &self.core
+    pub fn job(&self) -> &Job<K> {
+        &self.job
     }
 
     /// Where the job stands, for a shell that cannot go on.
     pub fn standing(&mut self, now: Now) -> gleaner_protocol::JobReport {
-        self.core.standing(now)
+        self.job.standing(now)
     }
 
     /// The job has ended and every effect of its end is carried out.
@@ -103,20 +103,20 @@ impl<C: JobCore> JobMachine<C> {
     }
 }
 
-impl<C: JobCore> Core for JobMachine<C> {
+impl<K: Kind> Core for JobMachine<K> {
     type Event = JobEvent;
     type Effect = Effect;
 
     fn handle(&mut self, event: JobEvent, now: Now) {
         match event {
-            JobEvent::Start if self.core.ledger().has_ended() => {
+            JobEvent::Start if self.job.ledger().has_ended() => {
                 info!("job had already ended; cleaning up");
                 self.ended = true;
-                let wind_up = self.core.wind_up(now);
+                let wind_up = self.job.wind_up(now);
                 self.push(wind_up);
             }
             JobEvent::Start => {
-                let start = self.core.start();
+                let start = self.job.start();
                 self.push(vec![Effect::DeclareQueues]);
                 self.push(start);
             }
@@ -125,24 +125,24 @@ impl<C: JobCore> Core for JobMachine<C> {
                 debug!("the job has ended; ignored");
             }
             JobEvent::Results(batch) => {
-                let effects = self.core.on_results(batch, now);
+                let effects = self.job.on_results(batch, now);
                 self.push(effects);
             }
             JobEvent::Lost(lost) => {
-                let effects = self.core.on_lost(&lost);
+                let effects = self.job.on_lost(&lost);
                 self.push(effects);
             }
             JobEvent::Control(msg) => {
-                let effects = self.core.on_control(msg, now);
+                let effects = self.job.on_control(msg, now);
                 self.push(effects);
             }
             JobEvent::Heartbeat => self.push(vec![Effect::Report]),
             JobEvent::Delivered { followup, arrived } => {
-                let effects = self.core.on_delivery(followup, arrived);
+                let effects = self.job.on_delivery(followup, arrived);
                 self.push_front(effects);
             }
             JobEvent::Published(publication) => {
-                let effects = self.core.on_published(publication);
+                let effects = self.job.on_published(publication);
                 self.push_front(effects);
             }
         }
@@ -152,21 +152,21 @@ impl<C: JobCore> Core for JobMachine<C> {
         loop {
             match self.outbox.pop() {
                 Some(Step::Do(effect)) if matches!(*effect, Effect::Report) => {
-                    let polls = self.core.poll(now);
+                    let polls = self.job.poll(now);
                     let then = std::iter::once(Step::ReportNow);
                     self.outbox
                         .push_front(polls.into_iter().map(Step::boxed).chain(then));
                 }
                 Some(Step::ReportNow) => {
-                    let report = self.core.report(now);
+                    let report = self.job.report(now);
                     self.push_front(report);
                 }
                 Some(Step::Do(effect)) => return Some(*effect),
                 None => {
-                    let state = self.core.ending().filter(|_| !self.ended)?;
+                    let state = self.job.ending().filter(|_| !self.ended)?;
                     self.ended = true;
-                    let mut end = self.core.finish(state, now);
-                    end.extend(self.core.wind_up(now));
+                    let mut end = self.job.finish(state, now);
+                    end.extend(self.job.wind_up(now));
                     self.push(end);
                 }
             }
@@ -287,7 +287,7 @@ mod tests {
         assert_eq!(done, 1, "{effects:?}");
         assert!(matches!(effects.last(), Some(Effect::DeleteQueues)));
         assert!(machine.is_over());
-        assert_eq!(machine.core().ledger().file.state, JobState::Done);
+        assert_eq!(machine.job().ledger().file.state, JobState::Done);
 
         machine.handle(
             JobEvent::Control(ControlMsg::AddTasks(Addition {
@@ -319,7 +319,7 @@ mod tests {
             "name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1]\n",
             t0,
         )
-        .core()
+        .job()
         .job_file();
         file.state = JobState::Done;
         let core = Sweep::open(opening(&submission, vec![], Some(file)), tasks, at(t0, 5)).unwrap();

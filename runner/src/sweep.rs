@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 use crate::{
     book::{FinalStatus, Verdict},
     effect::{Effect, Followup, Now},
-    job_core::{JobCore, Ledger, Opening, Refusal, THROUGHPUT_WINDOW, index_entry},
+    job_core::{Job, Kind, Ledger, Opening, Refusal, THROUGHPUT_WINDOW, cancel, index_entry},
     launchers::LauncherTable,
     publication::{FirstAttempts, Publication, TaskMaker},
     records::{AddedTasks, FinalOutcome, IndexEntry},
@@ -96,10 +96,10 @@ fn recorded_additions(open: bool, recorded: &[AddedTasks], base: u64) -> Vec<(u6
     added
 }
 
-/// The core of a scavenging job.
+/// The kind of a scavenging job: its tasks as the manifest and additions
+/// make them, its launchers, and what it owes a shrink.
 #[derive(Debug)]
 pub struct Sweep {
-    ledger: Ledger,
     tasks: Arc<TaskMaker>,
     /// An open job's additions so far, in order: their ids (an addition
     /// that arrives twice is added once) and their tasks' numbers.
@@ -114,7 +114,7 @@ pub struct Sweep {
 }
 
 impl Sweep {
-    pub fn open(opening: Opening<'_>, tasks: TaskList, now: Now) -> Result<Self, Refusal> {
+    pub fn open(opening: Opening<'_>, tasks: TaskList, now: Now) -> Result<Job<Self>, Refusal> {
         let open = opening.submission.manifest.open;
         let added = recorded_additions(open, &opening.additions, tasks.len());
         let total = added
@@ -132,25 +132,25 @@ impl Sweep {
             additions.push((id, first..first + list.len()));
             maker = maker.with(first, list);
         }
-        Ok(Self {
-            ledger,
+        let sweep = Self {
             tasks: Arc::new(maker),
             additions,
             launchers: LauncherTable::default(),
             owed: Vec::new(),
             recent: VecDeque::new(),
             last_news: now.instant,
-        })
+        };
+        Ok(Job::new(ledger, sweep))
     }
 
     /// Closes an open job that has had nothing to do for `open_idle`: it
     /// holds one of its runner's jobs, which an owner could otherwise
     /// keep by the dozen doing nothing.
-    fn close_idle(&mut self, now: Now) -> Vec<Effect> {
+    fn close_idle(&mut self, ledger: &mut Ledger, now: Now) -> Vec<Effect> {
         let idle = now.instant.saturating_duration_since(self.last_news);
-        if !self.ledger.takes_tasks()
-            || self.ledger.counts().unfinished() > 0
-            || idle < self.ledger.settings.open_idle
+        if !ledger.takes_tasks()
+            || ledger.counts().unfinished() > 0
+            || idle < ledger.settings.open_idle
         {
             return Vec::new();
         }
@@ -158,13 +158,12 @@ impl Sweep {
             idle_s = idle.as_secs(),
             "an open job with nothing to do for open_idle is closed"
         );
-        self.close()
+        self.close(ledger)
     }
 
     /// Publishes the final step once every task has a final state (or,
     /// when it runs only after success and a task failed, skips it).
-    fn final_step_due(&mut self) -> Vec<Effect> {
-        let ledger = &mut self.ledger;
+    fn final_step_due(&mut self, ledger: &mut Ledger) -> Vec<Effect> {
         let (Some(task), Some(step)) = (ledger.final_task, ledger.manifest.final_step.as_ref())
         else {
             return Vec::new();
@@ -197,7 +196,7 @@ impl Sweep {
 
     /// Tasks added to an open job: recorded before the message is acked,
     /// then published, then counted as published in `job.json`.
-    fn add_tasks(&mut self, addition: Addition) -> Vec<Effect> {
+    fn add_tasks(&mut self, ledger: &mut Ledger, addition: Addition) -> Vec<Effect> {
         let refuse = |reason: String| {
             warn!(addition = addition.id, reason, "tasks not added");
             vec![Effect::Answer(ActionReply::Refused { reason })]
@@ -209,10 +208,10 @@ impl Sweep {
             );
             return vec![Effect::Answer(ActionReply::Accepted {})];
         }
-        if self.ledger.file.state == JobState::Cancelled {
+        if ledger.file.state == JobState::Cancelled {
             return refuse("the job was cancelled".to_owned());
         }
-        if !self.ledger.takes_tasks() {
+        if !ledger.takes_tasks() {
             return refuse("the job was closed, or is not open".to_owned());
         }
         let list = match addition.task_list() {
@@ -227,7 +226,7 @@ impl Sweep {
         }
         info!(first, count, "tasks added");
         self.tasks = Arc::new(self.tasks.with(first, list));
-        self.ledger.add_tasks(count);
+        ledger.add_tasks(count);
         self.additions.push((addition.id, first..first + count));
         vec![
             Effect::RecordAddition(Box::new(AddedTasks { first, addition })),
@@ -245,26 +244,31 @@ impl Sweep {
     }
 
     /// An open job takes no more tasks; it ends once those it has ended.
-    fn close(&mut self) -> Vec<Effect> {
-        if !self.ledger.takes_tasks() {
+    fn close(&mut self, ledger: &mut Ledger) -> Vec<Effect> {
+        if !ledger.takes_tasks() {
             return Vec::new();
         }
         info!("closed: it ends once its tasks have");
-        self.ledger.file.closed = true;
+        ledger.file.closed = true;
         let mut effects = vec![Effect::SaveJobFile];
-        effects.extend(self.final_step_due());
+        effects.extend(self.final_step_due(ledger));
         effects.push(Effect::Report);
         effects
     }
 
     /// A run of the final step: its outputs under `final/`, its end in
     /// `job.json`, or another attempt.
-    fn on_final_result(&mut self, result: ResultMsg, retries: &mut Vec<TaskMsg>) -> Vec<Effect> {
-        match self.ledger.book.judge(&result) {
+    fn on_final_result(
+        &mut self,
+        ledger: &mut Ledger,
+        result: ResultMsg,
+        retries: &mut Vec<TaskMsg>,
+    ) -> Vec<Effect> {
+        match ledger.book.judge(&result) {
             Verdict::Final(status) => {
                 info!(status = status.name(), exit_code = ?result.exit_code, attempt = result.attempt, "final step ended");
-                self.ledger.book.finish(result.task, status);
-                self.ledger.file.final_step = Some(FinalOutcome::of(status, Some(&result)));
+                ledger.book.finish(result.task, status);
+                ledger.file.final_step = Some(FinalOutcome::of(status, Some(&result)));
                 vec![
                     Effect::WriteFinalOutputs(Box::new(result)),
                     Effect::SaveJobFile,
@@ -280,11 +284,17 @@ impl Sweep {
     }
 
     /// Accepts as many offered slots as there are tasks to keep them busy.
-    fn grow(&mut self, grant: GrantId, cluster: ClusterName, slots: u32) -> Vec<Effect> {
-        let job = &self.ledger.id;
-        let manifest = &self.ledger.manifest;
+    fn grow(
+        &mut self,
+        ledger: &mut Ledger,
+        grant: GrantId,
+        cluster: ClusterName,
+        slots: u32,
+    ) -> Vec<Effect> {
+        let job = &ledger.id;
+        let manifest = &ledger.manifest;
         let need = share::Need {
-            unfinished: self.ledger.book.counts().unfinished(),
+            unfinished: ledger.book.counts().unfinished(),
             task_slots: manifest.slots,
             max_slots: manifest.max_launchers,
         };
@@ -303,8 +313,8 @@ impl Sweep {
                     grant,
                     slots: accepted,
                     task_slots: need.task_slots,
-                    owner: self.ledger.file.owner.clone(),
-                    credentials: self.ledger.launcher_credentials.clone(),
+                    owner: ledger.file.owner.clone(),
+                    credentials: ledger.launcher_credentials.clone(),
                 },
                 followup: Followup::Grow {
                     cluster,
@@ -319,13 +329,13 @@ impl Sweep {
 
     /// Gives back slots on a cluster: idle launchers first, then those that
     /// lose least work, sparing tasks preempted often.
-    fn shrink(&mut self, order: ShrinkOrder, now: Now) -> Vec<Effect> {
+    fn shrink(&mut self, ledger: &mut Ledger, order: ShrinkOrder, now: Now) -> Vec<Effect> {
         let (victims, freed) = self.launchers.pick_victims(
             &order.cluster,
             order.slots,
             &order.hosts,
             now.wall_ms,
-            self.ledger.manifest.max_preemptions,
+            ledger.manifest.max_preemptions,
         );
         info!(cluster = %order.cluster, slots = order.slots, mode = ?order.mode, reason = order.reason, hosts = ?order.hosts, launchers = ?victims, freed, "shrinking");
         if freed > order.slots {
@@ -356,9 +366,9 @@ impl Sweep {
             effects.push(Effect::ToKcm {
                 cluster: cluster.clone(),
                 msg: KcmMsg::Release {
-                    job: self.ledger.id.clone(),
+                    job: ledger.id.clone(),
                     launchers: victims,
-                    grace_ms: self.ledger.settings.preempt_grace.as_millis() as u64,
+                    grace_ms: ledger.settings.preempt_grace.as_millis() as u64,
                 },
                 followup: Followup::Nothing,
             });
@@ -372,10 +382,10 @@ impl Sweep {
     /// slots stop counting, so grows can replace them, and their kcms
     /// remove their placeholders at once, so that a launcher cut off does
     /// not hold its slots until the batch system's walltime.
-    fn expire_silent(&mut self, now: Now) -> Vec<Effect> {
-        let job = &self.ledger.id;
+    fn expire_silent(&mut self, ledger: &mut Ledger, now: Now) -> Vec<Effect> {
+        let job = &ledger.id;
         self.launchers
-            .expire(now.instant, self.ledger.settings.launcher_heartbeat)
+            .expire(now.instant, ledger.settings.launcher_heartbeat)
             .into_iter()
             .map(|(cluster, launchers)| {
                 warn!(cluster = %cluster, launchers = ?launchers, "launchers silent too long: forgotten, their placeholders removed");
@@ -393,34 +403,26 @@ impl Sweep {
     }
 }
 
-impl JobCore for Sweep {
-    fn ledger(&self) -> &Ledger {
-        &self.ledger
-    }
-
-    fn ledger_mut(&mut self) -> &mut Ledger {
-        &mut self.ledger
-    }
-
+impl Kind for Sweep {
     /// Publishes every task not yet published. A crash mid-publication
     /// leaves an unknown prefix published: the publication starts over
     /// (duplicates are harmless).
-    fn start(&mut self) -> Vec<Effect> {
-        self.ledger.take_over();
+    fn start(&mut self, ledger: &mut Ledger) -> Vec<Effect> {
+        ledger.take_over();
         let mut effects = Vec::new();
-        if self.ledger.file.tasks_published {
-            let counts = self.ledger.book.counts();
+        if ledger.file.tasks_published {
+            let counts = ledger.book.counts();
             info!(
                 finished = counts.finished(),
                 total = counts.total,
                 "job resumed"
             );
             // Additions recorded but perhaps not all published.
-            let book = &self.ledger.book;
+            let book = &ledger.book;
             let unpublished: Vec<u64> = self
                 .additions
                 .iter()
-                .skip(self.ledger.file.additions_published as usize)
+                .skip(ledger.file.additions_published as usize)
                 .flat_map(|(_, tasks)| tasks.clone())
                 .filter(|&task| !book.is_finished(task))
                 .collect();
@@ -429,7 +431,7 @@ impl JobCore for Sweep {
                 additions: self.additions.len() as u32,
             };
             match unpublished.is_empty() {
-                true => self.ledger.file.additions_published = completes.additions,
+                true => ledger.file.additions_published = completes.additions,
                 false => effects.push(Effect::PublishFirst(FirstAttempts::new(
                     self.tasks.clone(),
                     unpublished,
@@ -440,10 +442,10 @@ impl JobCore for Sweep {
             // Launchers may start meanwhile: the shell publishes a chunk at
             // a time between events, and the job's file says so at the end.
             effects.push(Effect::PurgeTasks);
-            let final_task = self.ledger.final_task;
+            let final_task = ledger.final_task;
             effects.push(Effect::PublishFirst(FirstAttempts::new(
                 self.tasks.clone(),
-                self.ledger
+                ledger
                     .book
                     .unfinished()
                     .filter(|task| Some(*task) != final_task)
@@ -454,14 +456,19 @@ impl JobCore for Sweep {
                 },
             )));
         }
-        self.ledger.file.state = JobState::Running;
-        effects.extend(self.final_step_due());
+        ledger.file.state = JobState::Running;
+        effects.extend(self.final_step_due(ledger));
         effects.extend([Effect::SaveJobFile, Effect::Report]);
         effects
     }
 
-    fn on_results(&mut self, batch: impl IntoIterator<Item = ResultMsg>, now: Now) -> Vec<Effect> {
-        let job = self.ledger.id.clone();
+    fn on_results(
+        &mut self,
+        ledger: &mut Ledger,
+        batch: impl IntoIterator<Item = ResultMsg>,
+        now: Now,
+    ) -> Vec<Effect> {
+        let job = ledger.id.clone();
         let mut effects = Vec::new();
         let mut retries = Vec::new();
         let mut entries = Vec::new();
@@ -470,15 +477,15 @@ impl JobCore for Sweep {
                 warn!(other = %result.job, "result of another job ignored");
                 continue;
             }
-            if Some(result.task) == self.ledger.final_task {
-                effects.extend(self.on_final_result(result, &mut retries));
+            if Some(result.task) == ledger.final_task {
+                effects.extend(self.on_final_result(ledger, result, &mut retries));
                 continue;
             }
-            match self.ledger.book.judge(&result) {
+            match ledger.book.judge(&result) {
                 Verdict::Final(status) => {
-                    entries.push(self.entry(result.task, status, Some(&result)));
-                    self.ledger.book.finish(result.task, status);
-                    self.ledger.preemptions += u64::from(result.preemptions);
+                    entries.push(self.entry(ledger, result.task, status, Some(&result)));
+                    ledger.book.finish(result.task, status);
+                    ledger.preemptions += u64::from(result.preemptions);
                     self.recent.push_back(now.instant);
                     self.last_news = now.instant;
                     debug!(task = result.task, ?status, "task finished");
@@ -503,15 +510,15 @@ impl JobCore for Sweep {
         }
         effects.push(Effect::Record(entries));
         // After the record: the final step sees every task's output.
-        effects.extend(self.final_step_due());
+        effects.extend(self.final_step_due(ledger));
         effects
     }
 
-    fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect> {
+    fn on_lost(&mut self, ledger: &mut Ledger, lost: &TaskBundle) -> Vec<Effect> {
         let unfinished: Vec<TaskMsg> = lost
             .tasks
             .iter()
-            .filter(|task| task.job == self.ledger.id && !self.ledger.book.is_finished(task.task))
+            .filter(|task| task.job == ledger.id && !ledger.book.is_finished(task.task))
             .cloned()
             .collect();
         if lost.tasks.len() > 1 {
@@ -529,15 +536,15 @@ impl JobCore for Sweep {
         let Some(task) = unfinished.first() else {
             return Vec::new();
         };
-        if Some(task.task) == self.ledger.final_task {
+        if Some(task.task) == ledger.final_task {
             warn!(
                 attempt = task.attempt,
                 "final step lost: its launchers died every time it ran"
             );
-            self.ledger.book.finish(task.task, FinalStatus::Lost);
+            ledger.book.finish(task.task, FinalStatus::Lost);
             let mut outcome = FinalOutcome::of(FinalStatus::Lost, None);
             outcome.attempts = task.attempt;
-            self.ledger.file.final_step = Some(outcome);
+            ledger.file.final_step = Some(outcome);
             return vec![Effect::SaveJobFile];
         }
         warn!(
@@ -545,21 +552,21 @@ impl JobCore for Sweep {
             attempt = task.attempt,
             "task lost: its launchers died every time it ran"
         );
-        let mut entry = self.entry(task.task, FinalStatus::Lost, None);
+        let mut entry = self.entry(ledger, task.task, FinalStatus::Lost, None);
         entry.attempts = task.attempt;
         entry.preemptions = task.preemptions;
-        self.ledger.book.finish(task.task, FinalStatus::Lost);
+        ledger.book.finish(task.task, FinalStatus::Lost);
         let mut effects = vec![Effect::Record(vec![entry])];
-        effects.extend(self.final_step_due());
+        effects.extend(self.final_step_due(ledger));
         effects
     }
 
-    fn on_control(&mut self, msg: ControlMsg, now: Now) -> Vec<Effect> {
-        let job = &self.ledger.id;
+    fn on_control(&mut self, ledger: &mut Ledger, msg: ControlMsg, now: Now) -> Vec<Effect> {
+        let job = &ledger.id;
         match msg {
             ControlMsg::LauncherUp(info) => {
                 debug!(launcher = %info.launcher, cluster = %info.cluster, host = %info.host, "launcher up");
-                self.ledger.clusters.insert(info.cluster.clone());
+                ledger.clusters.insert(info.cluster.clone());
                 self.launchers.up(&info, now.instant);
                 // Its kcm counts the start as a good one. Launchers reach
                 // their own job's queues only, so the runner tells it.
@@ -573,7 +580,7 @@ impl JobCore for Sweep {
                 }];
                 if let Some(i) = self.owed.iter().position(|o| o.order.covers(&info)) {
                     let owed = self.owed.remove(i);
-                    effects.extend(self.shrink(owed.order, now));
+                    effects.extend(self.shrink(ledger, owed.order, now));
                 }
                 effects
             }
@@ -592,7 +599,7 @@ impl JobCore for Sweep {
                 grant,
                 cluster,
                 slots,
-            } => self.grow(grant, cluster, slots),
+            } => self.grow(ledger, grant, cluster, slots),
             ControlMsg::Shrink {
                 cluster,
                 slots,
@@ -600,6 +607,7 @@ impl JobCore for Sweep {
                 reason,
                 hosts,
             } => self.shrink(
+                ledger,
                 ShrinkOrder {
                     cluster,
                     slots,
@@ -609,12 +617,12 @@ impl JobCore for Sweep {
                 },
                 now,
             ),
-            ControlMsg::Cancel { reason } => self.cancel(&reason),
+            ControlMsg::Cancel { reason } => cancel(self, ledger, &reason),
             ControlMsg::AddTasks(addition) => {
                 self.last_news = now.instant;
-                self.add_tasks(addition)
+                self.add_tasks(ledger, addition)
             }
-            ControlMsg::Close {} => self.close(),
+            ControlMsg::Close {} => self.close(ledger),
             ControlMsg::Place { .. } => {
                 debug!("placement ignored: already placed, or not for this job");
                 Vec::new()
@@ -628,7 +636,12 @@ impl JobCore for Sweep {
         }
     }
 
-    fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect> {
+    fn on_delivery(
+        &mut self,
+        ledger: &mut Ledger,
+        followup: Followup,
+        arrived: bool,
+    ) -> Vec<Effect> {
         match followup {
             Followup::Grow {
                 cluster,
@@ -638,7 +651,7 @@ impl JobCore for Sweep {
             } => {
                 if arrived {
                     info!(cluster = %cluster, grant = %grant, slots, offered, "grow accepted");
-                    self.ledger.clusters.insert(cluster);
+                    ledger.clusters.insert(cluster);
                 } else {
                     warn!(cluster = %cluster, "no kcm queue for the cluster; grow dropped");
                 }
@@ -658,12 +671,12 @@ impl JobCore for Sweep {
 
     /// A launcher that died has lost its queue, which answers the poll at
     /// once; one silent for too long is forgotten and removed.
-    fn poll(&mut self, now: Now) -> Vec<Effect> {
-        let mut effects = self.close_idle(now);
-        effects.extend(self.expire_silent(now));
+    fn poll(&mut self, ledger: &mut Ledger, now: Now) -> Vec<Effect> {
+        let mut effects = self.close_idle(ledger, now);
+        effects.extend(self.expire_silent(ledger, now));
         effects.extend(
             self.launchers
-                .poll_silent(now.instant, self.ledger.settings.launcher_heartbeat)
+                .poll_silent(now.instant, ledger.settings.launcher_heartbeat)
                 .into_iter()
                 .map(|launcher| Effect::ToLauncher {
                     launcher: launcher.clone(),
@@ -674,7 +687,7 @@ impl JobCore for Sweep {
         effects
     }
 
-    fn standing(&mut self, now: Now) -> JobReport {
+    fn standing(&mut self, ledger: &mut Ledger, now: Now) -> JobReport {
         self.owed
             .retain(|o| now.instant.duration_since(o.since) < OWED_SHRINK_LIFETIME);
         while self
@@ -686,10 +699,16 @@ impl JobCore for Sweep {
         }
         let running = self.launchers.running_tasks();
         let slots = self.launchers.slots_by_cluster();
-        self.ledger.report(running, slots, self.recent.len(), now)
+        ledger.report(running, slots, self.recent.len(), now)
     }
 
-    fn entry(&self, task: u64, status: FinalStatus, result: Option<&ResultMsg>) -> IndexEntry {
+    fn entry(
+        &self,
+        _ledger: &Ledger,
+        task: u64,
+        status: FinalStatus,
+        result: Option<&ResultMsg>,
+    ) -> IndexEntry {
         let (command, params) = self
             .tasks
             .spec(task)
@@ -698,8 +717,8 @@ impl JobCore for Sweep {
         index_entry(task, command, params, status, result)
     }
 
-    fn clusters(&self) -> BTreeSet<ClusterName> {
-        let mut clusters = self.ledger.clusters.clone();
+    fn clusters(&self, ledger: &Ledger) -> BTreeSet<ClusterName> {
+        let mut clusters = ledger.clusters.clone();
         clusters.extend(self.launchers.clusters().cloned());
         clusters
     }
@@ -729,13 +748,13 @@ mod tests {
     }
 
     /// A new sweep, started at `start`.
-    fn started(tasks: u64, max_attempts: u32, start: Instant) -> Sweep {
+    fn started(tasks: u64, max_attempts: u32, start: Instant) -> Job<Sweep> {
         started_as(&submission(&manifest(tasks, max_attempts)), start)
     }
 
     /// The job of `submission`, new, started at `start`, its tasks with the
     /// broker.
-    fn started_as(submission: &gleaner_protocol::Submission, start: Instant) -> Sweep {
+    fn started_as(submission: &gleaner_protocol::Submission, start: Instant) -> Job<Sweep> {
         let mut sweep = Sweep::open(
             opening(submission, vec![], None),
             tasks_of(submission),
@@ -749,7 +768,7 @@ mod tests {
 
     /// What the shell does once each publication in `effects` is with the
     /// broker.
-    fn with_broker(sweep: &mut Sweep, effects: &[Effect]) {
+    fn with_broker(sweep: &mut Job<Sweep>, effects: &[Effect]) {
         for effect in effects {
             if let Effect::PublishFirst(first) = effect {
                 sweep.on_published(first.completes());
@@ -1005,7 +1024,7 @@ mod tests {
             matches!(
                 effects.as_slice(),
                 [Effect::ToKcm { cluster, msg: KcmMsg::LauncherUp { job, launcher }, followup: Followup::Nothing }]
-                    if cluster.as_str() == "c1" && launcher.as_str() == "a" && *job == sweep.ledger.id
+                    if cluster.as_str() == "c1" && launcher.as_str() == "a" && *job == sweep.ledger().id
             ),
             "{effects:?}"
         );
@@ -1259,7 +1278,7 @@ mod tests {
     fn a_lost_task_is_recorded_once() {
         let t0 = Instant::now();
         let mut sweep = started(2, 1, t0);
-        let mut lost = sweep.tasks.msg(1, 3, 1).unwrap();
+        let mut lost = sweep.kind().tasks.msg(1, 3, 1).unwrap();
         let effects = sweep.on_lost(&alone(lost.clone()));
         let entries = recorded(&effects);
         assert_eq!(
@@ -1306,7 +1325,7 @@ mod tests {
             "the unfinished ones, alone, nothing recorded lost"
         );
         assert!(recorded(&effects).is_empty());
-        let effects = sweep.on_lost(&alone(sweep.tasks.msg(6, 1, 0).unwrap()));
+        let effects = sweep.on_lost(&alone(sweep.kind().tasks.msg(6, 1, 0).unwrap()));
         assert_eq!(recorded(&effects)[0].status, FinalStatus::Lost);
     }
 
@@ -1476,7 +1495,7 @@ mod tests {
         );
         with_broker(&mut sweep, &effects);
         assert_eq!(sweep.job_file().additions_published, 1);
-        assert_eq!(sweep.ledger.counts().total, 3);
+        assert_eq!(sweep.ledger().counts().total, 3);
         assert!(
             matches!(
                 sweep
@@ -1486,9 +1505,9 @@ mod tests {
             ),
             "the same addition again is added once"
         );
-        assert_eq!(sweep.tasks.msg(2, 1, 0).unwrap().command, "more b");
+        assert_eq!(sweep.kind().tasks.msg(2, 1, 0).unwrap().command, "more b");
         assert_eq!(
-            sweep.tasks.msg(3, 1, 0).unwrap().command,
+            sweep.kind().tasks.msg(3, 1, 0).unwrap().command,
             "merge",
             "the final step moved behind them"
         );
@@ -1571,8 +1590,8 @@ mod tests {
             [2],
             "only the second addition's, again"
         );
-        assert_eq!(sweep.ledger.counts().total, 3);
-        assert_eq!(sweep.ledger.counts().succeeded, 1);
+        assert_eq!(sweep.ledger().counts().total, 3);
+        assert_eq!(sweep.ledger().counts().succeeded, 1);
         assert!(
             matches!(
                 sweep
@@ -1588,7 +1607,7 @@ mod tests {
     fn an_open_job_with_nothing_to_do_is_closed_after_open_idle() {
         let t0 = Instant::now();
         let (mut sweep, _) = new_sweep("name = \"open\"\nopen = true\n", t0);
-        let idle = sweep.ledger.settings.open_idle.as_secs();
+        let idle = sweep.ledger().settings.open_idle.as_secs();
         sweep.poll(at(t0, idle - 1));
         assert_eq!(sweep.ending(), None, "not idle long enough");
         let effects = sweep.on_control(ControlMsg::AddTasks(addition(1, &["a"])), at(t0, idle - 1));
@@ -1597,11 +1616,11 @@ mod tests {
         assert_eq!(sweep.ending(), None, "a task still to run");
         let (mut sweep, _) = new_sweep("name = \"open\"\nopen = true\n", t0);
         sweep.poll(at(t0, idle));
-        assert!(sweep.ledger.file.closed);
+        assert!(sweep.ledger().file.closed);
         assert_eq!(sweep.ending(), Some(JobState::Done));
     }
 
-    fn with_final(when: &str, t0: Instant) -> (Sweep, Vec<Effect>) {
+    fn with_final(when: &str, t0: Instant) -> (Job<Sweep>, Vec<Effect>) {
         let text = format!(
             "{}[final]\ncommand = \"merge\"\nwhen = \"{when}\"\n",
             manifest(2, 2)
@@ -1610,7 +1629,7 @@ mod tests {
     }
 
     /// A new job of manifest `text`, opened and started at `t0`.
-    fn new_sweep(text: &str, t0: Instant) -> (Sweep, Vec<Effect>) {
+    fn new_sweep(text: &str, t0: Instant) -> (Job<Sweep>, Vec<Effect>) {
         let submission = submission(text);
         let mut sweep = Sweep::open(
             opening(&submission, vec![], None),

@@ -13,7 +13,7 @@ use gleaner_protocol::{
     ClusterName, ComponentSpec, ControlMsg, JobReport, JobState, KcmMsg, LauncherId, Millis,
     SchedulerMsg, Submission, TaskCounts, TaskMsg,
 };
-use gleaner_runner::{Effect, JobCore, JobEvent, JobMachine, JobSettings, Now, Opening, Sweep};
+use gleaner_runner::{Effect, JobEvent, JobMachine, JobSettings, Now, Opening, Sweep};
 
 use crate::{model::Mail, scenario::JobSpec};
 
@@ -66,7 +66,7 @@ impl SweepRunner {
 
     /// Tasks that succeeded, as the job's index has them.
     pub fn done(&self) -> u64 {
-        self.machine.core().ledger().book.counts().succeeded
+        self.machine.job().ledger().book.counts().succeeded
     }
 
     /// Hands `event` to the machine and carries out its effects in the
@@ -75,7 +75,7 @@ impl SweepRunner {
     /// whether it exists, a publication is with the broker at once.
     /// Writing outputs, index lines and `job.json` changes nothing here.
     pub fn handle(&mut self, event: JobEvent, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
-        let span = tracing::info_span!("job", job = %self.machine.core().ledger().id);
+        let span = tracing::info_span!("job", job = %self.machine.job().ledger().id);
         let _in_job = span.enter();
         let mut mail = Vec::new();
         self.machine.handle(event, now);
