@@ -12,13 +12,13 @@ use std::{collections::VecDeque, sync::Arc, time::Duration};
 use futures_util::FutureExt;
 use gleaner_broker::{
     BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher, Receipt, Reply,
-    admin::{Admin, launcher_user},
+    admin::Admin,
     peek, take_all,
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
 };
 use gleaner_manifest::{JobKind, TaskList};
 use gleaner_protocol::{
-    ControlMsg, Core, JobClaim, JobReport, JobState, Message, ResultBatch, Submission, TaskBundle,
+    ControlMsg, Core, JobClaim, JobReport, JobState, ResultBatch, Submission, TaskBundle,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -28,7 +28,7 @@ use crate::{
     grid::Grid,
     job_core::{Job, JobSettings, Kind, Opening, Refusal},
     machine::{JobEvent, JobMachine},
-    owner::{Owner, as_account, may_send_control, prepare_area, symlink_on_the_way},
+    owner::{Owner, as_account, prepare_area, symlink_on_the_way},
     publication::FirstAttempts,
     results::ResultsDir,
     sweep::Sweep,
@@ -375,20 +375,15 @@ impl<K: Kind> Shell<K> {
                 late.extend(held.chain(prefetched.flatten()).map(|i| (i.msg, i.reply)));
                 for (msg, reply) in late {
                     self.answering = Some(reply);
-                    self.handle(JobEvent::Control(msg), Now::read()).await?;
+                    let sender = None;
+                    self.handle(JobEvent::Control { msg, sender }, Now::read())
+                        .await?;
                 }
                 self.answering = None;
                 return Ok(());
             }
-            // Results wait while a new job's tasks are being published: a
-            // retry published meanwhile would be lost to the purge of a
-            // runner that takes over before the publication is done.
-            let publishing_all = self
-                .publishing
-                .iter()
-                .any(|(first, _)| first.completes().all_tasks);
             tokio::select! {
-                first = results.next(), if !publishing_all => {
+                first = results.next(), if self.machine.takes_results() => {
                     let first = delivered(first)?;
                     let mut count = first.msg.results.len();
                     let mut batch = vec![first];
@@ -427,14 +422,9 @@ impl<K: Kind> Shell<K> {
                     }
                     self.unacked = batch.last().map(Incoming::receipt);
                     for incoming in batch {
-                        if self.admin.is_some()
-                            && !may_send_control(&incoming.msg, incoming.user.as_deref(), &launcher_user(&self.queues.job))
-                        {
-                            warn!(sender = incoming.user.as_deref().unwrap_or("-"), kind = incoming.msg.kind(), "control message from a sender who may not send it; dropped");
-                            continue;
-                        }
                         self.answering = Some(incoming.reply);
-                        let handled = self.handle(JobEvent::Control(incoming.msg), Now::read()).await;
+                        let event = JobEvent::Control { msg: incoming.msg, sender: incoming.user };
+                        let handled = self.handle(event, Now::read()).await;
                         self.answering = None;
                         handled?;
                     }
@@ -482,7 +472,7 @@ impl<K: Kind> Shell<K> {
     /// their retries published, before they are acked), unless a control
     /// batch is still being handled.
     async fn handle(&mut self, event: JobEvent, now: Now) -> Result<(), JobError> {
-        let control = matches!(event, JobEvent::Control(_));
+        let control = matches!(event, JobEvent::Control { .. });
         self.machine.handle(event, now);
         while let Some(effect) = self.machine.poll_effect(now) {
             self.carry_out(effect, now).await?;

@@ -6,12 +6,13 @@
 //! and a job whose tasks are all over is finished and wound up, after which
 //! tasks sent to it are refused.
 
-use gleaner_protocol::{ActionReply, ControlMsg, Core, Outbox, ResultMsg, TaskBundle};
-use tracing::{debug, info};
+use gleaner_protocol::{ActionReply, ControlMsg, Core, Message, Outbox, ResultMsg, TaskBundle};
+use tracing::{debug, info, warn};
 
 use crate::{
     effect::{Effect, Followup, Now},
     job_core::{Job, Kind},
+    owner::may_send_control,
     publication::Publication,
 };
 
@@ -25,8 +26,12 @@ pub enum JobEvent {
     Results(Vec<ResultMsg>),
     /// Tasks dead-lettered after crashing their launchers too often.
     Lost(TaskBundle),
-    /// A message on the job's control queue.
-    Control(ControlMsg),
+    /// A message on the job's control queue, and who sent it (its
+    /// broker-checked `user_id`, if it named one).
+    Control {
+        msg: ControlMsg,
+        sender: Option<String>,
+    },
     /// Time to report where the job stands.
     Heartbeat,
     /// Answers [`Effect::ToKcm`] and [`Effect::ToLauncher`]: whether the
@@ -58,6 +63,10 @@ pub struct JobMachine<K> {
     outbox: Outbox<Step>,
     /// The end is decided (finished and wound up, or only wound up).
     ended: bool,
+    /// The job's tasks are being published, all of them: results wait (a
+    /// retry published meanwhile would be lost to the purge of a runner
+    /// that takes over before the publication is done).
+    publishing_all: bool,
 }
 
 impl<K: Kind> JobMachine<K> {
@@ -66,6 +75,21 @@ impl<K: Kind> JobMachine<K> {
             job,
             outbox: Outbox::default(),
             ended: false,
+            publishing_all: false,
+        }
+    }
+
+    /// Whether results may be handed in now.
+    pub fn takes_results(&self) -> bool {
+        !self.publishing_all
+    }
+
+    /// Whether `sender` may send `msg`: where the job's launchers have an
+    /// account of their own, it speaks of launchers only.
+    fn may_send(&self, msg: &ControlMsg, sender: Option<&str>) -> bool {
+        match &self.job.ledger().launcher_credentials {
+            Some(launchers) => may_send_control(msg, sender, &launchers.user),
+            None => true,
         }
     }
 
@@ -120,7 +144,14 @@ impl<K: Kind> Core for JobMachine<K> {
                 self.push(vec![Effect::DeclareQueues]);
                 self.push(start);
             }
-            JobEvent::Control(msg) if self.ended => self.push(Self::after_the_end(&msg)),
+            JobEvent::Control { msg, sender } if !self.may_send(&msg, sender.as_deref()) => {
+                warn!(
+                    sender = sender.as_deref().unwrap_or("-"),
+                    kind = msg.kind(),
+                    "control message from a sender who may not send it; dropped"
+                );
+            }
+            JobEvent::Control { msg, .. } if self.ended => self.push(Self::after_the_end(&msg)),
             JobEvent::Results(_) | JobEvent::Lost(_) | JobEvent::Heartbeat if self.ended => {
                 debug!("the job has ended; ignored");
             }
@@ -132,7 +163,7 @@ impl<K: Kind> Core for JobMachine<K> {
                 let effects = self.job.on_lost(&lost);
                 self.push(effects);
             }
-            JobEvent::Control(msg) => {
+            JobEvent::Control { msg, .. } => {
                 let effects = self.job.on_control(msg, now);
                 self.push(effects);
             }
@@ -142,6 +173,7 @@ impl<K: Kind> Core for JobMachine<K> {
                 self.push_front(effects);
             }
             JobEvent::Published(publication) => {
+                self.publishing_all &= !publication.all_tasks;
                 let effects = self.job.on_published(publication);
                 self.push_front(effects);
             }
@@ -161,7 +193,12 @@ impl<K: Kind> Core for JobMachine<K> {
                     let report = self.job.report(now);
                     self.push_front(report);
                 }
-                Some(Step::Do(effect)) => return Some(*effect),
+                Some(Step::Do(effect)) => {
+                    if let Effect::PublishFirst(first) = effect.as_ref() {
+                        self.publishing_all |= first.completes().all_tasks;
+                    }
+                    return Some(*effect);
+                }
                 None => {
                     let state = self.job.ending().filter(|_| !self.ended)?;
                     self.ended = true;
@@ -215,15 +252,18 @@ mod tests {
     }
 
     fn up(launcher: &str) -> JobEvent {
-        JobEvent::Control(ControlMsg::LauncherUp(gleaner_protocol::LauncherInfo {
-            launcher: launcher.into(),
-            cluster: "c1".into(),
-            host: "node1".into(),
-            slots: 1,
-            started_at: 0,
-            deadline: None,
-            heartbeat_ms: None,
-        }))
+        JobEvent::Control {
+            msg: ControlMsg::LauncherUp(gleaner_protocol::LauncherInfo {
+                launcher: launcher.into(),
+                cluster: "c1".into(),
+                host: "node1".into(),
+                slots: 1,
+                started_at: 0,
+                deadline: None,
+                heartbeat_ms: None,
+            }),
+            sender: None,
+        }
     }
 
     fn started(manifest: &str, t0: Instant) -> JobMachine<Sweep> {
@@ -290,11 +330,14 @@ mod tests {
         assert_eq!(machine.job().ledger().file.state, JobState::Done);
 
         machine.handle(
-            JobEvent::Control(ControlMsg::AddTasks(Addition {
-                id: 1,
-                tasks: Vec::new(),
-                sweep: None,
-            })),
+            JobEvent::Control {
+                msg: ControlMsg::AddTasks(Addition {
+                    id: 1,
+                    tasks: Vec::new(),
+                    sweep: None,
+                }),
+                sender: None,
+            },
             at(t0, 3),
         );
         let effects = drain(&mut machine, at(t0, 3));
@@ -334,5 +377,55 @@ mod tests {
         );
         assert!(matches!(effects.last(), Some(Effect::DeleteQueues)));
         assert!(machine.is_over());
+    }
+
+    #[test]
+    fn results_wait_while_every_task_is_being_published() {
+        let t0 = Instant::now();
+        let submission =
+            submission("name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1, 2]\n");
+        let tasks = gleaner_manifest::TaskList::new(&submission.manifest).unwrap();
+        let job = Sweep::open(opening(&submission, vec![], None), tasks, at(t0, 0)).unwrap();
+        let mut machine = JobMachine::new(job);
+        machine.handle(JobEvent::Start, at(t0, 0));
+        let mut publication = None;
+        while let Some(effect) = machine.poll_effect(at(t0, 0)) {
+            if let Effect::PublishFirst(first) = effect {
+                publication = Some(first.completes());
+            }
+        }
+        assert!(!machine.takes_results(), "the publication is under way");
+        machine.handle(JobEvent::Published(publication.unwrap()), at(t0, 1));
+        assert!(machine.takes_results());
+    }
+
+    #[test]
+    fn a_launchers_account_cannot_cancel_its_job() {
+        let t0 = Instant::now();
+        let submission =
+            submission("name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1]\n");
+        let tasks = gleaner_manifest::TaskList::new(&submission.manifest).unwrap();
+        let mut apart = opening(&submission, vec![], None);
+        apart.launcher_credentials = Some(gleaner_protocol::Credentials {
+            user: "gleaner-launcher-j".into(),
+            password: "p".into(),
+        });
+        let job = Sweep::open(apart, tasks, at(t0, 0)).unwrap();
+        let mut machine = JobMachine::new(job);
+        machine.handle(JobEvent::Start, at(t0, 0));
+        drain(&mut machine, at(t0, 0));
+        let cancel = |sender: Option<&str>| JobEvent::Control {
+            msg: ControlMsg::Cancel { reason: "x".into() },
+            sender: sender.map(str::to_owned),
+        };
+        for sender in [Some("gleaner-launcher-j"), None] {
+            machine.handle(cancel(sender), at(t0, 1));
+            drain(&mut machine, at(t0, 1));
+            assert!(!machine.is_over(), "{sender:?} may not cancel");
+        }
+        machine.handle(cancel(Some("gleaner-services")), at(t0, 2));
+        drain(&mut machine, at(t0, 2));
+        assert!(machine.is_over());
+        assert_eq!(machine.job().ledger().file.state, JobState::Cancelled);
     }
 }

@@ -367,7 +367,14 @@ impl<'a> Sim<'a> {
     fn at_runner(&mut self, job: &JobId, message: ControlMsg) -> Vec<Mail> {
         if let Some(j) = self.live_sweep(job) {
             return self.at_sweep(j, |runner, now, reach| {
-                runner.handle(JobEvent::Control(message), now, reach)
+                runner.handle(
+                    JobEvent::Control {
+                        msg: message,
+                        sender: None,
+                    },
+                    now,
+                    reach,
+                )
             });
         }
         let Some(runner) = self.grid_runners.get_mut(job) else {
