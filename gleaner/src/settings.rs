@@ -277,10 +277,9 @@ impl Settings {
             .join("gleaner-kcm")
             .join(self.deployment())
             .join(cluster.name.as_str());
-        KcmConfig {
-            users: self.users.clone(),
-            ..cluster.kcm(self.runner.job.preempt_grace, spool)
-        }
+        let mut kcm = cluster.kcm(self.runner.job.preempt_grace, spool);
+        kcm.core.users = self.users.clone();
+        kcm
     }
 
     pub fn cluster(&self, name: &ClusterName) -> anyhow::Result<&ClusterConfig> {

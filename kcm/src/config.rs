@@ -6,7 +6,7 @@ use std::{path::PathBuf, time::Duration};
 use gleaner_protocol::ClusterName;
 use serde::{Deserialize, Serialize};
 
-use crate::{KcmConfig, LauncherCommand, SgeConfig, SlurmConfig};
+use crate::{KcmConfig, LauncherCommand, SgeConfig, SlurmConfig, core::CoreConfig};
 
 /// Which batch system runs the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -194,16 +194,25 @@ impl ClusterConfig {
     /// jobs are answered again; components spool under `default_spool`
     /// unless the cluster names a directory its nodes share.
     pub fn kcm(&self, preempt_grace: Duration, default_spool: PathBuf) -> KcmConfig {
+        let backend = match self.backend {
+            BackendKind::Local => "local",
+            BackendKind::Sge => "sge",
+            BackendKind::Slurm => "slurm",
+        };
         KcmConfig {
-            cluster: self.name.clone(),
+            core: CoreConfig {
+                cluster: self.name.clone(),
+                backend: backend.to_owned(),
+                job_end_grace: JOB_END_GRACE,
+                local_settle: preempt_grace.saturating_add(self.poll_interval.saturating_mul(2)),
+                max_pending: self.max_pending,
+                max_scavenged: self.max_scavenged,
+                reserve_hosts: self.reserve_hosts.clone(),
+                account: crate::local::account_name(),
+                users: gleaner_policy::access::Users::default(),
+            },
             poll_interval: self.poll_interval,
-            job_end_grace: JOB_END_GRACE,
-            local_settle: preempt_grace.saturating_add(self.poll_interval.saturating_mul(2)),
-            max_pending: self.max_pending,
-            max_scavenged: self.max_scavenged,
-            reserve_hosts: self.reserve_hosts.clone(),
             spool_dir: self.spool_dir.clone().unwrap_or(default_spool),
-            users: gleaner_policy::access::Users::default(),
         }
     }
 

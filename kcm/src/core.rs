@@ -37,10 +37,11 @@ use gleaner_manifest::JobId;
 use gleaner_policy::{
     access::Users,
     local::{Answered, LocalState, on_local_wait},
+    placement::component_on_one_host,
 };
 use gleaner_protocol::{
     Captured, ClusterName, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, Credentials,
-    GrantId, Holding, KcmMsg, Outbox, SchedulerMsg, ShrinkMode, component_on_one_host, naming,
+    GrantId, Holding, KcmMsg, Outbox, SchedulerMsg, ShrinkMode, naming,
 };
 use tracing::{error, info, warn};
 
@@ -203,47 +204,67 @@ struct Removal {
     ids: Vec<String>,
 }
 
+/// Grants acted on: those since the last report, and the latest ones
+/// against redelivered orders.
+#[derive(Debug, Default)]
+struct GrantLog {
+    /// Acted on since the previous report.
+    applied: Vec<GrantId>,
+    /// The latest acted on, oldest first: an order redelivered after a
+    /// lost connection is acked, not carried out twice.
+    recent: std::collections::VecDeque<GrantId>,
+}
+
+/// How placeholders have been starting: what the cluster's health (and
+/// each account's) is judged by.
+#[derive(Debug)]
+struct StartHealth {
+    /// Starts that failed, by account: refused by the batch system, or a
+    /// placeholder that ended before its launcher reached the broker.
+    /// Cleared only by a launcher that reached it.
+    failures: StartFailures,
+    /// Why the last placeholder that ended at once did.
+    error: Option<String>,
+    /// Placeholders whose launcher reached the broker, and when it said so.
+    heard: BTreeMap<String, (JobId, Instant)>,
+    /// Placeholders whose start has been counted as working.
+    credited: BTreeSet<String>,
+    /// Placeholders withdrawn for waiting too long since one last ran:
+    /// failed starts too, cleared only by a placeholder that runs.
+    stuck: u32,
+    /// Slots of withdrawn stuck placeholders, not reported idle (so not
+    /// offered here again) until a placeholder runs or `max_pending` passed.
+    blocked: Option<(u32, Instant)>,
+}
+
+/// The last failures of the kcm's own commands, reported until cleared.
+#[derive(Debug, Default)]
+struct CommandErrors {
+    /// The last failed command (cleared by the next successful launcher submit).
+    command: Option<String>,
+    /// The last failure to read the batch system (cleared by the next read).
+    read: Option<String>,
+}
+
 /// The kcm's state: the last reading of the batch system and what it has
 /// decided since.
 #[derive(Debug)]
 pub struct KcmCore {
     config: CoreConfig,
     last: Snapshot,
-    /// Grants acted on since the previous report.
-    applied_grants: Vec<GrantId>,
-    /// The latest grants acted on, oldest first: an order redelivered after
-    /// a lost connection is acked, not carried out twice.
-    recent_grants: std::collections::VecDeque<GrantId>,
+    grants: GrantLog,
     removals: Vec<Removal>,
-    /// The last failed command (cleared by the next successful launcher submit).
-    command_error: Option<String>,
-    /// The last failure to read the batch system (cleared by the next read).
-    read_error: Option<String>,
+    errors: CommandErrors,
     /// Batch ids of the jobs named like gleaner's that are not, as last
     /// read (each is logged once).
     strangers: BTreeSet<String>,
-    /// Starts that failed, by account: refused by the batch system, or a
-    /// placeholder that ended before its launcher reached the broker.
-    /// Cleared only by a launcher that reached it.
-    failures: StartFailures,
-    /// Why the last placeholder that ended at once did.
-    start_error: Option<String>,
-    /// Placeholders whose launcher reached the broker, and when it said so.
-    heard: BTreeMap<String, (JobId, Instant)>,
-    /// Placeholders whose start has been counted as working.
-    credited: BTreeSet<String>,
+    starts: StartHealth,
     /// Placeholders this kcm asked the batch system to remove.
     withdrawn: BTreeSet<String>,
     /// The first reading is done: what it found ran under an earlier kcm.
     adopted: bool,
-    /// Placeholders withdrawn for waiting too long since one last ran:
-    /// failed starts too, cleared only by a placeholder that runs.
-    stuck_starts: u32,
     /// When each waiting placeholder or component was first seen waiting.
     pending_since: BTreeMap<String, Instant>,
-    /// Slots of withdrawn stuck placeholders, not reported idle (so not
-    /// offered here again) until a placeholder runs or `max_pending` passed.
-    blocked: Option<(u32, Instant)>,
     answered: Answered,
     components: BTreeMap<(JobId, u32), TrackedComponent>,
     /// With many users, the account each job's placeholders are submitted
@@ -295,21 +316,21 @@ impl KcmCore {
         Self {
             config,
             last: Snapshot::default(),
-            applied_grants: Vec::new(),
-            recent_grants: std::collections::VecDeque::new(),
+            grants: GrantLog::default(),
             removals: Vec::new(),
-            command_error: None,
-            read_error: None,
+            errors: CommandErrors::default(),
             strangers: BTreeSet::new(),
-            failures,
-            start_error: None,
-            heard: BTreeMap::new(),
-            credited: BTreeSet::new(),
+            starts: StartHealth {
+                failures,
+                error: None,
+                heard: BTreeMap::new(),
+                credited: BTreeSet::new(),
+                stuck: 0,
+                blocked: None,
+            },
             withdrawn: BTreeSet::new(),
             adopted: false,
-            stuck_starts: 0,
             pending_since: BTreeMap::new(),
-            blocked: None,
             answered: Answered::default(),
             components: BTreeMap::new(),
             accounts: BTreeMap::new(),
@@ -334,16 +355,16 @@ impl KcmCore {
                 match result {
                     Ok(started) => {
                         info!(job = %job, grant = %grant, requested, started, "launchers submitted");
-                        self.command_error = None;
+                        self.errors.command = None;
                     }
                     Err(e) => {
                         let account = self
                             .placeholder_account(&job)
                             .unwrap_or_default()
                             .to_owned();
-                        let failures = self.failures.failed(&account, now.instant);
+                        let failures = self.starts.failures.failed(&account, now.instant);
                         error!(job = %job, grant = %grant, account, error = %e, failures, "cannot submit launchers");
-                        self.command_error = Some(e.to_string());
+                        self.errors.command = Some(e.to_string());
                     }
                 }
                 Vec::new()
@@ -351,7 +372,7 @@ impl KcmCore {
             Event::Removed(result) => {
                 if let Err(e) = result {
                     error!(error = %e, "cannot remove placeholders");
-                    self.command_error = Some(e.to_string());
+                    self.errors.command = Some(e.to_string());
                 }
                 Vec::new()
             }
@@ -376,7 +397,7 @@ impl KcmCore {
                 owner,
                 credentials,
             } => {
-                if self.recent_grants.contains(&grant) {
+                if self.grants.recent.contains(&grant) {
                     info!(job = %job, grant = %grant, "grant already carried out; the order came again");
                     return Vec::new();
                 }
@@ -387,11 +408,11 @@ impl KcmCore {
                     warn!(job = %job, grant = %grant, task_slots, largest, "the job's tasks need more slots than any host here has; grant not carried out");
                     return Vec::new();
                 }
-                if self.recent_grants.len() == RECENT_GRANTS {
-                    self.recent_grants.pop_front();
+                if self.grants.recent.len() == RECENT_GRANTS {
+                    self.grants.recent.pop_front();
                 }
-                self.recent_grants.push_back(grant);
-                self.applied_grants.push(grant);
+                self.grants.recent.push_back(grant);
+                self.grants.applied.push(grant);
                 if !self.config.users.is_single() {
                     // As the shell submits them (`Kcm::run_as`).
                     let name = self.config.users.account(&owner).to_owned();
@@ -443,7 +464,7 @@ impl KcmCore {
                     return Vec::new();
                 };
                 let placeholder = self.last.placeholders.iter().find(|p| p.id == id);
-                let heard_for = self.heard.get(id).map(|(heard, _)| heard);
+                let heard_for = self.starts.heard.get(id).map(|(heard, _)| heard);
                 if placeholder.is_some_and(|p| p.job != job) || heard_for.is_some_and(|h| *h != job)
                 {
                     warn!(job = %job, launcher = %launcher, "a launcher says it is up for a job whose placeholder it is not; ignored");
@@ -452,7 +473,7 @@ impl KcmCore {
                 // A start counts once the placeholder is seen: a word about
                 // one never seen (a forged id) clears no failure.
                 let owner = placeholder.map(|p| p.owner.clone());
-                self.heard.insert(id.to_owned(), (job, now.instant));
+                self.starts.heard.insert(id.to_owned(), (job, now.instant));
                 if let Some(owner) = owner {
                     self.credit(id, &owner);
                 }
@@ -503,7 +524,7 @@ impl KcmCore {
             }
             Err(e) => {
                 error!(job = %spec.job, component = spec.component, error = %e, "cannot submit a grid component");
-                self.command_error = Some(e.to_string());
+                self.errors.command = Some(e.to_string());
                 let outcome = ComponentOutcome {
                     component: spec.component,
                     cluster: cluster.clone(),
@@ -543,7 +564,7 @@ impl KcmCore {
                 {
                     warn!(problem, "batch system problem");
                 }
-                self.read_error = None;
+                self.errors.read = None;
                 let ran: BTreeSet<&str> = self
                     .last
                     .placeholders
@@ -557,12 +578,13 @@ impl KcmCore {
                     .iter()
                     .any(|p| p.running() && !ran.contains(p.id.as_str()))
                 {
-                    self.stuck_starts = 0;
-                    self.blocked = None;
+                    self.starts.stuck = 0;
+                    self.starts.blocked = None;
                 }
                 self.count_early_ends(&snapshot, now);
                 for placeholder in &snapshot.placeholders {
                     if self
+                        .starts
                         .heard
                         .get(&placeholder.id)
                         .is_some_and(|(job, _)| *job == placeholder.job)
@@ -570,7 +592,8 @@ impl KcmCore {
                         self.credit(&placeholder.id, &placeholder.owner);
                     }
                 }
-                self.credited
+                self.starts
+                    .credited
                     .retain(|id| snapshot.placeholders.iter().any(|p| &p.id == id));
                 self.last = snapshot;
                 // An ended job's account goes with its last batch job.
@@ -586,7 +609,7 @@ impl KcmCore {
             }
             Err(e) => {
                 error!(error = %e, "cannot read the batch system");
-                self.read_error = Some(e.to_string());
+                self.errors.read = Some(e.to_string());
             }
         }
         effects.extend(self.due_removals(now));
@@ -597,18 +620,18 @@ impl KcmCore {
     /// start worked, once (the cluster's failures and its account's are
     /// cleared).
     fn credit(&mut self, id: &str, owner: &str) {
-        if !self.credited.insert(id.to_owned()) {
+        if !self.starts.credited.insert(id.to_owned()) {
             return;
         }
-        let failures = self.failures.cluster();
+        let failures = self.starts.failures.cluster();
         if failures > 0 {
             info!(
                 placeholder = id,
                 failures, "a launcher reached the broker: starts work again"
             );
         }
-        self.failures.started(Some(owner));
-        self.start_error = None;
+        self.starts.failures.started(Some(owner));
+        self.starts.error = None;
     }
 
     /// The reading with its jobs named like gleaner's judged by their
@@ -703,7 +726,7 @@ impl KcmCore {
             // An earlier kcm's: their launchers told it.
             self.adopted = true;
             for placeholder in next.placeholders.iter().filter(|p| p.running()) {
-                self.heard.insert(
+                self.starts.heard.insert(
                     placeholder.id.clone(),
                     (placeholder.job.clone(), now.instant),
                 );
@@ -720,16 +743,17 @@ impl KcmCore {
             .collect();
         for placeholder in gone {
             let heard = self
+                .starts
                 .heard
                 .remove(&placeholder.id)
                 .is_some_and(|(job, _)| job == placeholder.job);
             if self.withdrawn.remove(&placeholder.id) || heard {
                 continue;
             }
-            let failures = self.failures.failed(&placeholder.owner, now.instant);
+            let failures = self.starts.failures.failed(&placeholder.owner, now.instant);
             let host = placeholder.host.as_deref().unwrap_or("before it ran");
             error!(job = %placeholder.job, placeholder = %placeholder.id, owner = %placeholder.owner, host, failures, "placeholder ended before its launcher reached the broker");
-            self.start_error = Some(format!(
+            self.starts.error = Some(format!(
                 "placeholder {} ({host}) ended before its launcher reached the broker; its output (log_dir) says why",
                 placeholder.id
             ));
@@ -737,7 +761,7 @@ impl KcmCore {
         self.withdrawn.retain(|id| still.contains(id.as_str()));
         // A launcher may speak before the kcm sees its placeholder; one
         // never seen at all is forgotten after a while.
-        self.heard.retain(|id, (_, at)| {
+        self.starts.heard.retain(|id, (_, at)| {
             still.contains(id.as_str()) || now.instant.saturating_duration_since(*at) < HEARD_KEPT
         });
     }
@@ -916,7 +940,7 @@ impl KcmCore {
             return Vec::new();
         }
         let cluster = self.config.cluster.clone();
-        self.stuck_starts += 1;
+        self.starts.stuck += 1;
         let slots = self
             .last
             .placeholders
@@ -925,16 +949,16 @@ impl KcmCore {
             .map(|p| p.slots)
             .chain(components.iter().map(|c| c.slots))
             .fold(0, u32::saturating_add);
-        self.blocked = Some((slots, now.instant + limit));
+        self.starts.blocked = Some((slots, now.instant + limit));
         let reason = format!("waited in {cluster}'s batch queue longer than {limit:?}: withdrawn");
         if !placeholders.is_empty() {
             let message = format!("{} placeholder(s) {reason}", placeholders.len());
-            warn!(placeholders = ?placeholders, failures = self.stuck_starts, "{message}");
-            self.command_error = Some(message);
+            warn!(placeholders = ?placeholders, failures = self.starts.stuck, "{message}");
+            self.errors.command = Some(message);
         }
         let mut effects = Vec::new();
         for run in &components {
-            warn!(job = %run.job, component = run.component, owner = %run.owner, failures = self.stuck_starts, "grid component {reason}, to be placed again");
+            warn!(job = %run.job, component = run.component, owner = %run.owner, failures = self.starts.stuck, "grid component {reason}, to be placed again");
             self.components.remove(&(run.job.clone(), run.component));
             effects.push(Effect::Tell {
                 job: run.job.clone(),
@@ -1059,10 +1083,10 @@ impl KcmCore {
 
     /// Slots not to offer because placeholders there got stuck.
     fn blocked_slots(&mut self, now: Now) -> u32 {
-        match self.blocked {
+        match self.starts.blocked {
             Some((slots, until)) if now.instant < until => slots,
             _ => {
-                self.blocked = None;
+                self.starts.blocked = None;
                 0
             }
         }
@@ -1092,14 +1116,19 @@ impl KcmCore {
             grid_slots: snapshot.grid_running(),
             hosts: snapshot.host_reports(),
             jobs,
-            applied_grants: std::mem::take(&mut self.applied_grants),
+            applied_grants: std::mem::take(&mut self.grants.applied),
             error: self
-                .command_error
+                .errors
+                .command
                 .clone()
-                .or_else(|| self.start_error.clone())
-                .or_else(|| self.read_error.clone())
+                .or_else(|| self.starts.error.clone())
+                .or_else(|| self.errors.read.clone())
                 .or_else(|| snapshot.problem.clone()),
-            failed_starts: self.failures.cluster().saturating_add(self.stuck_starts),
+            failed_starts: self
+                .starts
+                .failures
+                .cluster()
+                .saturating_add(self.starts.stuck),
             job_failures: self
                 .accounts
                 .iter()
@@ -1110,7 +1139,7 @@ impl KcmCore {
                         .iter()
                         .map(|p| (&p.job, p.owner.as_str())),
                 )
-                .map(|(job, account)| (job.clone(), self.failures.of(account, now.instant)))
+                .map(|(job, account)| (job.clone(), self.starts.failures.of(account, now.instant)))
                 .filter(|(_, failures)| *failures > 0)
                 .collect(),
             at: now.wall_ms,

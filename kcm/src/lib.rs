@@ -30,8 +30,7 @@ use gleaner_broker::{
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue},
 };
 use gleaner_manifest::JobId;
-use gleaner_policy::access::Users;
-use gleaner_protocol::{Captured, ClusterName, ComponentSpec, ControlMsg, Credentials, KcmMsg};
+use gleaner_protocol::{Captured, ComponentSpec, ControlMsg, Credentials, KcmMsg};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span};
 
@@ -46,43 +45,16 @@ pub use snapshot::{ComponentRun, Host, Placeholder, Snapshot};
 
 use crate::core::{Core, CoreConfig, Effect, Event, KcmCore, Now, SpooledExit};
 
-/// What a kcm runs with, derived from its [`ClusterConfig`].
+/// What a kcm runs with, derived from its [`ClusterConfig`]: what its
+/// core decides by, and what only its shell needs.
 #[derive(Debug, Clone)]
 pub struct KcmConfig {
-    pub cluster: ClusterName,
+    pub core: CoreConfig,
     /// How often the batch system is read and the cluster reported.
     pub poll_interval: Duration,
-    /// How long the launchers of an ended job have to leave by themselves.
-    pub job_end_grace: Duration,
-    /// How long a shrink for waiting local jobs gets to take effect before
-    /// the same waiting jobs are answered again.
-    pub local_settle: Duration,
-    /// How long a placeholder or component may wait in the batch queue.
-    pub max_pending: Duration,
-    pub max_scavenged: Option<config::Cap>,
-    pub reserve_hosts: Vec<String>,
     /// Where grid components leave their output and exit status; the
     /// cluster's nodes must see it at the same path.
     pub spool_dir: std::path::PathBuf,
-    /// Whose accounts jobs run as.
-    pub users: Users,
-}
-
-impl KcmConfig {
-    /// What the core knows of the cluster, with the batch system's kind.
-    pub fn core(&self, backend: &str) -> CoreConfig {
-        CoreConfig {
-            cluster: self.cluster.clone(),
-            backend: backend.to_owned(),
-            job_end_grace: self.job_end_grace,
-            local_settle: self.local_settle,
-            max_pending: self.max_pending,
-            max_scavenged: self.max_scavenged,
-            reserve_hosts: self.reserve_hosts.clone(),
-            account: local::account_name(),
-            users: self.users.clone(),
-        }
-    }
 }
 
 /// Bytes of a component's stdout and stderr sent back (the tail).
@@ -102,7 +74,7 @@ pub async fn run<B: Backend>(
     backend: B,
     shutdown: CancellationToken,
 ) {
-    let span = info_span!("kcm", cluster = %config.cluster);
+    let span = info_span!("kcm", cluster = %config.core.cluster);
     serve(broker, config, backend, shutdown)
         .instrument(span)
         .await;
@@ -114,7 +86,7 @@ async fn serve<B: Backend>(
     backend: B,
     shutdown: CancellationToken,
 ) {
-    let core = KcmCore::new(config.core(backend.kind()));
+    let core = KcmCore::new(config.core.clone());
     let mut kcm = Kcm {
         config,
         backend,
@@ -151,12 +123,12 @@ impl<B: Backend> Kcm<B> {
     ) -> Result<(), BrokerError> {
         let channel = connection.channel().await?;
         topology::declare_core(connection.lapin()).await?;
-        topology::declare_kcm(&channel, &self.config.cluster).await?;
+        topology::declare_kcm(&channel, &self.config.core.cluster).await?;
         let publisher = connection.publisher().await?;
         let mut inbox: Inbox<KcmMsg> = connection
             .inbox(
                 &publisher,
-                &kcm_queue(&self.config.cluster),
+                &kcm_queue(&self.config.core.cluster),
                 ConsumeOptions {
                     tag: connection.identity(),
                     prefetch: 16,
@@ -179,7 +151,7 @@ impl<B: Backend> Kcm<B> {
                         }
                     }
                     Some(Err(e)) => return Err(e),
-                    None => return Err(BrokerError::NoQueue(kcm_queue(&self.config.cluster))),
+                    None => return Err(BrokerError::NoQueue(kcm_queue(&self.config.core.cluster))),
                 },
                 _ = poll.tick() => self.poll(&publisher).await?,
                 () = shutdown.cancelled() => return Ok(()),
@@ -306,7 +278,7 @@ impl<B: Backend> Kcm<B> {
     /// a kcm running as root (or as that very account) can start; with one,
     /// the kcm's.
     fn run_as(&self, owner: &str) -> Result<Option<Account>, BackendError> {
-        let users = &self.config.users;
+        let users = &self.config.core.users;
         if users.is_single() {
             return Ok(None);
         }

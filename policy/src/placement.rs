@@ -5,8 +5,16 @@
 use std::collections::BTreeMap;
 
 use gleaner_manifest::{JobId, Priority};
-use gleaner_protocol::{ClusterName, component_on_one_host};
+use gleaner_protocol::ClusterName;
 use serde::{Deserialize, Serialize};
+
+/// Whether a grid component of `slots` slots runs on one host (a one-host
+/// parallel environment) on a cluster whose largest host has
+/// `largest_host` slots; the kcm submits it so and the scheduler places
+/// it so. Larger components spread over hosts.
+pub fn component_on_one_host(slots: u32, largest_host: u32) -> bool {
+    slots <= largest_host
+}
 
 use crate::share::split_shrink;
 

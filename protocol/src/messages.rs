@@ -293,14 +293,6 @@ pub struct HostReport {
     pub jobs: BTreeMap<JobId, u32>,
 }
 
-/// Whether a grid component of `slots` slots runs on one host (a one-host
-/// parallel environment) on a cluster whose largest host has
-/// `largest_host` slots; the kcm submits it so and the scheduler places
-/// it so. Larger components spread over hosts.
-pub fn component_on_one_host(slots: u32, largest_host: u32) -> bool {
-    slots <= largest_host
-}
-
 impl HostReport {
     /// Slots nobody uses right now.
     pub fn free(&self) -> u32 {

@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_kcm::core::{Core, Effect, Event, KcmCore, Now};
+use gleaner_kcm::core::{Core, CoreConfig, Effect, Event, KcmCore, Now};
 use gleaner_manifest::JobId;
 use gleaner_policy::{access::Users, share::CsPolicy};
 use gleaner_protocol::{
@@ -189,7 +189,10 @@ impl<'a> Sim<'a> {
                         scenario.timing.launcher_heartbeat.as_secs_f64(),
                         rng,
                     ),
-                    kcm: KcmCore::new(scenario.timing.kcm(spec).core("simulated")),
+                    kcm: KcmCore::new(CoreConfig {
+                        backend: "simulated".to_owned(),
+                        ..scenario.timing.kcm(spec).core
+                    }),
                 }
             })
             .collect();
