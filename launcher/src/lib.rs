@@ -14,6 +14,7 @@
 //! shell that connects, turns what happens into events for it, and carries
 //! out its effects.
 
+mod consumers;
 mod dirs;
 mod exec;
 mod orphans;
@@ -21,6 +22,7 @@ mod packing;
 mod state;
 mod task;
 
+use consumers::{Consumers, Swap};
 use packing::Packer;
 
 use std::{
@@ -449,20 +451,10 @@ fn job_over_or(e: BrokerError) -> Result<Exit, LauncherError> {
 /// [`Effect`]s it answers.
 struct Shell {
     shared: Arc<Shared>,
-    /// The task consumer (RabbitMQ cannot change a consumer's prefetch:
-    /// a new prefetch takes a new consumer).
+    /// The task consumer.
     tasks: Inbox<TaskBundle>,
-    /// `tasks` may still deliver: its stream has not ended.
-    tasks_open: bool,
-    /// `tasks` was cancelled: by [`Effect::StopConsuming`], or for a lower
-    /// prefetch.
-    tasks_cancelled: bool,
-    /// The prefetch asked for last.
-    prefetch: u16,
-    /// A lower prefetch, for a consumer opened once fewer messages than it
-    /// are held: opened at once, it would add its own to those the
-    /// cancelled one still holds.
-    reopen_below: Option<u16>,
+    /// Which task consumer to hold ([`Consumers`]).
+    swaps: Consumers,
     /// Task consumers replaced by one of a higher prefetch and cancelled,
     /// oldest first: what they still deliver is taken like any delivery.
     retiring: Vec<Inbox<TaskBundle>>,
@@ -524,12 +516,9 @@ impl Shell {
         signals: Signals,
     ) -> Self {
         Self {
-            prefetch: initial_prefetch(&shared.config),
+            swaps: Consumers::new(initial_prefetch(&shared.config)),
             shared,
             tasks,
-            tasks_open: true,
-            tasks_cancelled: false,
-            reopen_below: None,
             retiring: Vec::new(),
             consumers: 1,
             own,
@@ -576,18 +565,18 @@ impl Shell {
                 Some(Err(e)) => vec![Event::Failed(e.into())],
                 None => {
                     self.retiring.remove(0);
+                    self.swaps.retired_ended();
                     self.tasks_ended()
                 }
             },
-            delivery = self.tasks.next(), if self.tasks_open && state.consuming() => match delivery {
+            delivery = self.tasks.next(), if self.swaps.may_deliver() && state.consuming() => match delivery {
                 Some(Ok(incoming)) => self.delivered(incoming).await,
                 Some(Err(e)) => vec![Event::Failed(e.into())],
                 None => {
-                    self.tasks_open = false;
-                    match self.reopen_below {
-                        Some(_) => self.reopen_if_due().await,
-                        None => self.tasks_ended(),
-                    }
+                    let swap = self.swaps.current_ended(self.deliveries.len());
+                    let mut events = self.swap(swap).await;
+                    events.extend(self.tasks_ended());
+                    events
                 }
             },
             () = self.signals.stop.cancelled(), if !self.signalled && state.listening() => {
@@ -706,7 +695,8 @@ impl Shell {
             } => match self.settled(delivery).await {
                 Ok(()) => {
                     let mut events = vec![Event::Settled { tag }];
-                    events.extend(self.reopen_if_due().await);
+                    let swap = self.swaps.settled(self.deliveries.len());
+                    events.extend(self.swap(swap).await);
                     events
                 }
                 Err(e) => settle_failed(e, tag),
@@ -760,47 +750,13 @@ impl Shell {
                 self.held.remove(&tag);
             }
             Effect::StopConsuming => {
-                self.reopen_below = None;
-                if !std::mem::replace(&mut self.tasks_cancelled, true)
-                    && let Err(e) = self.tasks.stop().await
-                {
-                    return ControlFlow::Continue(Some(broker_failure(e)));
-                }
-                return ControlFlow::Continue(self.tasks_ended().pop());
+                let swap = self.swaps.stop();
+                let failed = self.swap(swap).await.pop();
+                return ControlFlow::Continue(failed.or_else(|| self.tasks_ended().pop()));
             }
             Effect::Prefetch(messages) => {
-                let prefetch = u16::try_from(messages).unwrap_or(u16::MAX);
-                let raised = prefetch > self.prefetch;
-                self.prefetch = prefetch;
-                if self.reopen_below.is_some() {
-                    self.reopen_below = Some(prefetch);
-                    return ControlFlow::Continue(self.reopen_if_due().await.pop());
-                }
-                if self.tasks_cancelled {
-                    return ControlFlow::Continue(None);
-                }
-                if raised {
-                    let tag = self.next_consumer_tag();
-                    let fresh = match self.tasks.reopen(&tag, prefetch).await {
-                        Ok(fresh) => fresh,
-                        Err(e) => return ControlFlow::Continue(Some(broker_failure(e))),
-                    };
-                    let replaced = std::mem::replace(&mut self.tasks, fresh);
-                    let open = std::mem::replace(&mut self.tasks_open, true);
-                    let stopped = replaced.stop().await;
-                    if open {
-                        self.retiring.push(replaced);
-                    }
-                    if let Err(e) = stopped {
-                        return ControlFlow::Continue(Some(broker_failure(e)));
-                    }
-                } else {
-                    self.tasks_cancelled = true;
-                    self.reopen_below = Some(prefetch);
-                    if let Err(e) = self.tasks.stop().await {
-                        return ControlFlow::Continue(Some(broker_failure(e)));
-                    }
-                }
+                let swap = self.swaps.prefetch(messages, self.deliveries.len());
+                return ControlFlow::Continue(self.swap(swap).await.pop());
             }
             Effect::StopTasks => {
                 self.stop.send_replace(true);
@@ -818,30 +774,42 @@ impl Shell {
     /// The consumers have all ended (and no new one is due): the state
     /// hears it once nothing more can be delivered.
     fn tasks_ended(&self) -> Vec<Event<LauncherError>> {
-        match !self.tasks_open && self.retiring.is_empty() && self.reopen_below.is_none() {
+        match self.swaps.all_ended() {
             true => vec![Event::TasksEnded],
             false => Vec::new(),
         }
     }
 
-    /// Opens the consumer of a lowered prefetch once the cancelled one has
-    /// delivered its last and fewer messages than the new prefetch are held.
-    async fn reopen_if_due(&mut self) -> Vec<Event<LauncherError>> {
-        let Some(prefetch) = self.reopen_below else {
-            return Vec::new();
-        };
-        if self.tasks_open || self.deliveries.len() >= usize::from(prefetch) {
-            return Vec::new();
-        }
-        self.reopen_below = None;
-        let tag = self.next_consumer_tag();
-        match self.tasks.reopen(&tag, prefetch).await {
-            Ok(fresh) => {
-                self.tasks = fresh;
-                self.tasks_open = true;
-                self.tasks_cancelled = false;
-                Vec::new()
+    /// Opens, replaces or cancels the task consumer, as [`Consumers`] says.
+    async fn swap(&mut self, swap: Swap) -> Vec<Event<LauncherError>> {
+        let done = match swap {
+            Swap::Keep => Ok(()),
+            Swap::Cancel => self.tasks.stop().await,
+            Swap::Open { prefetch } => {
+                let tag = self.next_consumer_tag();
+                self.tasks.reopen(&tag, prefetch).await.map(|fresh| {
+                    self.tasks = fresh;
+                    self.swaps.opened();
+                })
             }
+            Swap::Replace { prefetch, retire } => {
+                let tag = self.next_consumer_tag();
+                match self.tasks.reopen(&tag, prefetch).await {
+                    Ok(fresh) => {
+                        self.swaps.opened();
+                        let replaced = std::mem::replace(&mut self.tasks, fresh);
+                        let stopped = replaced.stop().await;
+                        if retire {
+                            self.retiring.push(replaced);
+                        }
+                        stopped
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        match done {
+            Ok(()) => Vec::new(),
             Err(e) => vec![broker_failure(e)],
         }
     }
