@@ -32,7 +32,7 @@ use gleaner_broker::{
 use gleaner_manifest::JobId;
 use gleaner_protocol::{Captured, ComponentSpec, ControlMsg, Credentials, KcmMsg};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, info, info_span};
+use tracing::{Instrument, error_span, info};
 
 use crate::contain::Account;
 
@@ -74,7 +74,7 @@ pub async fn run<B: Backend>(
     backend: B,
     shutdown: CancellationToken,
 ) {
-    let span = info_span!("kcm", cluster = %config.core.cluster);
+    let span = error_span!("kcm", cluster = %config.core.cluster);
     serve(broker, config, backend, shutdown)
         .instrument(span)
         .await;

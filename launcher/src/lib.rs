@@ -44,7 +44,7 @@ use gleaner_protocol::{
 };
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, error_span, info, warn};
 
 use dirs::{Checkpoints, Sandboxes};
 pub use exec::Limits;
@@ -284,7 +284,7 @@ pub async fn run(
     config: LauncherConfig,
     signals: Signals,
 ) -> Result<Exit, LauncherError> {
-    let span = info_span!("launcher", job = %config.job, launcher = %config.id, cluster = %config.cluster, host = %config.host);
+    let span = error_span!("launcher", job = %config.job, launcher = %config.id, cluster = %config.cluster, host = %config.host);
     launch(broker, config, signals).instrument(span).await
 }
 

@@ -33,7 +33,7 @@ use gleaner_policy::access::Users;
 use gleaner_protocol::{Event, JobClaim, SchedulerMsg};
 use tokio::{sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, error, info, info_span, warn};
+use tracing::{Instrument, error, error_span, info, warn};
 
 pub use book::{FinalStatus, TaskBook, Verdict};
 /// Public, with what it takes to drive it, so that the simulator's
@@ -167,7 +167,7 @@ async fn session(
                 let _ = claimed.send(job.clone());
             },
         };
-        let span = info_span!("job", job = %incoming.msg.0.job);
+        let span = error_span!("job", job = %incoming.msg.0.job);
         let supervised = supervise(
             connection.clone(),
             config.job.clone(),

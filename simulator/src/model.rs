@@ -449,7 +449,7 @@ impl<'a> Sim<'a> {
 
     /// The span a kcm logs in, as its service's.
     fn kcm_span(&self, c: usize) -> tracing::Span {
-        tracing::info_span!("kcm", cluster = %self.scenario.clusters[c].name)
+        tracing::error_span!("kcm", cluster = %self.scenario.clusters[c].name)
     }
 
     /// Carries out the kcm's effects on the simulated batch system,

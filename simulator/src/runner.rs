@@ -75,7 +75,7 @@ impl SweepRunner {
     /// whether it exists, a publication is with the broker at once.
     /// Writing outputs, index lines and `job.json` changes nothing here.
     pub fn handle(&mut self, event: JobEvent, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
-        let span = tracing::info_span!("job", job = %self.machine.job().ledger().id);
+        let span = tracing::error_span!("job", job = %self.machine.job().ledger().id);
         let _in_job = span.enter();
         let mut mail = Vec::new();
         self.machine.handle(event, now);
