@@ -413,6 +413,20 @@ impl KcmCore {
                 }
                 self.grants.recent.push_back(grant);
                 self.grants.applied.push(grant);
+                if self.config.users.is_single() && credentials.is_some() {
+                    // Its launchers would run as this kcm's account.
+                    let refused = Err(BackendError {
+                        command: format!("run as the owner of the job ({owner})"),
+                        message: "the job's runner keeps users apart and this kcm does not ([users] single = true): its launchers would run as the kcm".to_owned(),
+                    });
+                    let answer = Event::LaunchersSubmitted {
+                        job,
+                        grant,
+                        requested: slots,
+                        result: refused,
+                    };
+                    return self.decide(answer, now);
+                }
                 if !self.config.users.is_single() {
                     // As the shell submits them (`Kcm::run_as`).
                     let name = self.config.users.account(&owner).to_owned();
@@ -1623,6 +1637,42 @@ mod tests {
             report(&mut kcm, clock.at(1_000)).applied_grants,
             [GrantId::new(7)]
         );
+    }
+
+    #[test]
+    fn a_kcm_of_one_user_starts_no_launchers_for_a_job_whose_users_are_kept_apart() {
+        let clock = Clock::new();
+        let mut kcm = KcmCore::new(CoreConfig {
+            users: Users {
+                single: Some(true),
+                ..Users::default()
+            },
+            ..core().config
+        });
+        poll(&mut kcm, cluster(4, Vec::new()), clock.at(0));
+        let effects = message(
+            &mut kcm,
+            KcmMsg::StartLaunchers {
+                job: job("a"),
+                grant: GrantId::new(1),
+                slots: 2,
+                task_slots: 1,
+                owner: "alice".into(),
+                credentials: Some(Credentials {
+                    user: "gleaner-launcher-a".into(),
+                    password: "p".into(),
+                }),
+            },
+            clock.at(0),
+        );
+        assert!(
+            !effects
+                .iter()
+                .any(|e| matches!(e, Effect::SubmitLaunchers { .. })),
+            "they would run as the kcm: {effects:?}"
+        );
+        let error = report(&mut kcm, clock.at(0)).error.unwrap_or_default();
+        assert!(error.contains("keeps users apart"), "{error}");
     }
 
     #[test]

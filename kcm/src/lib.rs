@@ -189,10 +189,6 @@ impl<B: Backend> Kcm<B> {
                     credentials,
                 } => {
                     let result = match self.run_as(&owner) {
-                        Ok(None) if credentials.is_some() => Err(BackendError {
-                            command: format!("run as the owner of the job ({owner})"),
-                            message: "the job's runner keeps users apart and this kcm does not ([users] single = true): its launchers would run as the kcm".to_owned(),
-                        }),
                         Ok(None) => self.backend.submit(&job, slots, task_slots, None).await,
                         Ok(Some(account)) => {
                             match self.owner_settings(&job, &account, credentials.as_ref()) {
