@@ -41,35 +41,35 @@ impl Grid {
     /// its cluster's kcm, which submits it to the batch system.
     fn place(&mut self, ledger: &mut Ledger, clusters: Vec<ClusterName>) -> Vec<Effect> {
         let unplaced: Vec<usize> = ledger.unplaced().map(|(i, _)| i).collect();
-        if ledger.file.state != JobState::Waiting || clusters.len() != unplaced.len() {
+        if ledger.file().state != JobState::Waiting || clusters.len() != unplaced.len() {
             debug!("placement ignored: already placed, or not for this job");
             return Vec::new();
         }
         info!(components = ?unplaced, clusters = ?clusters, "grid job placed");
         let env: Vec<(String, String)> = ledger
-            .manifest
+            .manifest()
             .env
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let walltime_ms = ledger.manifest.walltime.map(|w| w.as_millis() as u64);
+        let walltime_ms = ledger.manifest().walltime.map(|w| w.as_millis() as u64);
         let workdir = ledger
-            .manifest
+            .manifest()
             .workdir
             .as_ref()
             .map(|w| w.display().to_string());
         let mut effects = Vec::with_capacity(clusters.len() + 2);
         for (i, cluster) in unplaced.into_iter().zip(clusters) {
-            let component = &ledger.manifest.components[i];
+            let component = &ledger.manifest().components[i];
             let spec = ComponentSpec {
-                job: ledger.id.clone(),
+                job: ledger.id().clone(),
                 component: i as u32,
                 slots: component.slots,
                 command: component.command.clone(),
                 env: env.clone(),
                 walltime_ms,
                 workdir: workdir.clone(),
-                owner: ledger.file.owner.clone(),
+                owner: ledger.file().owner.clone(),
             };
             effects.push(Effect::ToKcm {
                 cluster: cluster.clone(),
@@ -79,12 +79,12 @@ impl Grid {
                     cluster: cluster.clone(),
                 },
             });
-            if let Some(placed) = ledger.file.components.get_mut(i) {
+            if let Some(placed) = ledger.placements_mut().get_mut(i) {
                 *placed = Some(cluster.clone());
             }
-            ledger.clusters.insert(cluster);
+            ledger.involve(cluster);
         }
-        ledger.file.state = JobState::Running;
+        ledger.set_state(JobState::Running);
         effects.extend([Effect::SaveJobFile, Effect::Report]);
         effects
     }
@@ -98,17 +98,19 @@ impl Grid {
         cluster: ClusterName,
         reason: &str,
     ) -> Vec<Effect> {
-        let placed = ledger.file.components.get_mut(component as usize);
-        let Some(slot @ Some(_)) = placed else {
-            debug!(component, cluster = %cluster, "withdrawal ignored: not placed");
-            return Vec::new();
-        };
-        if slot.as_ref() != Some(&cluster) || ledger.book.is_finished(u64::from(component)) {
-            debug!(component, cluster = %cluster, "withdrawal ignored: placed elsewhere or ended");
+        let placed = ledger.file().components.get(component as usize);
+        if placed != Some(&Some(cluster.clone())) {
+            debug!(component, cluster = %cluster, "withdrawal ignored: not placed there");
             return Vec::new();
         }
-        *slot = None;
-        ledger.file.state = JobState::Waiting;
+        if ledger.book().is_finished(u64::from(component)) {
+            debug!(component, cluster = %cluster, "withdrawal ignored: ended");
+            return Vec::new();
+        }
+        if let Some(slot) = ledger.placements_mut().get_mut(component as usize) {
+            *slot = None;
+        }
+        ledger.set_state(JobState::Waiting);
         warn!(component, cluster = %cluster, reason, "grid component withdrawn; waiting to be placed again");
         vec![Effect::SaveJobFile, Effect::Report]
     }
@@ -119,11 +121,11 @@ impl Grid {
     fn component_ended(&mut self, ledger: &mut Ledger, outcome: ComponentOutcome) -> Vec<Effect> {
         let task = u64::from(outcome.component);
         let placed_here = ledger
-            .file
+            .file()
             .components
             .get(task as usize)
             .is_some_and(|placed| placed.as_ref() == Some(&outcome.cluster));
-        if ledger.book.is_finished(task) || !placed_here {
+        if ledger.book().is_finished(task) || !placed_here {
             debug!(component = task, cluster = %outcome.cluster, "component end ignored: ended before, or from an earlier run");
             return Vec::new();
         }
@@ -139,7 +141,7 @@ impl Grid {
             _ => RunStatus::Failed,
         };
         let result = ResultMsg {
-            job: ledger.id.clone(),
+            job: ledger.id().clone(),
             task,
             attempt: 1,
             preemptions: 0,
@@ -157,7 +159,7 @@ impl Grid {
         };
         info!(component = task, cluster = %result.cluster, exit_code = ?result.exit_code, "grid component ended");
         let entry = self.entry(ledger, task, status.into(), Some(&result));
-        ledger.book.finish(task, status.into());
+        ledger.finish(task, status.into());
         vec![
             Effect::WriteOutputs(Box::new(result)),
             Effect::Record(vec![entry]),
@@ -169,7 +171,7 @@ impl Grid {
     /// Ended without an exit status, and not at its walltime (where the
     /// batch system kills it and a rerun would be killed again).
     fn lost(&self, ledger: &Ledger, outcome: &ComponentOutcome) -> bool {
-        let walltime_ms = ledger.manifest.walltime.map(|w| w.as_millis() as u64);
+        let walltime_ms = ledger.manifest().walltime.map(|w| w.as_millis() as u64);
         outcome.exit_code.is_none()
             && walltime_ms.is_none_or(|w| outcome.runtime_ms.saturating_add(WALLTIME_MARGIN_MS) < w)
     }
@@ -177,8 +179,8 @@ impl Grid {
     /// Another run can still make the job whole: no component has ended,
     /// and runs are left.
     fn may_restart(&self, ledger: &Ledger) -> bool {
-        ledger.book.counts().finished() == 0
-            && ledger.file.restarts.saturating_add(1) < ledger.manifest.max_attempts
+        ledger.book().counts().finished() == 0
+            && ledger.file().restarts.saturating_add(1) < ledger.manifest().max_attempts
     }
 
     /// Stops every component still standing and sends the job back to
@@ -190,24 +192,24 @@ impl Grid {
         cluster: &ClusterName,
         reason: &str,
     ) -> Vec<Effect> {
-        ledger.file.restarts += 1;
-        warn!(component, cluster = %cluster, reason, restarts = ledger.file.restarts, "grid component lost: stopping the others, placing the job again");
-        let mut effects: Vec<Effect> = std::mem::take(&mut ledger.clusters)
+        let restarts = ledger.restarted();
+        warn!(component, cluster = %cluster, reason, restarts, "grid component lost: stopping the others, placing the job again");
+        let mut effects: Vec<Effect> = ledger
+            .forget_clusters()
             .into_iter()
             .map(|cluster| Effect::ToKcm {
                 cluster,
                 msg: KcmMsg::JobEnded {
-                    job: ledger.id.clone(),
+                    job: ledger.id().clone(),
                 },
                 followup: Followup::Nothing,
             })
             .collect();
         ledger
-            .file
-            .components
+            .placements_mut()
             .iter_mut()
             .for_each(|placed| *placed = None);
-        ledger.file.state = JobState::Waiting;
+        ledger.set_state(JobState::Waiting);
         effects.extend([Effect::SaveJobFile, Effect::Report]);
         effects
     }
@@ -221,17 +223,18 @@ impl Kind for Grid {
     /// running where it was placed before a restart.
     fn start(&mut self, ledger: &mut Ledger) -> Vec<Effect> {
         ledger.take_over();
-        let components = ledger.manifest.components.len();
-        ledger.file.components.resize(components, None);
-        ledger
-            .clusters
-            .extend(ledger.file.components.iter().flatten().cloned());
-        let placed = ledger.file.components.iter().all(Option::is_some);
-        ledger.file.state = if placed {
+        let components = ledger.manifest().components.len();
+        ledger.placements_mut().resize(components, None);
+        let placements = ledger.file().components.clone();
+        for cluster in placements.iter().flatten() {
+            ledger.involve(cluster.clone());
+        }
+        let placed = placements.iter().all(Option::is_some);
+        ledger.set_state(if placed {
             JobState::Running
         } else {
             JobState::Waiting
-        };
+        });
         info!(components, placed, "grid job registered");
         vec![Effect::SaveJobFile, Effect::Report]
     }
@@ -258,7 +261,7 @@ impl Kind for Grid {
     }
 
     fn on_control(&mut self, ledger: &mut Ledger, msg: ControlMsg, _now: Now) -> Vec<Effect> {
-        let job = &ledger.id;
+        let job = ledger.id();
         match msg {
             ControlMsg::Place { clusters } => self.place(ledger, clusters),
             ControlMsg::PlacementFailed { reason } => {
@@ -313,7 +316,7 @@ impl Kind for Grid {
                 warn!(component, cluster = %cluster, "no kcm for the cluster; component failed");
                 let task = u64::from(component);
                 let entry = self.entry(ledger, task, FinalStatus::Failed, None);
-                ledger.book.finish(task, FinalStatus::Failed);
+                ledger.finish(task, FinalStatus::Failed);
                 vec![Effect::Record(vec![entry])]
             }
             _ => Vec::new(),
@@ -327,11 +330,11 @@ impl Kind for Grid {
     /// Running components are those placed and not yet ended.
     fn standing(&mut self, ledger: &mut Ledger, now: Now) -> JobReport {
         let running = ledger
-            .file
+            .file()
             .components
             .iter()
             .enumerate()
-            .filter(|(i, placed)| placed.is_some() && !ledger.book.is_finished(*i as u64))
+            .filter(|(i, placed)| placed.is_some() && !ledger.book().is_finished(*i as u64))
             .count() as u64;
         ledger.report(running, BTreeMap::new(), 0, now)
     }
@@ -344,7 +347,7 @@ impl Kind for Grid {
         result: Option<&ResultMsg>,
     ) -> IndexEntry {
         let command = ledger
-            .manifest
+            .manifest()
             .components
             .get(task as usize)
             .map(|c| c.command.clone())
@@ -353,7 +356,7 @@ impl Kind for Grid {
     }
 
     fn clusters(&self, ledger: &Ledger) -> BTreeSet<ClusterName> {
-        ledger.clusters.clone()
+        ledger.clusters().clone()
     }
 }
 
@@ -607,7 +610,8 @@ mod tests {
     fn a_component_for_a_cluster_without_a_kcm_fails_once_no_run_is_left() {
         let t0 = Instant::now();
         let mut grid = placed(t0);
-        grid.ledger_mut().file.restarts = 2;
+        grid.ledger_mut().restarted();
+        grid.ledger_mut().restarted();
         let effects = grid.on_delivery(
             Followup::Component {
                 component: 0,

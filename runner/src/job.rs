@@ -360,7 +360,7 @@ impl<K: Kind> Shell<K> {
         let mut control: Inbox<ControlMsg> = connection
             .inbox(publisher, &self.queues.control, options(256))
             .await?;
-        let mut heartbeat = tokio::time::interval(self.machine.job().ledger().settings.heartbeat);
+        let mut heartbeat = tokio::time::interval(self.machine.job().ledger().settings().heartbeat);
         // The first control message of a batch, held while the rest gather.
         let mut first_control = None;
         let gathered = tokio::time::sleep(Duration::ZERO);

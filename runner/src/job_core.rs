@@ -108,27 +108,128 @@ pub struct Refusal {
 /// What every job keeps, whatever its kind.
 #[derive(Debug)]
 pub struct Ledger {
-    pub id: JobId,
-    pub manifest: Manifest,
-    pub settings: JobSettings,
-    pub book: TaskBook,
+    id: JobId,
+    manifest: Manifest,
+    settings: JobSettings,
+    book: TaskBook,
     /// `job.json` as last decided; counts are filled in when it is written.
-    pub file: JobFile,
+    file: JobFile,
     runner: String,
-    pub preemptions: u64,
+    preemptions: u64,
     /// Clusters involved in the job, whose kcms are told when it ends.
-    pub clusters: BTreeSet<ClusterName>,
+    clusters: BTreeSet<ClusterName>,
     /// Progress (finished, running) last told to watchers.
     reported: Option<(u64, u64)>,
     /// Given to kcms with each grow, for the launchers to connect as.
-    pub launcher_credentials: Option<Credentials>,
+    launcher_credentials: Option<Credentials>,
     /// The manifest's final step, kept in the book as one entry beyond the
     /// tasks (so that it is retried and counted like one), but recorded in
     /// `job.json`, not the index.
-    pub final_task: Option<u64>,
+    final_task: Option<u64>,
 }
 
+/// What a kind reads of the ledger, and the rules by which it changes.
 impl Ledger {
+    pub fn id(&self) -> &JobId {
+        &self.id
+    }
+
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    pub fn settings(&self) -> &JobSettings {
+        &self.settings
+    }
+
+    /// Where each task stands.
+    pub fn book(&self) -> &TaskBook {
+        &self.book
+    }
+
+    /// `job.json` as last decided (its counts are filled in when written).
+    pub fn file(&self) -> &JobFile {
+        &self.file
+    }
+
+    /// The final step's number in the book, if the job has one.
+    pub fn final_task(&self) -> Option<u64> {
+        self.final_task
+    }
+
+    pub fn launcher_credentials(&self) -> Option<&Credentials> {
+        self.launcher_credentials.as_ref()
+    }
+
+    /// Clusters involved in the job, whose kcms are told when it ends.
+    pub fn clusters(&self) -> &BTreeSet<ClusterName> {
+        &self.clusters
+    }
+
+    /// What a run's result means for its task (see [`TaskBook::judge`]).
+    pub fn judge(&mut self, result: &ResultMsg) -> crate::book::Verdict {
+        self.book.judge(result)
+    }
+
+    /// A task's final state; `false` if it had one.
+    pub fn finish(&mut self, task: u64, status: FinalStatus) -> bool {
+        self.book.finish(task, status)
+    }
+
+    /// The final step's end, in the book and in `job.json`.
+    pub fn finish_final(&mut self, outcome: FinalOutcome) {
+        if let Some(task) = self.final_task {
+            self.book.finish(task, outcome.book_status());
+        }
+        self.file.final_step = Some(outcome);
+    }
+
+    /// Preemptions a finished task went through.
+    pub fn count_preemptions(&mut self, preemptions: u32) {
+        self.preemptions += u64::from(preemptions);
+    }
+
+    /// A cluster the job has launchers or components on.
+    pub fn involve(&mut self, cluster: ClusterName) {
+        self.clusters.insert(cluster);
+    }
+
+    /// The clusters involved so far, forgotten (a grid job placed anew).
+    pub fn forget_clusters(&mut self) -> BTreeSet<ClusterName> {
+        std::mem::take(&mut self.clusters)
+    }
+
+    pub fn set_state(&mut self, state: JobState) {
+        self.file.state = state;
+    }
+
+    /// An open job takes no more tasks.
+    pub fn close(&mut self) {
+        self.file.closed = true;
+    }
+
+    /// The final step is on its way to the task queue.
+    pub fn final_published(&mut self) {
+        self.file.final_published = true;
+    }
+
+    /// An open job's additions so far are all with the broker.
+    pub fn additions_published(&mut self, additions: u32) {
+        self.file.additions_published = additions;
+    }
+
+    /// Where a grid job's components are placed (`None`: not yet), as
+    /// `job.json` records it.
+    pub fn placements_mut(&mut self) -> &mut Vec<Option<ClusterName>> {
+        &mut self.file.components
+    }
+
+    /// A grid job goes back to be placed again.
+    pub fn restarted(&mut self) -> u32 {
+        self.file.restarts += 1;
+        self.file.restarts
+    }
+
     /// Opens a job of `total` tasks (and its final step, if it has one)
     /// from what its results directory holds.
     pub fn open(opening: Opening<'_>, total: u64, now: Now) -> Result<Self, Refusal> {

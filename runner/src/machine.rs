@@ -87,7 +87,7 @@ impl<K: Kind> JobMachine<K> {
     /// Whether `sender` may send `msg`: where the job's launchers have an
     /// account of their own, it speaks of launchers only.
     fn may_send(&self, msg: &ControlMsg, sender: Option<&str>) -> bool {
-        match &self.job.ledger().launcher_credentials {
+        match &self.job.ledger().launcher_credentials() {
             Some(launchers) => may_send_control(msg, sender, &launchers.user),
             None => true,
         }
@@ -327,7 +327,7 @@ mod tests {
         assert_eq!(done, 1, "{effects:?}");
         assert!(matches!(effects.last(), Some(Effect::DeleteQueues)));
         assert!(machine.is_over());
-        assert_eq!(machine.job().ledger().file.state, JobState::Done);
+        assert_eq!(machine.job().ledger().file().state, JobState::Done);
 
         machine.handle(
             JobEvent::Control {
@@ -426,6 +426,6 @@ mod tests {
         machine.handle(cancel(Some("gleaner-services")), at(t0, 2));
         drain(&mut machine, at(t0, 2));
         assert!(machine.is_over());
-        assert_eq!(machine.job().ledger().file.state, JobState::Cancelled);
+        assert_eq!(machine.job().ledger().file().state, JobState::Cancelled);
     }
 }

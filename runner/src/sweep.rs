@@ -122,11 +122,11 @@ impl Sweep {
             .map_or(tasks.len(), |(_, first, list)| first + list.len());
         let ledger = Ledger::open(opening, total, now)?;
         // The final step runs elsewhere, in a sandbox of its own.
-        let results = std::path::absolute(&ledger.file.results)
-            .unwrap_or_else(|_| ledger.file.results.clone().into())
+        let results = std::path::absolute(&ledger.file().results)
+            .unwrap_or_else(|_| ledger.file().results.clone().into())
             .display()
             .to_string();
-        let mut maker = TaskMaker::new(ledger.id.clone(), &ledger.manifest, tasks, results);
+        let mut maker = TaskMaker::new(ledger.id().clone(), ledger.manifest(), tasks, results);
         let mut additions = Vec::new();
         for (id, first, list) in added {
             additions.push((id, first..first + list.len()));
@@ -150,7 +150,7 @@ impl Sweep {
         let idle = now.instant.saturating_duration_since(self.last_news);
         if !ledger.takes_tasks()
             || ledger.counts().unfinished() > 0
-            || idle < ledger.settings.open_idle
+            || idle < ledger.settings().open_idle
         {
             return Vec::new();
         }
@@ -164,14 +164,14 @@ impl Sweep {
     /// Publishes the final step once every task has a final state (or,
     /// when it runs only after success and a task failed, skips it).
     fn final_step_due(&mut self, ledger: &mut Ledger) -> Vec<Effect> {
-        let (Some(task), Some(step)) = (ledger.final_task, ledger.manifest.final_step.as_ref())
+        let (Some(task), Some(step)) = (ledger.final_task(), ledger.manifest().final_step.as_ref())
         else {
             return Vec::new();
         };
-        if ledger.file.final_published
+        if ledger.file().final_published
             || ledger.takes_tasks()
-            || ledger.book.is_finished(task)
-            || ledger.book.unfinished().any(|t| t != task)
+            || ledger.book().is_finished(task)
+            || ledger.book().unfinished().any(|t| t != task)
         {
             return Vec::new();
         }
@@ -182,12 +182,11 @@ impl Sweep {
                 total = counts.total,
                 "final step skipped: not every task succeeded"
             );
-            ledger.book.finish(task, FinalStatus::Cancelled);
-            ledger.file.final_step = Some(FinalOutcome::skipped());
+            ledger.finish_final(FinalOutcome::skipped());
             return vec![Effect::SaveJobFile];
         }
         info!("every task ended: final step published");
-        ledger.file.final_published = true;
+        ledger.final_published();
         vec![
             Effect::Publish(self.tasks.msg(task, 1, 0).into_iter().collect()),
             Effect::SaveJobFile,
@@ -208,7 +207,7 @@ impl Sweep {
             );
             return vec![Effect::Answer(ActionReply::Accepted {})];
         }
-        if ledger.file.state == JobState::Cancelled {
+        if ledger.file().state == JobState::Cancelled {
             return refuse("the job was cancelled".to_owned());
         }
         if !ledger.takes_tasks() {
@@ -249,7 +248,7 @@ impl Sweep {
             return Vec::new();
         }
         info!("closed: it ends once its tasks have");
-        ledger.file.closed = true;
+        ledger.close();
         let mut effects = vec![Effect::SaveJobFile];
         effects.extend(self.final_step_due(ledger));
         effects.push(Effect::Report);
@@ -264,11 +263,10 @@ impl Sweep {
         result: ResultMsg,
         retries: &mut Vec<TaskMsg>,
     ) -> Vec<Effect> {
-        match ledger.book.judge(&result) {
+        match ledger.judge(&result) {
             Verdict::Final(status) => {
                 info!(status = status.name(), exit_code = ?result.exit_code, attempt = result.attempt, "final step ended");
-                ledger.book.finish(result.task, status);
-                ledger.file.final_step = Some(FinalOutcome::of(status, Some(&result)));
+                ledger.finish_final(FinalOutcome::of(status, Some(&result)));
                 vec![
                     Effect::WriteFinalOutputs(Box::new(result)),
                     Effect::SaveJobFile,
@@ -291,10 +289,10 @@ impl Sweep {
         cluster: ClusterName,
         slots: u32,
     ) -> Vec<Effect> {
-        let job = &ledger.id;
-        let manifest = &ledger.manifest;
+        let job = ledger.id();
+        let manifest = ledger.manifest();
         let need = share::Need {
-            unfinished: ledger.book.counts().unfinished(),
+            unfinished: ledger.book().counts().unfinished(),
             task_slots: manifest.slots,
             max_slots: manifest.max_launchers,
         };
@@ -313,8 +311,8 @@ impl Sweep {
                     grant,
                     slots: accepted,
                     task_slots: need.task_slots,
-                    owner: ledger.file.owner.clone(),
-                    credentials: ledger.launcher_credentials.clone(),
+                    owner: ledger.file().owner.clone(),
+                    credentials: ledger.launcher_credentials().cloned(),
                 },
                 followup: Followup::Grow {
                     cluster,
@@ -335,7 +333,7 @@ impl Sweep {
             order.slots,
             &order.hosts,
             now.wall_ms,
-            ledger.manifest.max_preemptions,
+            ledger.manifest().max_preemptions,
         );
         info!(cluster = %order.cluster, slots = order.slots, mode = ?order.mode, reason = order.reason, hosts = ?order.hosts, launchers = ?victims, freed, "shrinking");
         if freed > order.slots {
@@ -366,9 +364,9 @@ impl Sweep {
             effects.push(Effect::ToKcm {
                 cluster: cluster.clone(),
                 msg: KcmMsg::Release {
-                    job: ledger.id.clone(),
+                    job: ledger.id().clone(),
                     launchers: victims,
-                    grace_ms: ledger.settings.preempt_grace.as_millis() as u64,
+                    grace_ms: ledger.settings().preempt_grace.as_millis() as u64,
                 },
                 followup: Followup::Nothing,
             });
@@ -383,9 +381,9 @@ impl Sweep {
     /// remove their placeholders at once, so that a launcher cut off does
     /// not hold its slots until the batch system's walltime.
     fn expire_silent(&mut self, ledger: &mut Ledger, now: Now) -> Vec<Effect> {
-        let job = &ledger.id;
+        let job = ledger.id();
         self.launchers
-            .expire(now.instant, ledger.settings.launcher_heartbeat)
+            .expire(now.instant, ledger.settings().launcher_heartbeat)
             .into_iter()
             .map(|(cluster, launchers)| {
                 warn!(cluster = %cluster, launchers = ?launchers, "launchers silent too long: forgotten, their placeholders removed");
@@ -410,19 +408,19 @@ impl Kind for Sweep {
     fn start(&mut self, ledger: &mut Ledger) -> Vec<Effect> {
         ledger.take_over();
         let mut effects = Vec::new();
-        if ledger.file.tasks_published {
-            let counts = ledger.book.counts();
+        if ledger.file().tasks_published {
+            let counts = ledger.book().counts();
             info!(
                 finished = counts.finished(),
                 total = counts.total,
                 "job resumed"
             );
             // Additions recorded but perhaps not all published.
-            let book = &ledger.book;
+            let book = ledger.book();
             let unpublished: Vec<u64> = self
                 .additions
                 .iter()
-                .skip(ledger.file.additions_published as usize)
+                .skip(ledger.file().additions_published as usize)
                 .flat_map(|(_, tasks)| tasks.clone())
                 .filter(|&task| !book.is_finished(task))
                 .collect();
@@ -431,7 +429,7 @@ impl Kind for Sweep {
                 additions: self.additions.len() as u32,
             };
             match unpublished.is_empty() {
-                true => ledger.file.additions_published = completes.additions,
+                true => ledger.additions_published(completes.additions),
                 false => effects.push(Effect::PublishFirst(FirstAttempts::new(
                     self.tasks.clone(),
                     unpublished,
@@ -442,11 +440,11 @@ impl Kind for Sweep {
             // Launchers may start meanwhile: the shell publishes a chunk at
             // a time between events, and the job's file says so at the end.
             effects.push(Effect::PurgeTasks);
-            let final_task = ledger.final_task;
+            let final_task = ledger.final_task();
             effects.push(Effect::PublishFirst(FirstAttempts::new(
                 self.tasks.clone(),
                 ledger
-                    .book
+                    .book()
                     .unfinished()
                     .filter(|task| Some(*task) != final_task)
                     .collect(),
@@ -456,7 +454,7 @@ impl Kind for Sweep {
                 },
             )));
         }
-        ledger.file.state = JobState::Running;
+        ledger.set_state(JobState::Running);
         effects.extend(self.final_step_due(ledger));
         effects.extend([Effect::SaveJobFile, Effect::Report]);
         effects
@@ -468,7 +466,7 @@ impl Kind for Sweep {
         batch: impl IntoIterator<Item = ResultMsg>,
         now: Now,
     ) -> Vec<Effect> {
-        let job = ledger.id.clone();
+        let job = ledger.id().clone();
         let mut effects = Vec::new();
         let mut retries = Vec::new();
         let mut entries = Vec::new();
@@ -477,15 +475,15 @@ impl Kind for Sweep {
                 warn!(other = %result.job, "result of another job ignored");
                 continue;
             }
-            if Some(result.task) == ledger.final_task {
+            if Some(result.task) == ledger.final_task() {
                 effects.extend(self.on_final_result(ledger, result, &mut retries));
                 continue;
             }
-            match ledger.book.judge(&result) {
+            match ledger.judge(&result) {
                 Verdict::Final(status) => {
                     entries.push(self.entry(ledger, result.task, status, Some(&result)));
-                    ledger.book.finish(result.task, status);
-                    ledger.preemptions += u64::from(result.preemptions);
+                    ledger.finish(result.task, status);
+                    ledger.count_preemptions(result.preemptions);
                     self.recent.push_back(now.instant);
                     self.last_news = now.instant;
                     debug!(task = result.task, ?status, "task finished");
@@ -518,7 +516,7 @@ impl Kind for Sweep {
         let unfinished: Vec<TaskMsg> = lost
             .tasks
             .iter()
-            .filter(|task| task.job == ledger.id && !ledger.book.is_finished(task.task))
+            .filter(|task| task.job == *ledger.id() && !ledger.book().is_finished(task.task))
             .cloned()
             .collect();
         if lost.tasks.len() > 1 {
@@ -536,15 +534,14 @@ impl Kind for Sweep {
         let Some(task) = unfinished.first() else {
             return Vec::new();
         };
-        if Some(task.task) == ledger.final_task {
+        if Some(task.task) == ledger.final_task() {
             warn!(
                 attempt = task.attempt,
                 "final step lost: its launchers died every time it ran"
             );
-            ledger.book.finish(task.task, FinalStatus::Lost);
             let mut outcome = FinalOutcome::of(FinalStatus::Lost, None);
             outcome.attempts = task.attempt;
-            ledger.file.final_step = Some(outcome);
+            ledger.finish_final(outcome);
             return vec![Effect::SaveJobFile];
         }
         warn!(
@@ -555,18 +552,18 @@ impl Kind for Sweep {
         let mut entry = self.entry(ledger, task.task, FinalStatus::Lost, None);
         entry.attempts = task.attempt;
         entry.preemptions = task.preemptions;
-        ledger.book.finish(task.task, FinalStatus::Lost);
+        ledger.finish(task.task, FinalStatus::Lost);
         let mut effects = vec![Effect::Record(vec![entry])];
         effects.extend(self.final_step_due(ledger));
         effects
     }
 
     fn on_control(&mut self, ledger: &mut Ledger, msg: ControlMsg, now: Now) -> Vec<Effect> {
-        let job = &ledger.id;
+        let job = ledger.id().clone();
         match msg {
             ControlMsg::LauncherUp(info) => {
                 debug!(launcher = %info.launcher, cluster = %info.cluster, host = %info.host, "launcher up");
-                ledger.clusters.insert(info.cluster.clone());
+                ledger.involve(info.cluster.clone());
                 self.launchers.up(&info, now.instant);
                 // Its kcm counts the start as a good one. Launchers reach
                 // their own job's queues only, so the runner tells it.
@@ -651,7 +648,7 @@ impl Kind for Sweep {
             } => {
                 if arrived {
                     info!(cluster = %cluster, grant = %grant, slots, offered, "grow accepted");
-                    ledger.clusters.insert(cluster);
+                    ledger.involve(cluster);
                 } else {
                     warn!(cluster = %cluster, "no kcm queue for the cluster; grow dropped");
                 }
@@ -676,7 +673,7 @@ impl Kind for Sweep {
         effects.extend(self.expire_silent(ledger, now));
         effects.extend(
             self.launchers
-                .poll_silent(now.instant, ledger.settings.launcher_heartbeat)
+                .poll_silent(now.instant, ledger.settings().launcher_heartbeat)
                 .into_iter()
                 .map(|launcher| Effect::ToLauncher {
                     launcher: launcher.clone(),
@@ -718,7 +715,7 @@ impl Kind for Sweep {
     }
 
     fn clusters(&self, ledger: &Ledger) -> BTreeSet<ClusterName> {
-        let mut clusters = ledger.clusters.clone();
+        let mut clusters = ledger.clusters().clone();
         clusters.extend(self.launchers.clusters().cloned());
         clusters
     }
@@ -1024,7 +1021,7 @@ mod tests {
             matches!(
                 effects.as_slice(),
                 [Effect::ToKcm { cluster, msg: KcmMsg::LauncherUp { job, launcher }, followup: Followup::Nothing }]
-                    if cluster.as_str() == "c1" && launcher.as_str() == "a" && *job == sweep.ledger().id
+                    if cluster.as_str() == "c1" && launcher.as_str() == "a" && job == sweep.ledger().id()
             ),
             "{effects:?}"
         );
@@ -1607,7 +1604,7 @@ mod tests {
     fn an_open_job_with_nothing_to_do_is_closed_after_open_idle() {
         let t0 = Instant::now();
         let (mut sweep, _) = new_sweep("name = \"open\"\nopen = true\n", t0);
-        let idle = sweep.ledger().settings.open_idle.as_secs();
+        let idle = sweep.ledger().settings().open_idle.as_secs();
         sweep.poll(at(t0, idle - 1));
         assert_eq!(sweep.ending(), None, "not idle long enough");
         let effects = sweep.on_control(ControlMsg::AddTasks(addition(1, &["a"])), at(t0, idle - 1));
@@ -1616,7 +1613,7 @@ mod tests {
         assert_eq!(sweep.ending(), None, "a task still to run");
         let (mut sweep, _) = new_sweep("name = \"open\"\nopen = true\n", t0);
         sweep.poll(at(t0, idle));
-        assert!(sweep.ledger().file.closed);
+        assert!(sweep.ledger().file().closed);
         assert_eq!(sweep.ending(), Some(JobState::Done));
     }
 

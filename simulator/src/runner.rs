@@ -66,7 +66,7 @@ impl SweepRunner {
 
     /// Tasks that succeeded, as the job's index has them.
     pub fn done(&self) -> u64 {
-        self.machine.job().ledger().book.counts().succeeded
+        self.machine.job().ledger().book().counts().succeeded
     }
 
     /// Hands `event` to the machine and carries out its effects in the
@@ -75,7 +75,7 @@ impl SweepRunner {
     /// whether it exists, a publication is with the broker at once.
     /// Writing outputs, index lines and `job.json` changes nothing here.
     pub fn handle(&mut self, event: JobEvent, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
-        let span = tracing::error_span!("job", job = %self.machine.job().ledger().id);
+        let span = tracing::error_span!("job", job = %self.machine.job().ledger().id());
         let _in_job = span.enter();
         let mut mail = Vec::new();
         self.machine.handle(event, now);
