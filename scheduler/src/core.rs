@@ -227,10 +227,7 @@ impl Core for SchedulerCore {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use gleaner_manifest::{JobKind, Priority};
-    use gleaner_protocol::{ClusterReport, GrantId, JobReport, JobState, TaskCounts};
+    use gleaner_protocol::{ClusterReport, GrantId};
 
     use super::*;
 
@@ -271,30 +268,7 @@ mod tests {
     }
 
     fn job(name: &str) -> SchedulerMsg {
-        SchedulerMsg::JobUpdate(JobReport {
-            job: format!("{name}-0123456789abcdef").parse().unwrap(),
-            owner: "alice".into(),
-            kind: JobKind::Scavenge,
-            priority: Priority::SuperLow,
-            state: JobState::Running,
-            runner: "r".into(),
-            tasks: TaskCounts {
-                total: 10,
-                pending: 10,
-                ..TaskCounts::default()
-            },
-            launchers: BTreeMap::new(),
-            throughput: 0.0,
-            preemptions: 0,
-            started_at: 0,
-            results: String::new(),
-            components: Vec::new(),
-            max_slots: None,
-            problem: None,
-            weight: 1,
-            task_slots: 1,
-            open: false,
-        })
+        SchedulerMsg::JobUpdate(crate::state::tests::job_report(name, 10))
     }
 
     #[test]
