@@ -220,7 +220,11 @@ mod tests {
 
     use super::*;
     use crate::{
-        job_core::testing::{at, opening, result, submission},
+        job_core::{
+            Opening,
+            testing::{at, opening, result, submission},
+        },
+        records::JobFile,
         sweep::Sweep,
     };
 
@@ -266,12 +270,29 @@ mod tests {
         }
     }
 
-    fn started(manifest: &str, t0: Instant) -> JobMachine<Sweep> {
+    const ONE: &str = "name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1]\n";
+    const TWO: &str = "name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1, 2]\n";
+
+    /// A machine of a sweep opened at `t0` (from `job.json`, if given),
+    /// told to start; `change` adjusts what the runner found first.
+    fn machine(
+        manifest: &str,
+        job_file: Option<JobFile>,
+        change: impl FnOnce(&mut Opening<'_>),
+        t0: Instant,
+    ) -> JobMachine<Sweep> {
         let submission = submission(manifest);
         let tasks = gleaner_manifest::TaskList::new(&submission.manifest).unwrap();
-        let core = Sweep::open(opening(&submission, vec![], None), tasks, at(t0, 0)).unwrap();
-        let mut machine = JobMachine::new(core);
+        let mut found = opening(&submission, vec![], job_file);
+        change(&mut found);
+        let job = Sweep::open(found, tasks, at(t0, 0)).unwrap();
+        let mut machine = JobMachine::new(job);
         machine.handle(JobEvent::Start, at(t0, 0));
+        machine
+    }
+
+    fn started(manifest: &str, t0: Instant) -> JobMachine<Sweep> {
+        let mut machine = machine(manifest, None, |_| {}, t0);
         drain(&mut machine, at(t0, 0));
         machine
     }
@@ -279,10 +300,7 @@ mod tests {
     #[test]
     fn a_report_counts_what_its_polls_found() {
         let t0 = Instant::now();
-        let mut machine = started(
-            "name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1, 2]\n",
-            t0,
-        );
+        let mut machine = started(TWO, t0);
         for launcher in ["a", "b"] {
             machine.handle(up(launcher), at(t0, 0));
             drain(&mut machine, at(t0, 0));
@@ -311,10 +329,7 @@ mod tests {
     #[test]
     fn a_job_whose_tasks_are_over_ends_once_and_then_refuses_tasks() {
         let t0 = Instant::now();
-        let mut machine = started(
-            "name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1]\n",
-            t0,
-        );
+        let mut machine = started(ONE, t0);
         machine.handle(
             JobEvent::Results(vec![result(0, 1, RunStatus::Succeeded)]),
             at(t0, 2),
@@ -355,19 +370,9 @@ mod tests {
     #[test]
     fn an_ended_job_is_only_wound_up() {
         let t0 = Instant::now();
-        let submission =
-            submission("name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1]\n");
-        let tasks = gleaner_manifest::TaskList::new(&submission.manifest).unwrap();
-        let mut file = started(
-            "name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1]\n",
-            t0,
-        )
-        .job()
-        .job_file();
+        let mut file = started(ONE, t0).job().job_file();
         file.state = JobState::Done;
-        let core = Sweep::open(opening(&submission, vec![], Some(file)), tasks, at(t0, 5)).unwrap();
-        let mut machine = JobMachine::new(core);
-        machine.handle(JobEvent::Start, at(t0, 5));
+        let mut machine = machine(ONE, Some(file), |_| {}, t0);
         let effects = drain(&mut machine, at(t0, 5));
         assert!(
             !effects
@@ -382,12 +387,7 @@ mod tests {
     #[test]
     fn results_wait_while_every_task_is_being_published() {
         let t0 = Instant::now();
-        let submission =
-            submission("name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1, 2]\n");
-        let tasks = gleaner_manifest::TaskList::new(&submission.manifest).unwrap();
-        let job = Sweep::open(opening(&submission, vec![], None), tasks, at(t0, 0)).unwrap();
-        let mut machine = JobMachine::new(job);
-        machine.handle(JobEvent::Start, at(t0, 0));
+        let mut machine = machine(TWO, None, |_| {}, t0);
         let mut publication = None;
         while let Some(effect) = machine.poll_effect(at(t0, 0)) {
             if let Effect::PublishFirst(first) = effect {
@@ -402,17 +402,13 @@ mod tests {
     #[test]
     fn a_launchers_account_cannot_cancel_its_job() {
         let t0 = Instant::now();
-        let submission =
-            submission("name = \"m\"\n[sweep]\ncommand = \"true {x}\"\nparams.x = [1]\n");
-        let tasks = gleaner_manifest::TaskList::new(&submission.manifest).unwrap();
-        let mut apart = opening(&submission, vec![], None);
-        apart.launcher_credentials = Some(gleaner_protocol::Credentials {
-            user: "gleaner-launcher-j".into(),
-            password: "p".into(),
-        });
-        let job = Sweep::open(apart, tasks, at(t0, 0)).unwrap();
-        let mut machine = JobMachine::new(job);
-        machine.handle(JobEvent::Start, at(t0, 0));
+        let apart = |found: &mut Opening<'_>| {
+            found.launcher_credentials = Some(gleaner_protocol::Credentials {
+                user: "gleaner-launcher-j".into(),
+                password: "p".into(),
+            });
+        };
+        let mut machine = machine(ONE, None, apart, t0);
         drain(&mut machine, at(t0, 0));
         let cancel = |sender: Option<&str>| JobEvent::Control {
             msg: ControlMsg::Cancel { reason: "x".into() },
