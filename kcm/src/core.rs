@@ -413,11 +413,22 @@ impl KcmCore {
                 }
                 self.grants.recent.push_back(grant);
                 self.grants.applied.push(grant);
-                if self.config.users.is_single() && credentials.is_some() {
-                    // Its launchers would run as this kcm's account.
+                // The runner and this kcm must agree on users: kept apart,
+                // the job's launchers connect with an account of their own
+                // and run as its owner.
+                let disagreement = match (self.config.users.is_single(), credentials.is_some()) {
+                    (true, true) => Some(
+                        "the job's runner keeps users apart and this kcm does not ([users] single = true): its launchers would run as the kcm",
+                    ),
+                    (false, false) => Some(
+                        "the job has no launcher account: its runner keeps no users apart ([users] single = true), this kcm does",
+                    ),
+                    _ => None,
+                };
+                if let Some(message) = disagreement {
                     let refused = Err(BackendError {
                         command: format!("run as the owner of the job ({owner})"),
-                        message: "the job's runner keeps users apart and this kcm does not ([users] single = true): its launchers would run as the kcm".to_owned(),
+                        message: message.to_owned(),
                     });
                     let answer = Event::LaunchersSubmitted {
                         job,
@@ -1175,6 +1186,14 @@ mod tests {
     const SETTLE: Duration = Duration::from_secs(5);
     const MAX_PENDING: Duration = Duration::from_secs(60);
 
+    /// The account a job's launchers connect as, where users are kept apart.
+    fn launcher_account() -> Credentials {
+        Credentials {
+            user: "gleaner-launcher-a".into(),
+            password: "p".into(),
+        }
+    }
+
     fn core() -> KcmCore {
         KcmCore::new(CoreConfig {
             cluster: "c1".into(),
@@ -1268,7 +1287,7 @@ mod tests {
             slots: 8,
             task_slots,
             owner: "alice".into(),
-            credentials: None,
+            credentials: Some(launcher_account()),
         };
         let submits = |effects: Vec<Effect>| {
             effects
@@ -1425,7 +1444,7 @@ mod tests {
                 slots: 2,
                 task_slots: 1,
                 owner: "alice".into(),
-                credentials: None,
+                credentials: Some(launcher_account()),
             },
             clock.at(100),
         );
@@ -1628,7 +1647,7 @@ mod tests {
             slots: 2,
             task_slots: 1,
             owner: "alice".into(),
-            credentials: None,
+            credentials: Some(launcher_account()),
         };
         let first = message(&mut kcm, order(), clock.at(0));
         assert!(matches!(first[0], Effect::SubmitLaunchers { slots: 2, .. }));
@@ -1640,39 +1659,40 @@ mod tests {
     }
 
     #[test]
-    fn a_kcm_of_one_user_starts_no_launchers_for_a_job_whose_users_are_kept_apart() {
+    fn a_kcm_and_a_runner_that_disagree_on_users_start_no_launchers() {
         let clock = Clock::new();
-        let mut kcm = KcmCore::new(CoreConfig {
-            users: Users {
-                single: Some(true),
-                ..Users::default()
-            },
-            ..core().config
-        });
-        poll(&mut kcm, cluster(4, Vec::new()), clock.at(0));
-        let effects = message(
-            &mut kcm,
-            KcmMsg::StartLaunchers {
+        let single = Users {
+            single: Some(true),
+            ..Users::default()
+        };
+        let cases = [
+            (single, Some(launcher_account()), "keeps users apart"),
+            (Users::default(), None, "no launcher account"),
+        ];
+        for (users, credentials, why) in cases {
+            let mut kcm = KcmCore::new(CoreConfig {
+                users,
+                ..core().config
+            });
+            poll(&mut kcm, cluster(4, Vec::new()), clock.at(0));
+            let order = KcmMsg::StartLaunchers {
                 job: job("a"),
                 grant: GrantId::new(1),
                 slots: 2,
                 task_slots: 1,
                 owner: "alice".into(),
-                credentials: Some(Credentials {
-                    user: "gleaner-launcher-a".into(),
-                    password: "p".into(),
-                }),
-            },
-            clock.at(0),
-        );
-        assert!(
-            !effects
-                .iter()
-                .any(|e| matches!(e, Effect::SubmitLaunchers { .. })),
-            "they would run as the kcm: {effects:?}"
-        );
-        let error = report(&mut kcm, clock.at(0)).error.unwrap_or_default();
-        assert!(error.contains("keeps users apart"), "{error}");
+                credentials,
+            };
+            let effects = message(&mut kcm, order, clock.at(0));
+            assert!(
+                !effects
+                    .iter()
+                    .any(|e| matches!(e, Effect::SubmitLaunchers { .. })),
+                "{why}: {effects:?}"
+            );
+            let error = report(&mut kcm, clock.at(0)).error.unwrap_or_default();
+            assert!(error.contains(why), "{error}");
+        }
     }
 
     #[test]
@@ -1690,7 +1710,7 @@ mod tests {
                     slots: 4,
                     task_slots: 1,
                     owner: "alice".into(),
-                    credentials: None,
+                    credentials: Some(launcher_account()),
                 },
                 clock.at(0),
             );
@@ -1727,7 +1747,7 @@ mod tests {
                 slots: 4,
                 task_slots: 1,
                 owner: "alice".into(),
-                credentials: None,
+                credentials: Some(launcher_account()),
             },
             clock.at(0),
         );
@@ -1754,7 +1774,7 @@ mod tests {
                 slots: 1,
                 task_slots: 1,
                 owner: "bob".into(),
-                credentials: None,
+                credentials: Some(launcher_account()),
             },
             clock.at(0),
         );
@@ -2348,7 +2368,7 @@ mod tests {
             slots: 1,
             task_slots: 1,
             owner: owner.into(),
-            credentials: None,
+            credentials: Some(launcher_account()),
         }
     }
 

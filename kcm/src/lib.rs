@@ -319,9 +319,9 @@ impl<B: Backend> Kcm<B> {
             command: format!("write {}", path.display()),
             message,
         };
-        let credentials = credentials.ok_or_else(|| {
-            failed("the job has no launcher account: its runner keeps no users apart ([users] single = true), this kcm does".to_owned())
-        })?;
+        // The core starts no launchers of such a job.
+        let credentials =
+            credentials.ok_or_else(|| failed("the job has no launcher account".to_owned()))?;
         let text = self.backend.launcher_command().owner_settings(credentials);
         write_private(&path, &text, account).map_err(|e| failed(e.to_string()))?;
         Ok(path)

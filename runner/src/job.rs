@@ -369,13 +369,19 @@ impl<K: Kind> Shell<K> {
             if self.machine.is_over() {
                 // Tasks on their way to a job that ended go back to their
                 // senders with the machine's answer, not deleted unread.
-                let mut late: Vec<_> = std::mem::take(&mut self.late);
+                let late = std::mem::take(&mut self.late);
                 let held = first_control.take().into_iter();
                 let prefetched = std::iter::from_fn(|| control.next().now_or_never().flatten());
-                late.extend(held.chain(prefetched.flatten()).map(|i| (i.msg, i.reply)));
-                for (msg, reply) in late {
+                let mut late: Vec<_> = late
+                    .into_iter()
+                    .map(|(msg, reply)| (msg, reply, None))
+                    .collect();
+                late.extend(
+                    held.chain(prefetched.flatten())
+                        .map(|i| (i.msg, i.reply, i.user)),
+                );
+                for (msg, reply, sender) in late {
                     self.answering = Some(reply);
-                    let sender = None;
                     self.handle(JobEvent::Control { msg, sender }, Now::read())
                         .await?;
                 }

@@ -144,6 +144,9 @@ impl<K: Kind> Core for JobMachine<K> {
                 self.push(vec![Effect::DeclareQueues]);
                 self.push(start);
             }
+            // After the end nothing a message asks is done: whoever sent
+            // tasks hears that they were not added.
+            JobEvent::Control { msg, .. } if self.ended => self.push(Self::after_the_end(&msg)),
             JobEvent::Control { msg, sender } if !self.may_send(&msg, sender.as_deref()) => {
                 warn!(
                     sender = sender.as_deref().unwrap_or("-"),
@@ -151,7 +154,6 @@ impl<K: Kind> Core for JobMachine<K> {
                     "control message from a sender who may not send it; dropped"
                 );
             }
-            JobEvent::Control { msg, .. } if self.ended => self.push(Self::after_the_end(&msg)),
             JobEvent::Results(_) | JobEvent::Lost(_) | JobEvent::Heartbeat if self.ended => {
                 debug!("the job has ended; ignored");
             }
@@ -397,6 +399,40 @@ mod tests {
         assert!(!machine.takes_results(), "the publication is under way");
         machine.handle(JobEvent::Published(publication.unwrap()), at(t0, 1));
         assert!(machine.takes_results());
+    }
+
+    #[test]
+    fn tasks_sent_after_the_end_are_refused_to_any_sender() {
+        let t0 = Instant::now();
+        let apart = |found: &mut Opening<'_>| {
+            found.launcher_credentials = Some(gleaner_protocol::Credentials {
+                user: "gleaner-launcher-j".into(),
+                password: "p".into(),
+            });
+        };
+        let mut machine = machine(ONE, None, apart, t0);
+        drain(&mut machine, at(t0, 0));
+        machine.handle(
+            JobEvent::Results(vec![result(0, 1, RunStatus::Succeeded)]),
+            at(t0, 1),
+        );
+        drain(&mut machine, at(t0, 1));
+        assert!(machine.is_over());
+        // Taken from the queue as it was deleted: nobody is named.
+        let late = JobEvent::Control {
+            msg: ControlMsg::AddTasks(Addition {
+                id: 1,
+                tasks: Vec::new(),
+                sweep: None,
+            }),
+            sender: None,
+        };
+        machine.handle(late, at(t0, 2));
+        let effects = drain(&mut machine, at(t0, 2));
+        assert!(
+            matches!(&effects[..], [Effect::Answer(ActionReply::Refused { .. })]),
+            "{effects:?}"
+        );
     }
 
     #[test]
