@@ -37,8 +37,12 @@ pub enum Event {
     /// Answers [`Effect::TakeOver`]: the grid bookkeeping the last active
     /// scheduler handed over, if any.
     HandedOver(Option<GridSnapshot>),
-    /// A job's end, read from the history.
-    Ended(EndedJob),
+    /// An event read from the history stream, and when it was sent (in
+    /// seconds), if it says.
+    History {
+        event: gleaner_protocol::Event,
+        sent_at: Option<u64>,
+    },
     /// A user's request; `user` is its broker-checked `user_id`.
     Request {
         user: Option<String>,
@@ -204,7 +208,12 @@ impl Core for SchedulerCore {
                     self.on_message(message, now.instant);
                 }
             }
-            Event::Ended(ended) => self.state.on_ended(ended, now, &self.config),
+            Event::History { event, sent_at } => {
+                let ended_at = sent_at.map_or(now.wall_ms, |s| s.saturating_mul(1000));
+                if let Some(ended) = EndedJob::of(&event, ended_at) {
+                    self.state.on_ended(ended, now, &self.config);
+                }
+            }
             Event::Request { user, request } => {
                 let answer = self.state.on_request(
                     user.as_deref(),

@@ -29,8 +29,8 @@ use gleaner_broker::{
 use gleaner_manifest::JobId;
 use gleaner_policy::access::Users;
 use gleaner_protocol::{
-    ActionReply, ControlMsg, Core, EndedJob, Event, GrantId, GridSnapshot, Now, RequestMsg,
-    SchedulerMsg, now_ms,
+    ActionReply, ControlMsg, Core, Event, GrantId, GridSnapshot, Now, RequestMsg, SchedulerMsg,
+    now_ms,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
@@ -264,11 +264,8 @@ async fn session(
                     Some(Err(e)) => return Err(e),
                     None => return Err(BrokerError::NoQueue(HISTORY_QUEUE.to_owned())),
                 };
-                let now = Now::read();
-                let ended_at = incoming.sent_at.map_or(now.wall_ms, |s| s.saturating_mul(1000));
-                if let Some(ended) = EndedJob::of(&incoming.msg, ended_at) {
-                    shell.handle(core, CoreEvent::Ended(ended), None).await?;
-                }
+                let event = CoreEvent::History { event: incoming.msg.clone(), sent_at: incoming.sent_at };
+                shell.handle(core, event, None).await?;
                 incoming.ack().await?;
             }
             message = inbox.next() => {
