@@ -324,4 +324,34 @@ mod tests {
         effects(&mut core, Event::Message(cluster("c1", 4)), at(t0, 160));
         assert_eq!(core.poll_timeout(), at(t0, 300).instant);
     }
+
+    #[test]
+    fn an_end_read_from_the_history_is_dated_by_its_sending() {
+        let t0 = Instant::now();
+        let mut core = core(t0);
+        let SchedulerMsg::JobUpdate(report) = job("a") else {
+            unreachable!()
+        };
+        let id = report.job.clone();
+        let ended = Event::History {
+            event: gleaner_protocol::Event::Done(report),
+            sent_at: Some(5),
+        };
+        effects(&mut core, ended, at(t0, 0));
+        let progress = Event::History {
+            event: gleaner_protocol::Event::Progress(crate::state::tests::job_report("b", 1)),
+            sent_at: None,
+        };
+        effects(&mut core, progress, at(t0, 0));
+        let ask = Event::Request {
+            user: Some("alice".into()),
+            request: RequestMsg::Status { job: None },
+        };
+        let answer = effects(&mut core, ask, at(t0, 10));
+        let [Effect::Answer(Answer::Status(reply))] = &answer[..] else {
+            panic!("{answer:?}");
+        };
+        let ended: Vec<_> = reply.ended.iter().map(|e| (&e.job, e.ended_at)).collect();
+        assert_eq!(ended, [(&id, 5_000)], "progress is no end");
+    }
 }
