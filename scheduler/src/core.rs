@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use gleaner_manifest::JobId;
 use gleaner_policy::access::Users;
 use gleaner_protocol::{
-    ControlMsg, Core, EndedJob, GridSnapshot, Now, Outbox, RequestMsg, SchedulerMsg,
+    ActionReply, ControlMsg, Core, EndedJob, GridSnapshot, Now, Outbox, RequestMsg, SchedulerMsg,
 };
 use tracing::info;
 
@@ -48,6 +48,9 @@ pub enum Event {
         user: Option<String>,
         request: RequestMsg,
     },
+    /// Answers [`Effect::Forward`]: whether the job's control queue took
+    /// the message.
+    Forwarded { arrived: bool },
     /// [`SchedulerCore::poll_timeout`] has passed.
     RoundDue,
     /// A job's control queue is gone: it is over.
@@ -67,12 +70,27 @@ pub enum Effect {
     /// over (answer with [`Event::HandedOver`]) and take users' requests.
     TakeOver,
     /// Answer the request being handled.
-    Answer(Answer),
+    Reply(Reply),
+    /// Send a user's order on to the job's runner (answer with
+    /// [`Event::Forwarded`]); an `answerable` one (tasks to add) is
+    /// answered by the runner itself, once it has recorded the tasks.
+    Forward {
+        job: JobId,
+        msg: ControlMsg,
+        answerable: bool,
+    },
     /// Send a round's decisions to the jobs' runners, and hand the grid
     /// bookkeeping over.
     Post(Post),
     /// The metrics page, made again.
     Metrics(String),
+}
+
+/// An answer to a user.
+#[derive(Debug)]
+pub enum Reply {
+    Status(Box<gleaner_protocol::StatusReply>),
+    Action(ActionReply),
 }
 
 /// The scheduler's decisions.
@@ -93,6 +111,9 @@ pub struct SchedulerCore {
     /// The last round handed over an empty grid: the next empty one is
     /// not handed over again.
     handed_over_nothing: bool,
+    /// The reply to the order being forwarded, once its runner has it
+    /// (`None`: the runner answers).
+    forwarding: Option<ActionReply>,
     outbox: Outbox<Effect>,
 }
 
@@ -117,6 +138,7 @@ impl SchedulerCore {
             active: false,
             held: None,
             handed_over_nothing: false,
+            forwarding: None,
             outbox: Outbox::default(),
         }
     }
@@ -222,7 +244,41 @@ impl Core for SchedulerCore {
                     &self.config,
                     &self.users,
                 );
-                self.outbox.push([Effect::Answer(answer)]);
+                let effect = match answer {
+                    Answer::Status(mut reply) => {
+                        reply.scheduler.clone_from(&self.identity);
+                        Effect::Reply(Reply::Status(Box::new(reply)))
+                    }
+                    Answer::Action(reply, None) => Effect::Reply(Reply::Action(reply)),
+                    // Tasks to add are answered by the job's runner, once
+                    // it has recorded them or refused them.
+                    Answer::Action(_, Some((job, msg @ ControlMsg::AddTasks(_)))) => {
+                        self.forwarding = None;
+                        Effect::Forward {
+                            job,
+                            msg,
+                            answerable: true,
+                        }
+                    }
+                    // "Accepted" means the runner has it.
+                    Answer::Action(reply, Some((job, msg))) => {
+                        self.forwarding = Some(reply);
+                        Effect::Forward {
+                            job,
+                            msg,
+                            answerable: false,
+                        }
+                    }
+                };
+                self.outbox.push([effect]);
+            }
+            Event::Forwarded { arrived } => {
+                let reply = match (arrived, self.forwarding.take()) {
+                    (false, _) => Some(ActionReply::NotRunning {}),
+                    (true, reply) => reply,
+                };
+                let reply = reply.map(|reply| Effect::Reply(Reply::Action(reply)));
+                self.outbox.push_front(reply);
             }
             Event::RoundDue => self.round(now),
             Event::Gone(job) => self.state.on_job_done(&job),
@@ -348,10 +404,72 @@ mod tests {
             request: RequestMsg::Status { job: None },
         };
         let answer = effects(&mut core, ask, at(t0, 10));
-        let [Effect::Answer(Answer::Status(reply))] = &answer[..] else {
+        let [Effect::Reply(Reply::Status(reply))] = &answer[..] else {
             panic!("{answer:?}");
         };
         let ended: Vec<_> = reply.ended.iter().map(|e| (&e.job, e.ended_at)).collect();
         assert_eq!(ended, [(&id, 5_000)], "progress is no end");
+    }
+
+    #[test]
+    fn a_cancel_is_accepted_once_its_runner_has_it_and_tasks_are_answered_by_the_runner() {
+        let t0 = Instant::now();
+        let mut core = core(t0);
+        let mut open = crate::state::tests::job_report("a", 10);
+        open.open = true;
+        let id = open.job.clone();
+        let update = Event::Message(SchedulerMsg::JobUpdate(open));
+        effects(&mut core, update, at(t0, 0));
+        effects(&mut core, Event::HandedOver(None), at(t0, 0));
+        let cancel = || Event::Request {
+            user: Some("alice".into()),
+            request: RequestMsg::Cancel { job: id.clone() },
+        };
+        let forwarded = effects(&mut core, cancel(), at(t0, 1));
+        assert!(
+            matches!(
+                &forwarded[..],
+                [Effect::Forward {
+                    answerable: false,
+                    ..
+                }]
+            ),
+            "{forwarded:?}"
+        );
+        let replied = effects(&mut core, Event::Forwarded { arrived: true }, at(t0, 1));
+        assert!(matches!(
+            &replied[..],
+            [Effect::Reply(Reply::Action(ActionReply::Accepted {}))]
+        ));
+        effects(&mut core, cancel(), at(t0, 2));
+        let replied = effects(&mut core, Event::Forwarded { arrived: false }, at(t0, 2));
+        assert!(matches!(
+            &replied[..],
+            [Effect::Reply(Reply::Action(ActionReply::NotRunning {}))]
+        ));
+        let add = Event::Request {
+            user: Some("alice".into()),
+            request: RequestMsg::AddTasks {
+                job: id.clone(),
+                addition: gleaner_manifest::Addition {
+                    id: 1,
+                    tasks: Vec::new(),
+                    sweep: None,
+                },
+            },
+        };
+        let forwarded = effects(&mut core, add, at(t0, 3));
+        assert!(
+            matches!(
+                &forwarded[..],
+                [Effect::Forward {
+                    answerable: true,
+                    ..
+                }]
+            ),
+            "{forwarded:?}"
+        );
+        let replied = effects(&mut core, Event::Forwarded { arrived: true }, at(t0, 3));
+        assert!(replied.is_empty(), "the runner answers: {replied:?}");
     }
 }

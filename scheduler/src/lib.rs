@@ -28,18 +28,15 @@ use gleaner_broker::{
 };
 use gleaner_manifest::JobId;
 use gleaner_policy::access::Users;
-use gleaner_protocol::{
-    ActionReply, ControlMsg, Core, Event, GrantId, GridSnapshot, Now, RequestMsg, SchedulerMsg,
-    now_ms,
-};
+use gleaner_protocol::{Core, Event, GrantId, GridSnapshot, Now, RequestMsg, SchedulerMsg, now_ms};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
-    core::{Effect, Event as CoreEvent, Post, Rounds, SchedulerCore},
-    state::{Answer, State, StateConfig},
+    core::{Effect, Event as CoreEvent, Post, Reply, Rounds, SchedulerCore},
+    state::{State, StateConfig},
 };
 
 /// Inbox messages acknowledged at once under load.
@@ -350,10 +347,33 @@ impl Shell<'_> {
                     );
                     core.handle(CoreEvent::HandedOver(snapshot), Now::read());
                 }
-                Effect::Answer(answer) => {
+                Effect::Reply(reply) => {
                     if let Some(incoming) = request {
-                        self.answer(incoming, answer).await?;
+                        let to = &incoming.reply;
+                        let replied = match reply {
+                            Reply::Status(reply) => self.publisher.reply(to, &*reply).await,
+                            Reply::Action(reply) => self.publisher.reply(to, &reply).await,
+                        };
+                        if let Err(e) = replied {
+                            warn!(user = incoming.user.as_deref(), error = %e, "cannot answer a request");
+                        }
                     }
+                }
+                Effect::Forward {
+                    job,
+                    msg,
+                    answerable,
+                } => {
+                    let control = JobQueues::new(&job).control;
+                    let arrived = match (answerable, request) {
+                        (true, Some(incoming)) => {
+                            self.publisher
+                                .deliver_answerable(&control, &msg, &incoming.reply)
+                                .await?
+                        }
+                        _ => self.publisher.deliver(&control, &msg).await?,
+                    };
+                    core.handle(CoreEvent::Forwarded { arrived }, Now::read());
                 }
                 Effect::Post(post) => {
                     if self.mail.send(post).await.is_err() {
@@ -364,52 +384,6 @@ impl Shell<'_> {
             }
         }
         Ok(true)
-    }
-
-    /// Answers one user's request; a cancel goes on to the job's runner
-    /// first, so that "accepted" means the runner has it.
-    async fn answer(
-        &self,
-        incoming: &Incoming<RequestMsg>,
-        answer: Answer,
-    ) -> Result<(), BrokerError> {
-        let publisher = self.publisher;
-        let answered = match answer {
-            Answer::Status(mut reply) => {
-                reply.scheduler = publisher.identity().to_owned();
-                publisher.reply(&incoming.reply, &reply).await
-            }
-            // Tasks to add are answered by the job's runner, once it has
-            // recorded them or refused them: the asker's address goes along.
-            Answer::Action(_, Some((job, action @ ControlMsg::AddTasks(_)))) => {
-                let control = JobQueues::new(&job).control;
-                match publisher
-                    .deliver_answerable(&control, &action, &incoming.reply)
-                    .await?
-                {
-                    true => Ok(()),
-                    false => {
-                        publisher
-                            .reply(&incoming.reply, &ActionReply::NotRunning {})
-                            .await
-                    }
-                }
-            }
-            Answer::Action(mut reply, action) => {
-                if let Some((job, action)) = action
-                    && !publisher
-                        .deliver(&JobQueues::new(&job).control, &action)
-                        .await?
-                {
-                    reply = ActionReply::NotRunning {};
-                }
-                publisher.reply(&incoming.reply, &reply).await
-            }
-        };
-        if let Err(e) = answered {
-            warn!(user = incoming.user.as_deref(), error = %e, "cannot answer a request");
-        }
-        Ok(())
     }
 }
 

@@ -334,7 +334,9 @@ impl<'a> Sim<'a> {
                         }
                     }
                 }
-                SchedulerEffect::Answer(_) | SchedulerEffect::Metrics(_) => {}
+                SchedulerEffect::Reply(_)
+                | SchedulerEffect::Forward { .. }
+                | SchedulerEffect::Metrics(_) => {}
             }
         }
         mail
