@@ -68,6 +68,9 @@ pub enum Effect {
     Report,
     /// Deletes the job's queues: its launchers leave.
     DeleteQueues,
+    /// Deletes the job's launcher account: its launchers' connections
+    /// close with it.
+    ForgetLauncherAccount,
 }
 
 /// What a core wants to hear back about a message to a queue that may be

@@ -564,7 +564,8 @@ impl<K: Kind> Shell<K> {
                 let late = take_all(self.publisher.channel(), &self.queues.control, 10_000).await?;
                 self.late.extend(late);
                 topology::delete_job(self.publisher.channel(), &self.queues).await?;
-                // Its launchers' connections close with it.
+            }
+            Effect::ForgetLauncherAccount => {
                 if let Some(admin) = &self.admin {
                     admin.forget_launcher_account(&self.queues.job).await?;
                 }

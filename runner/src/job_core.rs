@@ -658,6 +658,9 @@ impl<K: Kind> Job<K> {
             followup: Followup::Nothing,
         }));
         effects.push(Effect::DeleteQueues);
+        if self.ledger.launcher_credentials.is_some() {
+            effects.push(Effect::ForgetLauncherAccount);
+        }
         effects
     }
 }

@@ -416,7 +416,14 @@ mod tests {
             JobEvent::Results(vec![result(0, 1, RunStatus::Succeeded)]),
             at(t0, 1),
         );
-        drain(&mut machine, at(t0, 1));
+        let end = drain(&mut machine, at(t0, 1));
+        assert!(
+            matches!(
+                &end[end.len().saturating_sub(2)..],
+                [Effect::DeleteQueues, Effect::ForgetLauncherAccount]
+            ),
+            "the launchers' account goes with the queues: {end:?}"
+        );
         assert!(machine.is_over());
         // Taken from the queue as it was deleted: nobody is named.
         let late = JobEvent::Control {

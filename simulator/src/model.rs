@@ -375,7 +375,7 @@ impl<'a> Sim<'a> {
                 runner.handle(
                     JobEvent::Control {
                         msg: message,
-                        sender: None,
+                        sender: Some(crate::runner::SENDER.to_owned()),
                     },
                     now,
                     reach,

@@ -17,6 +17,13 @@ use gleaner_runner::{Effect, JobEvent, JobMachine, JobSettings, Now, Opening, Sw
 
 use crate::{model::Mail, scenario::JobSpec};
 
+/// The simulated jobs' launcher account.
+const LAUNCHERS: &str = "simulated-launchers";
+
+/// Who sends a simulated job its control messages: the services, and its
+/// launchers, which speak of themselves only.
+pub const SENDER: &str = "simulated";
+
 /// The runner of a scavenging job: the runner's own machine.
 pub struct SweepRunner {
     machine: JobMachine<Sweep>,
@@ -43,7 +50,12 @@ impl SweepRunner {
         let opening = Opening {
             submission: &submission,
             owner: "simulated".to_owned(),
-            launcher_credentials: None,
+            // Users kept apart, as the simulated kcms have them: the job's
+            // launchers have an account of their own.
+            launcher_credentials: Some(gleaner_protocol::Credentials {
+                user: LAUNCHERS.to_owned(),
+                password: String::new(),
+            }),
             settings,
             runner: "simulated".to_owned(),
             results: String::new(),
@@ -110,6 +122,7 @@ impl SweepRunner {
                 }
                 Effect::Publish(tasks) => reach.queue.extend(tasks),
                 Effect::DeclareQueues
+                | Effect::ForgetLauncherAccount
                 | Effect::Report
                 | Effect::Event(_)
                 | Effect::Answer(_)
