@@ -130,8 +130,11 @@ pub enum Effect {
         slots: u32,
         /// Slots each task takes: launchers hold whole tasks.
         task_slots: u32,
-        /// Whose job it is (the broker user), for the account they run as.
+        /// Whose job it is (the broker user).
         owner: String,
+        /// The Unix account the launchers run as: the owner's where users
+        /// are kept apart, the kcm's (`None`) with one user.
+        account: Option<String>,
         /// The job's launcher account, for its launchers' settings file.
         credentials: Option<Credentials>,
     },
@@ -143,7 +146,12 @@ pub enum Effect {
     /// Submit a grid job's component as an ordinary batch job, all on one
     /// host when it fits on one (as the scheduler placed it); answer with
     /// [`Event::ComponentSubmitted`].
-    SubmitComponent { spec: ComponentSpec, one_host: bool },
+    SubmitComponent {
+        spec: ComponentSpec,
+        one_host: bool,
+        /// The account it is submitted as, as for launchers.
+        account: Option<String>,
+    },
     /// Send to a job's runner; a job that is gone no longer needs to hear.
     Tell { job: JobId, message: ControlMsg },
     /// Tell a job that its component ended, with `stdout` and `stderr`
@@ -438,14 +446,14 @@ impl KcmCore {
                     };
                     return self.decide(answer, now);
                 }
-                if !self.config.users.is_single() {
-                    // As the shell submits them (`Kcm::run_as`).
-                    let name = self.config.users.account(&owner).to_owned();
+                let account = self.account_of(&owner);
+                if let Some(name) = account.clone() {
                     self.accounts
                         .insert(job.clone(), JobAccount { name, ended: false });
                 }
                 vec![
                     Effect::SubmitLaunchers {
+                        account,
                         job,
                         grant,
                         slots,
@@ -505,10 +513,10 @@ impl KcmCore {
                 Vec::new()
             }
             KcmMsg::SubmitComponent(spec) => {
-                if !self.config.users.is_single() {
-                    // A batch system that runs components as their owner
-                    // has them submitted as the owner's account.
-                    let name = self.config.users.account(&spec.owner).to_owned();
+                // A batch system that runs components as their owner has
+                // them submitted as the owner's account.
+                let account = self.account_of(&spec.owner);
+                if let Some(name) = account.clone() {
                     self.accounts
                         .insert(spec.job.clone(), JobAccount { name, ended: false });
                 }
@@ -521,6 +529,7 @@ impl KcmCore {
                     Effect::SubmitComponent {
                         one_host: component_on_one_host(spec.slots, self.last.largest_host()),
                         spec,
+                        account,
                     },
                     Effect::PollNow,
                 ]
@@ -702,6 +711,14 @@ impl KcmCore {
     /// user the kcm's own; with many, its owner's, known from its grants
     /// and components (or adopted); `None` for a job the kcm has no
     /// account for.
+    /// The account `owner`'s jobs run as: their own (`[users] accounts`
+    /// maps broker users to Unix accounts) where users are kept apart, the
+    /// kcm's (`None`) with one user.
+    fn account_of(&self, owner: &str) -> Option<String> {
+        let users = &self.config.users;
+        (!users.is_single()).then(|| users.account(owner).to_owned())
+    }
+
     fn placeholder_account(&self, job: &JobId) -> Option<&str> {
         if self.config.users.is_single() {
             return Some(&self.config.account);
@@ -1935,7 +1952,7 @@ mod tests {
                 effects.as_slice(),
                 [
                     Effect::DeleteSpoolEntry { component: 1, .. },
-                    Effect::SubmitComponent { spec: submitted, one_host: false },
+                    Effect::SubmitComponent { spec: submitted, one_host: false, .. },
                     Effect::PollNow,
                 ] if *submitted == spec
             ),
@@ -2380,6 +2397,50 @@ mod tests {
             users,
             ..core().config
         })
+    }
+
+    #[test]
+    fn launchers_and_components_run_as_their_owners_account_where_users_are_kept_apart() {
+        let clock = Clock::new();
+        let mut kcm = many_users();
+        let h = job("h");
+        poll(&mut kcm, reading(Vec::new()), clock.at(0));
+        let accounts = |effects: &[Effect]| -> Vec<Option<String>> {
+            effects
+                .iter()
+                .filter_map(|e| match e {
+                    Effect::SubmitLaunchers { account, .. }
+                    | Effect::SubmitComponent { account, .. } => Some(account.clone()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let effects = message(&mut kcm, grant(&h, 1, "alice@lab"), clock.at(0));
+        assert_eq!(accounts(&effects), [Some("alice".to_owned())]);
+        let submit = KcmMsg::SubmitComponent(ComponentSpec {
+            owner: "bob".into(),
+            ..spec(&job("g"), 0, 1)
+        });
+        let effects = message(&mut kcm, submit, clock.at(0));
+        assert_eq!(
+            accounts(&effects),
+            [Some("bob".to_owned())],
+            "unmapped: the same name"
+        );
+        let mut single = KcmCore::new(CoreConfig {
+            users: Users {
+                single: Some(true),
+                ..Users::default()
+            },
+            ..core().config
+        });
+        poll(&mut single, reading(Vec::new()), clock.at(0));
+        let mut order = grant(&h, 2, "alice@lab");
+        if let KcmMsg::StartLaunchers { credentials, .. } = &mut order {
+            *credentials = None;
+        }
+        let effects = message(&mut single, order, clock.at(0));
+        assert_eq!(accounts(&effects), [None], "one user: the kcm's own");
     }
 
     #[test]

@@ -186,9 +186,10 @@ impl<B: Backend> Kcm<B> {
                     slots,
                     task_slots,
                     owner,
+                    account,
                     credentials,
                 } => {
-                    let result = match self.run_as(&owner) {
+                    let result = match self.run_as(&owner, account.as_deref()) {
                         Ok(None) => self.backend.submit(&job, slots, task_slots, None).await,
                         Ok(Some(account)) => {
                             match self.owner_settings(&job, &account, credentials.as_ref()) {
@@ -227,8 +228,14 @@ impl<B: Backend> Kcm<B> {
                     }
                     None
                 }
-                Effect::SubmitComponent { spec, one_host } => {
-                    let result = self.submit_component(&spec, one_host).await;
+                Effect::SubmitComponent {
+                    spec,
+                    one_host,
+                    account,
+                } => {
+                    let result = self
+                        .submit_component(&spec, one_host, account.as_deref())
+                        .await;
                     Some(Event::ComponentSubmitted { spec, result })
                 }
                 Effect::Tell { job, message } => {
@@ -269,20 +276,18 @@ impl<B: Backend> Kcm<B> {
         Ok(poll_now)
     }
 
-    /// The account a job of `owner`'s runs as: with many users, their own
-    /// (`[users] accounts` maps broker users to Unix accounts), which only
-    /// a kcm running as root (or as that very account) can start; with one,
-    /// the kcm's.
-    fn run_as(&self, owner: &str) -> Result<Option<Account>, BackendError> {
-        let users = &self.config.core.users;
-        if users.is_single() {
+    /// The account the core chose for a job of `owner`'s, looked up: one
+    /// only a kcm running as root (or as that very account) can start
+    /// jobs as; `None`, the kcm's own.
+    fn run_as(&self, owner: &str, account: Option<&str>) -> Result<Option<Account>, BackendError> {
+        let Some(account) = account else {
             return Ok(None);
-        }
+        };
         let refused = |message: String| BackendError {
             command: format!("run as the owner of the job ({owner})"),
             message,
         };
-        let account = Account::lookup(users.account(owner)).map_err(refused)?;
+        let account = Account::lookup(account).map_err(refused)?;
         // Root writes there, and reads back: only root (or this kcm's
         // account) may have put anything in it.
         trusted_dir(&self.config.spool_dir).map_err(refused)?;
@@ -336,8 +341,9 @@ impl<B: Backend> Kcm<B> {
         &mut self,
         spec: &ComponentSpec,
         one_host: bool,
+        account: Option<&str>,
     ) -> Result<(), BackendError> {
-        let run_as = self.run_as(&spec.owner)?;
+        let run_as = self.run_as(&spec.owner, account)?;
         let spool = &self.config.spool_dir;
         let failed = |message: String| BackendError {
             command: format!("mkdir {}", spool.display()),
