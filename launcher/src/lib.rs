@@ -150,6 +150,12 @@ pub enum Exit {
 }
 
 impl Exit {
+    /// Whether what the job's tasks kept for another run (`$GLEANER_CHECKPOINT`)
+    /// outlives this launcher: not once the job is over.
+    pub fn keeps_checkpoints(self) -> bool {
+        self != Self::JobOver
+    }
+
     fn describe(self) -> &'static str {
         match self {
             Self::Idle => "idle",
@@ -313,8 +319,7 @@ async fn launch(
     let checkpoints = config.checkpoints.join(config.job.as_str());
     let served = serve(broker, config, signals).await;
     orphans::release();
-    // The job ended: what its tasks kept for another run is of no use now.
-    if matches!(served, Ok(Exit::JobOver)) {
+    if served.as_ref().is_ok_and(|exit| !exit.keeps_checkpoints()) {
         let _ = std::fs::remove_dir_all(checkpoints);
     }
     served
@@ -1028,4 +1033,17 @@ async fn send_status(shared: &Shared, status: Status) -> Result<(), BrokerError>
         .deliver_via(shared.queues.to_control(), &status)
         .await
         .map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checkpoints_outlive_a_launcher_unless_its_job_is_over() {
+        for exit in [Exit::Idle, Exit::Preempted, Exit::Drained, Exit::Walltime] {
+            assert!(exit.keeps_checkpoints(), "{exit:?}");
+        }
+        assert!(!Exit::JobOver.keeps_checkpoints());
+    }
 }

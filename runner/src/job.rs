@@ -18,7 +18,7 @@ use gleaner_broker::{
 };
 use gleaner_manifest::{JobKind, TaskList};
 use gleaner_protocol::{
-    ControlMsg, Core, JobClaim, JobReport, JobState, ResultBatch, Submission, TaskBundle,
+    ControlMsg, Core, JobClaim, JobReport, ResultBatch, Submission, TaskBundle,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
@@ -248,9 +248,7 @@ async fn wait_for_lock(
             }
             return Ok(true);
         }
-        if ResultsDir::job_file_at(root, account)
-            .is_some_and(|f| matches!(f.state, JobState::Done | JobState::Cancelled))
-        {
+        if ResultsDir::job_file_at(root, account).is_some_and(|f| f.has_ended()) {
             return Ok(false);
         }
         if !said {

@@ -331,7 +331,7 @@ impl Ledger {
     /// The job ended before (a runner died while winding it up): only the
     /// wind-up is left to do.
     pub fn has_ended(&self) -> bool {
-        matches!(self.file.state, JobState::Done | JobState::Cancelled)
+        self.file.has_ended()
     }
 
     /// This runner takes the job over.

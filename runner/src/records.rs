@@ -74,6 +74,13 @@ pub struct JobFile {
     pub additions_published: u32,
 }
 
+impl JobFile {
+    /// The job ended (done or cancelled): only its wind-up may be left.
+    pub fn has_ended(&self) -> bool {
+        matches!(self.state, JobState::Done | JobState::Cancelled)
+    }
+}
+
 /// A line of `additions.jsonl`: tasks added to an open job, numbered from
 /// `first`, recorded before they are published.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
