@@ -293,6 +293,14 @@ mod tests {
         machine
     }
 
+    /// Users kept apart: the job's launchers have an account of their own.
+    fn apart(found: &mut Opening<'_>) {
+        found.launcher_credentials = Some(gleaner_protocol::Credentials {
+            user: "gleaner-launcher-j".into(),
+            password: "p".into(),
+        });
+    }
+
     fn started(manifest: &str, t0: Instant) -> JobMachine<Sweep> {
         let mut machine = machine(manifest, None, |_| {}, t0);
         drain(&mut machine, at(t0, 0));
@@ -404,12 +412,6 @@ mod tests {
     #[test]
     fn tasks_sent_after_the_end_are_refused_to_any_sender() {
         let t0 = Instant::now();
-        let apart = |found: &mut Opening<'_>| {
-            found.launcher_credentials = Some(gleaner_protocol::Credentials {
-                user: "gleaner-launcher-j".into(),
-                password: "p".into(),
-            });
-        };
         let mut machine = machine(ONE, None, apart, t0);
         drain(&mut machine, at(t0, 0));
         machine.handle(
@@ -445,12 +447,6 @@ mod tests {
     #[test]
     fn a_launchers_account_cannot_cancel_its_job() {
         let t0 = Instant::now();
-        let apart = |found: &mut Opening<'_>| {
-            found.launcher_credentials = Some(gleaner_protocol::Credentials {
-                user: "gleaner-launcher-j".into(),
-                password: "p".into(),
-            });
-        };
         let mut machine = machine(ONE, None, apart, t0);
         drain(&mut machine, at(t0, 0));
         let cancel = |sender: Option<&str>| JobEvent::Control {
