@@ -34,7 +34,7 @@ use std::{
 };
 
 use gleaner_broker::{
-    Broker, BrokerError, ConsumeOptions, Inbox, Incoming, Publisher,
+    Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher,
     topology::{JobQueues, declare_launcher},
 };
 use gleaner_manifest::JobId;
@@ -325,63 +325,112 @@ async fn launch(
     served
 }
 
+/// What a launcher holds once it is up.
+struct Up {
+    connection: Connection,
+    publisher: Publisher,
+    queues: JobQueues,
+    own: Inbox<LauncherMsg>,
+    tasks: Inbox<TaskBundle>,
+}
+
+/// How long getting up may take: a broker that stops answering midway (a
+/// vhost deleted as the job ends, say) must not keep a placeholder.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Connects, says it is up, and opens its consumers; `Err` with how the
+/// launcher ends if it cannot.
+async fn start(
+    broker: &Broker,
+    config: &LauncherConfig,
+) -> Result<Up, Result<Exit, LauncherError>> {
+    let up = async {
+        let connection = broker.connect().await.map_err(|e| Err(e.into()))?;
+        let publisher = connection.publisher().await.map_err(|e| Err(e.into()))?;
+        let queues = JobQueues::new(&config.job);
+        let tag = config.consumer_tag();
+        let own_channel = connection.channel().await.map_err(|e| Err(e.into()))?;
+        let own_queue = declare_launcher(&own_channel, &config.job, &config.id)
+            .await
+            .map_err(|e| Err(e.into()))?;
+        let own: Inbox<LauncherMsg> = Inbox::open(
+            &own_channel,
+            publisher.clone(),
+            &own_queue,
+            ConsumeOptions {
+                tag: &tag,
+                prefetch: 16,
+                exclusive: false,
+            },
+        )
+        .await
+        .map_err(|e| Err(e.into()))?;
+
+        let info = ControlMsg::LauncherUp(LauncherInfo {
+            launcher: config.id.clone(),
+            cluster: config.cluster.clone(),
+            host: config.host.clone(),
+            slots: config.slots,
+            started_at: now_ms(),
+            deadline: config.deadline.map(|deadline| {
+                now_ms()
+                    + deadline
+                        .saturating_duration_since(Instant::now())
+                        .as_millis() as u64
+            }),
+            heartbeat_ms: Some(config.heartbeat.as_millis() as u64),
+        });
+        // Its runner hears it, and tells its kcm that this start went well.
+        if let Err(e) = publisher.send_via(queues.to_control(), &info).await {
+            return Err(job_over_or(e));
+        }
+        let task_channel = connection.channel().await.map_err(|e| Err(e.into()))?;
+        let prefetch = initial_prefetch(config);
+        let tasks: Inbox<TaskBundle> = match Inbox::open(
+            &task_channel,
+            publisher.clone(),
+            &queues.tasks,
+            ConsumeOptions {
+                tag: &tag,
+                prefetch,
+                exclusive: false,
+            },
+        )
+        .await
+        {
+            Ok(inbox) => inbox,
+            Err(e) => return Err(job_over_or(e)),
+        };
+        Ok(Up {
+            connection,
+            publisher,
+            queues,
+            own,
+            tasks,
+        })
+    };
+    match tokio::time::timeout(STARTUP_TIMEOUT, up).await {
+        Ok(up) => up,
+        Err(_) => Err(Err(LauncherError::Broker(BrokerError::Connect(format!(
+            "the broker did not answer within {STARTUP_TIMEOUT:?} while the launcher was starting"
+        ))))),
+    }
+}
+
 async fn serve(
     broker: &Broker,
     config: LauncherConfig,
     signals: Signals,
 ) -> Result<Exit, LauncherError> {
-    let connection = broker.connect().await?;
-    let publisher = connection.publisher().await?;
-    let queues = JobQueues::new(&config.job);
-    let tag = config.consumer_tag();
-    let own_channel = connection.channel().await?;
-    let own_queue = declare_launcher(&own_channel, &config.job, &config.id).await?;
-    let own: Inbox<LauncherMsg> = Inbox::open(
-        &own_channel,
-        publisher.clone(),
-        &own_queue,
-        ConsumeOptions {
-            tag: &tag,
-            prefetch: 16,
-            exclusive: false,
-        },
-    )
-    .await?;
-
-    let info = ControlMsg::LauncherUp(LauncherInfo {
-        launcher: config.id.clone(),
-        cluster: config.cluster.clone(),
-        host: config.host.clone(),
-        slots: config.slots,
-        started_at: now_ms(),
-        deadline: config.deadline.map(|deadline| {
-            now_ms()
-                + deadline
-                    .saturating_duration_since(Instant::now())
-                    .as_millis() as u64
-        }),
-        heartbeat_ms: Some(config.heartbeat.as_millis() as u64),
-    });
-    // Its runner hears it, and tells its kcm that this start went well.
-    if let Err(e) = publisher.send_via(queues.to_control(), &info).await {
-        return job_over_or(e);
-    }
-    let task_channel = connection.channel().await?;
-    let prefetch = initial_prefetch(&config);
-    let tasks: Inbox<TaskBundle> = match Inbox::open(
-        &task_channel,
-        publisher.clone(),
-        &queues.tasks,
-        ConsumeOptions {
-            tag: &tag,
-            prefetch,
-            exclusive: false,
-        },
-    )
-    .await
-    {
-        Ok(inbox) => inbox,
-        Err(e) => return job_over_or(e),
+    let Up {
+        connection,
+        publisher,
+        queues,
+        own,
+        tasks,
+    } = match start(broker, &config).await {
+        Ok(up) => up,
+        Err(ending) => return ending,
     };
     info!(slots = config.slots, "launcher up");
 
