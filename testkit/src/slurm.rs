@@ -63,7 +63,7 @@ impl SlurmCluster {
     }
 
     fn clear(&self) {
-        slurm("scancel", &["--full", "-u", "root"]);
+        cancel_tests_jobs();
         wait_for("the Slurm queue to empty", Duration::from_secs(60), || {
             self.jobs().is_empty()
         });
@@ -72,7 +72,16 @@ impl SlurmCluster {
 
 impl Drop for SlurmCluster {
     fn drop(&mut self) {
-        slurm("scancel", &["--full", "-u", "root"]);
+        cancel_tests_jobs();
+    }
+}
+
+/// Cancels the jobs of every account the tests submit as: root's, and
+/// alice's and bob's (placeholders of many users' tests whose kcm ended
+/// with the test, before it could remove them).
+fn cancel_tests_jobs() {
+    for account in ["root", "alice", "bob"] {
+        slurm("scancel", &["--full", "-u", account]);
     }
 }
 
