@@ -9,13 +9,13 @@
 
 use std::{
     process::{Command, Output},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{SystemTime, UNIX_EPOCH},
 };
 
 use gleaner_protocol::naming::{component_name, placeholder_name};
 use gleaner_testkit::{Gleaner, SgeQueues, SlurmCluster, wait_for};
 
-const MINUTE: Duration = Duration::from_secs(60);
+use crate::MINUTE;
 
 /// The batch system under test, as Bob uses it.
 #[derive(Debug, Clone, Copy)]

@@ -4,11 +4,7 @@ use std::{os::unix::fs::PermissionsExt, time::Duration};
 
 use gleaner_testkit::{Gleaner, Island, by_task, sweep, wait_for};
 
-const MINUTE: Duration = Duration::from_secs(60);
-
-fn gleaner(test: &str) -> Gleaner {
-    Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"))
-}
+use crate::{MINUTE, gleaner};
 
 /// A sweep on two local clusters: `safe` on this host, `cut` with its
 /// launchers on `island`, and its kcm too when `kcm_on_island`. Returns the

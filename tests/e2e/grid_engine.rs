@@ -9,11 +9,7 @@ use gleaner_protocol::naming::{COMPONENT_PREFIX, placeholder_name};
 use gleaner_testkit::{Gleaner, SgeQueues, by_task, finish, qsub, sge, sweep, wait_for};
 use nix::sys::signal::Signal;
 
-const MINUTE: Duration = Duration::from_secs(60);
-
-fn gleaner(test: &str) -> Gleaner {
-    Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"))
-}
+use crate::{MINUTE, gleaner};
 
 /// A configuration with one SGE cluster per (name, queue).
 fn config(clusters: &[(&str, &str)]) -> String {

@@ -11,13 +11,10 @@ use std::{
 use gleaner_protocol::naming::placeholder_name;
 use gleaner_testkit::{Gleaner, SgeQueues, finish, qsub, sge, sweep, wait_for};
 
-const MINUTE: Duration = Duration::from_secs(60);
+use crate::{MINUTE, gleaner};
+
 /// Slots of each host in the tests' queues.
 const HOST_SLOTS: u32 = 4;
-
-fn gleaner(test: &str) -> Gleaner {
-    Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"))
-}
 
 /// One SGE cluster on `queue`, with extra keys for its `[[cluster]]`.
 fn config(queue: &str, extra: &str) -> String {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use gleaner_testkit::{BrokerCluster, Gleaner, by_task, finish_all_succeeded, sweep, wait_for};
 
-const MINUTE: Duration = Duration::from_secs(60);
+use crate::MINUTE;
 
 #[test]
 fn losing_a_broker_node_mid_sweep_loses_and_duplicates_nothing() {

@@ -3,15 +3,11 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use gleaner_testkit::{Gleaner, SgeQueues, by_task, finish, sweep, wait_for};
+use gleaner_testkit::{SgeQueues, by_task, finish, sweep, wait_for};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
-const MINUTE: Duration = Duration::from_secs(60);
-
-fn gleaner(test: &str) -> Gleaner {
-    Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"))
-}
+use crate::{MINUTE, gleaner};
 
 fn config(queues: &SgeQueues) -> String {
     queues

@@ -4,23 +4,17 @@
 //! The tests share those nodes, so they run one at a time
 //! ([`SlurmCluster::lock`]); each has its own RabbitMQ vhost.
 
-use std::{
-    collections::{BTreeMap, BTreeSet},
-    time::Duration,
-};
+use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_protocol::naming::placeholder_name;
-use gleaner_testkit::{Gleaner, SgeQueues, SlurmCluster, by_task, finish, sbatch, sweep, wait_for};
+use gleaner_testkit::{SgeQueues, SlurmCluster, by_task, finish, sbatch, sweep, wait_for};
 use nix::sys::signal::Signal;
 
-const MINUTE: Duration = Duration::from_secs(60);
+use crate::{MINUTE, gleaner};
+
 /// CPUs of each test host.
 const NODE_CPUS: usize = 4;
 const NODES: usize = 3;
-
-fn gleaner(test: &str) -> Gleaner {
-    Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"))
-}
 
 /// One Slurm cluster: only the partition is required.
 fn config() -> String {

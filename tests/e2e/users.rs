@@ -12,7 +12,7 @@ use gleaner_testkit::{
 };
 use nix::sys::signal::Signal;
 
-const MINUTE: Duration = Duration::from_secs(60);
+use crate::MINUTE;
 
 /// A gleaner of many users, `alice-<pid>` and `bob-<pid>` their broker
 /// names, mapped to the Unix accounts alice and bob; results under the
