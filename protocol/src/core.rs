@@ -87,11 +87,6 @@ impl<T> Outbox<T> {
     pub fn is_empty(&self) -> bool {
         self.queue.is_empty()
     }
-
-    /// Everything waiting, in order (tests and simulations look).
-    pub fn iter(&self) -> impl Iterator<Item = &T> {
-        self.queue.iter()
-    }
 }
 
 #[cfg(test)]

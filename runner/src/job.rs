@@ -367,18 +367,16 @@ impl<K: Kind> Shell<K> {
             if self.machine.is_over() {
                 // Tasks on their way to a job that ended go back to their
                 // senders with the machine's answer, not deleted unread.
-                let late = std::mem::take(&mut self.late);
-                let held = first_control.take().into_iter();
-                let prefetched = std::iter::from_fn(|| control.next().now_or_never().flatten());
-                let mut late: Vec<_> = late
+                let taken = std::mem::take(&mut self.late)
                     .into_iter()
-                    .map(|(msg, reply)| (msg, reply, None))
-                    .collect();
-                late.extend(
-                    held.chain(prefetched.flatten())
-                        .map(|i| (i.msg, i.reply, i.user)),
-                );
-                for (msg, reply, sender) in late {
+                    .map(|(msg, reply)| (msg, reply, None));
+                let prefetched = std::iter::from_fn(|| control.next().now_or_never().flatten());
+                let held = first_control
+                    .take()
+                    .into_iter()
+                    .chain(prefetched.flatten())
+                    .map(|i| (i.msg, i.reply, i.user));
+                for (msg, reply, sender) in taken.chain(held) {
                     self.answering = Some(reply);
                     self.handle(JobEvent::Control { msg, sender }, Now::read())
                         .await?;

@@ -87,7 +87,7 @@ impl<K: Kind> JobMachine<K> {
     /// Whether `sender` may send `msg`: where the job's launchers have an
     /// account of their own, it speaks of launchers only.
     fn may_send(&self, msg: &ControlMsg, sender: Option<&str>) -> bool {
-        match &self.job.ledger().launcher_credentials() {
+        match self.job.ledger().launcher_credentials() {
             Some(launchers) => may_send_control(msg, sender, &launchers.user),
             None => true,
         }

@@ -101,6 +101,7 @@ pub struct SchedulerCore {
     users: Users,
     /// This scheduler, as status replies and metrics name it.
     identity: String,
+    rounds: Rounds,
     clock: RoundClock,
     /// Whether a metrics page is served, and when it was last made.
     metrics: bool,
@@ -132,6 +133,7 @@ impl SchedulerCore {
             config,
             users,
             identity,
+            rounds,
             clock: RoundClock::new(rounds.interval, rounds.min_gap, now),
             metrics,
             rendered: None,
@@ -153,15 +155,11 @@ impl SchedulerCore {
         self.active
     }
 
-    /// The picture, for the simulator's and benchmarks' looks.
-    pub fn state(&self) -> &State {
-        &self.state
-    }
-
     /// A new session with the broker: a standby again until the inbox is
     /// handed to it, deciding nothing meanwhile (what it kept from an
     /// earlier turn is stale), with rounds counted afresh.
-    pub fn reconnected(&mut self, rounds: Rounds, identity: &str, now: Instant) {
+    pub fn reconnected(&mut self, identity: &str, now: Instant) {
+        let rounds = self.rounds;
         identity.clone_into(&mut self.identity);
         self.active = false;
         self.held = None;

@@ -210,7 +210,7 @@ async fn session(
     )
     .await?;
     info!(scheduler = %connection.identity(), policy = config.state.policy.policy.name(), "scheduler consuming (active once the broker hands it the inbox)");
-    core.reconnected(config.rounds(), connection.identity(), Instant::now());
+    core.reconnected(connection.identity(), Instant::now());
     // Rounds are posted by a task of their own, so that a round of
     // thousands of offers does not keep the inbox waiting.
     let (mail, outbox) = mpsc::channel(4);
