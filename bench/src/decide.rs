@@ -87,6 +87,7 @@ pub fn report(job: JobId, kind: JobKind, components: Vec<u32>) -> JobReport {
         problem: None,
         weight: 1,
         task_slots: 1,
+        task_needs: Default::default(),
         open: false,
     }
 }

@@ -242,6 +242,8 @@ pub fn memory(exe: &Path, tasks: u32) -> anyhow::Result<()> {
             slot: "0",
             slots: 1,
             task_slots: 1,
+            task_needs: Default::default(),
+            gpu_devices: &[],
             walltime: None,
         };
         [vec![LAUNCHER_SUBCOMMAND.to_owned()], args.to_vec()].concat()

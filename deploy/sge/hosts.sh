@@ -4,6 +4,8 @@
 # deploy/grid/hosts.sh) each run an sge_execd of their own, in the host group
 # @nodes, served by the queue g1.q of S slots per host. Parallel jobs ask for
 # `-pe smp K` (K slots on one host) or `-pe make K` (spread round robin).
+# Each test host has 4000M of memory (`mem_free`, consumable per slot) and two
+# stand-in GPUs (`gpu`, consumable per job), as a real cell counts them.
 # The cell's own queues c1.q … on this host are left as they are.
 # Idempotent, no systemd: run it again to repair or resize.
 #
@@ -96,6 +98,9 @@ up() {
         fi
     done
 
+    # 3b. Memory and GPUs, counted per host as consumables.
+    resources "$members"
+
     # 4. The host group, exactly these hosts (a smaller N drops the rest).
     printf 'group_name %s\nhostlist %s\n' "$group" "$(echo $members)" > "$work/hgrp"
     if ! qconf -shgrp "$group" >/dev/null 2>&1; then
@@ -126,6 +131,24 @@ up() {
     log "the queue instances did not become available:"
     qstat -f -q "$queue" >&2 || true
     exit 1
+}
+
+# Makes mem_free a consumable (per slot) and adds gpu (an integer consumable
+# per job), then gives each test host its memory and GPUs; what is already
+# so stays.
+resources() {
+    local members=$1 node
+    qconf -sc > "$work/complexes"
+    awk '$1 == "mem_free" { $6 = "YES" } { print }' "$work/complexes" > "$work/wanted"
+    grep -q '^gpu ' "$work/wanted" || echo 'gpu gpu INT <= YES JOB 0 0' >> "$work/wanted"
+    if ! diff -q <(tr -s ' ' < "$work/complexes") <(tr -s ' ' < "$work/wanted") >/dev/null; then
+        as_root qconf -Mc "$work/wanted" >/dev/null
+    fi
+    for node in $members; do
+        if ! qconf -se "$node" | grep -Eq '^complex_values +gpu=2,mem_free=4000M$'; then
+            as_root qconf -mattr exechost complex_values gpu=2,mem_free=4000M "$node" >/dev/null
+        fi
+    done
 }
 
 case "${1:-}" in

@@ -14,6 +14,10 @@
 # and a site that preempts scavengers itself: `scavenger` (placeholders)
 # under `batch` (its own jobs, a higher PriorityTier), the same hosts again.
 # Nothing here depends on accounting (`sacct` is unusable without slurmdbd).
+# Memory is a consumable (4000M per test host, 500M per CPU unless a job
+# asks) and each test host has two stand-in GPUs (`--gres=gpu:N`): character
+# devices like /dev/null under /var/lib/gleaner/gpus, which Slurm hands out
+# as CUDA_VISIBLE_DEVICES the way it hands out real ones.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 grid=$here/../grid/hosts.sh
@@ -87,10 +91,17 @@ fi
 install -d /etc/slurm /var/lib/slurm/slurmctld /var/lib/slurm/slurmd /var/log/slurm /run/slurm
 node_lines=""
 for k in $(seq 1 "$nodes"); do
-    node_lines+="NodeName=node$k NodeAddr=10.77.0.$((10 + k)) CPUs=$cpus RealMemory=1000 State=UNKNOWN"$'\n'
+    node_lines+="NodeName=node$k NodeAddr=10.77.0.$((10 + k)) CPUs=$cpus RealMemory=4000 Gres=gpu:2 State=UNKNOWN"$'\n'
 done
 node_list="node[1-$nodes]"
 [ "$nodes" = 1 ] && node_list=node1
+gpus=/var/lib/gleaner/gpus
+install -d "$gpus"
+for k in 0 1; do
+    [ -c "$gpus/gpu$k" ] || mknod -m 0666 "$gpus/gpu$k" c 1 3
+done
+gres=$(mktemp)
+echo "NodeName=$node_list Name=gpu File=$gpus/gpu[0-1]" > "$gres"
 tmp=$(mktemp)
 cat > "$tmp" <<CONF
 # Written by deploy/slurm/setup.sh: the dev grid's Slurm.
@@ -118,7 +129,9 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
-SelectTypeParameters=CR_CPU
+SelectTypeParameters=CR_CPU_Memory
+DefMemPerCPU=500
+GresTypes=gpu
 MinJobAge=60
 KillWait=5
 InactiveLimit=0
@@ -128,7 +141,7 @@ PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 SlurmctldParameters=preempt_send_user_signal
 $node_lines
-NodeName=$master NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=1000 State=UNKNOWN
+NodeName=$master NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=4000 State=UNKNOWN
 PartitionName=gleaner Nodes=$node_list Default=YES MaxTime=INFINITE PreemptMode=OFF State=UP
 PartitionName=local Nodes=$node_list MaxTime=INFINITE PreemptMode=OFF State=UP
 PartitionName=scavenger Nodes=$node_list MaxTime=INFINITE PriorityTier=1 PreemptMode=REQUEUE GraceTime=5 State=UP
@@ -140,7 +153,11 @@ if ! cmp -s "$tmp" "$conf"; then
     install -m 0644 "$tmp" "$conf"
     changed=true
 fi
-rm -f "$tmp"
+if ! cmp -s "$gres" /etc/slurm/gres.conf; then
+    install -m 0644 "$gres" /etc/slurm/gres.conf
+    changed=true
+fi
+rm -f "$tmp" "$gres"
 
 # 4. slurmctld here, slurmd for this machine and for each test host.
 if $changed && [ -n "$(daemon_in slurmctld)" ]; then

@@ -7,7 +7,7 @@ use gleaner_broker::Broker;
 use gleaner_kcm::{
     BackendKind, ClusterConfig, LauncherCommand, LocalBackend, SgeBackend, SlurmBackend,
 };
-use gleaner_launcher::{Exit, LauncherConfig};
+use gleaner_launcher::{Exit, GpuSource, LauncherConfig};
 use gleaner_manifest::JobId;
 use gleaner_protocol::{ClusterName, LauncherId, naming, now_ms};
 use tokio_util::sync::CancellationToken;
@@ -89,6 +89,11 @@ fn launcher_command(
         env,
         broker_urls: urls,
         launcher_settings,
+        // Slurm assigns each placeholder its devices.
+        gpu_devices: match cluster.backend {
+            BackendKind::Slurm => Vec::new(),
+            BackendKind::Local | BackendKind::Sge => cluster.gpus.clone(),
+        },
     })
 }
 
@@ -108,6 +113,7 @@ pub async fn kcm(
             let backend = LocalBackend::new(
                 &cluster.name,
                 slots,
+                cluster.memory.map(|m| m.0),
                 cluster.launcher_slots,
                 launcher_command(settings, cluster)?,
             );
@@ -163,9 +169,23 @@ pub struct LauncherArgs {
     /// Slots each task takes: `slots / task_slots` tasks run at once.
     #[arg(long, default_value_t = 1)]
     pub task_slots: u32,
+    /// Memory each task may hold (`8192M`): over it, it is killed as `oom`.
+    #[arg(long, value_parser = parse_memory)]
+    pub task_memory: Option<u64>,
+    /// GPUs each task gets, its own.
+    #[arg(long, default_value_t = 0)]
+    pub task_gpus: u32,
+    /// The host's GPUs, to claim this launcher's from (unset: those the
+    /// batch system gave it in `$CUDA_VISIBLE_DEVICES`).
+    #[arg(long, value_delimiter = ',')]
+    pub gpu_devices: Vec<String>,
     /// The placeholder's walltime, from the launcher's start (`3600s`, `1h`).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub walltime: Option<Duration>,
+}
+
+fn parse_memory(text: &str) -> Result<u64, String> {
+    gleaner_manifest::Memory::parse(text).map(|m| m.0)
 }
 
 pub async fn launcher(
@@ -184,6 +204,14 @@ pub async fn launcher(
         slot: args.slot.clone(),
         slots: args.slots,
         task_slots: args.task_slots.max(1),
+        task_needs: gleaner_manifest::Needs {
+            memory_mb: args.task_memory.unwrap_or(0),
+            gpus: args.task_gpus,
+        },
+        gpu_source: match args.gpu_devices.is_empty() {
+            true => GpuSource::BatchSystem,
+            false => GpuSource::Claim(args.gpu_devices),
+        },
         idle_timeout: l.idle_timeout,
         heartbeat: l.heartbeat,
         deadline: args
@@ -313,6 +341,11 @@ mod tests {
             slot: "4711.3",
             slots: 4,
             task_slots: 2,
+            task_needs: gleaner_manifest::Needs {
+                memory_mb: 3072,
+                gpus: 1,
+            },
+            gpu_devices: &["0".to_owned(), "1".to_owned()],
             walltime: Some(Duration::from_secs(3600)),
         };
         let argv = std::iter::once(naming::LAUNCHER_SUBCOMMAND.to_owned()).chain(written.to_vec());
@@ -323,6 +356,9 @@ mod tests {
         assert_eq!(read.slot, written.slot);
         assert_eq!(read.slots, written.slots);
         assert_eq!(read.task_slots, written.task_slots);
+        assert_eq!(read.task_memory, Some(3072));
+        assert_eq!(read.task_gpus, 1);
+        assert_eq!(read.gpu_devices, written.gpu_devices);
         assert_eq!(read.walltime, written.walltime);
     }
 }

@@ -2,7 +2,7 @@
 
 use std::{future::Future, process::Stdio, time::Duration};
 
-use gleaner_manifest::{JobId, is_env_name};
+use gleaner_manifest::{JobId, TaskShape, is_env_name};
 use gleaner_protocol::{
     ClusterName, ComponentSpec, Credentials,
     naming::{LauncherArgs, launcher_id_word},
@@ -170,7 +170,7 @@ pub trait Backend: Send + 'static {
         &mut self,
         job: &JobId,
         slots: u32,
-        task_slots: u32,
+        task: TaskShape,
         run_as: Option<RunAs<'_>>,
     ) -> impl Future<Output = Result<u32, BackendError>> + Send;
 
@@ -217,6 +217,9 @@ pub struct LauncherCommand {
     /// The `[launcher]` settings, as TOML, for a launcher that may not read
     /// the kcm's configuration (one running as a job's owner).
     pub launcher_settings: String,
+    /// Each host's GPUs, for launchers to claim theirs from where the
+    /// batch system counts GPUs but does not assign them (empty: it does).
+    pub gpu_devices: Vec<String>,
 }
 
 /// The kcm's settings in its environment, which a launcher running as a
@@ -293,7 +296,7 @@ impl LauncherCommand {
         cluster: &ClusterName,
         job: &JobId,
         slots: u32,
-        task_slots: u32,
+        task: TaskShape,
         walltime: Option<Duration>,
         batch_id: &str,
     ) -> String {
@@ -316,7 +319,9 @@ impl LauncherCommand {
             id: &launcher_id_word(&cluster, batch_id),
             slot: batch_id,
             slots,
-            task_slots,
+            task_slots: task.slots,
+            task_needs: task.needs,
+            gpu_devices: &self.gpu_devices,
             walltime,
         };
         for arg in launcher.to_vec() {
@@ -460,6 +465,7 @@ mod tests {
     #[test]
     fn an_owners_component_gets_nothing_of_roots_but_the_spool_files() {
         let spec = ComponentSpec {
+            needs: Default::default(),
             job: "j-0000000000000001".parse().unwrap(),
             component: 0,
             slots: 1,
@@ -514,6 +520,7 @@ mod tests {
         let hostile =
             "sleep 12\n#$ -p 1000\n#SBATCH --nice=-1000\ntrue 'it''s' \\c \"$HOME\" é\n\n";
         let spec = ComponentSpec {
+            needs: Default::default(),
             job: "j-0000000000000001".parse().unwrap(),
             component: 0,
             slots: 1,

@@ -3,6 +3,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
+use gleaner_manifest::Memory;
 use gleaner_protocol::ClusterName;
 use serde::{Deserialize, Serialize};
 
@@ -83,6 +84,22 @@ pub struct ClusterConfig {
     /// Hosts kept free of placeholders, for local jobs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub reserve_hosts: Vec<String>,
+    /// `local`: memory of the cluster that launchers may hold (`"16G"`);
+    /// unset, memory is not counted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Memory>,
+    /// `local`: the cluster's GPUs; `sge`: each host's GPUs (the same
+    /// names on every host), from which a launcher claims those its
+    /// placeholder was granted. Slurm assigns its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<String>,
+    /// `sge`: the consumable complex that counts memory per slot.
+    #[serde(default = "default_memory_resource")]
+    pub memory_resource: String,
+    /// `sge`: the consumable complex that counts GPUs per job
+    /// (`consumable JOB`); `slurm`: the generic resource (`--gres`).
+    #[serde(default = "default_gpu_resource")]
+    pub gpu_resource: String,
     /// Where grid job components leave their output and exit status; the
     /// cluster's nodes must see it (default: a directory under the system's
     /// temporary directory).
@@ -92,6 +109,14 @@ pub struct ClusterConfig {
 
 fn one() -> u32 {
     1
+}
+
+fn default_memory_resource() -> String {
+    "mem_free".to_owned()
+}
+
+fn default_gpu_resource() -> String {
+    "gpu".to_owned()
 }
 
 fn default_pe_one_host() -> String {
@@ -142,6 +167,10 @@ impl ClusterConfig {
             max_pending: default_max_pending(),
             max_scavenged: None,
             reserve_hosts: Vec::new(),
+            memory: None,
+            gpus: Vec::new(),
+            memory_resource: default_memory_resource(),
+            gpu_resource: default_gpu_resource(),
             spool_dir: None,
         }
     }
@@ -165,6 +194,29 @@ impl ClusterConfig {
                 "cluster {}: max_scavenged must be between 0% and 100%",
                 self.name
             ));
+        }
+        let resource_name = |name: &str| {
+            !name.is_empty()
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':'))
+        };
+        if let Some(device) = self.gpus.iter().find(|d| !resource_name(d)) {
+            return Err(format!(
+                "cluster {}: GPU {device:?} must be named with A-Z a-z 0-9 . _ - :",
+                self.name
+            ));
+        }
+        for (field, name) in [
+            ("memory_resource", &self.memory_resource),
+            ("gpu_resource", &self.gpu_resource),
+        ] {
+            if !resource_name(name) || name.contains(':') {
+                return Err(format!(
+                    "cluster {}: {field} {name:?} must be made of A-Z a-z 0-9 . _ -",
+                    self.name
+                ));
+            }
         }
         if self.max_pending.is_zero() {
             return Err("cluster.max_pending must be longer than 0s".to_owned());
@@ -227,6 +279,8 @@ impl ClusterConfig {
             pe_spread: self.pe_spread.clone(),
             h_rt: self.h_rt,
             log_dir: self.log_dir.clone(),
+            memory_resource: self.memory_resource.clone(),
+            gpu_resource: self.gpu_resource.clone(),
             command_timeout: self.command_timeout,
             launcher,
         }
@@ -244,6 +298,7 @@ impl ClusterConfig {
             reserve_hosts: self.reserve_hosts.clone(),
             walltime: self.h_rt,
             log_dir: self.log_dir.clone(),
+            gpu_resource: self.gpu_resource.clone(),
             command_timeout: self.command_timeout,
             launcher,
         }

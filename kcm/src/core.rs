@@ -33,7 +33,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_manifest::JobId;
+use gleaner_manifest::{JobId, TaskShape};
 use gleaner_policy::{
     access::Users,
     local::{Answered, LocalState, on_local_wait},
@@ -128,8 +128,8 @@ pub enum Effect {
         job: JobId,
         grant: GrantId,
         slots: u32,
-        /// Slots each task takes: launchers hold whole tasks.
-        task_slots: u32,
+        /// One task's slots and needs: launchers hold whole tasks.
+        task: TaskShape,
         /// Whose job it is (the broker user).
         owner: String,
         /// The Unix account the launchers run as: the owner's where users
@@ -402,6 +402,7 @@ impl KcmCore {
                 grant,
                 slots,
                 task_slots,
+                task_needs,
                 owner,
                 credentials,
             } => {
@@ -457,7 +458,10 @@ impl KcmCore {
                         job,
                         grant,
                         slots,
-                        task_slots,
+                        task: TaskShape {
+                            slots: task_slots,
+                            needs: task_needs,
+                        },
                         owner,
                         credentials,
                     },
@@ -1264,6 +1268,7 @@ mod tests {
 
     fn spec(job: &JobId, component: u32, slots: u32) -> ComponentSpec {
         ComponentSpec {
+            needs: Default::default(),
             job: job.clone(),
             component,
             slots,
@@ -1303,6 +1308,7 @@ mod tests {
             grant: GrantId::new(grant),
             slots: 8,
             task_slots,
+            task_needs: Default::default(),
             owner: "alice".into(),
             credentials: Some(launcher_account()),
         };
@@ -1460,6 +1466,7 @@ mod tests {
                 grant: GrantId::new(7),
                 slots: 2,
                 task_slots: 1,
+                task_needs: Default::default(),
                 owner: "alice".into(),
                 credentials: Some(launcher_account()),
             },
@@ -1663,6 +1670,7 @@ mod tests {
             grant: GrantId::new(7),
             slots: 2,
             task_slots: 1,
+            task_needs: Default::default(),
             owner: "alice".into(),
             credentials: Some(launcher_account()),
         };
@@ -1697,6 +1705,7 @@ mod tests {
                 grant: GrantId::new(1),
                 slots: 2,
                 task_slots: 1,
+                task_needs: Default::default(),
                 owner: "alice".into(),
                 credentials,
             };
@@ -1726,6 +1735,7 @@ mod tests {
                     grant,
                     slots: 4,
                     task_slots: 1,
+                    task_needs: Default::default(),
                     owner: "alice".into(),
                     credentials: Some(launcher_account()),
                 },
@@ -1763,6 +1773,7 @@ mod tests {
                 grant: GrantId::new(3),
                 slots: 4,
                 task_slots: 1,
+                task_needs: Default::default(),
                 owner: "alice".into(),
                 credentials: Some(launcher_account()),
             },
@@ -1790,6 +1801,7 @@ mod tests {
                 grant: GrantId::new(4),
                 slots: 1,
                 task_slots: 1,
+                task_needs: Default::default(),
                 owner: "bob".into(),
                 credentials: Some(launcher_account()),
             },
@@ -2384,6 +2396,7 @@ mod tests {
             grant: GrantId::new(grant),
             slots: 1,
             task_slots: 1,
+            task_needs: Default::default(),
             owner: owner.into(),
             credentials: Some(launcher_account()),
         }
@@ -2418,6 +2431,7 @@ mod tests {
         let effects = message(&mut kcm, grant(&h, 1, "alice@lab"), clock.at(0));
         assert_eq!(accounts(&effects), [Some("alice".to_owned())]);
         let submit = KcmMsg::SubmitComponent(ComponentSpec {
+            needs: Default::default(),
             owner: "bob".into(),
             ..spec(&job("g"), 0, 1)
         });
@@ -2450,6 +2464,7 @@ mod tests {
         let h = job("h");
         poll(&mut kcm, reading(Vec::new()), clock.at(0));
         let submit = KcmMsg::SubmitComponent(ComponentSpec {
+            needs: Default::default(),
             owner: "alice@lab".into(),
             ..spec(&h, 0, 1)
         });

@@ -184,13 +184,13 @@ impl<B: Backend> Kcm<B> {
                     job,
                     grant,
                     slots,
-                    task_slots,
+                    task,
                     owner,
                     account,
                     credentials,
                 } => {
                     let result = match self.run_as(&owner, account.as_deref()) {
-                        Ok(None) => self.backend.submit(&job, slots, task_slots, None).await,
+                        Ok(None) => self.backend.submit(&job, slots, task, None).await,
                         Ok(Some(account)) => {
                             match self.owner_settings(&job, &account, credentials.as_ref()) {
                                 Ok(settings) => {
@@ -198,9 +198,7 @@ impl<B: Backend> Kcm<B> {
                                         account: &account,
                                         settings: &settings,
                                     };
-                                    self.backend
-                                        .submit(&job, slots, task_slots, Some(run_as))
-                                        .await
+                                    self.backend.submit(&job, slots, task, Some(run_as)).await
                                 }
                                 Err(e) => Err(e),
                             }

@@ -3,7 +3,7 @@
 
 use std::{process::Stdio, time::Duration};
 
-use gleaner_manifest::JobId;
+use gleaner_manifest::{JobId, Needs, TaskShape};
 use nix::{
     sys::signal::{Signal, kill},
     unistd::Pid,
@@ -29,6 +29,8 @@ struct Launcher {
     /// The first of its slots, which names it in the consumer tag.
     slot: u32,
     slots: u32,
+    /// Memory and GPUs its tasks need together.
+    needs: Needs,
     child: Child,
 }
 
@@ -43,6 +45,10 @@ struct Component {
 pub struct LocalBackend {
     cluster: ClusterName,
     slots: u32,
+    /// Memory of the cluster for launchers, if it is counted.
+    memory_mb: Option<u64>,
+    /// GPUs of the cluster ([`LauncherCommand::gpu_devices`]).
+    gpus: u32,
     /// Slots of one launcher: 1 for a launcher per core, more for one per node.
     launcher_slots: u32,
     command: LauncherCommand,
@@ -98,12 +104,15 @@ impl LocalBackend {
     pub fn new(
         cluster: &ClusterName,
         slots: u32,
+        memory_mb: Option<u64>,
         launcher_slots: u32,
         command: LauncherCommand,
     ) -> Self {
         Self {
             cluster: cluster.clone(),
             slots,
+            memory_mb,
+            gpus: command.gpu_devices.len() as u32,
             launcher_slots: launcher_slots.max(1),
             command,
             launchers: Vec::new(),
@@ -197,6 +206,29 @@ impl LocalBackend {
         None
     }
 
+    /// Whole tasks of `task` that the memory and GPUs no launcher holds
+    /// fit (`u32::MAX` where it needs neither).
+    fn tasks_that_fit(&self, task: TaskShape) -> u32 {
+        let held = self
+            .launchers
+            .iter()
+            .fold(Needs::default(), |held, l| Needs {
+                memory_mb: held.memory_mb + l.needs.memory_mb,
+                gpus: held.gpus + l.needs.gpus,
+            });
+        let by_memory = match (self.memory_mb, task.needs.memory_mb) {
+            (Some(total), need) if need > 0 => {
+                u32::try_from(total.saturating_sub(held.memory_mb) / need).unwrap_or(u32::MAX)
+            }
+            _ => u32::MAX,
+        };
+        let by_gpus = match task.needs.gpus {
+            0 => u32::MAX,
+            need => self.gpus.saturating_sub(held.gpus) / need,
+        };
+        by_memory.min(by_gpus)
+    }
+
     fn signal(&self, launcher: &Launcher, signal: Signal) {
         if let Some(pid) = launcher.child.id() {
             let _ = kill(Pid::from_raw(pid as i32), signal);
@@ -271,16 +303,18 @@ impl Backend for LocalBackend {
         &mut self,
         job: &JobId,
         slots: u32,
-        task_slots: u32,
+        task: TaskShape,
         run_as: Option<RunAs<'_>>,
     ) -> Result<u32, BackendError> {
         let launcher = self.command.for_run_as(run_as);
         let run_as = run_as.map(|r| r.account).filter(|a| !a.is_me()).cloned();
         self.reap();
+        let task_slots = task.slots.max(1);
         let mut started = 0;
         while started < slots {
             let size = task_slots * (self.launcher_slots / task_slots).max(1);
-            let want = size.min(slots - started);
+            let fit = self.tasks_that_fit(task).saturating_mul(task_slots);
+            let want = size.min(slots - started).min(fit);
             let Some((slot, length)) = self.free_slots(want, task_slots) else {
                 break;
             };
@@ -293,6 +327,8 @@ impl Backend for LocalBackend {
                 slot: &slot.to_string(),
                 slots: length,
                 task_slots,
+                task_needs: task.needs,
+                gpu_devices: &launcher.gpu_devices,
                 walltime: None,
             });
             let mut command = Command::new(&launcher.program);
@@ -344,6 +380,7 @@ impl Backend for LocalBackend {
                     .map_or_else(|| self.account.clone(), |a| a.name.clone()),
                 slot,
                 slots: length,
+                needs: task.needs_of(length),
                 child,
             });
             started += length;

@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use gleaner_manifest::JobId;
+use gleaner_manifest::{JobId, Needs, TaskShape};
 use tracing::warn;
 
 use crate::{
@@ -50,6 +50,11 @@ pub struct SgeConfig {
     pub h_rt: Option<Duration>,
     /// Where placeholders' stdout/stderr go; discarded when unset.
     pub log_dir: Option<PathBuf>,
+    /// The consumable complex that counts memory, per slot (`mem_free`,
+    /// `h_vmem`, a site's own).
+    pub memory_resource: String,
+    /// The consumable complex that counts GPUs, per job (`consumable JOB`).
+    pub gpu_resource: String,
     /// How long a batch-system command may take before it counts as failed.
     pub command_timeout: Duration,
     pub launcher: LauncherCommand,
@@ -137,18 +142,19 @@ impl SgeBackend {
         job: &JobId,
         count: u32,
         each: u32,
-        task_slots: u32,
+        task: TaskShape,
         run_as: Option<RunAs<'_>>,
     ) -> Result<(), BackendError> {
         let c = &self.config;
         let queue = self.placeholder_queue()?;
-        let args = placeholder_args(c, job, queue, count, each, &std::env::temp_dir());
+        let needs = task.needs_of(each);
+        let args = placeholder_args(c, job, queue, count, each, needs, &std::env::temp_dir());
         let launcher = c.launcher.for_run_as(run_as);
         let script = launcher.script(
             &c.cluster,
             job,
             each,
-            task_slots,
+            task,
             c.h_rt,
             &format!("\"{SGE_TASK_ID}\""),
         );
@@ -198,9 +204,11 @@ fn placeholder_args(
     queue: String,
     count: u32,
     each: u32,
+    needs: Needs,
     workdir: &Path,
 ) -> Vec<String> {
     let mut args = qsub_args(placeholder_name(job.as_str()), queue, workdir);
+    args.extend(resource_requests(c, each, needs));
     args.extend([
         "-t".into(),
         format!("1-{count}"),
@@ -266,7 +274,25 @@ fn component_args(
             format!("h_rt={}", walltime.div_ceil(1000).max(1)),
         ]);
     }
+    args.extend(resource_requests(c, spec.slots, spec.needs));
     args
+}
+
+/// `-l` requests for a job of `slots` slots needing `needs` in all:
+/// memory per slot (Grid Engine multiplies it by the slots), GPUs per job.
+fn resource_requests(c: &SgeConfig, slots: u32, needs: Needs) -> Vec<String> {
+    let mut requests = Vec::new();
+    if needs.memory_mb > 0 {
+        let per_slot = needs.memory_mb.div_ceil(u64::from(slots.max(1)));
+        requests.push(format!("{}={per_slot}M", c.memory_resource));
+    }
+    if needs.gpus > 0 {
+        requests.push(format!("{}={}", c.gpu_resource, needs.gpus));
+    }
+    match requests.is_empty() {
+        true => Vec::new(),
+        false => vec!["-l".to_owned(), requests.join(",")],
+    }
 }
 
 impl Backend for SgeBackend {
@@ -316,13 +342,13 @@ impl Backend for SgeBackend {
         &mut self,
         job: &JobId,
         slots: u32,
-        task_slots: u32,
+        task: TaskShape,
         run_as: Option<RunAs<'_>>,
     ) -> Result<u32, BackendError> {
         let this = &*self;
         let size = this.config.launcher_slots;
-        submit_arrays(job, slots, size, task_slots, |count, each| {
-            this.submit_array(job, count, each, task_slots, run_as)
+        submit_arrays(job, slots, size, task.slots, |count, each| {
+            this.submit_array(job, count, each, task, run_as)
         })
         .await
     }
@@ -374,9 +400,12 @@ mod tests {
             pe_spread: "make".into(),
             reserve_hosts: Vec::new(),
             h_rt: Some(Duration::from_secs(3600)),
+            memory_resource: "mem_free".into(),
+            gpu_resource: "gpu".into(),
             log_dir: None,
             command_timeout: Duration::from_secs(10),
             launcher: LauncherCommand {
+                gpu_devices: Vec::new(),
                 program: "/opt/gleaner's bin/gleaner".into(),
                 args: vec![LAUNCHER_SUBCOMMAND.into()],
                 env: vec![(
@@ -391,6 +420,7 @@ mod tests {
 
     fn spec(slots: u32, walltime_ms: Option<u64>) -> ComponentSpec {
         ComponentSpec {
+            needs: Default::default(),
             job: "grid-0123456789abcdef".parse().unwrap(),
             component: 2,
             slots,
@@ -406,7 +436,15 @@ mod tests {
     fn a_placeholder_array_asks_exactly_for_what_the_site_set() {
         let mut config = backend().config;
         let job: JobId = "sweep-0123456789abcdef".parse().unwrap();
-        let args = placeholder_args(&config, &job, "c1.q".into(), 3, 1, Path::new("/tmp"));
+        let args = placeholder_args(
+            &config,
+            &job,
+            "c1.q".into(),
+            3,
+            1,
+            Needs::default(),
+            Path::new("/tmp"),
+        );
         assert_eq!(args[0], "-clear", "default request files say nothing");
         let joined = args.join(" ");
         assert!(
@@ -422,14 +460,55 @@ mod tests {
         assert!(joined.ends_with("-o /dev/null -e /dev/null"), "{joined}");
         config.log_dir = Some("/var/log/gleaner".into());
         config.h_rt = None;
-        let joined =
-            placeholder_args(&config, &job, "c1.q@a".into(), 2, 4, Path::new("/tmp")).join(" ");
+        let joined = placeholder_args(
+            &config,
+            &job,
+            "c1.q@a".into(),
+            2,
+            4,
+            Needs::default(),
+            Path::new("/tmp"),
+        )
+        .join(" ");
         assert!(joined.contains("-pe smp 4"), "{joined}");
         assert!(!joined.contains("h_rt"), "{joined}");
         assert!(
             joined.ends_with("-j y -o /var/log/gleaner/$JOB_NAME.$JOB_ID.$TASK_ID.log"),
             "{joined}"
         );
+    }
+
+    #[test]
+    fn placeholders_and_components_ask_for_memory_by_slot_and_gpus_by_job() {
+        let config = backend().config;
+        let job: JobId = "sweep-0123456789abcdef".parse().unwrap();
+        // A launcher of 4 slots running two tasks of 2 slots, 3000M and a GPU each.
+        let needs = Needs {
+            memory_mb: 6000,
+            gpus: 2,
+        };
+        let joined = placeholder_args(&config, &job, "c1.q".into(), 1, 4, needs, Path::new("/tmp"))
+            .join(" ");
+        assert!(joined.contains("-l mem_free=1500M,gpu=2"), "{joined}");
+        let memory_only = Needs {
+            memory_mb: 1000,
+            gpus: 0,
+        };
+        let joined = placeholder_args(
+            &config,
+            &job,
+            "c1.q".into(),
+            1,
+            3,
+            memory_only,
+            Path::new("/tmp"),
+        )
+        .join(" ");
+        assert!(joined.contains("-l mem_free=334M "), "rounded up: {joined}");
+        let mut component = spec(4, None);
+        component.needs.gpus = 1;
+        let joined = component_args(&config, &component, true, Path::new("/tmp")).join(" ");
+        assert!(joined.ends_with("-l gpu=1"), "{joined}");
     }
 
     #[test]
@@ -469,7 +548,7 @@ mod tests {
             &"c1".into(),
             &job,
             1,
-            1,
+            TaskShape::slots(1),
             None,
             "\"$JOB_ID.$SGE_TASK_ID\"",
         );
@@ -516,7 +595,7 @@ mod tests {
             &c.cluster,
             &job,
             1,
-            1,
+            TaskShape::slots(1),
             c.h_rt,
             &format!("\"{SGE_TASK_ID}\""),
         );

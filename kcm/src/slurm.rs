@@ -14,7 +14,7 @@ use std::{
     time::Duration,
 };
 
-use gleaner_manifest::JobId;
+use gleaner_manifest::{JobId, Needs, TaskShape};
 use gleaner_protocol::{
     ClusterName, ComponentSpec,
     naming::{SLURM_TASK_ID, component_name, placeholder_name},
@@ -54,6 +54,9 @@ pub struct SlurmConfig {
     pub walltime: Option<Duration>,
     /// Where placeholders' stdout/stderr go; discarded when unset.
     pub log_dir: Option<PathBuf>,
+    /// The generic resource that counts GPUs (`--gres=<name>:N`); Slurm
+    /// assigns the devices.
+    pub gpu_resource: String,
     /// How long a batch-system command may take before it counts as failed.
     pub command_timeout: Duration,
     pub launcher: LauncherCommand,
@@ -83,17 +86,24 @@ impl SlurmBackend {
         job: &JobId,
         count: u32,
         each: u32,
-        task_slots: u32,
+        task: TaskShape,
         run_as: Option<RunAs<'_>>,
     ) -> Result<(), BackendError> {
         let c = &self.config;
-        let args = placeholder_args(c, job, count, each, &std::env::temp_dir());
+        let args = placeholder_args(
+            c,
+            job,
+            count,
+            each,
+            task.needs_of(each),
+            &std::env::temp_dir(),
+        );
         let launcher = c.launcher.for_run_as(run_as);
         let script = launcher.script(
             &c.cluster,
             job,
             each,
-            task_slots,
+            task,
             c.walltime,
             &format!("\"{SLURM_TASK_ID}\""),
         );
@@ -140,6 +150,7 @@ fn placeholder_args(
     job: &JobId,
     count: u32,
     each: u32,
+    needs: Needs,
     workdir: &Path,
 ) -> Vec<String> {
     let mut args = sbatch_args(c, placeholder_name(job.as_str()), workdir);
@@ -149,6 +160,12 @@ fn placeholder_args(
         "--ntasks=1".to_owned(),
         format!("--cpus-per-task={each}"),
     ]);
+    if needs.memory_mb > 0 {
+        args.push(format!("--mem={}M", needs.memory_mb));
+    }
+    if needs.gpus > 0 {
+        args.push(format!("--gres={}:{}", c.gpu_resource, needs.gpus));
+    }
     if let Some(walltime) = c.walltime {
         args.push(format!("--time={}", slurm_time(walltime)));
     }
@@ -186,6 +203,14 @@ fn component_args(
     ]);
     if one_host {
         args.push("--nodes=1".to_owned());
+    }
+    // Memory per CPU, as the component's slots may be spread over nodes.
+    if spec.needs.memory_mb > 0 {
+        let per_slot = spec.needs.memory_mb.div_ceil(u64::from(spec.slots.max(1)));
+        args.push(format!("--mem-per-cpu={per_slot}M"));
+    }
+    if spec.needs.gpus > 0 {
+        args.push(format!("--gpus={}:{}", c.gpu_resource, spec.needs.gpus));
     }
     if let Some(walltime) = spec.walltime_ms {
         let limit = Duration::from_millis(walltime);
@@ -252,13 +277,13 @@ impl Backend for SlurmBackend {
         &mut self,
         job: &JobId,
         slots: u32,
-        task_slots: u32,
+        task: TaskShape,
         run_as: Option<RunAs<'_>>,
     ) -> Result<u32, BackendError> {
         let this = &*self;
         let size = this.config.launcher_slots;
-        submit_arrays(job, slots, size, task_slots, |count, each| {
-            this.submit_array(job, count, each, task_slots, run_as)
+        submit_arrays(job, slots, size, task.slots, |count, each| {
+            this.submit_array(job, count, each, task, run_as)
         })
         .await
     }
@@ -330,9 +355,11 @@ mod tests {
             launcher_slots: 1,
             reserve_hosts: vec!["n1".into(), "n2".into()],
             walltime: Some(Duration::from_secs(3600)),
+            gpu_resource: "gpu".into(),
             log_dir: None,
             command_timeout: Duration::from_secs(10),
             launcher: LauncherCommand {
+                gpu_devices: Vec::new(),
                 program: "/opt/gleaner".into(),
                 args: Vec::new(),
                 env: Vec::new(),
@@ -345,7 +372,7 @@ mod tests {
     #[test]
     fn a_placeholder_array_asks_exactly_for_what_the_site_set() {
         let job: JobId = "sweep-0123456789abcdef".parse().unwrap();
-        let args = placeholder_args(&config(), &job, 3, 4, Path::new("/tmp"));
+        let args = placeholder_args(&config(), &job, 3, 4, Needs::default(), Path::new("/tmp"));
         assert_eq!(
             args,
             [
@@ -367,9 +394,18 @@ mod tests {
                 "--error=/dev/null",
             ]
         );
+        let needs = Needs {
+            memory_mb: 6000,
+            gpus: 2,
+        };
+        let args = placeholder_args(&config(), &job, 1, 4, needs, Path::new("/tmp")).join(" ");
+        assert!(
+            args.contains("--cpus-per-task=4 --mem=6000M --gres=gpu:2 "),
+            "{args}"
+        );
         let mut logged = config();
         logged.log_dir = Some("/var/log/gleaner".into());
-        let args = placeholder_args(&logged, &job, 1, 1, Path::new("/tmp"));
+        let args = placeholder_args(&logged, &job, 1, 1, Needs::default(), Path::new("/tmp"));
         assert_eq!(
             args.last().map(String::as_str),
             Some("--output=/var/log/gleaner/%x.%A_%a.log")
@@ -379,6 +415,7 @@ mod tests {
     #[test]
     fn a_components_options_carry_nothing_of_its_owners_text() {
         let spec = ComponentSpec {
+            needs: Default::default(),
             job: "grid-0123456789abcdef".parse().unwrap(),
             component: 1,
             slots: 6,
@@ -411,6 +448,7 @@ mod tests {
     #[test]
     fn the_job_script_names_the_launcher_after_its_array_task() {
         let command = LauncherCommand {
+            gpu_devices: Vec::new(),
             program: "/opt/gleaner".into(),
             args: vec!["launcher".into()],
             env: vec![("GLEANER_BROKER_URL".into(), "amqp://h/v".into())],
@@ -422,7 +460,7 @@ mod tests {
             &"c1".into(),
             &job,
             4,
-            1,
+            TaskShape::slots(1),
             Some(Duration::from_secs(600)),
             &format!("\"{SLURM_TASK_ID}\""),
         );

@@ -78,6 +78,9 @@ pub struct TaskRun<'a> {
     /// When stopped (preempted): this signal, and this long to save state
     /// before the kill; `None` kills at once.
     pub preempt: Option<(Signal, Duration)>,
+    /// Mebibytes its processes may hold together: over it, it is killed
+    /// as out of memory.
+    pub memory_mb: Option<u64>,
 }
 
 /// How a run ended, when it ended by itself (not killed by the launcher).
@@ -91,6 +94,8 @@ pub struct Outcome {
     pub stderr: Captured,
     pub outputs: Vec<OutputFile>,
     pub error: Option<String>,
+    /// The most its processes held together, when it had a memory limit.
+    pub peak_memory_mb: Option<u64>,
 }
 
 /// Runs a task until it ends, its walltime passes, or `stop` turns true (then
@@ -311,8 +316,15 @@ async fn supervise(
         }
     };
     let mut timed_out = false;
+    let mut peak = 0;
+    let mut out_of_memory = false;
     let status = tokio::select! {
         status = child.wait() => status,
+        () = watch_memory(group.as_raw(), task.memory_mb, &mut peak) => {
+            out_of_memory = true;
+            signal_group(group, Signal::SIGKILL);
+            child.wait().await
+        }
         () = walltime => {
             timed_out = true;
             signal_group(group, Signal::SIGTERM);
@@ -342,13 +354,45 @@ async fn supervise(
     let runtime = started.elapsed();
     let stdout = stdout.finish().await;
     let stderr = stderr.finish().await;
-    Some(match status {
+    let mut outcome = match status {
         Ok(status) => Outcome::ended(status, timed_out, runtime, stdout, stderr),
         Err(e) => Outcome {
             error: Some(format!("lost track of the command: {e}")),
             ..Outcome::not_started(String::new(), started)
         },
-    })
+    };
+    if let Some(limit) = task.memory_mb {
+        outcome.peak_memory_mb = Some(peak);
+        if out_of_memory {
+            outcome.status = RunStatus::Oom;
+            outcome.error = Some(format!(
+                "killed: its processes held {peak} MiB, over the {limit} MiB it asked for (memory)"
+            ));
+        }
+    }
+    Some(outcome)
+}
+
+/// How often a task's memory is measured, where it asked for a limit.
+const MEMORY_WATCH: Duration = Duration::from_millis(100);
+
+/// Resolves once the task's processes hold more than `limit_mb` together,
+/// keeping the most they held in `peak`; never without a limit. Measured
+/// by the launcher, so that a limit holds whatever the host's cgroups.
+async fn watch_memory(task: i32, limit_mb: Option<u64>, peak: &mut u64) {
+    let Some(limit_mb) = limit_mb else {
+        return std::future::pending().await;
+    };
+    let mut tick = tokio::time::interval(MEMORY_WATCH);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let held = orphans::resident_bytes(task) >> 20;
+        *peak = (*peak).max(held);
+        if held > limit_mb {
+            return;
+        }
+    }
 }
 
 /// Resolves once `stop` turns true; never, if its sender is gone.
@@ -373,6 +417,7 @@ impl Outcome {
             stderr: Captured::default(),
             outputs: Vec::new(),
             error: Some(error),
+            peak_memory_mb: None,
         }
     }
 
@@ -400,6 +445,7 @@ impl Outcome {
             stderr,
             outputs: Vec::new(),
             error: None,
+            peak_memory_mb: None,
         }
     }
 }
@@ -622,6 +668,7 @@ mod tests {
             workdir: None,
             sandbox: dir.join("sandbox"),
             preempt: None,
+            memory_mb: None,
         }
     }
 
@@ -740,6 +787,51 @@ mod tests {
             (outcome.status, outcome.signal),
             (RunStatus::Failed, Some(9))
         );
+    }
+
+    #[tokio::test]
+    async fn a_task_over_its_memory_is_killed_as_out_of_memory_with_its_peak() {
+        assert!(orphans::contain().is_ok(), "task cgroups are allowed here");
+        let dir = tempfile::tempdir().unwrap();
+        // 200 MiB held in a child of the shell, escaped from its group:
+        // its cgroup still counts it.
+        let hog =
+            "setsid python3 -c 'b = bytearray(200 << 20); import time; time.sleep(30)' & wait";
+        let run = TaskRun {
+            memory_mb: Some(64),
+            ..task(hog, dir.path())
+        };
+        let started = Instant::now();
+        let outcome = super::run(run, Limits::default(), never()).await.unwrap();
+        assert_eq!(outcome.status, RunStatus::Oom, "{outcome:?}");
+        assert!(outcome.peak_memory_mb.unwrap() > 64, "{outcome:?}");
+        assert!(outcome.error.unwrap().contains("64 MiB"));
+        assert!(
+            started.elapsed() < Duration::from_secs(25),
+            "killed, not waited for"
+        );
+
+        orphans::release();
+    }
+
+    #[tokio::test]
+    async fn without_task_cgroups_memory_is_counted_over_the_tasks_descendants() {
+        let dir = tempfile::tempdir().unwrap();
+        let hog = "sh -c \"python3 -c 'b = bytearray(200 << 20); import time; time.sleep(30)'\"";
+        let run = TaskRun {
+            memory_mb: Some(64),
+            ..task(hog, dir.path())
+        };
+        let outcome = super::run(run, Limits::default(), never()).await.unwrap();
+        assert_eq!(outcome.status, RunStatus::Oom, "{outcome:?}");
+
+        let small = TaskRun {
+            memory_mb: Some(64),
+            ..task("python3 -c 'b = bytearray(8 << 20)'", dir.path())
+        };
+        let outcome = super::run(small, Limits::default(), never()).await.unwrap();
+        assert_eq!(outcome.status, RunStatus::Succeeded, "{outcome:?}");
+        assert!(outcome.peak_memory_mb.is_some());
     }
 
     #[tokio::test]

@@ -17,6 +17,7 @@
 mod consumers;
 mod dirs;
 mod exec;
+mod gpus;
 mod orphans;
 mod packing;
 mod state;
@@ -48,6 +49,7 @@ use tracing::{Instrument, debug, error_span, info, warn};
 
 use dirs::{Checkpoints, Sandboxes};
 pub use exec::Limits;
+pub use gpus::GpuSource;
 use state::{Effect, Event, State, Status};
 
 /// Everything a launcher needs to know; the kcm passes most of it on the
@@ -66,6 +68,11 @@ pub struct LauncherConfig {
     /// Slots each task takes (`$GLEANER_SLOTS`): `slots / task_slots`
     /// tasks run at once.
     pub task_slots: u32,
+    /// Memory and GPUs each task needs: a task over its memory is killed
+    /// as `oom`; each gets its own devices.
+    pub task_needs: gleaner_manifest::Needs,
+    /// Where its GPUs come from, if its tasks need any.
+    pub gpu_source: GpuSource,
     pub idle_timeout: Duration,
     pub heartbeat: Duration,
     /// When the placeholder's walltime ends, if it has one.
@@ -173,6 +180,8 @@ pub enum LauncherError {
     Broker(#[from] BrokerError),
     #[error("scratch directory {path}: {reason}")]
     Scratch { path: String, reason: String },
+    #[error("GPUs: {0}")]
+    Gpus(String),
 }
 
 /// Makes the scratch directory (`<base>/<uid>`) private to this account
@@ -205,6 +214,23 @@ struct Shared {
     checkpoints: Checkpoints,
     /// To [`publish_results`].
     results: tokio::sync::mpsc::UnboundedSender<Outgoing>,
+    /// The held GPUs no running task has.
+    gpus: std::sync::Mutex<gpus::Pool>,
+}
+
+impl Shared {
+    /// Devices for a task about to run.
+    fn take_gpus(&self, count: u32) -> Vec<String> {
+        let mut pool = self.gpus.lock().unwrap_or_else(|e| e.into_inner());
+        pool.take(count).unwrap_or_default()
+    }
+
+    fn give_back_gpus(&self, devices: Vec<String>) {
+        if !devices.is_empty() {
+            let mut pool = self.gpus.lock().unwrap_or_else(|e| e.into_inner());
+            pool.give_back(devices);
+        }
+    }
 }
 
 /// A run's result on its way out, and who waits for the broker to have it.
@@ -316,8 +342,16 @@ async fn launch(
             "tasks contained by process group and subreaper, without cgroups"
         );
     }
+    let gpus = config
+        .task_needs
+        .gpus
+        .saturating_mul(config.tasks_at_once());
+    let held = gpus::acquire(&config.gpu_source, gpus).map_err(LauncherError::Gpus)?;
+    if !held.devices.is_empty() {
+        info!(gpus = held.devices.join(","), "GPUs held");
+    }
     let checkpoints = config.checkpoints.join(config.job.as_str());
-    let served = serve(broker, config, signals).await;
+    let served = serve(broker, config, signals, &held.devices).await;
     orphans::release();
     if served.as_ref().is_ok_and(|exit| !exit.keeps_checkpoints()) {
         let _ = std::fs::remove_dir_all(checkpoints);
@@ -421,6 +455,7 @@ async fn serve(
     broker: &Broker,
     config: LauncherConfig,
     signals: Signals,
+    gpus: &[String],
 ) -> Result<Exit, LauncherError> {
     let Up {
         connection,
@@ -455,6 +490,7 @@ async fn serve(
         queues,
         publisher,
         results,
+        gpus: std::sync::Mutex::new(gpus::Pool::new(gpus)),
     });
     let result = Shell::new(shared.clone(), tasks, own, signals)
         .serve()
@@ -942,7 +978,9 @@ async fn run_task(shared: Arc<Shared>, held: Held, stop: watch::Receiver<bool>) 
     }
     let limit = config.limits.checkpoint_bytes;
     let given = checkpoint.as_ref().ok().map(|dir| (dir.as_path(), limit));
-    let env = task::environment(task, config.task_slots, given);
+    let needs = config.task_needs;
+    let devices = shared.take_gpus(needs.gpus);
+    let env = task::environment(task, config.task_slots, &devices, given);
     let sandbox = shared.sandboxes.take();
     let preempt = task
         .preempt_signal
@@ -958,10 +996,12 @@ async fn run_task(shared: Arc<Shared>, held: Held, stop: watch::Receiver<bool>) 
         workdir: task.workdir.as_deref().map(std::path::Path::new),
         sandbox: sandbox.clone(),
         preempt,
+        memory_mb: (needs.memory_mb > 0).then_some(needs.memory_mb),
     };
     debug!(task = task.task, attempt = task.attempt, "task started");
     let outcome = exec::run(run, config.limits, stop).await;
     shared.sandboxes.give_back(sandbox);
+    shared.give_back_gpus(devices);
     // Kept for the next run unless it is over the limit.
     let ended_for_good = task::ended_for_good(task, outcome.as_ref().map(|o| o.status));
     if let Ok(checkpoint) = checkpoint {
@@ -1002,6 +1042,7 @@ async fn report(
         stderr: outcome.stderr,
         outputs: outcome.outputs,
         error: outcome.error,
+        peak_memory_mb: outcome.peak_memory_mb,
     };
     let stopped = || BrokerError::Connect("the launcher's result publisher stopped".to_owned());
     let (settled, done) = tokio::sync::oneshot::channel();
@@ -1027,6 +1068,7 @@ async fn refuse(shared: Arc<Shared>, task: TaskMsg, reason: String) -> Result<()
         },
         outputs: Vec::new(),
         error: None,
+        peak_memory_mb: None,
     };
     report(shared, task, outcome).await
 }

@@ -255,6 +255,61 @@ pub fn ended(pid: i32) {
     kill_strays(&running);
 }
 
+/// Bytes the processes of a running task hold in memory together: those
+/// in its cgroup, wherever they moved; without one, those of its group and
+/// its descendants.
+pub fn resident_bytes(task: i32) -> u64 {
+    let in_cgroup: Option<Vec<i32>> = {
+        let running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+        let tree = TASK_CGROUPS.get().and_then(Option::as_ref);
+        match (tree, running.get(&task)) {
+            (Some(tree), Some(Some((name, _)))) => {
+                std::fs::read_to_string(tree.path().join(name).join("cgroup.procs"))
+                    .ok()
+                    .map(|procs| {
+                        procs
+                            .lines()
+                            .filter_map(|pid| pid.trim().parse().ok())
+                            .collect()
+                    })
+            }
+            _ => None,
+        }
+    };
+    let members = in_cgroup.unwrap_or_else(|| group_and_descendants(task));
+    let page = procfs::page_size();
+    members
+        .into_iter()
+        .filter_map(|pid| procfs::process::Process::new(pid).ok()?.statm().ok())
+        .map(|statm| statm.resident.saturating_mul(page))
+        .sum()
+}
+
+/// The processes of `task`'s group, and those descended from it.
+fn group_and_descendants(task: i32) -> Vec<i32> {
+    let processes: BTreeMap<i32, (i32, i32)> = procfs::process::all_processes()
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|p| p.stat().ok().map(|stat| (p.pid, (stat.ppid, stat.pgrp))))
+        .collect();
+    let descends = |mut pid: i32| {
+        for _ in 0..64 {
+            match processes.get(&pid) {
+                _ if pid == task => return true,
+                Some(&(ppid, _)) if ppid > 1 => pid = ppid,
+                _ => return false,
+            }
+        }
+        false
+    };
+    processes
+        .iter()
+        .filter(|(pid, (_, group))| *group == task || descends(**pid))
+        .map(|(pid, _)| *pid)
+        .collect()
+}
+
 /// Kills and reaps this process's children that are neither a running
 /// task's shell nor in its group; their own orphans come next, so a few
 /// rounds. Reaping never waits: one not dead yet is reaped at a later end.

@@ -705,6 +705,8 @@ mod tests {
             slot: "1".to_owned(),
             slots: 2,
             task_slots: 1,
+            task_needs: Default::default(),
+            gpu_source: crate::GpuSource::BatchSystem,
             idle_timeout: Duration::from_secs(60),
             heartbeat: Duration::from_secs(1000),
             deadline: None,

@@ -14,17 +14,28 @@ use gleaner_protocol::{RunStatus, TaskMsg};
 pub fn environment(
     task: &TaskMsg,
     task_slots: u32,
+    gpus: &[String],
     checkpoint: Option<(&Path, u64)>,
 ) -> Vec<(String, String)> {
-    let mut env = task.env.clone();
+    // Devices are the launcher's to give: a task sees exactly its own,
+    // whatever its manifest says, and none if it asked for none.
+    let mut env: Vec<(String, String)> = task
+        .env
+        .iter()
+        .filter(|(key, _)| key != "CUDA_VISIBLE_DEVICES")
+        .cloned()
+        .collect();
     if !env.iter().any(|(key, _)| key == "OMP_NUM_THREADS") {
         env.push(("OMP_NUM_THREADS".to_owned(), task_slots.to_string()));
     }
+    let devices = gpus.join(",");
     env.extend([
         ("GLEANER_JOB".to_owned(), task.job.to_string()),
         ("GLEANER_TASK".to_owned(), task.task.to_string()),
         ("GLEANER_ATTEMPT".to_owned(), task.attempt.to_string()),
         ("GLEANER_SLOTS".to_owned(), task_slots.to_string()),
+        ("CUDA_VISIBLE_DEVICES".to_owned(), devices.clone()),
+        ("GLEANER_GPUS".to_owned(), devices),
     ]);
     if let Some((dir, max_bytes)) = checkpoint {
         env.extend([
@@ -38,11 +49,12 @@ pub fn environment(
     env
 }
 
-/// A task that ended for good (succeeded, or failed its last attempt)
+/// A task that ended for good (succeeded, out of memory, or failed its
+/// last attempt)
 /// needs its checkpoint no more; one preempted, stopped or failed before
 /// its last attempt keeps it for its next run.
 pub fn ended_for_good(task: &TaskMsg, status: Option<RunStatus>) -> bool {
-    status == Some(RunStatus::Succeeded)
+    matches!(status, Some(RunStatus::Succeeded | RunStatus::Oom))
         || (status.is_some() && task.max_attempts > 0 && task.attempt >= task.max_attempts)
 }
 
@@ -80,7 +92,7 @@ mod tests {
     #[test]
     fn a_task_gets_its_slots_and_gleaners_variables_after_its_own() {
         let mut own = task(2, 3);
-        let env = environment(&own, 4, Some((Path::new("/ck/7"), 1024)));
+        let env = environment(&own, 4, &[], Some((Path::new("/ck/7"), 1024)));
         assert_eq!(
             value(&env, "OMP_NUM_THREADS"),
             Some("1"),
@@ -92,7 +104,7 @@ mod tests {
         assert_eq!(value(&env, "GLEANER_CHECKPOINT"), Some("/ck/7"));
         assert_eq!(value(&env, "GLEANER_CHECKPOINT_MAX_BYTES"), Some("1024"));
         own.env = vec![("GLEANER_TASK".into(), "99".into())];
-        let env = environment(&own, 4, None);
+        let env = environment(&own, 4, &["1".to_owned()], None);
         assert_eq!(value(&env, "OMP_NUM_THREADS"), Some("4"));
         assert_eq!(
             value(&env, "GLEANER_TASK"),
@@ -100,6 +112,27 @@ mod tests {
             "gleaner's own come last"
         );
         assert_eq!(value(&env, "GLEANER_CHECKPOINT"), None);
+        assert_eq!(value(&env, "GLEANER_GPUS"), Some("1"));
+    }
+
+    #[test]
+    fn a_task_sees_exactly_its_own_gpus() {
+        let mut own = task(1, 3);
+        own.env = vec![("CUDA_VISIBLE_DEVICES".into(), "0,1,2,3".into())];
+        let env = environment(&own, 1, &["2".to_owned(), "3".to_owned()], None);
+        let devices: Vec<&str> = env
+            .iter()
+            .filter(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
+            .map(|(_, v)| v.as_str())
+            .collect();
+        assert_eq!(devices, ["2,3"], "the manifest's own is dropped");
+        assert_eq!(value(&env, "GLEANER_GPUS"), Some("2,3"));
+        let env = environment(&own, 1, &[], None);
+        assert_eq!(
+            value(&env, "CUDA_VISIBLE_DEVICES"),
+            Some(""),
+            "none asked, none seen"
+        );
     }
 
     #[test]

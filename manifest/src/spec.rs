@@ -6,7 +6,10 @@ use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    JobId, ManifestError, ParamSpec, TaskList, TaskSet, job_id::is_valid_name, table::Table,
+    JobId, ManifestError, ParamSpec, TaskList, TaskSet,
+    job_id::is_valid_name,
+    needs::{MAX_TASK_GPUS, Memory, Needs},
+    table::Table,
 };
 
 fn default_max_attempts() -> u32 {
@@ -58,6 +61,10 @@ fn is_one(n: &u32) -> bool {
     *n == 1
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// A job as submitted. Unknown fields are refused rather than ignored: a
 /// misspelt `walltim` silently dropped would cost a user a whole sweep.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -106,6 +113,14 @@ pub struct Manifest {
     /// task), all on one launcher; `$GLEANER_SLOTS` and `$OMP_NUM_THREADS`.
     #[serde(default = "default_weight", skip_serializing_if = "is_one")]
     pub slots: u32,
+    /// Scavenging jobs: memory each task needs (`"8G"`): its placeholder
+    /// asks the batch system for it, and a task over it is killed as `oom`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Memory>,
+    /// Scavenging jobs: GPUs each task needs, its own devices in
+    /// `$CUDA_VISIBLE_DEVICES`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gpus: u32,
     /// Scavenging jobs: tasks published as one message, for tasks too short
     /// (well under a second) to pay the broker a message each. A launcher
     /// runs a bundle's tasks side by side in its slots and settles it once
@@ -240,6 +255,21 @@ impl Sweep {
 pub struct Component {
     pub slots: u32,
     pub command: String,
+    /// Memory the whole component needs (`"64G"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Memory>,
+    /// GPUs the whole component needs.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub gpus: u32,
+}
+
+impl Component {
+    pub fn needs(&self) -> Needs {
+        Needs {
+            memory_mb: self.memory.map_or(0, |m| m.0),
+            gpus: self.gpus,
+        }
+    }
 }
 
 impl Manifest {
@@ -262,6 +292,8 @@ impl Manifest {
             max_launchers: None,
             weight: default_weight(),
             slots: 1,
+            memory: None,
+            gpus: 0,
             bundle: 1,
             tasks: Vec::new(),
             sweep: None,
@@ -376,6 +408,12 @@ impl Manifest {
                 format!("must be from 1 to {MAX_TASK_SLOTS}"),
             ));
         }
+        if self.gpus > MAX_TASK_GPUS {
+            return Err(ManifestError::invalid(
+                "gpus",
+                format!("must be from 0 to {MAX_TASK_GPUS}"),
+            ));
+        }
         if self.max_launchers.is_some_and(|max| max < self.slots) {
             return Err(ManifestError::invalid(
                 "max_launchers",
@@ -471,6 +509,14 @@ impl Manifest {
                 "grid jobs run [[component]] entries, not tasks",
             ));
         }
+        for (field, given) in [("memory", self.memory.is_some()), ("gpus", self.gpus != 0)] {
+            if given {
+                return Err(ManifestError::invalid(
+                    field,
+                    format!("grid jobs give each [[component]] its {field}"),
+                ));
+            }
+        }
         if self.final_step.is_some() {
             return Err(ManifestError::invalid(
                 "final",
@@ -502,6 +548,12 @@ impl Manifest {
                     "must be at least 1",
                 ));
             }
+            if component.gpus > MAX_TASK_GPUS.saturating_mul(component.slots) {
+                return Err(ManifestError::invalid(
+                    format!("component[{i}].gpus"),
+                    format!("at most {MAX_TASK_GPUS} per slot"),
+                ));
+            }
             if component.command.trim().is_empty() {
                 return Err(ManifestError::invalid(
                     format!("component[{i}].command"),
@@ -523,6 +575,14 @@ impl Manifest {
     /// Where a job's results go when its manifest does not say.
     pub fn default_results_dir(job: &str) -> PathBuf {
         PathBuf::from("results").join(job)
+    }
+
+    /// What each of its tasks needs beside its slots.
+    pub fn task_needs(&self) -> Needs {
+        Needs {
+            memory_mb: self.memory.map_or(0, |m| m.0),
+            gpus: self.gpus,
+        }
     }
 
     /// The priority this job is placed with.
@@ -661,6 +721,38 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
         let err =
             parse("name = \"a\"\nwalltim = \"1m\"\n[[task]]\ncommand = \"true\"\n").unwrap_err();
         assert!(err.to_string().contains("walltim"), "{err}");
+    }
+
+    #[test]
+    fn memory_and_gpus_are_read_and_bad_ones_named() {
+        let m = parse("name = \"a\"\nmemory = \"8G\"\ngpus = 2\n[[task]]\ncommand = \"true\"\n")
+            .unwrap();
+        assert_eq!(
+            m.task_needs(),
+            Needs {
+                memory_mb: 8192,
+                gpus: 2
+            }
+        );
+        let err =
+            parse("name = \"a\"\nmemory = \"8\"\n[[task]]\ncommand = \"true\"\n").unwrap_err();
+        assert!(
+            err.to_string().contains("memory: \"8\" is not a size"),
+            "{err}"
+        );
+        let err = parse("name = \"a\"\nmemory = 8\n[[task]]\ncommand = \"true\"\n").unwrap_err();
+        assert!(err.to_string().contains("memory"), "{err}");
+        let err = parse("name = \"a\"\ngpus = 65\n[[task]]\ncommand = \"true\"\n").unwrap_err();
+        assert_eq!(err.field(), Some("gpus"));
+        let err = parse("name = \"a\"\ngpus = -1\n[[task]]\ncommand = \"true\"\n").unwrap_err();
+        assert!(err.to_string().contains("gpus"), "{err}");
+        let grid = "name = \"g\"\nkind = \"grid\"\n[[component]]\nslots = 2\nmemory = \"64G\"\ngpus = 4\ncommand = \"./mpi\"\n";
+        let m = parse(grid).unwrap();
+        assert_eq!(m.components[0].needs().gpus, 4);
+        let err = parse(&grid.replace("kind", "gpus = 1\nkind")).unwrap_err();
+        assert_eq!(err.field(), Some("gpus"));
+        let err = parse(&grid.replace("gpus = 4", "gpus = 129")).unwrap_err();
+        assert_eq!(err.field(), Some("component[0].gpus"));
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use gleaner_manifest::{Addition, JobId, JobKind, Manifest, Priority};
+use gleaner_manifest::{Addition, JobId, JobKind, Manifest, Needs, Priority, TaskShape};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{ClusterName, GrantId, LauncherId};
@@ -219,9 +219,22 @@ pub struct JobReport {
     /// Slots each of its tasks takes (a manifest's `slots`).
     #[serde(default = "one", skip_serializing_if = "is_one")]
     pub task_slots: u32,
+    /// Memory and GPUs each of its tasks needs.
+    #[serde(default, skip_serializing_if = "Needs::is_none")]
+    pub task_needs: Needs,
     /// Tasks may still be added to it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub open: bool,
+}
+
+impl JobReport {
+    /// One task's slots and needs.
+    pub fn task_shape(&self) -> TaskShape {
+        TaskShape {
+            slots: self.task_slots,
+            needs: self.task_needs,
+        }
+    }
 }
 
 fn one() -> u32 {
@@ -481,6 +494,9 @@ pub enum KcmMsg {
         /// multiple of it.
         #[serde(default = "one", skip_serializing_if = "is_one")]
         task_slots: u32,
+        /// Memory and GPUs each task needs: the placeholders ask for them.
+        #[serde(default, skip_serializing_if = "Needs::is_none")]
+        task_needs: Needs,
         #[serde(default)]
         owner: String,
         /// The job's launcher account, where users are kept apart: its
@@ -529,6 +545,9 @@ pub struct ComponentSpec {
     pub job: JobId,
     pub component: u32,
     pub slots: u32,
+    /// Memory and GPUs the whole component needs.
+    #[serde(default, skip_serializing_if = "Needs::is_none")]
+    pub needs: Needs,
     pub command: String,
     #[serde(default)]
     pub env: Vec<(String, String)>,
@@ -831,6 +850,9 @@ pub enum RunStatus {
     Succeeded,
     Failed,
     TimedOut,
+    /// Killed for using more memory than the task asked for: running it
+    /// again would end the same way.
+    Oom,
 }
 
 /// The outcome of one run of a task.
@@ -857,6 +879,10 @@ pub struct ResultMsg {
     /// Why the task could not even start (sandbox, spawn), if so.
     #[serde(default)]
     pub error: Option<String>,
+    /// The most memory its processes held together, where the task asked
+    /// for memory (the launcher watches only then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_mb: Option<u64>,
 }
 
 impl Message for ResultMsg {
@@ -1006,6 +1032,7 @@ mod tests {
 
     fn report() -> JobReport {
         JobReport {
+            task_needs: Default::default(),
             job: job(),
             owner: "alice".into(),
             kind: JobKind::Scavenge,
@@ -1045,6 +1072,7 @@ mod tests {
             RequestMsg::Cancel { job: job() },
         ]);
         let spec = ComponentSpec {
+            needs: Default::default(),
             job: job(),
             component: 0,
             slots: 1,
@@ -1060,6 +1088,7 @@ mod tests {
                 grant: GrantId::new(1),
                 slots: 1,
                 task_slots: 1,
+                task_needs: Default::default(),
                 owner: "alice".into(),
                 credentials: None,
             },
@@ -1259,6 +1288,7 @@ mod tests {
     #[test]
     fn a_single_result_reads_as_a_batch_of_one() {
         let result = ResultMsg {
+            peak_memory_mb: None,
             job: job(),
             task: 7,
             attempt: 1,
@@ -1336,6 +1366,7 @@ mod tests {
                 grant: GrantId::new(7),
                 slots: 2,
                 task_slots: 1,
+                task_needs: Default::default(),
                 owner: "alice".into(),
                 credentials: None,
             },

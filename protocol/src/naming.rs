@@ -110,6 +110,11 @@ pub struct LauncherArgs<'a> {
     pub slots: u32,
     /// Slots each task takes: it runs `slots / task_slots` at once.
     pub task_slots: u32,
+    /// Memory and GPUs each task needs.
+    pub task_needs: gleaner_manifest::Needs,
+    /// The host's GPUs, for a launcher to claim its own from where the
+    /// batch system does not assign them (empty: it does).
+    pub gpu_devices: &'a [String],
     /// The placeholder's walltime: the launcher drains before it ends.
     pub walltime: Option<Duration>,
 }
@@ -130,6 +135,18 @@ impl LauncherArgs<'_> {
         ];
         if self.task_slots > 1 {
             args.extend(["--task-slots".to_owned(), self.task_slots.to_string()]);
+        }
+        if self.task_needs.memory_mb > 0 {
+            args.extend([
+                "--task-memory".to_owned(),
+                format!("{}M", self.task_needs.memory_mb),
+            ]);
+        }
+        if self.task_needs.gpus > 0 {
+            args.extend(["--task-gpus".to_owned(), self.task_needs.gpus.to_string()]);
+            if !self.gpu_devices.is_empty() {
+                args.extend(["--gpu-devices".to_owned(), self.gpu_devices.join(",")]);
+            }
         }
         if let Some(walltime) = self.walltime {
             args.extend(["--walltime".to_owned(), format!("{}s", walltime.as_secs())]);
@@ -184,6 +201,8 @@ mod tests {
     #[test]
     fn launcher_arguments_in_order() {
         let args = LauncherArgs {
+            task_needs: Default::default(),
+            gpu_devices: &[],
             job: "j",
             cluster: "c1",
             id: "c1-7",

@@ -15,6 +15,8 @@ pub enum FinalStatus {
     Succeeded,
     Failed,
     TimedOut,
+    /// Killed for using more memory than it asked for.
+    Oom,
     Lost,
     Cancelled,
 }
@@ -26,8 +28,23 @@ impl FinalStatus {
             Self::Succeeded => "succeeded",
             Self::Failed => "failed",
             Self::TimedOut => "timed_out",
+            Self::Oom => "oom",
             Self::Lost => "lost",
             Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+impl FinalStatus {
+    /// The figure of `counts` that tasks ending so count in; one out of
+    /// memory counts with the failures.
+    pub fn counter(self, counts: &mut TaskCounts) -> &mut u64 {
+        match self {
+            Self::Succeeded => &mut counts.succeeded,
+            Self::Failed | Self::Oom => &mut counts.failed,
+            Self::TimedOut => &mut counts.timed_out,
+            Self::Lost => &mut counts.lost,
+            Self::Cancelled => &mut counts.cancelled,
         }
     }
 }
@@ -38,6 +55,7 @@ impl From<RunStatus> for FinalStatus {
             RunStatus::Succeeded => Self::Succeeded,
             RunStatus::Failed => Self::Failed,
             RunStatus::TimedOut => Self::TimedOut,
+            RunStatus::Oom => Self::Oom,
         }
     }
 }
@@ -113,14 +131,7 @@ impl TaskBook {
         }
         self.finished[(task / 64) as usize] |= 1 << (task % 64);
         self.retried.remove(&task);
-        let c = &mut self.counts;
-        match status {
-            FinalStatus::Succeeded => c.succeeded += 1,
-            FinalStatus::Failed => c.failed += 1,
-            FinalStatus::TimedOut => c.timed_out += 1,
-            FinalStatus::Lost => c.lost += 1,
-            FinalStatus::Cancelled => c.cancelled += 1,
-        }
+        *status.counter(&mut self.counts) += 1;
         self.set_running(self.counts.running);
         true
     }
@@ -138,6 +149,8 @@ impl TaskBook {
         }
         match result.status {
             RunStatus::Succeeded => Verdict::Final(FinalStatus::Succeeded),
+            // Another run would need the same memory and end the same way.
+            RunStatus::Oom => Verdict::Final(FinalStatus::Oom),
             _ if result.attempt < self.max_attempts => {
                 let attempt = result.attempt + 1;
                 self.retried.insert(result.task, attempt);
@@ -179,6 +192,7 @@ mod tests {
 
     fn result(task: u64, attempt: u32, status: RunStatus) -> ResultMsg {
         ResultMsg {
+            peak_memory_mb: None,
             job: "j-0000000000000000".parse().unwrap(),
             task,
             attempt,

@@ -65,6 +65,7 @@ impl Grid {
                 job: ledger.id().clone(),
                 component: i as u32,
                 slots: component.slots,
+                needs: component.needs(),
                 command: component.command.clone(),
                 env: env.clone(),
                 walltime_ms,
@@ -156,6 +157,7 @@ impl Grid {
             stderr: outcome.stderr,
             outputs: Vec::new(),
             error: None,
+            peak_memory_mb: None,
         };
         info!(component = task, cluster = %result.cluster, exit_code = ?result.exit_code, "grid component ended");
         let entry = self.entry(ledger, task, status.into(), Some(&result));

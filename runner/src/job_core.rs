@@ -300,13 +300,7 @@ impl Ledger {
         if self.final_task.is_some() {
             counts.total = counts.total.saturating_sub(1);
             if let Some(outcome) = &self.file.final_step {
-                let counter = match outcome.book_status() {
-                    FinalStatus::Succeeded => &mut counts.succeeded,
-                    FinalStatus::Failed => &mut counts.failed,
-                    FinalStatus::TimedOut => &mut counts.timed_out,
-                    FinalStatus::Lost => &mut counts.lost,
-                    FinalStatus::Cancelled => &mut counts.cancelled,
-                };
+                let counter = outcome.book_status().counter(&mut counts);
                 *counter = counter.saturating_sub(1);
             }
         }
@@ -369,6 +363,7 @@ impl Ledger {
             problem: None,
             weight: self.manifest.weight,
             task_slots: self.manifest.slots,
+            task_needs: self.manifest.task_needs(),
             open: self.manifest.open && !self.file.closed,
         }
     }
@@ -416,6 +411,7 @@ pub fn index_entry(
         cluster: result.map(|r| r.cluster.clone()),
         host: result.map(|r| r.host.clone()).filter(|h| !h.is_empty()),
         error: result.and_then(|r| r.error.clone()),
+        peak_memory_mb: result.and_then(|r| r.peak_memory_mb),
     }
 }
 
@@ -723,6 +719,7 @@ pub mod testing {
 
     pub fn result(task: u64, attempt: u32, status: RunStatus) -> ResultMsg {
         ResultMsg {
+            peak_memory_mb: None,
             job: "sweep-3fa9c2d41e07b5a8".parse().unwrap(),
             task,
             attempt,

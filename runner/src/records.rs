@@ -26,9 +26,13 @@ pub struct IndexEntry {
     pub runtime_s: f64,
     pub cluster: Option<ClusterName>,
     pub host: Option<String>,
-    /// Why its last run could not even start (its directory, its program).
+    /// Why its last run could not even start (its directory, its program),
+    /// or why it was killed (its memory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The most memory its last run held, where the task asked for memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_memory_mb: Option<u64>,
 }
 
 /// `job.json`: the job's summary, rewritten as it progresses.

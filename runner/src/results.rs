@@ -369,6 +369,7 @@ mod tests {
 
     fn entry(task: u64, status: FinalStatus) -> IndexEntry {
         IndexEntry {
+            peak_memory_mb: None,
             task,
             command: format!("echo {task}"),
             params: IndexMap::new(),
@@ -448,6 +449,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (results, _) = ResultsDir::open(dir.path(), None).unwrap();
         let result = ResultMsg {
+            peak_memory_mb: None,
             job: "j-0000000000000000".parse().unwrap(),
             task: 7,
             attempt: 1,
@@ -503,6 +505,7 @@ mod tests {
         assert!(!dir.path().join("tasks/escape").exists());
 
         let silent = ResultMsg {
+            peak_memory_mb: None,
             task: 8,
             stdout: Captured::default(),
             stderr: Captured::default(),

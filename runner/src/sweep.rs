@@ -311,6 +311,7 @@ impl Sweep {
                     grant,
                     slots: accepted,
                     task_slots: need.task_slots,
+                    task_needs: manifest.task_needs(),
                     owner: ledger.file().owner.clone(),
                     credentials: ledger.launcher_credentials().cloned(),
                 },

@@ -799,6 +799,7 @@ pub(crate) mod tests {
 
     pub(crate) fn job_report(name: &str, unfinished: u64) -> JobReport {
         JobReport {
+            task_needs: Default::default(),
             job: job(name),
             owner: "alice".into(),
             kind: JobKind::Scavenge,
@@ -1028,6 +1029,7 @@ pub(crate) mod tests {
         let mut state = State::new(GrantId::new(1));
         state.on_job_update(
             JobReport {
+                task_needs: Default::default(),
                 max_slots: Some(5),
                 problem: None,
                 weight: 1,
@@ -1134,6 +1136,7 @@ pub(crate) mod tests {
 
     fn grid_report(name: &str, priority: Priority, components: &[u32]) -> JobReport {
         JobReport {
+            task_needs: Default::default(),
             kind: JobKind::Grid,
             priority,
             state: JobState::Waiting,
@@ -1187,6 +1190,7 @@ pub(crate) mod tests {
         };
         assert!(state.round(now, &config).contains(&place));
         let running = JobReport {
+            task_needs: Default::default(),
             state: JobState::Running,
             ..grid_report("g", Priority::High, &[6])
         };

@@ -560,6 +560,7 @@ fn result(launcher: &LauncherId, run: Run, cluster: &ClusterName, t: f64) -> Res
         stderr: Captured::default(),
         outputs: Vec::new(),
         error: None,
+        peak_memory_mb: None,
     }
 }
 

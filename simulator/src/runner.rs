@@ -180,6 +180,7 @@ impl GridRunner {
                                 job: self.id.clone(),
                                 component: i as u32,
                                 slots: *slots,
+                                needs: Default::default(),
                                 command: String::new(),
                                 env: Vec::new(),
                                 walltime_ms: None,
@@ -242,6 +243,7 @@ impl GridRunner {
             problem: None,
             weight: 1,
             task_slots: 1,
+            task_needs: Default::default(),
             open: false,
         }))
     }
