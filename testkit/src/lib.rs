@@ -3,6 +3,7 @@
 
 mod broker;
 pub mod chaos;
+mod gpus;
 mod harness;
 mod hosts;
 mod sge;
@@ -11,6 +12,7 @@ pub mod terminal;
 pub mod users;
 
 pub use broker::*;
+pub use gpus::*;
 pub use harness::*;
 pub use hosts::*;
 pub use sge::*;

@@ -12,6 +12,7 @@ mod launchers;
 mod multi_host;
 mod recovery;
 mod replicated_broker;
+mod resources;
 mod scheduling;
 mod slurm;
 mod sweeps;

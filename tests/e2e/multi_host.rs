@@ -9,7 +9,9 @@ use std::{
 };
 
 use gleaner_protocol::naming::placeholder_name;
-use gleaner_testkit::{Gleaner, SgeQueues, finish, qsub, sge, sweep, wait_for};
+use gleaner_testkit::{
+    Gleaner, SgeQueues, assert_one_task_per_gpu, finish, gpu_sweep, qsub, sge, sweep, wait_for,
+};
 
 use crate::{MINUTE, gleaner};
 
@@ -291,4 +293,33 @@ fn admin_caps_keep_placeholders_off_reserved_hosts_and_below_the_limit() {
         "nothing on the reserved host: {hosts:?}"
     );
     g.assert_all_done_once(&job, 60);
+}
+
+#[test]
+fn a_gpu_sweep_on_grid_engine_runs_one_task_per_gpu_each_claimed_by_its_launcher() {
+    let queues = SgeQueues::on_nodes(1, HOST_SLOTS);
+    let mut g = gleaner("mh-gpus");
+    // Grid Engine counts each host's two GPUs (`gpu`); launchers claim theirs.
+    g.write(
+        "gleaner.toml",
+        &config(&queues.names[0], "gpus = [\"0\", \"1\"]"),
+    );
+    g.start("up", &["up"]);
+    let manifest = gpu_sweep(&g, "gpus", 18, "memory = \"1500M\"");
+    let job = g.submit(&manifest);
+    let mut most = 0;
+    wait_for("the GPU sweep to end", 3 * MINUTE, || {
+        let mut per_host: BTreeMap<String, usize> = BTreeMap::new();
+        for host in running(&queues, &job).into_values() {
+            *per_host.entry(host).or_default() += 1;
+        }
+        most = most.max(per_host.into_values().max().unwrap_or(0));
+        g.job_state(&job).is_some_and(|s| s == "done")
+    });
+    assert!((1..=2).contains(&most), "{most} one-GPU placeholders on a two-GPU host at most");
+    let used = assert_one_task_per_gpu(&g, &job, 18);
+    assert!(
+        used.values().any(|devices| devices.len() == 2),
+        "both GPUs of a host in use: {used:?}"
+    );
 }

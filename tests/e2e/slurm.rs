@@ -7,7 +7,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_protocol::naming::placeholder_name;
-use gleaner_testkit::{SgeQueues, SlurmCluster, by_task, finish, sbatch, sweep, wait_for};
+use gleaner_testkit::{
+    SgeQueues, SlurmCluster, assert_one_task_per_gpu, by_task, finish, gpu_sweep, sbatch, sweep,
+    wait_for,
+};
 use nix::sys::signal::Signal;
 
 use crate::{MINUTE, gleaner};
@@ -264,4 +267,36 @@ fn one_sweep_runs_across_a_grid_engine_and_a_slurm_cluster() {
         .filter_map(|t| t["cluster"].as_str().map(str::to_owned))
         .collect();
     assert_eq!(clusters, BTreeSet::from(["c1".to_owned(), "s1".to_owned()]));
+}
+
+#[test]
+fn a_gpu_sweep_on_slurm_runs_one_task_per_gpu_and_tasks_by_memory() {
+    let slurm = SlurmCluster::lock();
+    let mut g = gleaner("slurm-gpus");
+    g.write("gleaner.toml", &config());
+    g.start("up", &["up"]);
+    // Two GPUs per host: six tasks at once at most, one per device.
+    let manifest = gpu_sweep(&g, "gpus", 18, "memory = \"1500M\"");
+    let job = g.submit(&manifest);
+    let mut most = 0;
+    wait_for("the GPU sweep to end", 3 * MINUTE, || {
+        let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+        for node in running(&slurm, &job).into_values() {
+            *per_node.entry(node).or_default() += 1;
+        }
+        most = most.max(per_node.into_values().max().unwrap_or(0));
+        g.job_state(&job).is_some_and(|s| s == "done")
+    });
+    assert!((1..=2).contains(&most), "{most} one-GPU placeholders on a two-GPU node at most");
+    let used = assert_one_task_per_gpu(&g, &job, 18);
+    for (host, devices) in &used {
+        assert!(
+            devices.iter().all(|d| d == "0" || d == "1"),
+            "{host}: the devices Slurm assigned: {devices:?}"
+        );
+    }
+    assert!(
+        used.values().any(|devices| devices.len() == 2),
+        "both GPUs of a host in use: {used:?}"
+    );
 }

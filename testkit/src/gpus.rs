@@ -1,0 +1,58 @@
+//! GPU sweeps on the dev grid's stand-in GPUs: each task checks that it
+//! sees exactly one device and that no other task holds it meanwhile.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::{Gleaner, by_task};
+
+/// A task that fails unless it has exactly one device of its own: it holds
+/// `<locks>/<host>-gpu<device>` (a directory, made atomically) while it
+/// runs, and prints its host and device.
+const GPU_TASK: &str = r#"d="$CUDA_VISIBLE_DEVICES"
+case "$d" in ""|*,*) echo "devices: '$d'"; exit 3;; esac
+[ "$GLEANER_GPUS" = "$d" ] || { echo "GLEANER_GPUS: $GLEANER_GPUS"; exit 4; }
+lock="$1/$(hostname)-gpu$d"
+mkdir "$lock" 2>/dev/null || { echo "gpu $d of $(hostname) held by another task"; exit 5; }
+sleep 1
+rmdir "$lock"
+echo "$(hostname) $d"
+"#;
+
+/// A sweep of `tasks` one-GPU tasks (and `extra` manifest keys), no retry:
+/// a task that shared its device fails for good.
+pub fn gpu_sweep(g: &Gleaner, name: &str, tasks: u32, extra: &str) -> String {
+    let script = g.write("gpu-task.sh", GPU_TASK);
+    let locks = g.path().join("gpu-locks");
+    std::fs::create_dir_all(&locks).expect("lock directory");
+    format!(
+        "name = \"{name}\"\ngpus = 1\nmax_attempts = 1\n{extra}\n[sweep]\ncommand = \"sh {} {} #{{n}}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n",
+        script.display(),
+        locks.display()
+    )
+}
+
+/// Every task of a GPU sweep succeeded on a device of its own; returns the
+/// devices used on each host.
+pub fn assert_one_task_per_gpu(
+    g: &Gleaner,
+    job: &str,
+    tasks: usize,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let index = by_task(&g.index(job));
+    let mut used: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (task, entry) in &index {
+        let stdout =
+            std::fs::read_to_string(g.results_dir(job).join(format!("tasks/{task}/stdout")))
+                .unwrap_or_default();
+        assert_eq!(
+            entry["status"], "succeeded",
+            "task {task}: {stdout} {entry}"
+        );
+        let (host, device) = stdout.trim().split_once(' ').expect("host and device");
+        used.entry(host.to_owned())
+            .or_default()
+            .insert(device.to_owned());
+    }
+    assert_eq!(index.len(), tasks, "every task has a result");
+    used
+}
