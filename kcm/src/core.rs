@@ -1252,6 +1252,7 @@ mod tests {
             slots: 1,
             host: running.then(|| "n1".to_owned()),
             owner: "alice".into(),
+            needs: Default::default(),
         }
     }
 
@@ -1846,6 +1847,7 @@ mod tests {
             slots: 1,
             host: host.map(str::to_owned),
             owner: "alice".into(),
+            needs: Default::default(),
         };
         let b = job("b");
         let of_b = Placeholder {
@@ -2379,6 +2381,7 @@ mod tests {
             },
             waiting: None,
             problem: None,
+            needs: Default::default(),
         }
     }
 

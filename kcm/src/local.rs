@@ -293,6 +293,7 @@ impl Backend for LocalBackend {
                     slots: l.slots,
                     host: Some(host.clone()),
                     owner: l.owner.clone(),
+                    needs: l.needs,
                 })
                 .collect(),
             ..Snapshot::default()

@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use gleaner_manifest::Span;
+use gleaner_manifest::{Memory, Needs, Span};
 use gleaner_policy::local::WaitingJob;
 use serde::Deserialize;
 
@@ -41,6 +41,52 @@ struct QueueInstance {
     state: Option<String>,
     #[serde(default)]
     job_list: Vec<JobEntry>,
+    /// `qstat -F`: what is left of the host's consumables (`type="hc"`).
+    #[serde(rename = "resource", default)]
+    resources: Vec<Resource>,
+}
+
+/// An element like `<resource name="mem_free" type="hc">3.906G</resource>`.
+#[derive(Debug, Deserialize)]
+struct Resource {
+    #[serde(rename = "@name", default)]
+    name: String,
+    #[serde(rename = "@type", default)]
+    kind: String,
+    #[serde(rename = "$text", default)]
+    value: String,
+}
+
+/// The complexes that count memory (per slot) and GPUs (per job).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consumables {
+    pub memory: String,
+    pub gpu: String,
+}
+
+impl Consumables {
+    /// `qstat -F`'s argument: the complexes to show per host.
+    pub fn names(&self) -> String {
+        format!("{},{}", self.memory, self.gpu)
+    }
+}
+
+/// A memory value as Grid Engine prints it (`3.906G`, `1500M`, bytes).
+fn memory_mb(value: &str) -> Option<u64> {
+    let value = value.trim();
+    match value.parse::<f64>() {
+        Ok(bytes) => Some((bytes / f64::from(1 << 20)).floor() as u64),
+        Err(_) => Memory::parse(value).ok().map(|m| m.0),
+    }
+}
+
+/// A count as Grid Engine prints it (`2`, `2.000000`).
+fn count(value: &str) -> Option<u32> {
+    value
+        .trim()
+        .parse::<f64>()
+        .ok()
+        .map(|n| n.max(0.0).floor() as u32)
 }
 
 #[derive(Debug, Deserialize)]
@@ -77,6 +123,19 @@ struct Named {
 }
 
 impl JobEntry {
+    /// The memory and GPUs it asks for with `slots` slots.
+    fn needs(&self, consumables: &Consumables, slots: u32) -> Needs {
+        let request = |name: &str| self.hard_requests.iter().find(|r| r.name == name);
+        Needs {
+            memory_mb: request(&consumables.memory)
+                .and_then(|r| memory_mb(&r.value))
+                .map_or(0, |per_slot| per_slot.saturating_mul(u64::from(slots))),
+            gpus: request(&consumables.gpu)
+                .and_then(|r| count(&r.value))
+                .unwrap_or(0),
+        }
+    }
+
     fn exclusive(&self) -> bool {
         self.hard_requests.iter().any(|r| {
             r.name.eq_ignore_ascii_case("exclusive")
@@ -142,6 +201,7 @@ impl Qstat {
         &self,
         queue: &str,
         rules: &BTreeMap<String, AllocationRule>,
+        consumables: &Consumables,
     ) -> Result<Snapshot, String> {
         let root = &self.0;
         let instance_prefix = format!("{queue}@");
@@ -159,6 +219,15 @@ impl Qstat {
                 problems.push(format!("{} is in state {state}", instance.name));
             }
             let mut host = Host::new(host_name, if usable { instance.slots_total } else { 0 });
+            let left = |name: &str| {
+                instance
+                    .resources
+                    .iter()
+                    .find(|r| r.name == name && r.kind == "hc")
+                    .map(|r| r.value.as_str())
+            };
+            host.free_memory_mb = left(&consumables.memory).and_then(memory_mb);
+            host.free_gpus = left(&consumables.gpu).and_then(count);
             for job in &instance.job_list {
                 let id = match &job.tasks {
                     Some(task) => format!("{}.{task}", job.number),
@@ -169,10 +238,12 @@ impl Qstat {
                     continue;
                 };
                 let here = (host_name.to_owned(), job.slots);
+                let needs = job.needs(consumables, job.slots);
                 // A job on many hosts is one job with their slots.
                 match running.get(&id).and_then(|&i| snapshot.named.get_mut(i)) {
                     Some(run) => {
                         run.slots = run.slots.saturating_add(job.slots);
+                        run.needs.memory_mb = run.needs.memory_mb.saturating_add(needs.memory_mb);
                         run.hosts.push(here);
                     }
                     None => {
@@ -186,6 +257,7 @@ impl Qstat {
                             hosts: vec![here],
                             waiting: None,
                             problem: None,
+                            needs,
                         });
                     }
                 }
@@ -209,6 +281,7 @@ impl Qstat {
                     snapshot.total_slots().max(1),
                     largest_host,
                     rules,
+                    consumables,
                 )
             });
             let Some((named, component)) = named_after(&job.name) else {
@@ -242,6 +315,7 @@ impl Qstat {
                 hosts: Vec::new(),
                 waiting,
                 problem,
+                needs: job.needs(consumables, job.slots.max(1)),
             });
         }
         snapshot.problem = (!problems.is_empty()).then(|| problems.join("; "));
@@ -257,6 +331,7 @@ fn waiting_job(
     total_slots: u32,
     largest_host: u32,
     rules: &BTreeMap<String, AllocationRule>,
+    consumables: &Consumables,
 ) -> WaitingJob {
     let each = job.slots.max(1);
     let together = match job.requested_pe.as_ref().and_then(|pe| rules.get(&pe.name)) {
@@ -267,7 +342,9 @@ fn waiting_job(
     // Each task of an array is its own job: its slots stay together.
     let copies = tasks.min(total_slots.div_ceil(each).max(1));
     let exclusive = job.exclusive();
+    let needs = job.needs(consumables, each).times(copies);
     WaitingJob {
+        needs,
         id: job.number.to_string(),
         slots: each.saturating_mul(copies),
         together: if exclusive {
@@ -310,7 +387,11 @@ mod tests {
             ("two".to_owned(), AllocationRule::PerHost(2)),
         ]
         .into();
-        read(xml)?.snapshot(queue, &rules)
+        let consumables = Consumables {
+            memory: "mem_free".into(),
+            gpu: "gpu".into(),
+        };
+        read(xml)?.snapshot(queue, &rules, &consumables)
     }
 
     /// The snapshot as a kcm running as root with one user judges it.
@@ -464,6 +545,55 @@ mod tests {
         assert_eq!(
             (s.components[1].component, s.components[1].running),
             (1, false)
+        );
+    }
+
+    #[test]
+    fn memory_and_gpus_left_per_host_and_asked_by_each_job() {
+        let xml = r#"<?xml version='1.0'?><job_info><queue_info>
+            <Queue-List><name>g1.q@node3</name><slots_total>4</slots_total>
+              <resource name="mem_free" type="hc">2.441G</resource>
+              <resource name="gpu" type="hc">1</resource>
+              <resource name="mem_free" type="hl">20.5G</resource>
+              <job_list state="running"><JB_job_number>71</JB_job_number><JB_name>gl-gpus-0123456789abcdef</JB_name>
+                <JB_owner>root</JB_owner><state>r</state><slots>2</slots><tasks>3</tasks>
+                <hard_request name="mem_free" resource_contribution="0.000000">750M</hard_request>
+                <hard_request name="gpu" resource_contribution="0.000000">1</hard_request></job_list>
+            </Queue-List>
+            <Queue-List><name>g1.q@node4</name><slots_total>4</slots_total></Queue-List>
+            </queue_info><job_info>
+              <job_list state="pending"><JB_job_number>72</JB_job_number><JB_name>big</JB_name>
+                <JB_owner>bob</JB_owner><state>qw</state><slots>2</slots>
+                <requested_pe name="smp">2</requested_pe>
+                <hard_request name="mem_free" resource_contribution="0.000000">1.5G</hard_request>
+                <hard_request name="gpu" resource_contribution="0.000000">2</hard_request></job_list>
+            </job_info></job_info>"#;
+        let snapshot = snapshot(xml, "g1.q").unwrap();
+        let node3 = &snapshot.hosts[0];
+        assert_eq!(
+            (node3.free_memory_mb, node3.free_gpus),
+            (Some(2500), Some(1))
+        );
+        let node4 = &snapshot.hosts[1];
+        assert_eq!(
+            (node4.free_memory_mb, node4.free_gpus),
+            (None, None),
+            "not counted"
+        );
+        assert_eq!(
+            snapshot.placeholders[0].needs,
+            Needs {
+                memory_mb: 1500,
+                gpus: 1
+            },
+            "memory per slot, GPUs per job"
+        );
+        assert_eq!(
+            snapshot.waiting[0].needs,
+            Needs {
+                memory_mb: 3072,
+                gpus: 2
+            }
         );
     }
 

@@ -24,7 +24,7 @@ use crate::{
         submit_arrays,
     },
     contain::Account,
-    qstat::{self, AllocationRule, allocation_rule},
+    qstat::{self, AllocationRule, Consumables, allocation_rule},
     snapshot::Snapshot,
 };
 use gleaner_protocol::{
@@ -94,6 +94,14 @@ impl SgeBackend {
             };
             self.pe_rules
                 .insert(name, rule.unwrap_or(AllocationRule::Spread));
+        }
+    }
+
+    /// The complexes that count memory and GPUs here.
+    fn consumables(&self) -> Consumables {
+        Consumables {
+            memory: self.config.memory_resource.clone(),
+            gpu: self.config.gpu_resource.clone(),
         }
     }
 
@@ -305,9 +313,20 @@ impl Backend for SgeBackend {
     }
 
     async fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
-        let args: Vec<String> = ["-f", "-r", "-xml", "-q", &self.config.queue, "-u", "*"]
-            .map(str::to_owned)
-            .to_vec();
+        let resources = self.consumables().names();
+        let args: Vec<String> = [
+            "-f",
+            "-r",
+            "-xml",
+            "-q",
+            &self.config.queue,
+            "-u",
+            "*",
+            "-F",
+            &resources,
+        ]
+        .map(str::to_owned)
+        .to_vec();
         let xml = self.run("qstat", &args, None).await.map_err(|mut e| {
             // qstat exits 1 without a word for a queue that does not exist.
             if e.message.trim_end().ends_with(':') {
@@ -332,7 +351,7 @@ impl Backend for SgeBackend {
             .collect();
         self.learn_pe_rules(unknown).await;
         let snapshot = read
-            .snapshot(&self.config.queue, &self.pe_rules)
+            .snapshot(&self.config.queue, &self.pe_rules, &self.consumables())
             .map_err(failed)?;
         self.hosts = snapshot.hosts.iter().map(|h| h.name.clone()).collect();
         Ok(snapshot)

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use gleaner_manifest::JobId;
+use gleaner_manifest::{JobId, Needs};
 use gleaner_policy::local::{HostLoad, WaitingJob};
 use gleaner_protocol::{
     HostReport,
@@ -27,6 +27,8 @@ pub struct Placeholder {
     pub host: Option<String>,
     /// The batch system's name of the account that submitted it.
     pub owner: String,
+    /// Memory and GPUs it holds beside its slots.
+    pub needs: Needs,
 }
 
 impl Placeholder {
@@ -76,6 +78,8 @@ pub struct NamedJob {
     pub waiting: Option<WaitingJob>,
     /// As gleaner's, what is wrong with it (a placeholder in error).
     pub problem: Option<String>,
+    /// Memory and GPUs of each placeholder, or of the component.
+    pub needs: Needs,
 }
 
 /// The gleaner job a batch job's name names, and the component when it is
@@ -97,6 +101,10 @@ pub struct Host {
     pub local: u32,
     /// Slots running grid job components.
     pub grid: u32,
+    /// Memory nobody holds, where the batch system counts it.
+    pub free_memory_mb: Option<u64>,
+    /// GPUs nobody holds, where the batch system counts them.
+    pub free_gpus: Option<u32>,
 }
 
 impl Host {
@@ -183,6 +191,7 @@ impl Snapshot {
                         slots: named.slots,
                         host: host.clone(),
                         owner: named.owner.clone(),
+                        needs: named.needs,
                     })),
             }
         }
@@ -261,12 +270,32 @@ impl Snapshot {
         held
     }
 
+    /// Memory and GPUs each job's running placeholders hold, per host.
+    fn needs_per_host(&self) -> Vec<BTreeMap<JobId, Needs>> {
+        let index = self.host_index();
+        let mut held = vec![BTreeMap::<JobId, Needs>::new(); self.hosts.len()];
+        for placeholder in self.placeholders.iter().filter(|p| !p.needs.is_none()) {
+            let Some(&i) = placeholder
+                .host
+                .as_deref()
+                .and_then(|h| index.get(&host_key(h)))
+            else {
+                continue;
+            };
+            let needs = held[i].entry(placeholder.job.clone()).or_default();
+            needs.memory_mb = needs.memory_mb.saturating_add(placeholder.needs.memory_mb);
+            needs.gpus = needs.gpus.saturating_add(placeholder.needs.gpus);
+        }
+        held
+    }
+
     /// Each host as the local policy sees it.
     pub fn host_loads(&self) -> Vec<HostLoad> {
         self.hosts
             .iter()
             .zip(self.held_per_host())
-            .map(|(host, held)| {
+            .zip(self.needs_per_host())
+            .map(|((host, held), held_needs)| {
                 let busy = saturating_sum(
                     [host.local, host.grid]
                         .into_iter()
@@ -277,6 +306,9 @@ impl Snapshot {
                     slots: host.slots,
                     free: host.slots.saturating_sub(busy),
                     held,
+                    free_memory_mb: host.free_memory_mb,
+                    free_gpus: host.free_gpus,
+                    held_needs,
                 }
             })
             .collect()
@@ -310,6 +342,7 @@ mod tests {
             slots,
             host: host.map(str::to_owned),
             owner: "alice".into(),
+            needs: Default::default(),
         }
     }
 
@@ -378,6 +411,7 @@ mod tests {
             hosts: hosts.iter().map(|(h, s)| ((*h).to_owned(), *s)).collect(),
             waiting: hosts.is_empty().then(|| WaitingJob::anywhere(ids[0], 3)),
             problem: Some(format!("{owner}'s problem")),
+            needs: Default::default(),
         };
         let read = Snapshot {
             hosts: vec![Host::new("n1", 4), Host::new("n2", 4)],

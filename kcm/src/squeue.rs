@@ -86,6 +86,7 @@ impl Job<'_> {
                 _ => 1,
             },
             exclusive: self.exclusive,
+            needs: Default::default(),
         }
     }
 }
@@ -236,6 +237,7 @@ pub fn snapshot(
                 .collect(),
             waiting: job.waits_for_slots(&sharing).then(|| job.waiting()),
             problem: None,
+            needs: Default::default(),
         });
     }
     let mut problems = Vec::new();

@@ -7,13 +7,16 @@
 //! slots scattered over many hosts: the host that can give them at the
 //! least cost in scavenged slots is chosen, and only launchers there are
 //! preempted; a job that could not start on any host even then costs
-//! nothing. Slots any host can give are split between the scavenging jobs
+//! nothing. A job that asks for memory or GPUs gets them where its slots
+//! are: the host chosen is the one that frees every resource it waits for
+//! with the fewest launcher slots preempted, GPU launchers for GPUs and
+//! memory-heavy ones for memory. Slots any host can give are split between the scavenging jobs
 //! once (together covering the need, not each job the full amount). Each
 //! waiting job is answered once, until the answer has had time to work.
 
 use std::collections::BTreeMap;
 
-use gleaner_manifest::JobId;
+use gleaner_manifest::{JobId, Needs};
 
 use crate::share::split_shrink;
 
@@ -27,6 +30,8 @@ pub struct WaitingJob {
     pub together: u32,
     /// It wants hosts to itself (`-l exclusive`).
     pub exclusive: bool,
+    /// Memory and GPUs it asks for in all, beside its slots.
+    pub needs: Needs,
 }
 
 impl WaitingJob {
@@ -37,6 +42,7 @@ impl WaitingJob {
             slots,
             together: 1,
             exclusive: false,
+            needs: Needs::default(),
         }
     }
 
@@ -48,9 +54,20 @@ impl WaitingJob {
         }
     }
 
-    /// Whether any free slot helps it (else it needs particular hosts).
+    /// Whether any free slot helps it (else it needs particular hosts:
+    /// its memory and GPUs are wanted where its slots are).
     fn spreads(&self) -> bool {
-        self.together <= 1 && !self.exclusive
+        self.together <= 1 && !self.exclusive && self.needs.is_none()
+    }
+
+    /// The memory and GPUs that go with `chunk` of its slots.
+    fn chunk_needs(&self, chunk: u32) -> Needs {
+        let slots = u64::from(self.slots.max(1));
+        let chunk = u64::from(chunk);
+        Needs {
+            memory_mb: self.needs.memory_mb.saturating_mul(chunk).div_ceil(slots),
+            gpus: (u64::from(self.needs.gpus) * chunk).div_ceil(slots) as u32,
+        }
     }
 
     /// The groups of slots that must each be on one host.
@@ -65,7 +82,7 @@ impl WaitingJob {
 }
 
 /// One execution host as the local policy sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HostLoad {
     pub name: String,
     /// Slots of the host gleaner may use.
@@ -74,6 +91,13 @@ pub struct HostLoad {
     pub free: u32,
     /// Slots each scavenging job's running launchers hold here.
     pub held: BTreeMap<JobId, u32>,
+    /// Memory free right now; `None` where the batch system does not
+    /// count it (then it never keeps a job waiting).
+    pub free_memory_mb: Option<u64>,
+    /// GPUs free right now; `None` where they are not counted.
+    pub free_gpus: Option<u32>,
+    /// Memory and GPUs each scavenging job's running launchers hold here.
+    pub held_needs: BTreeMap<JobId, Needs>,
 }
 
 impl HostLoad {
@@ -89,6 +113,112 @@ impl HostLoad {
     /// Nothing but gleaner runs here: an exclusive job can have it.
     fn only_gleaner(&self) -> bool {
         self.reachable() == self.slots
+    }
+
+    /// What launchers of `job` free here, giving back `slots` of theirs.
+    fn freed_by(&self, job: &JobId, slots: u32) -> Needs {
+        let held = u64::from(self.held.get(job).copied().unwrap_or(0).max(1));
+        let needs = self.held_needs.get(job).copied().unwrap_or_default();
+        let slots = u64::from(slots);
+        Needs {
+            memory_mb: needs.memory_mb.saturating_mul(slots) / held,
+            gpus: (u64::from(needs.gpus) * slots / held) as u32,
+        }
+    }
+
+    /// The launcher slots of each job to preempt here so that `slots` slots
+    /// and `needs` are free, fewest in all: GPUs from the launchers holding
+    /// most GPUs per slot, memory likewise, then slots from whoever holds
+    /// most. `None` if not even every launcher leaving would do.
+    fn give_back(&self, slots: u32, needs: Needs) -> Option<BTreeMap<JobId, u32>> {
+        let mut taking = Taking {
+            left: self
+                .held
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(j, n)| (j.clone(), *n))
+                .collect(),
+            ..Taking::default()
+        };
+        type Amount = fn(&Needs) -> u64;
+        let resources: [(Option<u64>, u64, Amount); 2] = [
+            (self.free_gpus.map(u64::from), u64::from(needs.gpus), |n| {
+                u64::from(n.gpus)
+            }),
+            (self.free_memory_mb, needs.memory_mb, |n| n.memory_mb),
+        ];
+        for (free, wanted, amount) in resources {
+            let deficit = free.map_or(0, |free| wanted.saturating_sub(free));
+            while amount(&taking.freed) < deficit {
+                // The launchers giving most of it per slot.
+                let (job, per_slot) = taking
+                    .left
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(j, n)| (j.clone(), amount(&self.freed_by(j, *n)) / u64::from(*n)))
+                    .filter(|(_, per_slot)| *per_slot > 0)
+                    .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)))?;
+                let wanted_slots = (deficit - amount(&taking.freed)).div_ceil(per_slot);
+                let n = wanted_slots.min(u64::from(taking.left[&job])) as u32;
+                taking.take(self, &job, n);
+            }
+        }
+        let still = slots.saturating_sub(self.free).saturating_sub(taking.slots);
+        let split = split_shrink(still, &taking.left);
+        if split.iter().map(|(_, n)| n).sum::<u32>() < still {
+            return None;
+        }
+        for (job, n) in split {
+            taking.take(self, &job, n);
+        }
+        Some(taking.plan)
+    }
+
+    /// Takes `slots` and `needs` here for a local job, the launchers of
+    /// `plan` gone.
+    fn occupy(&mut self, slots: u32, needs: Needs, plan: &BTreeMap<JobId, u32>) {
+        for (job, n) in plan {
+            let freed = self.freed_by(job, *n);
+            self.free = self.free.saturating_add(*n);
+            self.free_memory_mb = self.free_memory_mb.map(|m| m + freed.memory_mb);
+            self.free_gpus = self.free_gpus.map(|g| g + freed.gpus);
+            if let Some(held) = self.held.get_mut(job) {
+                *held -= (*n).min(*held);
+            }
+            if let Some(held) = self.held_needs.get_mut(job) {
+                held.memory_mb -= freed.memory_mb.min(held.memory_mb);
+                held.gpus -= freed.gpus.min(held.gpus);
+            }
+        }
+        self.free = self.free.saturating_sub(slots);
+        self.slots = self.slots.saturating_sub(slots);
+        self.free_memory_mb = self
+            .free_memory_mb
+            .map(|m| m.saturating_sub(needs.memory_mb));
+        self.free_gpus = self.free_gpus.map(|g| g.saturating_sub(needs.gpus));
+    }
+}
+
+/// Launchers chosen to leave one host, and what they free.
+#[derive(Debug, Default)]
+struct Taking {
+    /// Slots of each job still there.
+    left: BTreeMap<JobId, u32>,
+    plan: BTreeMap<JobId, u32>,
+    freed: Needs,
+    slots: u32,
+}
+
+impl Taking {
+    fn take(&mut self, host: &HostLoad, job: &JobId, slots: u32) {
+        let freed = host.freed_by(job, slots);
+        self.freed.memory_mb += freed.memory_mb;
+        self.freed.gpus += freed.gpus;
+        self.slots += slots;
+        *self.plan.entry(job.clone()).or_default() += slots;
+        if let Some(left) = self.left.get_mut(job) {
+            *left -= slots.min(*left);
+        }
     }
 }
 
@@ -149,8 +279,8 @@ struct Room {
     hosts: Vec<HostLoad>,
     /// Free slots anywhere not promised yet.
     free_anywhere: u32,
-    /// Slots to preempt per host (index into `hosts`).
-    needed: BTreeMap<usize, u32>,
+    /// Slots of each job to preempt per host (index into `hosts`).
+    needed: BTreeMap<usize, BTreeMap<JobId, u32>>,
     needed_anywhere: u32,
 }
 
@@ -184,47 +314,54 @@ impl Room {
     }
 
     /// Picks a host for each of the job's chunks (each a different host):
-    /// the one that can give it with the fewest scavenged slots preempted. `None` (and nothing
-    /// promised) when some chunk fits no host.
+    /// the one that can give it, memory and GPUs included, with the fewest
+    /// scavenged slots preempted. `None` (and nothing promised) when some
+    /// chunk fits no host.
     fn place(&mut self, job: &WaitingJob) -> Option<Vec<(Option<String>, u32)>> {
         let mut hosts = self.hosts.clone();
         let mut taken: Vec<usize> = Vec::new();
         let mut picks = Vec::new();
         for chunk in job.chunks() {
+            let needs = job.chunk_needs(chunk);
             // Each chunk on a host of its own, as a fixed allocation rule
             // (and an exclusive job) places them.
-            let fits = |i: usize, h: &HostLoad| {
-                !taken.contains(&i)
-                    && if job.exclusive {
-                        h.only_gleaner() && h.slots >= chunk
-                    } else {
-                        h.reachable() >= chunk
-                    }
-            };
-            let cost = |h: &HostLoad| {
-                let wanted = if job.exclusive { h.slots } else { chunk };
-                wanted.saturating_sub(h.free)
-            };
-            let (best, host) = hosts
+            let (best, plan) = hosts
                 .iter()
                 .enumerate()
-                .filter(|(i, h)| fits(*i, h))
-                .min_by(|(_, a), (_, b)| cost(a).cmp(&cost(b)).then_with(|| a.name.cmp(&b.name)))?;
-            let used = if job.exclusive { host.slots } else { chunk };
-            let preempt = cost(host);
-            picks.push((best, used, preempt));
+                .filter(|(i, _)| !taken.contains(i))
+                .filter_map(|(i, h)| {
+                    let plan = match job.exclusive {
+                        true if h.only_gleaner() && h.slots >= chunk => {
+                            h.give_back(h.slots, needs)?
+                        }
+                        true => return None,
+                        false => h.give_back(chunk, needs)?,
+                    };
+                    Some((i, plan))
+                })
+                .min_by(|(a, pa), (b, pb)| {
+                    let cost = |plan: &BTreeMap<JobId, u32>| plan.values().sum::<u32>();
+                    cost(pa)
+                        .cmp(&cost(pb))
+                        .then_with(|| hosts[*a].name.cmp(&hosts[*b].name))
+                })?;
+            let used = if job.exclusive {
+                hosts[best].slots
+            } else {
+                chunk
+            };
             taken.push(best);
-            let host = &mut hosts[best];
-            let from_free = used.min(host.free);
-            host.free -= from_free;
-            host.slots = host.slots.saturating_sub(used);
-            take_held(&mut host.held, used - from_free);
+            hosts[best].occupy(used, needs, &plan);
+            picks.push((best, used, plan));
         }
-        for &(i, used, preempt) in &picks {
-            let from_free = used.saturating_sub(preempt);
-            self.free_anywhere = self.free_anywhere.saturating_sub(from_free);
-            if preempt > 0 {
-                *self.needed.entry(i).or_default() += preempt;
+        for (i, used, plan) in &picks {
+            let preempt: u32 = plan.values().sum();
+            self.free_anywhere = self
+                .free_anywhere
+                .saturating_sub(used.saturating_sub(preempt));
+            let needed = self.needed.entry(*i).or_default();
+            for (job, slots) in plan {
+                *needed.entry(job.clone()).or_default() += slots;
             }
         }
         self.hosts = hosts;
@@ -247,9 +384,9 @@ impl Room {
                 *total = total.saturating_add(*held);
             }
         }
-        for (&i, &needed) in &self.needed {
+        for (&i, needed) in &self.needed {
             let host = &original[i];
-            for (job, slots) in split_shrink(needed, &host.held) {
+            for (job, slots) in needed.clone() {
                 if let Some(left) = remaining.get_mut(&job) {
                     *left = left.saturating_sub(slots);
                 }
@@ -268,21 +405,6 @@ impl Room {
             });
         }
         orders
-    }
-}
-
-/// Takes `slots` from the holders, largest first: what is left for others.
-fn take_held(held: &mut BTreeMap<JobId, u32>, mut slots: u32) {
-    while slots > 0 {
-        let Some((_, most)) = held.iter_mut().max_by_key(|(_, n)| **n) else {
-            return;
-        };
-        if *most == 0 {
-            return;
-        }
-        let taken = slots.min(*most);
-        *most -= taken;
-        slots -= taken;
     }
 }
 
@@ -342,6 +464,7 @@ mod tests {
             slots,
             free,
             held: held.iter().map(|(j, n)| (job(j), *n)).collect(),
+            ..HostLoad::default()
         }
     }
 
@@ -485,6 +608,102 @@ mod tests {
         ];
         let w = [WaitingJob::one_host("8", 4)];
         assert!(plan(&w, &hosts, &mut answered, 1000).shrink.is_empty());
+    }
+
+    /// A host whose launchers hold memory and GPUs beside their slots.
+    fn rich_host(
+        name: &str,
+        free_memory_mb: u64,
+        free_gpus: u32,
+        held: &[(&str, u32, u64, u32)],
+    ) -> HostLoad {
+        HostLoad {
+            free_memory_mb: Some(free_memory_mb),
+            free_gpus: Some(free_gpus),
+            held_needs: held
+                .iter()
+                .map(|(j, _, memory_mb, gpus)| {
+                    let needs = Needs {
+                        memory_mb: *memory_mb,
+                        gpus: *gpus,
+                    };
+                    (job(j), needs)
+                })
+                .collect(),
+            ..host(
+                name,
+                4,
+                0,
+                &held.iter().map(|(j, n, _, _)| (*j, *n)).collect::<Vec<_>>(),
+            )
+        }
+    }
+
+    fn needing(id: &str, slots: u32, memory_mb: u64, gpus: u32) -> WaitingJob {
+        WaitingJob {
+            needs: Needs { memory_mb, gpus },
+            ..WaitingJob::anywhere(id, slots)
+        }
+    }
+
+    #[test]
+    fn a_memory_bound_job_frees_memory_where_it_costs_least() {
+        // n1's launchers hold all its memory; n2's hold none of theirs.
+        let hosts = [
+            rich_host("n1", 0, 0, &[("mem", 4, 4000, 0)]),
+            rich_host("n2", 4000, 0, &[("cpu", 4, 0, 0)]),
+        ];
+        let big = needing("7", 1, 3000, 0);
+        let p = plan(
+            std::slice::from_ref(&big),
+            &hosts,
+            &mut Answered::default(),
+            0,
+        );
+        assert_eq!(p.shrink, vec![order("cpu", 1, &["n2"])]);
+        // Where the others' memory is taken by someone else, only n1 can.
+        let hosts = [
+            hosts[0].clone(),
+            rich_host("n2", 1000, 0, &[("cpu", 4, 0, 0)]),
+        ];
+        let p = plan(&[big], &hosts, &mut Answered::default(), 0);
+        assert_eq!(p.shrink, vec![order("mem", 3, &["n1"])], "3 × 1000M");
+        assert!(p.unplaceable.is_empty());
+    }
+
+    #[test]
+    fn a_gpu_job_preempts_a_gpu_launcher_not_a_cpu_one() {
+        let hosts = [rich_host(
+            "n1",
+            4000,
+            0,
+            &[("cpu", 2, 0, 0), ("gpu", 2, 0, 2)],
+        )];
+        let p = plan(
+            &[needing("8", 1, 0, 1)],
+            &hosts,
+            &mut Answered::default(),
+            0,
+        );
+        assert_eq!(p.shrink, vec![order("gpu", 1, &["n1"])]);
+    }
+
+    #[test]
+    fn more_memory_or_gpus_than_any_host_has_preempts_nothing() {
+        let hosts = [
+            rich_host("n1", 0, 0, &[("mem", 4, 4000, 0)]),
+            rich_host("n2", 0, 2, &[("gpu", 4, 4000, 0)]),
+        ];
+        for job in [needing("9", 1, 5000, 0), needing("10", 1, 0, 3)] {
+            let p = plan(
+                std::slice::from_ref(&job),
+                &hosts,
+                &mut Answered::default(),
+                0,
+            );
+            assert!(p.shrink.is_empty(), "{p:?}");
+            assert_eq!(p.unplaceable, vec![job.id]);
+        }
     }
 
     #[test]

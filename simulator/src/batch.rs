@@ -510,6 +510,7 @@ impl Batch {
                     slots: 1,
                     host: l.dispatched.map(|_| self.name.to_string()),
                     owner: SIMULATED_ACCOUNT.to_owned(),
+                    needs: Default::default(),
                 })
                 .collect(),
             components: self

@@ -3,29 +3,36 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use crate::{Gleaner, by_task};
+use crate::{Gleaner, by_task, harness::exclusive};
+
+/// The Grid Engine test hosts' GPUs, for one test at a time: they are the
+/// hosts' (every queue's), so a test's GPU launchers would wait for
+/// another's, or take what another test means to free.
+pub fn sge_gpus_lock() -> nix::fcntl::Flock<std::fs::File> {
+    exclusive("gleaner-test-sge-gpus.lock")
+}
 
 /// A task that fails unless it has exactly one device of its own: it holds
-/// `<locks>/<host>-gpu<device>` (a directory, made atomically) while it
-/// runs, and prints its host and device.
+/// a lock on `<locks>/<host>-gpu<device>` while it runs (its second
+/// argument's seconds; the lock goes with it however it ends), and prints
+/// its host and device.
 const GPU_TASK: &str = r#"d="$CUDA_VISIBLE_DEVICES"
 case "$d" in ""|*,*) echo "devices: '$d'"; exit 3;; esac
 [ "$GLEANER_GPUS" = "$d" ] || { echo "GLEANER_GPUS: $GLEANER_GPUS"; exit 4; }
-lock="$1/$(hostname)-gpu$d"
-mkdir "$lock" 2>/dev/null || { echo "gpu $d of $(hostname) held by another task"; exit 5; }
-sleep 1
-rmdir "$lock"
+exec 9>>"$1/$(hostname)-gpu$d"
+flock -n 9 || { echo "gpu $d of $(hostname) held by another task"; exit 5; }
+sleep "$2"
 echo "$(hostname) $d"
 "#;
 
-/// A sweep of `tasks` one-GPU tasks (and `extra` manifest keys), no retry:
-/// a task that shared its device fails for good.
-pub fn gpu_sweep(g: &Gleaner, name: &str, tasks: u32, extra: &str) -> String {
+/// A sweep of `tasks` one-GPU tasks of `seconds` each (and `extra`
+/// manifest keys), no retry: a task that shared its device fails for good.
+pub fn gpu_sweep(g: &Gleaner, name: &str, tasks: u32, seconds: u32, extra: &str) -> String {
     let script = g.write("gpu-task.sh", GPU_TASK);
     let locks = g.path().join("gpu-locks");
     std::fs::create_dir_all(&locks).expect("lock directory");
     format!(
-        "name = \"{name}\"\ngpus = 1\nmax_attempts = 1\n{extra}\n[sweep]\ncommand = \"sh {} {} #{{n}}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n",
+        "name = \"{name}\"\ngpus = 1\nmax_attempts = 1\n{extra}\n[sweep]\ncommand = \"sh {} {} {seconds} #{{n}}\"\nparams = {{ n = {{ from = 1, to = {tasks} }} }}\n",
         script.display(),
         locks.display()
     )

@@ -10,7 +10,8 @@ use std::{
 
 use gleaner_protocol::naming::placeholder_name;
 use gleaner_testkit::{
-    Gleaner, SgeQueues, assert_one_task_per_gpu, finish, gpu_sweep, qsub, sge, sweep, wait_for,
+    Gleaner, SgeQueues, assert_one_task_per_gpu, finish, gpu_sweep, qsub, sge, sge_gpus_lock,
+    sweep, wait_for,
 };
 
 use crate::{MINUTE, gleaner};
@@ -70,11 +71,22 @@ fn full_grid(
     tasks: u32,
     launchers: usize,
 ) -> (SgeQueues, Gleaner, String, BTreeMap<String, String>) {
+    let manifest = sweep("fill", tasks, "sleep 2; echo {n}");
+    full_grid_of(test, extra, |_| manifest, launchers)
+}
+
+/// [`full_grid`] of the sweep `manifest` writes.
+fn full_grid_of(
+    test: &str,
+    extra: &str,
+    manifest: impl FnOnce(&Gleaner) -> String,
+    launchers: usize,
+) -> (SgeQueues, Gleaner, String, BTreeMap<String, String>) {
     let queues = SgeQueues::on_nodes(1, HOST_SLOTS);
     let mut g = gleaner(test);
     g.write("gleaner.toml", &config(&queues.names[0], extra));
     g.start("up", &["up"]);
-    let job = g.submit(&sweep("fill", tasks, "sleep 2; echo {n}"));
+    let job = g.submit(&manifest(&g));
     let mut before = BTreeMap::new();
     wait_for("the sweep to fill every host", 2 * MINUTE, || {
         before = running(&queues, &job);
@@ -297,6 +309,7 @@ fn admin_caps_keep_placeholders_off_reserved_hosts_and_below_the_limit() {
 
 #[test]
 fn a_gpu_sweep_on_grid_engine_runs_one_task_per_gpu_each_claimed_by_its_launcher() {
+    let _gpus = sge_gpus_lock();
     let queues = SgeQueues::on_nodes(1, HOST_SLOTS);
     let mut g = gleaner("mh-gpus");
     // Grid Engine counts each host's two GPUs (`gpu`); launchers claim theirs.
@@ -305,7 +318,7 @@ fn a_gpu_sweep_on_grid_engine_runs_one_task_per_gpu_each_claimed_by_its_launcher
         &config(&queues.names[0], "gpus = [\"0\", \"1\"]"),
     );
     g.start("up", &["up"]);
-    let manifest = gpu_sweep(&g, "gpus", 18, "memory = \"1500M\"");
+    let manifest = gpu_sweep(&g, "gpus", 18, 1, "memory = \"1500M\"");
     let job = g.submit(&manifest);
     let mut most = 0;
     wait_for("the GPU sweep to end", 3 * MINUTE, || {
@@ -316,10 +329,107 @@ fn a_gpu_sweep_on_grid_engine_runs_one_task_per_gpu_each_claimed_by_its_launcher
         most = most.max(per_host.into_values().max().unwrap_or(0));
         g.job_state(&job).is_some_and(|s| s == "done")
     });
-    assert!((1..=2).contains(&most), "{most} one-GPU placeholders on a two-GPU host at most");
+    assert!(
+        (1..=2).contains(&most),
+        "{most} one-GPU placeholders on a two-GPU host at most"
+    );
     let used = assert_one_task_per_gpu(&g, &job, 18);
     assert!(
         used.values().any(|devices| devices.len() == 2),
         "both GPUs of a host in use: {used:?}"
     );
+}
+
+/// A local job of one slot in the queue, asking for `request` (`-l`).
+fn requesting_job(queue: &str, request: &str, seconds: u32) -> String {
+    qsub(&[
+        "-N",
+        "local",
+        "-q",
+        queue,
+        "-l",
+        request,
+        "-b",
+        "y",
+        "/bin/sleep",
+        &seconds.to_string(),
+    ])
+}
+
+#[test]
+fn a_local_job_wanting_most_of_a_hosts_memory_empties_that_host_only() {
+    // Launchers of 1000M each hold every host's 4000M.
+    let manifest = format!(
+        "memory = \"1000M\"\n{}",
+        sweep("fill", 150, "sleep 2; echo {n}")
+    );
+    let (queues, g, job, before) = full_grid_of("mh-memory", "", |_| manifest, 12);
+    let queue = &queues.names[0];
+    // More than any host has: Grid Engine does not count it as waiting for
+    // this queue, and nothing is preempted for it.
+    let too_big = requesting_job(queue, "mem_free=5000M", 1);
+    let start = Instant::now();
+    let gone = watch_until(&queues, &job, &before, "a while", MINUTE, || {
+        start.elapsed() > Duration::from_secs(15)
+    });
+    assert!(gone.is_empty(), "launchers stopped for nothing: {gone:?}");
+    sge("qdel", &[&too_big]);
+    // One slot and 3000M: three launchers of one host go, and no other.
+    let local = requesting_job(queue, "mem_free=3000M", 3);
+    let before = running(&queues, &job);
+    let mut host = None;
+    let gone = watch_until(
+        &queues,
+        &job,
+        &before,
+        "the local job to start",
+        MINUTE,
+        || {
+            host = host_of(&queues, &local);
+            host.is_some()
+        },
+    );
+    let host = host.unwrap_or_default();
+    let hosts_hit: BTreeSet<&String> = gone.iter().map(|id| &before[id]).collect();
+    assert_eq!(
+        hosts_hit,
+        BTreeSet::from([&host]),
+        "only launchers on {host} were stopped; gone: {gone:?} of {before:?}"
+    );
+    assert!(gone.len() >= 3, "3000M of 1000M launchers: {gone:?}");
+    g.assert_all_done_once(&job, 150);
+}
+
+#[test]
+fn a_local_job_wanting_a_gpu_preempts_one_gpu_launcher_of_one_host() {
+    let _gpus = sge_gpus_lock();
+    // Two one-GPU launchers on each host hold its GPUs, and half its slots.
+    let (queues, g, job, before) = full_grid_of(
+        "mh-gpu-wait",
+        "gpus = [\"0\", \"1\"]",
+        |g| gpu_sweep(g, "gpus", 150, 2, ""),
+        6,
+    );
+    let local = requesting_job(&queues.names[0], "gpu=1", 3);
+    let mut host = None;
+    let gone = watch_until(
+        &queues,
+        &job,
+        &before,
+        "the local job to start",
+        MINUTE,
+        || {
+            host = host_of(&queues, &local);
+            host.is_some()
+        },
+    );
+    let host = host.unwrap_or_default();
+    let hosts_hit: BTreeSet<&String> = gone.iter().map(|id| &before[id]).collect();
+    assert_eq!(
+        hosts_hit,
+        BTreeSet::from([&host]),
+        "a GPU launcher of {host} went, and none elsewhere: {gone:?} of {before:?}"
+    );
+    assert_eq!(g.wait_for_end(&job, 3 * MINUTE), "done");
+    assert_one_task_per_gpu(&g, &job, 150);
 }

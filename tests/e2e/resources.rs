@@ -65,7 +65,7 @@ fn local_gpus_go_one_per_task() {
         ),
     );
     g.start("up", &["up"]);
-    let manifest = gpu_sweep(&g, "gpus", 8, "");
+    let manifest = gpu_sweep(&g, "gpus", 8, 1, "");
     let job = g.submit(&manifest);
     assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
     let used = assert_one_task_per_gpu(&g, &job, 8);

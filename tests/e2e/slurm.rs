@@ -276,7 +276,7 @@ fn a_gpu_sweep_on_slurm_runs_one_task_per_gpu_and_tasks_by_memory() {
     g.write("gleaner.toml", &config());
     g.start("up", &["up"]);
     // Two GPUs per host: six tasks at once at most, one per device.
-    let manifest = gpu_sweep(&g, "gpus", 18, "memory = \"1500M\"");
+    let manifest = gpu_sweep(&g, "gpus", 18, 1, "memory = \"1500M\"");
     let job = g.submit(&manifest);
     let mut most = 0;
     wait_for("the GPU sweep to end", 3 * MINUTE, || {
@@ -287,7 +287,10 @@ fn a_gpu_sweep_on_slurm_runs_one_task_per_gpu_and_tasks_by_memory() {
         most = most.max(per_node.into_values().max().unwrap_or(0));
         g.job_state(&job).is_some_and(|s| s == "done")
     });
-    assert!((1..=2).contains(&most), "{most} one-GPU placeholders on a two-GPU node at most");
+    assert!(
+        (1..=2).contains(&most),
+        "{most} one-GPU placeholders on a two-GPU node at most"
+    );
     let used = assert_one_task_per_gpu(&g, &job, 18);
     for (host, devices) in &used {
         assert!(
