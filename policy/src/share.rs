@@ -105,6 +105,8 @@ pub struct JobInput {
     /// Its weight in the share (at least 1): a job of weight 2 is given
     /// twice the slots of a job of weight 1 where both could use more.
     pub weight: u32,
+    /// Slots each of its tasks takes: its share is in whole tasks.
+    pub task_slots: u32,
 }
 
 /// A scavenging job's need, as the scheduler and its runner see it.
@@ -205,6 +207,41 @@ pub fn weighted_equipartition(amount: u32, caps: &[u32], weights: &[u32]) -> Vec
     }
 }
 
+/// [`weighted_equipartition`] in whole tasks: a job whose tasks take
+/// several slots is given its share rounded to the nearest whole number of
+/// tasks (a half rounds up), within what is left, and the others share
+/// the rest again. Without, a 4-slot job's share of 3 slots is no task.
+pub fn whole_task_targets(
+    capacity: u32,
+    wants: &[u32],
+    weights: &[u32],
+    task_slots: &[u32],
+) -> Vec<u32> {
+    let mut fixed: Vec<Option<u32>> = vec![None; wants.len()];
+    loop {
+        let open: Vec<usize> = (0..wants.len()).filter(|&i| fixed[i].is_none()).collect();
+        let left = capacity.saturating_sub(fixed.iter().flatten().sum());
+        let caps: Vec<u32> = open.iter().map(|&i| wants[i]).collect();
+        let open_weights: Vec<u32> = open.iter().map(|&i| weights[i]).collect();
+        let shares = weighted_equipartition(left, &caps, &open_weights);
+        let uneven = open
+            .iter()
+            .zip(&shares)
+            .find(|(i, share)| **share % task_slots[**i].max(1) != 0);
+        let Some((&i, &share)) = uneven else {
+            let mut targets: Vec<u32> = fixed.iter().map(|t| t.unwrap_or(0)).collect();
+            for (i, share) in open.into_iter().zip(shares) {
+                targets[i] = share;
+            }
+            return targets;
+        };
+        let task = task_slots[i].max(1);
+        let nearest = share.saturating_add(task / 2) / task * task;
+        let room = left.min(wants[i]) / task * task;
+        fixed[i] = Some(nearest.min(room));
+    }
+}
+
 /// Splits a shrink of `slots` on one cluster between the jobs holding slots
 /// there, evenly and never more than a job holds (each job once, together
 /// covering the amount). Returns `(job, slots)` for every job that gives some.
@@ -231,6 +268,7 @@ pub fn split_shrink(slots: u32, held: &BTreeMap<JobId, u32>) -> Vec<(JobId, u32)
 struct Book<'a> {
     demand: BTreeMap<&'a JobId, u32>,
     weight: BTreeMap<&'a JobId, u32>,
+    task_slots: BTreeMap<&'a JobId, u32>,
     global: BTreeMap<&'a JobId, u32>,
     hungry: BTreeSet<(u32, &'a JobId)>,
 }
@@ -247,6 +285,7 @@ impl<'a> Book<'a> {
         }
         let demand: BTreeMap<&JobId, u32> = jobs.iter().map(|j| (&j.id, j.demand)).collect();
         let weight = jobs.iter().map(|j| (&j.id, j.weight.max(1))).collect();
+        let task_slots = jobs.iter().map(|j| (&j.id, j.task_slots.max(1))).collect();
         let hungry = demand
             .iter()
             .filter(|(_, d)| **d > 0)
@@ -255,6 +294,7 @@ impl<'a> Book<'a> {
         Self {
             demand,
             weight,
+            task_slots,
             global,
             hungry,
         }
@@ -270,6 +310,10 @@ impl<'a> Book<'a> {
 
     fn weight(&self, job: &JobId) -> u32 {
         self.weight.get(job).copied().unwrap_or(1)
+    }
+
+    fn task_slots(&self, job: &JobId) -> u32 {
+        self.task_slots.get(job).copied().unwrap_or(1)
     }
 
     /// Records an offer of `slots` to `job`.
@@ -391,7 +435,8 @@ fn share<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, rebalance: bool, pl
     });
     let wants: Vec<u32> = members.iter().map(|m| m.held + m.more).collect();
     let weights: Vec<u32> = members.iter().map(|m| book.weight(m.job)).collect();
-    let targets = weighted_equipartition(capacity, &wants, &weights);
+    let task_slots: Vec<u32> = members.iter().map(|m| book.task_slots(m.job)).collect();
+    let targets = whole_task_targets(capacity, &wants, &weights, &task_slots);
 
     // Idle slots fill the gaps below target, those holding least first.
     let mut below: Vec<(usize, u32)> = members
@@ -561,6 +606,7 @@ mod tests {
                 id: job(j),
                 demand: *d,
                 weight: 1,
+                task_slots: 1,
             })
             .collect()
     }
@@ -571,6 +617,28 @@ mod tests {
             .filter(|o| o.job == job(j) && o.cluster.as_str() == c)
             .map(|o| o.slots)
             .sum()
+    }
+
+    #[test]
+    fn shares_are_whole_tasks_and_the_rest_goes_to_others() {
+        // A 4-slot job beside a 1-slot one on 6 slots: one task, and 2.
+        assert_eq!(whole_task_targets(6, &[40, 40], &[1, 1], &[4, 1]), [4, 2]);
+        assert_eq!(whole_task_targets(6, &[40, 40], &[1, 1], &[1, 4]), [2, 4]);
+        // Under half a task rounds down, and the other takes the rest.
+        assert_eq!(whole_task_targets(9, &[40, 40, 40], &[1, 1, 1], &[8, 1, 1]), [0, 5, 4]);
+        // Within what it wants and what there is.
+        assert_eq!(whole_task_targets(6, &[4, 40], &[1, 1], &[4, 1]), [4, 2]);
+        assert_eq!(whole_task_targets(3, &[40, 40], &[1, 1], &[4, 1]), [0, 3]);
+        let jobs = vec![
+            JobInput {
+                task_slots: 4,
+                ..jobs(&[("wide", 40)]).remove(0)
+            },
+            jobs(&[("narrow", 40)]).remove(0),
+        ];
+        let plan = plan(&[cluster("c1", 6, 6, 0, &[])], &jobs, &PolicyConfig::default());
+        assert_eq!(offered(&plan, "wide", "c1"), 4);
+        assert_eq!(offered(&plan, "narrow", "c1"), 2);
     }
 
     #[test]
@@ -607,6 +675,7 @@ mod tests {
                     id: job(j),
                     demand: *d,
                     weight: *w,
+                    task_slots: 1,
                 })
                 .collect()
         };

@@ -739,6 +739,7 @@ impl State {
                         u64::from(covered),
                     ),
                     weight: j.report.weight,
+                    task_slots: j.report.task_slots,
                 }
             })
             .collect()
