@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use comfy_table::{Table, presets::NOTHING};
 
+use gleaner_manifest::Memory;
 use gleaner_protocol::{ClusterView, GridPlacement, HostReport, JobReport};
 
 /// Borderless columns, as terminals and `grep` like them.
@@ -46,12 +47,24 @@ pub fn cluster_row(c: &ClusterView) -> Vec<String> {
         scavenged.to_string(),
         r.idle_slots.to_string(),
         r.local_waiting.to_string(),
+        memory(r.free_memory_mb),
+        counted(r.free_gpus),
         state,
     ]
 }
 
+/// Memory as manifests write it; `-` where it is not counted.
+fn memory(mb: Option<u64>) -> String {
+    mb.map_or_else(|| "-".to_owned(), |mb| Memory(mb).to_string())
+}
+
+/// A count; `-` where it is not counted.
+fn counted(n: Option<u32>) -> String {
+    n.map_or_else(|| "-".to_owned(), |n| n.to_string())
+}
+
 /// The columns of [`cluster_row`].
-pub const CLUSTER_COLUMNS: [&str; 9] = [
+pub const CLUSTER_COLUMNS: [&str; 11] = [
     "CLUSTER",
     "BACKEND",
     "SLOTS",
@@ -60,6 +73,8 @@ pub const CLUSTER_COLUMNS: [&str; 9] = [
     "SCAVENGED",
     "IDLE",
     "WAITING",
+    "FREE MEM",
+    "FREE GPUS",
     "STATE",
 ];
 
@@ -151,6 +166,9 @@ pub fn each_host(clusters: &[ClusterView]) -> String {
                 h.grid.to_string(),
                 h.scavenged.to_string(),
                 h.free().to_string(),
+                memory(h.free_memory_mb),
+                counted(h.free_gpus),
+                counted((h.scavenged_needs.gpus > 0).then_some(h.scavenged_needs.gpus)),
                 state.to_owned(),
             ]
         })
@@ -164,6 +182,9 @@ pub fn each_host(clusters: &[ClusterView]) -> String {
             "GRID",
             "SCAVENGED",
             "FREE",
+            "FREE MEM",
+            "FREE GPUS",
+            "SCAVENGED GPUS",
             "STATE",
         ],
         rows,
@@ -338,5 +359,36 @@ mod tests {
         assert_eq!(row, ["c1", "5", "1", "1", "1", "1", "1"]);
         let each = each_host(&[view]);
         assert!(each.contains("n3") && each.contains("scavenged"), "{each}");
+    }
+
+    #[test]
+    fn memory_and_gpus_show_where_they_are_counted() {
+        let mut gpu_host = host("g1", 4, 0, 0, 2);
+        gpu_host.free_memory_mb = Some(6144);
+        gpu_host.free_gpus = Some(1);
+        gpu_host.scavenged_needs.gpus = 1;
+        let view = ClusterView {
+            report: ClusterReport {
+                cluster: "c1".into(),
+                free_memory_mb: Some(6144),
+                free_gpus: Some(1),
+                hosts: vec![gpu_host, host("n1", 4, 0, 0, 0)],
+                ..ClusterReport::default()
+            },
+            ..ClusterView::default()
+        };
+        let each = each_host(std::slice::from_ref(&view));
+        let rows: Vec<Vec<&str>> = each
+            .lines()
+            .skip(1)
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(rows[0][7..10], ["6G", "1", "1"], "{each}");
+        assert_eq!(rows[1][7..10], ["-", "-", "-"], "{each}");
+        let clusters = clusters(&[view]);
+        assert!(
+            clusters.contains("FREE GPUS") && clusters.contains("6G"),
+            "{clusters}"
+        );
     }
 }

@@ -98,6 +98,8 @@ pub fn draw(frame: &mut Frame, view: &View) {
         Constraint::Length(10),
         Constraint::Length(6),
         Constraint::Length(8),
+        Constraint::Length(9),
+        Constraint::Length(10),
         Constraint::Fill(1),
     ];
     frame.render_widget(

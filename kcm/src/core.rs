@@ -1161,6 +1161,8 @@ impl KcmCore {
             local_waiting: snapshot.local_waiting(),
             grid_slots: snapshot.grid_running(),
             hosts: snapshot.host_reports(),
+            free_memory_mb: snapshot.free_memory_mb(),
+            free_gpus: snapshot.free_gpus(),
             jobs,
             applied_grants: std::mem::take(&mut self.grants.applied),
             error: self

@@ -209,13 +209,7 @@ impl LocalBackend {
     /// Whole tasks of `task` that the memory and GPUs no launcher holds
     /// fit (`u32::MAX` where it needs neither).
     fn tasks_that_fit(&self, task: TaskShape) -> u32 {
-        let held = self
-            .launchers
-            .iter()
-            .fold(Needs::default(), |held, l| Needs {
-                memory_mb: held.memory_mb + l.needs.memory_mb,
-                gpus: held.gpus + l.needs.gpus,
-            });
+        let held = self.held();
         let by_memory = match (self.memory_mb, task.needs.memory_mb) {
             (Some(total), need) if need > 0 => {
                 u32::try_from(total.saturating_sub(held.memory_mb) / need).unwrap_or(u32::MAX)
@@ -227,6 +221,11 @@ impl LocalBackend {
             need => self.gpus.saturating_sub(held.gpus) / need,
         };
         by_memory.min(by_gpus)
+    }
+
+    /// Memory and GPUs the launchers hold.
+    fn held(&self) -> Needs {
+        self.launchers.iter().map(|l| l.needs).sum()
     }
 
     fn signal(&self, launcher: &Launcher, signal: Signal) {
@@ -267,9 +266,12 @@ impl Backend for LocalBackend {
     async fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
         self.reap();
         let host = hostname();
+        let held = self.held();
         Ok(Snapshot {
             hosts: vec![Host {
                 grid: self.component_slots(true),
+                free_memory_mb: self.memory_mb.map(|m| m.saturating_sub(held.memory_mb)),
+                free_gpus: (self.gpus > 0).then(|| self.gpus.saturating_sub(held.gpus)),
                 ..Host::new(host.clone(), self.slots)
             }],
             components: self

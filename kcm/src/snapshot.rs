@@ -283,8 +283,7 @@ impl Snapshot {
                 continue;
             };
             let needs = held[i].entry(placeholder.job.clone()).or_default();
-            needs.memory_mb = needs.memory_mb.saturating_add(placeholder.needs.memory_mb);
-            needs.gpus = needs.gpus.saturating_add(placeholder.needs.gpus);
+            *needs = *needs + placeholder.needs;
         }
         held
     }
@@ -319,15 +318,35 @@ impl Snapshot {
         self.hosts
             .iter()
             .zip(self.held_per_host())
-            .map(|(host, held)| HostReport {
+            .zip(self.needs_per_host())
+            .map(|((host, held), needs)| HostReport {
                 name: host.name.clone(),
                 slots: host.slots,
                 local: host.local,
                 grid: host.grid,
                 scavenged: saturating_sum(held.values().copied()),
                 jobs: held,
+                free_memory_mb: host.free_memory_mb,
+                free_gpus: host.free_gpus,
+                scavenged_needs: needs.into_values().sum(),
             })
             .collect()
+    }
+
+    /// Memory nobody holds on the hosts that count it.
+    pub fn free_memory_mb(&self) -> Option<u64> {
+        self.hosts
+            .iter()
+            .filter_map(|h| h.free_memory_mb)
+            .reduce(u64::saturating_add)
+    }
+
+    /// GPUs nobody holds on the hosts that count them.
+    pub fn free_gpus(&self) -> Option<u32> {
+        self.hosts
+            .iter()
+            .filter_map(|h| h.free_gpus)
+            .reduce(u32::saturating_add)
     }
 }
 

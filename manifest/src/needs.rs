@@ -39,6 +39,24 @@ impl Needs {
     }
 }
 
+/// Counts from batch systems and configurations add without overflowing.
+impl std::ops::Add for Needs {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            memory_mb: self.memory_mb.saturating_add(other.memory_mb),
+            gpus: self.gpus.saturating_add(other.gpus),
+        }
+    }
+}
+
+impl std::iter::Sum for Needs {
+    fn sum<I: Iterator<Item = Self>>(iter: I) -> Self {
+        iter.fold(Self::default(), |all, n| all + n)
+    }
+}
+
 /// One task's slots and needs: a launcher holds whole tasks of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TaskShape {

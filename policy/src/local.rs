@@ -211,9 +211,7 @@ struct Taking {
 
 impl Taking {
     fn take(&mut self, host: &HostLoad, job: &JobId, slots: u32) {
-        let freed = host.freed_by(job, slots);
-        self.freed.memory_mb += freed.memory_mb;
-        self.freed.gpus += freed.gpus;
+        self.freed = self.freed + host.freed_by(job, slots);
         self.slots += slots;
         *self.plan.entry(job.clone()).or_default() += slots;
         if let Some(left) = self.left.get_mut(job) {

@@ -625,7 +625,10 @@ mod tests {
         assert_eq!(whole_task_targets(6, &[40, 40], &[1, 1], &[4, 1]), [4, 2]);
         assert_eq!(whole_task_targets(6, &[40, 40], &[1, 1], &[1, 4]), [2, 4]);
         // Under half a task rounds down, and the other takes the rest.
-        assert_eq!(whole_task_targets(9, &[40, 40, 40], &[1, 1, 1], &[8, 1, 1]), [0, 5, 4]);
+        assert_eq!(
+            whole_task_targets(9, &[40, 40, 40], &[1, 1, 1], &[8, 1, 1]),
+            [0, 5, 4]
+        );
         // Within what it wants and what there is.
         assert_eq!(whole_task_targets(6, &[4, 40], &[1, 1], &[4, 1]), [4, 2]);
         assert_eq!(whole_task_targets(3, &[40, 40], &[1, 1], &[4, 1]), [0, 3]);
@@ -636,7 +639,11 @@ mod tests {
             },
             jobs(&[("narrow", 40)]).remove(0),
         ];
-        let plan = plan(&[cluster("c1", 6, 6, 0, &[])], &jobs, &PolicyConfig::default());
+        let plan = plan(
+            &[cluster("c1", 6, 6, 0, &[])],
+            &jobs,
+            &PolicyConfig::default(),
+        );
         assert_eq!(offered(&plan, "wide", "c1"), 4);
         assert_eq!(offered(&plan, "narrow", "c1"), 2);
     }

@@ -287,6 +287,12 @@ pub struct ClusterReport {
     /// The cluster's execution hosts (empty from a kcm that does not say).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hosts: Vec<HostReport>,
+    /// Memory and GPUs nobody holds, all hosts together, where the batch
+    /// system counts them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_memory_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_gpus: Option<u32>,
 }
 
 /// Slots of one execution host, as its cluster's kcm last saw them.
@@ -304,6 +310,14 @@ pub struct HostReport {
     /// needs this host shrinks only the jobs with launchers here.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub jobs: BTreeMap<JobId, u32>,
+    /// Memory and GPUs nobody holds here, where the batch system counts them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_memory_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_gpus: Option<u32>,
+    /// Memory and GPUs gleaner's launchers hold here.
+    #[serde(default, skip_serializing_if = "Needs::is_none")]
+    pub scavenged_needs: Needs,
 }
 
 impl HostReport {

@@ -26,6 +26,15 @@ struct SlotLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabels {
+    cluster: String,
+    /// `memory_mb` or `gpus`.
+    resource: String,
+    /// `free` or `scavenged`.
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct JobLabels {
     job: String,
     owner: String,
@@ -66,9 +75,41 @@ pub fn render(status: &StatusReply) -> String {
         "1 if gleaner may grow on the cluster (reporting, not excluded)",
         usable.clone(),
     );
+    let resources = Family::<ResourceLabels, Gauge>::default();
+    registry.register(
+        "cluster_resource",
+        "Memory (MiB) and GPUs of a cluster, free and scavenged, where its batch system counts them",
+        resources.clone(),
+    );
     for view in &status.clusters {
         let r = &view.report;
         let cluster = r.cluster.to_string();
+        let scavenged: gleaner_manifest::Needs = r.hosts.iter().map(|h| h.scavenged_needs).sum();
+        let figures = [
+            ("memory_mb", "free", r.free_memory_mb),
+            ("gpus", "free", r.free_gpus.map(u64::from)),
+            (
+                "memory_mb",
+                "scavenged",
+                r.free_memory_mb.map(|_| scavenged.memory_mb),
+            ),
+            (
+                "gpus",
+                "scavenged",
+                r.free_gpus.map(|_| u64::from(scavenged.gpus)),
+            ),
+        ];
+        for (resource, kind, value) in figures {
+            if let Some(value) = value {
+                resources
+                    .get_or_create(&ResourceLabels {
+                        cluster: cluster.clone(),
+                        resource: resource.to_owned(),
+                        kind: kind.to_owned(),
+                    })
+                    .set(i64::try_from(value).unwrap_or(i64::MAX));
+            }
+        }
         let scavenged = r.jobs.values().map(|h| u64::from(h.total())).sum::<u64>();
         for (kind, value) in [
             ("total", u64::from(r.total_slots)),
