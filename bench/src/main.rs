@@ -140,6 +140,16 @@ enum Bench {
         #[arg(long, default_value_t = 4)]
         host_slots: u32,
     },
+    /// Multi-host Grid Engine: how long local jobs wanting most of a host's
+    /// memory, or a GPU, wait with and without gleaner's load.
+    SgeResourceDelay,
+    /// Multi-host Grid Engine: how busy a GPU sweep keeps the idle GPUs.
+    SgeGpuUtilisation {
+        #[arg(long, default_value_t = 60)]
+        tasks: u32,
+        #[arg(long, default_value_t = 10)]
+        seconds: u32,
+    },
     /// Multi-host Grid Engine: no-op tasks through single-slot placeholders
     /// and through one placeholder per host.
     SgeThroughput {
@@ -260,6 +270,10 @@ fn main() -> anyhow::Result<()> {
             slurm::launchers_vs_direct(&gleaner_binary()?, tasks, seconds)
         }
         Bench::SlurmLocalDelay => slurm::local_delay(&gleaner_binary()?),
+        Bench::SgeResourceDelay => sge::resource_delay(&gleaner_binary()?),
+        Bench::SgeGpuUtilisation { tasks, seconds } => {
+            sge::gpu_utilisation(&gleaner_binary()?, tasks, seconds)
+        }
         Bench::SgeHostsLocalDelay { host_slots } => {
             sge::hosts_local_delay(&gleaner_binary()?, host_slots)
         }

@@ -78,10 +78,16 @@ pub fn local_delay(exe: &Path, slots: u32) -> anyhow::Result<()> {
             jobs,
             width: slots / jobs,
             pe: "make",
+            request: None,
             label: String::new(),
         })
         .collect();
-    local_delays(exe, "bench-sge-delay", &queues, slots, &shapes)
+    let load = Load {
+        config: String::new(),
+        sweeps: vec![sweep("load", 100_000, "sleep 60")],
+        launchers: slots,
+    };
+    local_delays(exe, "bench-sge-delay", &queues, &load, &shapes)
 }
 
 /// Seed 000, Table 4.2 on the multi-host grid: local jobs that need their
@@ -93,6 +99,7 @@ pub fn hosts_local_delay(exe: &Path, host_slots: u32) -> anyhow::Result<()> {
         jobs,
         width,
         pe: "smp",
+        request: None,
         label: label.to_owned(),
     };
     let shapes = [
@@ -100,20 +107,110 @@ pub fn hosts_local_delay(exe: &Path, host_slots: u32) -> anyhow::Result<()> {
         shape(2, host_slots / 2, "half a host"),
         shape(host_slots, 1, "one slot"),
     ];
+    let load = Load {
+        config: String::new(),
+        sweeps: vec![sweep("load", 100_000, "sleep 60")],
+        launchers: GRID_HOSTS * host_slots,
+    };
+    local_delays(exe, "bench-sge-hosts-delay", &queues, &load, &shapes)
+}
+
+/// Seed 000, Table 4.2 for local jobs that wait for memory or a GPU on
+/// the multi-host grid: a grid full of launchers holding every host's
+/// memory, then one of GPU launchers on every GPU beside CPU launchers on
+/// every other slot.
+pub fn resource_delay(exe: &Path) -> anyhow::Result<()> {
+    let queues = SgeQueues::on_nodes(1, 4);
+    let memory = Load {
+        config: String::new(),
+        sweeps: vec![format!(
+            "memory = \"1000M\"\n{}",
+            sweep("load", 100_000, "sleep 60")
+        )],
+        launchers: GRID_HOSTS * 4,
+    };
+    let wants = |request: &'static str, label: &str| Shape {
+        jobs: 1,
+        width: 1,
+        pe: "smp",
+        request: Some(request),
+        label: label.to_owned(),
+    };
     local_delays(
         exe,
-        "bench-sge-hosts-delay",
+        "bench-sge-memory-delay",
         &queues,
-        GRID_HOSTS * host_slots,
-        &shapes,
+        &memory,
+        &[wants("mem_free=3000M", "3000M of a host's 4000M")],
+    )?;
+    let gpus = Load {
+        config: "gpus = [\"0\", \"1\"]\n".to_owned(),
+        sweeps: vec![
+            format!("gpus = 1\n{}", sweep("gpus", 100_000, "sleep 60")),
+            sweep("cpus", 100_000, "sleep 60"),
+        ],
+        launchers: GRID_HOSTS * 4,
+    };
+    local_delays(
+        exe,
+        "bench-sge-gpu-delay",
+        &queues,
+        &gpus,
+        &[wants("gpu=1", "a GPU")],
     )
 }
 
-/// Local jobs of one shape: `jobs` jobs of `width` slots through `pe`.
+/// How busy a GPU sweep keeps the grid's idle GPUs: its tasks' GPU-seconds
+/// over the GPUs' seconds from its submission to its end.
+pub fn gpu_utilisation(exe: &Path, tasks: u32, seconds: u32) -> anyhow::Result<()> {
+    let queues = SgeQueues::on_nodes(1, 4);
+    let queue = queues.names[0].clone();
+    let mut g = Gleaner::new("bench-sge-gpu-use", exe);
+    g.write(
+        "gleaner.toml",
+        &format!("{}gpus = [\"0\", \"1\"]\n", config(&queue)),
+    );
+    g.start("up", &["up"]);
+    wait_until_serving(&g);
+    let gpus = GRID_HOSTS * 2;
+    let job = g.submit(&format!(
+        "gpus = 1\n{}",
+        sweep("gpus", tasks, &format!("sleep {seconds}"))
+    ));
+    let timeout = Duration::from_secs(u64::from(tasks * seconds / gpus + 120));
+    let state = g.wait_for_end(&job, timeout);
+    ensure!(state == "done", "GPU sweep {job} ended {state}");
+    let file = g.job_file(&job).context("job.json")?;
+    let span = (file["finished_at"].as_f64().context("finished_at")?
+        - file["submitted_at"].as_f64().context("submitted_at")?)
+        / 1000.0;
+    let busy: f64 = g
+        .index(&job)
+        .iter()
+        .filter_map(|t| t["runtime_s"].as_f64())
+        .sum();
+    println!(
+        "| {tasks} × {seconds} s on {gpus} GPUs | {span:.1} | {:.1} % |",
+        100.0 * busy / (f64::from(gpus) * span)
+    );
+    Ok(())
+}
+
+/// What fills the queue before local jobs come: sweeps, with extra keys
+/// for the cluster, until `launchers` placeholders run.
+struct Load {
+    config: String,
+    sweeps: Vec<String>,
+    launchers: u32,
+}
+
+/// Local jobs of one shape: `jobs` jobs of `width` slots through `pe`,
+/// asking `-l request` if given.
 struct Shape {
     jobs: u32,
     width: u32,
     pe: &'static str,
+    request: Option<&'static str>,
     label: String,
 }
 
@@ -123,7 +220,7 @@ fn local_delays(
     exe: &Path,
     name: &str,
     queues: &SgeQueues,
-    slots: u32,
+    load: &Load,
     shapes: &[Shape],
 ) -> anyhow::Result<()> {
     let queue = queues.names[0].clone();
@@ -133,17 +230,21 @@ fn local_delays(
     }
 
     let mut g = Gleaner::new(name, exe);
-    g.write("gleaner.toml", &config(&queue));
+    g.write(
+        "gleaner.toml",
+        &format!("{}{}", config(&queue), load.config),
+    );
     g.start("up", &["up"]);
     wait_until_serving(&g);
-    let job = g.submit(&sweep("load", 100_000, "sleep 60"));
+    let jobs: Vec<String> = load.sweeps.iter().map(|s| g.submit(s)).collect();
+    let names: Vec<String> = jobs.iter().map(|job| placeholder_name(job)).collect();
     let full = || {
         queues
             .jobs(&queue)
             .iter()
-            .filter(|j| j.name == placeholder_name(&job) && j.state.contains('r'))
+            .filter(|j| names.contains(&j.name) && j.state.contains('r'))
             .count() as u32
-            == slots
+            == load.launchers
     };
     for (shape, alone) in shapes.iter().zip(&alone) {
         wait_for("gleaner to fill the queue", Duration::from_secs(120), full);
@@ -165,7 +266,9 @@ fn local_delays(
             max(&loaded) - max(alone),
         );
     }
-    g.run(&["cancel", &job]);
+    for job in &jobs {
+        g.run(&["cancel", job]);
+    }
     Ok(())
 }
 
@@ -178,6 +281,9 @@ fn local_waits(queues: &SgeQueues, queue: &str, shape: &Shape) -> anyhow::Result
         let mut args = vec!["-N", "local", "-q", queue];
         if shape.width > 1 {
             args.extend(["-pe", shape.pe, &width]);
+        }
+        if let Some(request) = shape.request {
+            args.extend(["-l", request]);
         }
         args.extend(["-b", "y", "/bin/sleep", "10"]);
         submitted.push((qsub(&args)?, Instant::now()));

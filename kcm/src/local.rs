@@ -271,7 +271,8 @@ impl Backend for LocalBackend {
             hosts: vec![Host {
                 grid: self.component_slots(true),
                 free_memory_mb: self.memory_mb.map(|m| m.saturating_sub(held.memory_mb)),
-                free_gpus: (self.gpus > 0).then(|| self.gpus.saturating_sub(held.gpus)),
+                // Counted even when there are none: a GPU job gets nothing here.
+                free_gpus: Some(self.gpus.saturating_sub(held.gpus)),
                 ..Host::new(host.clone(), self.slots)
             }],
             components: self

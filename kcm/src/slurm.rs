@@ -28,7 +28,7 @@ use crate::{
     },
     contain::Account,
     snapshot::Snapshot,
-    squeue::{self, SINFO_FORMAT, squeue_format},
+    squeue::{self, SINFO_FIELDS, squeue_format},
 };
 
 /// How long before a placeholder's time limit Slurm signals it (USR1): the
@@ -253,7 +253,7 @@ impl Backend for SlurmBackend {
     }
 
     async fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
-        let sinfo_args: Vec<String> = ["-h", "-N", "-o", SINFO_FORMAT].map(str::to_owned).to_vec();
+        let sinfo_args: Vec<String> = ["-h", "-N", "-O", SINFO_FIELDS].map(str::to_owned).to_vec();
         let sinfo = self.run("sinfo", &sinfo_args, None).await?;
         let squeue_args: Vec<String> = ["-h", "-r", "-a"].map(str::to_owned).to_vec();
         // The format in squeue's environment, which only root can read.
@@ -263,7 +263,8 @@ impl Backend for SlurmBackend {
         let timeout = self.config.command_timeout;
         let queue = run("squeue", &squeue_args, None, &env, timeout).await?;
         let partition = &self.config.partition;
-        squeue::snapshot(&sinfo, &queue, &marker, partition).map_err(|message| BackendError {
+        let gpus = &self.config.gpu_resource;
+        squeue::snapshot(&sinfo, &queue, &marker, partition, gpus).map_err(|message| BackendError {
             command: format!(
                 "sinfo {} / squeue {}",
                 sinfo_args.join(" "),

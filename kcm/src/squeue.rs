@@ -6,18 +6,22 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use gleaner_manifest::{Memory, Needs};
 use gleaner_policy::local::WaitingJob;
 
 use crate::snapshot::{Host, NamedJob, Snapshot, named_after};
 
-/// `sinfo -h -N -o`: node, partition, CPUs, allocated/idle/other/total
-/// CPUs, state.
-pub const SINFO_FORMAT: &str = "%N|%P|%c|%C|%T";
+/// `sinfo -h -N -O`: node, partition, CPUs, allocated/idle/other/total
+/// CPUs, state, generic resources configured and in use (`gpu:2`,
+/// `gpu:1(IDX:0)`), memory allocated and in all (MB).
+pub const SINFO_FIELDS: &str =
+    "NodeList:|,Partition:|,CPUs:|,CPUsState:|,StateLong:|,Gres:|,GresUsed:|,AllocMem:|,Memory:|";
 
 /// `squeue -h -r`'s fields: job id (`123_4` for an array task), owner's
 /// user name, state, nodes, CPUs, node count, whether it shares nodes
-/// (`NO`: exclusive), partitions, pending reason, name.
-const SQUEUE_FIELDS: &str = "%i|%u|%T|%N|%C|%D|%h|%P|%r|%j";
+/// (`NO`: exclusive), partitions, pending reason, memory per node,
+/// generic resources per node (`gres:gpu:1`), name.
+const SQUEUE_FIELDS: &str = "%i|%u|%T|%N|%C|%D|%h|%P|%r|%m|%b|%j";
 
 /// The format `squeue` prints jobs in: each job's [`SQUEUE_FIELDS`] after
 /// `marker`, on a line of its own. A job's name is anybody's to choose,
@@ -45,6 +49,9 @@ struct Node {
     allocated: u32,
     usable: bool,
     state: String,
+    /// Memory and GPUs nobody holds; `None` from a reading without them.
+    free_memory_mb: Option<u64>,
+    free_gpus: Option<u32>,
 }
 
 /// One line of `squeue`.
@@ -60,6 +67,8 @@ struct Job<'a> {
     exclusive: bool,
     reason: &'a str,
     partitions: Vec<&'a str>,
+    /// Memory and GPUs it asks for on each of its nodes.
+    per_node: Needs,
 }
 
 impl Job<'_> {
@@ -86,19 +95,93 @@ impl Job<'_> {
                 _ => 1,
             },
             exclusive: self.exclusive,
-            needs: Default::default(),
+            needs: self.per_node.times(self.node_count.max(1)),
         }
     }
 }
 
+/// GPUs of `resource` in a list of generic resources as Slurm prints
+/// them: `gpu:2`, `gpu:tesla:2(S:0-1)`, `gpu:1(IDX:0,2),shard:0`.
+fn gres_count(list: &str, resource: &str) -> u32 {
+    let mut depth = 0;
+    let mut items = Vec::new();
+    let mut start = 0;
+    for (i, c) in list.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&list[start..]);
+    items
+        .into_iter()
+        .map(|item| item.split('(').next().unwrap_or_default())
+        .filter_map(|item| {
+            let item = item
+                .trim()
+                .trim_start_matches("gres:")
+                .trim_start_matches("gres/");
+            let (name, rest) = item.split_once(':')?;
+            (name == resource).then(|| rest.rsplit(':').next()?.parse::<u32>().ok())?
+        })
+        .sum()
+}
+
+/// A memory figure as Slurm prints it (`3000M`, `4G`, `2000` in MB).
+fn slurm_memory(text: &str) -> Option<u64> {
+    let text = text.trim();
+    match text.parse::<u64>() {
+        Ok(mb) => Some(mb),
+        Err(_) => Memory::parse(text).ok().map(|m| m.0),
+    }
+}
+
 /// The partition's nodes from `sinfo`, and the other partitions sharing
-/// them (whose waiting jobs want the same slots).
-fn read_nodes(sinfo: &str, partition: &str) -> Result<(Vec<Node>, BTreeSet<String>), String> {
+/// them (whose waiting jobs want the same slots). GPUs are those of
+/// `gpu_resource`.
+fn read_nodes(
+    sinfo: &str,
+    partition: &str,
+    gpu_resource: &str,
+) -> Result<(Vec<Node>, BTreeSet<String>), String> {
     let mut rows = Vec::new();
     for line in sinfo.lines().filter(|l| !l.trim().is_empty()) {
-        let fields: Vec<&str> = line.split('|').collect();
-        let [name, part, cpus, usage, state] = fields[..] else {
-            return Err(format!("unexpected sinfo line {line:?}"));
+        let fields: Vec<&str> = line.trim_end_matches('|').split('|').collect();
+        let (name, part, cpus, usage, state, resources) = match fields[..] {
+            [name, part, cpus, usage, state] => (name, part, cpus, usage, state, None),
+            [
+                name,
+                part,
+                cpus,
+                usage,
+                state,
+                gres,
+                used,
+                allocated,
+                memory,
+            ] => (
+                name,
+                part,
+                cpus,
+                usage,
+                state,
+                Some((gres, used, allocated, memory)),
+            ),
+            _ => return Err(format!("unexpected sinfo line {line:?}")),
+        };
+        let (free_memory_mb, free_gpus) = match resources {
+            Some((gres, used, allocated, memory)) => (
+                slurm_memory(memory)
+                    .zip(slurm_memory(allocated))
+                    .map(|(memory, allocated)| memory.saturating_sub(allocated)),
+                Some(gres_count(gres, gpu_resource).saturating_sub(gres_count(used, gpu_resource))),
+            ),
+            None => (None, None),
         };
         let number = |text: &str| {
             text.trim()
@@ -116,6 +199,8 @@ fn read_nodes(sinfo: &str, partition: &str) -> Result<(Vec<Node>, BTreeSet<Strin
                 allocated,
                 usable: !UNUSABLE.iter().any(|u| state.contains(u)),
                 state: state.to_owned(),
+                free_memory_mb,
+                free_gpus,
             },
         ));
     }
@@ -138,8 +223,13 @@ fn read_nodes(sinfo: &str, partition: &str) -> Result<(Vec<Node>, BTreeSet<Strin
     Ok((nodes, sharing))
 }
 
-/// The jobs of `squeue` output in [`squeue_format`]`(marker)`.
-fn read_jobs<'a>(squeue: &'a str, marker: &str) -> Result<Vec<Job<'a>>, String> {
+/// The jobs of `squeue` output in [`squeue_format`]`(marker)`, GPUs
+/// those of `gpu_resource`.
+fn read_jobs<'a>(
+    squeue: &'a str,
+    marker: &str,
+    gpu_resource: &str,
+) -> Result<Vec<Job<'a>>, String> {
     let start = format!("{marker}|");
     if squeue.trim().is_empty() {
         return Ok(Vec::new());
@@ -154,7 +244,7 @@ fn read_jobs<'a>(squeue: &'a str, marker: &str) -> Result<Vec<Job<'a>>, String> 
     for line in first.split(&format!("\n{start}")) {
         let line = line.strip_suffix('\n').unwrap_or(line);
         // The name, last, keeps whatever `|` and lines it has.
-        let fields: Vec<&str> = line.splitn(10, '|').collect();
+        let fields: Vec<&str> = line.splitn(12, '|').collect();
         let [
             id,
             user,
@@ -165,6 +255,8 @@ fn read_jobs<'a>(squeue: &'a str, marker: &str) -> Result<Vec<Job<'a>>, String> 
             shared,
             partitions,
             reason,
+            memory,
+            gres,
             name,
         ] = fields[..]
         else {
@@ -186,6 +278,10 @@ fn read_jobs<'a>(squeue: &'a str, marker: &str) -> Result<Vec<Job<'a>>, String> 
             exclusive: shared == "NO",
             reason,
             partitions: partitions.split(',').collect(),
+            per_node: Needs {
+                memory_mb: slurm_memory(memory).unwrap_or(0),
+                gpus: gres_count(gres, gpu_resource),
+            },
         });
     }
     Ok(jobs)
@@ -203,9 +299,10 @@ pub fn snapshot(
     squeue: &str,
     marker: &str,
     partition: &str,
+    gpu_resource: &str,
 ) -> Result<Snapshot, String> {
-    let (nodes, sharing) = read_nodes(sinfo, partition)?;
-    let jobs = read_jobs(squeue, marker)?;
+    let (nodes, sharing) = read_nodes(sinfo, partition, gpu_resource)?;
+    let jobs = read_jobs(squeue, marker, gpu_resource)?;
     let ours = |job: &Job| job.partitions.contains(&partition);
     let mut snapshot = Snapshot::default();
     // CPUs of named jobs running per node, to tell the others' apart.
@@ -237,7 +334,7 @@ pub fn snapshot(
                 .collect(),
             waiting: job.waits_for_slots(&sharing).then(|| job.waiting()),
             problem: None,
-            needs: Default::default(),
+            needs: job.per_node.times(job.node_count.max(1)),
         });
     }
     let mut problems = Vec::new();
@@ -249,6 +346,8 @@ pub fn snapshot(
         let named = named_cpus.get(name).copied().unwrap_or(0);
         snapshot.hosts.push(Host {
             local: node.allocated.saturating_sub(named),
+            free_memory_mb: node.free_memory_mb,
+            free_gpus: node.free_gpus,
             ..Host::new(name, if node.usable { node.cpus } else { 0 })
         });
     }
@@ -323,21 +422,21 @@ mod tests {
         node3|local|4|3/1/0/4|mixed\n\
         vm|solo|4|0/4/0/4|idle\n";
 
-    const SQUEUE: &str = "M|10_1|root|RUNNING|node1|1|1|OK|gleaner|None|gl-sweep-00000000000beef0\n\
-        M|10_2|root|RUNNING|node1|1|1|OK|gleaner|None|gl-sweep-00000000000beef0\n\
-        M|10_3|root|PENDING||1|1|OK|gleaner|Priority|gl-sweep-00000000000beef0\n\
-        M|11|root|RUNNING|node[2-3]|6|2|OK|gleaner|None|gg-mpi-00000000000beef0.0\n\
-        M|12|carol|RUNNING|node1|2|1|OK|local|None|wrap\n\
-        M|13|carol|PENDING||4|1|OK|local|Resources|whole\n\
-        M|14|carol|PENDING||6|2|OK|local|Priority|spread\n\
-        M|15|carol|PENDING||1|1|NO|local|Priority|alone\n\
-        M|16|carol|PENDING||1|1|OK|local|JobHeldUser|held\n\
-        M|17|carol|PENDING||1|1|OK|solo|Resources|elsewhere\n\
-        M|18|root|PENDING||1|1|OK|solo|Priority|gl-other-00000000000beef0\n";
+    const SQUEUE: &str = "M|10_1|root|RUNNING|node1|1|1|OK|gleaner|None|0|N/A|gl-sweep-00000000000beef0\n\
+        M|10_2|root|RUNNING|node1|1|1|OK|gleaner|None|0|N/A|gl-sweep-00000000000beef0\n\
+        M|10_3|root|PENDING||1|1|OK|gleaner|Priority|0|N/A|gl-sweep-00000000000beef0\n\
+        M|11|root|RUNNING|node[2-3]|6|2|OK|gleaner|None|0|N/A|gg-mpi-00000000000beef0.0\n\
+        M|12|carol|RUNNING|node1|2|1|OK|local|None|0|N/A|wrap\n\
+        M|13|carol|PENDING||4|1|OK|local|Resources|0|N/A|whole\n\
+        M|14|carol|PENDING||6|2|OK|local|Priority|0|N/A|spread\n\
+        M|15|carol|PENDING||1|1|NO|local|Priority|0|N/A|alone\n\
+        M|16|carol|PENDING||1|1|OK|local|JobHeldUser|0|N/A|held\n\
+        M|17|carol|PENDING||1|1|OK|solo|Resources|0|N/A|elsewhere\n\
+        M|18|root|PENDING||1|1|OK|solo|Priority|0|N/A|gl-other-00000000000beef0\n";
 
     /// The snapshot as a kcm running as root with one user judges it.
     fn judged(sinfo: &str, squeue: &str, partition: &str) -> Result<Snapshot, String> {
-        snapshot(sinfo, squeue, "M", partition).map(|s| s.judge(|job| job.owner == "root"))
+        snapshot(sinfo, squeue, "M", partition, "gpu").map(|s| s.judge(|job| job.owner == "root"))
     }
 
     #[test]
@@ -396,7 +495,7 @@ mod tests {
     #[test]
     fn down_nodes_offer_nothing_and_are_reported() {
         let sinfo = "node1|gleaner*|4|0/0/4/4|down*\nnode2|gleaner*|4|0/4/0/4|idle\n";
-        let s = snapshot(sinfo, "", "M", "gleaner").unwrap();
+        let s = snapshot(sinfo, "", "M", "gleaner", "gpu").unwrap();
         assert_eq!(s.total_slots(), 4);
         assert_eq!(s.problem.as_deref(), Some("node node1 is down*"));
     }
@@ -404,21 +503,60 @@ mod tests {
     #[test]
     fn unknown_partitions_and_garbage_are_errors() {
         assert!(
-            snapshot(SINFO, "", "M", "nope")
+            snapshot(SINFO, "", "M", "nope", "gpu")
                 .unwrap_err()
                 .contains("no nodes")
         );
-        assert!(snapshot("garbage", "", "M", "gleaner").is_err());
-        assert!(snapshot(SINFO, "M|1|root|RUNNING", "M", "gleaner").is_err());
+        assert!(snapshot("garbage", "", "M", "gleaner", "gpu").is_err());
+        assert!(snapshot(SINFO, "M|1|root|RUNNING", "M", "gleaner", "gpu").is_err());
         assert!(
             snapshot(
                 SINFO,
-                "1|root|RUNNING|||1|1|OK|gleaner|None|x",
+                "1|root|RUNNING|||1|1|OK|gleaner|None|0|N/A|x",
                 "M",
-                "gleaner"
+                "gleaner",
+                "gpu"
             )
             .is_err(),
             "lines start with the marker"
+        );
+    }
+
+    #[test]
+    fn memory_and_gpus_free_per_node_and_asked_by_each_job() {
+        let sinfo = "node1|gleaner*|4|2/2/0/4|mixed|gpu:2|gpu:1(IDX:0)|1500|4000|\n\
+            node2|gleaner*|4|0/4/0/4|idle|gpu:tesla:2(S:0-1)|gpu:tesla:0|0|4000|\n\
+            node3|gleaner*|4|0/4/0/4|idle|(null)|(null)|0|4000|\n";
+        let squeue = "M|7_1|root|RUNNING|node1|1|1|OK|gleaner|None|1500M|gres:gpu:1|gl-sweep-00000000000beef0\n\
+            M|8|carol|PENDING||2|1|OK|gleaner|Resources|3G|gres/gpu:2,shard:1|big\n";
+        let s = snapshot(sinfo, squeue, "M", "gleaner", "gpu").unwrap();
+        let free: Vec<(Option<u64>, Option<u32>)> = s
+            .hosts
+            .iter()
+            .map(|h| (h.free_memory_mb, h.free_gpus))
+            .collect();
+        assert_eq!(
+            free,
+            [
+                (Some(2500), Some(1)),
+                (Some(4000), Some(2)),
+                (Some(4000), Some(0))
+            ]
+        );
+        let s = s.judge(|job| job.owner == "root");
+        assert_eq!(
+            s.placeholders[0].needs,
+            Needs {
+                memory_mb: 1500,
+                gpus: 1
+            }
+        );
+        assert_eq!(
+            s.waiting[0].needs,
+            Needs {
+                memory_mb: 3072,
+                gpus: 2
+            }
         );
     }
 
@@ -431,7 +569,7 @@ mod tests {
     fn jobs_named_like_gleaners_carry_their_owners_until_judged() {
         let sinfo = include_str!("../tests/data/sinfo-named.txt");
         let squeue = include_str!("../tests/data/squeue-named.txt");
-        let s = snapshot(sinfo, squeue, "gleaner0123456789abcdef", "gleaner").unwrap();
+        let s = snapshot(sinfo, squeue, "gleaner0123456789abcdef", "gleaner", "gpu").unwrap();
         assert!(s.placeholders.is_empty() && s.components.is_empty());
         let named: Vec<(&str, &str, Option<u32>, usize, bool)> = s
             .named
@@ -476,9 +614,9 @@ mod tests {
 
     #[test]
     fn someone_elses_waiting_placeholder_is_a_waiting_local_job() {
-        let squeue = "M|20|bob|PENDING||4|1|OK|gleaner|Resources|gl-sweep-00000000000beef0\n\
-            M|21|bob|PENDING||2|2|NO|gleaner|Priority|gg-mpi-00000000000beef0.0\n\
-            M|22|root|PENDING||1|1|OK|gleaner|Priority|gg-mpi-00000000000beef0.0\n";
+        let squeue = "M|20|bob|PENDING||4|1|OK|gleaner|Resources|0|N/A|gl-sweep-00000000000beef0\n\
+            M|21|bob|PENDING||2|2|NO|gleaner|Priority|0|N/A|gg-mpi-00000000000beef0.0\n\
+            M|22|root|PENDING||1|1|OK|gleaner|Priority|0|N/A|gg-mpi-00000000000beef0.0\n";
         let s = judged(SINFO, squeue, "gleaner").unwrap();
         let waiting: Vec<(&str, u32, u32, bool)> = s
             .waiting

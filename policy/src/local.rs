@@ -319,14 +319,15 @@ impl Room {
         let mut hosts = self.hosts.clone();
         let mut taken: Vec<usize> = Vec::new();
         let mut picks = Vec::new();
+        // Each chunk on a host of its own, as a fixed allocation rule (and
+        // an exclusive job) places them; single slots may share one.
+        let distinct = job.together > 1 || job.exclusive;
         for chunk in job.chunks() {
             let needs = job.chunk_needs(chunk);
-            // Each chunk on a host of its own, as a fixed allocation rule
-            // (and an exclusive job) places them.
             let (best, plan) = hosts
                 .iter()
                 .enumerate()
-                .filter(|(i, _)| !taken.contains(i))
+                .filter(|(i, _)| !distinct || !taken.contains(i))
                 .filter_map(|(i, h)| {
                     let plan = match job.exclusive {
                         true if h.only_gleaner() && h.slots >= chunk => {
@@ -666,6 +667,23 @@ mod tests {
         ];
         let p = plan(&[big], &hosts, &mut Answered::default(), 0);
         assert_eq!(p.shrink, vec![order("mem", 3, &["n1"])], "3 × 1000M");
+        assert!(p.unplaceable.is_empty());
+    }
+
+    #[test]
+    fn single_slots_with_memory_may_share_a_host() {
+        // Four slots anywhere, 500M each: n1 has room for all of them.
+        let hosts = [
+            rich_host("n1", 4000, 0, &[("cpu", 4, 0, 0)]),
+            rich_host("n2", 0, 0, &[("mem", 4, 4000, 0)]),
+        ];
+        let p = plan(
+            &[needing("11", 4, 2000, 0)],
+            &hosts,
+            &mut Answered::default(),
+            0,
+        );
+        assert_eq!(p.shrink, vec![order("cpu", 4, &["n1"])]);
         assert!(p.unplaceable.is_empty());
     }
 

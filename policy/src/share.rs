@@ -84,6 +84,21 @@ pub struct ClusterInput {
     /// Jobs whose launchers fail to start here (their account's, not the
     /// cluster's failures): they get none here for a while.
     pub barred: std::collections::BTreeSet<JobId>,
+    /// The hosts whose GPUs the batch system counts; `None` where it counts
+    /// none (GPU jobs get nothing there).
+    pub gpu_hosts: Option<Vec<GpuHost>>,
+}
+
+/// A host with GPUs, as the GPU share sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuHost {
+    pub name: String,
+    /// Slots nobody holds.
+    pub free_slots: u32,
+    /// GPUs nobody holds.
+    pub free_gpus: u32,
+    /// Slots each scavenging job's launchers hold here.
+    pub held: BTreeMap<JobId, u32>,
 }
 
 impl ClusterInput {
@@ -107,6 +122,9 @@ pub struct JobInput {
     pub weight: u32,
     /// Slots each of its tasks takes: its share is in whole tasks.
     pub task_slots: u32,
+    /// GPUs each of its tasks takes: a GPU job shares the GPUs with the
+    /// other GPU jobs, apart from the slots CPU jobs share.
+    pub gpus: u32,
 }
 
 /// A scavenging job's need, as the scheduler and its runner see it.
@@ -147,12 +165,14 @@ pub struct Offer {
     pub slots: u32,
 }
 
-/// Slots a job should give back on a cluster, without losing work.
+/// Slots a job should give back on a cluster, without losing work (from
+/// launchers on `hosts`, anywhere when empty).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Drain {
     pub job: JobId,
     pub cluster: ClusterName,
     pub slots: u32,
+    pub hosts: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -239,6 +259,122 @@ pub fn whole_task_targets(
         let nearest = share.saturating_add(task / 2) / task * task;
         let room = left.min(wants[i]) / task * task;
         fixed[i] = Some(nearest.min(room));
+    }
+}
+
+/// The GPU jobs' side of a cluster, and the CPU jobs' side once they have
+/// theirs.
+mod gpu_pool {
+    use std::collections::BTreeMap;
+
+    use super::{ClusterInput, Drain, GpuHost, JobInput, split_shrink};
+
+    /// Slots of `job`'s tasks that a host's free slots and GPUs hold.
+    fn room(host: &GpuHost, job: &JobInput) -> u32 {
+        let task = job.task_slots.max(1);
+        let tasks = (host.free_slots / task).min(host.free_gpus / job.gpus.max(1));
+        tasks * task
+    }
+
+    /// What the host's GPUs could run of the GPU job that uses most slots
+    /// per GPU, were its slots free.
+    fn gpu_slots(host: &GpuHost, jobs: &[JobInput]) -> u32 {
+        jobs.iter()
+            .map(|j| host.free_gpus / j.gpus.max(1) * j.task_slots.max(1))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Each GPU job's demand within the slots free GPUs could run (some
+    /// perhaps held by CPU jobs now): more would wait in a batch queue for
+    /// GPUs.
+    pub fn capped(clusters: &[ClusterInput], mut jobs: Vec<JobInput>) -> Vec<JobInput> {
+        for job in &mut jobs {
+            let room: u32 = clusters
+                .iter()
+                .flat_map(|c| c.gpu_hosts.iter().flatten())
+                .map(|h| gpu_slots(h, std::slice::from_ref(job)))
+                .sum();
+            job.demand = job.demand.min(room);
+        }
+        jobs
+    }
+
+    /// The cluster as GPU jobs share it: the slots that go with its free
+    /// GPUs, and what GPU jobs hold.
+    pub fn gpu_side(cluster: &ClusterInput, jobs: &[JobInput]) -> ClusterInput {
+        let hosts = cluster.gpu_hosts.iter().flatten();
+        let room: u32 = hosts
+            .map(|h| jobs.iter().map(|j| room(h, j)).max().unwrap_or(0))
+            .sum();
+        ClusterInput {
+            idle: cluster.idle.min(room),
+            held: only(&cluster.held, jobs, true),
+            excluded: cluster.excluded,
+            ..cluster.clone()
+        }
+    }
+
+    /// The cluster as CPU jobs share it: the idle slots GPU jobs neither
+    /// take nor could take while they want more, and what CPU jobs hold.
+    pub fn cpu_side(
+        cluster: &ClusterInput,
+        gpu: &ClusterInput,
+        hungry: u32,
+        jobs: &[JobInput],
+    ) -> ClusterInput {
+        let kept = if gpu.excluded {
+            0
+        } else {
+            gpu.idle.min(hungry)
+        };
+        ClusterInput {
+            idle: cluster.idle.saturating_sub(kept),
+            held: only(&cluster.held, jobs, false),
+            ..cluster.clone()
+        }
+    }
+
+    /// The holdings of the GPU jobs (`gpu`), or of every other job.
+    fn only(
+        held: &BTreeMap<gleaner_manifest::JobId, u32>,
+        gpu_jobs: &[JobInput],
+        gpu: bool,
+    ) -> BTreeMap<gleaner_manifest::JobId, u32> {
+        held.iter()
+            .filter(|(job, _)| gpu_jobs.iter().any(|j| &j.id == *job) == gpu)
+            .map(|(job, n)| (job.clone(), *n))
+            .collect()
+    }
+
+    /// Drains of CPU jobs' launchers on hosts whose free GPUs lack the
+    /// slots to run GPU tasks, up to `unmet` slots GPU jobs still want.
+    pub fn make_room(clusters: &[ClusterInput], jobs: &[JobInput], mut unmet: u32) -> Vec<Drain> {
+        let mut drains = Vec::new();
+        for cluster in clusters
+            .iter()
+            .filter(|c| c.draining.is_empty() && !c.excluded)
+        {
+            for host in cluster.gpu_hosts.iter().flatten() {
+                let missing = gpu_slots(host, jobs)
+                    .saturating_sub(host.free_slots)
+                    .min(unmet);
+                if missing == 0 {
+                    continue;
+                }
+                let cpu = only(&host.held, jobs, false);
+                for (job, slots) in split_shrink(missing, &cpu) {
+                    unmet -= slots;
+                    drains.push(Drain {
+                        job,
+                        cluster: cluster.name.clone(),
+                        slots,
+                        hosts: vec![host.name.clone()],
+                    });
+                }
+            }
+        }
+        drains
     }
 }
 
@@ -335,8 +471,64 @@ impl<'a> Book<'a> {
 }
 
 /// The plan for one scheduling round. SEP shares each cluster on its own;
-/// GEP shares the whole grid as one pool.
+/// GEP shares the whole grid as one pool. Where the batch system counts
+/// GPUs, GPU jobs share the slots that go with free GPUs first, among
+/// themselves; CPU jobs share the rest, and give back slots on hosts whose
+/// GPUs they would keep idle while a GPU job waits. Elsewhere every job
+/// shares the slots, and the batch system holds GPU placeholders until
+/// GPUs are free.
 pub fn plan(clusters: &[ClusterInput], jobs: &[JobInput], config: &PolicyConfig) -> Plan {
+    let (counted, uncounted): (Vec<ClusterInput>, Vec<ClusterInput>) = clusters
+        .iter()
+        .cloned()
+        .partition(|c| c.gpu_hosts.is_some());
+    let (gpu_jobs, cpu_jobs): (Vec<JobInput>, Vec<JobInput>) =
+        jobs.iter().cloned().partition(|j| j.gpus > 0);
+    if gpu_jobs.is_empty() || counted.is_empty() {
+        return plan_pool(clusters, jobs, config);
+    }
+    let mut plan = plan_pool(&uncounted, jobs, config);
+    let counted_plan = plan_with_gpus(&counted, gpu_jobs, &cpu_jobs, config);
+    plan.offers.extend(counted_plan.offers);
+    plan.drains.extend(counted_plan.drains);
+    plan
+}
+
+/// [`plan`] on clusters that count GPUs.
+fn plan_with_gpus(
+    clusters: &[ClusterInput],
+    gpu_jobs: Vec<JobInput>,
+    cpu_jobs: &[JobInput],
+    config: &PolicyConfig,
+) -> Plan {
+    let gpu_jobs = gpu_pool::capped(clusters, gpu_jobs);
+    let gpu_clusters: Vec<ClusterInput> = clusters
+        .iter()
+        .map(|c| gpu_pool::gpu_side(c, &gpu_jobs))
+        .collect();
+    let mut plan = plan_pool(&gpu_clusters, &gpu_jobs, config);
+    let hungry: u32 = gpu_jobs.iter().map(|j| j.demand).sum();
+    let cpu_clusters: Vec<ClusterInput> = clusters
+        .iter()
+        .zip(&gpu_clusters)
+        .map(|(c, gpu)| gpu_pool::cpu_side(c, gpu, hungry, &gpu_jobs))
+        .collect();
+    let cpu_plan = plan_pool(&cpu_clusters, cpu_jobs, config);
+    let offered: u32 = plan.offers.iter().map(|o| o.slots).sum();
+    if config.rebalance {
+        plan.drains.extend(gpu_pool::make_room(
+            clusters,
+            &gpu_jobs,
+            hungry.saturating_sub(offered),
+        ));
+    }
+    plan.offers.extend(cpu_plan.offers);
+    plan.drains.extend(cpu_plan.drains);
+    plan
+}
+
+/// [`plan`] for one pool of jobs.
+fn plan_pool(clusters: &[ClusterInput], jobs: &[JobInput], config: &PolicyConfig) -> Plan {
     let mut book = Book::new(clusters, jobs);
     let mut plan = Plan::default();
     match config.policy {
@@ -476,6 +668,7 @@ fn share<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, rebalance: bool, pl
                     job: member.job.clone(),
                     cluster: (*cluster).clone(),
                     slots: slots.min(*held),
+                    hosts: Vec::new(),
                 });
             }
         }
@@ -596,6 +789,7 @@ mod tests {
             excluded: false,
             draining: Default::default(),
             barred: Default::default(),
+            gpu_hosts: None,
         }
     }
 
@@ -607,6 +801,7 @@ mod tests {
                 demand: *d,
                 weight: 1,
                 task_slots: 1,
+                gpus: 0,
             })
             .collect()
     }
@@ -617,6 +812,77 @@ mod tests {
             .filter(|o| o.job == job(j) && o.cluster.as_str() == c)
             .map(|o| o.slots)
             .sum()
+    }
+
+    fn gpu_host(name: &str, free_slots: u32, free_gpus: u32, held: &[(&str, u32)]) -> GpuHost {
+        GpuHost {
+            name: name.into(),
+            free_slots,
+            free_gpus,
+            held: held.iter().map(|(j, n)| (job(j), *n)).collect(),
+        }
+    }
+
+    fn gpu_job(name: &str, demand: u32) -> JobInput {
+        JobInput {
+            gpus: 1,
+            ..jobs(&[(name, demand)]).remove(0)
+        }
+    }
+
+    #[test]
+    fn gpu_jobs_get_the_slots_of_free_gpus_and_cpu_jobs_the_rest() {
+        // Two hosts of 4 slots and 2 GPUs, all free.
+        let mut c1 = cluster("c1", 8, 8, 0, &[]);
+        c1.gpu_hosts = Some(vec![gpu_host("n1", 4, 2, &[]), gpu_host("n2", 4, 2, &[])]);
+        let jobs = vec![jobs(&[("cpu", 100)]).remove(0), gpu_job("gpu", 100)];
+        let shared = plan_of(&c1, &jobs);
+        assert_eq!(offered(&shared, "gpu", "c1"), 4, "one slot per GPU");
+        assert_eq!(offered(&shared, "cpu", "c1"), 4, "every other slot");
+        // A host that counts no free GPU gives a GPU job nothing.
+        c1.gpu_hosts = Some(vec![gpu_host("n1", 4, 0, &[]), gpu_host("n2", 4, 0, &[])]);
+        let plan = plan_of(&c1, &jobs);
+        assert_eq!(offered(&plan, "gpu", "c1"), 0);
+        assert_eq!(offered(&plan, "cpu", "c1"), 8);
+        // Where GPUs are not counted, all share, and the batch system
+        // holds a GPU placeholder until a GPU is free.
+        c1.gpu_hosts = None;
+        let plan = plan_of(&c1, &jobs);
+        assert_eq!(offered(&plan, "gpu", "c1"), 4);
+        assert_eq!(offered(&plan, "cpu", "c1"), 4);
+    }
+
+    #[test]
+    fn cpu_launchers_on_idle_gpus_make_room_where_the_gpus_are() {
+        // The CPU job holds every slot; n2's GPUs are free.
+        let mut c1 = cluster("c1", 8, 0, 0, &[("cpu", 8)]);
+        c1.gpu_hosts = Some(vec![
+            gpu_host("n1", 0, 0, &[("cpu", 4)]),
+            gpu_host("n2", 0, 2, &[("cpu", 4)]),
+        ]);
+        let jobs = vec![jobs(&[("cpu", 100)]).remove(0), gpu_job("gpu", 100)];
+        let plan = plan_of(&c1, &jobs);
+        assert_eq!(
+            plan.drains,
+            [Drain {
+                job: job("cpu"),
+                cluster: "c1".into(),
+                slots: 2,
+                hosts: vec!["n2".into()],
+            }]
+        );
+        assert!(plan.offers.is_empty(), "{plan:?}");
+        // Not while drains are in flight there.
+        c1.draining.insert(job("cpu"));
+        assert!(plan_of(&c1, &jobs).drains.is_empty());
+    }
+
+    fn plan_of(cluster: &ClusterInput, jobs: &[JobInput]) -> Plan {
+        plan(
+            std::slice::from_ref(cluster),
+            jobs,
+            &PolicyConfig::default(),
+        )
     }
 
     #[test]
@@ -683,6 +949,7 @@ mod tests {
                     demand: *d,
                     weight: *w,
                     task_slots: 1,
+                    gpus: 0,
                 })
                 .collect()
         };
@@ -814,7 +1081,8 @@ mod tests {
             [Drain {
                 job: job("a"),
                 cluster: "c1".into(),
-                slots: 4
+                slots: 4,
+                hosts: Vec::new(),
             }]
         );
         let no_rebalance = PolicyConfig {

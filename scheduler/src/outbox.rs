@@ -31,8 +31,9 @@ pub fn message(action: Action) -> (JobId, ControlMsg) {
             job,
             cluster,
             slots,
+            hosts,
         } => {
-            info!(job = %job, cluster = %cluster, slots, "drain for fair share");
+            info!(job = %job, cluster = %cluster, slots, hosts = ?hosts, "drain for fair share");
             let reason = "fair share: another job is below its share".to_owned();
             (
                 job,
@@ -41,7 +42,7 @@ pub fn message(action: Action) -> (JobId, ControlMsg) {
                     slots,
                     mode: ShrinkMode::Drain,
                     reason,
-                    hosts: Vec::new(),
+                    hosts,
                 },
             )
         }

@@ -87,11 +87,13 @@ pub enum Action {
         cluster: ClusterName,
         slots: u32,
     },
-    /// Give back slots without losing work (fair share).
+    /// Give back slots without losing work (fair share), from launchers
+    /// on `hosts` (anywhere when empty).
     Drain {
         job: JobId,
         cluster: ClusterName,
         slots: u32,
+        hosts: Vec<String>,
     },
     /// Give back slots now: a grid job needs them (on `hosts`, when not
     /// empty).
@@ -537,6 +539,7 @@ impl State {
                 job: drain.job,
                 cluster: drain.cluster,
                 slots: drain.slots,
+                hosts: drain.hosts,
             });
         }
         actions
@@ -704,6 +707,7 @@ impl State {
                         .filter(|(_, failures)| **failures >= config.max_consecutive_failures)
                         .map(|(job, _)| job.clone())
                         .collect(),
+                    gpu_hosts: gpu_hosts(&report.hosts),
                 }
             })
             .collect()
@@ -740,6 +744,7 @@ impl State {
                     ),
                     weight: j.report.weight,
                     task_slots: j.report.task_slots,
+                    gpus: j.report.task_needs.gpus,
                 }
             })
             .collect()
@@ -784,6 +789,23 @@ impl State {
         );
         self.grid.restore(snapshot, now);
     }
+}
+
+/// The hosts whose GPUs the batch system counts, as the GPU share sees
+/// them; `None` where no host's are.
+fn gpu_hosts(hosts: &[gleaner_protocol::HostReport]) -> Option<Vec<share::GpuHost>> {
+    let counted: Vec<share::GpuHost> = hosts
+        .iter()
+        .filter_map(|h| {
+            Some(share::GpuHost {
+                name: h.name.clone(),
+                free_slots: h.free(),
+                free_gpus: h.free_gpus?,
+                held: h.jobs.clone(),
+            })
+        })
+        .collect();
+    (!counted.is_empty()).then_some(counted)
 }
 
 #[cfg(test)]
@@ -1356,7 +1378,8 @@ pub(crate) mod tests {
             [Action::Drain {
                 job: job("a"),
                 cluster: "c1".into(),
-                slots: 4
+                slots: 4,
+                hosts: Vec::new(),
             }]
         );
         assert!(state.round(now, &config).is_empty());

@@ -433,3 +433,21 @@ fn a_local_job_wanting_a_gpu_preempts_one_gpu_launcher_of_one_host() {
     assert_eq!(g.wait_for_end(&job, 3 * MINUTE), "done");
     assert_one_task_per_gpu(&g, &job, 150);
 }
+
+#[test]
+fn a_gpu_sweep_beside_a_cpu_sweep_gets_every_gpu_and_the_cpu_sweep_every_other_slot() {
+    let _gpus = sge_gpus_lock();
+    let (queues, g, cpu, _) = full_grid("mh-gpu-beside", "gpus = [\"0\", \"1\"]", 150, 12);
+    // The CPU sweep holds every slot; its launchers on the GPUs' slots
+    // give them back once their task is done.
+    let gpus = g.submit(&gpu_sweep(&g, "gpus", 60, 3, ""));
+    wait_for(
+        "a launcher on every GPU, and CPU launchers on every other slot",
+        2 * MINUTE,
+        || running(&queues, &gpus).len() == 6 && running(&queues, &cpu).len() == 6,
+    );
+    assert!(g.log("up").contains("drain for fair share"));
+    assert_eq!(g.wait_for_end(&gpus, 3 * MINUTE), "done");
+    assert_one_task_per_gpu(&g, &gpus, 60);
+    g.assert_all_done_once(&cpu, 150);
+}

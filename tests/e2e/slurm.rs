@@ -303,3 +303,48 @@ fn a_gpu_sweep_on_slurm_runs_one_task_per_gpu_and_tasks_by_memory() {
         "both GPUs of a host in use: {used:?}"
     );
 }
+
+#[test]
+fn a_local_job_wanting_most_of_a_nodes_memory_empties_that_node_only() {
+    let slurm = SlurmCluster::lock();
+    let mut g = gleaner("slurm-memory");
+    g.write("gleaner.toml", &config());
+    g.start("up", &["up"]);
+    // Launchers of 1000M each hold every node's 4000M.
+    let manifest = format!(
+        "memory = \"1000M\"\n{}",
+        sweep("fill", 240, "sleep 2; echo {n}")
+    );
+    let job = g.submit(&manifest);
+    let mut before = BTreeMap::new();
+    wait_for("the sweep to fill the partition", 2 * MINUTE, || {
+        before = running(&slurm, &job);
+        before.len() == NODES * NODE_CPUS
+    });
+    let mut gone = BTreeSet::new();
+    let local = sbatch(&[
+        "-p",
+        SlurmCluster::LOCAL,
+        "-n1",
+        "--mem=3000M",
+        "--wrap",
+        "sleep 120",
+    ]);
+    let mut node = None;
+    watch(
+        &slurm,
+        &job,
+        &before,
+        &mut gone,
+        "the local job to start",
+        || {
+            node = node_of(&slurm, &local);
+            node.is_some()
+        },
+    );
+    let node = node.unwrap_or_default();
+    let hit: BTreeSet<&String> = gone.iter().map(|id| &before[id]).collect();
+    assert_eq!(hit, BTreeSet::from([&node]), "{gone:?} of {before:?}");
+    assert!(gone.len() >= 3, "3000M of 1000M launchers: {gone:?}");
+    g.assert_all_done_once(&job, 240);
+}
