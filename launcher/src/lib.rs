@@ -154,6 +154,9 @@ pub enum Exit {
     Drained,
     /// The placeholder's walltime is ending.
     Walltime,
+    /// Its job's next task needs launchers of another shape (a final step
+    /// of its own).
+    Reshaped,
 }
 
 impl Exit {
@@ -170,6 +173,7 @@ impl Exit {
             Self::Preempted => "preempted",
             Self::Drained => "drained",
             Self::Walltime => "walltime",
+            Self::Reshaped => "another shape needed",
         }
     }
 }
@@ -724,6 +728,7 @@ impl Shell {
                     preemptions: task.preemptions,
                     walltime: task.walltime_ms.map(Duration::from_millis),
                     message_tasks,
+                    shape: task.shape,
                 };
                 self.held.insert(
                     tag,

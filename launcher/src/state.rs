@@ -18,6 +18,7 @@ use std::{
     time::{Duration, Instant},
 };
 
+use gleaner_manifest::TaskShape;
 use gleaner_protocol::{ClusterName, Core, LauncherMsg, Now, Outbox};
 use tracing::{info, warn};
 
@@ -51,6 +52,8 @@ pub enum Event<E> {
         walltime: Option<Duration>,
         /// Tasks in the message it came in (a bundle's, or 1).
         message_tasks: u32,
+        /// A shape of its own, unlike the job's tasks' (a final step's).
+        shape: Option<TaskShape>,
     },
     /// The task consumer ended: cancelled by us, or by the broker because the
     /// job's task queue was deleted.
@@ -164,6 +167,8 @@ pub struct State<E> {
     window: Option<Duration>,
     /// Tasks run at once.
     capacity: usize,
+    /// The slots and needs of the tasks it runs.
+    shape: TaskShape,
     held: BTreeMap<u64, Held>,
     /// Held tasks waiting for a slot, first delivered first.
     waiting: VecDeque<u64>,
@@ -234,6 +239,10 @@ impl<E> State<E> {
             stop_at,
             window: stop_at.map(|stop| stop.saturating_duration_since(now)),
             capacity: config.tasks_at_once() as usize,
+            shape: TaskShape {
+                slots: config.task_slots,
+                needs: config.task_needs,
+            },
             held: BTreeMap::new(),
             waiting: VecDeque::new(),
             running: 0,
@@ -333,10 +342,24 @@ impl<E> State<E> {
                 preemptions,
                 walltime,
                 message_tasks,
+                shape,
             } => {
                 self.message_tasks = (self.message_tasks * 4.0 + f64::from(message_tasks)) / 5.0;
                 let task = Task { task, preemptions };
-                self.delivered(tag, task, walltime, now, &mut effects);
+                if shape.is_some_and(|shape| shape != self.shape) {
+                    // Launchers of its own shape run it; this one has
+                    // nothing left to do for its job.
+                    info!(
+                        task = task.task,
+                        "task needs launchers of another shape; giving it back and leaving"
+                    );
+                    self.idle_since = None;
+                    self.hold(tag, task, walltime, now, Phase::Settling);
+                    effects.push(Effect::GiveBack { tag });
+                    self.leave(Exit::Reshaped, &mut effects);
+                } else {
+                    self.delivered(tag, task, walltime, now, &mut effects);
+                }
             }
             Event::TasksEnded => {
                 self.consuming = false;
@@ -758,7 +781,32 @@ mod tests {
             preemptions: 0,
             walltime: walltime_secs.map(Duration::from_secs),
             message_tasks: 1,
+            shape: None,
         }
+    }
+
+    #[test]
+    fn a_task_of_another_shape_goes_back_and_the_launcher_leaves() {
+        let shaped = |tag, slots| Event::Delivered {
+            tag,
+            task: 100 + tag,
+            preemptions: 0,
+            walltime: None,
+            message_tasks: 1,
+            shape: Some(TaskShape::slots(slots)),
+        };
+        let mut l = launcher(|_, _| {});
+        let effects = l.at(1, shaped(1, 4));
+        assert!(
+            effects.contains(&Effect::GiveBack { tag: 1 }),
+            "{effects:?}"
+        );
+        assert!(effects.contains(&Effect::StopConsuming), "{effects:?}");
+        assert_eq!(l.at(2, Event::TasksEnded), []);
+        assert_eq!(l.at(3, settled(1)), [Effect::Leave(Ok(Exit::Reshaped))]);
+        // One of its own shape runs.
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(1, shaped(1, 1)), [Effect::Run { tag: 1 }]);
     }
 
     fn drain() -> Event<&'static str> {
@@ -1143,6 +1191,7 @@ mod tests {
                 preemptions: 0,
                 walltime: None,
                 message_tasks: 32,
+                shape: None,
             };
             let t = tag * 6;
             assert_eq!(l.at(t, bundled), [Effect::Run { tag }]);

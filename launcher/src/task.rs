@@ -79,6 +79,7 @@ mod tests {
             preempt_signal: None,
             preempt_grace_ms: None,
             max_attempts,
+            shape: None,
         }
     }
 

@@ -58,9 +58,10 @@ impl std::iter::Sum for Needs {
 }
 
 /// One task's slots and needs: a launcher holds whole tasks of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TaskShape {
     pub slots: u32,
+    #[serde(default, skip_serializing_if = "Needs::is_none")]
     pub needs: Needs,
 }
 

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     JobId, ManifestError, ParamSpec, TaskList, TaskSet,
     job_id::is_valid_name,
-    needs::{MAX_TASK_GPUS, Memory, Needs},
+    needs::{MAX_TASK_GPUS, Memory, Needs, TaskShape},
     table::Table,
 };
 
@@ -167,6 +167,14 @@ pub struct FinalStep {
     pub command: String,
     #[serde(default)]
     pub when: FinalWhen,
+    /// Slots, memory and GPUs of its own (a merge needing more than a
+    /// task); unset, the job's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Memory>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpus: Option<u32>,
 }
 
 /// Whether the final step runs when some task did not succeed.
@@ -430,12 +438,33 @@ impl Manifest {
                 "must be at least 1 (leave it out for no limit)",
             ));
         }
-        if self
-            .final_step
-            .as_ref()
-            .is_some_and(|f| f.command.trim().is_empty())
-        {
-            return Err(ManifestError::invalid("final.command", "is empty"));
+        if let Some(step) = &self.final_step {
+            if step.command.trim().is_empty() {
+                return Err(ManifestError::invalid("final.command", "is empty"));
+            }
+            if step
+                .slots
+                .is_some_and(|slots| !(1..=MAX_TASK_SLOTS).contains(&slots))
+            {
+                return Err(ManifestError::invalid(
+                    "final.slots",
+                    format!("must be from 1 to {MAX_TASK_SLOTS}"),
+                ));
+            }
+            if step.gpus.is_some_and(|gpus| gpus > MAX_TASK_GPUS) {
+                return Err(ManifestError::invalid(
+                    "final.gpus",
+                    format!("must be from 0 to {MAX_TASK_GPUS}"),
+                ));
+            }
+            if let (Some(max), Some(slots)) = (self.max_launchers, step.slots)
+                && max < slots
+            {
+                return Err(ManifestError::invalid(
+                    "max_launchers",
+                    format!("{max} slots cannot run a final step of {slots} slots"),
+                ));
+            }
         }
         for (i, task) in self.tasks.iter().enumerate() {
             if task.command.trim().is_empty() {
@@ -575,6 +604,29 @@ impl Manifest {
     /// Where a job's results go when its manifest does not say.
     pub fn default_results_dir(job: &str) -> PathBuf {
         PathBuf::from("results").join(job)
+    }
+
+    /// Each of its tasks' slots and needs.
+    pub fn task_shape(&self) -> TaskShape {
+        TaskShape {
+            slots: self.slots,
+            needs: self.task_needs(),
+        }
+    }
+
+    /// The final step's shape, where it has one of its own unlike the
+    /// tasks'.
+    pub fn final_shape(&self) -> Option<TaskShape> {
+        let step = self.final_step.as_ref()?;
+        let tasks = self.task_shape();
+        let shape = TaskShape {
+            slots: step.slots.unwrap_or(tasks.slots),
+            needs: Needs {
+                memory_mb: step.memory.map_or(tasks.needs.memory_mb, |m| m.0),
+                gpus: step.gpus.unwrap_or(tasks.needs.gpus),
+            },
+        };
+        (shape != tasks).then_some(shape)
     }
 
     /// What each of its tasks needs beside its slots.
@@ -753,6 +805,29 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
         assert_eq!(err.field(), Some("gpus"));
         let err = parse(&grid.replace("gpus = 4", "gpus = 129")).unwrap_err();
         assert_eq!(err.field(), Some("component[0].gpus"));
+    }
+
+    #[test]
+    fn a_final_step_may_have_a_shape_of_its_own() {
+        let base = "name = \"a\"\nmemory = \"1G\"\n[[task]]\ncommand = \"true\"\n[final]\ncommand = \"merge\"\n";
+        assert_eq!(parse(base).unwrap().final_shape(), None, "the tasks' own");
+        let m = parse(&format!("{base}slots = 4\nmemory = \"16G\"\n")).unwrap();
+        assert_eq!(
+            m.final_shape(),
+            Some(TaskShape {
+                slots: 4,
+                needs: Needs {
+                    memory_mb: 16384,
+                    gpus: 0
+                }
+            })
+        );
+        let err = parse(&format!("{base}slots = 0\n")).unwrap_err();
+        assert_eq!(err.field(), Some("final.slots"));
+        let err = parse(&format!("{base}gpus = 100\n")).unwrap_err();
+        assert_eq!(err.field(), Some("final.gpus"));
+        let err = parse(&format!("max_launchers = 2\n{base}slots = 4\n")).unwrap_err();
+        assert_eq!(err.field(), Some("max_launchers"));
     }
 
     #[test]

@@ -809,6 +809,10 @@ pub struct TaskMsg {
     /// nothing runs the task again, and its checkpoint can go.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub max_attempts: u32,
+    /// A shape unlike its job's tasks' (a final step's own): only a
+    /// launcher of this shape runs it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shape: Option<TaskShape>,
 }
 
 impl Message for TaskMsg {

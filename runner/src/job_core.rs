@@ -13,7 +13,7 @@ use std::{
     time::Duration,
 };
 
-use gleaner_manifest::{Component, JobId, Manifest, ParamValue};
+use gleaner_manifest::{Component, JobId, Manifest, ParamValue, TaskShape};
 use gleaner_protocol::{
     ClusterName, ControlMsg, Credentials, Event, JobReport, JobState, KcmMsg, ResultMsg,
     SchedulerMsg, Submission, TaskBundle, TaskCounts,
@@ -362,9 +362,22 @@ impl Ledger {
             max_slots: self.manifest.max_launchers,
             problem: None,
             weight: self.manifest.weight,
-            task_slots: self.manifest.slots,
-            task_needs: self.manifest.task_needs(),
+            task_slots: self.current_shape().slots,
+            task_needs: self.current_shape().needs,
             open: self.manifest.open && !self.file.closed,
+        }
+    }
+
+    /// The shape launchers need now: the final step's own once it is all
+    /// that is left to run.
+    pub fn current_shape(&self) -> TaskShape {
+        match (self.manifest.final_shape(), self.final_task) {
+            (Some(shape), Some(task))
+                if self.file.final_published && !self.book.is_finished(task) =>
+            {
+                shape
+            }
+            _ => self.manifest.task_shape(),
         }
     }
 

@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use gleaner_manifest::{JobId, Manifest, TaskList, TaskSpec, is_param_name};
+use gleaner_manifest::{JobId, Manifest, TaskList, TaskShape, TaskSpec, is_param_name};
 use gleaner_protocol::{TaskBundle, TaskMsg};
 
 /// Makes task messages when they are needed: a sweep can have millions of
@@ -17,6 +17,8 @@ pub(crate) struct TaskMaker {
     tasks: Vec<(u64, Arc<TaskList>)>,
     /// The final step's number (one past the tasks) and its command.
     final_step: Option<(u64, String)>,
+    /// The final step's shape, where it has one of its own.
+    final_shape: Option<TaskShape>,
     /// `GLEANER_RESULTS` of the final step.
     results: String,
     env: Vec<(String, String)>,
@@ -38,6 +40,7 @@ impl TaskMaker {
                 .final_step
                 .as_ref()
                 .map(|f| (tasks.len(), f.command.clone())),
+            final_shape: manifest.final_shape(),
             tasks: vec![(0, Arc::new(tasks))],
             results,
             env: manifest
@@ -86,10 +89,12 @@ impl TaskMaker {
 
     pub(crate) fn msg(&self, task: u64, attempt: u32, preemptions: u32) -> Option<TaskMsg> {
         let mut env = self.env.clone();
+        let mut shape = None;
         let command = match &self.final_step {
             Some((number, command)) if *number == task => {
                 env.push(("GLEANER_RESULTS".to_owned(), self.results.clone()));
                 env.push(("GLEANER_FINAL".to_owned(), "1".to_owned()));
+                shape = self.final_shape;
                 command.clone()
             }
             _ => {
@@ -119,6 +124,7 @@ impl TaskMaker {
             preempt_signal: self.preempt_signal.clone(),
             preempt_grace_ms: self.preempt_grace_ms,
             max_attempts: self.max_attempts,
+            shape,
         })
     }
 }

@@ -291,9 +291,10 @@ impl Sweep {
     ) -> Vec<Effect> {
         let job = ledger.id();
         let manifest = ledger.manifest();
+        let shape = ledger.current_shape();
         let need = share::Need {
             unfinished: ledger.book().counts().unfinished(),
-            task_slots: manifest.slots,
+            task_slots: shape.slots,
             max_slots: manifest.max_launchers,
         };
         let accepted = share::accepted(slots, need, u64::from(self.launchers.total_slots()));
@@ -310,8 +311,8 @@ impl Sweep {
                     job: job.clone(),
                     grant,
                     slots: accepted,
-                    task_slots: need.task_slots,
-                    task_needs: manifest.task_needs(),
+                    task_slots: shape.slots,
+                    task_needs: shape.needs,
                     owner: ledger.file().owner.clone(),
                     credentials: ledger.launcher_credentials().cloned(),
                 },

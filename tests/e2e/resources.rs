@@ -75,3 +75,20 @@ fn local_gpus_go_one_per_task() {
         "{used:?}"
     );
 }
+
+#[test]
+fn a_final_step_of_its_own_shape_runs_on_launchers_of_that_shape() {
+    let mut g = gleaner("final-shape");
+    g.up(4);
+    let manifest = format!(
+        "{}[final]\ncommand = \"echo $GLEANER_SLOTS\"\nslots = 3\n",
+        sweep("merge-wide", 6, "echo {n}")
+    );
+    let job = g.submit(&manifest);
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
+    let stdout =
+        std::fs::read_to_string(g.results_dir(&job).join("final/stdout")).unwrap_or_default();
+    assert_eq!(stdout, "3\n", "run by a launcher of 3 slots");
+    let file = g.job_file(&job).unwrap_or_default();
+    assert_eq!(file["final"]["status"], "succeeded", "{file}");
+}
