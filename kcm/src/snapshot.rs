@@ -251,11 +251,13 @@ impl Snapshot {
             .collect()
     }
 
-    /// Slots each job's running placeholders hold, per host (in the
-    /// snapshot's host order), in one pass over the placeholders.
-    fn held_per_host(&self) -> Vec<BTreeMap<JobId, u32>> {
+    /// What each job's running placeholders hold per host (in the
+    /// snapshot's host order), added up by `add`, in one pass over the
+    /// placeholders.
+    fn per_host<T: Default>(&self, add: impl Fn(&mut T, &Placeholder)) -> Vec<BTreeMap<JobId, T>> {
         let index = self.host_index();
-        let mut held = vec![BTreeMap::<JobId, u32>::new(); self.hosts.len()];
+        let mut held: Vec<BTreeMap<JobId, T>> =
+            (0..self.hosts.len()).map(|_| BTreeMap::new()).collect();
         for placeholder in &self.placeholders {
             let Some(&i) = placeholder
                 .host
@@ -264,28 +266,22 @@ impl Snapshot {
             else {
                 continue;
             };
-            let slots = held[i].entry(placeholder.job.clone()).or_default();
-            *slots = slots.saturating_add(placeholder.slots);
+            add(
+                held[i].entry(placeholder.job.clone()).or_default(),
+                placeholder,
+            );
         }
         held
     }
 
+    /// Slots each job's running placeholders hold, per host.
+    fn held_per_host(&self) -> Vec<BTreeMap<JobId, u32>> {
+        self.per_host(|slots: &mut u32, p| *slots = slots.saturating_add(p.slots))
+    }
+
     /// Memory and GPUs each job's running placeholders hold, per host.
     fn needs_per_host(&self) -> Vec<BTreeMap<JobId, Needs>> {
-        let index = self.host_index();
-        let mut held = vec![BTreeMap::<JobId, Needs>::new(); self.hosts.len()];
-        for placeholder in self.placeholders.iter().filter(|p| !p.needs.is_none()) {
-            let Some(&i) = placeholder
-                .host
-                .as_deref()
-                .and_then(|h| index.get(&host_key(h)))
-            else {
-                continue;
-            };
-            let needs = held[i].entry(placeholder.job.clone()).or_default();
-            *needs = *needs + placeholder.needs;
-        }
-        held
+        self.per_host(|needs: &mut Needs, p| *needs = *needs + p.needs)
     }
 
     /// Each host as the local policy sees it.

@@ -63,3 +63,12 @@ pub fn assert_one_task_per_gpu(
     assert_eq!(index.len(), tasks, "every task has a result");
     used
 }
+
+/// The most placeholders on one host, of those running where `hosts` says.
+pub fn most_on_one_host(hosts: impl IntoIterator<Item = String>) -> usize {
+    let mut per_host: BTreeMap<String, usize> = BTreeMap::new();
+    for host in hosts {
+        *per_host.entry(host).or_default() += 1;
+    }
+    per_host.into_values().max().unwrap_or(0)
+}

@@ -10,8 +10,8 @@ use std::{
 
 use gleaner_protocol::naming::placeholder_name;
 use gleaner_testkit::{
-    Gleaner, SgeQueues, assert_one_task_per_gpu, finish, gpu_sweep, qsub, sge, sge_gpus_lock,
-    sweep, wait_for,
+    Gleaner, SgeQueues, assert_one_task_per_gpu, finish, gpu_sweep, most_on_one_host, qsub, sge,
+    sge_gpus_lock, sweep, wait_for,
 };
 
 use crate::{MINUTE, gleaner};
@@ -123,25 +123,7 @@ fn watch_until(
 fn a_one_host_local_job_empties_one_host_and_no_other() {
     let (queues, g, job, before) = full_grid("mh-one", "", 150, 12);
     let local = smp_job(&queues.names[0], HOST_SLOTS, 3);
-    let mut host = None;
-    let gone = watch_until(
-        &queues,
-        &job,
-        &before,
-        "the local job to start",
-        MINUTE,
-        || {
-            host = host_of(&queues, &local);
-            host.is_some()
-        },
-    );
-    let host = host.unwrap_or_default();
-    let hosts_hit: BTreeSet<&String> = gone.iter().map(|id| &before[id]).collect();
-    assert_eq!(
-        hosts_hit,
-        BTreeSet::from([&host]),
-        "only launchers on {host} were stopped; gone: {gone:?} of {before:?}"
-    );
+    only_its_host_gives_way(&queues, &job, &before, &local);
     assert!(g.log("up").contains("local jobs wait: shrinking"));
     g.assert_all_done_once(&job, 150);
 }
@@ -322,11 +304,7 @@ fn a_gpu_sweep_on_grid_engine_runs_one_task_per_gpu_each_claimed_by_its_launcher
     let job = g.submit(&manifest);
     let mut most = 0;
     wait_for("the GPU sweep to end", 3 * MINUTE, || {
-        let mut per_host: BTreeMap<String, usize> = BTreeMap::new();
-        for host in running(&queues, &job).into_values() {
-            *per_host.entry(host).or_default() += 1;
-        }
-        most = most.max(per_host.into_values().max().unwrap_or(0));
+        most = most.max(most_on_one_host(running(&queues, &job).into_values()));
         g.job_state(&job).is_some_and(|s| s == "done")
     });
     assert!(
@@ -338,6 +316,36 @@ fn a_gpu_sweep_on_grid_engine_runs_one_task_per_gpu_each_claimed_by_its_launcher
         used.values().any(|devices| devices.len() == 2),
         "both GPUs of a host in use: {used:?}"
     );
+}
+
+/// Waits for the local job `local` to start; of the launchers of `job`
+/// running `before`, only those of its host went. Returns them.
+fn only_its_host_gives_way(
+    queues: &SgeQueues,
+    job: &str,
+    before: &BTreeMap<String, String>,
+    local: &str,
+) -> BTreeSet<String> {
+    let mut host = None;
+    let gone = watch_until(
+        queues,
+        job,
+        before,
+        "the local job to start",
+        MINUTE,
+        || {
+            host = host_of(queues, local);
+            host.is_some()
+        },
+    );
+    let host = host.unwrap_or_default();
+    let hosts_hit: BTreeSet<&String> = gone.iter().map(|id| &before[id]).collect();
+    assert_eq!(
+        hosts_hit,
+        BTreeSet::from([&host]),
+        "only launchers on {host} were stopped; gone: {gone:?} of {before:?}"
+    );
+    gone
 }
 
 /// A local job of one slot in the queue, asking for `request` (`-l`).
@@ -377,25 +385,7 @@ fn a_local_job_wanting_most_of_a_hosts_memory_empties_that_host_only() {
     // One slot and 3000M: three launchers of one host go, and no other.
     let local = requesting_job(queue, "mem_free=3000M", 3);
     let before = running(&queues, &job);
-    let mut host = None;
-    let gone = watch_until(
-        &queues,
-        &job,
-        &before,
-        "the local job to start",
-        MINUTE,
-        || {
-            host = host_of(&queues, &local);
-            host.is_some()
-        },
-    );
-    let host = host.unwrap_or_default();
-    let hosts_hit: BTreeSet<&String> = gone.iter().map(|id| &before[id]).collect();
-    assert_eq!(
-        hosts_hit,
-        BTreeSet::from([&host]),
-        "only launchers on {host} were stopped; gone: {gone:?} of {before:?}"
-    );
+    let gone = only_its_host_gives_way(&queues, &job, &before, &local);
     assert!(gone.len() >= 3, "3000M of 1000M launchers: {gone:?}");
     g.assert_all_done_once(&job, 150);
 }
@@ -411,25 +401,7 @@ fn a_local_job_wanting_a_gpu_preempts_one_gpu_launcher_of_one_host() {
         6,
     );
     let local = requesting_job(&queues.names[0], "gpu=1", 3);
-    let mut host = None;
-    let gone = watch_until(
-        &queues,
-        &job,
-        &before,
-        "the local job to start",
-        MINUTE,
-        || {
-            host = host_of(&queues, &local);
-            host.is_some()
-        },
-    );
-    let host = host.unwrap_or_default();
-    let hosts_hit: BTreeSet<&String> = gone.iter().map(|id| &before[id]).collect();
-    assert_eq!(
-        hosts_hit,
-        BTreeSet::from([&host]),
-        "a GPU launcher of {host} went, and none elsewhere: {gone:?} of {before:?}"
-    );
+    only_its_host_gives_way(&queues, &job, &before, &local);
     assert_eq!(g.wait_for_end(&job, 3 * MINUTE), "done");
     assert_one_task_per_gpu(&g, &job, 150);
 }

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_protocol::naming::placeholder_name;
 use gleaner_testkit::{
-    SgeQueues, SlurmCluster, assert_one_task_per_gpu, by_task, finish, gpu_sweep, sbatch, sweep,
-    wait_for,
+    SgeQueues, SlurmCluster, assert_one_task_per_gpu, by_task, finish, gpu_sweep, most_on_one_host,
+    sbatch, sweep, wait_for,
 };
 use nix::sys::signal::Signal;
 
@@ -45,6 +45,33 @@ fn node_of(slurm: &SlurmCluster, id: &str) -> Option<String> {
         .into_iter()
         .find(|j| j.id == id && j.state == "RUNNING")
         .map(|j| j.node)
+}
+
+/// The job's placeholders once they run on every CPU of the partition.
+fn filled(slurm: &SlurmCluster, job: &str) -> BTreeMap<String, String> {
+    let mut before = BTreeMap::new();
+    wait_for("the sweep to fill the partition", 2 * MINUTE, || {
+        before = running(slurm, job);
+        before.len() == NODES * NODE_CPUS
+    });
+    before
+}
+
+/// Waits until the local job `local` runs, adding the placeholders running
+/// `before` that went to `gone`; its node.
+fn started(
+    slurm: &SlurmCluster,
+    job: &str,
+    before: &BTreeMap<String, String>,
+    gone: &mut BTreeSet<String>,
+    local: &str,
+) -> String {
+    let mut node = None;
+    watch(slurm, job, before, gone, "the local job to start", || {
+        node = node_of(slurm, local);
+        node.is_some()
+    });
+    node.unwrap_or_default()
 }
 
 /// Waits until `done`, adding the placeholders running `before` that went
@@ -97,11 +124,7 @@ fn local_jobs_start_while_the_sweep_runs_and_only_the_launchers_needed_go() {
     g.write("gleaner.toml", &config());
     g.start("up", &["up"]);
     let job = g.submit(&sweep("fill", 240, "sleep 2; echo {n}"));
-    let mut before = BTreeMap::new();
-    wait_for("the sweep to fill the partition", 2 * MINUTE, || {
-        before = running(&slurm, &job);
-        before.len() == NODES * NODE_CPUS
-    });
+    let before = filled(&slurm, &job);
     let mut gone = BTreeSet::new();
     let one = sbatch(&["-p", SlurmCluster::LOCAL, "-n1", "--wrap", "sleep 120"]);
     watch(
@@ -121,19 +144,7 @@ fn local_jobs_start_while_the_sweep_runs_and_only_the_launchers_needed_go() {
         "--wrap",
         "sleep 120",
     ]);
-    let mut node = None;
-    watch(
-        &slurm,
-        &job,
-        &before,
-        &mut gone,
-        "the whole-node local job to start",
-        || {
-            node = node_of(&slurm, &whole);
-            node.is_some()
-        },
-    );
-    let node = node.unwrap_or_default();
+    let node = started(&slurm, &job, &before, &mut gone, &whole);
     let hit: Vec<&String> = gone.iter().map(|id| &before[id]).collect();
     assert_eq!(
         hit.iter().filter(|n| ***n == node).count(),
@@ -153,11 +164,7 @@ fn a_restarted_kcm_adopts_the_placeholders_and_submits_no_second_array() {
     g.start("runner", &["runner"]);
     let kcm = g.start("kcm", &["kcm", "--cluster", "s1"]);
     let job = g.submit(&sweep("adopted", 120, "sleep 2; echo {n}"));
-    let mut before = BTreeMap::new();
-    wait_for("the sweep to fill the partition", 2 * MINUTE, || {
-        before = running(&slurm, &job);
-        before.len() == NODES * NODE_CPUS
-    });
+    let before = filled(&slurm, &job);
     g.signal(kcm, Signal::SIGKILL);
     g.start("kcm2", &["kcm", "--cluster", "s1"]);
     g.assert_all_done_once(&job, 120);
@@ -184,11 +191,7 @@ fn slurm_preempting_a_placeholder_itself_loses_nothing_and_requeues_nothing() {
     g.start("runner", &["runner"]);
     let kcm = g.start("kcm", &["kcm", "--cluster", "s1"]);
     let job = g.submit(&sweep("scavenging", 120, "sleep 2; echo {n}"));
-    let mut before = BTreeMap::new();
-    wait_for("the sweep to fill the partition", 2 * MINUTE, || {
-        before = running(&slurm, &job);
-        before.len() == NODES * NODE_CPUS
-    });
+    let before = filled(&slurm, &job);
     // Without its kcm gleaner does not see the site's job: Slurm alone
     // makes room for it, by preempting placeholders.
     g.signal(kcm, Signal::SIGTERM);
@@ -280,11 +283,7 @@ fn a_gpu_sweep_on_slurm_runs_one_task_per_gpu_and_tasks_by_memory() {
     let job = g.submit(&manifest);
     let mut most = 0;
     wait_for("the GPU sweep to end", 3 * MINUTE, || {
-        let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
-        for node in running(&slurm, &job).into_values() {
-            *per_node.entry(node).or_default() += 1;
-        }
-        most = most.max(per_node.into_values().max().unwrap_or(0));
+        most = most.max(most_on_one_host(running(&slurm, &job).into_values()));
         g.job_state(&job).is_some_and(|s| s == "done")
     });
     assert!(
@@ -316,11 +315,7 @@ fn a_local_job_wanting_most_of_a_nodes_memory_empties_that_node_only() {
         sweep("fill", 240, "sleep 2; echo {n}")
     );
     let job = g.submit(&manifest);
-    let mut before = BTreeMap::new();
-    wait_for("the sweep to fill the partition", 2 * MINUTE, || {
-        before = running(&slurm, &job);
-        before.len() == NODES * NODE_CPUS
-    });
+    let before = filled(&slurm, &job);
     let mut gone = BTreeSet::new();
     let local = sbatch(&[
         "-p",
@@ -330,19 +325,7 @@ fn a_local_job_wanting_most_of_a_nodes_memory_empties_that_node_only() {
         "--wrap",
         "sleep 120",
     ]);
-    let mut node = None;
-    watch(
-        &slurm,
-        &job,
-        &before,
-        &mut gone,
-        "the local job to start",
-        || {
-            node = node_of(&slurm, &local);
-            node.is_some()
-        },
-    );
-    let node = node.unwrap_or_default();
+    let node = started(&slurm, &job, &before, &mut gone, &local);
     let hit: BTreeSet<&String> = gone.iter().map(|id| &before[id]).collect();
     assert_eq!(hit, BTreeSet::from([&node]), "{gone:?} of {before:?}");
     assert!(gone.len() >= 3, "3000M of 1000M launchers: {gone:?}");
