@@ -124,7 +124,7 @@ pub fn resource_delay(exe: &Path) -> anyhow::Result<()> {
     let memory = Load {
         config: String::new(),
         sweeps: vec![format!(
-            "memory = \"1000M\"\n{}",
+            "memory = \"900M\"\n{}",
             sweep("load", 100_000, "sleep 60")
         )],
         launchers: GRID_HOSTS * 4,

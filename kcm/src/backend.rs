@@ -2,7 +2,7 @@
 
 use std::{future::Future, process::Stdio, time::Duration};
 
-use gleaner_manifest::{JobId, TaskShape, is_env_name};
+use gleaner_manifest::{JobId, Needs, TaskShape, is_env_name};
 use gleaner_protocol::{
     ClusterName, ComponentSpec, Credentials,
     naming::{LauncherArgs, launcher_id_word},
@@ -313,6 +313,8 @@ impl LauncherCommand {
             line.push_str(&quote(arg));
         }
         let cluster = quote(cluster.as_str());
+        // Each quoted: joined by commas, the shell reads one word of them.
+        let gpu_devices: Vec<String> = self.gpu_devices.iter().map(|d| quote(d)).collect();
         let launcher = LauncherArgs {
             job: &quote(job.as_str()),
             cluster: &cluster,
@@ -321,7 +323,7 @@ impl LauncherCommand {
             slots,
             task_slots: task.slots,
             task_needs: task.needs,
-            gpu_devices: &self.gpu_devices,
+            gpu_devices: &gpu_devices,
             walltime,
         };
         for arg in launcher.to_vec() {
@@ -331,6 +333,24 @@ impl LauncherCommand {
         script.push_str(&line);
         script.push('\n');
         script
+    }
+}
+
+/// Memory a launcher holds itself, asked beside its tasks' where they ask
+/// for memory: a batch system that enforces a placeholder's memory would
+/// otherwise kill the launcher with tasks within their limits.
+pub const LAUNCHER_MEMORY_MB: u64 = 64;
+
+/// What a placeholder of `slots` slots asks for beside them: its whole
+/// tasks' needs, and the launcher's own memory where they ask for memory.
+pub fn placeholder_needs(task: TaskShape, slots: u32) -> Needs {
+    let needs = task.needs_of(slots);
+    Needs {
+        memory_mb: match needs.memory_mb {
+            0 => 0,
+            mb => mb.saturating_add(LAUNCHER_MEMORY_MB),
+        },
+        ..needs
     }
 }
 
@@ -461,6 +481,25 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_placeholder_asks_for_its_tasks_memory_and_the_launchers_own() {
+        let task = TaskShape {
+            slots: 2,
+            needs: Needs {
+                memory_mb: 1000,
+                gpus: 1,
+            },
+        };
+        assert_eq!(
+            placeholder_needs(task, 4),
+            Needs {
+                memory_mb: 2000 + LAUNCHER_MEMORY_MB,
+                gpus: 2
+            }
+        );
+        assert_eq!(placeholder_needs(TaskShape::slots(1), 1), Needs::default());
+    }
 
     #[test]
     fn an_owners_component_gets_nothing_of_roots_but_the_spool_files() {

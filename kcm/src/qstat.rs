@@ -51,8 +51,6 @@ struct QueueInstance {
 struct Resource {
     #[serde(rename = "@name", default)]
     name: String,
-    #[serde(rename = "@type", default)]
-    kind: String,
     #[serde(rename = "$text", default)]
     value: String,
 }
@@ -219,15 +217,22 @@ impl Qstat {
                 problems.push(format!("{} is in state {state}", instance.name));
             }
             let mut host = Host::new(host_name, if usable { instance.slots_total } else { 0 });
-            let left = |name: &str| {
+            // `-F` shows the value that limits a resource: what is left of
+            // a host's or a queue's consumable (`hc`, `qc`), or the host's
+            // measured value (`hl`) when lower.
+            let left = |name: &str| -> Vec<&str> {
                 instance
                     .resources
                     .iter()
-                    .find(|r| r.name == name && r.kind == "hc")
+                    .filter(|r| r.name == name)
                     .map(|r| r.value.as_str())
+                    .collect()
             };
-            host.free_memory_mb = left(&consumables.memory).and_then(memory_mb);
-            host.free_gpus = left(&consumables.gpu).and_then(count);
+            host.free_memory_mb = left(&consumables.memory)
+                .into_iter()
+                .filter_map(memory_mb)
+                .min();
+            host.free_gpus = left(&consumables.gpu).into_iter().filter_map(count).min();
             for job in &instance.job_list {
                 let id = match &job.tasks {
                     Some(task) => format!("{}.{task}", job.number),
@@ -554,7 +559,7 @@ mod tests {
             <Queue-List><name>g1.q@node3</name><slots_total>4</slots_total>
               <resource name="mem_free" type="hc">2.441G</resource>
               <resource name="gpu" type="hc">1</resource>
-              <resource name="mem_free" type="hl">20.5G</resource>
+              <resource name="gpu" type="qc">3</resource>
               <job_list state="running"><JB_job_number>71</JB_job_number><JB_name>gl-gpus-0123456789abcdef</JB_name>
                 <JB_owner>root</JB_owner><state>r</state><slots>2</slots><tasks>3</tasks>
                 <hard_request name="mem_free" resource_contribution="0.000000">750M</hard_request>

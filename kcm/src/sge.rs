@@ -20,8 +20,8 @@ use tracing::warn;
 use crate::{
     backend::RunAs,
     backend::{
-        Backend, BackendError, ComponentFiles, LauncherCommand, as_account, remove_all, run,
-        submit_arrays,
+        Backend, BackendError, ComponentFiles, LauncherCommand, as_account, placeholder_needs,
+        remove_all, run, submit_arrays,
     },
     contain::Account,
     qstat::{self, AllocationRule, Consumables, allocation_rule},
@@ -155,7 +155,7 @@ impl SgeBackend {
     ) -> Result<(), BackendError> {
         let c = &self.config;
         let queue = self.placeholder_queue()?;
-        let needs = task.needs_of(each);
+        let needs = placeholder_needs(task, each);
         let args = placeholder_args(c, job, queue, count, each, needs, &std::env::temp_dir());
         let launcher = c.launcher.for_run_as(run_as);
         let script = launcher.script(
@@ -291,7 +291,7 @@ fn component_args(
 fn resource_requests(c: &SgeConfig, slots: u32, needs: Needs) -> Vec<String> {
     let mut requests = Vec::new();
     if needs.memory_mb > 0 {
-        let per_slot = needs.memory_mb.div_ceil(u64::from(slots.max(1)));
+        let per_slot = needs.memory_per_slot_mb(slots);
         requests.push(format!("{}={per_slot}M", c.memory_resource));
     }
     if needs.gpus > 0 {
@@ -364,6 +364,13 @@ impl Backend for SgeBackend {
         task: TaskShape,
         run_as: Option<RunAs<'_>>,
     ) -> Result<u32, BackendError> {
+        if task.needs.gpus > 0 && self.config.launcher.gpu_devices.is_empty() {
+            // Grid Engine counts GPUs but does not say which are whose.
+            return Err(BackendError {
+                command: "qsub".to_owned(),
+                message: "the job's tasks need GPUs, and this cluster lists none (`gpus`): its launchers could not tell which devices are theirs".to_owned(),
+            });
+        }
         let this = &*self;
         let size = this.config.launcher_slots;
         submit_arrays(job, slots, size, task.slots, |count, each| {
@@ -556,6 +563,25 @@ mod tests {
         );
         let single = component_args(&config, &spec(1, None), false, Path::new("/tmp")).join(" ");
         assert!(!single.contains("-pe"), "{single}");
+    }
+
+    #[test]
+    fn a_gpu_launcher_is_told_its_tasks_needs_and_the_hosts_gpus_quoted() {
+        let mut command = backend().config.launcher;
+        command.gpu_devices = vec!["0".into(), "GPU-1;x".into()];
+        let job: JobId = "j-0000000000000001".parse().unwrap();
+        let shape = TaskShape {
+            slots: 1,
+            needs: Needs {
+                memory_mb: 2048,
+                gpus: 1,
+            },
+        };
+        let script = command.script(&"c1".into(), &job, 2, shape, None, "\"$JOB_ID\"");
+        assert!(
+            script.contains("--task-memory 2048M --task-gpus 1 --gpu-devices '0','GPU-1;x'"),
+            "{script}"
+        );
     }
 
     #[test]

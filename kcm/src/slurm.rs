@@ -23,8 +23,8 @@ use gleaner_protocol::{
 use crate::{
     backend::RunAs,
     backend::{
-        Backend, BackendError, ComponentFiles, LauncherCommand, as_account, remove_all, run,
-        submit_arrays,
+        Backend, BackendError, ComponentFiles, LauncherCommand, as_account, placeholder_needs,
+        remove_all, run, submit_arrays,
     },
     contain::Account,
     snapshot::Snapshot,
@@ -95,7 +95,7 @@ impl SlurmBackend {
             job,
             count,
             each,
-            task.needs_of(each),
+            placeholder_needs(task, each),
             &std::env::temp_dir(),
         );
         let launcher = c.launcher.for_run_as(run_as);
@@ -206,11 +206,14 @@ fn component_args(
     }
     // Memory per CPU, as the component's slots may be spread over nodes.
     if spec.needs.memory_mb > 0 {
-        let per_slot = spec.needs.memory_mb.div_ceil(u64::from(spec.slots.max(1)));
+        let per_slot = spec.needs.memory_per_slot_mb(spec.slots);
         args.push(format!("--mem-per-cpu={per_slot}M"));
     }
-    if spec.needs.gpus > 0 {
-        args.push(format!("--gpus={}:{}", c.gpu_resource, spec.needs.gpus));
+    // GPUs per node on one node; spread, the job's total (cons_tres).
+    match (spec.needs.gpus, one_host) {
+        (0, _) => {}
+        (gpus, true) => args.push(format!("--gres={}:{gpus}", c.gpu_resource)),
+        (gpus, false) => args.push(format!("--gpus={gpus}")),
     }
     if let Some(walltime) = spec.walltime_ms {
         let limit = Duration::from_millis(walltime);
@@ -444,6 +447,20 @@ mod tests {
         );
         let spread = component_args(&config(), &spec, false, Path::new("/tmp"));
         assert!(!spread.iter().any(|a| a == "--nodes=1"), "{spread:?}");
+        let needing = ComponentSpec {
+            needs: Needs {
+                memory_mb: 6000,
+                gpus: 2,
+            },
+            ..spec
+        };
+        let joined = component_args(&config(), &needing, true, Path::new("/tmp")).join(" ");
+        assert!(
+            joined.contains("--mem-per-cpu=1000M --gres=gpu:2"),
+            "{joined}"
+        );
+        let spread = component_args(&config(), &needing, false, Path::new("/tmp")).join(" ");
+        assert!(spread.contains("--mem-per-cpu=1000M --gpus=2"), "{spread}");
     }
 
     #[test]

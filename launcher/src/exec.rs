@@ -407,7 +407,8 @@ fn signal_group(group: Pid, signal: Signal) {
 }
 
 impl Outcome {
-    fn not_started(error: String, started: Instant) -> Self {
+    /// A run that could not start, for `error`.
+    pub fn not_started(error: String, started: Instant) -> Self {
         Self {
             status: RunStatus::Failed,
             exit_code: None,
@@ -811,6 +812,31 @@ mod tests {
             "killed, not waited for"
         );
 
+        orphans::release();
+    }
+
+    #[tokio::test]
+    async fn memory_forked_workers_share_is_counted_once() {
+        assert!(orphans::contain().is_ok(), "task cgroups are allowed here");
+        let dir = tempfile::tempdir().unwrap();
+        // 80 MiB, then three forked workers sharing it: 320 MiB resident
+        // all told, 80 MiB in fact.
+        let workers = "python3 -c 'import os, time
+b = bytearray(80 << 20)
+for _ in range(3):
+    if os.fork() == 0:
+        time.sleep(2)
+        os._exit(0)
+time.sleep(2)
+os.wait()'";
+        let run = TaskRun {
+            memory_mb: Some(200),
+            ..task(workers, dir.path())
+        };
+        let outcome = super::run(run, Limits::default(), never()).await.unwrap();
+        assert_eq!(outcome.status, RunStatus::Succeeded, "{outcome:?}");
+        let peak = outcome.peak_memory_mb.unwrap_or(0);
+        assert!((60..200).contains(&peak), "counted once: {peak} MiB");
         orphans::release();
     }
 

@@ -45,7 +45,7 @@ use gleaner_protocol::{
 };
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, error_span, info, warn};
+use tracing::{Instrument, debug, error, error_span, info, warn};
 
 use dirs::{Checkpoints, Sandboxes};
 pub use exec::Limits;
@@ -223,10 +223,10 @@ struct Shared {
 }
 
 impl Shared {
-    /// Devices for a task about to run.
-    fn take_gpus(&self, count: u32) -> Vec<String> {
+    /// Devices for a task about to run; `None` if fewer are free.
+    fn take_gpus(&self, count: u32) -> Option<Vec<String>> {
         let mut pool = self.gpus.lock().unwrap_or_else(|e| e.into_inner());
-        pool.take(count).unwrap_or_default()
+        pool.take(count)
     }
 
     fn give_back_gpus(&self, devices: Vec<String>) {
@@ -984,7 +984,20 @@ async fn run_task(shared: Arc<Shared>, held: Held, stop: watch::Receiver<bool>) 
     let limit = config.limits.checkpoint_bytes;
     let given = checkpoint.as_ref().ok().map(|dir| (dir.as_path(), limit));
     let needs = config.task_needs;
-    let devices = shared.take_gpus(needs.gpus);
+    let Some(devices) = shared.take_gpus(needs.gpus) else {
+        // A launcher runs only as many tasks as it holds devices for.
+        error!(
+            task = task.task,
+            gpus = needs.gpus,
+            "no free GPU for the task"
+        );
+        let outcome =
+            exec::Outcome::not_started("no free GPU on its launcher".to_owned(), Instant::now());
+        return Done::Ran(Box::new(Held {
+            outcome: Some(outcome),
+            ..held
+        }));
+    };
     let env = task::environment(task, config.task_slots, &devices, given);
     let sandbox = shared.sandboxes.take();
     let preempt = task

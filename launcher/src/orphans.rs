@@ -255,34 +255,66 @@ pub fn ended(pid: i32) {
     kill_strays(&running);
 }
 
-/// Bytes the processes of a running task hold in memory together: those
-/// in its cgroup, wherever they moved; without one, those of its group and
-/// its descendants.
+/// Bytes the processes of a running task hold in memory together (their
+/// proportional set sizes: pages they share, as forked workers do, counted
+/// once): those in its cgroup and the cgroups it made under it, wherever
+/// they moved; without one, those of its group and its descendants.
 pub fn resident_bytes(task: i32) -> u64 {
     let in_cgroup: Option<Vec<i32>> = {
         let running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
         let tree = TASK_CGROUPS.get().and_then(Option::as_ref);
         match (tree, running.get(&task)) {
-            (Some(tree), Some(Some((name, _)))) => {
-                std::fs::read_to_string(tree.path().join(name).join("cgroup.procs"))
-                    .ok()
-                    .map(|procs| {
-                        procs
-                            .lines()
-                            .filter_map(|pid| pid.trim().parse().ok())
-                            .collect()
-                    })
-            }
+            (Some(tree), Some(Some((name, _)))) => Some(cgroup_members(&tree.path().join(name))),
             _ => None,
         }
     };
     let members = in_cgroup.unwrap_or_else(|| group_and_descendants(task));
-    let page = procfs::page_size();
+    members.into_iter().map(proportional_bytes).sum()
+}
+
+/// The processes of a cgroup and of the cgroups under it (a task may make
+/// its own: its tree is its account's).
+fn cgroup_members(dir: &Path) -> Vec<i32> {
+    let mut members = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    // Bounded: a task's tree of cgroups is not the launcher's to walk forever.
+    while let Some(dir) = dirs.pop().filter(|_| members.len() < 100_000) {
+        if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+            members.extend(
+                procs
+                    .lines()
+                    .filter_map(|pid| pid.trim().parse::<i32>().ok()),
+            );
+        }
+        let children = std::fs::read_dir(&dir).into_iter().flatten().flatten();
+        dirs.extend(
+            children
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .map(|e| e.path())
+                .take(1000),
+        );
+    }
     members
-        .into_iter()
-        .filter_map(|pid| procfs::process::Process::new(pid).ok()?.statm().ok())
-        .map(|statm| statm.resident.saturating_mul(page))
-        .sum()
+}
+
+/// A process's proportional set size (`Pss` of `smaps_rollup`), or its
+/// resident set where that cannot be read.
+fn proportional_bytes(pid: i32) -> u64 {
+    let pss = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .ok()
+        .and_then(|rollup| {
+            rollup
+                .lines()
+                .find_map(|line| line.strip_prefix("Pss:"))
+                .and_then(|kb| kb.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        });
+    pss.map(|kb| kb.saturating_mul(1024)).unwrap_or_else(|| {
+        procfs::process::Process::new(pid)
+            .and_then(|p| p.statm())
+            .map_or(0, |statm| {
+                statm.resident.saturating_mul(procfs::page_size())
+            })
+    })
 }
 
 /// The processes of `task`'s group, and those descended from it.

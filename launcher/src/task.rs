@@ -6,23 +6,34 @@ use std::path::Path;
 
 use gleaner_protocol::{RunStatus, TaskMsg};
 
+/// The variables by which GPU runtimes (CUDA, ROCm, OpenCL) and Slurm
+/// name the devices a process may use.
+const DEVICE_VARIABLES: [&str; 5] = [
+    "CUDA_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "SLURM_STEP_GPUS",
+];
+
 /// The task's environment: its manifest's, then gleaner's own variables
 /// (which the manifest cannot override), and `OMP_NUM_THREADS` set to its
 /// slots unless the manifest set it: a threaded library uses the task's
 /// slots, not every core of the host. `checkpoint` is its directory and
-/// the most it may hold, when it has one.
+/// the most it may hold, when it has one; `gpus` its devices.
 pub fn environment(
     task: &TaskMsg,
     task_slots: u32,
     gpus: &[String],
     checkpoint: Option<(&Path, u64)>,
 ) -> Vec<(String, String)> {
-    // Devices are the launcher's to give: a task sees exactly its own,
-    // whatever its manifest says, and none if it asked for none.
+    // Devices are the launcher's to give: a task is given exactly its own,
+    // whatever its manifest or its placeholder's environment says, and
+    // none if it asked for none.
     let mut env: Vec<(String, String)> = task
         .env
         .iter()
-        .filter(|(key, _)| key != "CUDA_VISIBLE_DEVICES")
+        .filter(|(key, _)| !DEVICE_VARIABLES.contains(&key.as_str()))
         .cloned()
         .collect();
     if !env.iter().any(|(key, _)| key == "OMP_NUM_THREADS") {
@@ -34,9 +45,13 @@ pub fn environment(
         ("GLEANER_TASK".to_owned(), task.task.to_string()),
         ("GLEANER_ATTEMPT".to_owned(), task.attempt.to_string()),
         ("GLEANER_SLOTS".to_owned(), task_slots.to_string()),
-        ("CUDA_VISIBLE_DEVICES".to_owned(), devices.clone()),
-        ("GLEANER_GPUS".to_owned(), devices),
+        ("GLEANER_GPUS".to_owned(), devices.clone()),
     ]);
+    env.extend(
+        DEVICE_VARIABLES
+            .iter()
+            .map(|key| ((*key).to_owned(), devices.clone())),
+    );
     if let Some((dir, max_bytes)) = checkpoint {
         env.extend([
             ("GLEANER_CHECKPOINT".to_owned(), dir.display().to_string()),
@@ -127,6 +142,7 @@ mod tests {
             .map(|(_, v)| v.as_str())
             .collect();
         assert_eq!(devices, ["2,3"], "the manifest's own is dropped");
+        assert_eq!(value(&env, "ROCR_VISIBLE_DEVICES"), Some("2,3"));
         assert_eq!(value(&env, "GLEANER_GPUS"), Some("2,3"));
         let env = environment(&own, 1, &[], None);
         assert_eq!(

@@ -30,6 +30,13 @@ impl Needs {
         *self == Self::default()
     }
 
+    /// Memory per slot over `slots`, rounded up: how batch systems that
+    /// count memory by slot (Grid Engine's consumables, Slurm's
+    /// `--mem-per-cpu`) are asked.
+    pub fn memory_per_slot_mb(self, slots: u32) -> u64 {
+        self.memory_mb.div_ceil(u64::from(slots.max(1)))
+    }
+
     /// What `tasks` such tasks need together.
     pub fn times(self, tasks: u32) -> Self {
         Self {
@@ -81,12 +88,6 @@ impl TaskShape {
     /// What a launcher of `slots` slots needs beside them.
     pub fn needs_of(&self, slots: u32) -> Needs {
         self.needs.times(self.tasks_in(slots))
-    }
-
-    /// Memory per slot, rounded up: how batch systems that count memory
-    /// by slot (Grid Engine's consumables) are asked.
-    pub fn memory_per_slot_mb(&self) -> u64 {
-        self.needs.memory_mb.div_ceil(u64::from(self.slots.max(1)))
     }
 }
 
@@ -192,7 +193,9 @@ mod tests {
                 gpus: 2
             }
         );
-        assert_eq!(shape.memory_per_slot_mb(), 1500);
+        assert_eq!(shape.needs.memory_per_slot_mb(shape.slots), 1500);
+        assert_eq!(shape.needs.memory_per_slot_mb(3), 1000);
+        assert_eq!(Needs::default().memory_per_slot_mb(0), 0);
         assert_eq!(TaskShape::slots(3).needs_of(3), Needs::default());
     }
 }

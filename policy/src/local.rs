@@ -150,16 +150,25 @@ impl HostLoad {
         for (free, wanted, amount) in resources {
             let deficit = free.map_or(0, |free| wanted.saturating_sub(free));
             while amount(&taking.freed) < deficit {
-                // The launchers giving most of it per slot.
-                let (job, per_slot) = taking
+                // The launchers giving most of it per slot (`held` of
+                // `slots`, compared without rounding: a launcher of 4
+                // slots and 1 GPU gives a quarter GPU per slot).
+                let (job, held, slots) = taking
                     .left
                     .iter()
                     .filter(|(_, n)| **n > 0)
-                    .map(|(j, n)| (j.clone(), amount(&self.freed_by(j, *n)) / u64::from(*n)))
-                    .filter(|(_, per_slot)| *per_slot > 0)
-                    .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)))?;
-                let wanted_slots = (deficit - amount(&taking.freed)).div_ceil(per_slot);
-                let n = wanted_slots.min(u64::from(taking.left[&job])) as u32;
+                    .map(|(j, n)| (j.clone(), amount(&self.freed_by(j, *n)), u64::from(*n)))
+                    .filter(|(_, held, _)| *held > 0)
+                    .max_by(|(a, held_a, slots_a), (b, held_b, slots_b)| {
+                        (u128::from(*held_a) * u128::from(*slots_b))
+                            .cmp(&(u128::from(*held_b) * u128::from(*slots_a)))
+                            .then_with(|| b.cmp(a))
+                    })?;
+                let missing = deficit - amount(&taking.freed);
+                let wanted_slots = u128::from(missing) * u128::from(slots);
+                let n = wanted_slots
+                    .div_ceil(u128::from(held))
+                    .min(u128::from(slots)) as u32;
                 taking.take(self, &job, n);
             }
         }
@@ -180,8 +189,10 @@ impl HostLoad {
         for (job, n) in plan {
             let freed = self.freed_by(job, *n);
             self.free = self.free.saturating_add(*n);
-            self.free_memory_mb = self.free_memory_mb.map(|m| m + freed.memory_mb);
-            self.free_gpus = self.free_gpus.map(|g| g + freed.gpus);
+            self.free_memory_mb = self
+                .free_memory_mb
+                .map(|m| m.saturating_add(freed.memory_mb));
+            self.free_gpus = self.free_gpus.map(|g| g.saturating_add(freed.gpus));
             if let Some(held) = self.held.get_mut(job) {
                 *held -= (*n).min(*held);
             }
@@ -667,6 +678,24 @@ mod tests {
         ];
         let p = plan(&[big], &hosts, &mut Answered::default(), 0);
         assert_eq!(p.shrink, vec![order("mem", 3, &["n1"])], "3 × 1000M");
+        assert!(p.unplaceable.is_empty());
+    }
+
+    #[test]
+    fn a_wide_launchers_gpu_is_freed_though_each_slot_holds_a_fraction() {
+        // Launchers of 4 slots and 1 GPU: a quarter GPU per slot.
+        let hosts = [rich_host("n1", 4000, 0, &[("wide", 8, 0, 2)])];
+        let p = plan(
+            &[needing("12", 1, 0, 1)],
+            &hosts,
+            &mut Answered::default(),
+            0,
+        );
+        assert_eq!(
+            p.shrink,
+            vec![order("wide", 4, &["n1"])],
+            "one whole launcher"
+        );
         assert!(p.unplaceable.is_empty());
     }
 

@@ -315,18 +315,20 @@ mod gpu_pool {
         }
     }
 
+    /// What the GPU jobs that may have more here want.
+    fn hungry_here(cluster: &ClusterInput, jobs: &[JobInput]) -> u32 {
+        jobs.iter()
+            .filter(|j| !cluster.barred.contains(&j.id) && !cluster.draining.contains(&j.id))
+            .map(|j| j.demand)
+            .sum()
+    }
+
     /// The cluster as CPU jobs share it: the idle slots GPU jobs neither
     /// take nor could take while they want more, and what CPU jobs hold.
-    pub fn cpu_side(
-        cluster: &ClusterInput,
-        gpu: &ClusterInput,
-        hungry: u32,
-        jobs: &[JobInput],
-    ) -> ClusterInput {
-        let kept = if gpu.excluded {
-            0
-        } else {
-            gpu.idle.min(hungry)
+    pub fn cpu_side(cluster: &ClusterInput, gpu: &ClusterInput, jobs: &[JobInput]) -> ClusterInput {
+        let kept = match gpu.excluded {
+            true => 0,
+            false => gpu.idle.min(hungry_here(cluster, jobs)),
         };
         ClusterInput {
             idle: cluster.idle.saturating_sub(kept),
@@ -355,16 +357,18 @@ mod gpu_pool {
             .iter()
             .filter(|c| c.draining.is_empty() && !c.excluded)
         {
+            let mut unmet_here = unmet.min(hungry_here(cluster, jobs));
             for host in cluster.gpu_hosts.iter().flatten() {
                 let missing = gpu_slots(host, jobs)
                     .saturating_sub(host.free_slots)
-                    .min(unmet);
+                    .min(unmet_here);
                 if missing == 0 {
                     continue;
                 }
                 let cpu = only(&host.held, jobs, false);
                 for (job, slots) in split_shrink(missing, &cpu) {
                     unmet -= slots;
+                    unmet_here -= slots;
                     drains.push(Drain {
                         job,
                         cluster: cluster.name.clone(),
@@ -511,7 +515,7 @@ fn plan_with_gpus(
     let cpu_clusters: Vec<ClusterInput> = clusters
         .iter()
         .zip(&gpu_clusters)
-        .map(|(c, gpu)| gpu_pool::cpu_side(c, gpu, hungry, &gpu_jobs))
+        .map(|(c, gpu)| gpu_pool::cpu_side(c, gpu, &gpu_jobs))
         .collect();
     let cpu_plan = plan_pool(&cpu_clusters, cpu_jobs, config);
     let offered: u32 = plan.offers.iter().map(|o| o.slots).sum();
@@ -873,7 +877,11 @@ mod tests {
         );
         assert!(plan.offers.is_empty(), "{plan:?}");
         // Not while drains are in flight there.
-        c1.draining.insert(job("cpu"));
+        let mut draining = c1.clone();
+        draining.draining.insert(job("cpu"));
+        assert!(plan_of(&draining, &jobs).drains.is_empty());
+        // Nor for a GPU job that gets nothing there.
+        c1.barred.insert(job("gpu"));
         assert!(plan_of(&c1, &jobs).drains.is_empty());
     }
 

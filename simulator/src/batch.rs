@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 
 use gleaner_kcm::{ComponentRun, Host, Placeholder, Snapshot, core::SpooledExit};
-use gleaner_manifest::JobId;
+use gleaner_manifest::{JobId, Needs};
 use gleaner_policy::local::WaitingJob;
 use gleaner_protocol::{
     Captured, ClusterName, ControlMsg, LauncherId, LauncherInfo, LauncherStatus, ResultMsg,
@@ -45,6 +45,18 @@ struct LocalJob {
     nodes: u32,
     duration: f64,
     arrived: f64,
+    /// It wants GPU nodes only.
+    gpu: bool,
+}
+
+/// A local job that runs.
+struct Running {
+    nodes: u32,
+    end: f64,
+    /// Of its nodes, those with a GPU.
+    gpu_nodes: u32,
+    /// It uses their GPUs.
+    gpu: bool,
 }
 
 struct Component {
@@ -54,6 +66,8 @@ struct Component {
     nodes: u32,
     length: f64,
     started: Option<f64>,
+    /// Of its nodes, those with a GPU (it uses no GPU).
+    gpu_nodes: u32,
 }
 
 /// A placeholder and the launcher it runs once the batch system starts it.
@@ -74,6 +88,10 @@ struct Launcher {
     /// Preempted or drained while idle: its node is free from then on.
     leaving_at: Option<f64>,
     completed: u64,
+    /// Its tasks use a GPU.
+    gpu: bool,
+    /// It holds a node with a GPU.
+    on_gpu_node: bool,
 }
 
 /// A task a launcher runs.
@@ -87,6 +105,11 @@ struct Run {
 }
 
 impl Launcher {
+    /// The host it runs on: the cluster's plain nodes, or its GPU nodes.
+    fn host(&self, cluster: &ClusterName) -> String {
+        host_name(cluster, self.on_gpu_node)
+    }
+
     /// The heartbeat a launcher sends, and its answer to a poll.
     fn status(&self, cluster: &ClusterName) -> (usize, ControlMsg) {
         let running = self
@@ -101,7 +124,7 @@ impl Launcher {
         let status = LauncherStatus {
             launcher: self.id.clone(),
             cluster: cluster.clone(),
-            host: cluster.to_string(),
+            host: self.host(cluster),
             running,
             completed: self.completed,
             heartbeat_ms: None,
@@ -148,14 +171,17 @@ pub struct Happenings {
 pub struct Batch {
     pub name: ClusterName,
     pub nodes: u32,
+    /// Of the nodes, those with a GPU each.
+    gpu_nodes: u32,
+    /// The fraction of local jobs that want GPU nodes.
+    gpu_share: f64,
     speed: f64,
     rng: StdRng,
     arrival_rate: f64,
     next_arrival: f64,
     next_local: u64,
     queue: VecDeque<LocalJob>,
-    /// Running local jobs: (nodes, end).
-    local: Vec<(u32, f64)>,
+    local: Vec<Running>,
     components: Vec<Component>,
     /// Exit statuses of the components that ended, until the kcm deletes
     /// them (the spool directory).
@@ -181,17 +207,26 @@ impl Batch {
         let arrival_rate = local_load * f64::from(nodes) / (mean_nodes * mean_duration.max(1.0));
         // Each job already running has an exponential (memoryless) time left.
         let target = (local_load * f64::from(nodes)).round() as u32;
+        let plain = nodes - spec.gpu_nodes.min(nodes);
         let mut local = Vec::new();
         let mut used = 0;
         while used < target {
             let n = rng.random_range(low..=high).min(target - used).max(1);
-            local.push((n, exponential(&mut rng, 1.0 / mean_duration.max(1.0))));
+            local.push(Running {
+                nodes: n,
+                end: exponential(&mut rng, 1.0 / mean_duration.max(1.0)),
+                // Plain nodes first, as the batch system places them.
+                gpu_nodes: (used + n).saturating_sub(plain).min(n),
+                gpu: false,
+            });
             used += n;
         }
         let next_arrival = exponential(&mut rng, arrival_rate);
         Self {
             name: spec.name.clone(),
             nodes,
+            gpu_nodes: spec.gpu_nodes.min(nodes),
+            gpu_share: local_jobs.gpu_share,
             speed: spec.speed,
             rng,
             arrival_rate,
@@ -208,7 +243,7 @@ impl Batch {
     }
 
     fn local_nodes(&self) -> u32 {
-        self.local.iter().map(|(n, _)| n).sum()
+        self.local.iter().map(|r| r.nodes).sum()
     }
 
     fn grid_nodes(&self) -> u32 {
@@ -219,21 +254,51 @@ impl Batch {
             .sum()
     }
 
-    fn free(&self) -> u32 {
-        let launchers = self
-            .launchers
+    /// Free nodes: (without a GPU, with one).
+    fn free(&self) -> (u32, u32) {
+        let mut gpu_used = 0;
+        let mut used = 0;
+        for r in &self.local {
+            used += r.nodes;
+            gpu_used += r.gpu_nodes;
+        }
+        for c in self.components.iter().filter(|c| c.started.is_some()) {
+            used += c.nodes;
+            gpu_used += c.gpu_nodes;
+        }
+        for l in self.launchers.iter().filter(|l| l.dispatched.is_some()) {
+            used += 1;
+            gpu_used += u32::from(l.on_gpu_node);
+        }
+        let plain = self.nodes - self.gpu_nodes;
+        (
+            plain.saturating_sub(used - gpu_used),
+            self.gpu_nodes.saturating_sub(gpu_used),
+        )
+    }
+
+    /// GPUs no job or launcher that uses one holds (a node with a GPU may
+    /// run a job that uses none).
+    fn free_gpus(&self) -> u32 {
+        let held = self
+            .local
             .iter()
-            .filter(|l| l.dispatched.is_some())
-            .count() as u32;
-        self.nodes
-            .saturating_sub(self.local_nodes() + self.grid_nodes() + launchers)
+            .filter(|r| r.gpu)
+            .map(|r| r.gpu_nodes)
+            .sum::<u32>()
+            + self
+                .launchers
+                .iter()
+                .filter(|l| l.dispatched.is_some() && l.gpu)
+                .count() as u32;
+        self.gpu_nodes.saturating_sub(held)
     }
 
     /// Jobs end and launchers work for `dt` up to `t`: they beat, report
     /// each finished task and take the next from their job's queue; those
     /// that are done leave.
     pub fn progress(&mut self, t: f64, dt: f64, tasks: &mut [Tasks], out: &mut Happenings) {
-        self.local.retain(|(_, end)| *end > t);
+        self.local.retain(|r| r.end > t);
         let spool = &mut self.spool;
         self.components.retain(|c| match c.started {
             Some(start) if start + c.length <= t => {
@@ -309,11 +374,21 @@ impl Batch {
         while self.arrival_rate > 0.0 && self.next_arrival <= t {
             let nodes = self.rng.random_range(low..=high).min(self.nodes);
             let duration = exponential(&mut self.rng, 1.0 / mean_duration);
+            // Drawn only where some want GPUs: the other scenarios' jobs
+            // stay as they were.
+            let gpu = self.gpu_share > 0.0
+                && self.gpu_nodes > 0
+                && self.rng.random_range(0.0..1.0) < self.gpu_share;
             self.queue.push_back(LocalJob {
                 id: format!("{}-{}", self.name, self.next_local),
-                nodes,
+                nodes: if gpu {
+                    nodes.min(self.gpu_nodes)
+                } else {
+                    nodes
+                },
                 duration,
                 arrived: self.next_arrival,
+                gpu,
             });
             self.next_local += 1;
             let gap = exponential(&mut self.rng, self.arrival_rate);
@@ -327,30 +402,46 @@ impl Batch {
     pub fn dispatch(&mut self, t: f64, out: &mut Happenings) {
         for i in 0..self.components.len() {
             let c = &self.components[i];
-            if c.started.is_none() && self.free() >= c.nodes {
+            if c.started.is_some() {
+                continue;
+            }
+            if let Some(gpu_nodes) = place(self.free(), c.nodes, false) {
                 out.components_started.push((c.job.clone(), c.index));
                 self.components[i].started = Some(t);
+                self.components[i].gpu_nodes = gpu_nodes;
             }
         }
         while let Some(head) = self.queue.front() {
-            if self.free() < head.nodes {
+            let Some(gpu_nodes) = place(self.free(), head.nodes, head.gpu) else {
                 break;
-            }
+            };
             let Some(job) = self.queue.pop_front() else {
                 break;
             };
             out.local_started.push((job.id, t - job.arrived));
-            self.local.push((job.nodes, t + job.duration));
+            self.local.push(Running {
+                nodes: job.nodes,
+                end: t + job.duration,
+                gpu_nodes,
+                gpu: job.gpu,
+            });
         }
         if !self.queue.is_empty() || self.components.iter().any(|c| c.started.is_none()) {
             return;
         }
         let mut free = self.free();
         for l in self.launchers.iter_mut().filter(|l| l.dispatched.is_none()) {
-            if free == 0 {
-                break;
+            let Some(gpu_nodes) = place(free, 1, l.gpu) else {
+                if free == (0, 0) {
+                    break;
+                }
+                continue;
+            };
+            l.on_gpu_node = gpu_nodes == 1;
+            match l.on_gpu_node {
+                true => free.1 -= 1,
+                false => free.0 -= 1,
             }
-            free -= 1;
             // The launcher announces itself as its placeholder starts, so
             // its runner knows every launcher that holds a node.
             l.dispatched = Some(t);
@@ -361,7 +452,7 @@ impl Batch {
                 ControlMsg::LauncherUp(LauncherInfo {
                     launcher: l.id.clone(),
                     cluster: self.name.clone(),
-                    host: self.name.to_string(),
+                    host: l.host(&self.name),
                     slots: 1,
                     started_at: millis(t),
                     deadline: None,
@@ -371,9 +462,9 @@ impl Batch {
         }
     }
 
-    /// Queues one single-slot placeholder per slot; each takes its first
-    /// task `start` after submission at the earliest.
-    pub fn submit_launchers(&mut self, job: usize, slots: u32, t: f64, start: f64) {
+    /// Queues one single-slot placeholder per slot, on a GPU node if `gpu`;
+    /// each takes its first task `start` after submission at the earliest.
+    pub fn submit_launchers(&mut self, job: usize, slots: u32, gpu: bool, t: f64, start: f64) {
         for _ in 0..slots {
             let batch_id = self.batch_id();
             self.launchers.push(Launcher {
@@ -387,6 +478,8 @@ impl Batch {
                 draining: false,
                 leaving_at: None,
                 completed: 0,
+                gpu,
+                on_gpu_node: false,
             });
         }
     }
@@ -400,6 +493,7 @@ impl Batch {
             nodes,
             length,
             started: None,
+            gpu_nodes: 0,
         });
     }
 
@@ -488,18 +582,44 @@ impl Batch {
     /// What the kcm reads: the batch system, and the exit statuses in the
     /// spool.
     pub fn read(&self, jobs: &[JobId]) -> (Snapshot, Vec<SpooledExit>) {
-        // The cluster is one host of `nodes` slots: DAS-3's jobs take
-        // whole nodes, any of them, so no waiting job needs a particular one.
+        // The cluster is one host of its plain nodes, and one of its GPU
+        // nodes if it has any: DAS-3's jobs take whole nodes, any of
+        // them, so no waiting job needs a particular one.
+        let on_gpu = |nodes: u32, gpu_nodes: u32, gpu_host: bool| match gpu_host {
+            true => gpu_nodes,
+            false => nodes - gpu_nodes,
+        };
+        let host = |gpu_host: bool, slots: u32| Host {
+            local: self
+                .local
+                .iter()
+                .map(|r| on_gpu(r.nodes, r.gpu_nodes, gpu_host))
+                .sum(),
+            grid: self
+                .components
+                .iter()
+                .filter(|c| c.started.is_some())
+                .map(|c| on_gpu(c.nodes, c.gpu_nodes, gpu_host))
+                .sum(),
+            free_gpus: gpu_host.then(|| self.free_gpus()),
+            ..Host::new(host_name(&self.name, gpu_host), slots)
+        };
+        let mut hosts = vec![host(false, self.nodes - self.gpu_nodes)];
+        if self.gpu_nodes > 0 {
+            hosts.push(host(true, self.gpu_nodes));
+        }
         let snapshot = Snapshot {
-            hosts: vec![Host {
-                local: self.local_nodes(),
-                grid: self.grid_nodes(),
-                ..Host::new(self.name.as_str(), self.nodes)
-            }],
+            hosts,
             waiting: self
                 .queue
                 .iter()
-                .map(|j| WaitingJob::anywhere(j.id.clone(), j.nodes))
+                .map(|j| WaitingJob {
+                    needs: Needs {
+                        memory_mb: 0,
+                        gpus: if j.gpu { j.nodes } else { 0 },
+                    },
+                    ..WaitingJob::anywhere(j.id.clone(), j.nodes)
+                })
                 .collect(),
             placeholders: self
                 .launchers
@@ -508,9 +628,12 @@ impl Batch {
                     id: l.batch_id.clone(),
                     job: jobs[l.job].clone(),
                     slots: 1,
-                    host: l.dispatched.map(|_| self.name.to_string()),
+                    host: l.dispatched.map(|_| l.host(&self.name)),
                     owner: SIMULATED_ACCOUNT.to_owned(),
-                    needs: Default::default(),
+                    needs: Needs {
+                        memory_mb: 0,
+                        gpus: u32::from(l.gpu),
+                    },
                 })
                 .collect(),
             components: self
@@ -540,6 +663,26 @@ impl Batch {
             .filter(|l| l.dispatched.is_some() && l.first_task <= t && l.leaving_at.is_none())
             .count() as u32;
         (self.local_nodes(), self.grid_nodes(), scavenged)
+    }
+}
+
+/// Where `nodes` nodes of a job go among `free` (plain, GPU) nodes: GPU
+/// nodes only for a job that uses GPUs, plain nodes first for others. How
+/// many of them have a GPU; `None` if they do not fit.
+fn place(free: (u32, u32), nodes: u32, gpu: bool) -> Option<u32> {
+    let (plain, gpus) = free;
+    match gpu {
+        true => (gpus >= nodes).then_some(nodes),
+        false => (plain + gpus >= nodes).then(|| nodes.saturating_sub(plain)),
+    }
+}
+
+/// A cluster's host: its plain nodes under its own name, its GPU nodes
+/// under `<name>-gpu`.
+fn host_name(cluster: &ClusterName, gpu: bool) -> String {
+    match gpu {
+        true => format!("{cluster}-gpu"),
+        false => cluster.to_string(),
     }
 }
 

@@ -463,13 +463,18 @@ impl<'a> Sim<'a> {
         while let Some(effect) = self.clusters[c].kcm.poll_effect(self.clock.now()) {
             let answer = match effect {
                 Effect::SubmitLaunchers {
-                    job, grant, slots, ..
+                    job,
+                    grant,
+                    slots,
+                    task,
+                    ..
                 } => {
                     if let Some(j) = self.ids.iter().position(|id| *id == job) {
                         let start = self.scenario.timing.launcher_start.as_secs_f64();
+                        let gpu = task.needs.gpus > 0;
                         self.clusters[c]
                             .batch
-                            .submit_launchers(j, slots, self.clock.t, start);
+                            .submit_launchers(j, slots, gpu, self.clock.t, start);
                     }
                     Some(Event::LaunchersSubmitted {
                         job,

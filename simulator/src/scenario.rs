@@ -130,6 +130,11 @@ pub struct ClusterSpec {
     /// Mean fraction of the nodes the cluster's own jobs use.
     #[serde(default)]
     pub local_load: f64,
+    /// Nodes of the `nodes` with a GPU each: the batch system counts the
+    /// GPUs, gives them to the jobs that ask, and others' jobs there only
+    /// once the other nodes are full.
+    #[serde(default)]
+    pub gpu_nodes: u32,
 }
 
 fn one() -> f64 {
@@ -165,6 +170,10 @@ struct JobToml {
     /// and resume from it.
     #[serde(default)]
     checkpoints: bool,
+    /// GPUs each task needs, as a manifest's `gpus` (0 or 1: a task takes
+    /// one node).
+    #[serde(default)]
+    gpus: u32,
 }
 
 fn weight_one() -> u32 {
@@ -181,10 +190,17 @@ impl TryFrom<JobToml> for JobSpec {
             .tasks
             .checked_sub(1)
             .ok_or_else(|| format!("job {}: at least one task is needed", job.name))?;
+        if job.gpus > 1 {
+            return Err(format!(
+                "job {}: a simulated task takes one node, of one GPU at most",
+                job.name
+            ));
+        }
         let text = format!(
-            "name = {}\nweight = {}\n[sweep]\ncommand = \"task {{i}}\"\nparams = {{ i = {{ from = 0, to = {last} }} }}\n",
+            "name = {}\nweight = {}\ngpus = {}\n[sweep]\ncommand = \"task {{i}}\"\nparams = {{ i = {{ from = 0, to = {last} }} }}\n",
             toml::Value::from(job.name.as_str()),
-            job.weight
+            job.weight,
+            job.gpus
         );
         let invalid = |e: gleaner_manifest::ManifestError| format!("job {}: {e}", job.name);
         let manifest = Manifest::from_toml(&text).map_err(invalid)?;
@@ -208,6 +224,8 @@ pub struct LocalJobs {
     /// Mean run time (exponentially distributed).
     #[serde(with = "humantime_serde")]
     pub duration: Duration,
+    /// The fraction of them that want GPU nodes only.
+    pub gpu_share: f64,
 }
 
 impl Default for LocalJobs {
@@ -215,6 +233,7 @@ impl Default for LocalJobs {
         Self {
             nodes: [1, 8],
             duration: Duration::from_secs(600),
+            gpu_share: 0.0,
         }
     }
 }
@@ -287,9 +306,13 @@ impl Scenario {
             return invalid("timing.step must be longer than 0s".into());
         }
         for c in &self.clusters {
-            if c.nodes == 0 || c.speed <= 0.0 || !(0.0..1.0).contains(&c.local_load) {
+            if c.nodes == 0
+                || c.speed <= 0.0
+                || !(0.0..1.0).contains(&c.local_load)
+                || c.gpu_nodes > c.nodes
+            {
                 return invalid(format!(
-                    "cluster {}: nodes > 0, speed > 0 and 0 <= local_load < 1 are needed",
+                    "cluster {}: nodes > 0, speed > 0, 0 <= local_load < 1 and gpu_nodes <= nodes are needed",
                     c.name
                 ));
             }
@@ -318,6 +341,9 @@ impl Scenario {
         let [low, high] = self.local_jobs.nodes;
         if low == 0 || high < low {
             return invalid("local_jobs.nodes must be [min, max] with 1 <= min <= max".into());
+        }
+        if !(0.0..=1.0).contains(&self.local_jobs.gpu_share) {
+            return invalid("local_jobs.gpu_share must be between 0 and 1".into());
         }
         let g = &self.grid_jobs;
         if g.workload != GridWorkload::Free
