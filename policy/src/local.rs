@@ -295,6 +295,12 @@ struct Room {
 
 impl Room {
     fn new(hosts: &[HostLoad], answered: &Answered) -> Self {
+        // Where some hosts count a resource, a host that does not has none
+        // of it (a host without GPUs among hosts with some); where none
+        // does, the batch system does not count it, and it keeps nobody
+        // waiting.
+        let memory_counted = hosts.iter().any(|h| h.free_memory_mb.is_some());
+        let gpus_counted = hosts.iter().any(|h| h.free_gpus.is_some());
         let hosts: Vec<HostLoad> = hosts
             .iter()
             .map(|h| {
@@ -302,6 +308,12 @@ impl Room {
                 let mut host = h.clone();
                 host.slots = host.slots.saturating_sub(promised);
                 host.free = host.free.saturating_sub(promised);
+                if memory_counted {
+                    host.free_memory_mb.get_or_insert(0);
+                }
+                if gpus_counted {
+                    host.free_gpus.get_or_insert(0);
+                }
                 host
             })
             .collect();
@@ -407,12 +419,26 @@ impl Room {
                 });
             }
         }
-        for (job, slots) in split_shrink(self.needed_anywhere, &remaining) {
-            orders.push(ShrinkOrder {
-                job,
-                slots,
-                hosts: Vec::new(),
-            });
+        // Slots anywhere come from launchers that hold no GPU first: a job
+        // that wants none started on a GPU's slot would keep the GPU from
+        // the jobs that do.
+        let holds_gpus = |job: &JobId| {
+            original
+                .iter()
+                .any(|h| h.held_needs.get(job).is_some_and(|n| n.gpus > 0))
+        };
+        let (gpu_holders, others): (BTreeMap<JobId, u32>, BTreeMap<JobId, u32>) =
+            remaining.into_iter().partition(|(job, _)| holds_gpus(job));
+        let mut anywhere = self.needed_anywhere;
+        for holders in [others, gpu_holders] {
+            for (job, slots) in split_shrink(anywhere, &holders) {
+                anywhere -= slots;
+                orders.push(ShrinkOrder {
+                    job,
+                    slots,
+                    hosts: Vec::new(),
+                });
+            }
         }
         orders
     }
@@ -700,6 +726,30 @@ mod tests {
     }
 
     #[test]
+    fn slots_anywhere_come_from_launchers_without_gpus_first() {
+        let hosts = [rich_host(
+            "n1",
+            4000,
+            0,
+            &[("cpu", 2, 0, 0), ("gpu", 2, 0, 2)],
+        )];
+        let p = plan(
+            &[WaitingJob::anywhere("14", 2)],
+            &hosts,
+            &mut Answered::default(),
+            0,
+        );
+        assert_eq!(p.shrink, vec![order("cpu", 2, &[])]);
+        let p = plan(
+            &[WaitingJob::anywhere("15", 3)],
+            &hosts,
+            &mut Answered::default(),
+            0,
+        );
+        assert_eq!(p.shrink, vec![order("cpu", 2, &[]), order("gpu", 1, &[])]);
+    }
+
+    #[test]
     fn single_slots_with_memory_may_share_a_host() {
         // Four slots anywhere, 500M each: n1 has room for all of them.
         let hosts = [
@@ -731,6 +781,23 @@ mod tests {
             0,
         );
         assert_eq!(p.shrink, vec![order("gpu", 1, &["n1"])]);
+    }
+
+    #[test]
+    fn a_gpu_job_goes_where_the_gpus_are_not_to_a_host_without() {
+        // `cpu-only` has free slots but no GPUs; `gpus` is full.
+        let cpu_only = HostLoad {
+            free_gpus: None,
+            ..host("cpu-only", 4, 4, &[])
+        };
+        let hosts = [cpu_only, rich_host("gpus", 0, 0, &[("gpu", 4, 0, 4)])];
+        let p = plan(
+            &[needing("13", 1, 0, 1)],
+            &hosts,
+            &mut Answered::default(),
+            0,
+        );
+        assert_eq!(p.shrink, vec![order("gpu", 1, &["gpus"])]);
     }
 
     #[test]

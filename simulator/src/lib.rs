@@ -212,6 +212,24 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_sweep_has_the_gpu_nodes_and_local_jobs_wait_no_longer() {
+        let comparison = Comparison::run(&scenario("gpus.toml"), Some(CsPolicy::SiteEquipartition));
+        let run = &comparison.runs[0];
+        let done = |name: &str| {
+            run.jobs
+                .iter()
+                .find(|j| j.name == name)
+                .map_or(0, |j| j.done)
+        };
+        // 16 GPU nodes less what local jobs take, for 6 h of 5-minute
+        // tasks: about 850 tasks; the CPU sweep has the other nodes.
+        assert!(done("gpu") > 750, "GPU sweep: {}", done("gpu"));
+        assert!(done("cpu") > 2000, "CPU sweep: {}", done("cpu"));
+        let local = comparison.local_delay(run);
+        assert!(local.jobs > 100 && local.max <= 5.0, "{local:?}");
+    }
+
+    #[test]
     fn tasks_that_checkpoint_lose_no_work_to_a_churning_local_load() {
         let scenario = scenario("checkpoints.toml");
         let comparison = Comparison::run(&scenario, Some(CsPolicy::SiteEquipartition));
