@@ -248,8 +248,13 @@ pub fn placement(p: &GridPlacement) -> String {
             humantime::format_duration(Duration::from_secs(ms / 1000))
         )
     });
+    let because = p
+        .unplaced_because
+        .as_ref()
+        .filter(|_| p.placed_ms_ago.is_none())
+        .map_or(String::new(), |why| format!(": {why}"));
     format!(
-        "{}: not placed after {tries}, in the {} queue{placed}",
+        "{}: not placed after {tries}, in the {} queue{placed}{because}",
         p.job,
         p.queue.name()
     )
@@ -313,6 +318,7 @@ mod tests {
             queue: gleaner_manifest::Priority::High,
             tries: 1,
             placed_ms_ago: None,
+            unplaced_because: None,
         };
         assert_eq!(
             placement(&waiting),

@@ -1157,6 +1157,7 @@ impl KcmCore {
             backend: self.config.backend.clone(),
             total_slots: snapshot.total_slots(),
             idle_slots: self.offerable(snapshot.idle_slots().saturating_sub(blocked)),
+            free_slots: Some(snapshot.idle_slots().saturating_sub(blocked)),
             local_slots: snapshot.local_running(),
             local_waiting: snapshot.local_waiting(),
             grid_slots: snapshot.grid_running(),

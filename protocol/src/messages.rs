@@ -256,8 +256,14 @@ pub struct ClusterReport {
     pub cluster: ClusterName,
     pub backend: String,
     pub total_slots: u32,
-    /// Slots neither local jobs nor gleaner use.
+    /// Slots neither local jobs nor gleaner use, as far as sweeps may
+    /// have them (the admins' `max_scavenged` and `reserve_hosts`).
     pub idle_slots: u32,
+    /// Slots neither local jobs nor gleaner use, whatever the caps on
+    /// scavenging: room for grid jobs' components, which run as ordinary
+    /// batch jobs. `None` from a kcm that does not say (then `idle_slots`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_slots: Option<u32>,
     /// Slots running local (non-gleaner) jobs.
     pub local_slots: u32,
     /// Slots that waiting local jobs ask for.
@@ -453,6 +459,9 @@ pub struct GridPlacement {
     /// It was placed this long ago, and its runner has not answered yet.
     #[serde(default)]
     pub placed_ms_ago: Option<Millis>,
+    /// Why its last try did not place it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unplaced_because: Option<String>,
 }
 
 /// Slots promised to a placed grid job that its cluster does not show yet.

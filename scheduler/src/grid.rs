@@ -47,6 +47,8 @@ struct Entry {
     queue: Priority,
     tries: u32,
     placed: Option<Instant>,
+    /// Why its last try did not place it.
+    unplaced_because: Option<String>,
 }
 
 #[derive(Debug)]
@@ -95,6 +97,7 @@ impl GridBook {
                     report,
                     seen: now,
                     tries: 0,
+                    unplaced_because: None,
                 };
                 if let Some((placement, at)) = self.carried.remove(&entry.report.job) {
                     entry.carry_on(&placement, at);
@@ -194,6 +197,13 @@ impl GridBook {
 
     /// A job could not be placed this round. Returns why it is aborted, if
     /// it used up its tries.
+    /// Says why a job's try did not place it.
+    pub fn unplaced_because(&mut self, job: &JobId, because: String) {
+        if let Some(entry) = self.entries.get_mut(job) {
+            entry.unplaced_because = Some(because);
+        }
+    }
+
     pub fn failed_try(&mut self, job: &JobId, config: &GridConfig) -> Option<String> {
         let entry = self.entries.get_mut(job)?;
         entry.tries += 1;
@@ -302,6 +312,7 @@ impl Entry {
             queue: self.queue,
             tries: self.tries,
             placed_ms_ago: self.placed.map(|at| millis(now.duration_since(at))),
+            unplaced_because: self.unplaced_because.clone(),
         }
     }
 

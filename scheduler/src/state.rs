@@ -608,10 +608,26 @@ impl State {
                 clusters: placed.clusters.clone(),
             });
         }
+        let room: Vec<String> = sites
+            .iter()
+            .map(|s| {
+                let scavenged: u32 = s.scavenged.values().sum();
+                format!("{} has {} free and {scavenged} scavenged", s.name, s.free)
+            })
+            .collect();
         for job in waiting {
             if placements.iter().any(|p| p.job == job.id) {
                 continue;
             }
+            let because = match room.is_empty() {
+                true => "no cluster reports, or every one is excluded".to_owned(),
+                false => format!(
+                    "components of {:?} slots do not fit: {}",
+                    job.components,
+                    room.join("; ")
+                ),
+            };
+            self.grid.unplaced_because(&job.id, because);
             if let Some(reason) = self.grid.failed_try(&job.id, &config.grid) {
                 actions.push(Action::Abort {
                     job: job.id,
@@ -622,8 +638,9 @@ impl State {
         actions
     }
 
-    /// Slots of a cluster free for anyone: idle, not promised by a grant or a
-    /// placement, and not wanted by waiting local jobs.
+    /// Slots of a cluster free for a grid job's components: idle whatever
+    /// the caps on scavenging, not promised by a grant or a placement, and
+    /// not wanted by waiting local jobs.
     fn free_slots(
         &self,
         name: &ClusterName,
@@ -637,8 +654,12 @@ impl State {
             .filter(|g| &g.cluster == name)
             .map(|g| g.slots)
             .sum();
-        cluster
-            .settled_idle(now, config.idle_settle)
+        let idle = cluster.settled_idle(now, config.idle_settle);
+        // The caps on scavenging leave out slots a rigid job may have.
+        let uncapped = cluster.report.free_slots.map_or(idle, |free| {
+            free.saturating_sub(cluster.report.idle_slots.saturating_sub(idle))
+        });
+        uncapped
             .saturating_sub(granted)
             .saturating_sub(self.grid.reserved(name))
             .saturating_sub(cluster.report.local_waiting)
@@ -1198,6 +1219,44 @@ pub(crate) mod tests {
         running.grid_slots = 6;
         state.on_cluster(running, now, &config);
         assert!(state.round(now, &config).is_empty());
+    }
+
+    #[test]
+    fn a_cap_on_scavenging_leaves_a_grid_job_its_room_and_a_job_that_cannot_fit_says_why() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(GrantId::new(1));
+        state.on_job_update(grid_report("g", Priority::High, &[6]), now);
+        state.on_job_update(job_report("a", 100), now);
+        // `max_scavenged = 0`: nothing for sweeps, 8 free slots all the same.
+        let capped = ClusterReport {
+            free_slots: Some(8),
+            ..cluster_report(0, &[], vec![])
+        };
+        state.on_cluster(capped, now, &config);
+        let actions = state.round(now, &config);
+        assert!(actions.contains(&Action::Place {
+            job: job("g"),
+            clusters: vec!["c1".into()]
+        }));
+        assert!(
+            offers(&actions).is_empty(),
+            "sweeps get nothing: {actions:?}"
+        );
+
+        let mut state = State::new(GrantId::new(1));
+        state.on_job_update(grid_report("big", Priority::High, &[6, 6]), now);
+        state.on_cluster(cluster_report(8, &[], vec![]), now, &config);
+        state.round(now, &config);
+        let status = state.status("s", now, &config);
+        let because = status.placements[0]
+            .unplaced_because
+            .clone()
+            .unwrap_or_default();
+        assert!(
+            because.contains("[6, 6]") && because.contains("c1 has 8 free"),
+            "{because}"
+        );
     }
 
     #[test]

@@ -567,3 +567,34 @@ fn placeholders_stuck_in_the_queue_are_withdrawn_and_the_job_runs_elsewhere() {
         placeholders(&queues, stuck, &job, 'q') == 0
     });
 }
+
+#[test]
+fn a_cap_on_scavenging_does_not_keep_a_grid_job_off_a_cluster() {
+    let queues = SgeQueues::new(2, 8);
+    let mut g = gleaner("sge-capped-grid");
+    let capped = config(&[("c1", &queues.names[0]), ("c2", &queues.names[1])]).replacen(
+        "h_rt = \"10m\"\n",
+        "h_rt = \"10m\"\nmax_scavenged = 0\n",
+        1,
+    );
+    g.write("gleaner.toml", &capped);
+    g.start("up", &["up"]);
+    // Two components of 6 slots need both 8-slot clusters, c1 capped to
+    // no scavenging at all.
+    let grid = g.submit_waiting(
+        "name = \"rigid\"\nkind = \"grid\"\npriority = \"high\"\n[[component]]\nslots = 6\ncommand = \"echo a\"\n[[component]]\nslots = 6\ncommand = \"echo b\"\n",
+    );
+    let output = finish(grid, 2 * MINUTE);
+    assert!(
+        output.status.success(),
+        "grid job failed: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        g.log("up")
+    );
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let clusters: BTreeSet<String> = by_task(&g.index(&job))
+        .values()
+        .filter_map(|t| t["cluster"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(clusters, BTreeSet::from(["c1".to_owned(), "c2".to_owned()]));
+}
