@@ -140,6 +140,11 @@ pub struct Manifest {
     /// once closed (`gleaner close`) and every task has ended.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub open: bool,
+    /// Grid jobs: a component that fails (exits non-zero) stops the others
+    /// and sends the job back to placement whole, while runs are left
+    /// (`max_attempts`); otherwise the job ends failed with it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub restart_on_failure: bool,
     /// Some of another job's tasks run again (`gleaner resubmit`): the
     /// same sweep, only these task numbers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -308,6 +313,7 @@ impl Manifest {
             components: Vec::new(),
             final_step: None,
             open: false,
+            restart_on_failure: false,
             rerun: None,
         }
     }
@@ -379,6 +385,12 @@ impl Manifest {
             return Err(ManifestError::invalid(
                 "component",
                 "components belong to grid jobs (kind = \"grid\")",
+            ));
+        }
+        if self.restart_on_failure {
+            return Err(ManifestError::invalid(
+                "restart_on_failure",
+                "grid jobs restart whole; a sweep's tasks are retried up to max_attempts",
             ));
         }
         if self.preempt_grace.is_some_and(|g| g > MAX_PREEMPT_GRACE) {

@@ -141,6 +141,13 @@ impl Grid {
             Some(0) => RunStatus::Succeeded,
             _ => RunStatus::Failed,
         };
+        if let Some(code) = outcome.exit_code.filter(|code| *code != 0)
+            && ledger.manifest().restart_on_failure
+            && self.may_restart(ledger)
+        {
+            let reason = format!("exited with code {code}");
+            return self.restart(ledger, outcome.component, &outcome.cluster, &reason);
+        }
         let result = ResultMsg {
             job: ledger.id().clone(),
             task,
@@ -162,10 +169,20 @@ impl Grid {
         info!(component = task, cluster = %result.cluster, exit_code = ?result.exit_code, "grid component ended");
         let entry = self.entry(ledger, task, status.into(), Some(&result));
         ledger.finish(task, status.into());
-        vec![
+        let mut effects = vec![
             Effect::WriteOutputs(Box::new(result)),
             Effect::Record(vec![entry]),
-        ]
+        ];
+        if status == RunStatus::Failed {
+            // A rigid job runs whole: the others are stopped, and the job
+            // ends failed with this component.
+            warn!(
+                component = task,
+                "grid component failed: stopping the others, the job fails"
+            );
+            effects.push(finish_unfinished(self, ledger, FinalStatus::Cancelled));
+        }
+        effects
     }
 }
 
@@ -581,6 +598,66 @@ mod tests {
                 assert_eq!(grid.job_file().restarts, 2);
             }
         }
+    }
+
+    #[test]
+    fn a_failed_component_stops_the_others_and_the_job_fails_with_it() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        let effects = grid.on_control(ended(0, Some(3)), at(t0, 2));
+        let statuses: Vec<(u64, FinalStatus)> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::Record(entries) => Some(entries.iter().map(|e| (e.task, e.status))),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        assert_eq!(
+            statuses,
+            [(0, FinalStatus::Failed), (1, FinalStatus::Cancelled)]
+        );
+        assert_eq!(grid.ending(), Some(JobState::Done));
+    }
+
+    #[test]
+    fn with_restart_on_failure_a_failed_component_sends_the_job_back_whole() {
+        let t0 = Instant::now();
+        let manifest = MANIFEST.replace(
+            "walltime",
+            "restart_on_failure = true\nmax_attempts = 2\nwalltime",
+        );
+        let submission = submission(&manifest);
+        let mut grid = Grid::open(opening(&submission, vec![], None), at(t0, 0)).unwrap();
+        grid.start();
+        let place = || ControlMsg::Place {
+            clusters: vec!["c1".into(), "c2".into()],
+        };
+        grid.on_control(place(), at(t0, 1));
+        let effects = grid.on_control(ended(0, Some(3)), at(t0, 2));
+        let stopped: Vec<&ClusterName> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::ToKcm {
+                    cluster,
+                    msg: KcmMsg::JobEnded { .. },
+                    ..
+                } => Some(cluster),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            stopped.len(),
+            2,
+            "both clusters stop their component: {effects:?}"
+        );
+        assert!(recorded(&effects).is_empty(), "nothing final yet");
+        assert_eq!(grid.ending(), None);
+        // The second run is the last: its failure is final.
+        grid.on_control(place(), at(t0, 3));
+        let effects = grid.on_control(ended(1, Some(1)), at(t0, 4));
+        assert_eq!(recorded(&effects)[0].status, FinalStatus::Failed);
+        assert_eq!(grid.ending(), Some(JobState::Done));
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod multi_host;
 mod recovery;
 mod replicated_broker;
 mod resources;
+mod rigid;
 mod scheduling;
 mod slurm;
 mod sweeps;
