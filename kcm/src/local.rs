@@ -47,8 +47,6 @@ pub struct LocalBackend {
     slots: u32,
     /// Memory of the cluster for launchers, if it is counted.
     memory_mb: Option<u64>,
-    /// GPUs of the cluster ([`LauncherCommand::gpu_devices`]).
-    gpus: u32,
     /// Slots of one launcher: 1 for a launcher per core, more for one per node.
     launcher_slots: u32,
     command: LauncherCommand,
@@ -112,7 +110,6 @@ impl LocalBackend {
             cluster: cluster.clone(),
             slots,
             memory_mb,
-            gpus: command.gpu_devices.len() as u32,
             launcher_slots: launcher_slots.max(1),
             command,
             launchers: Vec::new(),
@@ -218,9 +215,14 @@ impl LocalBackend {
         };
         let by_gpus = match task.needs.gpus {
             0 => u32::MAX,
-            need => self.gpus.saturating_sub(held.gpus) / need,
+            need => self.gpus().saturating_sub(held.gpus) / need,
         };
         by_memory.min(by_gpus)
+    }
+
+    /// GPUs of the cluster: those its launchers claim from.
+    fn gpus(&self) -> u32 {
+        u32::try_from(self.command.gpu_devices.len()).unwrap_or(u32::MAX)
     }
 
     /// Memory and GPUs the launchers hold.
@@ -272,7 +274,7 @@ impl Backend for LocalBackend {
                 grid: self.component_slots(true),
                 free_memory_mb: self.memory_mb.map(|m| m.saturating_sub(held.memory_mb)),
                 // Counted even when there are none: a GPU job gets nothing here.
-                free_gpus: Some(self.gpus.saturating_sub(held.gpus)),
+                free_gpus: Some(self.gpus().saturating_sub(held.gpus)),
                 ..Host::new(host.clone(), self.slots)
             }],
             components: self
