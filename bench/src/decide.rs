@@ -85,6 +85,7 @@ pub fn report(job: JobId, kind: JobKind, components: Vec<u32>) -> JobReport {
         components,
         max_slots: None,
         problem: None,
+        gathering: None,
         weight: 1,
         task_slots: 1,
         task_needs: Default::default(),

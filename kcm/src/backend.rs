@@ -4,7 +4,7 @@ use std::{future::Future, process::Stdio, time::Duration};
 
 use gleaner_manifest::{JobId, Needs, TaskShape, is_env_name};
 use gleaner_protocol::{
-    ClusterName, ComponentSpec, Credentials,
+    ClusterName, ComponentSpec, Credentials, HostSlots,
     naming::{LauncherArgs, launcher_id_word},
 };
 use tokio::{io::AsyncWriteExt, process::Command};
@@ -13,17 +13,131 @@ use tracing::warn;
 use crate::{contain::Account, snapshot::Snapshot};
 
 /// Where a component's wrapper leaves its output and exit status, in the
-/// kcm's spool directory (which the nodes must see).
+/// kcm's spool directory (which the nodes must see), and where it meets
+/// the start barrier: it writes the hosts it holds to `started`, then
+/// waits for the kcm to write `go` (its ranks) and `hosts` (every
+/// component's hosts) before it runs the command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ComponentFiles {
     pub stdout: std::path::PathBuf,
     pub stderr: std::path::PathBuf,
     pub exit: std::path::PathBuf,
+    pub started: std::path::PathBuf,
+    pub go: std::path::PathBuf,
+    pub hosts: std::path::PathBuf,
 }
 
 /// Suffix of the file holding a component's exit status; its presence means
 /// the component ended.
 const EXIT_SUFFIX: &str = ".exit";
+
+/// Suffix of the file listing the hosts a started component holds; its
+/// presence means the component waits at its barrier (or has passed it).
+const STARTED_SUFFIX: &str = ".started";
+
+/// How a started component's wrapper finds the hosts it holds, as lines
+/// of `host slots` ([`parse_started`] reads them back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComponentHosts {
+    /// Grid Engine's `$PE_HOSTFILE` (`host slots queue processors`), or
+    /// this host alone for a job without a parallel environment.
+    GridEngine,
+    /// Slurm's `$SLURM_JOB_NODELIST`, expanded by `scontrol`, and
+    /// `$SLURM_TASKS_PER_NODE` (`2(x3),1`).
+    Slurm,
+    /// This host, with all the component's slots.
+    ThisHost,
+}
+
+impl ComponentHosts {
+    fn lines(self, slots: u32) -> String {
+        let this_host = format!("echo \"$(hostname) {slots}\"");
+        match self {
+            Self::GridEngine => format!(
+                "if [ -r \"$PE_HOSTFILE\" ]; then while read h n rest; do echo \"$h $n\"; done < \"$PE_HOSTFILE\"; else {this_host}; fi"
+            ),
+            Self::Slurm => format!(
+                "if [ -n \"$SLURM_JOB_NODELIST\" ]; then echo \"{TASKS_PER_NODE} $SLURM_TASKS_PER_NODE\"; scontrol show hostnames \"$SLURM_JOB_NODELIST\"; else {this_host}; fi"
+            ),
+            Self::ThisHost => this_host,
+        }
+    }
+}
+
+/// The first line of a Slurm component's started file: the slots on each
+/// of the host lines that follow, in Slurm's compressed form.
+const TASKS_PER_NODE: &str = "tasks-per-node";
+
+/// The most hosts a started file may name; more is not a real component.
+const MAX_COMPONENT_HOSTS: usize = 65_536;
+
+/// The hosts a component's started file lists, or why they cannot be read:
+/// the file is its owner's to write, so nothing in it is trusted.
+pub fn parse_started(text: &str) -> Result<Vec<HostSlots>, String> {
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let per_node = match text.trim_start().starts_with(TASKS_PER_NODE) {
+        true => {
+            let spec = lines.next().unwrap_or_default();
+            Some(tasks_per_node(
+                spec.trim_start_matches(TASKS_PER_NODE).trim(),
+            )?)
+        }
+        false => None,
+    };
+    let mut hosts = Vec::new();
+    for (i, line) in lines.enumerate() {
+        if hosts.len() == MAX_COMPONENT_HOSTS {
+            return Err(format!("more than {MAX_COMPONENT_HOSTS} hosts"));
+        }
+        let mut words = line.split_whitespace();
+        let host = words.next().unwrap_or_default();
+        if !is_host_name(host) {
+            return Err(format!("{host:?} is not a host name"));
+        }
+        let slots = match &per_node {
+            Some(per_node) => per_node.get(i).copied(),
+            None => words.next().and_then(|n| n.parse().ok()),
+        }
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("no slot count for {host}"))?;
+        hosts.push(HostSlots {
+            host: host.to_owned(),
+            slots,
+        });
+    }
+    match hosts.is_empty() {
+        true => Err("no host".to_owned()),
+        false => Ok(hosts),
+    }
+}
+
+/// Slurm's `2(x3),1` as `[2, 2, 2, 1]`.
+fn tasks_per_node(spec: &str) -> Result<Vec<u32>, String> {
+    let bad = || format!("{spec:?} is not a count of tasks per node");
+    let mut counts = Vec::new();
+    for part in spec.split(',') {
+        let (count, times) = match part.split_once("(x") {
+            Some((count, times)) => (count, times.strip_suffix(')').ok_or_else(bad)?),
+            None => (part, "1"),
+        };
+        let count: u32 = count.parse().map_err(|_| bad())?;
+        let times: usize = times.parse().map_err(|_| bad())?;
+        if counts.len().saturating_add(times) > MAX_COMPONENT_HOSTS {
+            return Err(bad());
+        }
+        counts.extend(std::iter::repeat_n(count, times));
+    }
+    Ok(counts)
+}
+
+/// A host name as batch systems print them: letters, digits, `.`, `-`, `_`.
+fn is_host_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+}
 
 impl ComponentFiles {
     pub fn new(spool: &std::path::Path, job: &JobId, component: u32) -> Self {
@@ -32,13 +146,61 @@ impl ComponentFiles {
             stdout: spool.join(format!("{base}.out")),
             stderr: spool.join(format!("{base}.err")),
             exit: spool.join(format!("{base}{EXIT_SUFFIX}")),
+            started: spool.join(format!("{base}{STARTED_SUFFIX}")),
+            go: spool.join(format!("{base}.go")),
+            hosts: spool.join(format!("{base}.hosts")),
         }
+    }
+
+    /// Every file of the component's spool entry.
+    pub fn all(&self) -> [&std::path::Path; 6] {
+        [
+            &self.stdout,
+            &self.stderr,
+            &self.exit,
+            &self.started,
+            &self.go,
+            &self.hosts,
+        ]
     }
 
     /// The component whose exit status a spool file name holds, if it does.
     pub fn parse_exit(file_name: &str) -> Option<(JobId, u32)> {
-        let (job, component) = file_name.strip_suffix(EXIT_SUFFIX)?.rsplit_once('.')?;
+        Self::parse_name(file_name, EXIT_SUFFIX)
+    }
+
+    /// The component whose started file a spool file name is, if it is.
+    pub fn parse_started(file_name: &str) -> Option<(JobId, u32)> {
+        Self::parse_name(file_name, STARTED_SUFFIX)
+    }
+
+    fn parse_name(file_name: &str, suffix: &str) -> Option<(JobId, u32)> {
+        let (job, component) = file_name.strip_suffix(suffix)?.rsplit_once('.')?;
         Some((job.parse().ok()?, component.parse().ok()?))
+    }
+
+    /// What the kcm writes to `go` for a component whose first rank is
+    /// `rank` of the job's `ranks`, of `components` components: the
+    /// wrapper reads it into `GLEANER_RANK`, `GLEANER_RANKS` and
+    /// `GLEANER_COMPONENTS`.
+    pub fn go_text(rank: u32, ranks: u32, components: u32) -> String {
+        format!("{rank} {ranks} {components}\n")
+    }
+
+    /// What the kcm writes to `hosts`: an MPI host file of every
+    /// component's hosts in component order, `host slots=N`, with the
+    /// component each line belongs to after a `#`.
+    pub fn hosts_text(hosts: &[Vec<HostSlots>]) -> String {
+        let mut text = String::new();
+        for (component, hosts) in hosts.iter().enumerate() {
+            for h in hosts {
+                text.push_str(&format!(
+                    "{} slots={} # component {component}\n",
+                    h.host, h.slots
+                ));
+            }
+        }
+        text
     }
 
     /// The shell script that runs a component and records how it ended.
@@ -48,12 +210,21 @@ impl ComponentFiles {
     /// command, directory and variables are written as [`literal`]s,
     /// printable ASCII that only the shell turns back into them.
     ///
-    /// With `run_as`, the wrapper (the kcm's account, root) opens the
-    /// spool files and does nothing else: the owner's shell gets a clean
-    /// environment (`setpriv --reset-env`), then the job's variables and
-    /// directory, so nothing of the job's reaches root, nor anything of
-    /// the kcm's the job.
-    pub fn script(&self, spec: &ComponentSpec, run_as: Option<&Account>) -> String {
+    /// The command waits at the start barrier: the wrapper says where it
+    /// runs (`started`), then holds its slots until the kcm lets it go,
+    /// with where every component runs (`GLEANER_HOSTFILE`, the ranks).
+    ///
+    /// With `run_as`, the wrapper (the kcm's account, root) opens and
+    /// reads the spool files and does nothing else: the owner's shell gets
+    /// a clean environment (`setpriv --reset-env`), then the job's
+    /// variables and directory, so nothing of the job's reaches root, nor
+    /// anything of the kcm's the job.
+    pub fn script(
+        &self,
+        spec: &ComponentSpec,
+        run_as: Option<&Account>,
+        hosts: ComponentHosts,
+    ) -> String {
         // Its output files are the owner's business only.
         let mut script = String::from("#!/bin/sh\n# gleaner grid job component\numask 077\n");
         let mut command = spec.command.clone();
@@ -61,6 +232,22 @@ impl ComponentFiles {
             command = format!("cd {} || exit 1\n{command}", quote(dir));
         }
         script.push_str(&literal("gleaner_command", &command));
+        let started = quote(&self.started.to_string_lossy());
+        let go = quote(&self.go.to_string_lossy());
+        script.push_str(&format!(
+            "{{ {}; }} > {started}.tmp 2> /dev/null; mv -f {started}.tmp {started}\n\
+             while [ ! -s {go} ]; do sleep 0.1; done\n\
+             read gleaner_rank gleaner_ranks gleaner_components < {go}\n",
+            hosts.lines(spec.slots)
+        ));
+        let ours = [
+            ("GLEANER_COMPONENT", spec.component.to_string()),
+            ("GLEANER_COMPONENTS", "$gleaner_components".to_owned()),
+            ("GLEANER_RANK", "$gleaner_rank".to_owned()),
+            ("GLEANER_RANKS", "$gleaner_ranks".to_owned()),
+            ("GLEANER_HOSTFILE", "$gleaner_hostfile".to_owned()),
+        ];
+        script.push_str(&literal("gleaner_hostfile", &self.hosts.to_string_lossy()));
         // Names the manifest checked; one that is not is dropped, not run.
         let env = spec.env.iter().filter(|(key, _)| is_env_name(key));
         let start = match run_as.filter(|a| !a.is_me()) {
@@ -74,12 +261,18 @@ impl ComponentFiles {
                     script.push_str(&literal(&name, &format!("{key}={value}")));
                     start.push_str(&format!(" \"${name}\""));
                 }
+                for (key, value) in ours {
+                    start.push_str(&format!(" \"{key}={value}\""));
+                }
                 start + " "
             }
             None => {
                 for (key, value) in env {
                     script.push_str(&literal(key, value));
                     script.push_str(&format!("export {key}\n"));
+                }
+                for (key, value) in ours {
+                    script.push_str(&format!("export {key}=\"{value}\"\n"));
                 }
                 String::new()
             }
@@ -525,26 +718,27 @@ mod tests {
             home: "/home/alice".into(),
         };
         let files = ComponentFiles::new(std::path::Path::new("/spool"), &spec.job, 0);
-        let script = files.script(&spec, Some(&alice));
+        let script = files.script(&spec, Some(&alice), ComponentHosts::ThisHost);
         assert!(!script.contains("export"), "{script}");
         assert!(!script.contains("X;id"), "{script}");
         assert!(
-            script.contains("/usr/bin/setpriv --reuid=4242 --regid=4242 --init-groups --reset-env -- /usr/bin/env \"$gleaner_env0\" /bin/sh -c \"$gleaner_command\" > '/spool/j-0000000000000001.0.out'"),
+            script.contains("/usr/bin/setpriv --reuid=4242 --regid=4242 --init-groups --reset-env -- /usr/bin/env \"$gleaner_env0\" \"GLEANER_COMPONENT=0\" \"GLEANER_COMPONENTS=$gleaner_components\" \"GLEANER_RANK=$gleaner_rank\" \"GLEANER_RANKS=$gleaner_ranks\" \"GLEANER_HOSTFILE=$gleaner_hostfile\" /bin/sh -c \"$gleaner_command\" > '/spool/j-0000000000000001.0.out'"),
             "{script}"
         );
-        let ran = expand(
-            &files.script(&spec, None),
-            "\"$gleaner_command\" \"$(env | grep OMP)\"",
-        );
+        let ran = expand(&spec, "\"$gleaner_command\" \"$(env | grep ^OMP)\"");
         assert_eq!(
             ran,
             "cd '/home/alice/run' || exit 1\n./mpi_app|OMP_NUM_THREADS=4"
         );
     }
 
-    /// Runs the script up to its command, then prints the two `words`
-    /// with a `|` between them.
-    fn expand(script: &str, words: &str) -> String {
+    /// Runs `spec`'s script up to its command, past a barrier already
+    /// open, then prints the two `words` with a `|` between them.
+    fn expand(spec: &ComponentSpec, words: &str) -> String {
+        let spool = tempfile::tempdir().expect("a spool");
+        let files = ComponentFiles::new(spool.path(), &spec.job, spec.component);
+        std::fs::write(&files.go, ComponentFiles::go_text(0, 1, 1)).expect("go");
+        let script = files.script(spec, None, ComponentHosts::ThisHost);
         let (head, _) = script.split_once("/bin/sh -c").expect("the command");
         let probe = format!("{head}printf '%s|%s' {words}");
         let out = std::process::Command::new("/bin/sh")
@@ -570,16 +764,109 @@ mod tests {
             owner: "alice".into(),
         };
         let files = ComponentFiles::new(std::path::Path::new("/spool"), &spec.job, 0);
-        let script = files.script(&spec, None);
+        let script = files.script(&spec, None, ComponentHosts::ThisHost);
         for line in script.lines().skip(2) {
             assert!(!line.starts_with('#'), "{line:?} in\n{script}");
             assert!(line.bytes().all(|b| (0x20..0x7f).contains(&b)), "{line:?}");
         }
         assert_eq!(
-            expand(&script, "\"$gleaner_command\" \"$V\""),
+            expand(&spec, "\"$gleaner_command\" \"$V\""),
             format!("{hostile}|a\n#$ -i /etc/shadow\n"),
             "the shell gets the text back exactly"
         );
+    }
+
+    #[test]
+    fn a_component_runs_its_command_only_once_let_past_its_barrier() {
+        let spool = tempfile::tempdir().unwrap();
+        let spec = ComponentSpec {
+            needs: Default::default(),
+            job: "j-0000000000000001".parse().unwrap(),
+            component: 1,
+            slots: 3,
+            command: "echo \"$GLEANER_COMPONENT $GLEANER_COMPONENTS $GLEANER_RANK $GLEANER_RANKS\"; cat \"$GLEANER_HOSTFILE\"".into(),
+            env: Vec::new(),
+            walltime_ms: None,
+            workdir: None,
+            owner: "alice".into(),
+        };
+        let files = ComponentFiles::new(spool.path(), &spec.job, 1);
+        let script = files.script(&spec, None, ComponentHosts::ThisHost);
+        let mut wrapper = std::process::Command::new("/bin/sh")
+            .args(["-c", &script])
+            .spawn()
+            .unwrap();
+        let hosts = loop {
+            if let Ok(text) = std::fs::read_to_string(&files.started) {
+                break parse_started(&text).unwrap();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
+        assert_eq!(
+            hosts,
+            [HostSlots {
+                host: host.clone(),
+                slots: 3
+            }]
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(
+            wrapper.try_wait().unwrap().is_none(),
+            "waits at its barrier"
+        );
+        assert!(!files.stdout.exists(), "its command has not started");
+        let all = vec![
+            vec![HostSlots {
+                host: "a".into(),
+                slots: 2,
+            }],
+            hosts,
+        ];
+        std::fs::write(&files.hosts, ComponentFiles::hosts_text(&all)).unwrap();
+        std::fs::write(&files.go, ComponentFiles::go_text(2, 5, 2)).unwrap();
+        assert!(wrapper.wait().unwrap().success());
+        assert_eq!(
+            std::fs::read_to_string(&files.stdout).unwrap(),
+            format!("1 2 2 5\na slots=2 # component 0\n{host} slots=3 # component 1\n")
+        );
+        assert_eq!(std::fs::read_to_string(&files.exit).unwrap(), "0\n");
+    }
+
+    #[test]
+    fn started_files_are_read_as_hostile_host_lists() {
+        let hosts = |text: &str| {
+            parse_started(text).map(|hosts| {
+                hosts
+                    .into_iter()
+                    .map(|h| (h.host, h.slots))
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(
+            hosts("n1.example 4 all.q@n1 UNDEFINED\nn2 2\n").unwrap(),
+            [("n1.example".to_owned(), 4), ("n2".to_owned(), 2)]
+        );
+        assert_eq!(
+            hosts("tasks-per-node 2(x2),1\nnode1\nnode2\nnode3\n").unwrap(),
+            [
+                ("node1".to_owned(), 2),
+                ("node2".to_owned(), 2),
+                ("node3".to_owned(), 1)
+            ]
+        );
+        for bad in [
+            "",
+            "n1\n",
+            "n1 0\n",
+            "$(id) 1\n",
+            "n1 x\n",
+            "tasks-per-node 2(x1\nn1\n",
+            "tasks-per-node 1(x99999999999)\nn1\n",
+            "tasks-per-node 1\nn1\nn2\n",
+        ] {
+            assert!(hosts(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

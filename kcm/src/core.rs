@@ -41,15 +41,15 @@ use gleaner_policy::{
 };
 use gleaner_protocol::{
     Captured, ClusterName, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, Credentials,
-    GrantId, Holding, KcmMsg, Outbox, SchedulerMsg, ShrinkMode, naming,
+    GrantId, Holding, HostSlots, KcmMsg, Outbox, SchedulerMsg, ShrinkMode, naming,
 };
 use tracing::{error, info, warn};
 
-use crate::failures::StartFailures;
 pub use crate::{
     backend::BackendError,
     snapshot::{ComponentRun, Host, NamedJob, Placeholder, Snapshot},
 };
+use crate::{backend::ComponentFiles, failures::StartFailures};
 pub use gleaner_policy::local::WaitingJob;
 
 /// What the core knows of its cluster.
@@ -91,6 +91,16 @@ pub struct SpooledExit {
     pub exit_code: Option<i32>,
 }
 
+/// A component's started file found in the spool: it waits at its start
+/// barrier (or passed it), holding these hosts, or its file could not be
+/// read as hosts (its owner's to write).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SpooledStart {
+    pub job: JobId,
+    pub component: u32,
+    pub hosts: Result<Vec<HostSlots>, String>,
+}
+
 #[derive(Debug, Clone)]
 pub enum Event {
     /// A message on the kcm's queue.
@@ -100,6 +110,7 @@ pub enum Event {
     Polled {
         snapshot: Result<Snapshot, BackendError>,
         spooled: Vec<SpooledExit>,
+        started: Vec<SpooledStart>,
     },
     /// Answers [`Effect::SubmitLaunchers`]: the slots actually submitted.
     LaunchersSubmitted {
@@ -141,8 +152,17 @@ pub enum Effect {
     /// Remove placeholders or components by batch id, running or not;
     /// answer with [`Event::Removed`].
     Remove { ids: Vec<String> },
-    /// Delete a component's spool entry (output and exit status).
+    /// Delete a component's spool entry (output, exit status, barrier).
     DeleteSpoolEntry { job: JobId, component: u32 },
+    /// Let a component waiting at its start barrier run its command:
+    /// write `hosts` to its spool entry's hosts file, then `go` to its go
+    /// file (`ComponentFiles::go_text`, `ComponentFiles::hosts_text`).
+    ReleaseComponent {
+        job: JobId,
+        component: u32,
+        go: String,
+        hosts: String,
+    },
     /// Submit a grid job's component as an ordinary batch job, all on one
     /// host when it fits on one (as the scheduler placed it); answer with
     /// [`Event::ComponentSubmitted`].
@@ -179,6 +199,8 @@ struct TrackedComponent {
     since: Instant,
     /// Seen in the batch system at least once.
     seen: bool,
+    /// Its job heard that it started (waits at its barrier).
+    start_told: bool,
 }
 
 /// A component absent from the batch system this long after its submission,
@@ -350,9 +372,13 @@ impl KcmCore {
     fn decide(&mut self, event: Event, now: Now) -> Vec<Effect> {
         match event {
             Event::Message(message) => self.on_message(message, now),
-            Event::Polled { snapshot, spooled } => {
+            Event::Polled {
+                snapshot,
+                spooled,
+                started,
+            } => {
                 self.report_due = true;
-                self.on_poll(snapshot, &spooled, now)
+                self.on_poll(snapshot, &spooled, &started, now)
             }
             Event::LaunchersSubmitted {
                 job,
@@ -516,6 +542,12 @@ impl KcmCore {
                 }
                 Vec::new()
             }
+            KcmMsg::Go {
+                job,
+                component,
+                hosts,
+            } => self.release(job, component, &hosts),
+            KcmMsg::WithdrawComponent { job, component } => self.withdraw_component(job, component),
             KcmMsg::SubmitComponent(spec) => {
                 // A batch system that runs components as their owner has
                 // them submitted as the owner's account.
@@ -556,6 +588,7 @@ impl KcmCore {
                     TrackedComponent {
                         since: now.instant,
                         seen: false,
+                        start_told: false,
                     },
                 );
                 Vec::new()
@@ -589,6 +622,7 @@ impl KcmCore {
         &mut self,
         snapshot: Result<Snapshot, BackendError>,
         spooled: &[SpooledExit],
+        started: &[SpooledStart],
         now: Now,
     ) -> Vec<Effect> {
         let mut effects = Vec::new();
@@ -642,6 +676,7 @@ impl KcmCore {
                         || last.components.iter().any(|c| &c.job == job)
                 });
                 effects.extend(self.settle_components(spooled, now));
+                effects.extend(self.tell_starts(started));
                 effects.extend(self.make_room(now));
                 effects.extend(self.withdraw_stuck(now));
             }
@@ -822,6 +857,7 @@ impl KcmCore {
                 .or_insert(TrackedComponent {
                     since: now.instant,
                     seen: true,
+                    start_told: false,
                 })
                 .seen = true;
         }
@@ -872,6 +908,86 @@ impl KcmCore {
                 Effect::ReportComponentEnd { job, outcome }
             })
             .collect()
+    }
+
+    /// Components that started since the last poll, told to their jobs
+    /// once (again after a kcm restart: the runner takes a start once).
+    fn tell_starts(&mut self, started: &[SpooledStart]) -> Vec<Effect> {
+        let cluster = &self.config.cluster;
+        let mut effects = Vec::new();
+        for start in started {
+            let Some(tracked) = self
+                .components
+                .get_mut(&(start.job.clone(), start.component))
+                .filter(|t| !t.start_told)
+            else {
+                continue;
+            };
+            tracked.start_told = true;
+            let hosts = match &start.hosts {
+                Ok(hosts) => hosts.clone(),
+                Err(e) => {
+                    warn!(job = %start.job, component = start.component, error = %e, "a started grid component's hosts cannot be read; its job hears of none");
+                    Vec::new()
+                }
+            };
+            info!(job = %start.job, component = start.component, hosts = hosts.len(), "grid component started; waiting at its barrier");
+            effects.push(Effect::Tell {
+                job: start.job.clone(),
+                message: ControlMsg::ComponentStarted {
+                    component: start.component,
+                    cluster: cluster.clone(),
+                    hosts,
+                },
+            });
+        }
+        effects
+    }
+
+    /// Every component of `job` started: `component`'s command may run,
+    /// its ranks after those of the components before it.
+    fn release(&self, job: JobId, component: u32, hosts: &[Vec<HostSlots>]) -> Vec<Effect> {
+        let slots = |hosts: &[HostSlots]| {
+            hosts
+                .iter()
+                .map(|h| h.slots)
+                .fold(0u32, u32::saturating_add)
+        };
+        let Some(before) = hosts.get(..component as usize) else {
+            warn!(job = %job, component, "a go for a component its job does not have; ignored");
+            return Vec::new();
+        };
+        let rank = before.iter().map(|h| slots(h)).fold(0, u32::saturating_add);
+        let ranks = hosts.iter().map(|h| slots(h)).fold(0, u32::saturating_add);
+        info!(job = %job, component, rank, ranks, "grid component passes its barrier");
+        vec![Effect::ReleaseComponent {
+            job,
+            component,
+            go: ComponentFiles::go_text(rank, ranks, hosts.len() as u32),
+            hosts: ComponentFiles::hosts_text(hosts),
+        }]
+    }
+
+    /// Removes one component, wherever it is, without telling its job:
+    /// the job places it again.
+    fn withdraw_component(&mut self, job: JobId, component: u32) -> Vec<Effect> {
+        let ids: Vec<String> = self
+            .last
+            .components
+            .iter()
+            .filter(|c| c.job == job && c.component == component)
+            .map(|c| c.id.clone())
+            .collect();
+        info!(job = %job, component, batch_ids = ?ids, "grid component withdrawn by its job, to be placed again");
+        self.components.remove(&(job.clone(), component));
+        self.last
+            .components
+            .retain(|c| !(c.job == job && c.component == component));
+        let mut effects = vec![Effect::DeleteSpoolEntry { job, component }];
+        if !ids.is_empty() {
+            effects.push(Effect::Remove { ids });
+        }
+        effects
     }
 
     /// Local jobs wait: withdraw pending placeholders, then order the
@@ -1351,8 +1467,24 @@ mod tests {
         spooled: Vec<SpooledExit>,
         now: Now,
     ) -> Vec<Effect> {
+        poll_started(core, snapshot, spooled, Vec::new(), now)
+    }
+
+    /// [`poll_spool`], with started files in the spool too.
+    fn poll_started(
+        core: &mut KcmCore,
+        snapshot: Snapshot,
+        spooled: Vec<SpooledExit>,
+        started: Vec<SpooledStart>,
+        now: Now,
+    ) -> Vec<Effect> {
         let snapshot = Ok(snapshot);
-        let mut effects = step(core, Event::Polled { snapshot, spooled }, now);
+        let event = Event::Polled {
+            snapshot,
+            spooled,
+            started,
+        };
+        let mut effects = step(core, event, now);
         let report = effects.split_off(effects.len().saturating_sub(2));
         let [
             Effect::ToScheduler(SchedulerMsg::ClusterStatus(report)),
@@ -1928,6 +2060,7 @@ mod tests {
             Event::Polled {
                 snapshot,
                 spooled: Vec::new(),
+                started: Vec::new(),
             },
             clock.at(0),
         );
@@ -2039,6 +2172,126 @@ mod tests {
             [Effect::DeleteSpoolEntry { job, component: 1 }] if *job == g
         ));
         assert!(ended(&poll(&mut kcm, cluster(4, Vec::new()), clock.at(33_000))).is_empty());
+    }
+
+    #[test]
+    fn a_started_component_is_told_once_and_let_go_or_withdrawn_when_its_job_says() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let g = job("g");
+        let spec = spec(&g, 1, 2);
+        message(&mut kcm, KcmMsg::SubmitComponent(spec.clone()), clock.at(0));
+        let answer = Event::ComponentSubmitted {
+            spec,
+            result: Ok(()),
+        };
+        step(&mut kcm, answer, clock.at(0));
+        let n1 = vec![HostSlots {
+            host: "n1".into(),
+            slots: 2,
+        }];
+        let started = |job: &JobId, hosts: Result<Vec<HostSlots>, String>| SpooledStart {
+            job: job.clone(),
+            component: 1,
+            hosts,
+        };
+        let running = || Snapshot {
+            components: vec![component("8", &g, 1, 2)],
+            ..cluster(4, Vec::new())
+        };
+        let told = |effects: &[Effect]| -> Vec<(JobId, ControlMsg)> {
+            effects
+                .iter()
+                .filter_map(|e| match e {
+                    Effect::Tell { job, message } => Some((job.clone(), message.clone())),
+                    _ => None,
+                })
+                .collect()
+        };
+        let stranger = job("h");
+        let effects = poll_started(
+            &mut kcm,
+            running(),
+            Vec::new(),
+            vec![
+                started(&g, Ok(n1.clone())),
+                started(&stranger, Ok(n1.clone())),
+            ],
+            clock.at(1_000),
+        );
+        let [
+            (
+                job,
+                ControlMsg::ComponentStarted {
+                    component,
+                    cluster: at,
+                    hosts,
+                },
+            ),
+        ] = &told(&effects)[..]
+        else {
+            panic!("{effects:?}");
+        };
+        assert_eq!((job, *component, at.as_str(), hosts), (&g, 1, "c1", &n1));
+        let again = poll_started(
+            &mut kcm,
+            running(),
+            Vec::new(),
+            vec![started(&g, Err("garbage".into()))],
+            clock.at(2_000),
+        );
+        assert!(told(&again).is_empty(), "told once");
+
+        let a = vec![HostSlots {
+            host: "a".into(),
+            slots: 4,
+        }];
+        let go = |component| KcmMsg::Go {
+            job: g.clone(),
+            component,
+            hosts: vec![a.clone(), n1.clone()],
+        };
+        let effects = message(&mut kcm, go(1), clock.at(3_000));
+        let [
+            Effect::ReleaseComponent {
+                go: text, hosts, ..
+            },
+        ] = &effects[..]
+        else {
+            panic!("{effects:?}");
+        };
+        assert_eq!(text, "4 6 2\n", "ranks 4 and 5 of 6");
+        assert_eq!(hosts, "a slots=4 # component 0\nn1 slots=2 # component 1\n");
+        assert!(
+            message(&mut kcm, go(3), clock.at(3_000)).is_empty(),
+            "no such component"
+        );
+
+        let effects = message(
+            &mut kcm,
+            KcmMsg::WithdrawComponent {
+                job: g.clone(),
+                component: 1,
+            },
+            clock.at(4_000),
+        );
+        assert!(
+            matches!(
+                &effects[..],
+                [Effect::DeleteSpoolEntry { component: 1, .. }, Effect::Remove { ids }] if *ids == ["8"]
+            ),
+            "{effects:?}"
+        );
+        let effects = poll_spool(
+            &mut kcm,
+            cluster(4, Vec::new()),
+            Vec::new(),
+            clock.at(5_000),
+        );
+        assert!(
+            ended(&effects).is_empty(),
+            "withdrawn, not ended: {effects:?}"
+        );
     }
 
     #[test]
@@ -2156,6 +2409,7 @@ mod tests {
             Event::Polled {
                 snapshot: Ok(waiting),
                 spooled: Vec::new(),
+                started: Vec::new(),
             },
             now,
         );

@@ -43,7 +43,7 @@ pub use sge::{SgeBackend, SgeConfig};
 pub use slurm::{SlurmBackend, SlurmConfig};
 pub use snapshot::{ComponentRun, Host, Placeholder, Snapshot};
 
-use crate::core::{Core, CoreConfig, Effect, Event, KcmCore, Now, SpooledExit};
+use crate::core::{Core, CoreConfig, Effect, Event, KcmCore, Now, SpooledExit, SpooledStart};
 
 /// What a kcm runs with, derived from its [`ClusterConfig`]: what its
 /// core decides by, and what only its shell needs.
@@ -163,13 +163,19 @@ impl<B: Backend> Kcm<B> {
     /// (and report).
     async fn poll(&mut self, publisher: &Publisher) -> Result<(), BrokerError> {
         let snapshot = self.backend.snapshot().await;
-        let spooled = if snapshot.is_ok() {
-            self.spooled_exits()
+        let (spooled, started) = if snapshot.is_ok() {
+            self.spooled()
         } else {
-            Vec::new()
+            (Vec::new(), Vec::new())
         };
-        self.core
-            .handle(Event::Polled { snapshot, spooled }, Now::read());
+        self.core.handle(
+            Event::Polled {
+                snapshot,
+                spooled,
+                started,
+            },
+            Now::read(),
+        );
         self.apply(publisher).await?;
         Ok(())
     }
@@ -216,13 +222,29 @@ impl<B: Backend> Kcm<B> {
                 Effect::DeleteSpoolEntry { job, component } => {
                     let dir = component_dir(&self.config.spool_dir, &job);
                     let files = ComponentFiles::new(&dir, &job, component);
-                    for file in [&files.stdout, &files.stderr, &files.exit] {
+                    for file in files.all() {
                         let _ = std::fs::remove_file(file);
                     }
                     if dir != self.config.spool_dir {
                         // The job's directory, once its last component's
                         // files are gone.
                         let _ = std::fs::remove_dir(&dir);
+                    }
+                    None
+                }
+                Effect::ReleaseComponent {
+                    job,
+                    component,
+                    go,
+                    hosts,
+                } => {
+                    let dir = component_dir(&self.config.spool_dir, &job);
+                    let files = ComponentFiles::new(&dir, &job, component);
+                    // The host file first: once `go` is there, the command runs.
+                    if let Err(e) = write_spool_file(&files.hosts, &hosts)
+                        .and_then(|()| write_spool_file(&files.go, &go))
+                    {
+                        tracing::warn!(job = %job, component, error = %e, "cannot let a grid component pass its barrier");
                     }
                     None
                 }
@@ -369,39 +391,45 @@ impl<B: Backend> Kcm<B> {
     }
 
     /// The components whose exit status waits in the spool or in their
-    /// job's directory in it; in a job's directory, that job's only.
-    fn spooled_exits(&self) -> Vec<SpooledExit> {
-        let mut spooled = Vec::new();
+    /// job's directory in it, and those that started (their hosts); in a
+    /// job's directory, that job's only.
+    fn spooled(&self) -> (Vec<SpooledExit>, Vec<SpooledStart>) {
+        let (mut exits, mut starts) = (Vec::new(), Vec::new());
         for (dir, only) in spool_dirs(&self.config.spool_dir) {
             let owner = dir_owner(&dir);
             let Ok(entries) = std::fs::read_dir(&dir) else {
                 continue;
             };
             for entry in entries.flatten() {
-                let Some((job, component)) = entry
-                    .file_name()
-                    .to_str()
-                    .and_then(ComponentFiles::parse_exit)
-                else {
+                let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
                     continue;
                 };
-                if only.as_ref().is_some_and(|only| *only != job) {
-                    continue;
+                let theirs = |job: &JobId| only.as_ref().is_none_or(|only| only == job);
+                if let Some((job, component)) =
+                    ComponentFiles::parse_exit(&name).filter(|(job, _)| theirs(job))
+                {
+                    let exit_code = read_head(&entry.path(), owner, 32)
+                        .and_then(|text| text.trim().parse().ok());
+                    exits.push(SpooledExit {
+                        job,
+                        component,
+                        exit_code,
+                    });
+                } else if let Some((job, component)) =
+                    ComponentFiles::parse_started(&name).filter(|(job, _)| theirs(job))
+                {
+                    let hosts = read_head(&entry.path(), owner, STARTED_FILE)
+                        .ok_or_else(|| "not a readable file of its owner's".to_owned())
+                        .and_then(|text| backend::parse_started(&text));
+                    starts.push(SpooledStart {
+                        job,
+                        component,
+                        hosts,
+                    });
                 }
-                let exit_code = open_component_file(&entry.path(), owner).and_then(|file| {
-                    use std::io::Read;
-                    let mut text = String::new();
-                    file.take(32).read_to_string(&mut text).ok()?;
-                    text.trim().parse().ok()
-                });
-                spooled.push(SpooledExit {
-                    job,
-                    component,
-                    exit_code,
-                });
             }
         }
-        spooled
+        (exits, starts)
     }
 }
 
@@ -506,6 +534,38 @@ fn open_component_file(path: &Path, owner: Option<u32>) -> Option<std::fs::File>
         .ok()?;
     let meta = file.metadata().ok()?;
     (meta.is_file() && Some(meta.uid()) == owner).then_some(file)
+}
+
+/// The first `limit` bytes of a component's file ([`open_component_file`]),
+/// as text.
+fn read_head(path: &Path, owner: Option<u32>, limit: u64) -> Option<String> {
+    use std::io::Read;
+    let file = open_component_file(path, owner)?;
+    let mut text = String::new();
+    file.take(limit).read_to_string(&mut text).ok()?;
+    Some(text)
+}
+
+/// The most of a started file read: a host list of thousands of nodes.
+const STARTED_FILE: u64 = 1 << 20;
+
+/// Writes a file the kcm hands a component (in its owner's directory, if
+/// that is where its files are): under a name nobody could have
+/// prepared, never through a link, then renamed into place whole, so the
+/// wrapper never reads half of it.
+fn write_spool_file(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let tmp = path.with_extension(format!("kcm-{:016x}", rand::random::<u64>()));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .mode(0o644)
+        .open(&tmp)?;
+    file.write_all(text.as_bytes())?;
+    std::fs::rename(&tmp, path).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
 }
 
 /// The last bytes of a component's file ([`open_component_file`]), and

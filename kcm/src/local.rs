@@ -16,7 +16,9 @@ use gleaner_protocol::{
 };
 
 use crate::{
-    backend::{Backend, BackendError, ComponentFiles, LauncherCommand, RunAs, kcm_only},
+    backend::{
+        Backend, BackendError, ComponentFiles, ComponentHosts, LauncherCommand, RunAs, kcm_only,
+    },
     contain::{self, Account, Cgroups},
     snapshot::{ComponentRun, Host, Placeholder, Snapshot},
 };
@@ -426,7 +428,7 @@ impl Backend for LocalBackend {
         self.components.push(Component {
             id,
             spec: spec.clone(),
-            script: files.script(spec, run_as),
+            script: files.script(spec, run_as, ComponentHosts::ThisHost),
             child: None,
         });
         self.start_components();

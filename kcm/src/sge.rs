@@ -20,8 +20,8 @@ use tracing::warn;
 use crate::{
     backend::RunAs,
     backend::{
-        Backend, BackendError, ComponentFiles, LauncherCommand, as_account, placeholder_needs,
-        remove_all, run, submit_arrays,
+        Backend, BackendError, ComponentFiles, ComponentHosts, LauncherCommand, as_account,
+        placeholder_needs, remove_all, run, submit_arrays,
     },
     contain::Account,
     qstat::{self, AllocationRule, Consumables, allocation_rule},
@@ -401,7 +401,7 @@ impl Backend for SgeBackend {
         let args = component_args(&self.config, spec, one_host, &std::env::temp_dir());
         // Submitted as the owner, it runs as them: the script has no
         // account to switch to.
-        let script = files.script(spec, None);
+        let script = files.script(spec, None, ComponentHosts::GridEngine);
         let (program, args) = as_account("qsub", &args, run_as);
         self.run(&program, &args, Some(&script)).await?;
         Ok(())

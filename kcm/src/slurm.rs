@@ -23,8 +23,8 @@ use gleaner_protocol::{
 use crate::{
     backend::RunAs,
     backend::{
-        Backend, BackendError, ComponentFiles, LauncherCommand, as_account, placeholder_needs,
-        remove_all, run, submit_arrays,
+        Backend, BackendError, ComponentFiles, ComponentHosts, LauncherCommand, as_account,
+        placeholder_needs, remove_all, run, submit_arrays,
     },
     contain::Account,
     snapshot::Snapshot,
@@ -314,7 +314,7 @@ impl Backend for SlurmBackend {
         let args = component_args(&self.config, spec, one_host, &std::env::temp_dir());
         // Submitted as the owner, it runs as them: the script has no
         // account to switch to.
-        let script = files.script(spec, None);
+        let script = files.script(spec, None, ComponentHosts::Slurm);
         let (program, args) = as_account("sbatch", &args, run_as);
         let answer = self.run(&program, &args, Some(&script)).await?;
         parse_job_id(&answer)

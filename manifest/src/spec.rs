@@ -35,6 +35,13 @@ fn is_default_weight(weight: &u32) -> bool {
 /// The longest a preempted task may take to save its state.
 pub const MAX_PREEMPT_GRACE: Duration = Duration::from_secs(60);
 
+/// How long a grid job's components wait at the start barrier by default.
+pub const DEFAULT_BARRIER_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The longest a grid job may take to gather: started components hold
+/// their slots idle meanwhile.
+pub const MAX_BARRIER_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
 /// The signal a manifest's `preempt_signal` names (`TERM`, `SIGUSR1`…).
 pub fn preempt_signal_number(name: &str) -> Option<i32> {
     match name.trim_start_matches("SIG") {
@@ -145,6 +152,18 @@ pub struct Manifest {
     /// (`max_attempts`); otherwise the job ends failed with it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub restart_on_failure: bool,
+    /// Grid jobs: how long after its placement the job may take to gather
+    /// (every component started, waiting at the start barrier) — KOALA's
+    /// Job Start Time. Past it, the components that started are stopped
+    /// and the job is placed again, a try. Default [`DEFAULT_BARRIER_TIMEOUT`].
+    #[serde(default, with = "walltime", skip_serializing_if = "Option::is_none")]
+    pub barrier_timeout: Option<Duration>,
+    /// Grid jobs: KOALA's claiming threshold T, in (0, 1]. At a claiming
+    /// try, once this fraction of the components has started, the others
+    /// are withdrawn from their clusters and placed again; at 1 (the
+    /// default) the job waits for all of them where they were placed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_threshold: Option<f64>,
     /// Some of another job's tasks run again (`gleaner resubmit`): the
     /// same sweep, only these task numbers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -314,6 +333,8 @@ impl Manifest {
             final_step: None,
             open: false,
             restart_on_failure: false,
+            barrier_timeout: None,
+            claim_threshold: None,
             rerun: None,
         }
     }
@@ -392,6 +413,17 @@ impl Manifest {
                 "restart_on_failure",
                 "grid jobs restart whole; a sweep's tasks are retried up to max_attempts",
             ));
+        }
+        for (field, given) in [
+            ("barrier_timeout", self.barrier_timeout.is_some()),
+            ("claim_threshold", self.claim_threshold.is_some()),
+        ] {
+            if given {
+                return Err(ManifestError::invalid(
+                    field,
+                    "only grid jobs gather their components at a start barrier",
+                ));
+            }
         }
         if self.preempt_grace.is_some_and(|g| g > MAX_PREEMPT_GRACE) {
             return Err(ManifestError::invalid(
@@ -576,6 +608,24 @@ impl Manifest {
                 "grid jobs have no tasks to run again; submit the job again",
             ));
         }
+        if self
+            .barrier_timeout
+            .is_some_and(|t| t.is_zero() || t > MAX_BARRIER_TIMEOUT)
+        {
+            return Err(ManifestError::invalid(
+                "barrier_timeout",
+                format!(
+                    "must be longer than 0s and at most {}: components that started hold their slots meanwhile",
+                    humantime::format_duration(MAX_BARRIER_TIMEOUT)
+                ),
+            ));
+        }
+        if self.claim_threshold.is_some_and(|t| !(t > 0.0 && t <= 1.0)) {
+            return Err(ManifestError::invalid(
+                "claim_threshold",
+                "must be more than 0 and at most 1 (the fraction of components that must have started)",
+            ));
+        }
         if self.components.is_empty() {
             return Err(ManifestError::invalid(
                 "component",
@@ -650,6 +700,17 @@ impl Manifest {
     }
 
     /// The priority this job is placed with.
+    /// Grid jobs: how long the job may take to gather after its placement.
+    pub fn barrier_timeout(&self) -> Duration {
+        self.barrier_timeout.unwrap_or(DEFAULT_BARRIER_TIMEOUT)
+    }
+
+    /// Grid jobs: the fraction of components that must have started for
+    /// a claiming try to place the others again (KOALA's T).
+    pub fn claim_threshold(&self) -> f64 {
+        self.claim_threshold.unwrap_or(1.0)
+    }
+
     pub fn effective_priority(&self) -> Priority {
         match self.kind {
             JobKind::Scavenge => Priority::SuperLow,
@@ -886,6 +947,37 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
             parse("name = \"g\"\nkind = \"grid\"\n[[component]]\nslots = 0\ncommand = \"./mpi\"\n")
                 .unwrap_err();
         assert_eq!(err.field(), Some("component[0].slots"));
+    }
+
+    #[test]
+    fn a_grid_jobs_barrier_and_claiming_threshold_are_bounded() {
+        let grid = |extra: &str| {
+            parse(&format!(
+                "name = \"g\"\nkind = \"grid\"\n{extra}\n[[component]]\nslots = 1\ncommand = \"x\"\n"
+            ))
+        };
+        let ok = grid("barrier_timeout = \"90s\"\nclaim_threshold = 0.5").unwrap();
+        assert_eq!(
+            (ok.barrier_timeout(), ok.claim_threshold()),
+            (Duration::from_secs(90), 0.5)
+        );
+        let default = grid("").unwrap();
+        assert_eq!(
+            (default.barrier_timeout(), default.claim_threshold()),
+            (DEFAULT_BARRIER_TIMEOUT, 1.0)
+        );
+        for (extra, field) in [
+            ("barrier_timeout = \"0s\"", "barrier_timeout"),
+            ("barrier_timeout = \"2days\"", "barrier_timeout"),
+            ("claim_threshold = 0.0", "claim_threshold"),
+            ("claim_threshold = 1.5", "claim_threshold"),
+            ("claim_threshold = nan", "claim_threshold"),
+        ] {
+            assert_eq!(grid(extra).unwrap_err().field(), Some(field), "{extra}");
+        }
+        let err =
+            parse("name = \"s\"\nclaim_threshold = 1.0\n[[task]]\ncommand = \"x\"\n").unwrap_err();
+        assert_eq!(err.field(), Some("claim_threshold"));
     }
 
     #[test]

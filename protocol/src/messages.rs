@@ -225,6 +225,9 @@ pub struct JobReport {
     /// Tasks may still be added to it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub open: bool,
+    /// Grid jobs: how they gathered their components.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gathering: Option<Gathering>,
 }
 
 impl JobReport {
@@ -539,6 +542,16 @@ pub enum KcmMsg {
     JobEnded { job: JobId },
     /// Run one component of a grid job as an ordinary batch job.
     SubmitComponent(ComponentSpec),
+    /// Every component of a grid job started: this one's command runs
+    /// now, knowing where all of them are (`hosts`, in component order).
+    Go {
+        job: JobId,
+        component: u32,
+        hosts: Vec<Vec<HostSlots>>,
+    },
+    /// Remove one component of a grid job, running at its barrier or
+    /// waiting, without reporting its end: it is placed again elsewhere.
+    WithdrawComponent { job: JobId, component: u32 },
     /// A launcher of `job` reached the broker: its placeholder started
     /// well. One that leaves the batch system without saying so is a
     /// failed start. The job is its runner's, which relays it: a launcher
@@ -591,6 +604,8 @@ impl Message for KcmMsg {
             Self::Release { .. } => "release",
             Self::JobEnded { .. } => "job_ended",
             Self::SubmitComponent(_) => "submit_component",
+            Self::Go { .. } => "go",
+            Self::WithdrawComponent { .. } => "withdraw_component",
             Self::LauncherUp { .. } => "launcher_up",
         }
     }
@@ -693,6 +708,41 @@ pub enum ControlMsg {
         cluster: ClusterName,
         reason: String,
     },
+    /// A kcm saw a grid job's component start: it holds `hosts` and waits
+    /// at the start barrier, its command not run until its runner says go.
+    ComponentStarted {
+        component: u32,
+        cluster: ClusterName,
+        hosts: Vec<HostSlots>,
+    },
+}
+
+/// A host a started grid component holds, and its slots there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostSlots {
+    pub host: String,
+    pub slots: u32,
+}
+
+/// How a grid job gathered its components (KOALA's figures): what `job.json`,
+/// `gleaner status` and the metrics show.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Gathering {
+    /// Components started and waiting at the start barrier for the others.
+    #[serde(default)]
+    pub at_barrier: u32,
+    /// Claiming tries made, over every placement.
+    #[serde(default)]
+    pub claiming_tries: u32,
+    /// Seconds from submission to the job's last placement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement_s: Option<f64>,
+    /// Seconds the first component to start waited at the barrier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub barrier_s: Option<f64>,
+    /// Seconds from the job's last placement to its start (the go).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_delay_s: Option<f64>,
 }
 
 /// How a grid job's component ended.
@@ -722,6 +772,7 @@ impl Message for ControlMsg {
             Self::PlacementFailed { .. } => "placement_failed",
             Self::ComponentEnded(_) => "component_ended",
             Self::ComponentWithdrawn { .. } => "component_withdrawn",
+            Self::ComponentStarted { .. } => "component_started",
         }
     }
 }
@@ -1075,6 +1126,7 @@ mod tests {
             components: Vec::new(),
             max_slots: None,
             problem: None,
+            gathering: None,
             weight: 1,
             task_slots: 1,
             open: false,
@@ -1126,6 +1178,18 @@ mod tests {
             },
             KcmMsg::JobEnded { job: job() },
             KcmMsg::SubmitComponent(spec),
+            KcmMsg::Go {
+                job: job(),
+                component: 0,
+                hosts: vec![vec![HostSlots {
+                    host: "n1".into(),
+                    slots: 2,
+                }]],
+            },
+            KcmMsg::WithdrawComponent {
+                job: job(),
+                component: 0,
+            },
         ]);
         assert_kinds(&[
             ControlMsg::GrowOffer {
@@ -1183,6 +1247,11 @@ mod tests {
                 component: 0,
                 cluster: "c".into(),
                 reason: String::new(),
+            },
+            ControlMsg::ComponentStarted {
+                component: 0,
+                cluster: "c".into(),
+                hosts: Vec::new(),
             },
         ]);
         assert_kinds(&[

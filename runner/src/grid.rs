@@ -2,8 +2,23 @@
 //! at once, where the scheduler places them.
 //!
 //! It decides when the job waits for placement, which kcm gets which
-//! component once placed, and what a component's end means: final when its
-//! program exited (a rigid job's program is not retried); when it was lost
+//! component once placed, when the components may run, and what a
+//! component's end means.
+//!
+//! Each component is submitted as soon as it is placed; once its batch
+//! system starts it, it waits at the start barrier, holding its slots,
+//! until every component has started: then each is let go with where all
+//! of them are. Waiting is bounded as KOALA bounds its claiming: the run
+//! must gather by its Job Start Time (placement + `barrier_timeout`);
+//! claiming tries at KOALA's Job Claiming Times (the first at placement,
+//! each next one `L` of the way to the start time) withdraw the components
+//! that have not started, to be placed again, once the fraction that did
+//! reaches the job's `claim_threshold` (T); a run that has not gathered by
+//! its start time is given up — its components stopped, the job placed
+//! again whole, with `L` lowered.
+//!
+//! A component's end is final when its program exited (a rigid job's
+//! program is not retried, unless `restart_on_failure`); when it was lost
 //! instead — it could not start, its cluster has no kcm, or it vanished
 //! without an exit status before its walltime (its host died) — the job's
 //! other components are stopped and the whole job is placed again, up to
@@ -13,8 +28,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_protocol::{
-    ActionReply, ClusterName, ComponentOutcome, ComponentSpec, ControlMsg, JobReport, JobState,
-    KcmMsg, LauncherId, ResultMsg, RunStatus, SchedulerMsg, TaskBundle,
+    ActionReply, ClusterName, ComponentOutcome, ComponentSpec, ControlMsg, HostSlots, JobReport,
+    JobState, KcmMsg, LauncherId, Millis, ResultMsg, RunStatus, SchedulerMsg, TaskBundle,
 };
 use indexmap::IndexMap;
 use tracing::{debug, info, warn};
@@ -23,8 +38,30 @@ use crate::{
     book::FinalStatus,
     effect::{Effect, Followup, Now},
     job_core::{Job, Kind, Ledger, Opening, Refusal, cancel, finish_unfinished, index_entry},
-    records::IndexEntry,
+    records::{Claim, IndexEntry, StartedComponent},
 };
+
+/// KOALA's L to begin with; each run that did not gather lowers it by
+/// [`CLAIM_LEVEL_STEP`], down to [`CLAIM_LEVEL_FLOOR`].
+pub const CLAIM_LEVEL: f64 = 0.75;
+const CLAIM_LEVEL_STEP: f64 = 0.125;
+const CLAIM_LEVEL_FLOOR: f64 = 0.25;
+
+/// The claiming try after one at `at`: `level` of the way to the start
+/// time (KOALA: JCTₙ₊₁ = JCTₙ + L·(JST − JCTₙ)); the start time itself once
+/// that is less than a second away.
+pub fn next_try(at: Millis, start_by: Millis, level: f64) -> Millis {
+    let left = start_by.saturating_sub(at);
+    let next = at.saturating_add((left as f64 * level) as u64);
+    match start_by.saturating_sub(next) < 1_000 {
+        true => start_by,
+        false => next,
+    }
+}
+
+fn seconds(from: Millis, to: Millis) -> f64 {
+    to.saturating_sub(from) as f64 / 1000.0
+}
 
 /// The kind of a grid job; its tasks are its components, all of whose
 /// state is in the job's ledger.
@@ -39,11 +76,27 @@ impl Grid {
 
     /// The scheduler placed the job: each component still to place goes to
     /// its cluster's kcm, which submits it to the batch system.
-    fn place(&mut self, ledger: &mut Ledger, clusters: Vec<ClusterName>) -> Vec<Effect> {
+    fn place(&mut self, ledger: &mut Ledger, clusters: Vec<ClusterName>, now: Now) -> Vec<Effect> {
         let unplaced: Vec<usize> = ledger.unplaced().map(|(i, _)| i).collect();
         if ledger.file().state != JobState::Waiting || clusters.len() != unplaced.len() {
             debug!("placement ignored: already placed, or not for this job");
             return Vec::new();
+        }
+        // A new run, unless components withdrawn from this one are placed
+        // again: they have until its start time.
+        let whole = unplaced.len() == ledger.manifest().components.len();
+        let barrier_timeout = ledger.manifest().barrier_timeout().as_millis() as u64;
+        let gather = ledger.gather_mut();
+        if whole || gather.run.is_none() {
+            gather.figures.placement_s = Some(seconds(gather.waiting_since, now.wall_ms));
+            gather.run = Some(Claim {
+                placed_at: now.wall_ms,
+                start_by: now.wall_ms.saturating_add(barrier_timeout),
+                // JCT₀ = JPT + L·FTT: nothing is staged, FTT is 0.
+                next_try: now.wall_ms,
+                started: BTreeMap::new(),
+                released_at: None,
+            });
         }
         info!(components = ?unplaced, clusters = ?clusters, "grid job placed");
         let env: Vec<(String, String)> = ledger
@@ -90,6 +143,163 @@ impl Grid {
         effects
     }
 
+    /// A component started and waits at the barrier; once all have, each
+    /// is let go, with where every one of them is.
+    fn component_started(
+        &mut self,
+        ledger: &mut Ledger,
+        component: u32,
+        cluster: ClusterName,
+        hosts: Vec<HostSlots>,
+        now: Now,
+    ) -> Vec<Effect> {
+        let placed = ledger.file().components.get(component as usize);
+        if placed != Some(&Some(cluster.clone())) || ledger.book().is_finished(u64::from(component))
+        {
+            debug!(component, cluster = %cluster, "start ignored: not placed there, or ended");
+            return Vec::new();
+        }
+        let components = ledger.manifest().components.len();
+        let Some(run) = ledger.gather_mut().run.as_mut() else {
+            debug!(component, "start ignored: no run placed");
+            return Vec::new();
+        };
+        if run.released_at.is_some() || run.started.contains_key(&component) {
+            debug!(component, "start ignored: heard before");
+            return Vec::new();
+        }
+        info!(component, cluster = %cluster, hosts = ?hosts.iter().map(|h| &h.host).collect::<Vec<_>>(), started = run.started.len() + 1, of = components, "grid component started; waiting at the barrier");
+        run.started.insert(
+            component,
+            StartedComponent {
+                cluster,
+                hosts,
+                at: now.wall_ms,
+            },
+        );
+        let mut effects = match run.started.len() == components {
+            true => self.release(ledger, now),
+            false => Vec::new(),
+        };
+        self.count_at_barrier(ledger);
+        effects.extend([Effect::SaveJobFile, Effect::Report]);
+        effects
+    }
+
+    /// Every component started: each one's kcm lets it run.
+    fn release(&mut self, ledger: &mut Ledger, now: Now) -> Vec<Effect> {
+        let job = ledger.id().clone();
+        let gather = ledger.gather_mut();
+        let Some(run) = gather.run.as_mut() else {
+            return Vec::new();
+        };
+        run.released_at = Some(now.wall_ms);
+        let first = run
+            .started
+            .values()
+            .map(|s| s.at)
+            .min()
+            .unwrap_or(now.wall_ms);
+        let placed_at = run.placed_at;
+        let hosts: Vec<Vec<HostSlots>> = run.started.values().map(|s| s.hosts.clone()).collect();
+        let effects: Vec<Effect> = run
+            .started
+            .iter()
+            .map(|(component, started)| Effect::ToKcm {
+                cluster: started.cluster.clone(),
+                msg: KcmMsg::Go {
+                    job: job.clone(),
+                    component: *component,
+                    hosts: hosts.clone(),
+                },
+                followup: Followup::Nothing,
+            })
+            .collect();
+        gather.figures.barrier_s = Some(seconds(first, now.wall_ms));
+        gather.figures.start_delay_s = Some(seconds(placed_at, now.wall_ms));
+        info!(
+            barrier_s = gather.figures.barrier_s,
+            start_delay_s = gather.figures.start_delay_s,
+            "every grid component started: all let go"
+        );
+        effects
+    }
+
+    fn count_at_barrier(&self, ledger: &mut Ledger) {
+        let gather = ledger.gather_mut();
+        gather.figures.at_barrier = gather
+            .run
+            .as_ref()
+            .filter(|run| run.released_at.is_none())
+            .map_or(0, |run| run.started.len() as u32);
+    }
+
+    /// A claiming try, when one is due: past the start time, the run is
+    /// given up; before it, with the fraction of components started at
+    /// the job's threshold, those not started are withdrawn, to be placed
+    /// again.
+    fn claim(&mut self, ledger: &mut Ledger, now: Now) -> Vec<Effect> {
+        let components = ledger.manifest().components.len();
+        let threshold = ledger.manifest().claim_threshold();
+        let barrier_timeout = ledger.manifest().barrier_timeout();
+        let gather = ledger.gather_mut();
+        let level = gather.level;
+        let Some(run) = gather
+            .run
+            .as_mut()
+            .filter(|run| run.released_at.is_none() && run.next_try <= now.wall_ms)
+        else {
+            return Vec::new();
+        };
+        let started = run.started.len();
+        let past_start = now.wall_ms >= run.start_by;
+        run.next_try = next_try(now.wall_ms, run.start_by, level);
+        let unstarted: Vec<u32> = (0..components as u32)
+            .filter(|c| !run.started.contains_key(c))
+            .collect();
+        gather.figures.claiming_tries += 1;
+        if past_start {
+            gather.level = (level - CLAIM_LEVEL_STEP).max(CLAIM_LEVEL_FLOOR);
+            let reason = format!(
+                "did not gather within its barrier_timeout ({}s): {started} of {components} components started",
+                barrier_timeout.as_secs()
+            );
+            if self.may_restart(ledger) {
+                return self.restart(ledger, &reason, now);
+            }
+            warn!(reason, "grid job given up: no run left");
+            return vec![finish_unfinished(self, ledger, FinalStatus::Failed)];
+        }
+        let fraction = started as f64 / components as f64;
+        let mut effects = Vec::new();
+        if fraction >= threshold {
+            let job = ledger.id().clone();
+            for component in unstarted {
+                let Some(cluster) = ledger
+                    .placements_mut()
+                    .get_mut(component as usize)
+                    .and_then(Option::take)
+                else {
+                    continue;
+                };
+                info!(component, cluster = %cluster, started, of = components, "claiming try: component not started, withdrawn to be placed again");
+                effects.push(Effect::ToKcm {
+                    cluster,
+                    msg: KcmMsg::WithdrawComponent {
+                        job: job.clone(),
+                        component,
+                    },
+                    followup: Followup::Nothing,
+                });
+            }
+            if !effects.is_empty() {
+                ledger.set_state(JobState::Waiting);
+            }
+        }
+        effects.push(Effect::SaveJobFile);
+        effects
+    }
+
     /// A cluster withdrew a component that never started there: it waits
     /// to be placed again, with the job's other components left running.
     fn component_withdrawn(
@@ -119,7 +329,12 @@ impl Grid {
     /// A component ended. Its program's exit is final (a rigid job is not
     /// retried); a component lost without one sends the job back to
     /// placement while that can still make it whole.
-    fn component_ended(&mut self, ledger: &mut Ledger, outcome: ComponentOutcome) -> Vec<Effect> {
+    fn component_ended(
+        &mut self,
+        ledger: &mut Ledger,
+        outcome: ComponentOutcome,
+        now: Now,
+    ) -> Vec<Effect> {
         let task = u64::from(outcome.component);
         let placed_here = ledger
             .file()
@@ -135,7 +350,11 @@ impl Grid {
                 None if outcome.runtime_ms == 0 => "could not start",
                 _ => "vanished without an exit status",
             };
-            return self.restart(ledger, outcome.component, &outcome.cluster, reason);
+            let reason = format!(
+                "component {} on {} {reason}",
+                outcome.component, outcome.cluster
+            );
+            return self.restart(ledger, &reason, now);
         }
         let status = match outcome.exit_code {
             Some(0) => RunStatus::Succeeded,
@@ -145,8 +364,11 @@ impl Grid {
             && ledger.manifest().restart_on_failure
             && self.may_restart(ledger)
         {
-            let reason = format!("exited with code {code}");
-            return self.restart(ledger, outcome.component, &outcome.cluster, &reason);
+            let reason = format!(
+                "component {} on {} exited with code {code}",
+                outcome.component, outcome.cluster
+            );
+            return self.restart(ledger, &reason, now);
         }
         let result = ResultMsg {
             job: ledger.id().clone(),
@@ -204,15 +426,16 @@ impl Grid {
 
     /// Stops every component still standing and sends the job back to
     /// placement: a rigid job runs whole or not at all.
-    fn restart(
-        &mut self,
-        ledger: &mut Ledger,
-        component: u32,
-        cluster: &ClusterName,
-        reason: &str,
-    ) -> Vec<Effect> {
+    fn restart(&mut self, ledger: &mut Ledger, reason: &str, now: Now) -> Vec<Effect> {
         let restarts = ledger.restarted();
-        warn!(component, cluster = %cluster, reason, restarts, "grid component lost: stopping the others, placing the job again");
+        warn!(
+            reason,
+            restarts, "grid job's run given up: stopping its components, placing the job again"
+        );
+        let gather = ledger.gather_mut();
+        gather.run = None;
+        gather.waiting_since = now.wall_ms;
+        gather.figures.at_barrier = 0;
         let mut effects: Vec<Effect> = ledger
             .forget_clusters()
             .into_iter()
@@ -279,15 +502,20 @@ impl Kind for Grid {
         Vec::new()
     }
 
-    fn on_control(&mut self, ledger: &mut Ledger, msg: ControlMsg, _now: Now) -> Vec<Effect> {
+    fn on_control(&mut self, ledger: &mut Ledger, msg: ControlMsg, now: Now) -> Vec<Effect> {
         let job = ledger.id();
         match msg {
-            ControlMsg::Place { clusters } => self.place(ledger, clusters),
+            ControlMsg::Place { clusters } => self.place(ledger, clusters, now),
             ControlMsg::PlacementFailed { reason } => {
                 warn!(reason, "the scheduler gave up placing the job");
                 vec![finish_unfinished(self, ledger, FinalStatus::Failed)]
             }
-            ControlMsg::ComponentEnded(outcome) => self.component_ended(ledger, outcome),
+            ControlMsg::ComponentEnded(outcome) => self.component_ended(ledger, outcome, now),
+            ControlMsg::ComponentStarted {
+                component,
+                cluster,
+                hosts,
+            } => self.component_started(ledger, component, cluster, hosts, now),
             ControlMsg::ComponentWithdrawn {
                 component,
                 cluster,
@@ -326,10 +554,12 @@ impl Kind for Grid {
         ledger: &mut Ledger,
         followup: Followup,
         arrived: bool,
+        now: Now,
     ) -> Vec<Effect> {
         match followup {
             Followup::Component { component, cluster } if !arrived && self.may_restart(ledger) => {
-                self.restart(ledger, component, &cluster, "its cluster has no kcm")
+                let reason = format!("component {component}: {cluster} has no kcm");
+                self.restart(ledger, &reason, now)
             }
             Followup::Component { component, cluster } if !arrived => {
                 warn!(component, cluster = %cluster, "no kcm for the cluster; component failed");
@@ -342,8 +572,23 @@ impl Kind for Grid {
         }
     }
 
-    fn poll(&mut self, _ledger: &mut Ledger, _now: Now) -> Vec<Effect> {
-        Vec::new()
+    /// Claiming tries, when due; a job placed by a runner that kept no
+    /// gathering (an older one) gathers from now.
+    fn poll(&mut self, ledger: &mut Ledger, now: Now) -> Vec<Effect> {
+        let placed = ledger.file().state == JobState::Running
+            && ledger.file().components.iter().all(Option::is_some);
+        let barrier_timeout = ledger.manifest().barrier_timeout().as_millis() as u64;
+        let gather = ledger.gather_mut();
+        if placed && gather.run.is_none() {
+            gather.run = Some(Claim {
+                placed_at: now.wall_ms,
+                start_by: now.wall_ms.saturating_add(barrier_timeout),
+                next_try: now.wall_ms,
+                started: BTreeMap::new(),
+                released_at: None,
+            });
+        }
+        self.claim(ledger, now)
     }
 
     /// Running components are those placed and not yet ended.
@@ -428,6 +673,176 @@ mod tests {
             },
             stderr: Captured::default(),
         })
+    }
+
+    fn started_on(component: u32, cluster: &str, host: &str) -> ControlMsg {
+        ControlMsg::ComponentStarted {
+            component,
+            cluster: cluster.into(),
+            hosts: vec![HostSlots {
+                host: host.into(),
+                slots: 4 - 2 * component,
+            }],
+        }
+    }
+
+    fn gathering(grid: &Job<Grid>) -> gleaner_protocol::Gathering {
+        grid.job_file().gathering.unwrap().figures
+    }
+
+    fn grid_with(extra: &str, t0: Instant) -> Job<Grid> {
+        let manifest = MANIFEST.replace("walltime", &format!("{extra}\nwalltime"));
+        let submission = submission(&manifest);
+        let mut grid = Grid::open(opening(&submission, vec![], None), at(t0, 0)).unwrap();
+        grid.start();
+        grid.on_control(
+            ControlMsg::Place {
+                clusters: vec!["c1".into(), "c2".into()],
+            },
+            at(t0, 1),
+        );
+        grid
+    }
+
+    #[test]
+    fn components_wait_at_the_barrier_until_all_have_started() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        // Submitted at 1 s after the epoch; placed at 1,001 s.
+        assert_eq!(gathering(&grid).placement_s, Some(1000.0));
+        let effects = grid.on_control(started_on(1, "c2", "b1"), at(t0, 3));
+        assert!(told(&effects).is_empty(), "the other has not started");
+        assert_eq!(grid.standing(at(t0, 3)).gathering.unwrap().at_barrier, 1);
+        assert!(
+            grid.on_control(started_on(0, "c2", "x"), at(t0, 4))
+                .is_empty(),
+            "not placed there"
+        );
+        let effects = grid.on_control(started_on(0, "c1", "a1"), at(t0, 6));
+        let released: Vec<(String, u32, Vec<Vec<HostSlots>>)> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::ToKcm {
+                    cluster,
+                    msg:
+                        KcmMsg::Go {
+                            component, hosts, ..
+                        },
+                    ..
+                } => Some((cluster.to_string(), *component, hosts.clone())),
+                _ => None,
+            })
+            .collect();
+        let hosts = vec![
+            vec![HostSlots {
+                host: "a1".into(),
+                slots: 4,
+            }],
+            vec![HostSlots {
+                host: "b1".into(),
+                slots: 2,
+            }],
+        ];
+        assert_eq!(
+            released,
+            [
+                ("c1".to_owned(), 0, hosts.clone()),
+                ("c2".to_owned(), 1, hosts)
+            ]
+        );
+        let figures = gathering(&grid);
+        assert_eq!(
+            (figures.at_barrier, figures.barrier_s, figures.start_delay_s),
+            (0, Some(3.0), Some(5.0))
+        );
+        assert!(
+            grid.on_control(started_on(1, "c2", "b1"), at(t0, 7))
+                .is_empty(),
+            "let go once"
+        );
+        assert!(
+            grid.poll(at(t0, 3_600)).is_empty(),
+            "no claiming once gathered"
+        );
+    }
+
+    #[test]
+    fn claiming_tries_follow_koalas_times_and_a_run_not_gathered_by_its_start_time_is_placed_again()
+    {
+        let t0 = Instant::now();
+        let mut grid = grid_with("barrier_timeout = \"20s\"", t0);
+        grid.on_control(started_on(0, "c1", "a1"), at(t0, 2));
+        // Tries at placement (1 s), then L = 0.75 of the way to the start
+        // time (21 s) each: 16 s, 19.75 s, then the start time itself.
+        for (t, tries) in [(1, 1), (15, 1), (16, 2), (19, 2), (20, 3)] {
+            assert!(told(&grid.poll(at(t0, t))).is_empty(), "at {t}s");
+            assert_eq!(gathering(&grid).claiming_tries, tries, "at {t}s");
+        }
+        let effects = grid.poll(at(t0, 21));
+        assert_eq!(
+            told(&effects),
+            [
+                ("c1".to_owned(), "job_ended"),
+                ("c2".to_owned(), "job_ended")
+            ]
+        );
+        let file = grid.job_file();
+        assert_eq!((file.state, file.restarts), (JobState::Waiting, 1));
+        let gather = file.gathering.unwrap();
+        assert_eq!(
+            (
+                gather.level,
+                gather.figures.claiming_tries,
+                gather.figures.at_barrier
+            ),
+            (0.625, 4, 0)
+        );
+        assert!(gather.run.is_none());
+        assert_eq!(
+            grid.standing(at(t0, 21)).components,
+            [4, 2],
+            "placed again whole"
+        );
+        // The next run's start time counts from its own placement.
+        let place = ControlMsg::Place {
+            clusters: vec!["c2".into(), "c1".into()],
+        };
+        grid.on_control(place, at(t0, 30));
+        assert_eq!(gathering(&grid).placement_s, Some(9.0));
+        assert_eq!(
+            grid.job_file().gathering.unwrap().run.unwrap().start_by,
+            at(t0, 50).wall_ms
+        );
+    }
+
+    #[test]
+    fn with_a_threshold_a_claiming_try_places_the_components_not_started_again() {
+        let t0 = Instant::now();
+        let mut grid = grid_with("claim_threshold = 0.5", t0);
+        grid.on_control(started_on(0, "c1", "a1"), at(t0, 2));
+        let effects = grid.poll(at(t0, 2));
+        assert_eq!(told(&effects), [("c2".to_owned(), "withdraw_component")]);
+        let report = grid.standing(at(t0, 2));
+        assert_eq!(report.state, JobState::Waiting);
+        assert_eq!(report.components, [2], "only the one not started");
+        let effects = grid.on_control(
+            ControlMsg::Place {
+                clusters: vec!["c3".into()],
+            },
+            at(t0, 4),
+        );
+        assert_eq!(told(&effects), [("c3".to_owned(), "submit_component")]);
+        assert_eq!(gathering(&grid).at_barrier, 1, "component 0 still waits");
+        let effects = grid.on_control(started_on(1, "c3", "c31"), at(t0, 5));
+        assert_eq!(
+            told(&effects),
+            [("c1".to_owned(), "go"), ("c3".to_owned(), "go")]
+        );
+        assert_eq!(
+            gathering(&grid).start_delay_s,
+            Some(4.0),
+            "from the first placement"
+        );
     }
 
     #[test]
@@ -680,6 +1095,7 @@ mod tests {
                 cluster: "c2".into(),
             },
             false,
+            at(t0, 3),
         );
         assert_eq!(told(&effects).len(), 2);
         assert_eq!(grid.job_file().state, JobState::Waiting);
@@ -697,6 +1113,7 @@ mod tests {
                 cluster: "c1".into(),
             },
             true,
+            at(t0, 3),
         );
         assert!(effects.is_empty());
         let effects = grid.on_delivery(
@@ -705,6 +1122,7 @@ mod tests {
                 cluster: "c2".into(),
             },
             false,
+            at(t0, 3),
         );
         let entries = recorded(&effects);
         assert_eq!(

@@ -224,6 +224,20 @@ impl Ledger {
         &mut self.file.components
     }
 
+    /// A grid job's gathering, begun (waiting since its submission) if it
+    /// had none.
+    pub fn gather_mut(&mut self) -> &mut crate::records::Gather {
+        let waiting_since = self.file.submitted_at;
+        self.file
+            .gathering
+            .get_or_insert_with(|| crate::records::Gather {
+                figures: Default::default(),
+                level: crate::grid::CLAIM_LEVEL,
+                waiting_since,
+                run: None,
+            })
+    }
+
     /// A grid job goes back to be placed again.
     pub fn restarted(&mut self) -> u32 {
         self.file.restarts += 1;
@@ -271,6 +285,7 @@ impl Ledger {
             final_step: None,
             closed: false,
             additions_published: 0,
+            gathering: None,
         });
         // A job.json from before owners were recorded names none.
         file.owner.clone_from(&opening.owner);
@@ -365,6 +380,7 @@ impl Ledger {
             task_slots: self.current_shape().slots,
             task_needs: self.current_shape().needs,
             open: self.manifest.open && !self.file.closed,
+            gathering: self.file.gathering.as_ref().map(|g| g.figures.clone()),
         }
     }
 
@@ -450,6 +466,7 @@ pub trait Kind {
         ledger: &mut Ledger,
         followup: Followup,
         arrived: bool,
+        now: Now,
     ) -> Vec<Effect>;
     /// Asks launchers that went quiet whether they are still there: the
     /// first half of a report, whose answers (a queue gone) the report reflects.
@@ -559,8 +576,9 @@ impl<K: Kind> Job<K> {
         self.kind.on_control(&mut self.ledger, msg, now)
     }
 
-    pub fn on_delivery(&mut self, followup: Followup, arrived: bool) -> Vec<Effect> {
-        self.kind.on_delivery(&mut self.ledger, followup, arrived)
+    pub fn on_delivery(&mut self, followup: Followup, arrived: bool, now: Now) -> Vec<Effect> {
+        self.kind
+            .on_delivery(&mut self.ledger, followup, arrived, now)
     }
 
     pub fn poll(&mut self, now: Now) -> Vec<Effect> {

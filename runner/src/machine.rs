@@ -171,7 +171,7 @@ impl<K: Kind> Core for JobMachine<K> {
             }
             JobEvent::Heartbeat => self.push(vec![Effect::Report]),
             JobEvent::Delivered { followup, arrived } => {
-                let effects = self.job.on_delivery(followup, arrived);
+                let effects = self.job.on_delivery(followup, arrived, now);
                 self.push_front(effects);
             }
             JobEvent::Published(publication) => {

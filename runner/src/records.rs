@@ -7,7 +7,9 @@
 use std::io::{self, BufRead};
 
 use gleaner_manifest::{Addition, ParamValue};
-use gleaner_protocol::{ClusterName, JobState, Millis, TaskCounts};
+use std::collections::BTreeMap;
+
+use gleaner_protocol::{ClusterName, Gathering, HostSlots, JobState, Millis, TaskCounts};
 use indexmap::IndexMap;
 use serde::{Deserialize, Serialize};
 
@@ -76,6 +78,52 @@ pub struct JobFile {
     /// resumed job publishes those of the others again.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub additions_published: u32,
+    /// Grid jobs: how the components gather at their start barrier.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gathering: Option<Gather>,
+}
+
+/// A grid job's gathering (KOALA's claiming), in `job.json` so that a
+/// runner taking the job over goes on where the last one was.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gather {
+    /// The figures so far (`at_barrier` as of the last save).
+    #[serde(flatten)]
+    pub figures: Gathering,
+    /// KOALA's L: how far towards the start time each claiming try moves
+    /// the next one; lowered by each run that did not gather.
+    pub level: f64,
+    /// Since when the job waits to be placed (submission, or its last
+    /// run given up).
+    pub waiting_since: Millis,
+    /// The run placed now, until it is given up.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<Claim>,
+}
+
+/// One placed run of a grid job, gathering.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Claim {
+    /// KOALA's Job Placement Time.
+    pub placed_at: Millis,
+    /// KOALA's Job Start Time: the run must have gathered by then.
+    pub start_by: Millis,
+    /// The next claiming try (KOALA's JCT), until the run is let go.
+    pub next_try: Millis,
+    /// The components that started, waiting at the barrier.
+    #[serde(default)]
+    pub started: BTreeMap<u32, StartedComponent>,
+    /// When every component started and was let go.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<Millis>,
+}
+
+/// A component that started: where, and when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StartedComponent {
+    pub cluster: ClusterName,
+    pub hosts: Vec<HostSlots>,
+    pub at: Millis,
 }
 
 impl JobFile {

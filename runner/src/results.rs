@@ -576,6 +576,35 @@ mod tests {
             final_step: None,
             closed: false,
             additions_published: 0,
+            gathering: Some(crate::records::Gather {
+                figures: gleaner_protocol::Gathering {
+                    at_barrier: 1,
+                    claiming_tries: 2,
+                    placement_s: Some(0.5),
+                    barrier_s: None,
+                    start_delay_s: None,
+                },
+                level: 0.625,
+                waiting_since: 1,
+                run: Some(crate::records::Claim {
+                    placed_at: 3,
+                    start_by: 600_003,
+                    next_try: 450_003,
+                    started: [(
+                        0,
+                        crate::records::StartedComponent {
+                            cluster: "c1".into(),
+                            hosts: vec![gleaner_protocol::HostSlots {
+                                host: "n1".into(),
+                                slots: 4,
+                            }],
+                            at: 4,
+                        },
+                    )]
+                    .into(),
+                    released_at: None,
+                }),
+            }),
         };
         results.write_job_file(&file).unwrap();
         assert_eq!(results.read_job_file(), Some(file));

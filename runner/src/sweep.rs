@@ -628,7 +628,8 @@ impl Kind for Sweep {
             }
             ControlMsg::PlacementFailed { .. }
             | ControlMsg::ComponentEnded(_)
-            | ControlMsg::ComponentWithdrawn { .. } => {
+            | ControlMsg::ComponentWithdrawn { .. }
+            | ControlMsg::ComponentStarted { .. } => {
                 debug!("grid job message ignored: this job is a sweep");
                 Vec::new()
             }
@@ -640,6 +641,7 @@ impl Kind for Sweep {
         ledger: &mut Ledger,
         followup: Followup,
         arrived: bool,
+        _now: Now,
     ) -> Vec<Effect> {
         match followup {
             Followup::Grow {
@@ -917,8 +919,12 @@ mod tests {
             slots: 1,
             offered: 1,
         };
-        assert!(sweep.on_delivery(grow("nokcm"), false).is_empty());
-        assert!(sweep.on_delivery(grow("c1"), true).is_empty());
+        assert!(
+            sweep
+                .on_delivery(grow("nokcm"), false, at(t0, 1))
+                .is_empty()
+        );
+        assert!(sweep.on_delivery(grow("c1"), true, at(t0, 1)).is_empty());
         let effects = sweep.wind_up(at(t0, 1));
         assert_eq!(
             told(&effects),
@@ -980,6 +986,7 @@ mod tests {
                 launcher: "a".into(),
             },
             false,
+            at(t0, 3),
         );
         assert_eq!(sweep.standing(at(t0, 3)).tasks.running, 0);
     }
@@ -1057,12 +1064,14 @@ mod tests {
                 launcher: "b".into(),
             },
             true,
+            at(t0, 3),
         );
         sweep.on_delivery(
             Followup::Poll {
                 launcher: "a".into(),
             },
             false,
+            at(t0, 3),
         );
         assert_eq!(sweep.standing(at(t0, 12)).launchers["c1"], 1, "a is gone");
     }

@@ -863,6 +863,7 @@ pub(crate) mod tests {
             components: Vec::new(),
             max_slots: None,
             problem: None,
+            gathering: None,
             weight: 1,
             task_slots: 1,
             open: false,

@@ -444,6 +444,7 @@ impl<'a> Sim<'a> {
         let event = Event::Polled {
             snapshot: Ok(snapshot),
             spooled,
+            started: Vec::new(),
         };
         self.clusters[c].kcm.handle(event, self.clock.now());
         self.apply(c).0
@@ -495,6 +496,9 @@ impl<'a> Sim<'a> {
                     self.clusters[c].batch.delete_spool_entry(&job, component);
                     None
                 }
+                // Simulated components run at once: their runner never
+                // holds them at a barrier.
+                Effect::ReleaseComponent { .. } => None,
                 Effect::SubmitComponent { spec, .. } => {
                     if let Some(&g) = self.grid_index.get(&spec.job) {
                         let length = self.grid[g].length;

@@ -241,6 +241,7 @@ impl GridRunner {
             results: String::new(),
             max_slots: None,
             problem: None,
+            gathering: None,
             weight: 1,
             task_slots: 1,
             task_needs: Default::default(),
