@@ -86,6 +86,7 @@ pub fn report(job: JobId, kind: JobKind, components: Vec<u32>) -> JobReport {
         max_slots: None,
         problem: None,
         gathering: None,
+        avoid: Vec::new(),
         weight: 1,
         task_slots: 1,
         task_needs: Default::default(),

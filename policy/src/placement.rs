@@ -45,6 +45,9 @@ pub struct GridJob {
     pub queue: Priority,
     /// Slots of each component.
     pub components: Vec<u32>,
+    /// Clusters its components are not placed on: they did not start
+    /// there when claimed, in this run.
+    pub avoid: Vec<ClusterName>,
 }
 
 /// A cluster as placement sees it.
@@ -137,8 +140,7 @@ pub fn place(jobs: &[GridJob], sites: &[Site], weights: Weights) -> Vec<Placemen
     let mut placed = Vec::new();
     for i in scan_order(jobs, weights) {
         let job = &jobs[i];
-        let plan = worst_fit(&job.components, &rooms, false)
-            .or_else(|| worst_fit(&job.components, &rooms, true));
+        let plan = worst_fit(job, &rooms, false).or_else(|| worst_fit(job, &rooms, true));
         let Some((chosen, after, reclaim)) = plan else {
             continue;
         };
@@ -155,12 +157,14 @@ pub fn place(jobs: &[GridJob], sites: &[Site], weights: Weights) -> Vec<Placemen
 /// Worst fit: each component, largest first, on the site with the most room
 /// left; one that fits on one host of the site on the host needing least
 /// taken back. With `reclaim`, scavenged slots count as room. Returns each
-/// component's site, the rooms left, and what scavenging gives back.
+/// component's site, the rooms left, and what scavenging gives back. The
+/// sites the job avoids are not considered.
 fn worst_fit(
-    components: &[u32],
+    job: &GridJob,
     rooms: &[Site],
     reclaim: bool,
 ) -> Option<(Vec<usize>, Vec<Site>, Vec<Reclaim>)> {
+    let components = &job.components;
     let mut rooms = rooms.to_vec();
     let mut order: Vec<usize> = (0..components.len()).collect();
     order.sort_by(|a, b| components[*b].cmp(&components[*a]).then(a.cmp(b)));
@@ -169,6 +173,7 @@ fn worst_fit(
     for component in order {
         let need = components[component];
         let site = (0..rooms.len())
+            .filter(|s| !job.avoid.contains(&rooms[*s].name))
             .filter_map(|s| {
                 let room = room(rooms[s].free, &rooms[s].scavenged, reclaim);
                 let fits = room >= need
@@ -281,6 +286,7 @@ mod tests {
             id: id(name),
             queue,
             components: components.to_vec(),
+            avoid: Vec::new(),
         }
     }
 
@@ -383,6 +389,27 @@ mod tests {
             placed[0].reclaim.is_empty(),
             "free slots come before scavenged ones"
         );
+    }
+
+    #[test]
+    fn components_that_did_not_start_on_a_cluster_go_elsewhere_and_others_still_may() {
+        let sites = [site("a", 8, &[]), site("b", 4, &[])];
+        let avoiding = GridJob {
+            avoid: vec!["a".into()],
+            ..job("g", Priority::High, &[4])
+        };
+        let other = job("h", Priority::High, &[4]);
+        let placed = place(&[avoiding, other], &sites, Weights::default());
+        let clusters: Vec<(&str, &str)> = placed
+            .iter()
+            .map(|p| (p.job.as_str(), p.clusters[0].as_str()))
+            .collect();
+        assert_eq!(clusters, [("g-0000000000000000", "b"), ("h-0000000000000000", "a")]);
+        let too_big = GridJob {
+            avoid: vec!["a".into()],
+            ..job("g", Priority::High, &[6])
+        };
+        assert!(place(&[too_big], &sites, Weights::default()).is_empty(), "waits");
     }
 
     #[test]

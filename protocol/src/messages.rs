@@ -228,6 +228,10 @@ pub struct JobReport {
     /// Grid jobs: how they gathered their components.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gathering: Option<Gathering>,
+    /// Grid jobs: clusters where this run's components did not start when
+    /// claimed; the components still to place go elsewhere.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub avoid: Vec<ClusterName>,
 }
 
 impl JobReport {
@@ -1127,6 +1131,7 @@ mod tests {
             max_slots: None,
             problem: None,
             gathering: None,
+            avoid: Vec::new(),
             weight: 1,
             task_slots: 1,
             open: false,

@@ -96,6 +96,7 @@ impl Grid {
                 next_try: now.wall_ms,
                 started: BTreeMap::new(),
                 released_at: None,
+                avoid: Default::default(),
             });
         }
         info!(components = ?unplaced, clusters = ?clusters, "grid job placed");
@@ -282,7 +283,10 @@ impl Grid {
                 else {
                     continue;
                 };
-                info!(component, cluster = %cluster, started, of = components, "claiming try: component not started, withdrawn to be placed again");
+                info!(component, cluster = %cluster, started, of = components, "claiming try: component not started, withdrawn to be placed elsewhere");
+                if let Some(run) = ledger.gather_mut().run.as_mut() {
+                    run.avoid.insert(cluster.clone());
+                }
                 effects.push(Effect::ToKcm {
                     cluster,
                     msg: KcmMsg::WithdrawComponent {
@@ -586,6 +590,7 @@ impl Kind for Grid {
                 next_try: now.wall_ms,
                 started: BTreeMap::new(),
                 released_at: None,
+                avoid: Default::default(),
             });
         }
         self.claim(ledger, now)
@@ -825,6 +830,7 @@ mod tests {
         let report = grid.standing(at(t0, 2));
         assert_eq!(report.state, JobState::Waiting);
         assert_eq!(report.components, [2], "only the one not started");
+        assert_eq!(report.avoid, [ClusterName::from("c2")], "placed elsewhere");
         let effects = grid.on_control(
             ControlMsg::Place {
                 clusters: vec!["c3".into()],

@@ -381,6 +381,12 @@ impl Ledger {
             task_needs: self.current_shape().needs,
             open: self.manifest.open && !self.file.closed,
             gathering: self.file.gathering.as_ref().map(|g| g.figures.clone()),
+            avoid: self
+                .file
+                .gathering
+                .iter()
+                .flat_map(|g| g.run.iter().flat_map(|run| run.avoid.iter().cloned()))
+                .collect(),
         }
     }
 

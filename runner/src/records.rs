@@ -116,6 +116,10 @@ pub struct Claim {
     /// When every component started and was let go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<Millis>,
+    /// Clusters whose components did not start when claimed: this run's
+    /// components are placed elsewhere.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub avoid: std::collections::BTreeSet<ClusterName>,
 }
 
 /// A component that started: where, and when.

@@ -603,6 +603,7 @@ mod tests {
                     )]
                     .into(),
                     released_at: None,
+                    avoid: Default::default(),
                 }),
             }),
         };

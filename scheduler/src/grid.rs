@@ -171,6 +171,7 @@ impl GridBook {
                     id: e.report.job.clone(),
                     queue: e.queue,
                     components: e.report.components.clone(),
+                    avoid: e.report.avoid.clone(),
                 };
                 (e, job)
             })

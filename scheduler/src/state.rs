@@ -864,6 +864,7 @@ pub(crate) mod tests {
             max_slots: None,
             problem: None,
             gathering: None,
+            avoid: Vec::new(),
             weight: 1,
             task_slots: 1,
             open: false,

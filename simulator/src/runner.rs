@@ -242,6 +242,7 @@ impl GridRunner {
             max_slots: None,
             problem: None,
             gathering: None,
+            avoid: Vec::new(),
             weight: 1,
             task_slots: 1,
             task_needs: Default::default(),

@@ -383,7 +383,7 @@ fn a_grid_job_that_loses_a_component_runs_again_whole() {
     let file = g.job_file(&job).expect("job file");
     assert_eq!(file["restarts"], 1);
     let log = g.log("up");
-    assert!(log.contains("grid component lost"), "{log}");
+    assert!(log.contains("vanished without an exit status"), "{log}");
     assert!(components().is_empty(), "nothing left in the queues");
 }
 
