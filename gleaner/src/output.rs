@@ -144,6 +144,9 @@ impl Output for Cli {
             if let Some(problem) = &report.problem {
                 out(format_args!("{}: {problem}", report.job));
             }
+            if let Some(gathering) = crate::table::gathering(report) {
+                out(gathering);
+            }
         }
         for placement in &reply.placements {
             out(crate::table::placement(placement));

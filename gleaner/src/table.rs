@@ -203,10 +203,7 @@ pub fn jobs(jobs: &[JobReport]) -> String {
             .join(",");
         vec![
             j.job.to_string(),
-            match j.open {
-                true => format!("{:?}, open", j.state).to_lowercase(),
-                false => format!("{:?}", j.state).to_lowercase(),
-            },
+            state(j),
             format!("{}/{}", t.finished(), t.total),
             t.running.to_string(),
             t.pending.to_string(),
@@ -234,6 +231,43 @@ pub fn jobs(jobs: &[JobReport]) -> String {
         ],
         rows,
     )
+}
+
+/// A job's state, with what else says where it is: open to more tasks, or
+/// components waiting at the start barrier.
+pub fn state(j: &JobReport) -> String {
+    let state = format!("{:?}", j.state).to_lowercase();
+    let at_barrier = j.gathering.as_ref().map_or(0, |g| g.at_barrier);
+    match (j.open, at_barrier) {
+        (true, _) => format!("{state}, open"),
+        (false, 0) => state,
+        (false, n) => format!("barrier {n}/{}", j.tasks.total),
+    }
+}
+
+/// How a grid job gathered its components, in a line (`None` for a sweep).
+pub fn gathering(j: &JobReport) -> Option<String> {
+    let g = j.gathering.as_ref()?;
+    let mut parts = Vec::new();
+    if g.at_barrier > 0 {
+        parts.push(format!(
+            "{} of {} components waiting at the barrier",
+            g.at_barrier, j.tasks.total
+        ));
+    }
+    if let Some(s) = g.placement_s {
+        parts.push(format!("placed after {s:.1}s"));
+    }
+    parts.push(match g.claiming_tries {
+        1 => "1 claiming try".to_owned(),
+        n => format!("{n} claiming tries"),
+    });
+    if let (Some(delay), Some(barrier)) = (g.start_delay_s, g.barrier_s) {
+        parts.push(format!(
+            "started {delay:.1}s after placement, {barrier:.1}s at the barrier"
+        ));
+    }
+    Some(format!("{}: {}", j.job, parts.join("; ")))
 }
 
 /// A grid job not placed yet, in a line.
@@ -330,6 +364,39 @@ mod tests {
             placement(&waiting),
             "rigid-0a1b2c3d4e5f6071: not placed after 31 tries, in the high queue; placed 12s ago, waiting for its clusters"
         );
+    }
+
+    #[test]
+    fn a_grid_job_says_how_it_gathers() {
+        let mut job: JobReport = serde_json::from_value(serde_json::json!({
+            "job": "mpi-0a1b2c3d4e5f6071", "kind": "grid", "priority": "high",
+            "state": "running", "runner": "r",
+            "tasks": {"total": 3, "pending": 0, "running": 3, "succeeded": 0, "failed": 0,
+                      "timed_out": 0, "lost": 0, "cancelled": 0},
+            "launchers": {}, "throughput": 0.0, "preemptions": 0, "started_at": 0,
+            "results": "/r",
+            "gathering": {"at_barrier": 2, "claiming_tries": 1, "placement_s": 0.84}
+        }))
+        .unwrap();
+        assert_eq!(state(&job), "barrier 2/3");
+        assert_eq!(
+            gathering(&job).unwrap(),
+            "mpi-0a1b2c3d4e5f6071: 2 of 3 components waiting at the barrier; placed after 0.8s; 1 claiming try"
+        );
+        job.gathering = Some(gleaner_protocol::Gathering {
+            at_barrier: 0,
+            claiming_tries: 2,
+            placement_s: Some(0.84),
+            barrier_s: Some(10.04),
+            start_delay_s: Some(10.5),
+        });
+        assert_eq!(state(&job), "running");
+        assert_eq!(
+            gathering(&job).unwrap(),
+            "mpi-0a1b2c3d4e5f6071: placed after 0.8s; 2 claiming tries; started 10.5s after placement, 10.0s at the barrier"
+        );
+        job.gathering = None;
+        assert_eq!(gathering(&job), None);
     }
 
     #[test]

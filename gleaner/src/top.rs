@@ -115,7 +115,7 @@ pub fn draw(frame: &mut Frame, view: &View) {
         Row::new([
             j.job.to_string(),
             j.owner.clone(),
-            format!("{:?}", j.state).to_lowercase(),
+            crate::table::state(j),
             format!(
                 "{} {}/{}",
                 bar(t.finished(), t.total, 12),
@@ -132,7 +132,7 @@ pub fn draw(frame: &mut Frame, view: &View) {
     let widths = [
         Constraint::Length(24),
         Constraint::Length(10),
-        Constraint::Length(10),
+        Constraint::Length(12),
         Constraint::Length(28),
         Constraint::Length(8),
         Constraint::Length(7),

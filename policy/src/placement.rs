@@ -404,12 +404,18 @@ mod tests {
             .iter()
             .map(|p| (p.job.as_str(), p.clusters[0].as_str()))
             .collect();
-        assert_eq!(clusters, [("g-0000000000000000", "b"), ("h-0000000000000000", "a")]);
+        assert_eq!(
+            clusters,
+            [("g-0000000000000000", "b"), ("h-0000000000000000", "a")]
+        );
         let too_big = GridJob {
             avoid: vec!["a".into()],
             ..job("g", Priority::High, &[6])
         };
-        assert!(place(&[too_big], &sites, Weights::default()).is_empty(), "waits");
+        assert!(
+            place(&[too_big], &sites, Weights::default()).is_empty(),
+            "waits"
+        );
     }
 
     #[test]

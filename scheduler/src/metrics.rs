@@ -48,6 +48,15 @@ struct TaskLabels {
     state: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct GatheringLabels {
+    job: String,
+    owner: String,
+    /// `at_barrier`, `claiming_tries`, `placement_seconds`,
+    /// `barrier_seconds` or `start_delay_seconds`.
+    figure: String,
+}
+
 type FloatGauge = Gauge<f64, AtomicU64>;
 
 /// The page of a standby scheduler, which knows nothing current.
@@ -154,7 +163,32 @@ pub fn render(status: &StatusReply) -> String {
         "Runs of a job's tasks cut short by preemption",
         preemptions.clone(),
     );
+    let gathering = Family::<GatheringLabels, FloatGauge>::default();
+    registry.register(
+        "grid_job_gathering",
+        "How a grid job gathers its components: components at the barrier, claiming tries, seconds to placement, at the barrier and from placement to start",
+        gathering.clone(),
+    );
     for job in &status.jobs {
+        if let Some(g) = &job.gathering {
+            for (figure, value) in [
+                ("at_barrier", Some(f64::from(g.at_barrier))),
+                ("claiming_tries", Some(f64::from(g.claiming_tries))),
+                ("placement_seconds", g.placement_s),
+                ("barrier_seconds", g.barrier_s),
+                ("start_delay_seconds", g.start_delay_s),
+            ] {
+                if let Some(value) = value {
+                    gathering
+                        .get_or_create(&GatheringLabels {
+                            job: job.job.to_string(),
+                            owner: job.owner.clone(),
+                            figure: figure.to_owned(),
+                        })
+                        .set(value);
+                }
+            }
+        }
         let labels = JobLabels {
             job: job.job.to_string(),
             owner: job.owner.clone(),
@@ -217,7 +251,17 @@ mod tests {
             ended: Vec::new(),
         };
         assert_eq!(render(&status), "# EOF\n", "an empty grid");
+        let mut grid = job.clone();
+        grid.job = "mpi-3fa9c2d41e07b5a8".parse().unwrap();
+        grid.gathering = Some(gleaner_protocol::Gathering {
+            at_barrier: 2,
+            claiming_tries: 1,
+            placement_s: Some(0.5),
+            barrier_s: None,
+            start_delay_s: None,
+        });
         status.jobs.push(job);
+        status.jobs.push(grid);
         let page = render(&status);
         for line in [
             "# TYPE gleaner_job_tasks gauge",
@@ -225,6 +269,8 @@ mod tests {
             "gleaner_job_launcher_slots{job=\"sweep-3fa9c2d41e07b5a8\",owner=\"alice\"} 10",
             "gleaner_job_tasks_per_second{job=\"sweep-3fa9c2d41e07b5a8\",owner=\"alice\"} 2.5",
             "gleaner_job_preemptions{job=\"sweep-3fa9c2d41e07b5a8\",owner=\"alice\"} 3",
+            "gleaner_grid_job_gathering{job=\"mpi-3fa9c2d41e07b5a8\",owner=\"alice\",figure=\"at_barrier\"} 2.0",
+            "gleaner_grid_job_gathering{job=\"mpi-3fa9c2d41e07b5a8\",owner=\"alice\",figure=\"placement_seconds\"} 0.5",
         ] {
             assert!(page.lines().any(|l| l == line), "{line}\n{page}");
         }

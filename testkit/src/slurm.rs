@@ -62,7 +62,17 @@ impl SlurmCluster {
         slurm("scontrol", &["show", "job", id])
     }
 
+    /// Jobs submitted to gleaner's partition wait there, none starts,
+    /// until the returned guard is dropped: Slurm says the partition is
+    /// down, while its nodes, which is what a kcm reads, stay idle.
+    pub fn hold_partition(&self) -> PartitionHeld<'_> {
+        set_partition(Self::PARTITION, "DOWN");
+        PartitionHeld { _cluster: self }
+    }
+
     fn clear(&self) {
+        // A test killed while it held the partition left it down.
+        set_partition(Self::PARTITION, "UP");
         cancel_tests_jobs();
         wait_for("the Slurm queue to empty", Duration::from_secs(60), || {
             self.jobs().is_empty()
@@ -74,6 +84,29 @@ impl Drop for SlurmCluster {
     fn drop(&mut self) {
         cancel_tests_jobs();
     }
+}
+
+/// gleaner's partition held by [`SlurmCluster::hold_partition`]; let go
+/// when dropped.
+pub struct PartitionHeld<'a> {
+    _cluster: &'a SlurmCluster,
+}
+
+impl Drop for PartitionHeld<'_> {
+    fn drop(&mut self) {
+        set_partition(SlurmCluster::PARTITION, "UP");
+    }
+}
+
+fn set_partition(partition: &str, state: &str) {
+    slurm(
+        "scontrol",
+        &[
+            "update",
+            &format!("PartitionName={partition}"),
+            &format!("State={state}"),
+        ],
+    );
 }
 
 /// Cancels the jobs of every account the tests submit as: root's, and

@@ -6,6 +6,7 @@
 mod batch_names;
 mod chaos;
 mod cli;
+mod coallocation;
 mod faults;
 mod grid_engine;
 mod launchers;
