@@ -201,7 +201,17 @@ struct TrackedComponent {
     seen: bool,
     /// Its job heard that it started (waits at its barrier).
     start_told: bool,
+    /// The account it runs as, once seen.
+    owner: Option<String>,
+    /// Its walltime, if this kcm submitted it: killed at it, it ends for
+    /// its own sake.
+    walltime: Option<Duration>,
+    /// Its end was judged: whose failure it was, if it was one.
+    judged: bool,
 }
+
+/// A component ending this close to its walltime was killed for it.
+const WALLTIME_MARGIN: Duration = Duration::from_secs(5);
 
 /// A component absent from the batch system this long after its submission,
 /// never seen and with no exit status, is reported as ended.
@@ -589,6 +599,9 @@ impl KcmCore {
                         since: now.instant,
                         seen: false,
                         start_told: false,
+                        owner: None,
+                        walltime: spec.walltime_ms.map(Duration::from_millis),
+                        judged: false,
                     },
                 );
                 Vec::new()
@@ -852,14 +865,19 @@ impl KcmCore {
     /// without one.
     fn settle_components(&mut self, spooled: &[SpooledExit], now: Now) -> Vec<Effect> {
         for run in &self.last.components {
-            self.components
+            let tracked = self
+                .components
                 .entry((run.job.clone(), run.component))
                 .or_insert(TrackedComponent {
                     since: now.instant,
                     seen: true,
                     start_told: false,
-                })
-                .seen = true;
+                    owner: None,
+                    walltime: None,
+                    judged: false,
+                });
+            tracked.seen = true;
+            tracked.owner = Some(run.owner.clone());
         }
         let in_batch = |job: &JobId, component: u32| {
             self.last
@@ -897,6 +915,7 @@ impl KcmCore {
                         now.instant.saturating_duration_since(t.since)
                     });
                 info!(job = %job, component, exit_code = ?exit_code, "grid component ended");
+                self.judge_component_end(&job, component, exit_code, runtime, now);
                 let outcome = ComponentOutcome {
                     component,
                     cluster: self.config.cluster.clone(),
@@ -908,6 +927,43 @@ impl KcmCore {
                 Effect::ReportComponentEnd { job, outcome }
             })
             .collect()
+    }
+
+    /// A component that ran and vanished without an exit status before its
+    /// walltime was killed under it (its host lost, the batch system's
+    /// doing): a failure of the cluster's, counted as failed starts are
+    /// (by account); one that exited ran well, whatever its code.
+    fn judge_component_end(
+        &mut self,
+        job: &JobId,
+        component: u32,
+        exit_code: Option<i32>,
+        runtime: Duration,
+        now: Now,
+    ) {
+        let Some(tracked) = self
+            .components
+            .get_mut(&(job.clone(), component))
+            .filter(|t| !t.judged && t.seen)
+        else {
+            return;
+        };
+        tracked.judged = true;
+        let owner = tracked.owner.clone().unwrap_or_default();
+        let at_walltime = tracked
+            .walltime
+            .is_some_and(|w| runtime + WALLTIME_MARGIN >= w);
+        match exit_code {
+            Some(_) => self.starts.failures.started(Some(&owner)),
+            None if at_walltime => {}
+            None => {
+                let failures = self.starts.failures.failed(&owner, now.instant);
+                error!(job = %job, component, owner, failures, "grid component vanished without an exit status before its walltime: its host was lost, or the batch system killed it");
+                self.starts.error = Some(format!(
+                    "grid component {component} of {job} vanished without an exit status (host lost, or killed by the batch system)"
+                ));
+            }
+        }
     }
 
     /// Components that started since the last poll, told to their jobs
@@ -1457,6 +1513,17 @@ mod tests {
     fn step(core: &mut KcmCore, event: Event, now: Now) -> Vec<Effect> {
         core.handle(event, now);
         std::iter::from_fn(|| core.poll_effect(now)).collect()
+    }
+
+    /// A kcm whose every failure is the cluster's: one user.
+    fn single_user_core() -> KcmCore {
+        KcmCore::new(CoreConfig {
+            users: Users {
+                single: Some(true),
+                ..Users::default()
+            },
+            ..core().config
+        })
     }
 
     /// A poll's effects before its report, which goes last, both to the
@@ -2325,7 +2392,7 @@ mod tests {
     #[test]
     fn components_without_an_exit_status_end_once_gone_or_a_minute_unseen() {
         let clock = Clock::new();
-        let mut kcm = core();
+        let mut kcm = single_user_core();
         let g = job("g");
         for component in [0, 1] {
             let submitted = Event::ComponentSubmitted {
@@ -2346,6 +2413,11 @@ mod tests {
             .map(|(_, o)| (o.component, o.exit_code, o.runtime_ms))
             .collect();
         assert_eq!(summary, [(1, None, 2_000)]);
+        let r = report(&mut kcm, clock.at(2_000));
+        assert_eq!(
+            r.failed_starts, 1,
+            "killed under it: the cluster's failure, counted once"
+        );
         step(
             &mut kcm,
             Event::ComponentReported {
@@ -2362,6 +2434,45 @@ mod tests {
             .map(|(_, o)| (o.component, o.exit_code, o.runtime_ms))
             .collect();
         assert_eq!(summary, [(0, None, 60_001)]);
+        assert_eq!(
+            report(&mut kcm, clock.at(60_001)).failed_starts,
+            1,
+            "never seen: the batch system lost it, or never had it"
+        );
+    }
+
+    #[test]
+    fn a_component_that_exits_or_meets_its_walltime_is_no_failure_of_the_clusters() {
+        let clock = Clock::new();
+        let mut kcm = single_user_core();
+        let g = job("g");
+        let mut timed = spec(&g, 0, 1);
+        timed.walltime_ms = Some(10_000);
+        for spec in [timed, spec(&g, 1, 1)] {
+            let submitted = Event::ComponentSubmitted {
+                spec,
+                result: Ok(()),
+            };
+            step(&mut kcm, submitted, clock.at(0));
+        }
+        let seen = Snapshot {
+            components: vec![component("8", &g, 0, 1), component("9", &g, 1, 1)],
+            ..cluster(4, Vec::new())
+        };
+        poll(&mut kcm, seen, clock.at(1_000));
+        let exit = SpooledExit {
+            job: g.clone(),
+            component: 1,
+            exit_code: Some(7),
+        };
+        let ends = ended(&poll_spool(
+            &mut kcm,
+            cluster(4, Vec::new()),
+            vec![exit],
+            clock.at(9_000),
+        ));
+        assert_eq!(ends.len(), 2);
+        assert_eq!(report(&mut kcm, clock.at(9_000)).failed_starts, 0);
     }
 
     #[test]
@@ -2701,13 +2812,7 @@ mod tests {
             [Some("bob".to_owned())],
             "unmapped: the same name"
         );
-        let mut single = KcmCore::new(CoreConfig {
-            users: Users {
-                single: Some(true),
-                ..Users::default()
-            },
-            ..core().config
-        });
+        let mut single = single_user_core();
         poll(&mut single, reading(Vec::new()), clock.at(0));
         let mut order = grant(&h, 2, "alice@lab");
         if let KcmMsg::StartLaunchers { credentials, .. } = &mut order {

@@ -384,6 +384,10 @@ fn a_grid_job_that_loses_a_component_runs_again_whole() {
     assert_eq!(file["restarts"], 1);
     let log = g.log("up");
     assert!(log.contains("vanished without an exit status"), "{log}");
+    assert!(
+        log.contains("its host was lost, or the batch system killed it"),
+        "counted as the cluster's failure: {log}"
+    );
     assert!(components().is_empty(), "nothing left in the queues");
 }
 
