@@ -389,6 +389,7 @@ mod tests {
             placement_s: Some(0.84),
             barrier_s: Some(10.04),
             start_delay_s: Some(10.5),
+            ..Default::default()
         });
         assert_eq!(state(&job), "running");
         assert_eq!(

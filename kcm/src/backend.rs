@@ -25,7 +25,13 @@ pub struct ComponentFiles {
     pub started: std::path::PathBuf,
     pub go: std::path::PathBuf,
     pub hosts: std::path::PathBuf,
+    /// Written by the kcm to stop the component for a job of higher
+    /// priority: the signal's number and the grace, in seconds.
+    pub stop: std::path::PathBuf,
 }
+
+/// What a stopped component's wrapper writes as its exit status.
+pub const PREEMPTED: &str = "preempted";
 
 /// Suffix of the file holding a component's exit status; its presence means
 /// the component ended.
@@ -149,11 +155,12 @@ impl ComponentFiles {
             started: spool.join(format!("{base}{STARTED_SUFFIX}")),
             go: spool.join(format!("{base}.go")),
             hosts: spool.join(format!("{base}.hosts")),
+            stop: spool.join(format!("{base}.stop")),
         }
     }
 
     /// Every file of the component's spool entry.
-    pub fn all(&self) -> [&std::path::Path; 6] {
+    pub fn all(&self) -> [&std::path::Path; 7] {
         [
             &self.stdout,
             &self.stderr,
@@ -161,6 +168,7 @@ impl ComponentFiles {
             &self.started,
             &self.go,
             &self.hosts,
+            &self.stop,
         ]
     }
 
@@ -213,6 +221,9 @@ impl ComponentFiles {
     /// The command waits at the start barrier: the wrapper says where it
     /// runs (`started`), then holds its slots until the kcm lets it go,
     /// with where every component runs (`GLEANER_HOSTFILE`, the ranks).
+    /// It runs in a process group of its own, which a `stop` file from
+    /// the kcm signals, and kills after the grace; the exit status is then
+    /// [`PREEMPTED`].
     ///
     /// With `run_as`, the wrapper (the kcm's account, root) opens and
     /// reads the spool files and does nothing else: the owner's shell gets
@@ -231,6 +242,10 @@ impl ComponentFiles {
         if let Some(dir) = &spec.workdir {
             command = format!("cd {} || exit 1\n{command}", quote(dir));
         }
+        if let Some(dir) = &spec.checkpoint {
+            // Made by the owner's shell, whoever runs the wrapper.
+            command = format!("mkdir -p {} || exit 1\n{command}", quote(dir));
+        }
         script.push_str(&literal("gleaner_command", &command));
         let started = quote(&self.started.to_string_lossy());
         let go = quote(&self.go.to_string_lossy());
@@ -246,7 +261,12 @@ impl ComponentFiles {
             ("GLEANER_RANK", "$gleaner_rank".to_owned()),
             ("GLEANER_RANKS", "$gleaner_ranks".to_owned()),
             ("GLEANER_HOSTFILE", "$gleaner_hostfile".to_owned()),
+            ("GLEANER_CHECKPOINT", "$gleaner_checkpoint".to_owned()),
         ];
+        script.push_str(&literal(
+            "gleaner_checkpoint",
+            spec.checkpoint.as_deref().unwrap_or_default(),
+        ));
         script.push_str(&literal("gleaner_hostfile", &self.hosts.to_string_lossy()));
         // Names the manifest checked; one that is not is dropped, not run.
         let env = spec.env.iter().filter(|(key, _)| is_env_name(key));
@@ -277,11 +297,26 @@ impl ComponentFiles {
                 String::new()
             }
         };
+        let stop = quote(&self.stop.to_string_lossy());
+        let exit = quote(&self.exit.to_string_lossy());
         script.push_str(&format!(
-            "{start}/bin/sh -c \"$gleaner_command\" > {} 2> {}\necho $? > {}\n",
+            "setsid {start}/bin/sh -c \"$gleaner_command\" > {} 2> {} &\n\
+             gleaner_pid=$!\n\
+             while kill -0 $gleaner_pid 2> /dev/null && [ ! -s {stop} ]; do sleep 0.5; done\n\
+             if [ -s {stop} ]; then\n\
+             read gleaner_signal gleaner_grace < {stop}\n\
+             kill -$gleaner_signal -- -$gleaner_pid 2> /dev/null\n\
+             gleaner_waited=0\n\
+             while kill -0 $gleaner_pid 2> /dev/null && [ $gleaner_waited -lt $gleaner_grace ]; do sleep 1; gleaner_waited=$((gleaner_waited + 1)); done\n\
+             kill -KILL -- -$gleaner_pid 2> /dev/null\n\
+             wait $gleaner_pid\n\
+             echo {PREEMPTED} > {exit}\n\
+             else\n\
+             wait $gleaner_pid\n\
+             echo $? > {exit}\n\
+             fi\n",
             quote(&self.stdout.to_string_lossy()),
             quote(&self.stderr.to_string_lossy()),
-            quote(&self.exit.to_string_lossy()),
         ));
         script
     }
@@ -709,6 +744,7 @@ mod tests {
             walltime_ms: None,
             workdir: Some("/home/alice/run".into()),
             owner: "alice".into(),
+            checkpoint: None,
         };
         let alice = Account {
             name: "alice".into(),
@@ -722,7 +758,8 @@ mod tests {
         assert!(!script.contains("export"), "{script}");
         assert!(!script.contains("X;id"), "{script}");
         assert!(
-            script.contains("/usr/bin/setpriv --reuid=4242 --regid=4242 --init-groups --reset-env -- /usr/bin/env \"$gleaner_env0\" \"GLEANER_COMPONENT=0\" \"GLEANER_COMPONENTS=$gleaner_components\" \"GLEANER_RANK=$gleaner_rank\" \"GLEANER_RANKS=$gleaner_ranks\" \"GLEANER_HOSTFILE=$gleaner_hostfile\" /bin/sh -c \"$gleaner_command\" > '/spool/j-0000000000000001.0.out'"),
+            script.contains("/usr/bin/setpriv --reuid=4242 --regid=4242 --init-groups --reset-env -- /usr/bin/env \"$gleaner_env0\" \"GLEANER_COMPONENT=0\"")
+                && script.contains("/bin/sh -c \"$gleaner_command\" > '/spool/j-0000000000000001.0.out'"),
             "{script}"
         );
         let ran = expand(&spec, "\"$gleaner_command\" \"$(env | grep ^OMP)\"");
@@ -762,6 +799,7 @@ mod tests {
             walltime_ms: None,
             workdir: None,
             owner: "alice".into(),
+            checkpoint: None,
         };
         let files = ComponentFiles::new(std::path::Path::new("/spool"), &spec.job, 0);
         let script = files.script(&spec, None, ComponentHosts::ThisHost);
@@ -789,6 +827,7 @@ mod tests {
             walltime_ms: None,
             workdir: None,
             owner: "alice".into(),
+            checkpoint: None,
         };
         let files = ComponentFiles::new(spool.path(), &spec.job, 1);
         let script = files.script(&spec, None, ComponentHosts::ThisHost);

@@ -33,7 +33,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_manifest::{JobId, TaskShape};
+use gleaner_manifest::{JobId, MAX_PREEMPT_GRACE, TaskShape};
 use gleaner_policy::{
     access::Users,
     local::{Answered, LocalState, on_local_wait},
@@ -89,6 +89,8 @@ pub struct SpooledExit {
     pub component: u32,
     /// `None` when the file holds no number.
     pub exit_code: Option<i32>,
+    /// It says the component was stopped for a job of higher priority.
+    pub preempted: bool,
 }
 
 /// A component's started file found in the spool: it waits at its start
@@ -154,6 +156,13 @@ pub enum Effect {
     Remove { ids: Vec<String> },
     /// Delete a component's spool entry (output, exit status, barrier).
     DeleteSpoolEntry { job: JobId, component: u32 },
+    /// Stop a running component: write `stop` to its stop file, which its
+    /// wrapper reads (`ComponentFiles::stop`).
+    StopComponent {
+        job: JobId,
+        component: u32,
+        stop: String,
+    },
     /// Let a component waiting at its start barrier run its command:
     /// write `hosts` to its spool entry's hosts file, then `go` to its go
     /// file (`ComponentFiles::go_text`, `ComponentFiles::hosts_text`).
@@ -558,6 +567,11 @@ impl KcmCore {
                 hosts,
             } => self.release(job, component, &hosts),
             KcmMsg::WithdrawComponent { job, component } => self.withdraw_component(job, component),
+            KcmMsg::PreemptComponents {
+                job,
+                signal,
+                grace_ms,
+            } => self.preempt_components(job, &signal, grace_ms),
             KcmMsg::SubmitComponent(spec) => {
                 // A batch system that runs components as their owner has
                 // them submitted as the owner's account.
@@ -619,6 +633,7 @@ impl KcmCore {
                         data: e.to_string().into_bytes(),
                         dropped: 0,
                     },
+                    preempted: false,
                 };
                 vec![Effect::Tell {
                     job: spec.job,
@@ -904,18 +919,21 @@ impl KcmCore {
         ended
             .into_iter()
             .map(|(job, component)| {
-                let exit_code = spooled
+                let spooled = spooled
                     .iter()
-                    .find(|exit| exit.job == job && exit.component == component)
-                    .and_then(|exit| exit.exit_code);
+                    .find(|exit| exit.job == job && exit.component == component);
+                let exit_code = spooled.and_then(|exit| exit.exit_code);
+                let preempted = spooled.is_some_and(|exit| exit.preempted);
                 let runtime = self
                     .components
                     .get(&(job.clone(), component))
                     .map_or(Duration::ZERO, |t| {
                         now.instant.saturating_duration_since(t.since)
                     });
-                info!(job = %job, component, exit_code = ?exit_code, "grid component ended");
-                self.judge_component_end(&job, component, exit_code, runtime, now);
+                info!(job = %job, component, exit_code = ?exit_code, preempted, "grid component ended");
+                if !preempted {
+                    self.judge_component_end(&job, component, exit_code, runtime, now);
+                }
                 let outcome = ComponentOutcome {
                     component,
                     cluster: self.config.cluster.clone(),
@@ -923,6 +941,7 @@ impl KcmCore {
                     runtime_ms: runtime.as_millis() as u64,
                     stdout: Captured::default(),
                     stderr: Captured::default(),
+                    preempted,
                 };
                 Effect::ReportComponentEnd { job, outcome }
             })
@@ -1022,6 +1041,28 @@ impl KcmCore {
             go: ComponentFiles::go_text(rank, ranks, hosts.len() as u32),
             hosts: ComponentFiles::hosts_text(hosts),
         }]
+    }
+
+    /// Stops the job's components here for a job of higher priority: each
+    /// one's wrapper signals its command, and kills it after the grace.
+    fn preempt_components(&mut self, job: JobId, signal: &str, grace_ms: u64) -> Vec<Effect> {
+        let Some(number) = gleaner_manifest::preempt_signal_number(signal) else {
+            warn!(job = %job, signal, "a stop with a signal no manifest may name; ignored");
+            return Vec::new();
+        };
+        let grace = grace_ms.div_ceil(1000).min(MAX_PREEMPT_GRACE.as_secs());
+        self.components
+            .keys()
+            .filter(|(j, _)| *j == job)
+            .map(|(job, component)| {
+                info!(job = %job, component, signal, grace_s = grace, "stopping a grid component for a job of higher priority");
+                Effect::StopComponent {
+                    job: job.clone(),
+                    component: *component,
+                    stop: format!("{number} {grace}\n"),
+                }
+            })
+            .collect()
     }
 
     /// Removes one component, wherever it is, without telling its job:
@@ -1453,6 +1494,8 @@ mod tests {
             walltime_ms: None,
             workdir: None,
             owner: "alice".into(),
+
+            checkpoint: None,
         }
     }
 
@@ -2184,6 +2227,7 @@ mod tests {
             job: g.clone(),
             component: 1,
             exit_code: Some(3),
+            preempted: false,
         };
         let running = Snapshot {
             components: vec![component("8", &g, 1, 2)],
@@ -2206,6 +2250,7 @@ mod tests {
             runtime_ms: 31_000,
             stdout: Captured::default(),
             stderr: Captured::default(),
+            preempted: false,
         };
         assert_eq!(ends, [(g.clone(), outcome.clone())]);
         // Not heard yet (the send failed): still reported, spool entry kept.
@@ -2464,6 +2509,7 @@ mod tests {
             job: g.clone(),
             component: 1,
             exit_code: Some(7),
+            preempted: false,
         };
         let ends = ended(&poll_spool(
             &mut kcm,

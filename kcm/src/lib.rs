@@ -232,6 +232,18 @@ impl<B: Backend> Kcm<B> {
                     }
                     None
                 }
+                Effect::StopComponent {
+                    job,
+                    component,
+                    stop,
+                } => {
+                    let dir = component_dir(&self.config.spool_dir, &job);
+                    let files = ComponentFiles::new(&dir, &job, component);
+                    if let Err(e) = write_spool_file(&files.stop, &stop) {
+                        tracing::warn!(job = %job, component, error = %e, "cannot stop a grid component");
+                    }
+                    None
+                }
                 Effect::ReleaseComponent {
                     job,
                     component,
@@ -408,12 +420,12 @@ impl<B: Backend> Kcm<B> {
                 if let Some((job, component)) =
                     ComponentFiles::parse_exit(&name).filter(|(job, _)| theirs(job))
                 {
-                    let exit_code = read_head(&entry.path(), owner, 32)
-                        .and_then(|text| text.trim().parse().ok());
+                    let text = read_head(&entry.path(), owner, 32).unwrap_or_default();
                     exits.push(SpooledExit {
                         job,
                         component,
-                        exit_code,
+                        exit_code: text.trim().parse().ok(),
+                        preempted: text.trim() == backend::PREEMPTED,
                     });
                 } else if let Some((job, component)) =
                     ComponentFiles::parse_started(&name).filter(|(job, _)| theirs(job))

@@ -455,6 +455,8 @@ mod tests {
             walltime_ms,
             workdir: Some("/home/alice/#$ -l h=x".into()),
             owner: "alice".into(),
+
+            checkpoint: None,
         }
     }
 

@@ -428,6 +428,7 @@ mod tests {
             walltime_ms: Some(90_500),
             workdir: Some("/home/alice".into()),
             owner: "alice".into(),
+            checkpoint: None,
         };
         let args = component_args(&config(), &spec, true, Path::new("/tmp"));
         let joined = args.join(" ");

@@ -553,6 +553,13 @@ pub enum KcmMsg {
         component: u32,
         hosts: Vec<Vec<HostSlots>>,
     },
+    /// Stop every component of a grid job here: `signal` to its command,
+    /// killed `grace_ms` later; each ends as preempted.
+    PreemptComponents {
+        job: JobId,
+        signal: String,
+        grace_ms: u64,
+    },
     /// Remove one component of a grid job, running at its barrier or
     /// waiting, without reporting its end: it is placed again elsewhere.
     WithdrawComponent { job: JobId, component: u32 },
@@ -599,6 +606,10 @@ pub struct ComponentSpec {
     /// users are kept apart.
     #[serde(default)]
     pub owner: String,
+    /// Its `$GLEANER_CHECKPOINT`: kept across runs, so that a component
+    /// stopped for a job of higher priority resumes from what it saved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<String>,
 }
 
 impl Message for KcmMsg {
@@ -610,6 +621,7 @@ impl Message for KcmMsg {
             Self::SubmitComponent(_) => "submit_component",
             Self::Go { .. } => "go",
             Self::WithdrawComponent { .. } => "withdraw_component",
+            Self::PreemptComponents { .. } => "preempt_components",
             Self::LauncherUp { .. } => "launcher_up",
         }
     }
@@ -712,6 +724,13 @@ pub enum ControlMsg {
         cluster: ClusterName,
         reason: String,
     },
+    /// A job of higher priority needs this grid job's slots: its
+    /// components are stopped (their `preempt_signal`, then the grace, to
+    /// save their state in `$GLEANER_CHECKPOINT`) and it goes back to its
+    /// placement queue, to run again from its checkpoints.
+    StepAside {
+        reason: String,
+    },
     /// A kcm saw a grid job's component start: it holds `hosts` and waits
     /// at the start barrier, its command not run until its runner says go.
     ComponentStarted {
@@ -747,6 +766,15 @@ pub struct Gathering {
     /// Seconds from the job's last placement to its start (the go).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_delay_s: Option<f64>,
+    /// When the run now going was let go (ms since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_since: Option<Millis>,
+    /// The job's walltime, which the scheduler weighs preemptions by.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub walltime_s: Option<f64>,
+    /// Runs stopped for jobs of higher priority.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub preemptions: u32,
 }
 
 /// How a grid job's component ended.
@@ -759,6 +787,10 @@ pub struct ComponentOutcome {
     pub runtime_ms: u64,
     pub stdout: Captured,
     pub stderr: Captured,
+    /// It was stopped at its job's asking (`preempt_signal`, then the
+    /// grace), to run again from its checkpoint later.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub preempted: bool,
 }
 
 impl Message for ControlMsg {
@@ -777,6 +809,7 @@ impl Message for ControlMsg {
             Self::ComponentEnded(_) => "component_ended",
             Self::ComponentWithdrawn { .. } => "component_withdrawn",
             Self::ComponentStarted { .. } => "component_started",
+            Self::StepAside { .. } => "step_aside",
         }
     }
 }
@@ -1165,6 +1198,7 @@ mod tests {
             walltime_ms: None,
             workdir: None,
             owner: "alice".into(),
+            checkpoint: None,
         };
         assert_kinds(&[
             KcmMsg::StartLaunchers {
@@ -1194,6 +1228,11 @@ mod tests {
             KcmMsg::WithdrawComponent {
                 job: job(),
                 component: 0,
+            },
+            KcmMsg::PreemptComponents {
+                job: job(),
+                signal: "TERM".into(),
+                grace_ms: 0,
             },
         ]);
         assert_kinds(&[
@@ -1247,6 +1286,7 @@ mod tests {
                 runtime_ms: 0,
                 stdout: Captured::default(),
                 stderr: Captured::default(),
+                preempted: false,
             }),
             ControlMsg::ComponentWithdrawn {
                 component: 0,
@@ -1257,6 +1297,9 @@ mod tests {
                 component: 0,
                 cluster: "c".into(),
                 hosts: Vec::new(),
+            },
+            ControlMsg::StepAside {
+                reason: String::new(),
             },
         ]);
         assert_kinds(&[

@@ -89,15 +89,7 @@ impl Grid {
         let gather = ledger.gather_mut();
         if whole || gather.run.is_none() {
             gather.figures.placement_s = Some(seconds(gather.waiting_since, now.wall_ms));
-            gather.run = Some(Claim {
-                placed_at: now.wall_ms,
-                start_by: now.wall_ms.saturating_add(barrier_timeout),
-                // JCT₀ = JPT + L·FTT: nothing is staged, FTT is 0.
-                next_try: now.wall_ms,
-                started: BTreeMap::new(),
-                released_at: None,
-                avoid: Default::default(),
-            });
+            gather.run = Some(Claim::new(now.wall_ms, barrier_timeout));
         }
         info!(components = ?unplaced, clusters = ?clusters, "grid job placed");
         let env: Vec<(String, String)> = ledger
@@ -107,6 +99,7 @@ impl Grid {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         let walltime_ms = ledger.manifest().walltime.map(|w| w.as_millis() as u64);
+        let checkpoints = std::path::Path::new(&ledger.file().results).join("checkpoints");
         let workdir = ledger
             .manifest()
             .workdir
@@ -125,6 +118,7 @@ impl Grid {
                 walltime_ms,
                 workdir: workdir.clone(),
                 owner: ledger.file().owner.clone(),
+                checkpoint: Some(checkpoints.join(i.to_string()).display().to_string()),
             };
             effects.push(Effect::ToKcm {
                 cluster: cluster.clone(),
@@ -218,6 +212,7 @@ impl Grid {
             .collect();
         gather.figures.barrier_s = Some(seconds(first, now.wall_ms));
         gather.figures.start_delay_s = Some(seconds(placed_at, now.wall_ms));
+        gather.figures.running_since = Some(now.wall_ms);
         info!(
             barrier_s = gather.figures.barrier_s,
             start_delay_s = gather.figures.start_delay_s,
@@ -304,6 +299,104 @@ impl Grid {
         effects
     }
 
+    /// A job of higher priority needs the slots: a running job's
+    /// components are stopped with its preemption signal and grace, and
+    /// it goes back to placement once they have ended.
+    fn step_aside(&mut self, ledger: &mut Ledger, reason: &str, now: Now) -> Vec<Effect> {
+        let job = ledger.id().clone();
+        let signal = ledger
+            .manifest()
+            .preempt_signal
+            .clone()
+            .unwrap_or_else(|| "TERM".to_owned());
+        let grace_ms = ledger
+            .manifest()
+            .preempt_grace
+            .map_or(0, |g| g.as_millis() as u64);
+        let clusters = ledger.clusters().clone();
+        let Some(run) = ledger
+            .gather_mut()
+            .run
+            .as_mut()
+            .filter(|run| run.released_at.is_some() && run.stopping.is_none())
+        else {
+            debug!(reason, "asked to step aside while not running; ignored");
+            return Vec::new();
+        };
+        run.stopping = Some(now.wall_ms);
+        warn!(
+            reason,
+            signal, grace_ms, "stopping the grid job for one of higher priority"
+        );
+        let mut effects: Vec<Effect> = clusters
+            .into_iter()
+            .map(|cluster| Effect::ToKcm {
+                cluster,
+                msg: KcmMsg::PreemptComponents {
+                    job: job.clone(),
+                    signal: signal.clone(),
+                    grace_ms,
+                },
+                followup: Followup::Nothing,
+            })
+            .collect();
+        effects.push(Effect::SaveJobFile);
+        effects
+    }
+
+    /// A component of a run being stopped ended; once all have (or they
+    /// outlast their grace), the job goes back to placement, a preemption,
+    /// not a try.
+    fn stopped(&mut self, ledger: &mut Ledger, component: Option<u32>, now: Now) -> Vec<Effect> {
+        let unfinished: BTreeSet<u32> = (0..ledger.manifest().components.len() as u32)
+            .filter(|c| !ledger.book().is_finished(u64::from(*c)))
+            .collect();
+        let grace = ledger.manifest().preempt_grace.unwrap_or_default();
+        let Some(run) = ledger.gather_mut().run.as_mut() else {
+            return Vec::new();
+        };
+        let Some(since) = run.stopping else {
+            return Vec::new();
+        };
+        if let Some(component) = component {
+            run.stopped.insert(component);
+        }
+        let overdue = now.wall_ms.saturating_sub(since) > (grace + STOP_MARGIN).as_millis() as u64;
+        if !unfinished.is_subset(&run.stopped) && !overdue {
+            return match component {
+                Some(_) => vec![Effect::SaveJobFile],
+                None => Vec::new(),
+            };
+        }
+        let gather = ledger.gather_mut();
+        gather.run = None;
+        gather.waiting_since = now.wall_ms;
+        gather.figures.preemptions += 1;
+        gather.figures.running_since = None;
+        info!(
+            preemptions = gather.figures.preemptions,
+            overdue, "grid job stopped for one of higher priority; waiting to run again"
+        );
+        let mut effects: Vec<Effect> = ledger
+            .forget_clusters()
+            .into_iter()
+            .map(|cluster| Effect::ToKcm {
+                cluster,
+                msg: KcmMsg::JobEnded {
+                    job: ledger.id().clone(),
+                },
+                followup: Followup::Nothing,
+            })
+            .collect();
+        ledger
+            .placements_mut()
+            .iter_mut()
+            .for_each(|placed| *placed = None);
+        ledger.set_state(JobState::Waiting);
+        effects.extend([Effect::SaveJobFile, Effect::Report]);
+        effects
+    }
+
     /// A cluster withdrew a component that never started there: it waits
     /// to be placed again, with the job's other components left running.
     fn component_withdrawn(
@@ -348,6 +441,15 @@ impl Grid {
         if ledger.book().is_finished(task) || !placed_here {
             debug!(component = task, cluster = %outcome.cluster, "component end ignored: ended before, or from an earlier run");
             return Vec::new();
+        }
+        let stopping = ledger
+            .file()
+            .gathering
+            .as_ref()
+            .and_then(|g| g.run.as_ref())
+            .is_some_and(|run| run.stopping.is_some());
+        if stopping && (outcome.preempted || outcome.exit_code.is_none()) {
+            return self.stopped(ledger, Some(outcome.component), now);
         }
         if self.lost(ledger, &outcome) && self.may_restart(ledger) {
             let reason = match outcome.exit_code {
@@ -464,6 +566,10 @@ impl Grid {
 /// A component ending this close to its walltime was killed for it.
 const WALLTIME_MARGIN_MS: u64 = 5_000;
 
+/// How long past their grace stopped components may take to be reported
+/// before the job goes back to placement anyway.
+const STOP_MARGIN: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl Kind for Grid {
     /// Registers the job with the scheduler: waiting to be placed, or
     /// running where it was placed before a restart.
@@ -526,6 +632,7 @@ impl Kind for Grid {
                 reason,
             } => self.component_withdrawn(ledger, component, cluster, &reason),
             ControlMsg::Cancel { reason } => cancel(self, ledger, &reason),
+            ControlMsg::StepAside { reason } => self.step_aside(ledger, &reason, now),
             // Components hold their slots for good: no launchers to add.
             ControlMsg::GrowOffer { grant, cluster, .. } => {
                 vec![Effect::ToScheduler(SchedulerMsg::GrowAck {
@@ -584,16 +691,11 @@ impl Kind for Grid {
         let barrier_timeout = ledger.manifest().barrier_timeout().as_millis() as u64;
         let gather = ledger.gather_mut();
         if placed && gather.run.is_none() {
-            gather.run = Some(Claim {
-                placed_at: now.wall_ms,
-                start_by: now.wall_ms.saturating_add(barrier_timeout),
-                next_try: now.wall_ms,
-                started: BTreeMap::new(),
-                released_at: None,
-                avoid: Default::default(),
-            });
+            gather.run = Some(Claim::new(now.wall_ms, barrier_timeout));
         }
-        self.claim(ledger, now)
+        let mut effects = self.stopped(ledger, None, now);
+        effects.extend(self.claim(ledger, now));
+        effects
     }
 
     /// Running components are those placed and not yet ended.
@@ -677,6 +779,7 @@ mod tests {
                 dropped: 0,
             },
             stderr: Captured::default(),
+            preempted: false,
         })
     }
 
@@ -849,6 +952,89 @@ mod tests {
             Some(4.0),
             "from the first placement"
         );
+    }
+
+    #[test]
+    fn a_running_job_steps_aside_once_its_components_stopped_and_is_placed_again() {
+        let t0 = Instant::now();
+        let mut grid = grid_with("preempt_signal = \"USR1\"\npreempt_grace = \"20s\"", t0);
+        let aside = || ControlMsg::StepAside {
+            reason: "a job of high priority".into(),
+        };
+        assert!(
+            grid.on_control(aside(), at(t0, 2)).is_empty(),
+            "not running yet"
+        );
+        grid.on_control(started_on(0, "c1", "a1"), at(t0, 2));
+        grid.on_control(started_on(1, "c2", "b1"), at(t0, 3));
+        assert_eq!(gathering(&grid).running_since, Some(at(t0, 3).wall_ms));
+        let effects = grid.on_control(aside(), at(t0, 10));
+        let stops: Vec<(String, String, u64)> = effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::ToKcm {
+                    cluster,
+                    msg:
+                        KcmMsg::PreemptComponents {
+                            signal, grace_ms, ..
+                        },
+                    ..
+                } => Some((cluster.to_string(), signal.clone(), *grace_ms)),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            stops,
+            [
+                ("c1".to_owned(), "USR1".to_owned(), 20_000),
+                ("c2".to_owned(), "USR1".to_owned(), 20_000)
+            ]
+        );
+        assert!(grid.on_control(aside(), at(t0, 11)).is_empty(), "once");
+        let preempted = |component| match ended(component, None) {
+            ControlMsg::ComponentEnded(outcome) => ControlMsg::ComponentEnded(ComponentOutcome {
+                preempted: true,
+                ..outcome
+            }),
+            other => other,
+        };
+        let effects = grid.on_control(preempted(0), at(t0, 12));
+        assert!(told(&effects).is_empty() && recorded(&effects).is_empty());
+        assert_eq!(grid.job_file().state, JobState::Running, "one still stops");
+        let effects = grid.on_control(preempted(1), at(t0, 13));
+        assert_eq!(
+            told(&effects),
+            [
+                ("c1".to_owned(), "job_ended"),
+                ("c2".to_owned(), "job_ended")
+            ]
+        );
+        assert!(recorded(&effects).is_empty(), "nothing final");
+        let file = grid.job_file();
+        assert_eq!(
+            (file.state, file.restarts),
+            (JobState::Waiting, 0),
+            "not a try"
+        );
+        let figures = file.gathering.unwrap().figures;
+        assert_eq!((figures.preemptions, figures.running_since), (1, None));
+        assert_eq!(grid.standing(at(t0, 13)).components, [4, 2]);
+    }
+
+    #[test]
+    fn components_that_outlast_their_grace_are_given_up_on() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        grid.on_control(started_on(0, "c1", "a1"), at(t0, 2));
+        grid.on_control(started_on(1, "c2", "b1"), at(t0, 3));
+        let aside = ControlMsg::StepAside {
+            reason: "high".into(),
+        };
+        grid.on_control(aside, at(t0, 10));
+        assert!(told(&grid.poll(at(t0, 60))).is_empty());
+        let effects = grid.poll(at(t0, 71));
+        assert_eq!(told(&effects).len(), 2, "stopped for good: {effects:?}");
+        assert_eq!(grid.job_file().state, JobState::Waiting);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use std::{
 
 use gleaner_manifest::{Component, JobId, Manifest, ParamValue, TaskShape};
 use gleaner_protocol::{
-    ClusterName, ControlMsg, Credentials, Event, JobReport, JobState, KcmMsg, ResultMsg,
+    ClusterName, ControlMsg, Credentials, Event, Gathering, JobReport, JobState, KcmMsg, ResultMsg,
     SchedulerMsg, Submission, TaskBundle, TaskCounts,
 };
 use indexmap::IndexMap;
@@ -380,7 +380,10 @@ impl Ledger {
             task_slots: self.current_shape().slots,
             task_needs: self.current_shape().needs,
             open: self.manifest.open && !self.file.closed,
-            gathering: self.file.gathering.as_ref().map(|g| g.figures.clone()),
+            gathering: self.file.gathering.as_ref().map(|g| Gathering {
+                walltime_s: self.manifest.walltime.map(|w| w.as_secs_f64()),
+                ..g.figures.clone()
+            }),
             avoid: self
                 .file
                 .gathering

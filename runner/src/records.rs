@@ -116,10 +116,34 @@ pub struct Claim {
     /// When every component started and was let go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub released_at: Option<Millis>,
+    /// Since when the run is being stopped for a job of higher priority,
+    /// and which of its components have stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopping: Option<Millis>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
+    pub stopped: std::collections::BTreeSet<u32>,
     /// Clusters whose components did not start when claimed: this run's
     /// components are placed elsewhere.
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub avoid: std::collections::BTreeSet<ClusterName>,
+}
+
+impl Claim {
+    /// A run placed at `placed_at`, to gather within `barrier_timeout_ms`;
+    /// its first claiming try at once (JCT₀ = JPT + L·FTT: nothing is
+    /// staged, FTT is 0).
+    pub fn new(placed_at: Millis, barrier_timeout_ms: u64) -> Self {
+        Self {
+            placed_at,
+            start_by: placed_at.saturating_add(barrier_timeout_ms),
+            next_try: placed_at,
+            started: BTreeMap::new(),
+            released_at: None,
+            stopping: None,
+            stopped: Default::default(),
+            avoid: Default::default(),
+        }
+    }
 }
 
 /// A component that started: where, and when.

@@ -583,6 +583,7 @@ mod tests {
                     placement_s: Some(0.5),
                     barrier_s: None,
                     start_delay_s: None,
+                    ..Default::default()
                 },
                 level: 0.625,
                 waiting_since: 1,
@@ -603,6 +604,8 @@ mod tests {
                     )]
                     .into(),
                     released_at: None,
+                    stopping: Some(5),
+                    stopped: [0].into(),
                     avoid: Default::default(),
                 }),
             }),

@@ -629,7 +629,8 @@ impl Kind for Sweep {
             ControlMsg::PlacementFailed { .. }
             | ControlMsg::ComponentEnded(_)
             | ControlMsg::ComponentWithdrawn { .. }
-            | ControlMsg::ComponentStarted { .. } => {
+            | ControlMsg::ComponentStarted { .. }
+            | ControlMsg::StepAside { .. } => {
                 debug!("grid job message ignored: this job is a sweep");
                 Vec::new()
             }

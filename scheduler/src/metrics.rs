@@ -259,6 +259,7 @@ mod tests {
             placement_s: Some(0.5),
             barrier_s: None,
             start_delay_s: None,
+            ..Default::default()
         });
         status.jobs.push(job);
         status.jobs.push(grid);

@@ -306,6 +306,7 @@ impl Batch {
                     job: c.job.clone(),
                     component: c.index,
                     exit_code: Some(0),
+                    preempted: false,
                 });
                 false
             }

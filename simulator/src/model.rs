@@ -498,7 +498,7 @@ impl<'a> Sim<'a> {
                 }
                 // Simulated components run at once: their runner never
                 // holds them at a barrier.
-                Effect::ReleaseComponent { .. } => None,
+                Effect::ReleaseComponent { .. } | Effect::StopComponent { .. } => None,
                 Effect::SubmitComponent { spec, .. } => {
                     if let Some(&g) = self.grid_index.get(&spec.job) {
                         let length = self.grid[g].length;

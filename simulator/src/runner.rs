@@ -186,6 +186,7 @@ impl GridRunner {
                                 walltime_ms: None,
                                 workdir: None,
                                 owner: "simulated".to_owned(),
+                                checkpoint: None,
                             }),
                         )
                     })
