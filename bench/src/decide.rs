@@ -113,7 +113,9 @@ pub fn round(clusters: usize, jobs: usize, grid: usize) {
             times.push(started.elapsed());
             counts = actions.iter().fold((0, 0, 0), |(o, s, p), a| match a {
                 Action::Offer { .. } => (o + 1, s, p),
-                Action::Preempt { .. } | Action::Drain { .. } => (o, s + 1, p),
+                Action::Preempt { .. } | Action::Drain { .. } | Action::StepAside { .. } => {
+                    (o, s + 1, p)
+                }
                 Action::Place { .. } => (o, s, p + 1),
                 Action::Abort { .. } => (o, s, p),
             });

@@ -305,10 +305,10 @@ impl ComponentFiles {
              while kill -0 $gleaner_pid 2> /dev/null && [ ! -s {stop} ]; do sleep 0.5; done\n\
              if [ -s {stop} ]; then\n\
              read gleaner_signal gleaner_grace < {stop}\n\
-             kill -$gleaner_signal -- -$gleaner_pid 2> /dev/null\n\
+             kill -$gleaner_signal -$gleaner_pid 2> /dev/null\n\
              gleaner_waited=0\n\
              while kill -0 $gleaner_pid 2> /dev/null && [ $gleaner_waited -lt $gleaner_grace ]; do sleep 1; gleaner_waited=$((gleaner_waited + 1)); done\n\
-             kill -KILL -- -$gleaner_pid 2> /dev/null\n\
+             kill -KILL -$gleaner_pid 2> /dev/null\n\
              wait $gleaner_pid\n\
              echo {PREEMPTED} > {exit}\n\
              else\n\
@@ -870,6 +870,42 @@ mod tests {
             format!("1 2 2 5\na slots=2 # component 0\n{host} slots=3 # component 1\n")
         );
         assert_eq!(std::fs::read_to_string(&files.exit).unwrap(), "0\n");
+    }
+
+    #[test]
+    fn a_stopped_component_gets_its_signal_saves_its_state_and_ends_preempted() {
+        let spool = tempfile::tempdir().unwrap();
+        let checkpoint = spool.path().join("ck");
+        let spec = ComponentSpec {
+            needs: Default::default(),
+            job: "j-0000000000000001".parse().unwrap(),
+            component: 0,
+            slots: 1,
+            command: "trap 'echo saved > \"$GLEANER_CHECKPOINT/state\"; exit 0' USR1; while true; do sleep 0.2; done".into(),
+            env: Vec::new(),
+            walltime_ms: None,
+            workdir: None,
+            owner: "alice".into(),
+            checkpoint: Some(checkpoint.display().to_string()),
+        };
+        let files = ComponentFiles::new(spool.path(), &spec.job, 0);
+        std::fs::write(&files.go, ComponentFiles::go_text(0, 1, 1)).unwrap();
+        let script = files.script(&spec, None, ComponentHosts::ThisHost);
+        let mut wrapper = std::process::Command::new("/bin/sh")
+            .args(["-c", &script])
+            .spawn()
+            .unwrap();
+        while !checkpoint.exists() {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        std::fs::write(&files.stop, "10 30\n").unwrap();
+        assert!(wrapper.wait().unwrap().success());
+        assert_eq!(
+            std::fs::read_to_string(checkpoint.join("state")).unwrap(),
+            "saved\n"
+        );
+        assert_eq!(std::fs::read_to_string(&files.exit).unwrap(), "preempted\n");
     }
 
     #[test]

@@ -136,6 +136,15 @@ fn normalized(priority: Priority) -> Priority {
 /// Places what can be placed, in scan order. Jobs missing from the result
 /// could not be placed this time (a failed try).
 pub fn place(jobs: &[GridJob], sites: &[Site], weights: Weights) -> Vec<Placement> {
+    place_leaving(jobs, sites, weights).0
+}
+
+/// [`place`], and the room it leaves on each site.
+pub fn place_leaving(
+    jobs: &[GridJob],
+    sites: &[Site],
+    weights: Weights,
+) -> (Vec<Placement>, Vec<Site>) {
     let mut rooms: Vec<Site> = sites.to_vec();
     let mut placed = Vec::new();
     for i in scan_order(jobs, weights) {
@@ -151,7 +160,103 @@ pub fn place(jobs: &[GridJob], sites: &[Site], weights: Weights) -> Vec<Placemen
             reclaim,
         });
     }
-    placed
+    (placed, rooms)
+}
+
+/// A running grid job that a job of higher priority might stop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Running {
+    pub id: JobId,
+    pub priority: Priority,
+    /// When its run began (ms since the epoch): its progress since it was
+    /// last stopped.
+    pub since: u64,
+    pub walltime_ms: Option<u64>,
+    /// Slots its components hold, by cluster.
+    pub holds: BTreeMap<ClusterName, u32>,
+}
+
+/// When a running grid job may be stopped for another (seed 003).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StopRules {
+    /// The fraction of its walltime a job must have run since it was last
+    /// stopped: no job is stopped over and over by small ones.
+    #[serde(rename = "stop_min_progress")]
+    pub min_progress: f64,
+    /// GrADS's utility, the waiting job's gain over the running job's
+    /// loss, that stopping must reach (where both have walltimes).
+    #[serde(rename = "stop_min_utility")]
+    pub min_utility: f64,
+}
+
+impl Default for StopRules {
+    fn default() -> Self {
+        Self {
+            min_progress: 0.2,
+            min_utility: 1.0,
+        }
+    }
+}
+
+/// GrADS's `util_val` of stopping `running` (walltime `w1`, run
+/// `elapsed` so far) for a job of walltime `w2`: the waiting job's gain,
+/// `perf_gain = R1 / (R1 + W2)` with R1 the time `running` has left (the
+/// waiting job would otherwise wait that long), over the running job's
+/// loss, `perf_loss = W2 / W1` (it waits while the other runs).
+pub fn stop_utility(w1: u64, elapsed: u64, w2: u64) -> f64 {
+    let left = w1.saturating_sub(elapsed) as f64;
+    let gain = left / (left + w2 as f64).max(1.0);
+    let loss = w2 as f64 / (w1 as f64).max(1.0);
+    match loss > 0.0 {
+        true => gain / loss,
+        false => f64::INFINITY,
+    }
+}
+
+/// The running jobs to stop so that `job` fits (KOALA): those of lower
+/// priority, latest started first, as many as it takes; none that has not
+/// run `min_progress` of its walltime since it last started, nor any
+/// whose stopping is worth less than `min_utility` (where walltimes are
+/// known). Empty when stopping all that may be stopped would not do.
+pub fn to_stop(
+    job: &GridJob,
+    priority: Priority,
+    walltime_ms: Option<u64>,
+    rooms: &[Site],
+    running: &[Running],
+    rules: StopRules,
+    now_ms: u64,
+) -> Vec<JobId> {
+    let mut candidates: Vec<&Running> = running
+        .iter()
+        .filter(|r| r.priority < priority)
+        .filter(|r| {
+            let elapsed = now_ms.saturating_sub(r.since);
+            r.walltime_ms.is_none_or(|w1| {
+                elapsed as f64 >= rules.min_progress * w1 as f64
+                    && walltime_ms
+                        .is_none_or(|w2| stop_utility(w1, elapsed, w2) >= rules.min_utility)
+            })
+        })
+        .collect();
+    candidates.sort_by(|a, b| b.since.cmp(&a.since).then(a.id.cmp(&b.id)));
+    let mut rooms = rooms.to_vec();
+    let mut chosen = Vec::new();
+    for victim in candidates {
+        for (cluster, slots) in &victim.holds {
+            if let Some(site) = rooms.iter_mut().find(|s| &s.name == cluster) {
+                site.free = site.free.saturating_add(*slots);
+                // Its slots may be on any of the site's hosts.
+                site.hosts.clear();
+            }
+        }
+        chosen.push(victim.id.clone());
+        if worst_fit(job, &rooms, false).is_some() {
+            return chosen;
+        }
+    }
+    Vec::new()
 }
 
 /// Worst fit: each component, largest first, on the site with the most room
@@ -368,6 +473,80 @@ mod tests {
         );
         assert_eq!(placed[0].clusters, ["c", "a", "b"].map(ClusterName::from));
         assert!(placed[0].reclaim.is_empty());
+    }
+
+    fn running(name: &str, priority: Priority, since: u64, walltime_s: Option<u64>) -> Running {
+        Running {
+            id: id(name),
+            priority,
+            since,
+            walltime_ms: walltime_s.map(|s| s * 1000),
+            holds: [(ClusterName::from("a"), 4)].into(),
+        }
+    }
+
+    #[test]
+    fn lower_priority_jobs_are_stopped_latest_started_first_as_many_as_it_takes() {
+        let full = [site("a", 0, &[])];
+        let jobs = [
+            running("x", Priority::Low, 100_000, None),
+            running("y", Priority::Low, 200_000, None),
+            running("z", Priority::High, 300_000, None),
+        ];
+        let names = |victims: Vec<JobId>| -> Vec<String> {
+            victims.iter().map(|j| j.name().to_owned()).collect()
+        };
+        let stop = |slots: &[u32], priority| {
+            let job = job("g", priority, slots);
+            let rules = StopRules::default();
+            names(to_stop(&job, priority, None, &full, &jobs, rules, 400_000))
+        };
+        assert_eq!(stop(&[4], Priority::High), ["y"]);
+        assert_eq!(stop(&[8], Priority::High), ["y", "x"]);
+        assert!(stop(&[12], Priority::High).is_empty(), "z is not lower");
+        assert_eq!(stop(&[12], Priority::SuperHigh), ["z", "y", "x"]);
+        assert!(stop(&[4], Priority::Low).is_empty());
+    }
+
+    #[test]
+    fn a_job_is_stopped_only_after_progress_and_when_the_utility_is_worth_it() {
+        let full = [site("a", 0, &[])];
+        let g = job("g", Priority::High, &[4]);
+        let rules = StopRules::default();
+        // y ran 100 s of its 1000 s walltime since it last started: spared.
+        let jobs = [
+            running("x", Priority::Low, 0, None),
+            running("y", Priority::Low, 300_000, Some(1000)),
+        ];
+        let stopped = to_stop(&g, Priority::High, None, &full, &jobs, rules, 400_000);
+        assert_eq!(stopped, [id("x")]);
+        // x has 100 s of 1000 s left; g runs 1000 s: util 0.09, not worth it.
+        let jobs = [running("x", Priority::Low, 0, Some(1000))];
+        assert!(
+            to_stop(
+                &g,
+                Priority::High,
+                Some(1_000_000),
+                &full,
+                &jobs,
+                rules,
+                900_000
+            )
+            .is_empty()
+        );
+        // With 700 s left and g of 100 s, it is (util 8.75).
+        let stopped = to_stop(
+            &g,
+            Priority::High,
+            Some(100_000),
+            &full,
+            &jobs,
+            rules,
+            300_000,
+        );
+        assert_eq!(stopped, [id("x")]);
+        assert!((stop_utility(3_600_000, 600_000, 600_000) - 5.0).abs() < 1e-9);
+        assert!((stop_utility(1_000_000, 100_000, 100_000) - 9.0).abs() < 1e-9);
     }
 
     #[test]

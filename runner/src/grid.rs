@@ -587,6 +587,8 @@ impl Kind for Grid {
         } else {
             JobState::Waiting
         });
+        // Its figures, and its walltime for the scheduler, from the start.
+        ledger.gather_mut();
         info!(components, placed, "grid job registered");
         vec![Effect::SaveJobFile, Effect::Report]
     }

@@ -6,7 +6,7 @@ use std::{
 };
 
 use gleaner_manifest::{JobId, Priority};
-use gleaner_policy::placement::{GridJob, Weights, upgraded};
+use gleaner_policy::placement::{GridJob, StopRules, Weights, upgraded};
 use gleaner_protocol::{
     ClusterName, GridPlacement, GridReservation, GridSnapshot, JobReport, JobState, Millis, Now,
 };
@@ -27,6 +27,9 @@ pub struct GridConfig {
     /// cluster has not reported yet.
     #[serde(with = "humantime_serde")]
     pub reservation_timeout: Duration,
+    /// When a running grid job may be stopped for one of higher priority.
+    #[serde(flatten)]
+    pub stop: StopRules,
 }
 
 impl Default for GridConfig {
@@ -36,6 +39,7 @@ impl Default for GridConfig {
             upgrade_after: 30,
             max_tries: 0,
             reservation_timeout: Duration::from_secs(120),
+            stop: StopRules::default(),
         }
     }
 }
@@ -49,6 +53,8 @@ struct Entry {
     placed: Option<Instant>,
     /// Why its last try did not place it.
     unplaced_because: Option<String>,
+    /// When it was asked to step aside for a job of higher priority.
+    asked_aside: Option<Instant>,
 }
 
 #[derive(Debug)]
@@ -72,6 +78,10 @@ pub struct GridBook {
 /// job counts as waiting again.
 const PLACEMENT_ANSWER: Duration = Duration::from_secs(60);
 
+/// A job asked to step aside gets this long (the longest grace, and the
+/// time its components take to be reported) before more are stopped.
+const STEP_ASIDE_ANSWER: Duration = Duration::from_secs(180);
+
 impl GridBook {
     /// Records a grid job's report; `true` if the job is new here.
     pub fn update(&mut self, report: JobReport, now: Instant) -> bool {
@@ -79,6 +89,12 @@ impl GridBook {
             Some(entry) => {
                 if report.state != JobState::Waiting {
                     entry.placed.get_or_insert(now);
+                } else if entry.asked_aside.take().is_some() {
+                    // Stopped for a job of higher priority: back to its
+                    // own queue, and that was no try.
+                    entry.placed = None;
+                    entry.queue = report.priority;
+                    self.reservations.retain(|r| r.job != report.job);
                 } else if entry.report.state != JobState::Waiting {
                     // A component was withdrawn, or lost with the whole run:
                     // placed again at once, and that was a try.
@@ -98,6 +114,7 @@ impl GridBook {
                     seen: now,
                     tries: 0,
                     unplaced_because: None,
+                    asked_aside: None,
                 };
                 if let Some((placement, at)) = self.carried.remove(&entry.report.job) {
                     entry.carry_on(&placement, at);
@@ -145,6 +162,34 @@ impl GridBook {
             let total = promised[&(r.cluster.clone(), r.job.clone())];
             reported < total && now.duration_since(r.issued) <= config.reservation_timeout
         });
+    }
+
+    /// Grid jobs running whole that have not been asked to step aside.
+    pub fn running(&self) -> impl Iterator<Item = &JobReport> {
+        self.entries
+            .values()
+            .filter(|e| e.report.state == JobState::Running && e.asked_aside.is_none())
+            .map(|e| &e.report)
+    }
+
+    pub fn report_of(&self, job: &JobId) -> Option<&JobReport> {
+        self.entries.get(job).map(|e| &e.report)
+    }
+
+    /// `job` was asked to step aside.
+    pub fn ask_aside(&mut self, job: &JobId, now: Instant) {
+        if let Some(entry) = self.entries.get_mut(job) {
+            entry.asked_aside = Some(now);
+        }
+    }
+
+    /// Some job asked to step aside has not yet (its components take
+    /// their grace to stop); after [`STEP_ASIDE_ANSWER`], it is not waited for.
+    pub fn stepping_aside(&self, now: Instant) -> bool {
+        self.entries.values().any(|e| {
+            e.asked_aside
+                .is_some_and(|at| now.duration_since(at) <= STEP_ASIDE_ANSWER)
+        })
     }
 
     /// Slots promised to placed jobs on a cluster.

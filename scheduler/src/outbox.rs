@@ -69,6 +69,10 @@ pub fn message(action: Action) -> (JobId, ControlMsg) {
             info!(job = %job, clusters = ?clusters, "grid job placed");
             (job, ControlMsg::Place { clusters })
         }
+        Action::StepAside { job, reason } => {
+            warn!(job = %job, reason, "grid job stopped for one of higher priority");
+            (job, ControlMsg::StepAside { reason })
+        }
         Action::Abort { job, reason } => {
             warn!(job = %job, reason, "grid job aborted");
             (job, ControlMsg::PlacementFailed { reason })

@@ -13,7 +13,7 @@ use std::{
 use gleaner_manifest::{JobId, JobKind};
 use gleaner_policy::{
     access::Users,
-    placement::{self, HostRoom, Site},
+    placement::{self, GridJob, HostRoom, Running, Site},
     share::{self, ClusterInput, JobInput, PolicyConfig},
 };
 use gleaner_protocol::{
@@ -111,6 +111,9 @@ pub enum Action {
     },
     /// A grid job will not be placed.
     Abort { job: JobId, reason: String },
+    /// A running grid job stops, for one of higher priority, and goes
+    /// back to be placed again.
+    StepAside { job: JobId, reason: String },
 }
 
 /// What the service does about a message, besides acknowledging it.
@@ -581,7 +584,7 @@ impl State {
                     .collect(),
             })
             .collect();
-        let placements = placement::place(&waiting, &sites, config.grid.weights);
+        let (placements, rooms) = placement::place_leaving(&waiting, &sites, config.grid.weights);
         let mut actions = Vec::new();
         for placed in &placements {
             for reclaim in &placed.reclaim {
@@ -628,6 +631,12 @@ impl State {
                 ),
             };
             self.grid.unplaced_because(&job.id, because);
+            if actions
+                .iter()
+                .all(|a| !matches!(a, Action::StepAside { .. }))
+            {
+                actions.extend(self.stop_for(&job, &rooms, now, config));
+            }
             if let Some(reason) = self.grid.failed_try(&job.id, &config.grid) {
                 actions.push(Action::Abort {
                     job: job.id,
@@ -636,6 +645,76 @@ impl State {
             }
         }
         actions
+    }
+
+    /// Running grid jobs of lower priority that `job`, which does not fit,
+    /// stops (KOALA, with seed 003's rules); none while jobs stopped
+    /// before are still stepping aside: their slots are on the way.
+    fn stop_for(
+        &mut self,
+        job: &GridJob,
+        rooms: &[Site],
+        now: Instant,
+        config: &StateConfig,
+    ) -> Vec<Action> {
+        if self.grid.stepping_aside(now) {
+            return Vec::new();
+        }
+        let Some(report) = self.grid.report_of(&job.id) else {
+            return Vec::new();
+        };
+        let walltime = |r: &JobReport| {
+            r.gathering
+                .as_ref()
+                .and_then(|g| g.walltime_s)
+                .map(|s| (s * 1000.0) as u64)
+        };
+        let (priority, walltime_ms) = (report.priority, walltime(report));
+        let running: Vec<Running> = self
+            .grid
+            .running()
+            .filter_map(|r| {
+                let since = r.gathering.as_ref()?.running_since?;
+                let holds = self
+                    .clusters
+                    .iter()
+                    .filter_map(|(name, c)| {
+                        let held = c.report.grid.get(&r.job)?.total();
+                        (held > 0).then(|| (name.clone(), held))
+                    })
+                    .collect();
+                Some(Running {
+                    id: r.job.clone(),
+                    priority: r.priority,
+                    since,
+                    walltime_ms: walltime(r),
+                    holds,
+                })
+            })
+            .collect();
+        let victims = placement::to_stop(
+            job,
+            priority,
+            walltime_ms,
+            rooms,
+            &running,
+            config.grid.stop,
+            gleaner_protocol::now_ms(),
+        );
+        victims
+            .into_iter()
+            .map(|victim| {
+                self.grid.ask_aside(&victim, now);
+                Action::StepAside {
+                    reason: format!(
+                        "grid job {} of {} priority needs its slots",
+                        job.id,
+                        priority.name()
+                    ),
+                    job: victim,
+                }
+            })
+            .collect()
     }
 
     /// Slots of a cluster free for a grid job's components: idle whatever
@@ -1221,6 +1300,68 @@ pub(crate) mod tests {
         running.grid_slots = 6;
         state.on_cluster(running, now, &config);
         assert!(state.round(now, &config).is_empty());
+    }
+
+    #[test]
+    fn a_high_priority_grid_job_stops_a_running_low_one_once_and_is_placed_on_its_slots() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(GrantId::new(1));
+        let low = JobReport {
+            state: JobState::Running,
+            gathering: Some(gleaner_protocol::Gathering {
+                running_since: Some(gleaner_protocol::now_ms() - 60_000),
+                ..Default::default()
+            }),
+            ..grid_report("low", Priority::Low, &[])
+        };
+        state.on_job_update(low.clone(), now);
+        let mut full = cluster_report(0, &[], vec![]);
+        full.grid.insert(
+            job("low"),
+            Holding {
+                running: 8,
+                pending: 0,
+            },
+        );
+        full.grid_slots = 8;
+        state.on_cluster(full.clone(), now, &config);
+        state.on_job_update(grid_report("high", Priority::High, &[6]), now);
+        let actions = state.round(now, &config);
+        let stepped: Vec<&JobId> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::StepAside { job, .. } => Some(job),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(stepped, [&job("low")], "{actions:?}");
+        let later = now + Duration::from_secs(5);
+        assert!(
+            !state
+                .round(later, &config)
+                .iter()
+                .any(|a| matches!(a, Action::StepAside { .. })),
+            "asked once"
+        );
+        // Its components stopped: it waits again, and the high job goes first.
+        state.on_job_update(
+            JobReport {
+                state: JobState::Waiting,
+                components: vec![8],
+                ..low
+            },
+            later,
+        );
+        state.on_cluster(cluster_report(8, &[], vec![]), later, &config);
+        let actions = state.round(later, &config);
+        assert!(
+            actions.contains(&Action::Place {
+                job: job("high"),
+                clusters: vec!["c1".into()]
+            }),
+            "{actions:?}"
+        );
     }
 
     #[test]

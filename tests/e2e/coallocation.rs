@@ -199,3 +199,55 @@ fn a_held_component_is_placed_elsewhere_and_a_run_that_cannot_gather_goes_back()
         components_left(&queues, &slurm).is_empty()
     });
 }
+
+#[test]
+fn a_high_priority_job_stops_a_low_one_which_resumes_from_its_checkpoint() {
+    let queues = SgeQueues::new(1, 4);
+    let mut g = gleaner("coalloc-preempt");
+    g.write(
+        "gleaner.toml",
+        &format!(
+            "[[cluster]]\nname = \"c1\"\nbackend = \"sge\"\nqueue = \"{}\"\nh_rt = \"10m\"\n",
+            queues.names[0]
+        ),
+    );
+    g.start("up", &["up"]);
+    // Counts to 30, half a second a step; on TERM it saves where it is.
+    let counter = "n=$(cat $GLEANER_CHECKPOINT/n 2>/dev/null || echo 0); first=$n; \
+         trap 'echo $n > $GLEANER_CHECKPOINT/n; exit 0' TERM; \
+         while [ $n -lt 30 ]; do n=$((n + 1)); sleep 0.5; done; echo from $first to $n";
+    let low = g.submit(&format!(
+        "name = \"low\"\nkind = \"grid\"\npriority = \"low\"\npreempt_grace = \"10s\"\n\
+         [[component]]\nslots = 4\ncommand = \"{counter}\"\n"
+    ));
+    wait_for("the low job to run", MINUTE, || {
+        gathering(&g, &low)["running_since"].is_u64()
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let high = g.submit(
+        "name = \"high\"\nkind = \"grid\"\npriority = \"high\"\n\
+         [[component]]\nslots = 4\ncommand = \"echo high\"\n",
+    );
+    assert_eq!(g.wait_for_end(&high, 2 * MINUTE), "done");
+    assert_eq!(g.wait_for_end(&low, 2 * MINUTE), "done");
+    let ended = |job: &str| g.job_file(job).unwrap_or_default()["finished_at"].as_u64();
+    assert!(ended(&high) < ended(&low), "the high job went first");
+    let tasks = by_task(&g.index(&low));
+    assert_eq!(tasks[&0]["status"], "succeeded", "{tasks:?}");
+    let stdout =
+        std::fs::read_to_string(g.results_dir(&low).join("tasks/0/stdout")).unwrap_or_default();
+    let first: u32 = stdout
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        first > 0 && stdout.ends_with("to 30\n"),
+        "resumed from its checkpoint: {stdout:?}"
+    );
+    assert_eq!(gathering(&g, &low)["preemptions"], 1);
+    assert!(
+        g.log("up")
+            .contains("stopping the grid job for one of higher priority")
+    );
+}
