@@ -745,6 +745,7 @@ mod tests {
             workdir: Some("/home/alice/run".into()),
             owner: "alice".into(),
             checkpoint: None,
+            inputs: Vec::new(),
         };
         let alice = Account {
             name: "alice".into(),
@@ -800,6 +801,7 @@ mod tests {
             workdir: None,
             owner: "alice".into(),
             checkpoint: None,
+            inputs: Vec::new(),
         };
         let files = ComponentFiles::new(std::path::Path::new("/spool"), &spec.job, 0);
         let script = files.script(&spec, None, ComponentHosts::ThisHost);
@@ -828,6 +830,7 @@ mod tests {
             workdir: None,
             owner: "alice".into(),
             checkpoint: None,
+            inputs: Vec::new(),
         };
         let files = ComponentFiles::new(spool.path(), &spec.job, 1);
         let script = files.script(&spec, None, ComponentHosts::ThisHost);
@@ -887,6 +890,7 @@ mod tests {
             workdir: None,
             owner: "alice".into(),
             checkpoint: Some(checkpoint.display().to_string()),
+            inputs: Vec::new(),
         };
         let files = ComponentFiles::new(spool.path(), &spec.job, 0);
         std::fs::write(&files.go, ComponentFiles::go_text(0, 1, 1)).unwrap();

@@ -77,6 +77,20 @@ pub struct ClusterConfig {
     /// slots are offered elsewhere, the component placed again.
     #[serde(default = "default_max_pending", with = "humantime_serde")]
     pub max_pending: Duration,
+    /// Paths the cluster's nodes see as the submitters do: grid jobs'
+    /// inputs under them need no staging here.
+    #[serde(default)]
+    pub shared_paths: Vec<PathBuf>,
+    /// The program (and its first arguments) that copies a grid
+    /// component's other inputs to where the nodes see them, run as the
+    /// component's account with the job id, the component number and the
+    /// input paths after them; without one, such a component cannot run
+    /// here. The inputs' paths must then be the same on the nodes.
+    #[serde(default)]
+    pub stage_command: Vec<String>,
+    /// How long a staging may take.
+    #[serde(default = "default_stage_timeout", with = "humantime_serde")]
+    pub stage_timeout: Duration,
     /// At most this many of the cluster's slots are scavenged (`16`, or
     /// `"50%"` of them): the grid is not filled up entirely.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -135,6 +149,10 @@ fn default_max_pending() -> Duration {
     Duration::from_secs(60)
 }
 
+fn default_stage_timeout() -> Duration {
+    Duration::from_secs(3600)
+}
+
 fn default_poll_interval() -> Duration {
     Duration::from_secs(1)
 }
@@ -165,6 +183,9 @@ impl ClusterConfig {
             log_dir: None,
             command_timeout: default_command_timeout(),
             max_pending: default_max_pending(),
+            shared_paths: Vec::new(),
+            stage_command: Vec::new(),
+            stage_timeout: default_stage_timeout(),
             max_scavenged: None,
             reserve_hosts: Vec::new(),
             memory: None,
@@ -262,7 +283,18 @@ impl ClusterConfig {
                 reserve_hosts: self.reserve_hosts.clone(),
                 account: crate::local::account_name(),
                 users: gleaner_policy::access::Users::default(),
+                inputs: gleaner_protocol::InputAccess {
+                    shared: self
+                        .shared_paths
+                        .iter()
+                        .map(|p| p.display().to_string())
+                        .collect(),
+                    stages: !self.stage_command.is_empty(),
+                    stage_s: None,
+                },
             },
+            stage_command: self.stage_command.clone(),
+            stage_timeout: self.stage_timeout,
             poll_interval: self.poll_interval,
             spool_dir: self.spool_dir.clone().unwrap_or(default_spool),
         }

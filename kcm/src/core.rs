@@ -41,7 +41,7 @@ use gleaner_policy::{
 };
 use gleaner_protocol::{
     Captured, ClusterName, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, Credentials,
-    GrantId, Holding, HostSlots, KcmMsg, Outbox, SchedulerMsg, ShrinkMode, naming,
+    GrantId, Holding, HostSlots, InputAccess, KcmMsg, Outbox, SchedulerMsg, ShrinkMode, naming,
 };
 use tracing::{error, info, warn};
 
@@ -77,6 +77,27 @@ pub struct CoreConfig {
     /// Whose accounts jobs run as (`[users]`): with many users, a job's
     /// placeholders are submitted as its owner's.
     pub users: Users,
+    /// Which input files the nodes see (`shared_paths`), and whether a
+    /// `stage_command` copies the others.
+    pub inputs: InputAccess,
+}
+
+/// How long stagings took, for the scheduler's estimate of the next.
+#[derive(Debug, Default)]
+struct StageTimes {
+    count: u32,
+    total_s: f64,
+}
+
+impl StageTimes {
+    fn add(&mut self, seconds: f64) {
+        self.count = self.count.saturating_add(1);
+        self.total_s += seconds;
+    }
+
+    fn mean(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.total_s / f64::from(self.count))
+    }
 }
 
 pub use gleaner_protocol::{Core, Now};
@@ -123,6 +144,12 @@ pub enum Event {
     },
     /// Answers [`Effect::Remove`].
     Removed(Result<(), BackendError>),
+    /// Answers [`Effect::StageInputs`]: how long it took, or why it failed.
+    InputsStaged {
+        spec: ComponentSpec,
+        account: Option<String>,
+        result: Result<Duration, BackendError>,
+    },
     /// Answers [`Effect::SubmitComponent`].
     ComponentSubmitted {
         spec: ComponentSpec,
@@ -171,6 +198,15 @@ pub enum Effect {
         component: u32,
         go: String,
         hosts: String,
+    },
+    /// Copy a component's inputs its cluster's nodes do not see there: the
+    /// cluster's staging command, as the account the component runs as,
+    /// given the job, the component and these paths; answer with
+    /// [`Event::InputsStaged`] (it may take long: not in the kcm's loop).
+    StageInputs {
+        spec: ComponentSpec,
+        inputs: Vec<String>,
+        account: Option<String>,
     },
     /// Submit a grid job's component as an ordinary batch job, all on one
     /// host when it fits on one (as the scheduler placed it); answer with
@@ -316,6 +352,8 @@ pub struct KcmCore {
     pending_since: BTreeMap<String, Instant>,
     answered: Answered,
     components: BTreeMap<(JobId, u32), TrackedComponent>,
+    /// How long its stagings took.
+    staged: StageTimes,
     /// With many users, the account each job's placeholders are submitted
     /// as: learned from its grants, or for what a predecessor left, from
     /// the first reading ([`KcmCore::judge`]).
@@ -382,6 +420,7 @@ impl KcmCore {
             pending_since: BTreeMap::new(),
             answered: Answered::default(),
             components: BTreeMap::new(),
+            staged: StageTimes::default(),
             accounts: BTreeMap::new(),
             outbox: Outbox::default(),
             report_due: false,
@@ -432,6 +471,18 @@ impl KcmCore {
             Event::ComponentSubmitted { spec, result } => {
                 self.on_component_submitted(spec, result, now)
             }
+            Event::InputsStaged {
+                spec,
+                account,
+                result,
+            } => match result {
+                Ok(took) => {
+                    info!(job = %spec.job, component = spec.component, seconds = took.as_secs_f64(), "inputs staged");
+                    self.staged.add(took.as_secs_f64());
+                    self.submit_component(spec, account)
+                }
+                Err(e) => self.on_component_submitted(spec, Err(e), now),
+            },
             Event::ComponentReported { job, component } => {
                 // Forgotten only once its job has heard.
                 self.components.remove(&(job.clone(), component));
@@ -580,21 +631,49 @@ impl KcmCore {
                     self.accounts
                         .insert(spec.job.clone(), JobAccount { name, ended: false });
                 }
-                vec![
-                    // Left over from an earlier run of the same component.
-                    Effect::DeleteSpoolEntry {
-                        job: spec.job.clone(),
-                        component: spec.component,
-                    },
-                    Effect::SubmitComponent {
-                        one_host: component_on_one_host(spec.slots, self.last.largest_host()),
+                let unseen: Vec<String> = spec
+                    .inputs
+                    .iter()
+                    .filter(|i| !self.config.inputs.sees(i))
+                    .cloned()
+                    .collect();
+                if !unseen.is_empty() {
+                    if !self.config.inputs.stages {
+                        let refused = Err(BackendError {
+                            command: "stage inputs".to_owned(),
+                            message: format!(
+                                "{unseen:?} are not on this cluster's shared paths, and it has no stage_command"
+                            ),
+                        });
+                        return self.on_component_submitted(spec, refused, now);
+                    }
+                    info!(job = %spec.job, component = spec.component, inputs = unseen.len(), "staging a grid component's inputs");
+                    return vec![Effect::StageInputs {
                         spec,
+                        inputs: unseen,
                         account,
-                    },
-                    Effect::PollNow,
-                ]
+                    }];
+                }
+                self.submit_component(spec, account)
             }
         }
+    }
+
+    /// Submits a component, with no spool entry left from an earlier run.
+    fn submit_component(&self, spec: ComponentSpec, account: Option<String>) -> Vec<Effect> {
+        vec![
+            // Left over from an earlier run of the same component.
+            Effect::DeleteSpoolEntry {
+                job: spec.job.clone(),
+                component: spec.component,
+            },
+            Effect::SubmitComponent {
+                one_host: component_on_one_host(spec.slots, self.last.largest_host()),
+                spec,
+                account,
+            },
+            Effect::PollNow,
+        ]
     }
 
     fn on_component_submitted(
@@ -1371,6 +1450,10 @@ impl KcmCore {
             total_slots: snapshot.total_slots(),
             idle_slots: self.offerable(snapshot.idle_slots().saturating_sub(blocked)),
             free_slots: Some(snapshot.idle_slots().saturating_sub(blocked)),
+            inputs: InputAccess {
+                stage_s: self.staged.mean(),
+                ..self.config.inputs.clone()
+            },
             local_slots: snapshot.local_running(),
             local_waiting: snapshot.local_waiting(),
             grid_slots: snapshot.grid_running(),
@@ -1442,6 +1525,11 @@ mod tests {
             reserve_hosts: Vec::new(),
             account: "root".into(),
             users: Users::default(),
+            inputs: InputAccess {
+                shared: vec!["/shared".into()],
+                stages: false,
+                stage_s: None,
+            },
         })
     }
 
@@ -1496,6 +1584,8 @@ mod tests {
             owner: "alice".into(),
 
             checkpoint: None,
+
+            inputs: Vec::new(),
         }
     }
 
@@ -2404,6 +2494,67 @@ mod tests {
             ended(&effects).is_empty(),
             "withdrawn, not ended: {effects:?}"
         );
+    }
+
+    #[test]
+    fn inputs_the_nodes_do_not_see_are_staged_first_or_the_component_cannot_run() {
+        let clock = Clock::new();
+        let g = job("g");
+        let mut reading = spec(&g, 0, 1);
+        reading.inputs = vec!["/shared/a".into(), "/home/alice/b".into()];
+        // No staging command: the component ends at once, unstarted.
+        let mut kcm = core();
+        let effects = message(
+            &mut kcm,
+            KcmMsg::SubmitComponent(reading.clone()),
+            clock.at(0),
+        );
+        let [
+            Effect::Tell {
+                message: ControlMsg::ComponentEnded(outcome),
+                ..
+            },
+        ] = &effects[..]
+        else {
+            panic!("{effects:?}");
+        };
+        assert_eq!((outcome.exit_code, outcome.runtime_ms), (None, 0));
+        let error = String::from_utf8_lossy(&outcome.stderr.data).into_owned();
+        assert!(
+            error.contains("/home/alice/b") && !error.contains("/shared/a"),
+            "{error}"
+        );
+        // With one: staged, then submitted; the time it took is reported.
+        let mut kcm = KcmCore::new(CoreConfig {
+            inputs: InputAccess {
+                stages: true,
+                ..core().config.inputs
+            },
+            ..core().config
+        });
+        let effects = message(
+            &mut kcm,
+            KcmMsg::SubmitComponent(reading.clone()),
+            clock.at(0),
+        );
+        let [Effect::StageInputs { inputs, .. }] = &effects[..] else {
+            panic!("{effects:?}");
+        };
+        assert_eq!(inputs, &["/home/alice/b".to_owned()]);
+        let staged = Event::InputsStaged {
+            spec: reading,
+            account: None,
+            result: Ok(Duration::from_secs(3)),
+        };
+        let effects = step(&mut kcm, staged, clock.at(3_000));
+        assert!(
+            effects
+                .iter()
+                .any(|e| matches!(e, Effect::SubmitComponent { .. })),
+            "{effects:?}"
+        );
+        let r = report(&mut kcm, clock.at(3_000));
+        assert_eq!((r.inputs.stages, r.inputs.stage_s), (true, Some(3.0)));
     }
 
     #[test]

@@ -55,6 +55,9 @@ pub struct KcmConfig {
     /// Where grid components leave their output and exit status; the
     /// cluster's nodes must see it at the same path.
     pub spool_dir: std::path::PathBuf,
+    /// The cluster's `stage_command` for grid jobs' inputs, and its limit.
+    pub stage_command: Vec<String>,
+    pub stage_timeout: Duration,
 }
 
 /// Bytes of a component's stdout and stderr sent back (the tail).
@@ -64,6 +67,8 @@ struct Kcm<B> {
     config: KcmConfig,
     backend: B,
     core: KcmCore,
+    /// Stagings under way, each ending in the event that answers it.
+    staging: tokio::task::JoinSet<Event>,
 }
 
 /// Serves the cluster until `shutdown`, reconnecting after broker outages.
@@ -91,6 +96,7 @@ async fn serve<B: Backend>(
         config,
         backend,
         core,
+        staging: tokio::task::JoinSet::new(),
     };
     broker
         .supervise(&shutdown, async |connection| {
@@ -154,6 +160,12 @@ impl<B: Backend> Kcm<B> {
                     None => return Err(BrokerError::NoQueue(kcm_queue(&self.config.core.cluster))),
                 },
                 _ = poll.tick() => self.poll(&publisher).await?,
+                Some(staged) = self.staging.join_next(), if !self.staging.is_empty() => {
+                    if let Ok(event) = staged {
+                        self.core.handle(event, Now::read());
+                        self.apply(&publisher).await?;
+                    }
+                }
                 () = shutdown.cancelled() => return Ok(()),
             }
         }
@@ -258,6 +270,14 @@ impl<B: Backend> Kcm<B> {
                     {
                         tracing::warn!(job = %job, component, error = %e, "cannot let a grid component pass its barrier");
                     }
+                    None
+                }
+                Effect::StageInputs {
+                    spec,
+                    inputs,
+                    account,
+                } => {
+                    self.stage(spec, inputs, account);
                     None
                 }
                 Effect::SubmitComponent {
@@ -400,6 +420,42 @@ impl<B: Backend> Kcm<B> {
         self.backend
             .submit_component(spec, &files, one_host, run_as.as_ref())
             .await
+    }
+
+    /// Runs the cluster's staging command for a component's inputs, as
+    /// the account it runs as, beside the kcm's loop.
+    fn stage(&mut self, spec: ComponentSpec, inputs: Vec<String>, account: Option<String>) {
+        let run_as = match self.run_as(&spec.owner, account.as_deref()) {
+            Ok(run_as) => run_as,
+            Err(e) => {
+                let event = Event::InputsStaged {
+                    spec,
+                    account,
+                    result: Err(e),
+                };
+                self.staging.spawn(async move { event });
+                return;
+            }
+        };
+        let Some((program, first)) = self.config.stage_command.split_first() else {
+            return;
+        };
+        let mut args = first.to_vec();
+        args.extend([spec.job.to_string(), spec.component.to_string()]);
+        args.extend(inputs);
+        let (program, args) = backend::as_account(program, &args, run_as.as_ref());
+        let timeout = self.config.stage_timeout;
+        self.staging.spawn(async move {
+            let started = std::time::Instant::now();
+            let result = backend::run(&program, &args, None, &[], timeout)
+                .await
+                .map(|_| started.elapsed());
+            Event::InputsStaged {
+                spec,
+                account,
+                result,
+            }
+        });
     }
 
     /// The components whose exit status waits in the spool or in their

@@ -457,6 +457,8 @@ mod tests {
             owner: "alice".into(),
 
             checkpoint: None,
+
+            inputs: Vec::new(),
         }
     }
 

@@ -429,6 +429,7 @@ mod tests {
             workdir: Some("/home/alice".into()),
             owner: "alice".into(),
             checkpoint: None,
+            inputs: Vec::new(),
         };
         let args = component_args(&config(), &spec, true, Path::new("/tmp"));
         let joined = args.join(" ");

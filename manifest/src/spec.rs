@@ -164,6 +164,12 @@ pub struct Manifest {
     /// default) the job waits for all of them where they were placed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub claim_threshold: Option<f64>,
+    /// Grid jobs: files every component reads (absolute paths). A
+    /// component goes where they are (a cluster that shares their file
+    /// system) or where its cluster's staging command can copy them
+    /// before it starts (KOALA's Close-to-Files placement).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
     /// Some of another job's tasks run again (`gleaner resubmit`): the
     /// same sweep, only these task numbers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -293,6 +299,9 @@ pub struct Component {
     /// GPUs the whole component needs.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub gpus: u32,
+    /// Files it reads, besides the job's `inputs`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
 }
 
 impl Component {
@@ -335,6 +344,7 @@ impl Manifest {
             restart_on_failure: false,
             barrier_timeout: None,
             claim_threshold: None,
+            inputs: Vec::new(),
             rerun: None,
         }
     }
@@ -417,6 +427,7 @@ impl Manifest {
         for (field, given) in [
             ("barrier_timeout", self.barrier_timeout.is_some()),
             ("claim_threshold", self.claim_threshold.is_some()),
+            ("inputs", !self.inputs.is_empty()),
         ] {
             if given {
                 return Err(ManifestError::invalid(
@@ -651,8 +662,19 @@ impl Manifest {
                     "is empty",
                 ));
             }
+            check_inputs(&format!("component[{i}].inputs"), &component.inputs)?;
         }
-        Ok(())
+        check_inputs("inputs", &self.inputs)
+    }
+
+    /// Grid jobs: the files component `i` reads, the job's and its own.
+    pub fn component_inputs(&self, i: usize) -> Vec<String> {
+        let own = self.components.get(i).map(|c| c.inputs.as_slice());
+        self.inputs
+            .iter()
+            .chain(own.unwrap_or_default())
+            .cloned()
+            .collect()
     }
 
     /// The results directory, relative to the runner's results root (or,
@@ -742,6 +764,36 @@ mod walltime {
             ))
         })
     }
+}
+
+/// The most input files a grid job may name.
+pub const MAX_INPUTS: usize = 1000;
+
+/// Input paths are absolute, without `..`, and printable: a staging
+/// command gets them as arguments.
+fn check_inputs(field: &str, inputs: &[String]) -> Result<(), ManifestError> {
+    if inputs.len() > MAX_INPUTS {
+        return Err(ManifestError::invalid(
+            field,
+            format!("at most {MAX_INPUTS} files"),
+        ));
+    }
+    for input in inputs {
+        let path = std::path::Path::new(input);
+        let plain = input.len() <= 4096
+            && !input.chars().any(char::is_control)
+            && path.is_absolute()
+            && path
+                .components()
+                .all(|c| !matches!(c, std::path::Component::ParentDir));
+        if !plain {
+            return Err(ManifestError::invalid(
+                field,
+                format!("{input:?} is not an absolute path without `..`"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A name a shell can export: `[A-Za-z_][A-Za-z0-9_]*`.
@@ -978,6 +1030,16 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
         let err =
             parse("name = \"s\"\nclaim_threshold = 1.0\n[[task]]\ncommand = \"x\"\n").unwrap_err();
         assert_eq!(err.field(), Some("claim_threshold"));
+        let inputs = parse(
+            "name = \"g\"\nkind = \"grid\"\ninputs = [\"/data/a\"]\n[[component]]\nslots = 1\ncommand = \"x\"\ninputs = [\"/data/b\"]\n[[component]]\nslots = 1\ncommand = \"y\"\n",
+        )
+        .unwrap();
+        assert_eq!(inputs.component_inputs(0), ["/data/a", "/data/b"]);
+        assert_eq!(inputs.component_inputs(1), ["/data/a"]);
+        for bad in ["\"data/a\"", "\"/data/../etc/shadow\"", "\"/a\\nb\""] {
+            let err = grid(&format!("inputs = [{bad}]")).unwrap_err();
+            assert_eq!(err.field(), Some("inputs"), "{bad}");
+        }
     }
 
     #[test]

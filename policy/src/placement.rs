@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use gleaner_manifest::{JobId, Priority};
-use gleaner_protocol::ClusterName;
+use gleaner_protocol::{ClusterName, InputAccess};
 use serde::{Deserialize, Serialize};
 
 /// Whether a grid component of `slots` slots runs on one host (a one-host
@@ -48,10 +48,18 @@ pub struct GridJob {
     /// Clusters its components are not placed on: they did not start
     /// there when claimed, in this run.
     pub avoid: Vec<ClusterName>,
+    /// The input files of each component (none when empty).
+    pub inputs: Vec<Vec<String>>,
+}
+
+impl GridJob {
+    fn inputs_of(&self, component: usize) -> &[String] {
+        self.inputs.get(component).map_or(&[], Vec::as_slice)
+    }
 }
 
 /// A cluster as placement sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Site {
     pub name: ClusterName,
     /// Slots nobody uses or has been promised.
@@ -61,6 +69,8 @@ pub struct Site {
     /// Its execution hosts; a component that fits on one host must find
     /// its slots on one. Empty: the cluster is one pool of slots.
     pub hosts: Vec<HostRoom>,
+    /// Which input files its nodes see, and whether it stages others.
+    pub inputs: InputAccess,
 }
 
 /// One execution host as placement sees it.
@@ -260,8 +270,9 @@ pub fn to_stop(
 }
 
 /// Worst fit: each component, largest first, on the site with the most room
-/// left; one that fits on one host of the site on the host needing least
-/// taken back. With `reclaim`, scavenged slots count as room. Returns each
+/// left — among those that see its input files, if any does (KOALA's
+/// Close-to-Files), else among those that can stage them; one that fits on
+/// one host of the site on the host needing least taken back. With `reclaim`, scavenged slots count as room. Returns each
 /// component's site, the rooms left, and what scavenging gives back. The
 /// sites the job avoids are not considered.
 fn worst_fit(
@@ -277,14 +288,17 @@ fn worst_fit(
     let mut taken: BTreeMap<(ClusterName, JobId, Vec<String>), u32> = BTreeMap::new();
     for component in order {
         let need = components[component];
+        let inputs = job.inputs_of(component);
         let site = (0..rooms.len())
             .filter(|s| !job.avoid.contains(&rooms[*s].name))
+            .filter(|s| rooms[*s].inputs.can_read(inputs))
             .filter_map(|s| {
                 let room = room(rooms[s].free, &rooms[s].scavenged, reclaim);
                 let fits = room >= need
                     && (!on_one_host(&rooms[s], need)
                         || best_host(&rooms[s], need, reclaim).is_some());
-                fits.then_some((s, room))
+                let close = inputs.iter().all(|i| rooms[s].inputs.sees(i));
+                fits.then_some((s, (close, room)))
             })
             .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))?
             .0;
@@ -392,6 +406,7 @@ mod tests {
             queue,
             components: components.to_vec(),
             avoid: Vec::new(),
+            inputs: Vec::new(),
         }
     }
 
@@ -401,6 +416,7 @@ mod tests {
             free,
             scavenged: scavenged.iter().map(|(j, n)| (id(j), *n)).collect(),
             hosts: Vec::new(),
+            inputs: Default::default(),
         }
     }
 
@@ -427,6 +443,7 @@ mod tests {
             free: hosts.iter().map(|h| h.free).sum(),
             scavenged,
             hosts,
+            inputs: Default::default(),
         }
     }
 
@@ -483,6 +500,38 @@ mod tests {
             walltime_ms: walltime_s.map(|s| s * 1000),
             holds: [(ClusterName::from("a"), 4)].into(),
         }
+    }
+
+    #[test]
+    fn components_go_close_to_their_files_or_where_they_can_be_staged() {
+        let shared = |name: &str, free: u32, paths: &[&str], stages: bool| Site {
+            inputs: InputAccess {
+                shared: paths.iter().map(|p| p.to_string()).collect(),
+                stages,
+                stage_s: None,
+            },
+            ..site(name, free, &[])
+        };
+        let sites = [
+            shared("big", 16, &[], true),
+            shared("near", 4, &["/data"], false),
+            shared("none", 32, &[], false),
+        ];
+        let reading = |input: &str| GridJob {
+            inputs: vec![vec![input.to_owned()], Vec::new()],
+            ..job("g", Priority::High, &[4, 4])
+        };
+        let placed = place(&[reading("/data/x")], &sites, Weights::default());
+        let clusters: Vec<&str> = placed[0].clusters.iter().map(ClusterName::as_str).collect();
+        assert_eq!(clusters, ["near", "none"], "files first, then room");
+        let placed = place(&[reading("/elsewhere/x")], &sites, Weights::default());
+        assert_eq!(
+            placed[0].clusters[0].as_str(),
+            "big",
+            "staged where it can be"
+        );
+        let nowhere = [shared("near", 4, &["/data"], false)];
+        assert!(place(&[reading("/elsewhere/x")], &nowhere, Weights::default()).is_empty());
     }
 
     #[test]

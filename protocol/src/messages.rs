@@ -228,6 +228,10 @@ pub struct JobReport {
     /// Grid jobs: how they gathered their components.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gathering: Option<Gathering>,
+    /// Grid jobs: the input files of each component still to place, in
+    /// the order of `components` (empty when none has any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub component_inputs: Vec<Vec<String>>,
     /// Grid jobs: clusters where this run's components did not start when
     /// claimed; the components still to place go elsewhere.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -271,6 +275,9 @@ pub struct ClusterReport {
     /// batch jobs. `None` from a kcm that does not say (then `idle_slots`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub free_slots: Option<u32>,
+    /// Which grid jobs' input files its nodes see.
+    #[serde(default, skip_serializing_if = "InputAccess::is_default")]
+    pub inputs: InputAccess,
     /// Slots running local (non-gleaner) jobs.
     pub local_slots: u32,
     /// Slots that waiting local jobs ask for.
@@ -606,6 +613,10 @@ pub struct ComponentSpec {
     /// users are kept apart.
     #[serde(default)]
     pub owner: String,
+    /// Files it reads: staged to the cluster first where its nodes do not
+    /// see them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
     /// Its `$GLEANER_CHECKPOINT`: kept across runs, so that a component
     /// stopped for a job of higher priority resumes from what it saved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -710,6 +721,10 @@ pub enum ControlMsg {
     /// unless one was withdrawn and is placed again).
     Place {
         clusters: Vec<ClusterName>,
+        /// How long the components' inputs are expected to take to stage
+        /// (KOALA's FTT), from what the clusters measured.
+        #[serde(default, skip_serializing_if = "is_zero_u64")]
+        stage_ms: u64,
     },
     /// The scheduler gave up placing a grid job.
     PlacementFailed {
@@ -738,6 +753,42 @@ pub enum ControlMsg {
         cluster: ClusterName,
         hosts: Vec<HostSlots>,
     },
+}
+
+/// Which input files a cluster's nodes see: those under its shared paths
+/// as they are; others only once its staging command copied them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct InputAccess {
+    /// Path prefixes its nodes see as the submitters do.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shared: Vec<String>,
+    /// It has a staging command for the others.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stages: bool,
+    /// Seconds its stagings took, on average, once it has staged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_s: Option<f64>,
+}
+
+impl InputAccess {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The inputs its nodes see as they are.
+    pub fn sees(&self, input: &str) -> bool {
+        let path = std::path::Path::new(input);
+        self.shared.iter().any(|prefix| path.starts_with(prefix))
+    }
+
+    /// It can run a component reading `inputs`: it sees them, or stages.
+    pub fn can_read(&self, inputs: &[String]) -> bool {
+        self.stages || inputs.iter().all(|i| self.sees(i))
+    }
+}
+
+fn is_zero_u64(x: &u64) -> bool {
+    *x == 0
 }
 
 /// A host a started grid component holds, and its slots there.
@@ -1165,6 +1216,7 @@ mod tests {
             problem: None,
             gathering: None,
             avoid: Vec::new(),
+            component_inputs: Vec::new(),
             weight: 1,
             task_slots: 1,
             open: false,
@@ -1199,6 +1251,7 @@ mod tests {
             workdir: None,
             owner: "alice".into(),
             checkpoint: None,
+            inputs: Vec::new(),
         };
         assert_kinds(&[
             KcmMsg::StartLaunchers {
@@ -1275,6 +1328,7 @@ mod tests {
             },
             ControlMsg::Place {
                 clusters: Vec::new(),
+                stage_ms: 0,
             },
             ControlMsg::PlacementFailed {
                 reason: String::new(),
@@ -1499,6 +1553,7 @@ mod tests {
         assert_same_encoding(
             &ControlMsg::Place {
                 clusters: vec!["c1".into(), "c2".into()],
+                stage_ms: 0,
             },
             &before::ControlMsg::Place {
                 clusters: vec!["c1".into(), "c2".into()],

@@ -76,7 +76,13 @@ impl Grid {
 
     /// The scheduler placed the job: each component still to place goes to
     /// its cluster's kcm, which submits it to the batch system.
-    fn place(&mut self, ledger: &mut Ledger, clusters: Vec<ClusterName>, now: Now) -> Vec<Effect> {
+    fn place(
+        &mut self,
+        ledger: &mut Ledger,
+        clusters: Vec<ClusterName>,
+        stage_ms: u64,
+        now: Now,
+    ) -> Vec<Effect> {
         let unplaced: Vec<usize> = ledger.unplaced().map(|(i, _)| i).collect();
         if ledger.file().state != JobState::Waiting || clusters.len() != unplaced.len() {
             debug!("placement ignored: already placed, or not for this job");
@@ -89,7 +95,8 @@ impl Grid {
         let gather = ledger.gather_mut();
         if whole || gather.run.is_none() {
             gather.figures.placement_s = Some(seconds(gather.waiting_since, now.wall_ms));
-            gather.run = Some(Claim::new(now.wall_ms, barrier_timeout));
+            let first_try = (gather.level * stage_ms as f64) as u64;
+            gather.run = Some(Claim::new(now.wall_ms, barrier_timeout, first_try));
         }
         info!(components = ?unplaced, clusters = ?clusters, "grid job placed");
         let env: Vec<(String, String)> = ledger
@@ -119,6 +126,7 @@ impl Grid {
                 workdir: workdir.clone(),
                 owner: ledger.file().owner.clone(),
                 checkpoint: Some(checkpoints.join(i.to_string()).display().to_string()),
+                inputs: ledger.manifest().component_inputs(i),
             };
             effects.push(Effect::ToKcm {
                 cluster: cluster.clone(),
@@ -617,7 +625,7 @@ impl Kind for Grid {
     fn on_control(&mut self, ledger: &mut Ledger, msg: ControlMsg, now: Now) -> Vec<Effect> {
         let job = ledger.id();
         match msg {
-            ControlMsg::Place { clusters } => self.place(ledger, clusters, now),
+            ControlMsg::Place { clusters, stage_ms } => self.place(ledger, clusters, stage_ms, now),
             ControlMsg::PlacementFailed { reason } => {
                 warn!(reason, "the scheduler gave up placing the job");
                 vec![finish_unfinished(self, ledger, FinalStatus::Failed)]
@@ -693,7 +701,7 @@ impl Kind for Grid {
         let barrier_timeout = ledger.manifest().barrier_timeout().as_millis() as u64;
         let gather = ledger.gather_mut();
         if placed && gather.run.is_none() {
-            gather.run = Some(Claim::new(now.wall_ms, barrier_timeout));
+            gather.run = Some(Claim::new(now.wall_ms, barrier_timeout, 0));
         }
         let mut effects = self.stopped(ledger, None, now);
         effects.extend(self.claim(ledger, now));
@@ -759,6 +767,7 @@ mod tests {
         grid.on_control(
             ControlMsg::Place {
                 clusters: vec!["c1".into(), "c2".into()],
+                stage_ms: 0,
             },
             at(t0, 1),
         );
@@ -808,6 +817,7 @@ mod tests {
         grid.on_control(
             ControlMsg::Place {
                 clusters: vec!["c1".into(), "c2".into()],
+                stage_ms: 0,
             },
             at(t0, 1),
         );
@@ -916,6 +926,7 @@ mod tests {
         // The next run's start time counts from its own placement.
         let place = ControlMsg::Place {
             clusters: vec!["c2".into(), "c1".into()],
+            stage_ms: 0,
         };
         grid.on_control(place, at(t0, 30));
         assert_eq!(gathering(&grid).placement_s, Some(9.0));
@@ -939,6 +950,7 @@ mod tests {
         let effects = grid.on_control(
             ControlMsg::Place {
                 clusters: vec!["c3".into()],
+                stage_ms: 0,
             },
             at(t0, 4),
         );
@@ -1058,6 +1070,7 @@ mod tests {
         let mut grid = started(t0);
         let place = ControlMsg::Place {
             clusters: vec!["c1".into(), "c2".into()],
+            stage_ms: 0,
         };
         let effects = grid.on_control(place.clone(), at(t0, 1));
         let submitted: Vec<(String, u32, u32, String)> = effects
@@ -1134,6 +1147,7 @@ mod tests {
         let effects = grid.on_control(
             ControlMsg::Place {
                 clusters: vec!["c3".into()],
+                stage_ms: 0,
             },
             at(t0, 5),
         );
@@ -1164,6 +1178,7 @@ mod tests {
         let mut grid = started(t0);
         let place = ControlMsg::Place {
             clusters: vec!["c1".into()],
+            stage_ms: 0,
         };
         assert!(grid.on_control(place, at(t0, 1)).is_empty());
         assert_eq!(grid.job_file().state, JobState::Waiting);
@@ -1196,6 +1211,7 @@ mod tests {
         for (run, t) in [(2u32, 4u64), (3, 6)] {
             let place = ControlMsg::Place {
                 clusters: vec!["c1".into(), "c2".into()],
+                stage_ms: 0,
             };
             assert_eq!(told(&grid.on_control(place, at(t0, t))).len(), 2);
             let effects = grid.on_control(ended(0, None), at(t0, t + 1));
@@ -1241,6 +1257,7 @@ mod tests {
         grid.start();
         let place = || ControlMsg::Place {
             clusters: vec!["c1".into(), "c2".into()],
+            stage_ms: 0,
         };
         grid.on_control(place(), at(t0, 1));
         let effects = grid.on_control(ended(0, Some(3)), at(t0, 2));

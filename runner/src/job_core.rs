@@ -384,6 +384,15 @@ impl Ledger {
                 walltime_s: self.manifest.walltime.map(|w| w.as_secs_f64()),
                 ..g.figures.clone()
             }),
+            component_inputs: match self.manifest.inputs.is_empty()
+                && self.manifest.components.iter().all(|c| c.inputs.is_empty())
+            {
+                true => Vec::new(),
+                false => self
+                    .unplaced()
+                    .map(|(i, _)| self.manifest.component_inputs(i))
+                    .collect(),
+            },
             avoid: self
                 .file
                 .gathering

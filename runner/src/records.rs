@@ -130,13 +130,13 @@ pub struct Claim {
 
 impl Claim {
     /// A run placed at `placed_at`, to gather within `barrier_timeout_ms`;
-    /// its first claiming try at once (JCT₀ = JPT + L·FTT: nothing is
-    /// staged, FTT is 0).
-    pub fn new(placed_at: Millis, barrier_timeout_ms: u64) -> Self {
+    /// its first claiming try `first_try_ms` later (KOALA: JCT₀ = JPT +
+    /// L·FTT).
+    pub fn new(placed_at: Millis, barrier_timeout_ms: u64, first_try_ms: u64) -> Self {
         Self {
             placed_at,
             start_by: placed_at.saturating_add(barrier_timeout_ms),
-            next_try: placed_at,
+            next_try: placed_at.saturating_add(first_try_ms),
             started: BTreeMap::new(),
             released_at: None,
             stopping: None,

@@ -217,6 +217,7 @@ impl GridBook {
                     queue: e.queue,
                     components: e.report.components.clone(),
                     avoid: e.report.avoid.clone(),
+                    inputs: e.report.component_inputs.clone(),
                 };
                 (e, job)
             })

@@ -65,9 +65,13 @@ pub fn message(action: Action) -> (JobId, ControlMsg) {
                 },
             )
         }
-        Action::Place { job, clusters } => {
-            info!(job = %job, clusters = ?clusters, "grid job placed");
-            (job, ControlMsg::Place { clusters })
+        Action::Place {
+            job,
+            clusters,
+            stage_ms,
+        } => {
+            info!(job = %job, clusters = ?clusters, stage_ms, "grid job placed");
+            (job, ControlMsg::Place { clusters, stage_ms })
         }
         Action::StepAside { job, reason } => {
             warn!(job = %job, reason, "grid job stopped for one of higher priority");

@@ -104,10 +104,12 @@ pub enum Action {
         reason: String,
         hosts: Vec<String>,
     },
-    /// A grid job goes to these clusters (component `i` to `clusters[i]`).
+    /// A grid job goes to these clusters (component `i` to `clusters[i]`),
+    /// its inputs expected to take `stage_ms` to stage there.
     Place {
         job: JobId,
         clusters: Vec<ClusterName>,
+        stage_ms: u64,
     },
     /// A grid job will not be placed.
     Abort { job: JobId, reason: String },
@@ -582,6 +584,7 @@ impl State {
                         scavenged: h.jobs.clone(),
                     })
                     .collect(),
+                inputs: c.report.inputs.clone(),
             })
             .collect();
         let (placements, rooms) = placement::place_leaving(&waiting, &sites, config.grid.weights);
@@ -606,9 +609,11 @@ impl State {
                 });
             }
             self.grid.placed(&placed.job, &placed.clusters, now);
+            let stage_ms = self.stage_ms(&placed.job, &placed.clusters, &waiting, &sites);
             actions.push(Action::Place {
                 job: placed.job.clone(),
                 clusters: placed.clusters.clone(),
+                stage_ms,
             });
         }
         let room: Vec<String> = sites
@@ -645,6 +650,31 @@ impl State {
             }
         }
         actions
+    }
+
+    /// KOALA's FTT of a placement: the longest its clusters' stagings took
+    /// on average, of those that must stage a component's inputs.
+    fn stage_ms(
+        &self,
+        job: &JobId,
+        clusters: &[ClusterName],
+        waiting: &[GridJob],
+        sites: &[Site],
+    ) -> u64 {
+        let Some(job) = waiting.iter().find(|j| &j.id == job) else {
+            return 0;
+        };
+        clusters
+            .iter()
+            .zip(&job.inputs)
+            .filter_map(|(cluster, inputs)| {
+                let site = sites.iter().find(|s| &s.name == cluster)?;
+                let stages = inputs.iter().any(|i| !site.inputs.sees(i));
+                stages.then_some(site.inputs.stage_s?)
+            })
+            .map(|s| (s * 1000.0) as u64)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Running grid jobs of lower priority that `job`, which does not fit,
@@ -944,6 +974,7 @@ pub(crate) mod tests {
             problem: None,
             gathering: None,
             avoid: Vec::new(),
+            component_inputs: Vec::new(),
             weight: 1,
             task_slots: 1,
             open: false,
@@ -1281,7 +1312,8 @@ pub(crate) mod tests {
         let actions = state.round(now, &config);
         assert!(actions.contains(&Action::Place {
             job: job("g"),
-            clusters: vec!["c1".into()]
+            clusters: vec!["c1".into()],
+            stage_ms: 0,
         }));
         assert_eq!(
             offers(&actions),
@@ -1358,7 +1390,8 @@ pub(crate) mod tests {
         assert!(
             actions.contains(&Action::Place {
                 job: job("high"),
-                clusters: vec!["c1".into()]
+                clusters: vec!["c1".into()],
+                stage_ms: 0,
             }),
             "{actions:?}"
         );
@@ -1380,7 +1413,8 @@ pub(crate) mod tests {
         let actions = state.round(now, &config);
         assert!(actions.contains(&Action::Place {
             job: job("g"),
-            clusters: vec!["c1".into()]
+            clusters: vec!["c1".into()],
+            stage_ms: 0,
         }));
         assert!(
             offers(&actions).is_empty(),
@@ -1412,6 +1446,7 @@ pub(crate) mod tests {
         let place = Action::Place {
             job: job("g"),
             clusters: vec!["c1".into()],
+            stage_ms: 0,
         };
         assert!(state.round(now, &config).contains(&place));
         let running = JobReport {

@@ -499,6 +499,8 @@ impl<'a> Sim<'a> {
                 // Simulated components run at once: their runner never
                 // holds them at a barrier.
                 Effect::ReleaseComponent { .. } | Effect::StopComponent { .. } => None,
+                // Simulated jobs read no files.
+                Effect::StageInputs { .. } => None,
                 Effect::SubmitComponent { spec, .. } => {
                     if let Some(&g) = self.grid_index.get(&spec.job) {
                         let length = self.grid[g].length;

@@ -165,7 +165,7 @@ impl GridRunner {
 
     pub fn receive(&mut self, message: ControlMsg) -> Vec<Mail> {
         match message {
-            ControlMsg::Place { clusters }
+            ControlMsg::Place { clusters, .. }
                 if self.state == JobState::Waiting && clusters.len() == self.components.len() =>
             {
                 let mut mail: Vec<Mail> = self
@@ -187,6 +187,7 @@ impl GridRunner {
                                 workdir: None,
                                 owner: "simulated".to_owned(),
                                 checkpoint: None,
+                                inputs: Vec::new(),
                             }),
                         )
                     })
@@ -244,6 +245,7 @@ impl GridRunner {
             problem: None,
             gathering: None,
             avoid: Vec::new(),
+            component_inputs: Vec::new(),
             weight: 1,
             task_slots: 1,
             task_needs: Default::default(),

@@ -30,3 +30,59 @@ fn a_failing_component_stops_its_job_or_sends_it_back_whole() {
     );
     assert_eq!(g.job_file(&job).unwrap_or_default()["restarts"], 1);
 }
+
+#[test]
+fn components_go_where_their_inputs_are_or_where_they_are_staged() {
+    let mut g = gleaner("grid-inputs");
+    let data = g.path().join("data");
+    std::fs::create_dir_all(&data).expect("data");
+    std::fs::write(data.join("in.txt"), "input\n").expect("input");
+    let log = g.path().join("staged.log");
+    let stage = g.write(
+        "stage.sh",
+        &format!(
+            "#!/bin/sh\njob=$1; component=$2; shift 2\nfor f; do echo \"$job $component $f\" >> {}; done\n",
+            log.display()
+        ),
+    );
+    std::fs::set_permissions(&stage, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod");
+    // "near" sees the data but is small; "far" is big and stages.
+    g.write(
+        "gleaner.toml",
+        &format!(
+            "[[cluster]]\nname = \"near\"\nbackend = \"local\"\nslots = 2\nshared_paths = [\"{}\"]\n\
+             [[cluster]]\nname = \"far\"\nbackend = \"local\"\nslots = 8\nstage_command = [\"{}\"]\n",
+            data.display(),
+            stage.display()
+        ),
+    );
+    g.start("up", &["up"]);
+    let input = data.join("in.txt");
+    let close = g.submit(&format!(
+        "name = \"close\"\nkind = \"grid\"\ninputs = [\"{}\"]\n[[component]]\nslots = 1\ncommand = \"cat {}\"\n",
+        input.display(),
+        input.display()
+    ));
+    assert_eq!(g.wait_for_end(&close, MINUTE), "done");
+    let tasks = by_task(&g.index(&close));
+    assert_eq!(
+        (&tasks[&0]["status"], &tasks[&0]["cluster"]),
+        (&"succeeded".into(), &"near".into()),
+        "close to its files, though far has more room"
+    );
+    let elsewhere = g.path().join("elsewhere.txt");
+    std::fs::write(&elsewhere, "x\n").expect("input");
+    let staged = g.submit(&format!(
+        "name = \"staged\"\nkind = \"grid\"\n[[component]]\nslots = 1\ncommand = \"true\"\ninputs = [\"{}\"]\n",
+        elsewhere.display()
+    ));
+    assert_eq!(g.wait_for_end(&staged, MINUTE), "done");
+    let tasks = by_task(&g.index(&staged));
+    assert_eq!(tasks[&0]["cluster"], "far", "{tasks:?}");
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap_or_default(),
+        format!("{staged} 0 {}\n", elsewhere.display()),
+        "staged before it ran, by the cluster's command"
+    );
+}
