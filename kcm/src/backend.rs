@@ -732,20 +732,12 @@ mod tests {
     #[test]
     fn an_owners_component_gets_nothing_of_roots_but_the_spool_files() {
         let spec = ComponentSpec {
-            needs: Default::default(),
-            job: "j-0000000000000001".parse().unwrap(),
-            component: 0,
-            slots: 1,
-            command: "./mpi_app".into(),
             env: vec![
                 ("OMP_NUM_THREADS".into(), "4".into()),
                 ("X;id".into(), "y".into()),
             ],
-            walltime_ms: None,
             workdir: Some("/home/alice/run".into()),
-            owner: "alice".into(),
-            checkpoint: None,
-            inputs: Vec::new(),
+            ..component("./mpi_app")
         };
         let alice = Account {
             name: "alice".into(),
@@ -791,17 +783,8 @@ mod tests {
         let hostile =
             "sleep 12\n#$ -p 1000\n#SBATCH --nice=-1000\ntrue 'it''s' \\c \"$HOME\" é\n\n";
         let spec = ComponentSpec {
-            needs: Default::default(),
-            job: "j-0000000000000001".parse().unwrap(),
-            component: 0,
-            slots: 1,
-            command: hostile.into(),
             env: vec![("V".into(), "a\n#$ -i /etc/shadow\n".into())],
-            walltime_ms: None,
-            workdir: None,
-            owner: "alice".into(),
-            checkpoint: None,
-            inputs: Vec::new(),
+            ..component(hostile)
         };
         let files = ComponentFiles::new(std::path::Path::new("/spool"), &spec.job, 0);
         let script = files.script(&spec, None, ComponentHosts::ThisHost);
@@ -816,21 +799,32 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_component_runs_its_command_only_once_let_past_its_barrier() {
-        let spool = tempfile::tempdir().unwrap();
-        let spec = ComponentSpec {
+    /// Component 0 of a job of alice's, running `command`.
+    fn component(command: &str) -> ComponentSpec {
+        ComponentSpec {
             needs: Default::default(),
             job: "j-0000000000000001".parse().unwrap(),
-            component: 1,
-            slots: 3,
-            command: "echo \"$GLEANER_COMPONENT $GLEANER_COMPONENTS $GLEANER_RANK $GLEANER_RANKS\"; cat \"$GLEANER_HOSTFILE\"".into(),
+            component: 0,
+            slots: 1,
+            command: command.into(),
             env: Vec::new(),
             walltime_ms: None,
             workdir: None,
             owner: "alice".into(),
             checkpoint: None,
             inputs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_component_runs_its_command_only_once_let_past_its_barrier() {
+        let spool = tempfile::tempdir().unwrap();
+        let spec = ComponentSpec {
+            component: 1,
+            slots: 3,
+            ..component(
+                "echo \"$GLEANER_COMPONENT $GLEANER_COMPONENTS $GLEANER_RANK $GLEANER_RANKS\"; cat \"$GLEANER_HOSTFILE\"",
+            )
         };
         let files = ComponentFiles::new(spool.path(), &spec.job, 1);
         let script = files.script(&spec, None, ComponentHosts::ThisHost);
@@ -880,17 +874,10 @@ mod tests {
         let spool = tempfile::tempdir().unwrap();
         let checkpoint = spool.path().join("ck");
         let spec = ComponentSpec {
-            needs: Default::default(),
-            job: "j-0000000000000001".parse().unwrap(),
-            component: 0,
-            slots: 1,
-            command: "trap 'echo saved > \"$GLEANER_CHECKPOINT/state\"; exit 0' USR1; while true; do sleep 0.2; done".into(),
-            env: Vec::new(),
-            walltime_ms: None,
-            workdir: None,
-            owner: "alice".into(),
             checkpoint: Some(checkpoint.display().to_string()),
-            inputs: Vec::new(),
+            ..component(
+                "trap 'echo saved > \"$GLEANER_CHECKPOINT/state\"; exit 0' USR1; while true; do sleep 0.2; done",
+            )
         };
         let files = ComponentFiles::new(spool.path(), &spec.job, 0);
         std::fs::write(&files.go, ComponentFiles::go_text(0, 1, 1)).unwrap();

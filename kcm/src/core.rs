@@ -1582,9 +1582,7 @@ mod tests {
             walltime_ms: None,
             workdir: None,
             owner: "alice".into(),
-
             checkpoint: None,
-
             inputs: Vec::new(),
         }
     }

@@ -377,32 +377,12 @@ impl Grid {
             };
         }
         let gather = ledger.gather_mut();
-        gather.run = None;
-        gather.waiting_since = now.wall_ms;
         gather.figures.preemptions += 1;
-        gather.figures.running_since = None;
         info!(
             preemptions = gather.figures.preemptions,
             overdue, "grid job stopped for one of higher priority; waiting to run again"
         );
-        let mut effects: Vec<Effect> = ledger
-            .forget_clusters()
-            .into_iter()
-            .map(|cluster| Effect::ToKcm {
-                cluster,
-                msg: KcmMsg::JobEnded {
-                    job: ledger.id().clone(),
-                },
-                followup: Followup::Nothing,
-            })
-            .collect();
-        ledger
-            .placements_mut()
-            .iter_mut()
-            .for_each(|placed| *placed = None);
-        ledger.set_state(JobState::Waiting);
-        effects.extend([Effect::SaveJobFile, Effect::Report]);
-        effects
+        back_to_placement(ledger, now)
     }
 
     /// A cluster withdrew a component that never started there: it waits
@@ -546,29 +526,37 @@ impl Grid {
             reason,
             restarts, "grid job's run given up: stopping its components, placing the job again"
         );
-        let gather = ledger.gather_mut();
-        gather.run = None;
-        gather.waiting_since = now.wall_ms;
-        gather.figures.at_barrier = 0;
-        let mut effects: Vec<Effect> = ledger
-            .forget_clusters()
-            .into_iter()
-            .map(|cluster| Effect::ToKcm {
-                cluster,
-                msg: KcmMsg::JobEnded {
-                    job: ledger.id().clone(),
-                },
-                followup: Followup::Nothing,
-            })
-            .collect();
-        ledger
-            .placements_mut()
-            .iter_mut()
-            .for_each(|placed| *placed = None);
-        ledger.set_state(JobState::Waiting);
-        effects.extend([Effect::SaveJobFile, Effect::Report]);
-        effects
+        back_to_placement(ledger, now)
     }
+}
+
+/// The run ends here: its components are stopped wherever they are (their
+/// kcms forget them rather than report their ends), and the job waits to
+/// be placed again whole.
+fn back_to_placement(ledger: &mut Ledger, now: Now) -> Vec<Effect> {
+    let gather = ledger.gather_mut();
+    gather.run = None;
+    gather.waiting_since = now.wall_ms;
+    gather.figures.at_barrier = 0;
+    gather.figures.running_since = None;
+    let mut effects: Vec<Effect> = ledger
+        .forget_clusters()
+        .into_iter()
+        .map(|cluster| Effect::ToKcm {
+            cluster,
+            msg: KcmMsg::JobEnded {
+                job: ledger.id().clone(),
+            },
+            followup: Followup::Nothing,
+        })
+        .collect();
+    ledger
+        .placements_mut()
+        .iter_mut()
+        .for_each(|placed| *placed = None);
+    ledger.set_state(JobState::Waiting);
+    effects.extend([Effect::SaveJobFile, Effect::Report]);
+    effects
 }
 
 /// A component ending this close to its walltime was killed for it.
