@@ -25,7 +25,7 @@ use std::{collections::BTreeMap, path::Path};
 use gleaner_policy::share::CsPolicy;
 use serde_json::json;
 
-pub use model::{JobResult, Run, Sample, simulate};
+pub use model::{GridOutcome, JobResult, Run, Sample, simulate};
 pub use scenario::{Scenario, ScenarioError};
 
 /// A scenario under each of its policies, against its baseline.
@@ -58,6 +58,118 @@ impl AddedDelay {
             mean: added.iter().sum::<f64>() / added.len() as f64,
             max: added.iter().cloned().fold(f64::MIN, f64::max),
         }
+    }
+}
+
+/// KOALA's figures (seed 001, section 5) of a run with its workload:
+/// utilisation, co-allocated share, and placement time and start delay
+/// by job size and priority.
+pub struct Koala {
+    jobs: usize,
+    utilisation: f64,
+    grid_share: f64,
+    rows: Vec<KoalaRow>,
+}
+
+struct KoalaRow {
+    size: u32,
+    priority: gleaner_manifest::Priority,
+    jobs: usize,
+    started: usize,
+    coallocated: f64,
+    placement_s: f64,
+    start_delay_s: f64,
+}
+
+impl Koala {
+    pub fn of(run: &Run) -> Option<Self> {
+        if run.grid_jobs.is_empty() {
+            return None;
+        }
+        let total = f64::from(run.total_nodes.max(1)) * run.samples.len().max(1) as f64;
+        let used: f64 = run
+            .samples
+            .iter()
+            .map(|s| f64::from(s.local + s.grid))
+            .sum();
+        let grid: f64 = run.samples.iter().map(|s| f64::from(s.grid)).sum();
+        let mut groups: BTreeMap<(u32, gleaner_manifest::Priority), Vec<&GridOutcome>> =
+            BTreeMap::new();
+        for job in &run.grid_jobs {
+            groups.entry((job.size, job.priority)).or_default().push(job);
+        }
+        let mean = |values: Vec<f64>| match values.is_empty() {
+            true => f64::NAN,
+            false => values.iter().sum::<f64>() / values.len() as f64,
+        };
+        let rows = groups
+            .into_iter()
+            .map(|((size, priority), jobs)| KoalaRow {
+                size,
+                priority,
+                jobs: jobs.len(),
+                started: jobs.iter().filter(|j| j.started.is_some()).count(),
+                coallocated: jobs.iter().filter(|j| j.coallocated).count() as f64
+                    / jobs.len() as f64,
+                placement_s: mean(
+                    jobs.iter()
+                        .filter_map(|j| Some(j.placed? - j.arrival))
+                        .collect(),
+                ),
+                start_delay_s: mean(
+                    jobs.iter()
+                        .filter_map(|j| Some(j.started? - j.placed?))
+                        .collect(),
+                ),
+            })
+            .collect();
+        Some(Self {
+            jobs: run.grid_jobs.len(),
+            utilisation: used / total,
+            grid_share: grid / total,
+            rows,
+        })
+    }
+
+    pub fn text(&self) -> String {
+        let mut out = format!(
+            "\n  KOALA's co-allocation: {} grid jobs; utilisation {:.1} % ({:.1} % by grid jobs)\n  {:>5} {:<9} {:>5} {:>8} {:>13} {:>14} {:>16}\n",
+            self.jobs,
+            self.utilisation * 100.0,
+            self.grid_share * 100.0,
+            "size",
+            "priority",
+            "jobs",
+            "started",
+            "co-allocated",
+            "placement (s)",
+            "start delay (s)"
+        );
+        for r in &self.rows {
+            out.push_str(&format!(
+                "  {:>5} {:<9} {:>5} {:>8} {:>12.0} % {:>14.1} {:>16.1}\n",
+                r.size,
+                r.priority.name(),
+                r.jobs,
+                r.started,
+                r.coallocated * 100.0,
+                r.placement_s,
+                r.start_delay_s
+            ));
+        }
+        out
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        json!({
+            "jobs": self.jobs,
+            "utilisation": self.utilisation,
+            "grid_share": self.grid_share,
+            "groups": self.rows.iter().map(|r| json!({
+                "size": r.size, "priority": r.priority.name(), "jobs": r.jobs, "started": r.started,
+                "coallocated": r.coallocated, "placement_s": r.placement_s, "start_delay_s": r.start_delay_s,
+            })).collect::<Vec<_>>(),
+        })
     }
 }
 
@@ -100,6 +212,9 @@ impl Comparison {
 
     pub fn text(&self) -> String {
         let mut out = format!("{}\n", self.scenario);
+        if let Some(koala) = Koala::of(&self.baseline) {
+            out.push_str(&koala.text());
+        }
         for run in &self.runs {
             let policy = run.policy.map_or("none", CsPolicy::name);
             out.push_str(&format!(
@@ -146,7 +261,8 @@ impl Comparison {
                 })
             })
             .collect();
-        json!({ "scenario": self.scenario, "runs": runs })
+        let koala = Koala::of(&self.baseline).map(|k| k.json());
+        json!({ "scenario": self.scenario, "runs": runs, "koala": koala })
     }
 
     /// Writes one SVG per policy into `dir`: the grid's load over time.
@@ -192,6 +308,43 @@ mod tests {
                 "{name}: local jobs {local:?}"
             );
         }
+    }
+
+    #[test]
+    fn koalas_workload_is_placed_and_high_priority_jobs_wait_less() {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/koala-high-load.toml"),
+        )
+        .unwrap()
+        .replace("jobs = 500", "jobs = 60")
+        .replace("duration = \"6h\"", "duration = \"1h\"");
+        let scenario = Scenario::from_toml(&text).unwrap();
+        let run = simulate(&scenario, None);
+        assert_eq!(run.grid_jobs.len(), 60);
+        let koala = Koala::of(&run).unwrap();
+        let started: usize = koala.rows.iter().map(|r| r.started).sum();
+        assert!(started >= 50, "{}", koala.text());
+        assert!(
+            run.grid_jobs
+                .iter()
+                .all(|j| j.size == 36 || j.size == 72),
+            "KOALA's sizes"
+        );
+        assert!(
+            koala.rows.iter().any(|r| r.size == 72 && r.coallocated > 0.9),
+            "72 processors fit on no 64-processor cluster's free part: {}",
+            koala.text()
+        );
+        let placement = |p| {
+            let rows: Vec<&KoalaRow> = koala.rows.iter().filter(|r| r.priority == p).collect();
+            rows.iter().map(|r| r.placement_s * r.jobs as f64).sum::<f64>()
+                / rows.iter().map(|r| r.jobs as f64).sum::<f64>()
+        };
+        assert!(
+            placement(gleaner_manifest::Priority::High) <= placement(gleaner_manifest::Priority::Low),
+            "{}",
+            koala.text()
+        );
     }
 
     #[test]

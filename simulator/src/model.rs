@@ -10,7 +10,7 @@ use std::{
 };
 
 use gleaner_kcm::core::{Core, CoreConfig, Effect, Event, KcmCore, Now};
-use gleaner_manifest::JobId;
+use gleaner_manifest::{JobId, Priority};
 use gleaner_policy::{access::Users, share::CsPolicy};
 use gleaner_protocol::{
     ClusterName, ControlMsg, GrantId, KcmMsg, LauncherId, LauncherMsg, ResultMsg, SchedulerMsg,
@@ -48,6 +48,8 @@ pub struct Run {
     pub local_waits: BTreeMap<String, f64>,
     /// Wait of each grid job that started, by its index.
     pub grid_waits: BTreeMap<usize, f64>,
+    /// How each grid job of KOALA's experiment was placed and started.
+    pub grid_jobs: Vec<GridOutcome>,
     pub samples: Vec<Sample>,
     pub total_nodes: u32,
 }
@@ -63,6 +65,20 @@ pub struct JobResult {
     pub drains: u64,
     /// Node hours of runs thrown away by preemption (on nodes of speed 1).
     pub lost_hours: f64,
+}
+
+/// A grid job of KOALA's experiment (seed 001): when it came, was placed
+/// and started (its last component started: the barrier passed).
+#[derive(Debug, Clone)]
+pub struct GridOutcome {
+    pub size: u32,
+    pub components: usize,
+    pub priority: Priority,
+    pub arrival: f64,
+    pub placed: Option<f64>,
+    pub started: Option<f64>,
+    /// Its components went to more than one cluster.
+    pub coallocated: bool,
 }
 
 /// Nodes in use at one moment.
@@ -101,8 +117,11 @@ struct GridSim {
     arrival: f64,
     components: Vec<u32>,
     length: f64,
+    priority: Priority,
     registered: bool,
     started: Vec<f64>,
+    /// When it was placed, and on how many clusters.
+    placed: Option<(f64, usize)>,
 }
 
 struct Sim<'a> {
@@ -385,6 +404,13 @@ impl<'a> Sim<'a> {
         let Some(runner) = self.grid_runners.get_mut(job) else {
             return Vec::new();
         };
+        if let (ControlMsg::Place { clusters, .. }, Some(&g)) = (&message, self.grid_index.get(job))
+        {
+            let distinct: std::collections::BTreeSet<&ClusterName> = clusters.iter().collect();
+            self.grid[g]
+                .placed
+                .get_or_insert((self.clock.t, distinct.len()));
+        }
         let mail = runner.receive(message);
         if runner.is_done() {
             self.grid_runners.remove(job);
@@ -581,7 +607,12 @@ impl<'a> Sim<'a> {
             .filter(|g| g.arrival <= t && !g.registered)
         {
             g.registered = true;
-            let runner = GridRunner::new(g.id.clone(), g.components.clone(), millis(g.arrival));
+            let runner = GridRunner::new(
+                g.id.clone(),
+                g.components.clone(),
+                g.priority,
+                millis(g.arrival),
+            );
             mail.push(runner.report());
             self.grid_runners.insert(g.id.clone(), runner);
         }
@@ -644,7 +675,23 @@ impl<'a> Sim<'a> {
             .filter(|(_, g)| g.started.len() == g.components.len())
             .map(|(i, g)| (i, g.started.iter().cloned().fold(0.0, f64::max) - g.arrival))
             .collect();
+        let grid_jobs = self
+            .grid
+            .iter()
+            .filter(|_| self.scenario.grid_jobs.workload == GridWorkload::Poisson)
+            .map(|g| GridOutcome {
+                size: g.components.iter().sum(),
+                components: g.components.len(),
+                priority: g.priority,
+                arrival: g.arrival,
+                placed: g.placed.map(|(at, _)| at),
+                started: (g.started.len() == g.components.len())
+                    .then(|| g.started.iter().cloned().fold(0.0, f64::max)),
+                coallocated: g.placed.is_some_and(|(_, clusters)| clusters > 1),
+            })
+            .collect();
         Run {
+            grid_jobs,
             policy: self.policy,
             jobs: self
                 .scenario
@@ -675,6 +722,9 @@ fn grid_arrivals(scenario: &Scenario) -> Vec<GridSim> {
         return Vec::new();
     }
     let mut rng = StdRng::seed_from_u64(scenario.seed ^ 0x9e37_79b9_7f4a_7c15);
+    if g.workload == GridWorkload::Poisson {
+        return poisson_arrivals(g, &mut rng);
+    }
     let period = g.period.as_secs_f64();
     let periods = (scenario.duration.as_secs_f64() / period).floor() as u64;
     let each = g.nodes / g.components;
@@ -693,8 +743,47 @@ fn grid_arrivals(scenario: &Scenario) -> Vec<GridSim> {
                 arrival: p as f64 * period + offset,
                 components: components.clone(),
                 length: g.length.as_secs_f64(),
+                priority: Priority::Low,
                 registered: false,
                 started: Vec::new(),
+                placed: None,
+            }
+        })
+        .collect()
+}
+
+/// KOALA's workload (seed 001, section 5): Poisson arrivals of jobs of
+/// the given sizes in equal components, their count, length and priority
+/// picked uniformly at random.
+fn poisson_arrivals(g: &crate::scenario::GridJobs, rng: &mut StdRng) -> Vec<GridSim> {
+    let mean = g.interarrival.as_secs_f64();
+    let mut t = 0.0;
+    (0..g.jobs)
+        .map(|i| {
+            let u: f64 = rng.random_range(f64::EPSILON..1.0);
+            t += -u.ln() * mean;
+            let size = g.sizes[rng.random_range(0..g.sizes.len())];
+            let counts: Vec<u32> = g
+                .component_counts
+                .iter()
+                .copied()
+                .filter(|n| *n > 0 && size / n >= g.min_component.max(1))
+                .collect();
+            let count = counts[rng.random_range(0..counts.len())];
+            let each = size / count;
+            let mut components = vec![each; count as usize];
+            components[0] += size - each * count;
+            let [shortest, longest] = g.lengths_s;
+            let high = rng.random_range(0.0..1.0) < g.high_share;
+            GridSim {
+                id: JobId::new("koala", u64::from(i)),
+                arrival: t,
+                components,
+                length: rng.random_range(shortest..=longest),
+                priority: if high { Priority::High } else { Priority::Low },
+                registered: false,
+                started: Vec::new(),
+                placed: None,
             }
         })
         .collect()

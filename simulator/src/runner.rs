@@ -141,6 +141,7 @@ impl SweepRunner {
 pub struct GridRunner {
     pub id: JobId,
     components: Vec<u32>,
+    priority: Priority,
     registered: Millis,
     state: JobState,
     clusters: BTreeSet<ClusterName>,
@@ -148,10 +149,11 @@ pub struct GridRunner {
 }
 
 impl GridRunner {
-    pub fn new(id: JobId, components: Vec<u32>, registered: Millis) -> Self {
+    pub fn new(id: JobId, components: Vec<u32>, priority: Priority, registered: Millis) -> Self {
         Self {
             id,
             components,
+            priority,
             registered,
             state: JobState::Waiting,
             clusters: BTreeSet::new(),
@@ -222,7 +224,7 @@ impl GridRunner {
             total - done
         };
         Mail::Scheduler(SchedulerMsg::JobUpdate(JobReport {
-            priority: Priority::Low,
+            priority: self.priority,
             tasks: TaskCounts {
                 total,
                 pending: total - done - running,

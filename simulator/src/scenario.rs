@@ -249,6 +249,12 @@ pub enum GridWorkload {
     Block,
     /// One job at the start of each period.
     Spike,
+    /// KOALA's co-allocation experiment (seed 001, section 5): `jobs` jobs
+    /// arriving as a Poisson process, each of one of `sizes` nodes split
+    /// into one of `component_counts` equal components of at least
+    /// `min_component` nodes, running between the two `lengths_s`, of
+    /// high priority with `high_share`'s odds (low otherwise).
+    Poisson,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -262,6 +268,15 @@ pub struct GridJobs {
     pub components: u32,
     #[serde(with = "humantime_serde")]
     pub length: Duration,
+    /// `poisson`: how many jobs, and their mean interarrival time.
+    pub jobs: u32,
+    #[serde(with = "humantime_serde")]
+    pub interarrival: Duration,
+    pub sizes: Vec<u32>,
+    pub component_counts: Vec<u32>,
+    pub min_component: u32,
+    pub lengths_s: [f64; 2],
+    pub high_share: f64,
 }
 
 impl Default for GridJobs {
@@ -272,6 +287,13 @@ impl Default for GridJobs {
             nodes: 100,
             components: 4,
             length: Duration::from_secs(600),
+            jobs: 0,
+            interarrival: Duration::from_secs(60),
+            sizes: vec![36, 72],
+            component_counts: vec![3, 4, 6, 8],
+            min_component: 9,
+            lengths_s: [30.0, 192.0],
+            high_share: 0.0,
         }
     }
 }
@@ -299,8 +321,11 @@ impl Scenario {
 
     fn validate(&self) -> Result<(), ScenarioError> {
         let invalid = |m: String| Err(ScenarioError::Invalid(m));
-        if self.clusters.is_empty() || self.jobs.is_empty() {
-            return invalid("a scenario needs at least one [[cluster]] and one [[job]]".into());
+        let workload = self.grid_jobs.workload != GridWorkload::Free;
+        if self.clusters.is_empty() || (self.jobs.is_empty() && !workload) {
+            return invalid(
+                "a scenario needs at least one [[cluster]], and one [[job]] or grid jobs".into(),
+            );
         }
         if self.timing.step.is_zero() {
             return invalid("timing.step must be longer than 0s".into());
@@ -346,10 +371,27 @@ impl Scenario {
             return invalid("local_jobs.gpu_share must be between 0 and 1".into());
         }
         let g = &self.grid_jobs;
-        if g.workload != GridWorkload::Free
+        if matches!(g.workload, GridWorkload::Block | GridWorkload::Spike)
             && (g.components == 0 || g.nodes < g.components || g.period.is_zero())
         {
             return invalid("grid_jobs: nodes >= components >= 1 and a period are needed".into());
+        }
+        if g.workload == GridWorkload::Poisson {
+            let splits = g.sizes.iter().all(|size| {
+                g.component_counts
+                    .iter()
+                    .any(|n| *n > 0 && size / n >= g.min_component.max(1))
+            });
+            if g.jobs == 0
+                || g.interarrival.is_zero()
+                || !splits
+                || !(0.0..=1.0).contains(&g.high_share)
+                || !(0.0 < g.lengths_s[0] && g.lengths_s[0] <= g.lengths_s[1])
+            {
+                return invalid(
+                    "grid_jobs (poisson): jobs, an interarrival, sizes each split by some component count into components of min_component nodes, 0 < lengths_s[0] <= lengths_s[1], high_share in [0, 1]".into(),
+                );
+            }
         }
         Ok(())
     }
