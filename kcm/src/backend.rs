@@ -243,8 +243,9 @@ impl ComponentFiles {
             command = format!("cd {} || exit 1\n{command}", quote(dir));
         }
         if let Some(dir) = &spec.checkpoint {
-            // Made by the owner's shell, whoever runs the wrapper.
-            command = format!("mkdir -p {} || exit 1\n{command}", quote(dir));
+            // Made by the owner's shell, whoever runs the wrapper; where
+            // the nodes do not see the results directory, there is none.
+            command = format!("mkdir -p {} 2> /dev/null\n{command}", quote(dir));
         }
         script.push_str(&literal("gleaner_command", &command));
         let started = quote(&self.started.to_string_lossy());
