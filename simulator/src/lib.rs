@@ -215,7 +215,8 @@ impl Comparison {
         if let Some(koala) = Koala::of(&self.baseline) {
             out.push_str(&koala.text());
         }
-        for run in &self.runs {
+        // Without scavenging jobs there is nothing to compare by policy.
+        for run in self.runs.iter().filter(|run| !run.jobs.is_empty()) {
             let policy = run.policy.map_or("none", CsPolicy::name);
             out.push_str(&format!(
                 "\n  {policy}\n  {:<12} {:>8} {:>10} {:>12} {:>14}\n",

@@ -154,10 +154,10 @@ fn a_held_component_is_placed_elsewhere_and_a_run_that_cannot_gather_goes_back()
     let (queues, g) = two_batch_systems("coalloc-claim");
     let _held = slurm.hold_partition();
     // T = 0.5: two of three started on c1 is enough at the claiming try
-    // (18 s after placement): the component held on s1 goes to c1.
+    // (15 s after placement): the component held on s1 goes to c1.
     let job = g.submit(&manifest(
         g.path(),
-        "claim_threshold = 0.5\nbarrier_timeout = \"24s\"",
+        "claim_threshold = 0.5\nbarrier_timeout = \"20s\"",
     ));
     assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
     let tasks = by_task(&g.index(&job));
@@ -212,10 +212,10 @@ fn a_high_priority_job_stops_a_low_one_which_resumes_from_its_checkpoint() {
         ),
     );
     g.start("up", &["up"]);
-    // Counts to 30, half a second a step; on TERM it saves where it is.
+    // Counts to 20, half a second a step; on TERM it saves where it is.
     let counter = "n=$(cat $GLEANER_CHECKPOINT/n 2>/dev/null || echo 0); first=$n; \
          trap 'echo $n > $GLEANER_CHECKPOINT/n; exit 0' TERM; \
-         while [ $n -lt 30 ]; do n=$((n + 1)); sleep 0.5; done; echo from $first to $n";
+         while [ $n -lt 20 ]; do n=$((n + 1)); sleep 0.5; done; echo from $first to $n";
     let low = g.submit(&format!(
         "name = \"low\"\nkind = \"grid\"\npriority = \"low\"\npreempt_grace = \"10s\"\n\
          [[component]]\nslots = 4\ncommand = \"{counter}\"\n"
@@ -242,7 +242,7 @@ fn a_high_priority_job_stops_a_low_one_which_resumes_from_its_checkpoint() {
         .and_then(|n| n.parse().ok())
         .unwrap_or(0);
     assert!(
-        first > 0 && stdout.ends_with("to 30\n"),
+        first > 0 && stdout.ends_with("to 20\n"),
         "resumed from its checkpoint: {stdout:?}"
     );
     assert_eq!(gathering(&g, &low)["preemptions"], 1);
