@@ -46,6 +46,7 @@ pub use machine::{JobEvent, JobMachine};
 pub use owner::{Account, Owner};
 pub use publication::{FirstAttempts, Publication};
 pub use records::{IndexEntry, JobFile};
+pub use grid::Grid;
 pub use sweep::Sweep;
 
 /// `[runner]` of the configuration.

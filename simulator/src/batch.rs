@@ -4,11 +4,14 @@
 
 use std::collections::VecDeque;
 
-use gleaner_kcm::{ComponentRun, Host, Placeholder, Snapshot, core::SpooledExit};
+use gleaner_kcm::{
+    ComponentRun, Host, Placeholder, Snapshot,
+    core::{SpooledExit, SpooledStart},
+};
 use gleaner_manifest::{JobId, Needs};
 use gleaner_policy::local::WaitingJob;
 use gleaner_protocol::{
-    Captured, ClusterName, ControlMsg, LauncherId, LauncherInfo, LauncherStatus, ResultMsg,
+    Captured, ClusterName, ControlMsg, HostSlots, LauncherId, LauncherInfo, LauncherStatus, ResultMsg,
     RunStatus, RunningTask, TaskMsg, naming,
 };
 use rand::{RngExt, rngs::StdRng};
@@ -66,6 +69,8 @@ struct Component {
     nodes: u32,
     length: f64,
     started: Option<f64>,
+    /// When its job let it past the barrier: it runs `length` from then.
+    released: Option<f64>,
     /// Of its nodes, those with a GPU (it uses no GPU).
     gpu_nodes: u32,
 }
@@ -300,7 +305,7 @@ impl Batch {
     pub fn progress(&mut self, t: f64, dt: f64, tasks: &mut [Tasks], out: &mut Happenings) {
         self.local.retain(|r| r.end > t);
         let spool = &mut self.spool;
-        self.components.retain(|c| match c.started {
+        self.components.retain(|c| match c.released {
             Some(start) if start + c.length <= t => {
                 spool.push(SpooledExit {
                     job: c.job.clone(),
@@ -494,8 +499,34 @@ impl Batch {
             nodes,
             length,
             started: None,
+            released: None,
             gpu_nodes: 0,
         });
+    }
+
+    /// Every component of the job started: this one runs now.
+    pub fn release_component(&mut self, job: &JobId, index: u32, t: f64) {
+        for c in &mut self.components {
+            if &c.job == job && c.index == index && c.started.is_some() {
+                c.released.get_or_insert(t);
+            }
+        }
+    }
+
+    /// A component stopped for a job of higher priority: its wrapper
+    /// says so, and its nodes are free.
+    pub fn stop_component(&mut self, job: &JobId, index: u32) {
+        let before = self.components.len();
+        self.components
+            .retain(|c| !(&c.job == job && c.index == index && c.started.is_some()));
+        if self.components.len() < before {
+            self.spool.push(SpooledExit {
+                job: job.clone(),
+                component: index,
+                exit_code: None,
+                preempted: true,
+            });
+        }
     }
 
     fn batch_id(&mut self) -> String {
@@ -580,9 +611,9 @@ impl Batch {
             .retain(|exit| !(&exit.job == job && exit.component == component));
     }
 
-    /// What the kcm reads: the batch system, and the exit statuses in the
-    /// spool.
-    pub fn read(&self, jobs: &[JobId]) -> (Snapshot, Vec<SpooledExit>) {
+    /// What the kcm reads: the batch system, the exit statuses in the
+    /// spool, and the started components' hosts.
+    pub fn read(&self, jobs: &[JobId]) -> (Snapshot, Vec<SpooledExit>, Vec<SpooledStart>) {
         // The cluster is one host of its plain nodes, and one of its GPU
         // nodes if it has any: DAS-3's jobs take whole nodes, any of
         // them, so no waiting job needs a particular one.
@@ -653,7 +684,20 @@ impl Batch {
             named: Vec::new(),
             problem: None,
         };
-        (snapshot, self.spool.clone())
+        let started = self
+            .components
+            .iter()
+            .filter(|c| c.started.is_some())
+            .map(|c| SpooledStart {
+                job: c.job.clone(),
+                component: c.index,
+                hosts: Ok(vec![HostSlots {
+                    host: host_name(&self.name, false),
+                    slots: c.nodes,
+                }]),
+            })
+            .collect();
+        (snapshot, self.spool.clone(), started)
     }
 
     /// Nodes in use: (local, grid, launchers at work).

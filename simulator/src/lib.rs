@@ -75,10 +75,14 @@ struct KoalaRow {
     size: u32,
     priority: gleaner_manifest::Priority,
     jobs: usize,
-    started: usize,
+    done: usize,
     coallocated: f64,
     placement_s: f64,
     start_delay_s: f64,
+    claiming_tries: f64,
+    /// Runs given up, per job: KOALA's failures.
+    restarts: f64,
+    preemptions: f64,
 }
 
 impl Koala {
@@ -111,19 +115,14 @@ impl Koala {
                 size,
                 priority,
                 jobs: jobs.len(),
-                started: jobs.iter().filter(|j| j.started.is_some()).count(),
+                done: jobs.iter().filter(|j| j.done).count(),
                 coallocated: jobs.iter().filter(|j| j.coallocated).count() as f64
                     / jobs.len() as f64,
-                placement_s: mean(
-                    jobs.iter()
-                        .filter_map(|j| Some(j.placed? - j.arrival))
-                        .collect(),
-                ),
-                start_delay_s: mean(
-                    jobs.iter()
-                        .filter_map(|j| Some(j.started? - j.placed?))
-                        .collect(),
-                ),
+                placement_s: mean(jobs.iter().filter_map(|j| j.placement_s).collect()),
+                start_delay_s: mean(jobs.iter().filter_map(|j| j.start_delay_s).collect()),
+                claiming_tries: mean(jobs.iter().map(|j| f64::from(j.claiming_tries)).collect()),
+                restarts: mean(jobs.iter().map(|j| f64::from(j.restarts)).collect()),
+                preemptions: mean(jobs.iter().map(|j| f64::from(j.preemptions)).collect()),
             })
             .collect();
         Some(Self {
@@ -136,28 +135,34 @@ impl Koala {
 
     pub fn text(&self) -> String {
         let mut out = format!(
-            "\n  KOALA's co-allocation: {} grid jobs; utilisation {:.1} % ({:.1} % by grid jobs)\n  {:>5} {:<9} {:>5} {:>8} {:>13} {:>14} {:>16}\n",
+            "\n  KOALA's co-allocation: {} grid jobs; utilisation {:.1} % ({:.1} % by grid jobs)\n  {:>5} {:<9} {:>5} {:>5} {:>13} {:>14} {:>16} {:>7} {:>9} {:>8}\n",
             self.jobs,
             self.utilisation * 100.0,
             self.grid_share * 100.0,
             "size",
             "priority",
             "jobs",
-            "started",
+            "done",
             "co-allocated",
             "placement (s)",
-            "start delay (s)"
+            "start delay (s)",
+            "claims",
+            "restarts",
+            "stopped"
         );
         for r in &self.rows {
             out.push_str(&format!(
-                "  {:>5} {:<9} {:>5} {:>8} {:>12.0} % {:>14.1} {:>16.1}\n",
+                "  {:>5} {:<9} {:>5} {:>5} {:>12.0} % {:>14.1} {:>16.1} {:>7.2} {:>9.2} {:>8.2}\n",
                 r.size,
                 r.priority.name(),
                 r.jobs,
-                r.started,
+                r.done,
                 r.coallocated * 100.0,
                 r.placement_s,
-                r.start_delay_s
+                r.start_delay_s,
+                r.claiming_tries,
+                r.restarts,
+                r.preemptions
             ));
         }
         out
@@ -169,8 +174,9 @@ impl Koala {
             "utilisation": self.utilisation,
             "grid_share": self.grid_share,
             "groups": self.rows.iter().map(|r| json!({
-                "size": r.size, "priority": r.priority.name(), "jobs": r.jobs, "started": r.started,
+                "size": r.size, "priority": r.priority.name(), "jobs": r.jobs, "done": r.done,
                 "coallocated": r.coallocated, "placement_s": r.placement_s, "start_delay_s": r.start_delay_s,
+                "claiming_tries": r.claiming_tries, "restarts": r.restarts, "preemptions": r.preemptions,
             })).collect::<Vec<_>>(),
         })
     }
@@ -326,8 +332,8 @@ mod tests {
         let run = simulate(&scenario, None);
         assert_eq!(run.grid_jobs.len(), 60);
         let koala = Koala::of(&run).unwrap();
-        let started: usize = koala.rows.iter().map(|r| r.started).sum();
-        assert!(started >= 50, "{}", koala.text());
+        let done: usize = koala.rows.iter().map(|r| r.done).sum();
+        assert!(done >= 50, "{}", koala.text());
         assert!(
             run.grid_jobs.iter().all(|j| j.size == 36 || j.size == 72),
             "KOALA's sizes"

@@ -10,12 +10,12 @@ use std::{
 };
 
 use gleaner_kcm::core::{Core, CoreConfig, Effect, Event, KcmCore, Now};
-use gleaner_manifest::{JobId, Priority};
+use gleaner_manifest::{Component, JobId, JobKind, Manifest, Priority};
 use gleaner_policy::{access::Users, share::CsPolicy};
 use gleaner_protocol::{
     ClusterName, ControlMsg, GrantId, KcmMsg, LauncherId, LauncherMsg, ResultMsg, SchedulerMsg,
 };
-use gleaner_runner::JobEvent;
+use gleaner_runner::{JobEvent, JobFile};
 use gleaner_scheduler::{
     core::{Effect as SchedulerEffect, Event as SchedulerEvent, Rounds, SchedulerCore},
     state::State,
@@ -67,18 +67,26 @@ pub struct JobResult {
     pub lost_hours: f64,
 }
 
-/// A grid job of KOALA's experiment (seed 001): when it came, was placed
-/// and started (its last component started: the barrier passed).
+/// A grid job of KOALA's experiment (seed 001), as its `job.json` has it
+/// at its end (or at the end of the run).
 #[derive(Debug, Clone)]
 pub struct GridOutcome {
     pub size: u32,
     pub components: usize,
     pub priority: Priority,
-    pub arrival: f64,
-    pub placed: Option<f64>,
-    pub started: Option<f64>,
+    /// Seconds from its submission (or its last run given up) to its
+    /// last placement, and from that to its start (the barrier passed).
+    pub placement_s: Option<f64>,
+    pub start_delay_s: Option<f64>,
     /// Its components went to more than one cluster.
     pub coallocated: bool,
+    pub claiming_tries: u32,
+    /// Runs given up: lost, or not gathered in time.
+    pub restarts: u32,
+    /// Runs stopped for jobs of higher priority.
+    pub preemptions: u32,
+    /// It ran to its end.
+    pub done: bool,
 }
 
 /// Nodes in use at one moment.
@@ -120,8 +128,8 @@ struct GridSim {
     priority: Priority,
     registered: bool,
     started: Vec<f64>,
-    /// When it was placed, and on how many clusters.
-    placed: Option<(f64, usize)>,
+    /// Its `job.json` once its runner is done (or at the run's end).
+    file: Option<JobFile>,
 }
 
 struct Sim<'a> {
@@ -138,6 +146,7 @@ struct Sim<'a> {
     grid: Vec<GridSim>,
     grid_index: BTreeMap<JobId, usize>,
     grid_runners: BTreeMap<JobId, GridRunner>,
+    runner_settings: gleaner_runner::JobSettings,
     local_waits: BTreeMap<String, f64>,
     samples: Vec<Sample>,
 }
@@ -253,6 +262,7 @@ impl<'a> Sim<'a> {
             .zip(jobs)
             .map(|(id, spec)| SweepRunner::open(id.clone(), spec, settings.clone(), clock.now()))
             .collect();
+        let runner_settings = settings;
         let grid = grid_arrivals(scenario);
         let grid_index = grid
             .iter()
@@ -286,6 +296,7 @@ impl<'a> Sim<'a> {
             grid,
             grid_index,
             grid_runners: BTreeMap::new(),
+            runner_settings,
             local_waits: BTreeMap::new(),
             samples: Vec::new(),
         }
@@ -401,18 +412,35 @@ impl<'a> Sim<'a> {
                 )
             });
         }
+        self.at_grid(
+            job,
+            JobEvent::Control {
+                msg: message,
+                sender: Some(crate::runner::SENDER.to_owned()),
+            },
+        )
+    }
+
+    /// Hands a grid job's runner an event; a runner done is forgotten, its
+    /// `job.json` kept for the figures.
+    fn at_grid(&mut self, job: &JobId, event: JobEvent) -> Vec<Mail> {
+        let now = self.clock.now();
         let Some(runner) = self.grid_runners.get_mut(job) else {
             return Vec::new();
         };
-        if let (ControlMsg::Place { clusters, .. }, Some(&g)) = (&message, self.grid_index.get(job))
-        {
-            let distinct: std::collections::BTreeSet<&ClusterName> = clusters.iter().collect();
-            self.grid[g]
-                .placed
-                .get_or_insert((self.clock.t, distinct.len()));
-        }
-        let mail = runner.receive(message);
-        if runner.is_done() {
+        let index = &self.cluster_index;
+        let kcm = |cluster: &ClusterName| index.contains_key(cluster);
+        let mut none = VecDeque::new();
+        let mut reach = Reach {
+            queue: &mut none,
+            kcm: &kcm,
+            launcher: &|_| false,
+        };
+        let mail = runner.handle(event, now, &mut reach);
+        if !runner.is_live() {
+            if let Some(&g) = self.grid_index.get(job) {
+                self.grid[g].file = Some(runner.job_file());
+            }
             self.grid_runners.remove(job);
         }
         mail
@@ -466,11 +494,11 @@ impl<'a> Sim<'a> {
     fn poll(&mut self, c: usize) -> Vec<Mail> {
         let span = self.kcm_span(c);
         let _in_kcm = span.enter();
-        let (snapshot, spooled) = self.clusters[c].batch.read(&self.ids);
+        let (snapshot, spooled, started) = self.clusters[c].batch.read(&self.ids);
         let event = Event::Polled {
             snapshot: Ok(snapshot),
             spooled,
-            started: Vec::new(),
+            started,
         };
         self.clusters[c].kcm.handle(event, self.clock.now());
         self.apply(c).0
@@ -522,9 +550,15 @@ impl<'a> Sim<'a> {
                     self.clusters[c].batch.delete_spool_entry(&job, component);
                     None
                 }
-                // Simulated components run at once: their runner never
-                // holds them at a barrier.
-                Effect::ReleaseComponent { .. } | Effect::StopComponent { .. } => None,
+                Effect::ReleaseComponent { job, component, .. } => {
+                    let t = self.clock.t;
+                    self.clusters[c].batch.release_component(&job, component, t);
+                    None
+                }
+                Effect::StopComponent { job, component, .. } => {
+                    self.clusters[c].batch.stop_component(&job, component);
+                    None
+                }
                 // Simulated jobs read no files.
                 Effect::StageInputs { .. } => None,
                 Effect::SubmitComponent { spec, .. } => {
@@ -600,23 +634,30 @@ impl<'a> Sim<'a> {
                 .batch
                 .arrivals(t, local.nodes, local.duration.as_secs_f64());
         }
-        let mut mail = Vec::new();
-        for g in self
+        let arrived: Vec<JobId> = self
             .grid
             .iter_mut()
             .filter(|g| g.arrival <= t && !g.registered)
-        {
-            g.registered = true;
-            let runner = GridRunner::new(
-                g.id.clone(),
-                g.components.clone(),
-                g.priority,
-                millis(g.arrival),
+            .map(|g| {
+                g.registered = true;
+                g.id.clone()
+            })
+            .collect();
+        for job in arrived {
+            let Some(&g) = self.grid_index.get(&job) else {
+                continue;
+            };
+            let manifest = grid_manifest(&self.grid[g], &self.scenario.grid_jobs);
+            let runner = GridRunner::open(
+                job.clone(),
+                manifest,
+                self.runner_settings.clone(),
+                self.clock.now(),
             );
-            mail.push(runner.report());
-            self.grid_runners.insert(g.id.clone(), runner);
+            self.grid_runners.insert(job.clone(), runner);
+            let mail = self.at_grid(&job, JobEvent::Start);
+            self.deliver(mail);
         }
-        self.deliver(mail);
     }
 
     fn dispatch(&mut self) {
@@ -646,7 +687,10 @@ impl<'a> Sim<'a> {
                 }));
             }
         }
-        mail.extend(self.grid_runners.values().map(GridRunner::report));
+        let grid: Vec<JobId> = self.grid_runners.keys().cloned().collect();
+        for job in grid {
+            mail.extend(self.at_grid(&job, JobEvent::Heartbeat));
+        }
         self.deliver(mail);
     }
 
@@ -679,15 +723,34 @@ impl<'a> Sim<'a> {
             .grid
             .iter()
             .filter(|_| self.scenario.grid_jobs.workload == GridWorkload::Poisson)
-            .map(|g| GridOutcome {
-                size: g.components.iter().sum(),
-                components: g.components.len(),
-                priority: g.priority,
-                arrival: g.arrival,
-                placed: g.placed.map(|(at, _)| at),
-                started: (g.started.len() == g.components.len())
-                    .then(|| g.started.iter().cloned().fold(0.0, f64::max)),
-                coallocated: g.placed.is_some_and(|(_, clusters)| clusters > 1),
+            .map(|g| {
+                let file = g
+                    .file
+                    .clone()
+                    .or_else(|| self.grid_runners.get(&g.id).map(GridRunner::job_file));
+                let gathering = file
+                    .as_ref()
+                    .and_then(|f| f.gathering.as_ref())
+                    .map(|g| g.figures.clone())
+                    .unwrap_or_default();
+                let clusters: std::collections::BTreeSet<&ClusterName> = file
+                    .iter()
+                    .flat_map(|f| f.components.iter().flatten())
+                    .collect();
+                GridOutcome {
+                    size: g.components.iter().sum(),
+                    components: g.components.len(),
+                    priority: g.priority,
+                    placement_s: gathering.placement_s,
+                    start_delay_s: gathering.start_delay_s,
+                    coallocated: clusters.len() > 1,
+                    claiming_tries: gathering.claiming_tries,
+                    restarts: file.as_ref().map_or(0, |f| f.restarts),
+                    preemptions: gathering.preemptions,
+                    done: file
+                        .as_ref()
+                        .is_some_and(|f| f.tasks.succeeded == g.components.len() as u64),
+                }
             })
             .collect();
         Run {
@@ -746,10 +809,34 @@ fn grid_arrivals(scenario: &Scenario) -> Vec<GridSim> {
                 priority: Priority::Low,
                 registered: false,
                 started: Vec::new(),
-                placed: None,
+                file: None,
             }
         })
         .collect()
+}
+
+/// A simulated grid job as its manifest: its components, priority and
+/// length (its walltime, for the scheduler's choice of jobs to stop), and
+/// the workload's claiming settings.
+fn grid_manifest(g: &GridSim, jobs: &crate::scenario::GridJobs) -> Manifest {
+    let mut manifest = Manifest::named(g.id.name());
+    manifest.kind = JobKind::Grid;
+    manifest.priority = Some(g.priority);
+    manifest.walltime = Some(Duration::from_secs_f64(g.length.ceil() + 30.0));
+    manifest.claim_threshold = Some(jobs.claim_threshold);
+    manifest.barrier_timeout = Some(jobs.barrier_timeout);
+    manifest.components = g
+        .components
+        .iter()
+        .map(|slots| Component {
+            slots: *slots,
+            command: "simulated".to_owned(),
+            memory: None,
+            gpus: 0,
+            inputs: Vec::new(),
+        })
+        .collect();
+    manifest
 }
 
 /// KOALA's workload (seed 001, section 5): Poisson arrivals of jobs of
@@ -783,7 +870,7 @@ fn poisson_arrivals(g: &crate::scenario::GridJobs, rng: &mut StdRng) -> Vec<Grid
                 priority: if high { Priority::High } else { Priority::Low },
                 registered: false,
                 started: Vec::new(),
-                placed: None,
+                file: None,
             }
         })
         .collect()

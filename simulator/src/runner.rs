@@ -1,19 +1,17 @@
-//! The simulated runners. A scavenging job's runner is the runner's own
-//! machine ([`JobMachine`] around [`Sweep`]), driven by the loop the
-//! runner's shell (`runner/src/job.rs`) drives it with, its effects
-//! carried out in the simulated world. Its task queue is the simulated
-//! broker's. A grid job's runner
-//! is simulated here: it places its components and reports their ends.
+//! The simulated runners: the runner's own machine ([`JobMachine`] around
+//! a [`Sweep`] or a [`Grid`]), driven by the loop the runner's shell
+//! (`runner/src/job.rs`) drives it with, its effects carried out in the
+//! simulated world. A sweep's task queue is the simulated broker's; a
+//! grid job's components are the simulated batch systems' jobs, gathered
+//! at the barrier and claimed as the real ones are.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::VecDeque;
 
-use gleaner_manifest::{JobId, JobKind, Priority};
-use gleaner_protocol::Core;
-use gleaner_protocol::{
-    ClusterName, ComponentSpec, ControlMsg, JobReport, JobState, KcmMsg, LauncherId, Millis,
-    SchedulerMsg, Submission, TaskCounts, TaskMsg,
+use gleaner_manifest::{JobId, Manifest};
+use gleaner_protocol::{ClusterName, Core, LauncherId, Submission, TaskMsg};
+use gleaner_runner::{
+    Effect, Grid, JobEvent, JobFile, JobMachine, JobSettings, Kind, Now, Opening, Sweep,
 };
-use gleaner_runner::{Effect, JobEvent, JobMachine, JobSettings, Now, Opening, Sweep};
 
 use crate::{model::Mail, scenario::JobSpec};
 
@@ -24,10 +22,16 @@ const LAUNCHERS: &str = "simulated-launchers";
 /// launchers, which speak of themselves only.
 pub const SENDER: &str = "simulated";
 
-/// The runner of a scavenging job: the runner's own machine.
-pub struct SweepRunner {
-    machine: JobMachine<Sweep>,
+/// A job's runner: the runner's own machine.
+pub struct Runner<K> {
+    machine: JobMachine<K>,
 }
+
+/// The runner of a scavenging job.
+pub type SweepRunner = Runner<Sweep>;
+
+/// The runner of a grid job.
+pub type GridRunner = Runner<Grid>;
 
 /// What a sweep's effects reach in the simulated world.
 pub struct Reach<'a> {
@@ -39,16 +43,10 @@ pub struct Reach<'a> {
     pub launcher: &'a dyn Fn(&LauncherId) -> bool,
 }
 
-impl SweepRunner {
-    /// Opens the job as a runner opens a new one: no results yet.
-    pub fn open(job: JobId, spec: &JobSpec, settings: JobSettings, now: Now) -> Self {
-        let submission = Submission {
-            job,
-            manifest: spec.manifest.clone(),
-            submitted_at: now.wall_ms,
-        };
-        let opening = Opening {
-            submission: &submission,
+/// The job's opening, as a runner opens a new one: no results yet.
+fn opening(submission: &Submission, settings: JobSettings) -> Opening<'_> {
+    Opening {
+        submission,
             owner: "simulated".to_owned(),
             // Users kept apart, as the simulated kcms have them: the job's
             // launchers have an account of their own.
@@ -62,8 +60,18 @@ impl SweepRunner {
             finished: Vec::new(),
             job_file: None,
             additions: Vec::new(),
+    }
+}
+
+impl SweepRunner {
+    pub fn open(job: JobId, spec: &JobSpec, settings: JobSettings, now: Now) -> Self {
+        let submission = Submission {
+            job,
+            manifest: spec.manifest.clone(),
+            submitted_at: now.wall_ms,
         };
-        let core = match Sweep::open(opening, spec.task_list.clone(), now) {
+        let core = match Sweep::open(opening(&submission, settings), spec.task_list.clone(), now)
+        {
             Ok(core) => core,
             Err(refusal) => unreachable!("a job without a job.json is nobody else's: {refusal:?}"),
         };
@@ -71,9 +79,34 @@ impl SweepRunner {
             machine: JobMachine::new(core),
         }
     }
+}
 
+impl GridRunner {
+    /// A grid job of `manifest`, submitted `now`.
+    pub fn open(job: JobId, manifest: Manifest, settings: JobSettings, now: Now) -> Self {
+        let submission = Submission {
+            job,
+            manifest,
+            submitted_at: now.wall_ms,
+        };
+        let core = match Grid::open(opening(&submission, settings), now) {
+            Ok(core) => core,
+            Err(refusal) => unreachable!("a job without a job.json is nobody else's: {refusal:?}"),
+        };
+        Self {
+            machine: JobMachine::new(core),
+        }
+    }
+}
+
+impl<K: Kind> Runner<K> {
     pub fn is_live(&self) -> bool {
         !self.machine.is_over()
+    }
+
+    /// Its `job.json`: how a grid job gathered, where it ran.
+    pub fn job_file(&self) -> JobFile {
+        self.machine.job().job_file()
     }
 
     /// Tasks that succeeded, as the job's index has them.
@@ -135,134 +168,4 @@ impl SweepRunner {
         }
         mail
     }
-}
-
-/// The runner of a grid job.
-pub struct GridRunner {
-    pub id: JobId,
-    components: Vec<u32>,
-    priority: Priority,
-    registered: Millis,
-    state: JobState,
-    clusters: BTreeSet<ClusterName>,
-    ended: BTreeSet<u32>,
-}
-
-impl GridRunner {
-    pub fn new(id: JobId, components: Vec<u32>, priority: Priority, registered: Millis) -> Self {
-        Self {
-            id,
-            components,
-            priority,
-            registered,
-            state: JobState::Waiting,
-            clusters: BTreeSet::new(),
-            ended: BTreeSet::new(),
-        }
-    }
-
-    pub fn is_done(&self) -> bool {
-        self.state == JobState::Done
-    }
-
-    pub fn receive(&mut self, message: ControlMsg) -> Vec<Mail> {
-        match message {
-            ControlMsg::Place { clusters, .. }
-                if self.state == JobState::Waiting && clusters.len() == self.components.len() =>
-            {
-                let mut mail: Vec<Mail> = self
-                    .components
-                    .iter()
-                    .zip(&clusters)
-                    .enumerate()
-                    .map(|(i, (slots, cluster))| {
-                        Mail::Kcm(
-                            cluster.clone(),
-                            KcmMsg::SubmitComponent(ComponentSpec {
-                                job: self.id.clone(),
-                                component: i as u32,
-                                slots: *slots,
-                                needs: Default::default(),
-                                command: String::new(),
-                                env: Vec::new(),
-                                walltime_ms: None,
-                                workdir: None,
-                                owner: "simulated".to_owned(),
-                                checkpoint: None,
-                                inputs: Vec::new(),
-                            }),
-                        )
-                    })
-                    .collect();
-                self.clusters.extend(clusters);
-                self.state = JobState::Running;
-                mail.push(self.report());
-                mail
-            }
-            ControlMsg::PlacementFailed { .. } => {
-                self.state = JobState::Done;
-                ended(&self.id, &self.clusters)
-            }
-            ControlMsg::ComponentEnded(outcome) => {
-                self.ended.insert(outcome.component);
-                if self.ended.len() < self.components.len() {
-                    return Vec::new();
-                }
-                self.state = JobState::Done;
-                ended(&self.id, &self.clusters)
-            }
-            _ => Vec::new(),
-        }
-    }
-
-    pub fn report(&self) -> Mail {
-        let total = self.components.len() as u64;
-        let done = self.ended.len() as u64;
-        let running = if self.state == JobState::Waiting {
-            0
-        } else {
-            total - done
-        };
-        Mail::Scheduler(SchedulerMsg::JobUpdate(JobReport {
-            priority: self.priority,
-            tasks: TaskCounts {
-                total,
-                pending: total - done - running,
-                running,
-                succeeded: done,
-                ..TaskCounts::default()
-            },
-            started_at: self.registered,
-            components: self.components.clone(),
-            job: self.id.clone(),
-            owner: "simulated".to_owned(),
-            kind: JobKind::Grid,
-            state: self.state,
-            runner: "simulated".to_owned(),
-            launchers: BTreeMap::new(),
-            throughput: 0.0,
-            preemptions: 0,
-            results: String::new(),
-            max_slots: None,
-            problem: None,
-            gathering: None,
-            avoid: Vec::new(),
-            component_inputs: Vec::new(),
-            weight: 1,
-            task_slots: 1,
-            task_needs: Default::default(),
-            open: false,
-        }))
-    }
-}
-
-/// A job's end, as its runner announces it.
-fn ended(job: &JobId, clusters: &BTreeSet<ClusterName>) -> Vec<Mail> {
-    std::iter::once(Mail::Scheduler(SchedulerMsg::JobDone { job: job.clone() }))
-        .chain(
-            clusters
-                .iter()
-                .map(|c| Mail::Kcm(c.clone(), KcmMsg::JobEnded { job: job.clone() })),
-        )
-        .collect()
 }

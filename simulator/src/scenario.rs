@@ -277,6 +277,10 @@ pub struct GridJobs {
     pub min_component: u32,
     pub lengths_s: [f64; 2],
     pub high_share: f64,
+    /// Every grid job's `claim_threshold` (KOALA's T) and `barrier_timeout`.
+    pub claim_threshold: f64,
+    #[serde(with = "humantime_serde")]
+    pub barrier_timeout: Duration,
 }
 
 impl Default for GridJobs {
@@ -294,6 +298,8 @@ impl Default for GridJobs {
             min_component: 9,
             lengths_s: [30.0, 192.0],
             high_share: 0.0,
+            claim_threshold: 1.0,
+            barrier_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -386,6 +392,8 @@ impl Scenario {
                 || g.interarrival.is_zero()
                 || !splits
                 || !(0.0..=1.0).contains(&g.high_share)
+                || !(g.claim_threshold > 0.0 && g.claim_threshold <= 1.0)
+                || g.barrier_timeout.is_zero()
                 || !(0.0 < g.lengths_s[0] && g.lengths_s[0] <= g.lengths_s[1])
             {
                 return invalid(
