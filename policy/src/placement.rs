@@ -178,9 +178,9 @@ pub fn place_leaving(
 pub struct Running {
     pub id: JobId,
     pub priority: Priority,
-    /// When its run began (ms since the epoch): its progress since it was
-    /// last stopped.
-    pub since: u64,
+    /// How long its run has gone on (ms): its progress since it was last
+    /// stopped.
+    pub elapsed_ms: u64,
     pub walltime_ms: Option<u64>,
     /// Slots its components hold, by cluster.
     pub holds: BTreeMap<ClusterName, u32>,
@@ -236,13 +236,12 @@ pub fn to_stop(
     rooms: &[Site],
     running: &[Running],
     rules: StopRules,
-    now_ms: u64,
 ) -> Vec<JobId> {
     let mut candidates: Vec<&Running> = running
         .iter()
         .filter(|r| r.priority < priority)
         .filter(|r| {
-            let elapsed = now_ms.saturating_sub(r.since);
+            let elapsed = r.elapsed_ms;
             r.walltime_ms.is_none_or(|w1| {
                 elapsed as f64 >= rules.min_progress * w1 as f64
                     && walltime_ms
@@ -250,7 +249,7 @@ pub fn to_stop(
             })
         })
         .collect();
-    candidates.sort_by(|a, b| b.since.cmp(&a.since).then(a.id.cmp(&b.id)));
+    candidates.sort_by(|a, b| a.elapsed_ms.cmp(&b.elapsed_ms).then(a.id.cmp(&b.id)));
     let mut rooms = rooms.to_vec();
     let mut chosen = Vec::new();
     for victim in candidates {
@@ -492,11 +491,11 @@ mod tests {
         assert!(placed[0].reclaim.is_empty());
     }
 
-    fn running(name: &str, priority: Priority, since: u64, walltime_s: Option<u64>) -> Running {
+    fn running(name: &str, priority: Priority, ran_s: u64, walltime_s: Option<u64>) -> Running {
         Running {
             id: id(name),
             priority,
-            since,
+            elapsed_ms: ran_s * 1000,
             walltime_ms: walltime_s.map(|s| s * 1000),
             holds: [(ClusterName::from("a"), 4)].into(),
         }
@@ -538,9 +537,10 @@ mod tests {
     fn lower_priority_jobs_are_stopped_latest_started_first_as_many_as_it_takes() {
         let full = [site("a", 0, &[])];
         let jobs = [
-            running("x", Priority::Low, 100_000, None),
-            running("y", Priority::Low, 200_000, None),
-            running("z", Priority::High, 300_000, None),
+            // y started after x, z after y.
+            running("x", Priority::Low, 300, None),
+            running("y", Priority::Low, 200, None),
+            running("z", Priority::High, 100, None),
         ];
         let names = |victims: Vec<JobId>| -> Vec<String> {
             victims.iter().map(|j| j.name().to_owned()).collect()
@@ -548,7 +548,7 @@ mod tests {
         let stop = |slots: &[u32], priority| {
             let job = job("g", priority, slots);
             let rules = StopRules::default();
-            names(to_stop(&job, priority, None, &full, &jobs, rules, 400_000))
+            names(to_stop(&job, priority, None, &full, &jobs, rules))
         };
         assert_eq!(stop(&[4], Priority::High), ["y"]);
         assert_eq!(stop(&[8], Priority::High), ["y", "x"]);
@@ -564,35 +564,17 @@ mod tests {
         let rules = StopRules::default();
         // y ran 100 s of its 1000 s walltime since it last started: spared.
         let jobs = [
-            running("x", Priority::Low, 0, None),
-            running("y", Priority::Low, 300_000, Some(1000)),
+            running("x", Priority::Low, 400, None),
+            running("y", Priority::Low, 100, Some(1000)),
         ];
-        let stopped = to_stop(&g, Priority::High, None, &full, &jobs, rules, 400_000);
+        let stopped = to_stop(&g, Priority::High, None, &full, &jobs, rules);
         assert_eq!(stopped, [id("x")]);
         // x has 100 s of 1000 s left; g runs 1000 s: util 0.09, not worth it.
-        let jobs = [running("x", Priority::Low, 0, Some(1000))];
-        assert!(
-            to_stop(
-                &g,
-                Priority::High,
-                Some(1_000_000),
-                &full,
-                &jobs,
-                rules,
-                900_000
-            )
-            .is_empty()
-        );
+        let jobs = [running("x", Priority::Low, 900, Some(1000))];
+        assert!(to_stop(&g, Priority::High, Some(1_000_000), &full, &jobs, rules).is_empty());
         // With 700 s left and g of 100 s, it is (util 8.75).
-        let stopped = to_stop(
-            &g,
-            Priority::High,
-            Some(100_000),
-            &full,
-            &jobs,
-            rules,
-            300_000,
-        );
+        let jobs = [running("x", Priority::Low, 300, Some(1000))];
+        let stopped = to_stop(&g, Priority::High, Some(100_000), &full, &jobs, rules);
         assert_eq!(stopped, [id("x")]);
         assert!((stop_utility(3_600_000, 600_000, 600_000) - 5.0).abs() < 1e-9);
         assert!((stop_utility(1_000_000, 100_000, 100_000) - 9.0).abs() < 1e-9);

@@ -820,6 +820,10 @@ pub struct Gathering {
     /// When the run now going was let go (ms since the epoch).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub running_since: Option<Millis>,
+    /// Seconds that run had gone on when the report was made: the
+    /// scheduler weighs stopping it by this, reading no clock of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_s: Option<f64>,
     /// The job's walltime, which the scheduler weighs preemptions by.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub walltime_s: Option<f64>,

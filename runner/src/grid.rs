@@ -332,7 +332,7 @@ impl Grid {
             return Vec::new();
         };
         run.stopping = Some(now.wall_ms);
-        warn!(
+        info!(
             reason,
             signal, grace_ms, "stopping the grid job for one of higher priority"
         );

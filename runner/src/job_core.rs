@@ -382,6 +382,10 @@ impl Ledger {
             open: self.manifest.open && !self.file.closed,
             gathering: self.file.gathering.as_ref().map(|g| Gathering {
                 walltime_s: self.manifest.walltime.map(|w| w.as_secs_f64()),
+                running_s: g
+                    .figures
+                    .running_since
+                    .map(|since| now.wall_ms.saturating_sub(since) as f64 / 1000.0),
                 ..g.figures.clone()
             }),
             component_inputs: match self.manifest.inputs.is_empty()

@@ -39,6 +39,7 @@ pub use book::{FinalStatus, TaskBook, Verdict};
 /// Public, with what it takes to drive it, so that the simulator's
 /// scavenging jobs are run by the runner's own core.
 pub use effect::{Effect, Followup, Now};
+pub use grid::Grid;
 use job::Claim;
 pub use job::JobError;
 pub use job_core::{Job, JobSettings, Kind, Ledger, Opening, Refusal};
@@ -46,7 +47,6 @@ pub use machine::{JobEvent, JobMachine};
 pub use owner::{Account, Owner};
 pub use publication::{FirstAttempts, Publication};
 pub use records::{IndexEntry, JobFile};
-pub use grid::Grid;
 pub use sweep::Sweep;
 
 /// `[runner]` of the configuration.

@@ -53,8 +53,11 @@ struct Entry {
     placed: Option<Instant>,
     /// Why its last try did not place it.
     unplaced_because: Option<String>,
-    /// When it was asked to step aside for a job of higher priority.
-    asked_aside: Option<Instant>,
+    /// When it was asked to step aside, and for which job of higher
+    /// priority.
+    asked_aside: Option<(Instant, JobId)>,
+    /// It stepped aside for this job: it is not placed again before it.
+    behind: Option<JobId>,
 }
 
 #[derive(Debug)]
@@ -89,9 +92,10 @@ impl GridBook {
             Some(entry) => {
                 if report.state != JobState::Waiting {
                     entry.placed.get_or_insert(now);
-                } else if entry.asked_aside.take().is_some() {
+                } else if let Some((_, for_job)) = entry.asked_aside.take() {
                     // Stopped for a job of higher priority: back to its
-                    // own queue, and that was no try.
+                    // own queue, behind that job, and that was no try.
+                    entry.behind = Some(for_job);
                     entry.placed = None;
                     entry.queue = report.priority;
                     self.reservations.retain(|r| r.job != report.job);
@@ -115,6 +119,7 @@ impl GridBook {
                     tries: 0,
                     unplaced_because: None,
                     asked_aside: None,
+                    behind: None,
                 };
                 if let Some((placement, at)) = self.carried.remove(&entry.report.job) {
                     entry.carry_on(&placement, at);
@@ -176,10 +181,10 @@ impl GridBook {
         self.entries.get(job).map(|e| &e.report)
     }
 
-    /// `job` was asked to step aside.
-    pub fn ask_aside(&mut self, job: &JobId, now: Instant) {
+    /// `job` was asked to step aside for `for_job`.
+    pub fn ask_aside(&mut self, job: &JobId, for_job: &JobId, now: Instant) {
         if let Some(entry) = self.entries.get_mut(job) {
-            entry.asked_aside = Some(now);
+            entry.asked_aside = Some((now, for_job.clone()));
         }
     }
 
@@ -188,7 +193,8 @@ impl GridBook {
     pub fn stepping_aside(&self, now: Instant) -> bool {
         self.entries.values().any(|e| {
             e.asked_aside
-                .is_some_and(|at| now.duration_since(at) <= STEP_ASIDE_ANSWER)
+                .as_ref()
+                .is_some_and(|(at, _)| now.duration_since(*at) <= STEP_ASIDE_ANSWER)
         })
     }
 
@@ -201,12 +207,19 @@ impl GridBook {
             .sum()
     }
 
-    /// Jobs to place this round, oldest first.
+    /// Jobs to place this round, oldest first; one that stepped aside
+    /// for another waits while that one does.
     pub fn waiting(&self, now: Instant) -> Vec<GridJob> {
+        let still_waiting = |job: &JobId| {
+            self.entries
+                .get(job)
+                .is_some_and(|e| e.report.state == JobState::Waiting)
+        };
         let mut waiting: Vec<(&Entry, GridJob)> = self
             .entries
             .values()
             .filter(|e| e.report.state == JobState::Waiting)
+            .filter(|e| e.behind.as_ref().is_none_or(|job| !still_waiting(job)))
             .filter(|e| {
                 e.placed
                     .is_none_or(|at| now.duration_since(at) > PLACEMENT_ANSWER)

@@ -74,7 +74,7 @@ pub fn message(action: Action) -> (JobId, ControlMsg) {
             (job, ControlMsg::Place { clusters, stage_ms })
         }
         Action::StepAside { job, reason } => {
-            warn!(job = %job, reason, "grid job stopped for one of higher priority");
+            info!(job = %job, reason, "grid job stopped for one of higher priority");
             (job, ControlMsg::StepAside { reason })
         }
         Action::Abort { job, reason } => {

@@ -704,7 +704,7 @@ impl State {
             .grid
             .running()
             .filter_map(|r| {
-                let since = r.gathering.as_ref()?.running_since?;
+                let running_s = r.gathering.as_ref()?.running_s?;
                 let holds = self
                     .clusters
                     .iter()
@@ -716,7 +716,7 @@ impl State {
                 Some(Running {
                     id: r.job.clone(),
                     priority: r.priority,
-                    since,
+                    elapsed_ms: (running_s * 1000.0) as u64,
                     walltime_ms: walltime(r),
                     holds,
                 })
@@ -729,12 +729,16 @@ impl State {
             rooms,
             &running,
             config.grid.stop,
-            gleaner_protocol::now_ms(),
         );
+        for victim in &victims {
+            if let Some(r) = running.iter().find(|r| &r.id == victim) {
+                tracing::info!(job = %job.id, victim = %victim, ran_s = r.elapsed_ms / 1000, walltime_s = ?r.walltime_ms.map(|w| w / 1000), "a running grid job of lower priority is to stop");
+            }
+        }
         victims
             .into_iter()
             .map(|victim| {
-                self.grid.ask_aside(&victim, now);
+                self.grid.ask_aside(&victim, &job.id, now);
                 Action::StepAside {
                     reason: format!(
                         "grid job {} of {} priority needs its slots",
@@ -1342,7 +1346,7 @@ pub(crate) mod tests {
         let low = JobReport {
             state: JobState::Running,
             gathering: Some(gleaner_protocol::Gathering {
-                running_since: Some(gleaner_protocol::now_ms() - 60_000),
+                running_s: Some(60.0),
                 ..Default::default()
             }),
             ..grid_report("low", Priority::Low, &[])

@@ -11,8 +11,8 @@ use gleaner_kcm::{
 use gleaner_manifest::{JobId, Needs};
 use gleaner_policy::local::WaitingJob;
 use gleaner_protocol::{
-    Captured, ClusterName, ControlMsg, HostSlots, LauncherId, LauncherInfo, LauncherStatus, ResultMsg,
-    RunStatus, RunningTask, TaskMsg, naming,
+    Captured, ClusterName, ControlMsg, HostSlots, LauncherId, LauncherInfo, LauncherStatus,
+    ResultMsg, RunStatus, RunningTask, TaskMsg, naming,
 };
 use rand::{RngExt, rngs::StdRng};
 
@@ -514,19 +514,21 @@ impl Batch {
     }
 
     /// A component stopped for a job of higher priority: its wrapper
-    /// says so, and its nodes are free.
-    pub fn stop_component(&mut self, job: &JobId, index: u32) {
-        let before = self.components.len();
-        self.components
-            .retain(|c| !(&c.job == job && c.index == index && c.started.is_some()));
-        if self.components.len() < before {
-            self.spool.push(SpooledExit {
-                job: job.clone(),
-                component: index,
-                exit_code: None,
-                preempted: true,
-            });
-        }
+    /// says so, and its nodes are free. Returns how long it had run past
+    /// its barrier: work its checkpoint keeps.
+    pub fn stop_component(&mut self, job: &JobId, index: u32, t: f64) -> Option<f64> {
+        let at = self
+            .components
+            .iter()
+            .position(|c| &c.job == job && c.index == index && c.started.is_some())?;
+        let stopped = self.components.remove(at);
+        self.spool.push(SpooledExit {
+            job: job.clone(),
+            component: index,
+            exit_code: None,
+            preempted: true,
+        });
+        Some(stopped.released.map_or(0.0, |r| t - r))
     }
 
     fn batch_id(&mut self) -> String {

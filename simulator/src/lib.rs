@@ -83,6 +83,8 @@ struct KoalaRow {
     /// Runs given up, per job: KOALA's failures.
     restarts: f64,
     preemptions: f64,
+    /// From submission to the end, of those that ended.
+    makespan_s: f64,
 }
 
 impl Koala {
@@ -123,6 +125,7 @@ impl Koala {
                 claiming_tries: mean(jobs.iter().map(|j| f64::from(j.claiming_tries)).collect()),
                 restarts: mean(jobs.iter().map(|j| f64::from(j.restarts)).collect()),
                 preemptions: mean(jobs.iter().map(|j| f64::from(j.preemptions)).collect()),
+                makespan_s: mean(jobs.iter().filter_map(|j| j.makespan_s).collect()),
             })
             .collect();
         Some(Self {
@@ -135,7 +138,7 @@ impl Koala {
 
     pub fn text(&self) -> String {
         let mut out = format!(
-            "\n  KOALA's co-allocation: {} grid jobs; utilisation {:.1} % ({:.1} % by grid jobs)\n  {:>5} {:<9} {:>5} {:>5} {:>13} {:>14} {:>16} {:>7} {:>9} {:>8}\n",
+            "\n  KOALA's co-allocation: {} grid jobs; utilisation {:.1} % ({:.1} % by grid jobs)\n  {:>5} {:<9} {:>5} {:>5} {:>13} {:>14} {:>16} {:>7} {:>9} {:>8} {:>14}\n",
             self.jobs,
             self.utilisation * 100.0,
             self.grid_share * 100.0,
@@ -148,11 +151,12 @@ impl Koala {
             "start delay (s)",
             "claims",
             "restarts",
-            "stopped"
+            "stopped",
+            "in system (s)"
         );
         for r in &self.rows {
             out.push_str(&format!(
-                "  {:>5} {:<9} {:>5} {:>5} {:>12.0} % {:>14.1} {:>16.1} {:>7.2} {:>9.2} {:>8.2}\n",
+                "  {:>5} {:<9} {:>5} {:>5} {:>12.0} % {:>14.1} {:>16.1} {:>7.2} {:>9.2} {:>8.2} {:>14.1}\n",
                 r.size,
                 r.priority.name(),
                 r.jobs,
@@ -162,7 +166,8 @@ impl Koala {
                 r.start_delay_s,
                 r.claiming_tries,
                 r.restarts,
-                r.preemptions
+                r.preemptions,
+                r.makespan_s
             ));
         }
         out
@@ -177,6 +182,7 @@ impl Koala {
                 "size": r.size, "priority": r.priority.name(), "jobs": r.jobs, "done": r.done,
                 "coallocated": r.coallocated, "placement_s": r.placement_s, "start_delay_s": r.start_delay_s,
                 "claiming_tries": r.claiming_tries, "restarts": r.restarts, "preemptions": r.preemptions,
+                "makespan_s": r.makespan_s,
             })).collect::<Vec<_>>(),
         })
     }
@@ -351,6 +357,38 @@ mod tests {
             "{}",
             koala.text()
         );
+    }
+
+    #[test]
+    fn stopping_long_low_jobs_for_short_high_ones_shortens_theirs() {
+        let koala = |name: &str| {
+            let run = simulate(&scenario(name), None);
+            Koala::of(&run).unwrap()
+        };
+        let (with, without) = (
+            koala("grads-stop-restart.toml"),
+            koala("grads-no-stopping.toml"),
+        );
+        let row = |k: &Koala, p| {
+            k.rows
+                .iter()
+                .find(|r| r.priority == p)
+                .map(|r| (r.jobs, r.done, r.makespan_s, r.preemptions))
+                .unwrap()
+        };
+        let (jobs, done, high_with, _) = row(&with, gleaner_manifest::Priority::High);
+        assert_eq!(jobs, done, "{}", with.text());
+        let (jobs, done, _, stops) = row(&with, gleaner_manifest::Priority::Low);
+        assert_eq!(jobs, done, "stopped jobs resume and end: {}", with.text());
+        assert!(stops > 0.0, "{}", with.text());
+        let (_, _, high_without, stops) = row(&without, gleaner_manifest::Priority::High);
+        assert!(
+            high_with < high_without,
+            "{}{}",
+            with.text(),
+            without.text()
+        );
+        assert_eq!(stops, 0.0);
     }
 
     #[test]

@@ -87,6 +87,8 @@ pub struct GridOutcome {
     pub preemptions: u32,
     /// It ran to its end.
     pub done: bool,
+    /// Seconds from its submission to its end.
+    pub makespan_s: Option<f64>,
 }
 
 /// Nodes in use at one moment.
@@ -130,6 +132,8 @@ struct GridSim {
     started: Vec<f64>,
     /// Its `job.json` once its runner is done (or at the run's end).
     file: Option<JobFile>,
+    /// Seconds of it done in runs stopped for jobs of higher priority.
+    done: f64,
 }
 
 struct Sim<'a> {
@@ -556,14 +560,21 @@ impl<'a> Sim<'a> {
                     None
                 }
                 Effect::StopComponent { job, component, .. } => {
-                    self.clusters[c].batch.stop_component(&job, component);
+                    let t = self.clock.t;
+                    let ran = self.clusters[c].batch.stop_component(&job, component, t);
+                    // Its components resume from their checkpoints: the
+                    // next run has what is left.
+                    if let (Some(ran), Some(&g), 0) = (ran, self.grid_index.get(&job), component) {
+                        self.grid[g].done += ran;
+                    }
                     None
                 }
                 // Simulated jobs read no files.
                 Effect::StageInputs { .. } => None,
                 Effect::SubmitComponent { spec, .. } => {
                     if let Some(&g) = self.grid_index.get(&spec.job) {
-                        let length = self.grid[g].length;
+                        let left = self.grid[g].length - self.grid[g].done;
+                        let length = left.max(1.0);
                         self.clusters[c].batch.submit_component(
                             spec.job.clone(),
                             spec.component,
@@ -750,6 +761,7 @@ impl<'a> Sim<'a> {
                     done: file
                         .as_ref()
                         .is_some_and(|f| f.tasks.succeeded == g.components.len() as u64),
+                    makespan_s: file.as_ref().and_then(|f| f.makespan_s),
                 }
             })
             .collect();
@@ -810,6 +822,7 @@ fn grid_arrivals(scenario: &Scenario) -> Vec<GridSim> {
                 registered: false,
                 started: Vec::new(),
                 file: None,
+                done: 0.0,
             }
         })
         .collect()
@@ -860,8 +873,11 @@ fn poisson_arrivals(g: &crate::scenario::GridJobs, rng: &mut StdRng) -> Vec<Grid
             let each = size / count;
             let mut components = vec![each; count as usize];
             components[0] += size - each * count;
-            let [shortest, longest] = g.lengths_s;
             let high = rng.random_range(0.0..1.0) < g.high_share;
+            let [shortest, longest] = match high {
+                true => g.high_lengths_s.unwrap_or(g.lengths_s),
+                false => g.lengths_s,
+            };
             GridSim {
                 id: JobId::new("koala", u64::from(i)),
                 arrival: t,
@@ -871,6 +887,7 @@ fn poisson_arrivals(g: &crate::scenario::GridJobs, rng: &mut StdRng) -> Vec<Grid
                 registered: false,
                 started: Vec::new(),
                 file: None,
+                done: 0.0,
             }
         })
         .collect()

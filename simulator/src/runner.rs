@@ -47,19 +47,19 @@ pub struct Reach<'a> {
 fn opening(submission: &Submission, settings: JobSettings) -> Opening<'_> {
     Opening {
         submission,
-            owner: "simulated".to_owned(),
-            // Users kept apart, as the simulated kcms have them: the job's
-            // launchers have an account of their own.
-            launcher_credentials: Some(gleaner_protocol::Credentials {
-                user: LAUNCHERS.to_owned(),
-                password: String::new(),
-            }),
-            settings,
-            runner: "simulated".to_owned(),
-            results: String::new(),
-            finished: Vec::new(),
-            job_file: None,
-            additions: Vec::new(),
+        owner: "simulated".to_owned(),
+        // Users kept apart, as the simulated kcms have them: the job's
+        // launchers have an account of their own.
+        launcher_credentials: Some(gleaner_protocol::Credentials {
+            user: LAUNCHERS.to_owned(),
+            password: String::new(),
+        }),
+        settings,
+        runner: "simulated".to_owned(),
+        results: String::new(),
+        finished: Vec::new(),
+        job_file: None,
+        additions: Vec::new(),
     }
 }
 
@@ -70,8 +70,7 @@ impl SweepRunner {
             manifest: spec.manifest.clone(),
             submitted_at: now.wall_ms,
         };
-        let core = match Sweep::open(opening(&submission, settings), spec.task_list.clone(), now)
-        {
+        let core = match Sweep::open(opening(&submission, settings), spec.task_list.clone(), now) {
             Ok(core) => core,
             Err(refusal) => unreachable!("a job without a job.json is nobody else's: {refusal:?}"),
         };

@@ -276,6 +276,9 @@ pub struct GridJobs {
     pub component_counts: Vec<u32>,
     pub min_component: u32,
     pub lengths_s: [f64; 2],
+    /// High-priority jobs' lengths, where they differ (seed 003's short
+    /// jobs that may stop long ones).
+    pub high_lengths_s: Option<[f64; 2]>,
     pub high_share: f64,
     /// Every grid job's `claim_threshold` (KOALA's T) and `barrier_timeout`.
     pub claim_threshold: f64,
@@ -297,6 +300,7 @@ impl Default for GridJobs {
             component_counts: vec![3, 4, 6, 8],
             min_component: 9,
             lengths_s: [30.0, 192.0],
+            high_lengths_s: None,
             high_share: 0.0,
             claim_threshold: 1.0,
             barrier_timeout: Duration::from_secs(600),
@@ -394,7 +398,10 @@ impl Scenario {
                 || !(0.0..=1.0).contains(&g.high_share)
                 || !(g.claim_threshold > 0.0 && g.claim_threshold <= 1.0)
                 || g.barrier_timeout.is_zero()
-                || !(0.0 < g.lengths_s[0] && g.lengths_s[0] <= g.lengths_s[1])
+                || [Some(g.lengths_s), g.high_lengths_s]
+                    .iter()
+                    .flatten()
+                    .any(|[a, b]| !(0.0 < *a && a <= b))
             {
                 return invalid(
                     "grid_jobs (poisson): jobs, an interarrival, sizes each split by some component count into components of min_component nodes, 0 < lengths_s[0] <= lengths_s[1], high_share in [0, 1]".into(),
