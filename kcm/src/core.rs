@@ -481,7 +481,12 @@ impl KcmCore {
                     self.staged.add(took.as_secs_f64());
                     self.submit_component(spec, account)
                 }
-                Err(e) => self.on_component_submitted(spec, Err(e), now),
+                // The job hears why; the cluster's report does not carry
+                // one job's staging troubles.
+                Err(e) => {
+                    warn!(job = %spec.job, component = spec.component, error = %e, "cannot stage a grid component's inputs");
+                    vec![Self::unstarted(spec, &self.config.cluster, &e)]
+                }
             },
             Event::ComponentReported { job, component } => {
                 // Forgotten only once its job has heard.
@@ -639,13 +644,16 @@ impl KcmCore {
                     .collect();
                 if !unseen.is_empty() {
                     if !self.config.inputs.stages {
-                        let refused = Err(BackendError {
+                        let refused = BackendError {
                             command: "stage inputs".to_owned(),
                             message: format!(
-                                "{unseen:?} are not on this cluster's shared paths, and it has no stage_command"
+                                "{} input(s) not on this cluster's shared paths (first: {}), and it has no stage_command",
+                                unseen.len(),
+                                unseen[0]
                             ),
-                        });
-                        return self.on_component_submitted(spec, refused, now);
+                        };
+                        warn!(job = %spec.job, component = spec.component, "a grid component's inputs are not here and cannot be staged");
+                        return vec![Self::unstarted(spec, &self.config.cluster, &refused)];
                     }
                     info!(job = %spec.job, component = spec.component, inputs = unseen.len(), "staging a grid component's inputs");
                     return vec![Effect::StageInputs {
@@ -702,23 +710,28 @@ impl KcmCore {
             Err(e) => {
                 error!(job = %spec.job, component = spec.component, error = %e, "cannot submit a grid component");
                 self.errors.command = Some(e.to_string());
-                let outcome = ComponentOutcome {
-                    component: spec.component,
-                    cluster: cluster.clone(),
-                    exit_code: None,
-                    runtime_ms: 0,
-                    stdout: Captured::default(),
-                    stderr: Captured {
-                        data: e.to_string().into_bytes(),
-                        dropped: 0,
-                    },
-                    preempted: false,
-                };
-                vec![Effect::Tell {
-                    job: spec.job,
-                    message: ControlMsg::ComponentEnded(outcome),
-                }]
+                vec![Self::unstarted(spec, cluster, &e)]
             }
+        }
+    }
+
+    /// Tells a job that its component ended before it started, and why.
+    fn unstarted(spec: ComponentSpec, cluster: &ClusterName, error: &BackendError) -> Effect {
+        let outcome = ComponentOutcome {
+            component: spec.component,
+            cluster: cluster.clone(),
+            exit_code: None,
+            runtime_ms: 0,
+            stdout: Captured::default(),
+            stderr: Captured {
+                data: error.to_string().into_bytes(),
+                dropped: 0,
+            },
+            preempted: false,
+        };
+        Effect::Tell {
+            job: spec.job,
+            message: ControlMsg::ComponentEnded(outcome),
         }
     }
 
@@ -1062,6 +1075,15 @@ impl KcmCore {
                 ));
             }
         }
+    }
+
+    /// Whether a started file of this component is news: the component is
+    /// this kcm's and its job has not heard it started. The shell reads
+    /// no other, so an owner's made-up files cost it nothing.
+    pub fn expects_start(&self, job: &JobId, component: u32) -> bool {
+        self.components
+            .get(&(job.clone(), component))
+            .is_some_and(|t| !t.start_told)
     }
 
     /// Components that started since the last poll, told to their jobs

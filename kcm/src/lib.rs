@@ -176,7 +176,9 @@ impl<B: Backend> Kcm<B> {
     async fn poll(&mut self, publisher: &Publisher) -> Result<(), BrokerError> {
         let snapshot = self.backend.snapshot().await;
         let (spooled, started) = if snapshot.is_ok() {
-            self.spooled()
+            spooled(&self.config.spool_dir, |job, component| {
+                self.core.expects_start(job, component)
+            })
         } else {
             (Vec::new(), Vec::new())
         };
@@ -446,10 +448,7 @@ impl<B: Backend> Kcm<B> {
         let (program, args) = backend::as_account(program, &args, run_as.as_ref());
         let timeout = self.config.stage_timeout;
         self.staging.spawn(async move {
-            let started = std::time::Instant::now();
-            let result = backend::run(&program, &args, None, &[], timeout)
-                .await
-                .map(|_| started.elapsed());
+            let result = run_staging(&program, &args, timeout).await;
             Event::InputsStaged {
                 spec,
                 account,
@@ -457,48 +456,88 @@ impl<B: Backend> Kcm<B> {
             }
         });
     }
+}
 
-    /// The components whose exit status waits in the spool or in their
-    /// job's directory in it, and those that started (their hosts); in a
-    /// job's directory, that job's only.
-    fn spooled(&self) -> (Vec<SpooledExit>, Vec<SpooledStart>) {
-        let (mut exits, mut starts) = (Vec::new(), Vec::new());
-        for (dir, only) in spool_dirs(&self.config.spool_dir) {
-            let owner = dir_owner(&dir);
-            let Ok(entries) = std::fs::read_dir(&dir) else {
+/// Runs a staging command to its end or its timeout, and how long it
+/// took. Its output goes nowhere: it runs as a job's owner, who could
+/// make it endless, and what it says is the job's business, not the
+/// cluster's report's.
+async fn run_staging(
+    program: &str,
+    args: &[String],
+    timeout: Duration,
+) -> Result<Duration, BackendError> {
+    let failed = |message: String| BackendError {
+        command: "stage_command".to_owned(),
+        message,
+    };
+    let started = std::time::Instant::now();
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| failed(format!("cannot start: {e}")))?;
+    match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(Ok(status)) if status.success() => Ok(started.elapsed()),
+        Ok(Ok(status)) => Err(failed(format!("ended with {status}"))),
+        Ok(Err(e)) => Err(failed(e.to_string())),
+        Err(_) => Err(failed(format!("took longer than {timeout:?}"))),
+    }
+}
+
+/// The components whose exit status waits in the spool or in their
+/// job's directory in it, and those that started (their hosts); in a
+/// job's directory, that job's only. Started files are read only
+/// where `expects_start` says they are news, and a job's directory only
+/// so far: it is its owner's to fill.
+fn spooled(
+    spool: &Path,
+    expects_start: impl Fn(&JobId, u32) -> bool,
+) -> (Vec<SpooledExit>, Vec<SpooledStart>) {
+    let (mut exits, mut starts) = (Vec::new(), Vec::new());
+    for (dir, only) in spool_dirs(spool) {
+        let owner = dir_owner(&dir);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        // A job's directory is its owner's to fill: a bounded look.
+        let limit = match only {
+            Some(_) => MAX_JOB_SPOOL_ENTRIES,
+            None => usize::MAX,
+        };
+        for entry in entries.flatten().take(limit) {
+            let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
                 continue;
             };
-            for entry in entries.flatten() {
-                let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
-                    continue;
-                };
-                let theirs = |job: &JobId| only.as_ref().is_none_or(|only| only == job);
-                if let Some((job, component)) =
-                    ComponentFiles::parse_exit(&name).filter(|(job, _)| theirs(job))
-                {
-                    let text = read_head(&entry.path(), owner, 32).unwrap_or_default();
-                    exits.push(SpooledExit {
-                        job,
-                        component,
-                        exit_code: text.trim().parse().ok(),
-                        preempted: text.trim() == backend::PREEMPTED,
-                    });
-                } else if let Some((job, component)) =
-                    ComponentFiles::parse_started(&name).filter(|(job, _)| theirs(job))
-                {
-                    let hosts = read_head(&entry.path(), owner, STARTED_FILE)
-                        .ok_or_else(|| "not a readable file of its owner's".to_owned())
-                        .and_then(|text| backend::parse_started(&text));
-                    starts.push(SpooledStart {
-                        job,
-                        component,
-                        hosts,
-                    });
-                }
+            let theirs = |job: &JobId| only.as_ref().is_none_or(|only| only == job);
+            if let Some((job, component)) =
+                ComponentFiles::parse_exit(&name).filter(|(job, _)| theirs(job))
+            {
+                let text = read_head(&entry.path(), owner, 32).unwrap_or_default();
+                exits.push(SpooledExit {
+                    job,
+                    component,
+                    exit_code: text.trim().parse().ok(),
+                    preempted: text.trim() == backend::PREEMPTED,
+                });
+            } else if let Some((job, component)) = ComponentFiles::parse_started(&name)
+                .filter(|(job, component)| theirs(job) && expects_start(job, *component))
+            {
+                let hosts = read_head(&entry.path(), owner, STARTED_FILE)
+                    .ok_or_else(|| "not a readable file of its owner's".to_owned())
+                    .and_then(|text| backend::parse_started(&text));
+                starts.push(SpooledStart {
+                    job,
+                    component,
+                    hosts,
+                });
             }
         }
-        (exits, starts)
     }
+    (exits, starts)
 }
 
 /// Makes `dir` if needed, and checks that nobody but root or this process
@@ -617,6 +656,10 @@ fn read_head(path: &Path, owner: Option<u32>, limit: u64) -> Option<String> {
 /// The most of a started file read: a host list of thousands of nodes.
 const STARTED_FILE: u64 = 1 << 20;
 
+/// The most entries of a job's spool directory looked at in a poll: far
+/// more than its components' files.
+const MAX_JOB_SPOOL_ENTRIES: usize = 4096;
+
 /// Writes a file the kcm hands a component (in its owner's directory, if
 /// that is where its files are): under a name nobody could have
 /// prepared, never through a link, then renamed into place whole, so the
@@ -657,6 +700,43 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
 
     use super::*;
+
+    #[test]
+    fn only_the_started_files_of_components_waiting_to_be_heard_of_are_read() {
+        let spool = tempfile::tempdir().unwrap();
+        let job: JobId = "j-0000000000000001".parse().unwrap();
+        let dir = spool.path().join(job.as_str());
+        std::fs::create_dir(&dir).unwrap();
+        // The owner's made-up files: thousands of big host lists.
+        let big = "a 1\n".repeat(60_000);
+        for component in 0..50 {
+            std::fs::write(dir.join(format!("{job}.{component}.started")), &big).unwrap();
+        }
+        let (_, starts) = spooled(spool.path(), |_, component| component == 7);
+        assert_eq!(starts.len(), 1, "component 7 only");
+        assert_eq!(
+            (starts[0].component, starts[0].hosts.as_ref().map(Vec::len)),
+            (7, Ok(60_000))
+        );
+        let (_, starts) = spooled(spool.path(), |_, _| false);
+        assert!(starts.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_staging_command_says_how_it_ended_and_nothing_of_what_it_printed() {
+        let args = |script: &str| vec!["-c".to_owned(), script.to_owned()];
+        let took = run_staging("/bin/sh", &args("true"), Duration::from_secs(10)).await;
+        assert!(took.is_ok(), "{took:?}");
+        let noisy = "head -c 50000000 /dev/zero; echo /home/alice/secret >&2; exit 3";
+        let error = run_staging("/bin/sh", &args(noisy), Duration::from_secs(30))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("exit status: 3"), "{error}");
+        assert!(!error.contains("secret") && error.len() < 200, "{error}");
+        let slow = run_staging("/bin/sh", &args("sleep 5"), Duration::from_millis(200)).await;
+        assert!(slow.unwrap_err().to_string().contains("longer than"));
+    }
 
     #[test]
     fn a_components_files_are_read_only_if_they_are_its_owners_own() {

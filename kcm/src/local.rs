@@ -130,8 +130,16 @@ impl LocalBackend {
         for placeholder in leftovers(&self.cgroups.remaining(), &running, own, kcm_is_gone) {
             self.cgroups.end(placeholder);
         }
+        let cgroups = &self.cgroups;
         self.components.retain_mut(|c| match &mut c.child {
-            Some(child) => matches!(child.try_wait(), Ok(None)),
+            Some(child) => {
+                let running = matches!(child.try_wait(), Ok(None));
+                if !running {
+                    // What its command left behind goes with it.
+                    cgroups.end(&c.id);
+                }
+                running
+            }
             None => true,
         });
         self.start_components();
@@ -157,18 +165,31 @@ impl LocalBackend {
             if next.spec.slots > free {
                 return;
             }
-            match Command::new("/bin/sh")
+            let mut command = Command::new("/bin/sh");
+            command
                 .arg("-c")
                 .arg(&next.script)
                 .stdin(Stdio::null())
                 .process_group(0)
-                .kill_on_drop(true)
-                .spawn()
-            {
+                .kill_on_drop(true);
+            // In a cgroup of its own: its command runs in a session of its
+            // own (to be signalled as a whole), which a process group kill
+            // would miss.
+            let cgroup = self.cgroups.make(&next.id);
+            let procs = cgroup.as_ref().map(contain::Entry::fd);
+            // SAFETY: `join` only writes to an open descriptor.
+            unsafe {
+                command.pre_exec(move || match procs {
+                    Some(procs) => contain::join(procs),
+                    None => Ok(()),
+                });
+            }
+            match command.spawn() {
                 Ok(child) => next.child = Some(child),
                 Err(_) => {
                     // Cannot even start a shell: drop it; the kcm reports it ended.
                     let id = next.id.clone();
+                    self.cgroups.end(&id);
                     self.components.retain(|c| c.id != id);
                 }
             }
@@ -405,6 +426,7 @@ impl Backend for LocalBackend {
             if let Some(pid) = component.child.as_ref().and_then(Child::id) {
                 let _ = nix::sys::signal::killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
             }
+            self.cgroups.end(&component.id);
         }
         self.components
             .retain(|c| !(ids.contains(&c.id) && c.child.is_none()));

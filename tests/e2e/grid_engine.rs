@@ -369,6 +369,10 @@ fn a_grid_job_that_loses_a_component_runs_again_whole() {
         let running = components();
         running.len() == 2 && running.iter().all(|(_, j)| j.state.contains('r'))
     });
+    // Past the barrier: their commands run (and wait for the marker).
+    wait_for("the components to be let go", MINUTE, || {
+        g.job_file(&job).unwrap_or_default()["gathering"]["running_since"].is_u64()
+    });
     // One component vanishes without an exit status, as with its host.
     std::fs::write(&again, "").expect("marker");
     let (_, lost) = components().remove(0);

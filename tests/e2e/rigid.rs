@@ -1,6 +1,6 @@
 //! Rigid (grid) jobs on the local backend: a job runs whole or not at all.
 
-use gleaner_testkit::by_task;
+use gleaner_testkit::{by_task, wait_for};
 
 use crate::{MINUTE, gleaner};
 
@@ -85,4 +85,36 @@ fn components_go_where_their_inputs_are_or_where_they_are_staged() {
         format!("{staged} 0 {}\n", elsewhere.display()),
         "staged before it ran, by the cluster's command"
     );
+}
+
+/// Whether a process runs whose command line is exactly `command`.
+fn runs(command: &str) -> bool {
+    std::process::Command::new("pgrep")
+        .args(["-f", &format!("^{command}$")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn nothing_a_component_starts_outlives_it_or_its_cancelled_job() {
+    let mut g = gleaner("grid-strays");
+    g.up(4);
+    let seconds = 4000 + std::process::id() % 1000;
+    // A component that leaves a process behind when it ends.
+    let stray = format!("sleep {seconds}");
+    let job = g.submit(&format!(
+        "name = \"strays\"\nkind = \"grid\"\n[[component]]\nslots = 1\ncommand = \"setsid {stray} > /dev/null 2>&1 & true\"\n"
+    ));
+    assert_eq!(g.wait_for_end(&job, MINUTE), "done");
+    wait_for("the stray to be gone", MINUTE, || !runs(&stray));
+    // A component of a job cancelled while it runs.
+    let running = format!("sleep {}", seconds + 1);
+    let job = g.submit(&format!(
+        "name = \"cancelled\"\nkind = \"grid\"\n[[component]]\nslots = 1\ncommand = \"{running}\"\n"
+    ));
+    wait_for("the component's command to run", MINUTE, || runs(&running));
+    assert!(g.run(&["cancel", &job]).status.success());
+    wait_for("the cancelled command to be gone", MINUTE, || {
+        !runs(&running)
+    });
 }
