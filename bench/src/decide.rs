@@ -118,7 +118,7 @@ pub fn round(clusters: usize, jobs: usize, grid: usize) {
                     (o, s + 1, p)
                 }
                 Action::Place { .. } => (o, s, p + 1),
-                Action::Abort { .. } => (o, s, p),
+                Action::Abort { .. } | Action::Move { .. } => (o, s, p),
             });
         }
         times.sort();

@@ -91,6 +91,11 @@ pub struct ClusterConfig {
     /// How long a staging may take.
     #[serde(default = "default_stage_timeout", with = "humantime_serde")]
     pub stage_timeout: Duration,
+    /// How fast the cluster's nodes run a job against a reference node (a
+    /// grid job's walltime is for speed 1): estimates of completion times
+    /// divide walltimes by it.
+    #[serde(default = "default_speed")]
+    pub speed: f64,
     /// At most this many of the cluster's slots are scavenged (`16`, or
     /// `"50%"` of them): the grid is not filled up entirely.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -145,6 +150,10 @@ fn default_command_timeout() -> Duration {
     Duration::from_secs(30)
 }
 
+fn default_speed() -> f64 {
+    1.0
+}
+
 fn default_max_pending() -> Duration {
     Duration::from_secs(60)
 }
@@ -186,6 +195,7 @@ impl ClusterConfig {
             shared_paths: Vec::new(),
             stage_command: Vec::new(),
             stage_timeout: default_stage_timeout(),
+            speed: default_speed(),
             max_scavenged: None,
             reserve_hosts: Vec::new(),
             memory: None,
@@ -242,6 +252,12 @@ impl ClusterConfig {
         if self.max_pending.is_zero() {
             return Err("cluster.max_pending must be longer than 0s".to_owned());
         }
+        if !(self.speed.is_finite() && (0.01..=100.0).contains(&self.speed)) {
+            return Err(format!(
+                "cluster {}: speed must be between 0.01 and 100, not {}",
+                self.name, self.speed
+            ));
+        }
         if self.poll_interval.is_zero() {
             return Err("cluster.poll_interval must be longer than 0s".to_owned());
         }
@@ -292,6 +308,7 @@ impl ClusterConfig {
                     stages: !self.stage_command.is_empty(),
                     stage_s: None,
                 },
+                speed: self.speed,
             },
             stage_command: self.stage_command.clone(),
             stage_timeout: self.stage_timeout,

@@ -36,6 +36,7 @@ use std::{
 use gleaner_manifest::{JobId, MAX_PREEMPT_GRACE, TaskShape};
 use gleaner_policy::{
     access::Users,
+    ect::NEVER_MS,
     local::{Answered, LocalState, on_local_wait},
     placement::component_on_one_host,
 };
@@ -80,6 +81,9 @@ pub struct CoreConfig {
     /// Which input files the nodes see (`shared_paths`), and whether a
     /// `stage_command` copies the others.
     pub inputs: InputAccess,
+    /// How fast the cluster runs a job against a reference one: its
+    /// estimates divide walltimes by it.
+    pub speed: f64,
 }
 
 /// How long stagings took, for the scheduler's estimate of the next.
@@ -344,7 +348,8 @@ pub struct KcmCore {
     /// read (each is logged once).
     strangers: BTreeSet<String>,
     starts: StartHealth,
-    /// Placeholders this kcm asked the batch system to remove.
+    /// Placeholders and components this kcm asked the batch system to
+    /// remove.
     withdrawn: BTreeSet<String>,
     /// The first reading is done: what it found ran under an earlier kcm.
     adopted: bool,
@@ -629,6 +634,23 @@ impl KcmCore {
                 grace_ms,
             } => self.preempt_components(job, &signal, grace_ms),
             KcmMsg::SubmitComponent(spec) => {
+                // The order again (the kcm died before it acked it): the
+                // component is in the batch system already.
+                let there = self.last.components.iter().any(|c| {
+                    c.job == spec.job
+                        && c.component == spec.component
+                        && !self.withdrawn.contains(&c.id)
+                });
+                if there {
+                    info!(job = %spec.job, component = spec.component, "grid component already submitted; the order came again");
+                    return vec![Effect::Tell {
+                        job: spec.job,
+                        message: ControlMsg::ComponentQueued {
+                            component: spec.component,
+                            cluster: self.config.cluster.clone(),
+                        },
+                    }];
+                }
                 // A batch system that runs components as their owner has
                 // them submitted as the owner's account.
                 let account = self.account_of(&spec.owner);
@@ -695,7 +717,7 @@ impl KcmCore {
             Ok(()) => {
                 info!(job = %spec.job, component = spec.component, slots = spec.slots, "grid component submitted");
                 self.components.insert(
-                    (spec.job, spec.component),
+                    (spec.job.clone(), spec.component),
                     TrackedComponent {
                         since: now.instant,
                         seen: false,
@@ -705,7 +727,15 @@ impl KcmCore {
                         judged: false,
                     },
                 );
-                Vec::new()
+                // Its job withdraws a component it moved here from where it
+                // waited only once it hears this.
+                vec![Effect::Tell {
+                    job: spec.job,
+                    message: ControlMsg::ComponentQueued {
+                        component: spec.component,
+                        cluster: cluster.clone(),
+                    },
+                }]
             }
             Err(e) => {
                 error!(job = %spec.job, component = spec.component, error = %e, "cannot submit a grid component");
@@ -959,7 +989,10 @@ impl KcmCore {
                 placeholder.id
             ));
         }
-        self.withdrawn.retain(|id| still.contains(id.as_str()));
+        // Forgotten once gone from the batch system, components as well.
+        self.withdrawn.retain(|id| {
+            still.contains(id.as_str()) || next.components.iter().any(|c| &c.id == id)
+        });
         // A launcher may speak before the kcm sees its placeholder; one
         // never seen at all is forgotten after a while.
         self.starts.heard.retain(|id, (_, at)| {
@@ -1248,8 +1281,9 @@ impl KcmCore {
     }
 
     /// Placeholders and components waiting in the batch queue for longer
-    /// than `max_pending` (not for local jobs: those withdraw them at once)
-    /// wait for something gleaner cannot see; they are withdrawn. Both
+    /// than `max_pending` (not for local jobs: those withdraw them at once;
+    /// nor components whose turn is still to come by the estimates) wait
+    /// for something gleaner cannot see; they are withdrawn. Both
     /// count as failed starts, and their slots are not reported idle for a
     /// while, so that the scheduler offers or places them elsewhere and, if
     /// it keeps happening, stops using this cluster; a withdrawn component
@@ -1289,11 +1323,21 @@ impl KcmCore {
             .filter(|p| !p.running() && stuck(&p.id))
             .map(|p| p.id.clone())
             .collect();
+        // A component the estimates have waiting its turn behind jobs
+        // that end waits for slots, not for something unseen: it stays
+        // (reallocation may move it).
+        let foresight = self.last.foresight(now.wall_ms, self.config.speed);
+        let in_turn: BTreeSet<(&JobId, u32)> = foresight
+            .waiting
+            .iter()
+            .filter(|w| w.start_ms > 0 && w.start_ms < NEVER_MS / 2)
+            .map(|w| (&w.job, w.component))
+            .collect();
         let components: Vec<ComponentRun> = self
             .last
             .components
             .iter()
-            .filter(|c| !c.running && stuck(&c.id))
+            .filter(|c| !c.running && stuck(&c.id) && !in_turn.contains(&(&c.job, c.component)))
             .cloned()
             .collect();
         if placeholders.is_empty() && components.is_empty() {
@@ -1482,6 +1526,7 @@ impl KcmCore {
             hosts: snapshot.host_reports(),
             free_memory_mb: snapshot.free_memory_mb(),
             free_gpus: snapshot.free_gpus(),
+            foresight: Some(snapshot.foresight(now.wall_ms, self.config.speed)),
             jobs,
             applied_grants: std::mem::take(&mut self.grants.applied),
             error: self
@@ -1538,6 +1583,7 @@ mod tests {
 
     fn core() -> KcmCore {
         KcmCore::new(CoreConfig {
+            speed: 1.0,
             cluster: "c1".into(),
             backend: "sge".into(),
             job_end_grace: Duration::from_secs(10),
@@ -1590,6 +1636,7 @@ mod tests {
             slots,
             running: true,
             owner: "root".into(),
+            timing: Default::default(),
         }
     }
 
@@ -1671,6 +1718,7 @@ mod tests {
     /// A kcm whose every failure is the cluster's: one user.
     fn single_user_core() -> KcmCore {
         KcmCore::new(CoreConfig {
+            speed: 1.0,
             users: Users {
                 single: Some(true),
                 ..Users::default()
@@ -2052,6 +2100,7 @@ mod tests {
         ];
         for (users, credentials, why) in cases {
             let mut kcm = KcmCore::new(CoreConfig {
+                speed: 1.0,
                 users,
                 ..core().config
             });
@@ -2332,7 +2381,16 @@ mod tests {
             spec,
             result: Ok(()),
         };
-        assert!(step(&mut kcm, answer, clock.at(0)).is_empty());
+        assert!(
+            matches!(
+                &step(&mut kcm, answer, clock.at(0))[..],
+                [Effect::Tell {
+                    message: ControlMsg::ComponentQueued { component: 1, .. },
+                    ..
+                }]
+            ),
+            "its job hears it is queued"
+        );
         let exit = SpooledExit {
             job: g.clone(),
             component: 1,
@@ -2546,6 +2604,7 @@ mod tests {
         );
         // With one: staged, then submitted; the time it took is reported.
         let mut kcm = KcmCore::new(CoreConfig {
+            speed: 1.0,
             inputs: InputAccess {
                 stages: true,
                 ..core().config.inputs
@@ -2834,6 +2893,7 @@ mod tests {
         let clock = Clock::new();
         let capped = |max_scavenged, reserve_hosts: &[&str]| {
             KcmCore::new(CoreConfig {
+                speed: 1.0,
                 max_scavenged,
                 reserve_hosts: reserve_hosts.iter().map(|h| (*h).to_owned()).collect(),
                 ..core().config
@@ -2967,6 +3027,7 @@ mod tests {
             waiting: None,
             problem: None,
             needs: Default::default(),
+            timing: Default::default(),
         }
     }
 
@@ -2995,6 +3056,7 @@ mod tests {
         let mut users = Users::default();
         users.accounts.insert("alice@lab".into(), "alice".into());
         KcmCore::new(CoreConfig {
+            speed: 1.0,
             users,
             ..core().config
         })
@@ -3175,6 +3237,7 @@ mod tests {
     fn with_one_user_every_placeholder_is_the_kcms_own_accounts() {
         let clock = Clock::new();
         let mut kcm = KcmCore::new(CoreConfig {
+            speed: 1.0,
             account: "gleaner".into(),
             users: Users {
                 single: Some(true),

@@ -41,7 +41,7 @@ pub use config::{BackendKind, Cap, ClusterConfig};
 pub use local::{LocalBackend, hostname};
 pub use sge::{SgeBackend, SgeConfig};
 pub use slurm::{SlurmBackend, SlurmConfig};
-pub use snapshot::{ComponentRun, Host, Placeholder, Snapshot};
+pub use snapshot::{ComponentRun, Host, Placeholder, Snapshot, Timing};
 
 use crate::core::{Core, CoreConfig, Effect, Event, KcmCore, Now, SpooledExit, SpooledStart};
 

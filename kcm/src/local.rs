@@ -20,7 +20,7 @@ use crate::{
         Backend, BackendError, ComponentFiles, ComponentHosts, LauncherCommand, RunAs, kcm_only,
     },
     contain::{self, Account, Cgroups},
-    snapshot::{ComponentRun, Host, Placeholder, Snapshot},
+    snapshot::{ComponentRun, Host, Placeholder, Snapshot, Timing},
 };
 
 struct Launcher {
@@ -310,6 +310,12 @@ impl Backend for LocalBackend {
                     slots: c.spec.slots,
                     running: c.child.is_some(),
                     owner: self.account.clone(),
+                    timing: Timing {
+                        slots: c.spec.slots,
+                        running: c.child.is_some(),
+                        limit_ms: c.spec.walltime_ms,
+                        start: None,
+                    },
                 })
                 .collect(),
             placeholders: self

@@ -8,7 +8,7 @@ use gleaner_manifest::{Memory, Needs, Span};
 use gleaner_policy::local::WaitingJob;
 use serde::Deserialize;
 
-use crate::snapshot::{Host, NamedJob, Snapshot, named_after};
+use crate::snapshot::{Host, NamedJob, Snapshot, Timing, named_after};
 
 #[derive(Debug, Default, Deserialize)]
 struct Root {
@@ -109,6 +109,10 @@ struct JobEntry {
     /// `-l NAME=VALUE`.
     #[serde(rename = "hard_request", default)]
     hard_requests: Vec<Named>,
+    /// When it started (running), as UTC (`TZ=UTC` in qstat's
+    /// environment): `2026-11-25T14:27:15`, maybe with milliseconds.
+    #[serde(rename = "JAT_start_time", default)]
+    start_time: Option<String>,
 }
 
 /// An element like `<requested_pe name="smp">4</requested_pe>`.
@@ -121,6 +125,17 @@ struct Named {
 }
 
 impl JobEntry {
+    /// Its slots and times, for estimates: `-l h_rt` is its limit.
+    fn timing(&self, slots: u32, running: bool) -> Timing {
+        let limit = self.hard_requests.iter().find(|r| r.name == "h_rt");
+        Timing {
+            slots,
+            running,
+            limit_ms: limit.and_then(|r| sge_duration_ms(&r.value)),
+            start: self.start_time.as_deref().and_then(utc_ms),
+        }
+    }
+
     /// The memory and GPUs it asks for with `slots` slots.
     fn needs(&self, consumables: &Consumables, slots: u32) -> Needs {
         let request = |name: &str| self.hard_requests.iter().find(|r| r.name == name);
@@ -207,6 +222,8 @@ impl Qstat {
         let mut problems = Vec::new();
         // Where in `snapshot.named` each running job is, by batch id.
         let mut running: BTreeMap<String, usize> = BTreeMap::new();
+        // Where in `snapshot.timing` each running local job is.
+        let mut local_running: BTreeMap<String, usize> = BTreeMap::new();
         for instance in &root.queue_info.queues {
             let Some(host_name) = instance.name.strip_prefix(&instance_prefix) else {
                 continue;
@@ -240,6 +257,14 @@ impl Qstat {
                 };
                 let Some((named, component)) = named_after(&job.name) else {
                     host.local = host.local.saturating_add(job.slots);
+                    // A job on many hosts is one job with their slots.
+                    let at = *local_running.entry(id).or_insert_with(|| {
+                        snapshot.timing.push(job.timing(0, true));
+                        snapshot.timing.len() - 1
+                    });
+                    if let Some(timing) = snapshot.timing.get_mut(at) {
+                        timing.slots = timing.slots.saturating_add(job.slots);
+                    }
                     continue;
                 };
                 let here = (host_name.to_owned(), job.slots);
@@ -248,6 +273,7 @@ impl Qstat {
                 match running.get(&id).and_then(|&i| snapshot.named.get_mut(i)) {
                     Some(run) => {
                         run.slots = run.slots.saturating_add(job.slots);
+                        run.timing.slots = run.slots;
                         run.needs.memory_mb = run.needs.memory_mb.saturating_add(needs.memory_mb);
                         run.hosts.push(here);
                     }
@@ -263,6 +289,7 @@ impl Qstat {
                             waiting: None,
                             problem: None,
                             needs,
+                            timing: job.timing(job.slots.max(1), true),
                         });
                     }
                 }
@@ -290,7 +317,10 @@ impl Qstat {
                 )
             });
             let Some((named, component)) = named_after(&job.name) else {
-                snapshot.waiting.extend(waiting);
+                if let Some(waiting) = waiting {
+                    snapshot.timing.push(job.timing(waiting.slots, false));
+                    snapshot.waiting.push(waiting);
+                }
                 continue;
             };
             let (ids, problem) = match component {
@@ -321,6 +351,7 @@ impl Qstat {
                 waiting,
                 problem,
                 needs: job.needs(consumables, job.slots.max(1)),
+                timing: job.timing(job.slots.max(1), false),
             });
         }
         snapshot.problem = (!problems.is_empty()).then(|| problems.join("; "));
@@ -359,6 +390,52 @@ fn waiting_job(
         },
         exclusive,
     }
+}
+
+/// A time as Grid Engine takes one: seconds, or `[[h:]m:]s`.
+fn sge_duration_ms(text: &str) -> Option<u64> {
+    let seconds = text.trim().split(':').try_fold(0u64, |sum, part| {
+        sum.checked_mul(60)?.checked_add(part.parse::<u64>().ok()?)
+    })?;
+    seconds.checked_mul(1000)
+}
+
+/// `2026-11-25T14:27:15` or `2026-11-25T14:27:15.123`, UTC, as ms since
+/// the epoch.
+fn utc_ms(text: &str) -> Option<u64> {
+    let (date, time) = text.trim().split_once('T')?;
+    let mut date = date.split('-').map(|p| p.parse::<i64>().ok());
+    let (year, month, day) = (date.next()??, date.next()??, date.next()??);
+    let (time, millis) = match time.split_once('.') {
+        Some((time, fraction)) => (
+            time,
+            format!("{fraction:0<3}").get(..3)?.parse::<u64>().ok()?,
+        ),
+        None => (time, 0),
+    };
+    let mut time = time.split(':').map(|p| p.parse::<i64>().ok());
+    let (hour, minute, second) = (time.next()??, time.next()??, time.next()??);
+    if !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || hour > 23
+        || minute > 59
+        || second > 60
+    {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let seconds = days * 86_400 + hour * 3600 + minute * 60 + second;
+    u64::try_from(seconds)
+        .ok()?
+        .checked_mul(1000)?
+        .checked_add(millis)
 }
 
 /// Queue instance states in which it runs nothing new.

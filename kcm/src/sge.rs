@@ -112,10 +112,13 @@ impl SgeBackend {
         args: &[String],
         stdin: Option<&str>,
     ) -> Result<String, BackendError> {
-        let env: Vec<(&str, &str)> = [("SGE_ROOT", "/var/lib/gridengine"), ("SGE_CELL", "default")]
-            .into_iter()
-            .filter(|(key, _)| std::env::var_os(key).is_none())
-            .collect();
+        let mut env: Vec<(&str, &str)> =
+            [("SGE_ROOT", "/var/lib/gridengine"), ("SGE_CELL", "default")]
+                .into_iter()
+                .filter(|(key, _)| std::env::var_os(key).is_none())
+                .collect();
+        // Times as UTC, which the snapshot reads them as.
+        env.push(("TZ", "UTC"));
         run(program, args, stdin, &env, self.config.command_timeout).await
     }
 

@@ -262,7 +262,11 @@ impl Backend for SlurmBackend {
         // The format in squeue's environment, which only root can read.
         let marker = marker();
         let format = squeue_format(&marker);
-        let env = [("SQUEUE_FORMAT", format.as_str())];
+        // Start times as seconds since the epoch, whatever the time zone.
+        let env = [
+            ("SQUEUE_FORMAT", format.as_str()),
+            ("SLURM_TIME_FORMAT", "%s"),
+        ];
         let timeout = self.config.command_timeout;
         let queue = run("squeue", &squeue_args, None, &env, timeout).await?;
         let partition = &self.config.partition;

@@ -4,11 +4,21 @@
 use std::collections::BTreeMap;
 
 use gleaner_manifest::{JobId, Needs};
-use gleaner_policy::local::{HostLoad, WaitingJob};
+use gleaner_policy::{
+    ect::{NEVER_MS, Profile},
+    local::{HostLoad, WaitingJob},
+};
 use gleaner_protocol::{
-    HostReport,
+    EctSource, Foresight, HostReport, WaitingComponent,
     naming::{host_key, parse_component_name, parse_placeholder_name},
 };
+
+/// Of the jobs waiting in a batch queue, those an estimate places one by
+/// one: past them, a queue of any length costs a report nothing more.
+const MAX_ESTIMATED_JOBS: usize = 2000;
+
+/// Steps of the free-slot profile a report carries, at most.
+const MAX_PROFILE_STEPS: usize = 256;
 
 /// Slot counts come from the batch system: added without overflowing.
 fn saturating_sum(slots: impl IntoIterator<Item = u32>) -> u32 {
@@ -37,6 +47,39 @@ impl Placeholder {
     }
 }
 
+/// A batch job as estimates see it: its slots and when they free up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timing {
+    pub slots: u32,
+    pub running: bool,
+    /// Its time limit; `None` without one (it may hold its slots for ever).
+    pub limit_ms: Option<u64>,
+    /// When it started or, waiting, when the batch system expects to start
+    /// it (wall clock, ms), where it says.
+    pub start: Option<u64>,
+}
+
+impl Timing {
+    /// How long its slots stay taken from `now`: running, until its start
+    /// plus its limit (its whole limit if its start is not known);
+    /// waiting, its limit.
+    fn holds_for(&self, now: u64) -> u64 {
+        let limit = self.limit_ms.unwrap_or(NEVER_MS);
+        match (self.running, self.start) {
+            (true, Some(start)) => start.saturating_add(limit).saturating_sub(now),
+            _ => limit,
+        }
+    }
+
+    /// When it is expected to start, ms from `now`, if it waits and the
+    /// batch system says.
+    fn expected_in(&self, now: u64) -> Option<u64> {
+        self.start
+            .filter(|_| !self.running)
+            .map(|at| at.saturating_sub(now))
+    }
+}
+
 /// A grid job's component in the batch system.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ComponentRun {
@@ -48,6 +91,7 @@ pub struct ComponentRun {
     pub running: bool,
     /// The batch system's name of the account that submitted it.
     pub owner: String,
+    pub timing: Timing,
 }
 
 /// A batch job named like one of gleaner's — `gl-<job>` (placeholders) or
@@ -80,6 +124,8 @@ pub struct NamedJob {
     pub problem: Option<String>,
     /// Memory and GPUs of each placeholder, or of the component.
     pub needs: Needs,
+    /// Its slots and times, for estimates: a component's, or another's.
+    pub timing: Timing,
 }
 
 /// The gleaner job a batch job's name names, and the component when it is
@@ -133,6 +179,11 @@ pub struct Snapshot {
     pub named: Vec<NamedJob>,
     /// Something wrong in the batch system worth reporting (a queue in error).
     pub problem: Option<String>,
+    /// Jobs that are not gleaner's, running on the cluster's hosts or
+    /// waiting for them, with their time limits: what the kcm's estimates
+    /// of completion times start from. Empty from a backend that does not
+    /// read them.
+    pub timing: Vec<Timing>,
 }
 
 impl Snapshot {
@@ -167,6 +218,7 @@ impl Snapshot {
             }
             if !ours {
                 self.waiting.extend(named.waiting);
+                self.timing.push(named.timing);
                 continue;
             }
             problems.extend(named.problem);
@@ -181,6 +233,7 @@ impl Snapshot {
                             slots: named.slots,
                             running: host.is_some(),
                             owner: named.owner.clone(),
+                            timing: named.timing,
                         }))
                 }
                 None => self
@@ -197,6 +250,70 @@ impl Snapshot {
         }
         self.problem = (!problems.is_empty()).then(|| problems.join("; "));
         self
+    }
+
+    /// What the cluster foresees at `now` (wall clock, ms) for a cluster
+    /// of `speed`: running jobs (grid components too) end at their time
+    /// limits; waiting ones start where the batch system expects them to,
+    /// else in queue order by conservative backfilling. Placeholders count
+    /// as free: they give way to whatever waits. The free slots leave
+    /// gleaner's waiting components out, so that the scheduler can weigh
+    /// moving them; each one's own predicted start goes beside them.
+    pub fn foresight(&self, now: u64, speed: f64) -> Foresight {
+        let running = self
+            .timing
+            .iter()
+            .filter(|t| t.running)
+            .copied()
+            .chain(
+                self.components
+                    .iter()
+                    .filter(|c| c.running)
+                    .map(|c| c.timing),
+            )
+            .map(|t| (t.slots, t.holds_for(now)));
+        let mut free = Profile::new(self.total_slots(), running);
+        let mut local: Vec<&Timing> = self.timing.iter().filter(|t| !t.running).collect();
+        // Those the batch system has a start for first, in that order.
+        local.sort_by_key(|t| t.expected_in(now).unwrap_or(u64::MAX));
+        for t in local.into_iter().take(MAX_ESTIMATED_JOBS) {
+            let length = t.holds_for(now);
+            let start = t
+                .expected_in(now)
+                .or_else(|| free.earliest(t.slots, length, 0));
+            if let Some(start) = start {
+                free.reserve(start, t.slots, length);
+            }
+        }
+        let mut with_ours = free.clone();
+        let waiting = self
+            .components
+            .iter()
+            .filter(|c| !c.running)
+            .take(MAX_ESTIMATED_JOBS)
+            .filter_map(|c| {
+                let t = &c.timing;
+                let length = t.holds_for(now);
+                let (start, source) = match t.expected_in(now) {
+                    Some(start) => (start, EctSource::BatchSystem),
+                    None => (with_ours.earliest(c.slots, length, 0)?, EctSource::Model),
+                };
+                with_ours.reserve(start, c.slots, length);
+                Some(WaitingComponent {
+                    job: c.job.clone(),
+                    component: c.component,
+                    slots: c.slots,
+                    start_ms: start,
+                    walltime_ms: t.limit_ms,
+                    source,
+                })
+            })
+            .collect();
+        Foresight {
+            speed,
+            free: free.bounded(MAX_PROFILE_STEPS).steps().to_vec(),
+            waiting,
+        }
     }
 
     pub fn total_slots(&self) -> u32 {
@@ -396,6 +513,7 @@ mod tests {
                 slots: 3,
                 running: false,
                 owner: "root".into(),
+                timing: Default::default(),
             }],
             ..snapshot.clone()
         };
@@ -427,6 +545,7 @@ mod tests {
             waiting: hosts.is_empty().then(|| WaitingJob::anywhere(ids[0], 3)),
             problem: Some(format!("{owner}'s problem")),
             needs: Default::default(),
+            timing: Default::default(),
         };
         let read = Snapshot {
             hosts: vec![Host::new("n1", 4), Host::new("n2", 4)],

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use gleaner_manifest::{Memory, Needs};
 use gleaner_policy::local::WaitingJob;
 
-use crate::snapshot::{Host, NamedJob, Snapshot, named_after};
+use crate::snapshot::{Host, NamedJob, Snapshot, Timing, named_after};
 
 /// `sinfo -h -N -O`: node, partition, CPUs, allocated/idle/other/total
 /// CPUs, state, generic resources configured and in use (`gpu:2`,
@@ -20,8 +20,10 @@ pub const SINFO_FIELDS: &str =
 /// `squeue -h -r`'s fields: job id (`123_4` for an array task), owner's
 /// user name, state, nodes, CPUs, node count, whether it shares nodes
 /// (`NO`: exclusive), partitions, pending reason, memory per node,
-/// generic resources per node (`gres:gpu:1`), name.
-const SQUEUE_FIELDS: &str = "%i|%u|%T|%N|%C|%D|%h|%P|%r|%m|%b|%j";
+/// generic resources per node (`gres:gpu:1`), time limit, start time
+/// (expected, while it waits; seconds since the epoch:
+/// `SLURM_TIME_FORMAT=%s` in squeue's environment), name.
+const SQUEUE_FIELDS: &str = "%i|%u|%T|%N|%C|%D|%h|%P|%r|%m|%b|%l|%S|%j";
 
 /// The format `squeue` prints jobs in: each job's [`SQUEUE_FIELDS`] after
 /// `marker`, on a line of its own. A job's name is anybody's to choose,
@@ -69,6 +71,9 @@ struct Job<'a> {
     partitions: Vec<&'a str>,
     /// Memory and GPUs it asks for on each of its nodes.
     per_node: Needs,
+    limit_ms: Option<u64>,
+    /// When it started or, waiting, is expected to (ms since the epoch).
+    start: Option<u64>,
 }
 
 impl Job<'_> {
@@ -83,6 +88,16 @@ impl Job<'_> {
         !self.running()
             && WAITING_FOR_SLOTS.contains(&self.reason)
             && self.partitions.iter().any(|p| sharing.contains(*p))
+    }
+
+    /// Its slots and times, for estimates.
+    fn timing(&self) -> Timing {
+        Timing {
+            slots: self.cpus.max(1),
+            running: self.running(),
+            limit_ms: self.limit_ms,
+            start: self.start,
+        }
     }
 
     /// The local job it is while it waits.
@@ -244,7 +259,7 @@ fn read_jobs<'a>(
     for line in first.split(&format!("\n{start}")) {
         let line = line.strip_suffix('\n').unwrap_or(line);
         // The name, last, keeps whatever `|` and lines it has.
-        let fields: Vec<&str> = line.splitn(12, '|').collect();
+        let fields: Vec<&str> = line.splitn(14, '|').collect();
         let [
             id,
             user,
@@ -257,6 +272,8 @@ fn read_jobs<'a>(
             reason,
             memory,
             gres,
+            limit,
+            start,
             name,
         ] = fields[..]
         else {
@@ -282,6 +299,13 @@ fn read_jobs<'a>(
                 memory_mb: slurm_memory(memory).unwrap_or(0),
                 gpus: gres_count(gres, gpu_resource),
             },
+            limit_ms: slurm_duration_ms(limit),
+            start: start
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .filter(|s| *s > 0)
+                .and_then(|s| s.checked_mul(1000)),
         });
     }
     Ok(jobs)
@@ -304,6 +328,7 @@ pub fn snapshot(
     let (nodes, sharing) = read_nodes(sinfo, partition, gpu_resource)?;
     let jobs = read_jobs(squeue, marker, gpu_resource)?;
     let ours = |job: &Job| job.partitions.contains(&partition);
+    let node_names: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     let mut snapshot = Snapshot::default();
     // CPUs of named jobs running per node, to tell the others' apart.
     let mut named_cpus: BTreeMap<&str, u32> = BTreeMap::new();
@@ -311,6 +336,9 @@ pub fn snapshot(
         let Some((named, component)) = named_after(job.name).filter(|_| ours(job)) else {
             if job.waits_for_slots(&sharing) {
                 snapshot.waiting.push(job.waiting());
+                snapshot.timing.push(job.timing());
+            } else if job.running() && job.nodes.iter().any(|n| node_names.contains(n.as_str())) {
+                snapshot.timing.push(job.timing());
             }
             continue;
         };
@@ -335,6 +363,7 @@ pub fn snapshot(
             waiting: job.waits_for_slots(&sharing).then(|| job.waiting()),
             problem: None,
             needs: job.per_node.times(job.node_count.max(1)),
+            timing: job.timing(),
         });
     }
     let mut problems = Vec::new();
@@ -353,6 +382,30 @@ pub fn snapshot(
     }
     snapshot.problem = (!problems.is_empty()).then(|| problems.join("; "));
     Ok(snapshot)
+}
+
+/// A duration as Slurm prints one (`[days-]hours:minutes:seconds`,
+/// `minutes:seconds`, `minutes`); `None` for `UNLIMITED`, `NOT_SET`,
+/// `INVALID` and anything else.
+fn slurm_duration_ms(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let (days, rest) = match text.split_once('-') {
+        Some((days, rest)) => (days.parse::<u64>().ok()?, rest),
+        None => (0, text),
+    };
+    let parts: Vec<u64> = rest
+        .split(':')
+        .map(|p| p.parse::<u64>().ok())
+        .collect::<Option<_>>()?;
+    let seconds = match parts[..] {
+        [h, m, s] => h * 3600 + m * 60 + s,
+        [m, s] => m * 60 + s,
+        [m] => m * 60,
+        _ => return None,
+    };
+    days.checked_mul(86_400)?
+        .checked_add(seconds)?
+        .checked_mul(1000)
 }
 
 /// A job's CPUs over its nodes, as even as they go (Slurm's list does not
@@ -422,17 +475,17 @@ mod tests {
         node3|local|4|3/1/0/4|mixed\n\
         vm|solo|4|0/4/0/4|idle\n";
 
-    const SQUEUE: &str = "M|10_1|root|RUNNING|node1|1|1|OK|gleaner|None|0|N/A|gl-sweep-00000000000beef0\n\
-        M|10_2|root|RUNNING|node1|1|1|OK|gleaner|None|0|N/A|gl-sweep-00000000000beef0\n\
-        M|10_3|root|PENDING||1|1|OK|gleaner|Priority|0|N/A|gl-sweep-00000000000beef0\n\
-        M|11|root|RUNNING|node[2-3]|6|2|OK|gleaner|None|0|N/A|gg-mpi-00000000000beef0.0\n\
-        M|12|carol|RUNNING|node1|2|1|OK|local|None|0|N/A|wrap\n\
-        M|13|carol|PENDING||4|1|OK|local|Resources|0|N/A|whole\n\
-        M|14|carol|PENDING||6|2|OK|local|Priority|0|N/A|spread\n\
-        M|15|carol|PENDING||1|1|NO|local|Priority|0|N/A|alone\n\
-        M|16|carol|PENDING||1|1|OK|local|JobHeldUser|0|N/A|held\n\
-        M|17|carol|PENDING||1|1|OK|solo|Resources|0|N/A|elsewhere\n\
-        M|18|root|PENDING||1|1|OK|solo|Priority|0|N/A|gl-other-00000000000beef0\n";
+    const SQUEUE: &str = "M|10_1|root|RUNNING|node1|1|1|OK|gleaner|None|0|N/A|2:00:00|N/A|gl-sweep-00000000000beef0\n\
+        M|10_2|root|RUNNING|node1|1|1|OK|gleaner|None|0|N/A|2:00:00|N/A|gl-sweep-00000000000beef0\n\
+        M|10_3|root|PENDING||1|1|OK|gleaner|Priority|0|N/A|2:00:00|N/A|gl-sweep-00000000000beef0\n\
+        M|11|root|RUNNING|node[2-3]|6|2|OK|gleaner|None|0|N/A|2:00:00|N/A|gg-mpi-00000000000beef0.0\n\
+        M|12|carol|RUNNING|node1|2|1|OK|local|None|0|N/A|2:00:00|N/A|wrap\n\
+        M|13|carol|PENDING||4|1|OK|local|Resources|0|N/A|2:00:00|N/A|whole\n\
+        M|14|carol|PENDING||6|2|OK|local|Priority|0|N/A|2:00:00|N/A|spread\n\
+        M|15|carol|PENDING||1|1|NO|local|Priority|0|N/A|2:00:00|N/A|alone\n\
+        M|16|carol|PENDING||1|1|OK|local|JobHeldUser|0|N/A|2:00:00|N/A|held\n\
+        M|17|carol|PENDING||1|1|OK|solo|Resources|0|N/A|2:00:00|N/A|elsewhere\n\
+        M|18|root|PENDING||1|1|OK|solo|Priority|0|N/A|2:00:00|N/A|gl-other-00000000000beef0\n";
 
     /// The snapshot as a kcm running as root with one user judges it.
     fn judged(sinfo: &str, squeue: &str, partition: &str) -> Result<Snapshot, String> {
@@ -527,8 +580,8 @@ mod tests {
         let sinfo = "node1|gleaner*|4|2/2/0/4|mixed|gpu:2|gpu:1(IDX:0)|1500|4000|\n\
             node2|gleaner*|4|0/4/0/4|idle|gpu:tesla:2(S:0-1)|gpu:tesla:0|0|4000|\n\
             node3|gleaner*|4|0/4/0/4|idle|(null)|(null)|0|4000|\n";
-        let squeue = "M|7_1|root|RUNNING|node1|1|1|OK|gleaner|None|1500M|gres:gpu:1|gl-sweep-00000000000beef0\n\
-            M|8|carol|PENDING||2|1|OK|gleaner|Resources|3G|gres/gpu:2,shard:1|big\n";
+        let squeue = "M|7_1|root|RUNNING|node1|1|1|OK|gleaner|None|1500M|gres:gpu:1|2:00:00|N/A|gl-sweep-00000000000beef0\n\
+            M|8|carol|PENDING||2|1|OK|gleaner|Resources|3G|gres/gpu:2,shard:1|2:00:00|N/A|big\n";
         let s = snapshot(sinfo, squeue, "M", "gleaner", "gpu").unwrap();
         let free: Vec<(Option<u64>, Option<u32>)> = s
             .hosts
@@ -614,9 +667,9 @@ mod tests {
 
     #[test]
     fn someone_elses_waiting_placeholder_is_a_waiting_local_job() {
-        let squeue = "M|20|bob|PENDING||4|1|OK|gleaner|Resources|0|N/A|gl-sweep-00000000000beef0\n\
-            M|21|bob|PENDING||2|2|NO|gleaner|Priority|0|N/A|gg-mpi-00000000000beef0.0\n\
-            M|22|root|PENDING||1|1|OK|gleaner|Priority|0|N/A|gg-mpi-00000000000beef0.0\n";
+        let squeue = "M|20|bob|PENDING||4|1|OK|gleaner|Resources|0|N/A|2:00:00|N/A|gl-sweep-00000000000beef0\n\
+            M|21|bob|PENDING||2|2|NO|gleaner|Priority|0|N/A|2:00:00|N/A|gg-mpi-00000000000beef0.0\n\
+            M|22|root|PENDING||1|1|OK|gleaner|Priority|0|N/A|2:00:00|N/A|gg-mpi-00000000000beef0.0\n";
         let s = judged(SINFO, squeue, "gleaner").unwrap();
         let waiting: Vec<(&str, u32, u32, bool)> = s
             .waiting

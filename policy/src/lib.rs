@@ -3,7 +3,9 @@
 //! its decisions; tests and simulations call the same functions directly.
 
 pub mod access;
+pub mod ect;
 pub mod local;
 pub mod placement;
 pub mod preempt;
+pub mod reallocation;
 pub mod share;

@@ -16,7 +16,10 @@ pub fn component_on_one_host(slots: u32, largest_host: u32) -> bool {
     slots <= largest_host
 }
 
-use crate::share::split_shrink;
+use crate::{
+    ect::{Estimate, Profile, estimate, scaled},
+    share::split_shrink,
+};
 
 /// How often each placement queue is scanned relative to the others.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,6 +53,8 @@ pub struct GridJob {
     pub avoid: Vec<ClusterName>,
     /// The input files of each component (none when empty).
     pub inputs: Vec<Vec<String>>,
+    /// Its walltime on a cluster of speed 1, if it has one.
+    pub walltime_ms: Option<u64>,
 }
 
 impl GridJob {
@@ -71,7 +76,36 @@ pub struct Site {
     pub hosts: Vec<HostRoom>,
     /// Which input files its nodes see, and whether it stages others.
     pub inputs: InputAccess,
+    /// When components would complete here, where its kcm says.
+    pub ect: Option<SiteEct>,
 }
+
+/// What a site foresees: its speed, and its free slots over time with the
+/// grid components waiting there in it (so that the next one queues
+/// behind them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SiteEct {
+    pub speed: f64,
+    pub profile: Profile,
+}
+
+/// How grid jobs' components are placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Rule {
+    /// Seed 002's MCT: each component, largest first, goes to the cluster
+    /// where it would complete first, to wait in its batch queue if need
+    /// be; a cluster whose kcm foresees nothing takes it only if it fits
+    /// now.
+    #[default]
+    Mct,
+    /// KOALA's worst fit: only on free slots now, each component where the
+    /// most are left; a job that does not fit waits in its placement queue.
+    WorstFit,
+}
+
+/// The walltime estimates assume for a job that has none.
+pub const ASSUMED_WALLTIME_MS: u64 = 3600 * 1000;
 
 /// One execution host as placement sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,6 +126,9 @@ pub struct Placement {
     pub clusters: Vec<ClusterName>,
     /// Slots scavenging jobs must give back.
     pub reclaim: Vec<Reclaim>,
+    /// When its last component is expected to start, ms from now (0: all
+    /// start now).
+    pub start_ms: u64,
 }
 
 /// Slots one scavenging job gives back on one cluster for a placement.
@@ -145,8 +182,8 @@ fn normalized(priority: Priority) -> Priority {
 
 /// Places what can be placed, in scan order. Jobs missing from the result
 /// could not be placed this time (a failed try).
-pub fn place(jobs: &[GridJob], sites: &[Site], weights: Weights) -> Vec<Placement> {
-    place_leaving(jobs, sites, weights).0
+pub fn place(jobs: &[GridJob], sites: &[Site], weights: Weights, rule: Rule) -> Vec<Placement> {
+    place_leaving(jobs, sites, weights, rule).0
 }
 
 /// [`place`], and the room it leaves on each site.
@@ -154,13 +191,19 @@ pub fn place_leaving(
     jobs: &[GridJob],
     sites: &[Site],
     weights: Weights,
+    rule: Rule,
 ) -> (Vec<Placement>, Vec<Site>) {
     let mut rooms: Vec<Site> = sites.to_vec();
     let mut placed = Vec::new();
     for i in scan_order(jobs, weights) {
         let job = &jobs[i];
-        let plan = worst_fit(job, &rooms, false).or_else(|| worst_fit(job, &rooms, true));
-        let Some((chosen, after, reclaim)) = plan else {
+        let plan = match rule {
+            Rule::WorstFit => worst_fit(job, &rooms, false)
+                .or_else(|| worst_fit(job, &rooms, true))
+                .map(|plan| (plan, 0)),
+            Rule::Mct => mct(job, &rooms),
+        };
+        let Some(((chosen, after, reclaim), start_ms)) = plan else {
             continue;
         };
         rooms = after;
@@ -168,9 +211,73 @@ pub fn place_leaving(
             job: job.id.clone(),
             clusters: chosen.iter().map(|&s| sites[s].name.clone()).collect(),
             reclaim,
+            start_ms,
         });
     }
     (placed, rooms)
+}
+
+/// Each component's site, the rooms left, and what scavenging gives back.
+type Plan = (Vec<usize>, Vec<Site>, Vec<Reclaim>);
+
+/// Slots scavenging gives back, by cluster, job and hosts (none: any).
+type Taken = BTreeMap<(ClusterName, JobId, Vec<String>), u32>;
+
+/// MCT: each component, largest first, where it would complete first
+/// (ties: close to its files, then the most room now); one that starts
+/// now takes its slots as worst fit would, scavenged ones given back.
+/// Returns the plan and the latest expected start.
+fn mct(job: &GridJob, rooms: &[Site]) -> Option<(Plan, u64)> {
+    let components = &job.components;
+    let walltime = job.walltime_ms.unwrap_or(ASSUMED_WALLTIME_MS);
+    let mut rooms = rooms.to_vec();
+    let mut order: Vec<usize> = (0..components.len()).collect();
+    order.sort_by(|a, b| components[*b].cmp(&components[*a]).then(a.cmp(b)));
+    let mut chosen = vec![0; components.len()];
+    let mut taken = Taken::new();
+    let mut latest = 0;
+    for component in order {
+        let need = components[component];
+        let inputs = job.inputs_of(component);
+        let (site, when) = (0..rooms.len())
+            .filter(|s| !job.avoid.contains(&rooms[*s].name))
+            .filter(|s| rooms[*s].inputs.can_read(inputs))
+            .filter_map(|s| {
+                let room = &rooms[s];
+                let now = room_of(room.free, &room.scavenged, true);
+                let when = match &room.ect {
+                    Some(ect) => estimate(&ect.profile, ect.speed, need, walltime)?,
+                    None if now >= need => Estimate {
+                        start: 0,
+                        completion: walltime,
+                    },
+                    None => return None,
+                };
+                let close = inputs.iter().all(|i| room.inputs.sees(i));
+                Some((s, when, close, now))
+            })
+            .min_by(|a, b| {
+                (a.1.completion, !a.2, std::cmp::Reverse(a.3), a.0).cmp(&(
+                    b.1.completion,
+                    !b.2,
+                    std::cmp::Reverse(b.3),
+                    b.0,
+                ))
+            })
+            .map(|(s, when, _, _)| (s, when))?;
+        chosen[component] = site;
+        latest = latest.max(when.start);
+        let room = &mut rooms[site];
+        if let Some(ect) = room.ect.as_mut() {
+            ect.profile
+                .reserve(when.start, need, scaled(walltime, ect.speed));
+        }
+        if when.start == 0 {
+            let reclaim = room.free < need;
+            take_room(room, need, reclaim, &mut taken);
+        }
+    }
+    Some(((chosen, rooms, reclaims(taken)), latest))
 }
 
 /// A running grid job that a job of higher priority might stop.
@@ -274,17 +381,13 @@ pub fn to_stop(
 /// one host of the site on the host needing least taken back. With `reclaim`, scavenged slots count as room. Returns each
 /// component's site, the rooms left, and what scavenging gives back. The
 /// sites the job avoids are not considered.
-fn worst_fit(
-    job: &GridJob,
-    rooms: &[Site],
-    reclaim: bool,
-) -> Option<(Vec<usize>, Vec<Site>, Vec<Reclaim>)> {
+fn worst_fit(job: &GridJob, rooms: &[Site], reclaim: bool) -> Option<Plan> {
     let components = &job.components;
     let mut rooms = rooms.to_vec();
     let mut order: Vec<usize> = (0..components.len()).collect();
     order.sort_by(|a, b| components[*b].cmp(&components[*a]).then(a.cmp(b)));
     let mut chosen = vec![0; components.len()];
-    let mut taken: BTreeMap<(ClusterName, JobId, Vec<String>), u32> = BTreeMap::new();
+    let mut taken = Taken::new();
     for component in order {
         let need = components[component];
         let inputs = job.inputs_of(component);
@@ -292,7 +395,7 @@ fn worst_fit(
             .filter(|s| !job.avoid.contains(&rooms[*s].name))
             .filter(|s| rooms[*s].inputs.can_read(inputs))
             .filter_map(|s| {
-                let room = room(rooms[s].free, &rooms[s].scavenged, reclaim);
+                let room = room_of(rooms[s].free, &rooms[s].scavenged, reclaim);
                 let fits = room >= need
                     && (!on_one_host(&rooms[s], need)
                         || best_host(&rooms[s], need, reclaim).is_some());
@@ -302,36 +405,49 @@ fn worst_fit(
             .max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0)))?
             .0;
         chosen[component] = site;
-        let room = &mut rooms[site];
-        let cluster = room.name.clone();
-        let host = match on_one_host(room, need) {
-            true => best_host(room, need, reclaim),
-            false => None,
-        };
-        let from_free = match host {
-            Some(h) => need.min(room.free).min(room.hosts[h].free),
-            None => need.min(room.free),
-        };
-        room.free -= from_free;
-        let rest = need - from_free;
-        let (holders, hosts) = match host {
-            Some(h) => {
-                room.hosts[h].free -= from_free;
-                (&room.hosts[h].scavenged, vec![room.hosts[h].name.clone()])
-            }
-            None => (&room.scavenged, Vec::new()),
-        };
-        for (job, slots) in split_shrink(rest, holders) {
-            take(&mut room.scavenged, &job, slots);
-            if let Some(h) = host {
-                take(&mut room.hosts[h].scavenged, &job, slots);
-            }
-            *taken
-                .entry((cluster.clone(), job, hosts.clone()))
-                .or_default() += slots;
-        }
+        take_room(&mut rooms[site], need, reclaim, &mut taken);
     }
-    let reclaim = taken
+    Some((chosen, rooms, reclaims(taken)))
+}
+
+/// Takes `need` slots of `room` for a component: free ones first (on the
+/// best host, for one kept on one host), then, with `reclaim`, scavenged
+/// ones, which `taken` records.
+fn take_room(room: &mut Site, need: u32, reclaim: bool, taken: &mut Taken) {
+    let cluster = room.name.clone();
+    let host = match on_one_host(room, need) {
+        true => best_host(room, need, reclaim),
+        false => None,
+    };
+    let from_free = match host {
+        Some(h) => need.min(room.free).min(room.hosts[h].free),
+        None => need.min(room.free),
+    };
+    room.free -= from_free;
+    let rest = match reclaim {
+        true => need - from_free,
+        false => 0,
+    };
+    let (holders, hosts) = match host {
+        Some(h) => {
+            room.hosts[h].free -= from_free;
+            (&room.hosts[h].scavenged, vec![room.hosts[h].name.clone()])
+        }
+        None => (&room.scavenged, Vec::new()),
+    };
+    for (job, slots) in split_shrink(rest, holders) {
+        take(&mut room.scavenged, &job, slots);
+        if let Some(h) = host {
+            take(&mut room.hosts[h].scavenged, &job, slots);
+        }
+        *taken
+            .entry((cluster.clone(), job, hosts.clone()))
+            .or_default() += slots;
+    }
+}
+
+fn reclaims(taken: Taken) -> Vec<Reclaim> {
+    taken
         .into_iter()
         .map(|((cluster, job, hosts), slots)| Reclaim {
             cluster,
@@ -339,12 +455,11 @@ fn worst_fit(
             slots,
             hosts,
         })
-        .collect();
-    Some((chosen, rooms, reclaim))
+        .collect()
 }
 
 /// Free slots, and with `reclaim` the scavenged ones too.
-fn room(free: u32, scavenged: &BTreeMap<JobId, u32>, reclaim: bool) -> u32 {
+fn room_of(free: u32, scavenged: &BTreeMap<JobId, u32>, reclaim: bool) -> u32 {
     let scavenged: u32 = match reclaim {
         true => scavenged.values().fold(0, |a, b| a.saturating_add(*b)),
         false => 0,
@@ -366,7 +481,7 @@ fn best_host(site: &Site, need: u32, reclaim: bool) -> Option<usize> {
         .enumerate()
         .filter_map(|(i, h)| {
             let free = h.free.min(site.free);
-            let room = room(free, &h.scavenged, reclaim);
+            let room = room_of(free, &h.scavenged, reclaim);
             (room >= need).then_some((i, need.saturating_sub(free), room))
         })
         .min_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2)).then(a.0.cmp(&b.0)))
@@ -406,7 +521,99 @@ mod tests {
             components: components.to_vec(),
             avoid: Vec::new(),
             inputs: Vec::new(),
+            walltime_ms: None,
         }
+    }
+
+    /// A site of `total` slots, `free` of them free now, whose kcm
+    /// foresees `running` (slots, ms left) at `speed`.
+    fn foreseeing(name: &str, speed: f64, total: u32, running: &[(u32, u64)]) -> Site {
+        let profile = Profile::new(total, running.iter().copied());
+        Site {
+            ect: Some(SiteEct {
+                speed,
+                profile: profile.clone(),
+            }),
+            ..site(name, profile.free_at(0), &[])
+        }
+    }
+
+    #[test]
+    fn mct_places_where_a_component_completes_first_even_if_it_must_wait() {
+        // "fast" (speed 4) is full for 10 min; "slow" is idle. An hour's
+        // job completes on "fast" after 10 + 15 min, on "slow" after 60.
+        let sites = [
+            foreseeing("slow", 1.0, 8, &[]),
+            foreseeing("fast", 4.0, 8, &[(8, 600_000)]),
+        ];
+        let hour = GridJob {
+            walltime_ms: Some(3_600_000),
+            ..job("g", Priority::High, &[8])
+        };
+        let placed = place(
+            std::slice::from_ref(&hour),
+            &sites,
+            Weights::default(),
+            Rule::Mct,
+        );
+        assert_eq!(placed[0].clusters, [ClusterName::from("fast")]);
+        assert_eq!(placed[0].start_ms, 600_000);
+        // Worst fit only takes free slots now.
+        let placed = place(&[hour], &sites, Weights::default(), Rule::WorstFit);
+        assert_eq!(placed[0].clusters, [ClusterName::from("slow")]);
+        // A minute's job starts now on "slow": done before "fast" is free.
+        let minute = GridJob {
+            walltime_ms: Some(60_000),
+            ..job("m", Priority::High, &[8])
+        };
+        let placed = place(&[minute], &sites, Weights::default(), Rule::Mct);
+        assert_eq!(
+            (placed[0].clusters[0].as_str(), placed[0].start_ms),
+            ("slow", 0)
+        );
+    }
+
+    #[test]
+    fn mct_queues_the_next_job_behind_the_one_it_placed_and_reclaims_scavenged_slots() {
+        let mut busy = foreseeing("a", 1.0, 8, &[]);
+        busy.free = 2;
+        busy.scavenged = [(id("sweep"), 6)].into();
+        let jobs = [
+            GridJob {
+                walltime_ms: Some(1000),
+                ..job("g", Priority::High, &[8])
+            },
+            GridJob {
+                walltime_ms: Some(1000),
+                ..job("h", Priority::High, &[8])
+            },
+        ];
+        let placed = place(&jobs, &[busy], Weights::default(), Rule::Mct);
+        assert_eq!(placed.len(), 2);
+        assert_eq!((placed[0].start_ms, placed[1].start_ms), (0, 1000));
+        assert_eq!(placed[0].reclaim.len(), 1);
+        assert_eq!(placed[0].reclaim[0].slots, 6);
+        assert!(placed[1].reclaim.is_empty(), "it waits its turn");
+    }
+
+    #[test]
+    fn mct_without_foresight_takes_a_site_only_if_the_component_fits_now() {
+        let sites = [
+            site("blind", 2, &[]),
+            foreseeing("seen", 1.0, 4, &[(4, 5000)]),
+        ];
+        let placed = place(
+            &[job("g", Priority::High, &[4])],
+            &sites,
+            Weights::default(),
+            Rule::Mct,
+        );
+        assert_eq!(
+            (placed[0].clusters[0].as_str(), placed[0].start_ms),
+            ("seen", 5000)
+        );
+        let too_big = job("h", Priority::High, &[5]);
+        assert!(place(&[too_big], &sites, Weights::default(), Rule::Mct).is_empty());
     }
 
     fn site(name: &str, free: u32, scavenged: &[(&str, u32)]) -> Site {
@@ -416,6 +623,7 @@ mod tests {
             scavenged: scavenged.iter().map(|(j, n)| (id(j), *n)).collect(),
             hosts: Vec::new(),
             inputs: Default::default(),
+            ect: None,
         }
     }
 
@@ -443,6 +651,7 @@ mod tests {
             scavenged,
             hosts,
             inputs: Default::default(),
+            ect: None,
         }
     }
 
@@ -486,6 +695,7 @@ mod tests {
             &[job("g", Priority::High, &[4, 5, 4])],
             &sites,
             Weights::default(),
+            Rule::WorstFit,
         );
         assert_eq!(placed[0].clusters, ["c", "a", "b"].map(ClusterName::from));
         assert!(placed[0].reclaim.is_empty());
@@ -520,17 +730,35 @@ mod tests {
             inputs: vec![vec![input.to_owned()], Vec::new()],
             ..job("g", Priority::High, &[4, 4])
         };
-        let placed = place(&[reading("/data/x")], &sites, Weights::default());
+        let placed = place(
+            &[reading("/data/x")],
+            &sites,
+            Weights::default(),
+            Rule::WorstFit,
+        );
         let clusters: Vec<&str> = placed[0].clusters.iter().map(ClusterName::as_str).collect();
         assert_eq!(clusters, ["near", "none"], "files first, then room");
-        let placed = place(&[reading("/elsewhere/x")], &sites, Weights::default());
+        let placed = place(
+            &[reading("/elsewhere/x")],
+            &sites,
+            Weights::default(),
+            Rule::WorstFit,
+        );
         assert_eq!(
             placed[0].clusters[0].as_str(),
             "big",
             "staged where it can be"
         );
         let nowhere = [shared("near", 4, &["/data"], false)];
-        assert!(place(&[reading("/elsewhere/x")], &nowhere, Weights::default()).is_empty());
+        assert!(
+            place(
+                &[reading("/elsewhere/x")],
+                &nowhere,
+                Weights::default(),
+                Rule::WorstFit
+            )
+            .is_empty()
+        );
     }
 
     #[test]
@@ -587,6 +815,7 @@ mod tests {
             &[job("g", Priority::High, &[8])],
             &sites,
             Weights::default(),
+            Rule::WorstFit,
         );
         assert_eq!(placed[0].clusters, [ClusterName::from("a")]);
         assert_eq!(placed[0].reclaim, [reclaim("a", "s", 6, &[])]);
@@ -594,6 +823,7 @@ mod tests {
             &[job("g", Priority::High, &[3])],
             &sites,
             Weights::default(),
+            Rule::WorstFit,
         );
         assert!(
             placed[0].reclaim.is_empty(),
@@ -609,7 +839,12 @@ mod tests {
             ..job("g", Priority::High, &[4])
         };
         let other = job("h", Priority::High, &[4]);
-        let placed = place(&[avoiding, other], &sites, Weights::default());
+        let placed = place(
+            &[avoiding, other],
+            &sites,
+            Weights::default(),
+            Rule::WorstFit,
+        );
         let clusters: Vec<(&str, &str)> = placed
             .iter()
             .map(|p| (p.job.as_str(), p.clusters[0].as_str()))
@@ -623,7 +858,7 @@ mod tests {
             ..job("g", Priority::High, &[6])
         };
         assert!(
-            place(&[too_big], &sites, Weights::default()).is_empty(),
+            place(&[too_big], &sites, Weights::default(), Rule::WorstFit).is_empty(),
             "waits"
         );
     }
@@ -644,6 +879,7 @@ mod tests {
             &[job("g", Priority::High, &[4])],
             std::slice::from_ref(&site),
             Weights::default(),
+            Rule::WorstFit,
         );
         assert_eq!(
             placed[0].reclaim,
@@ -654,6 +890,7 @@ mod tests {
             &[job("g", Priority::High, &[4, 4])],
             std::slice::from_ref(&site),
             Weights::default(),
+            Rule::WorstFit,
         );
         assert_eq!(
             placed[0].reclaim,
@@ -668,6 +905,7 @@ mod tests {
             &[job("g", Priority::High, &[6])],
             std::slice::from_ref(&site),
             Weights::default(),
+            Rule::WorstFit,
         );
         assert_eq!(
             placed[0].reclaim,
@@ -683,12 +921,14 @@ mod tests {
             &[job("g", Priority::High, &[3])],
             std::slice::from_ref(&site),
             Weights::default(),
+            Rule::WorstFit,
         );
         assert!(placed.is_empty(), "4 free slots, but 2 on each host");
         let two = place(
             &[job("g", Priority::High, &[2, 2])],
             &[site],
             Weights::default(),
+            Rule::WorstFit,
         );
         assert_eq!(two.len(), 1);
         assert!(two[0].reclaim.is_empty());
@@ -702,7 +942,7 @@ mod tests {
             job("small", Priority::Low, &[2]),
             job("two", Priority::Low, &[3]),
         ];
-        let placed = place(&jobs, &sites, Weights::default());
+        let placed = place(&jobs, &sites, Weights::default(), Rule::WorstFit);
         let names: Vec<&str> = placed.iter().map(|p| p.job.name()).collect();
         assert_eq!(names, ["small"], "the second small job no longer fits");
     }

@@ -313,6 +313,50 @@ pub struct ClusterReport {
     pub free_memory_mb: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub free_gpus: Option<u32>,
+    /// When grid components would complete here (seed 002's ECT).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub foresight: Option<Foresight>,
+}
+
+/// How an estimate was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum EctSource {
+    /// The batch system's own prediction (Slurm's backfill scheduler).
+    BatchSystem,
+    /// The kcm's model: running jobs end at their time limits, waiting ones
+    /// start in queue order by conservative backfilling.
+    #[default]
+    Model,
+}
+
+/// What a kcm foresees of its cluster, from the report's `at` on: enough
+/// for the scheduler to estimate any component's completion time here
+/// without asking.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Foresight {
+    /// The cluster's speed: a walltime here is the manifest's divided by it.
+    pub speed: f64,
+    /// Free slots over time with gleaner's waiting components left out:
+    /// `(ms after at, free)` steps, ascending (placeholders count as free:
+    /// they give way).
+    pub free: Vec<(u64, u32)>,
+    /// Each grid component waiting here, oldest first.
+    pub waiting: Vec<WaitingComponent>,
+}
+
+/// A grid component waiting in a cluster's batch queue, and when it would
+/// start there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WaitingComponent {
+    pub job: JobId,
+    pub component: u32,
+    pub slots: u32,
+    /// Its predicted start, ms after the report's `at`.
+    pub start_ms: u64,
+    /// Its time limit here (`None`: it has none).
+    pub walltime_ms: Option<u64>,
+    pub source: EctSource,
 }
 
 /// Slots of one execution host, as its cluster's kcm last saw them.
@@ -725,6 +769,28 @@ pub enum ControlMsg {
         /// (KOALA's FTT), from what the clusters measured.
         #[serde(default, skip_serializing_if = "is_zero_u64")]
         stage_ms: u64,
+        /// When the last component is expected to start, ms from now (it
+        /// waits in a batch queue until then): the run's start time is
+        /// that much later.
+        #[serde(default, skip_serializing_if = "is_zero_u64")]
+        start_ms: u64,
+    },
+    /// Reallocation (seed 002): a component waiting in `from`'s batch
+    /// queue would complete earlier on `to`. It is submitted there, and
+    /// withdrawn from `from` once `to` has it queued; if it starts on
+    /// `from` first, it stays.
+    Move {
+        component: u32,
+        from: ClusterName,
+        to: ClusterName,
+        /// Its expected start on `to`, ms from now.
+        #[serde(default)]
+        start_ms: u64,
+    },
+    /// A kcm's batch system accepted a component: it waits in its queue.
+    ComponentQueued {
+        component: u32,
+        cluster: ClusterName,
     },
     /// The scheduler gave up placing a grid job.
     PlacementFailed {
@@ -830,6 +896,10 @@ pub struct Gathering {
     /// Runs stopped for jobs of higher priority.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub preemptions: u32,
+    /// Components moved to a cluster where they would complete earlier
+    /// (reallocation), all runs together.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub moves: u32,
 }
 
 /// How a grid job's component ended.
@@ -865,6 +935,8 @@ impl Message for ControlMsg {
             Self::ComponentWithdrawn { .. } => "component_withdrawn",
             Self::ComponentStarted { .. } => "component_started",
             Self::StepAside { .. } => "step_aside",
+            Self::Move { .. } => "move",
+            Self::ComponentQueued { .. } => "component_queued",
         }
     }
 }
@@ -1333,6 +1405,17 @@ mod tests {
             ControlMsg::Place {
                 clusters: Vec::new(),
                 stage_ms: 0,
+                start_ms: 0,
+            },
+            ControlMsg::Move {
+                component: 0,
+                from: "c1".into(),
+                to: "c2".into(),
+                start_ms: 0,
+            },
+            ControlMsg::ComponentQueued {
+                component: 0,
+                cluster: "c1".into(),
             },
             ControlMsg::PlacementFailed {
                 reason: String::new(),
@@ -1558,6 +1641,7 @@ mod tests {
             &ControlMsg::Place {
                 clusters: vec!["c1".into(), "c2".into()],
                 stage_ms: 0,
+                start_ms: 0,
             },
             &before::ControlMsg::Place {
                 clusters: vec!["c1".into(), "c2".into()],

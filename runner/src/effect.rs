@@ -97,4 +97,10 @@ pub enum Followup {
         component: u32,
         cluster: ClusterName,
     },
+    /// A component submitted where it is moved to: the move is dropped if
+    /// that cluster has no kcm.
+    Moved {
+        component: u32,
+        cluster: ClusterName,
+    },
 }

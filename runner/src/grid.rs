@@ -59,6 +59,30 @@ pub fn next_try(at: Millis, start_by: Millis, level: f64) -> Millis {
     }
 }
 
+/// What a kcm is told to submit for component `i`.
+fn component_spec(ledger: &Ledger, i: usize) -> ComponentSpec {
+    let manifest = ledger.manifest();
+    let component = &manifest.components[i];
+    let checkpoints = std::path::Path::new(&ledger.file().results).join("checkpoints");
+    ComponentSpec {
+        job: ledger.id().clone(),
+        component: i as u32,
+        slots: component.slots,
+        needs: component.needs(),
+        command: component.command.clone(),
+        env: manifest
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        walltime_ms: manifest.walltime.map(|w| w.as_millis() as u64),
+        workdir: manifest.workdir.as_ref().map(|w| w.display().to_string()),
+        owner: ledger.file().owner.clone(),
+        checkpoint: Some(checkpoints.join(i.to_string()).display().to_string()),
+        inputs: manifest.component_inputs(i),
+    }
+}
+
 fn seconds(from: Millis, to: Millis) -> f64 {
     to.saturating_sub(from) as f64 / 1000.0
 }
@@ -81,6 +105,7 @@ impl Grid {
         ledger: &mut Ledger,
         clusters: Vec<ClusterName>,
         stage_ms: u64,
+        start_ms: u64,
         now: Now,
     ) -> Vec<Effect> {
         let unplaced: Vec<usize> = ledger.unplaced().map(|(i, _)| i).collect();
@@ -96,41 +121,17 @@ impl Grid {
         if whole || gather.run.is_none() {
             gather.figures.placement_s = Some(seconds(gather.waiting_since, now.wall_ms));
             let first_try = (gather.level * stage_ms as f64) as u64;
-            gather.run = Some(Claim::new(now.wall_ms, barrier_timeout, first_try));
+            // Components that wait their turn in batch queues have until
+            // it comes, and the barrier timeout after it.
+            let start_by = barrier_timeout.saturating_add(start_ms);
+            gather.run = Some(Claim::new(now.wall_ms, start_by, first_try));
         }
-        info!(components = ?unplaced, clusters = ?clusters, "grid job placed");
-        let env: Vec<(String, String)> = ledger
-            .manifest()
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let walltime_ms = ledger.manifest().walltime.map(|w| w.as_millis() as u64);
-        let checkpoints = std::path::Path::new(&ledger.file().results).join("checkpoints");
-        let workdir = ledger
-            .manifest()
-            .workdir
-            .as_ref()
-            .map(|w| w.display().to_string());
+        info!(components = ?unplaced, clusters = ?clusters, start_ms, "grid job placed");
         let mut effects = Vec::with_capacity(clusters.len() + 2);
         for (i, cluster) in unplaced.into_iter().zip(clusters) {
-            let component = &ledger.manifest().components[i];
-            let spec = ComponentSpec {
-                job: ledger.id().clone(),
-                component: i as u32,
-                slots: component.slots,
-                needs: component.needs(),
-                command: component.command.clone(),
-                env: env.clone(),
-                walltime_ms,
-                workdir: workdir.clone(),
-                owner: ledger.file().owner.clone(),
-                checkpoint: Some(checkpoints.join(i.to_string()).display().to_string()),
-                inputs: ledger.manifest().component_inputs(i),
-            };
             effects.push(Effect::ToKcm {
                 cluster: cluster.clone(),
-                msg: KcmMsg::SubmitComponent(spec),
+                msg: KcmMsg::SubmitComponent(component_spec(ledger, i)),
                 followup: Followup::Component {
                     component: i as u32,
                     cluster: cluster.clone(),
@@ -156,11 +157,17 @@ impl Grid {
         hosts: Vec<HostSlots>,
         now: Now,
     ) -> Vec<Effect> {
+        // A component started where it was moved to before the kcm said
+        // it had it queued: it has.
+        let mut effects = self.component_queued(ledger, component, cluster.clone());
+        effects.retain(|e| !matches!(e, Effect::SaveJobFile | Effect::Report));
+        // One started where it waited while being moved: it stays.
+        effects.extend(self.move_dropped(ledger, component, &cluster, "it started where it was"));
         let placed = ledger.file().components.get(component as usize);
         if placed != Some(&Some(cluster.clone())) || ledger.book().is_finished(u64::from(component))
         {
             debug!(component, cluster = %cluster, "start ignored: not placed there, or ended");
-            return Vec::new();
+            return effects;
         }
         let components = ledger.manifest().components.len();
         let Some(run) = ledger.gather_mut().run.as_mut() else {
@@ -180,12 +187,131 @@ impl Grid {
                 at: now.wall_ms,
             },
         );
-        let mut effects = match run.started.len() == components {
-            true => self.release(ledger, now),
-            false => Vec::new(),
-        };
+        if run.started.len() == components {
+            effects.extend(self.release(ledger, now));
+        }
         self.count_at_barrier(ledger);
         effects.extend([Effect::SaveJobFile, Effect::Report]);
+        effects
+    }
+
+    /// The scheduler found a cluster where a waiting component would
+    /// complete earlier: it is submitted there, and stays placed where it
+    /// waits until that cluster has it queued. A component that started,
+    /// is not where the scheduler thought, is being moved already, or
+    /// reads input files (which the new cluster may not see) stays.
+    fn move_component(
+        &mut self,
+        ledger: &mut Ledger,
+        component: u32,
+        from: ClusterName,
+        to: ClusterName,
+    ) -> Vec<Effect> {
+        let i = component as usize;
+        let placed_there = ledger.file().components.get(i) == Some(&Some(from.clone()));
+        let has_inputs = !ledger.manifest().component_inputs(i).is_empty();
+        let Some(run) = ledger.gather_mut().run.as_mut() else {
+            debug!(component, "move ignored: no run placed");
+            return Vec::new();
+        };
+        if !placed_there
+            || from == to
+            || has_inputs
+            || run.released_at.is_some()
+            || run.started.contains_key(&component)
+            || run.moving.contains_key(&component)
+        {
+            debug!(component, from = %from, to = %to, "move ignored: started, moving, elsewhere, or reads inputs");
+            return Vec::new();
+        }
+        run.moving.insert(component, to.clone());
+        info!(component, from = %from, to = %to, "moving a waiting grid component where it would complete earlier");
+        vec![
+            Effect::ToKcm {
+                cluster: to.clone(),
+                msg: KcmMsg::SubmitComponent(component_spec(ledger, i)),
+                followup: Followup::Moved {
+                    component,
+                    cluster: to,
+                },
+            },
+            Effect::SaveJobFile,
+        ]
+    }
+
+    /// A kcm has a component queued. Where it was moved to, the move is
+    /// done: it is placed there, and withdrawn from where it waited.
+    fn component_queued(
+        &mut self,
+        ledger: &mut Ledger,
+        component: u32,
+        cluster: ClusterName,
+    ) -> Vec<Effect> {
+        let job = ledger.id().clone();
+        let gather = ledger.gather_mut();
+        let Some(run) = gather.run.as_mut() else {
+            return Vec::new();
+        };
+        if run.moving.get(&component) != Some(&cluster) {
+            return Vec::new();
+        }
+        run.moving.remove(&component);
+        gather.figures.moves = gather.figures.moves.saturating_add(1);
+        let Some(from) = ledger
+            .placements_mut()
+            .get_mut(component as usize)
+            .and_then(|placed| placed.replace(cluster.clone()))
+        else {
+            return Vec::new();
+        };
+        ledger.involve(cluster.clone());
+        info!(component, from = %from, to = %cluster, "grid component moved: queued on its new cluster, withdrawn from the old");
+        vec![
+            Effect::ToKcm {
+                cluster: from,
+                msg: KcmMsg::WithdrawComponent { job, component },
+                followup: Followup::Nothing,
+            },
+            Effect::SaveJobFile,
+            Effect::Report,
+        ]
+    }
+
+    /// A move is given up (the component started where it was, or the
+    /// cluster it was moved to cannot take it): what was submitted there
+    /// is withdrawn, when `cluster` is not that one.
+    fn move_dropped(
+        &mut self,
+        ledger: &mut Ledger,
+        component: u32,
+        cluster: &ClusterName,
+        reason: &str,
+    ) -> Vec<Effect> {
+        let job = ledger.id().clone();
+        let Some(run) = ledger.gather_mut().run.as_mut() else {
+            return Vec::new();
+        };
+        let Some(to) = run.moving.get(&component).cloned() else {
+            return Vec::new();
+        };
+        let from_there = &to == cluster;
+        let placed_here =
+            ledger.file().components.get(component as usize) == Some(&Some(cluster.clone()));
+        if !from_there && !placed_here {
+            return Vec::new();
+        }
+        if let Some(run) = ledger.gather_mut().run.as_mut() {
+            run.moving.remove(&component);
+        }
+        info!(component, to = %to, reason, "move of a grid component dropped");
+        let mut effects = vec![Effect::SaveJobFile];
+        if !from_there {
+            effects.push(Effect::ToKcm {
+                cluster: to,
+                msg: KcmMsg::WithdrawComponent { job, component },
+                followup: Followup::Nothing,
+            });
+        }
         effects
     }
 
@@ -394,10 +520,11 @@ impl Grid {
         cluster: ClusterName,
         reason: &str,
     ) -> Vec<Effect> {
+        let mut effects = self.move_dropped(ledger, component, &cluster, reason);
         let placed = ledger.file().components.get(component as usize);
         if placed != Some(&Some(cluster.clone())) {
             debug!(component, cluster = %cluster, "withdrawal ignored: not placed there");
-            return Vec::new();
+            return effects;
         }
         if ledger.book().is_finished(u64::from(component)) {
             debug!(component, cluster = %cluster, "withdrawal ignored: ended");
@@ -408,13 +535,28 @@ impl Grid {
         }
         ledger.set_state(JobState::Waiting);
         warn!(component, cluster = %cluster, reason, "grid component withdrawn; waiting to be placed again");
-        vec![Effect::SaveJobFile, Effect::Report]
+        effects.extend([Effect::SaveJobFile, Effect::Report]);
+        effects
     }
 
     /// A component ended. Its program's exit is final (a rigid job is not
     /// retried); a component lost without one sends the job back to
     /// placement while that can still make it whole.
     fn component_ended(
+        &mut self,
+        ledger: &mut Ledger,
+        outcome: ComponentOutcome,
+        now: Now,
+    ) -> Vec<Effect> {
+        // Ended where it was being moved to, or where it waited: the move
+        // is over.
+        let mut effects =
+            self.move_dropped(ledger, outcome.component, &outcome.cluster, "it ended");
+        effects.extend(self.component_ended_here(ledger, outcome, now));
+        effects
+    }
+
+    fn component_ended_here(
         &mut self,
         ledger: &mut Ledger,
         outcome: ComponentOutcome,
@@ -613,7 +755,20 @@ impl Kind for Grid {
     fn on_control(&mut self, ledger: &mut Ledger, msg: ControlMsg, now: Now) -> Vec<Effect> {
         let job = ledger.id();
         match msg {
-            ControlMsg::Place { clusters, stage_ms } => self.place(ledger, clusters, stage_ms, now),
+            ControlMsg::Place {
+                clusters,
+                stage_ms,
+                start_ms,
+            } => self.place(ledger, clusters, stage_ms, start_ms, now),
+            ControlMsg::Move {
+                component,
+                from,
+                to,
+                ..
+            } => self.move_component(ledger, component, from, to),
+            ControlMsg::ComponentQueued { component, cluster } => {
+                self.component_queued(ledger, component, cluster)
+            }
             ControlMsg::PlacementFailed { reason } => {
                 warn!(reason, "the scheduler gave up placing the job");
                 vec![finish_unfinished(self, ledger, FinalStatus::Failed)]
@@ -669,6 +824,9 @@ impl Kind for Grid {
             Followup::Component { component, cluster } if !arrived && self.may_restart(ledger) => {
                 let reason = format!("component {component}: {cluster} has no kcm");
                 self.restart(ledger, &reason, now)
+            }
+            Followup::Moved { component, cluster } if !arrived => {
+                self.move_dropped(ledger, component, &cluster, "its cluster has no kcm")
             }
             Followup::Component { component, cluster } if !arrived => {
                 warn!(component, cluster = %cluster, "no kcm for the cluster; component failed");
@@ -755,6 +913,7 @@ mod tests {
         grid.on_control(
             ControlMsg::Place {
                 clusters: vec!["c1".into(), "c2".into()],
+                start_ms: 0,
                 stage_ms: 0,
             },
             at(t0, 1),
@@ -805,6 +964,7 @@ mod tests {
         grid.on_control(
             ControlMsg::Place {
                 clusters: vec!["c1".into(), "c2".into()],
+                start_ms: 0,
                 stage_ms: 0,
             },
             at(t0, 1),
@@ -914,6 +1074,7 @@ mod tests {
         // The next run's start time counts from its own placement.
         let place = ControlMsg::Place {
             clusters: vec!["c2".into(), "c1".into()],
+            start_ms: 0,
             stage_ms: 0,
         };
         grid.on_control(place, at(t0, 30));
@@ -938,6 +1099,7 @@ mod tests {
         let effects = grid.on_control(
             ControlMsg::Place {
                 clusters: vec!["c3".into()],
+                start_ms: 0,
                 stage_ms: 0,
             },
             at(t0, 4),
@@ -1058,6 +1220,7 @@ mod tests {
         let mut grid = started(t0);
         let place = ControlMsg::Place {
             clusters: vec!["c1".into(), "c2".into()],
+            start_ms: 0,
             stage_ms: 0,
         };
         let effects = grid.on_control(place.clone(), at(t0, 1));
@@ -1135,6 +1298,7 @@ mod tests {
         let effects = grid.on_control(
             ControlMsg::Place {
                 clusters: vec!["c3".into()],
+                start_ms: 0,
                 stage_ms: 0,
             },
             at(t0, 5),
@@ -1166,6 +1330,7 @@ mod tests {
         let mut grid = started(t0);
         let place = ControlMsg::Place {
             clusters: vec!["c1".into()],
+            start_ms: 0,
             stage_ms: 0,
         };
         assert!(grid.on_control(place, at(t0, 1)).is_empty());
@@ -1199,6 +1364,7 @@ mod tests {
         for (run, t) in [(2u32, 4u64), (3, 6)] {
             let place = ControlMsg::Place {
                 clusters: vec!["c1".into(), "c2".into()],
+                start_ms: 0,
                 stage_ms: 0,
             };
             assert_eq!(told(&grid.on_control(place, at(t0, t))).len(), 2);
@@ -1245,6 +1411,7 @@ mod tests {
         grid.start();
         let place = || ControlMsg::Place {
             clusters: vec!["c1".into(), "c2".into()],
+            start_ms: 0,
             stage_ms: 0,
         };
         grid.on_control(place(), at(t0, 1));

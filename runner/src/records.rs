@@ -126,6 +126,11 @@ pub struct Claim {
     /// components are placed elsewhere.
     #[serde(default, skip_serializing_if = "std::collections::BTreeSet::is_empty")]
     pub avoid: std::collections::BTreeSet<ClusterName>,
+    /// Components being moved (reallocation), to the cluster each is
+    /// submitted to: they stay placed where they were until it has them
+    /// queued.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub moving: BTreeMap<u32, ClusterName>,
 }
 
 impl Claim {
@@ -142,6 +147,7 @@ impl Claim {
             stopping: None,
             stopped: Default::default(),
             avoid: Default::default(),
+            moving: BTreeMap::new(),
         }
     }
 }

@@ -607,6 +607,7 @@ mod tests {
                     stopping: Some(5),
                     stopped: [0].into(),
                     avoid: Default::default(),
+                    moving: Default::default(),
                 }),
             }),
         };

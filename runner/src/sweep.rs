@@ -630,6 +630,8 @@ impl Kind for Sweep {
             | ControlMsg::ComponentEnded(_)
             | ControlMsg::ComponentWithdrawn { .. }
             | ControlMsg::ComponentStarted { .. }
+            | ControlMsg::Move { .. }
+            | ControlMsg::ComponentQueued { .. }
             | ControlMsg::StepAside { .. } => {
                 debug!("grid job message ignored: this job is a sweep");
                 Vec::new()
@@ -666,6 +668,7 @@ impl Kind for Sweep {
             Followup::Leave { .. }
             | Followup::Poll { .. }
             | Followup::Component { .. }
+            | Followup::Moved { .. }
             | Followup::Nothing => {}
         }
         Vec::new()

@@ -6,7 +6,10 @@ use std::{
 };
 
 use gleaner_manifest::{JobId, Priority};
-use gleaner_policy::placement::{GridJob, StopRules, Weights, upgraded};
+use gleaner_policy::{
+    placement::{GridJob, Rule, StopRules, Weights, upgraded},
+    reallocation::{Algorithm, Heuristic},
+};
 use gleaner_protocol::{
     ClusterName, GridPlacement, GridReservation, GridSnapshot, JobReport, JobState, Millis, Now,
 };
@@ -30,6 +33,21 @@ pub struct GridConfig {
     /// When a running grid job may be stopped for one of higher priority.
     #[serde(flatten)]
     pub stop: StopRules,
+    /// Where components go: `mct` (where they complete first, waiting in
+    /// a batch queue if need be) or `worst-fit` (free slots now only).
+    #[serde(rename = "grid_placement")]
+    pub placement: Rule,
+    /// How often waiting components are reallocated (seed 002); 0: never.
+    #[serde(with = "humantime_serde")]
+    pub reallocate_every: Duration,
+    /// The least a move must bring a component's completion forward.
+    #[serde(with = "humantime_serde")]
+    pub reallocate_gain: Duration,
+    /// `regular` or `all-cancellation`.
+    #[serde(rename = "reallocation_algorithm")]
+    pub reallocation: Algorithm,
+    /// `mct` or `minmin`.
+    pub reallocation_heuristic: Heuristic,
 }
 
 impl Default for GridConfig {
@@ -40,6 +58,11 @@ impl Default for GridConfig {
             max_tries: 0,
             reservation_timeout: Duration::from_secs(120),
             stop: StopRules::default(),
+            placement: Rule::default(),
+            reallocate_every: Duration::from_secs(3600),
+            reallocate_gain: Duration::from_secs(60),
+            reallocation: Algorithm::default(),
+            reallocation_heuristic: Heuristic::default(),
         }
     }
 }
@@ -231,6 +254,12 @@ impl GridBook {
                     components: e.report.components.clone(),
                     avoid: e.report.avoid.clone(),
                     inputs: e.report.component_inputs.clone(),
+                    walltime_ms: e
+                        .report
+                        .gathering
+                        .as_ref()
+                        .and_then(|g| g.walltime_s)
+                        .map(|s| (s * 1000.0) as u64),
                 };
                 (e, job)
             })

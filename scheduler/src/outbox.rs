@@ -69,9 +69,37 @@ pub fn message(action: Action) -> (JobId, ControlMsg) {
             job,
             clusters,
             stage_ms,
+            start_ms,
         } => {
-            info!(job = %job, clusters = ?clusters, stage_ms, "grid job placed");
-            (job, ControlMsg::Place { clusters, stage_ms })
+            info!(job = %job, clusters = ?clusters, stage_ms, start_ms, "grid job placed");
+            (
+                job,
+                ControlMsg::Place {
+                    clusters,
+                    stage_ms,
+                    start_ms,
+                },
+            )
+        }
+        Action::Move {
+            job,
+            component,
+            from,
+            to,
+            start_ms,
+            before_ms,
+            after_ms,
+        } => {
+            info!(job = %job, component, from = %from, to = %to, before_s = before_ms / 1000, after_s = after_ms / 1000, "reallocation: a waiting component moves where it completes earlier");
+            (
+                job,
+                ControlMsg::Move {
+                    component,
+                    from,
+                    to,
+                    start_ms,
+                },
+            )
         }
         Action::StepAside { job, reason } => {
             info!(job = %job, reason, "grid job stopped for one of higher priority");

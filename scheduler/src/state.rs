@@ -13,7 +13,9 @@ use std::{
 use gleaner_manifest::{JobId, JobKind};
 use gleaner_policy::{
     access::Users,
-    placement::{self, GridJob, HostRoom, Running, Site},
+    ect::{NEVER_MS, Profile, scaled},
+    placement::{self, GridJob, HostRoom, Running, Site, SiteEct},
+    reallocation::{self, Waiting},
     share::{self, ClusterInput, JobInput, PolicyConfig},
 };
 use gleaner_protocol::{
@@ -110,6 +112,19 @@ pub enum Action {
         job: JobId,
         clusters: Vec<ClusterName>,
         stage_ms: u64,
+        /// When its last component is expected to start, ms from now.
+        start_ms: u64,
+    },
+    /// A waiting component moves where it would complete earlier.
+    Move {
+        job: JobId,
+        component: u32,
+        from: ClusterName,
+        to: ClusterName,
+        start_ms: u64,
+        /// Its expected completion where it waits and where it goes.
+        before_ms: u64,
+        after_ms: u64,
     },
     /// A grid job will not be placed.
     Abort { job: JobId, reason: String },
@@ -187,6 +202,40 @@ struct ClusterEntry {
 }
 
 impl ClusterEntry {
+    /// What its kcm foresees, as of `now`: its speed, its free slots over
+    /// time without gleaner's waiting components, and those components.
+    fn foresight(&self, now: Instant) -> Option<(f64, Profile, Vec<Waiting>)> {
+        let foresight = self.report.foresight.as_ref()?;
+        let age = now.saturating_duration_since(self.seen).as_millis() as u64;
+        let speed = foresight.speed;
+        let profile =
+            Profile::from_steps(self.report.total_slots, foresight.free.clone()).advanced(age);
+        let waiting = foresight
+            .waiting
+            .iter()
+            .map(|w| {
+                let walltime = w.walltime_ms.unwrap_or(NEVER_MS);
+                let here = scaled(walltime, speed);
+                let start = w.start_ms.saturating_sub(age);
+                Waiting {
+                    job: w.job.clone(),
+                    component: w.component,
+                    slots: w.slots,
+                    // Back to a walltime on a cluster of speed 1.
+                    walltime: match walltime {
+                        NEVER_MS => NEVER_MS,
+                        _ => (walltime as f64 * speed) as u64,
+                    },
+                    cluster: self.report.cluster.clone(),
+                    start,
+                    completion: start.saturating_add(here),
+                    barred: Vec::new(),
+                }
+            })
+            .collect();
+        Some((speed, profile, waiting))
+    }
+
     /// The idle slots that stayed idle for all of the last `settle`.
     fn settled_idle(&self, now: Instant, settle: Duration) -> u32 {
         if settle.is_zero() {
@@ -238,6 +287,8 @@ pub struct State {
     next_grant: GrantId,
     grid: GridBook,
     history: History,
+    /// When the next reallocation is due (none before the first round).
+    next_reallocation: Option<Instant>,
 }
 
 impl State {
@@ -508,7 +559,8 @@ impl State {
     /// One scheduling round: the policy's plan, turned into actions.
     pub fn round(&mut self, now: Instant, config: &StateConfig) -> Vec<Action> {
         self.expire(now, config);
-        let mut actions = self.place_grid_jobs(now, config);
+        let mut actions = self.reallocate(now, config);
+        actions.extend(self.place_grid_jobs(now, config));
         let clusters = self.policy_clusters(now, config);
         let jobs = self.policy_jobs();
         let plan = share::plan(&clusters, &jobs, &config.policy);
@@ -550,6 +602,77 @@ impl State {
         actions
     }
 
+    /// Seed 002's reallocation, when due: grid components waiting in
+    /// batch queues move where they would now complete earlier. Only
+    /// components of jobs still gathering, with a walltime, move; the
+    /// clusters their run did not start on are barred, and failing or
+    /// silent clusters take none.
+    fn reallocate(&mut self, now: Instant, config: &StateConfig) -> Vec<Action> {
+        let every = config.grid.reallocate_every;
+        if every.is_zero() || self.next_reallocation.is_some_and(|at| now < at) {
+            return Vec::new();
+        }
+        let first = self.next_reallocation.is_none();
+        self.next_reallocation = Some(now + every);
+        if first {
+            // A scheduler just up has not heard every cluster yet.
+            return Vec::new();
+        }
+        let mut sites = Vec::new();
+        let mut waiting = Vec::new();
+        for (name, c) in &self.clusters {
+            let usable = now.duration_since(c.seen) <= config.stale_after
+                && c.report.failed_starts < config.max_consecutive_failures;
+            let Some((speed, profile, here)) = c.foresight(now).filter(|_| usable) else {
+                continue;
+            };
+            sites.push(reallocation::Site {
+                name: name.clone(),
+                speed,
+                profile,
+            });
+            waiting.extend(here);
+        }
+        waiting.retain_mut(|w| {
+            let Some(report) = self.grid.report_of(&w.job) else {
+                return false;
+            };
+            let gathering = report.gathering.as_ref();
+            w.barred = report.avoid.clone();
+            w.walltime != NEVER_MS
+                && gathering.is_some_and(|g| g.running_since.is_none() && g.walltime_s.is_some())
+        });
+        let started = |w: &Waiting| self.grid.report_of(&w.job).map_or(0, |r| r.started_at);
+        waiting.sort_by_key(|w| (started(w), w.job.clone(), w.component));
+        let gain = config.grid.reallocate_gain.as_millis() as u64;
+        let moves = reallocation::reallocate(
+            &waiting,
+            &sites,
+            config.grid.reallocation,
+            config.grid.reallocation_heuristic,
+            gain,
+        );
+        info!(
+            waiting = waiting.len(),
+            moves = moves.len(),
+            algorithm = ?config.grid.reallocation,
+            heuristic = ?config.grid.reallocation_heuristic,
+            "reallocation"
+        );
+        moves
+            .into_iter()
+            .map(|m| Action::Move {
+                job: m.job,
+                component: m.component,
+                from: m.from,
+                to: m.to,
+                start_ms: m.start,
+                before_ms: m.before,
+                after_ms: m.after,
+            })
+            .collect()
+    }
+
     /// Places the grid jobs that can be placed, shrinking scavenging jobs
     /// where their slots are needed; counts a failed try for the others.
     fn place_grid_jobs(&mut self, now: Instant, config: &StateConfig) -> Vec<Action> {
@@ -585,10 +708,39 @@ impl State {
                     })
                     .collect(),
                 inputs: c.report.inputs.clone(),
+                ect: c.foresight(now).map(|(speed, profile, waiting)| {
+                    let mut profile = profile;
+                    // Their own components wait there: a new one queues
+                    // behind them.
+                    for w in &waiting {
+                        profile.reserve(w.start, w.slots, scaled(w.walltime, speed));
+                    }
+                    SiteEct { speed, profile }
+                }),
             })
             .collect();
-        let (placements, rooms) = placement::place_leaving(&waiting, &sites, config.grid.weights);
+        let (mut placements, rooms) =
+            placement::place_leaving(&waiting, &sites, config.grid.weights, config.grid.placement);
         let mut actions = Vec::new();
+        // A job that would wait in a batch queue, behind running jobs of
+        // lower priority it may stop, stops them instead (KOALA's
+        // priorities come before the completion times).
+        let mut stopping = None;
+        placements.retain(|placed| {
+            if placed.start_ms == 0 || stopping.is_some() {
+                return true;
+            }
+            let Some(job) = waiting.iter().find(|j| j.id == placed.job) else {
+                return true;
+            };
+            let stop = self.stop_for(job, &sites, now, config);
+            if stop.is_empty() {
+                return true;
+            }
+            stopping = Some(stop);
+            false
+        });
+        actions.extend(stopping.into_iter().flatten());
         for placed in &placements {
             for reclaim in &placed.reclaim {
                 let (cluster, slots) = (&reclaim.cluster, reclaim.slots);
@@ -614,6 +766,7 @@ impl State {
                 job: placed.job.clone(),
                 clusters: placed.clusters.clone(),
                 stage_ms,
+                start_ms: placed.start_ms,
             });
         }
         let room: Vec<String> = sites
@@ -1318,6 +1471,7 @@ pub(crate) mod tests {
             job: job("g"),
             clusters: vec!["c1".into()],
             stage_ms: 0,
+            start_ms: 0,
         }));
         assert_eq!(
             offers(&actions),
@@ -1396,6 +1550,7 @@ pub(crate) mod tests {
                 job: job("high"),
                 clusters: vec!["c1".into()],
                 stage_ms: 0,
+                start_ms: 0,
             }),
             "{actions:?}"
         );
@@ -1419,6 +1574,7 @@ pub(crate) mod tests {
             job: job("g"),
             clusters: vec!["c1".into()],
             stage_ms: 0,
+            start_ms: 0,
         }));
         assert!(
             offers(&actions).is_empty(),
@@ -1451,6 +1607,7 @@ pub(crate) mod tests {
             job: job("g"),
             clusters: vec!["c1".into()],
             stage_ms: 0,
+            start_ms: 0,
         };
         assert!(state.round(now, &config).contains(&place));
         let running = JobReport {

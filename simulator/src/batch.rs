@@ -680,11 +680,13 @@ impl Batch {
                     slots: c.nodes,
                     running: c.started.is_some(),
                     owner: SIMULATED_ACCOUNT.to_owned(),
+                    timing: Default::default(),
                 })
                 .collect(),
             // The simulated batch system knows gleaner's jobs as its own.
             named: Vec::new(),
             problem: None,
+            timing: Vec::new(),
         };
         let started = self
             .components

@@ -19,6 +19,7 @@ mod model;
 mod plot;
 mod runner;
 mod scenario;
+pub mod workload;
 
 use std::{collections::BTreeMap, path::Path};
 

@@ -222,6 +222,7 @@ impl<'a> Sim<'a> {
                         rng,
                     ),
                     kcm: KcmCore::new(CoreConfig {
+                        speed: 1.0,
                         backend: "simulated".to_owned(),
                         ..scenario.timing.kcm(spec).core
                     }),

@@ -184,7 +184,11 @@ fn a_held_component_is_placed_elsewhere_and_a_run_that_cannot_gather_goes_back()
     ));
     assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
     let tasks = by_task(&g.index(&job));
-    assert!(tasks.values().all(|t| t["status"] == "failed"), "{tasks:?}");
+    assert!(
+        tasks.values().all(|t| t["status"] == "failed"),
+        "{tasks:?}\n{}",
+        g.log("up")
+    );
     let file = g.job_file(&job).unwrap_or_default();
     assert_eq!(file["restarts"], 1, "{file}");
     assert!(
