@@ -262,6 +262,11 @@ pub fn gathering(j: &JobReport) -> Option<String> {
         1 => "1 claiming try".to_owned(),
         n => format!("{n} claiming tries"),
     });
+    match g.moves {
+        0 => {}
+        1 => parts.push("moved 1 time to complete earlier".to_owned()),
+        n => parts.push(format!("moved {n} times to complete earlier")),
+    }
     if let (Some(delay), Some(barrier)) = (g.start_delay_s, g.barrier_s) {
         parts.push(format!(
             "started {delay:.1}s after placement, {barrier:.1}s at the barrier"

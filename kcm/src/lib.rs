@@ -145,6 +145,10 @@ impl<B: Backend> Kcm<B> {
         info!(backend = self.backend.kind(), "kcm serving");
         let mut poll = tokio::time::interval(self.config.poll_interval);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A reading before the first order: one that comes again (the
+        // last kcm died before it acked it) finds what it already made.
+        poll.tick().await;
+        self.poll(&publisher).await?;
         loop {
             tokio::select! {
                 message = inbox.next() => match message {

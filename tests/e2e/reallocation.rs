@@ -1,0 +1,109 @@
+//! Seed 002 on real batch systems: a grid component goes where it would
+//! complete first, by the kcms' estimates, and moves, at a reallocation,
+//! to a cluster where it would now complete earlier — submitted there
+//! before it is withdrawn where it waited, with the scheduler and the
+//! kcm it moves to killed in the middle.
+
+use gleaner_protocol::naming::COMPONENT_PREFIX;
+use gleaner_testkit::{SgeQueues, SlurmCluster, by_task, qsub, sbatch, sge, wait_for};
+use nix::sys::signal::Signal;
+
+use crate::{MINUTE, gleaner};
+
+#[test]
+fn a_waiting_component_moves_where_it_starts_at_once_and_runs_once() {
+    let slurm = SlurmCluster::lock();
+    // c1: 4 slots, each held by a local job for half an hour; s1: Slurm's
+    // 12 CPUs held by a local job of ten minutes. A component of 4 slots
+    // and 2 minutes completes first on s1, where it waits.
+    let queues = SgeQueues::new(1, 4);
+    let queue = &queues.names[0];
+    let local: Vec<String> = (0..4)
+        .map(|_| {
+            qsub(&[
+                "-N",
+                "local",
+                "-q",
+                queue,
+                "-l",
+                "h_rt=1800",
+                "-b",
+                "y",
+                "/bin/sleep",
+                "1800",
+            ])
+        })
+        .collect();
+    sbatch(&[
+        "-p",
+        SlurmCluster::LOCAL,
+        "-N3",
+        "-n12",
+        "--time=10",
+        "--wrap",
+        "sleep 600",
+    ]);
+    wait_for("the local jobs to run", MINUTE, || {
+        queues
+            .jobs(queue)
+            .iter()
+            .filter(|j| !j.host.is_empty())
+            .count()
+            == 4
+            && slurm.jobs().iter().any(|j| j.state == "RUNNING")
+    });
+    let mut g = gleaner("realloc");
+    g.write(
+        "gleaner.toml",
+        &format!(
+            "[scheduler]\nreallocate_every = \"4s\"\nreallocate_gain = \"1m\"\n\
+             [[cluster]]\nname = \"c1\"\nbackend = \"sge\"\nqueue = \"{queue}\"\n\
+             [[cluster]]\nname = \"s1\"\nbackend = \"slurm\"\npartition = \"{}\"\n",
+            SlurmCluster::PARTITION
+        ),
+    );
+    let scheduler = g.start("scheduler", &["scheduler"]);
+    g.start("runner", &["runner"]);
+    let c1 = g.start("kcm-c1", &["kcm", "--cluster", "c1"]);
+    g.start("kcm-s1", &["kcm", "--cluster", "s1"]);
+    let ran = g.path().join("ran");
+    let job = g.submit(&format!(
+        "name = \"moved\"\nkind = \"grid\"\nwalltime = \"2m\"\n\
+         [[component]]\nslots = 4\ncommand = \"hostname >> {}; sleep 1\"\n",
+        ran.display()
+    ));
+    wait_for("the component waiting on s1", MINUTE, || {
+        slurm
+            .jobs()
+            .iter()
+            .any(|j| j.name.starts_with(COMPONENT_PREFIX) && j.state == "PENDING")
+    });
+    // c1's local jobs end: there it would start at once.
+    for id in &local {
+        sge("qdel", &[id]);
+    }
+    wait_for("the move", 2 * MINUTE, || {
+        g.log("runner").contains("moving a waiting grid component")
+    });
+    // Mid-move: the scheduler that decided it and the kcm it goes to die.
+    g.signal(scheduler, Signal::SIGKILL);
+    g.signal(c1, Signal::SIGKILL);
+    g.start("scheduler2", &["scheduler"]);
+    g.start("kcm-c1-2", &["kcm", "--cluster", "c1"]);
+    assert_eq!(g.wait_for_end(&job, 3 * MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks[&0]["status"], "succeeded", "{tasks:?}");
+    assert_eq!(tasks[&0]["cluster"], "c1", "{tasks:?}");
+    let runs = std::fs::read_to_string(&ran).unwrap_or_default();
+    assert_eq!(runs.lines().count(), 1, "ran once: {runs:?}");
+    let file = g.job_file(&job).unwrap_or_default();
+    assert_eq!(file["gathering"]["moves"], 1, "{file}");
+    let status = String::from_utf8_lossy(&g.run(&["status", &job]).stdout).into_owned();
+    assert!(status.contains("moved 1 time"), "{status}");
+    // Its submission on s1 is gone, none is left on c1.
+    wait_for("no component left", MINUTE, || {
+        let on_s1 = slurm.jobs().into_iter().map(|j| j.name);
+        let on_c1 = queues.jobs(queue).into_iter().map(|j| j.name);
+        on_s1.chain(on_c1).all(|n| !n.starts_with(COMPONENT_PREFIX))
+    });
+}
