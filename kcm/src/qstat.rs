@@ -758,6 +758,34 @@ mod tests {
     }
 
     #[test]
+    fn start_times_and_limits_are_read_as_utc_and_seconds() {
+        assert_eq!(utc_ms("1970-01-01T00:00:00"), Some(0));
+        assert_eq!(utc_ms("2026-11-25T14:27:15"), Some(1_795_616_835_000));
+        assert_eq!(utc_ms("2000-02-29T23:59:59.5"), Some(951_868_799_500));
+        for bad in [
+            "2026-13-01T00:00:00",
+            "2026-11-25",
+            "2026-11-25T25:00:00",
+            "x",
+        ] {
+            assert_eq!(utc_ms(bad), None, "{bad}");
+        }
+        assert_eq!(sge_duration_ms("1800"), Some(1_800_000));
+        assert_eq!(sge_duration_ms("1:00:00"), Some(3_600_000));
+        assert_eq!(sge_duration_ms("INFINITY"), None);
+        // The real output's running placeholder started then.
+        let snapshot = unjudged(include_str!("../tests/data/qstat-named.xml"), "c1.q");
+        let started: Vec<Option<u64>> = snapshot
+            .unwrap()
+            .named
+            .iter()
+            .filter(|n| !n.hosts.is_empty())
+            .map(|n| n.timing.start)
+            .collect();
+        assert!(started.contains(&Some(1_795_616_835_000)), "{started:?}");
+    }
+
+    #[test]
     fn broken_queues_and_output_are_reported() {
         let xml = r#"<?xml version='1.0'?><job_info><queue_info><Queue-List><name>c1.q@vm</name><slots_used>0</slots_used><slots_total>8</slots_total><state>E</state></Queue-List></queue_info><job_info></job_info></job_info>"#;
         let s = snapshot(xml, "c1.q").unwrap();

@@ -532,6 +532,59 @@ mod tests {
         );
     }
 
+    fn timing(slots: u32, running: bool, limit_s: u64, start_s: Option<u64>) -> Timing {
+        Timing {
+            slots,
+            running,
+            limit_ms: Some(limit_s * 1000),
+            start: start_s.map(|s| s * 1000),
+        }
+    }
+
+    /// 8 slots; now is 1000 s. A local job of 6 started at 900 s with an
+    /// hour's limit (ends at 4500 s); one of 4 waits (2 h), with no start
+    /// from the batch system; gleaner's component of 4 (10 min) waits too,
+    /// with Slurm's start at 5000 s; another of 2 (10 min) waits, no start.
+    #[test]
+    fn the_foresight_leaves_gleaners_waiting_components_out_and_says_when_each_starts() {
+        let now = 1_000_000;
+        let component = |n: u32, slots: u32, start_s: Option<u64>| ComponentRun {
+            id: format!("{n}"),
+            job: "g-0000000000000000".parse().unwrap(),
+            component: n,
+            slots,
+            running: false,
+            owner: "root".into(),
+            timing: timing(slots, false, 600, start_s),
+        };
+        let snapshot = Snapshot {
+            hosts: vec![Host::new("n1", 8)],
+            timing: vec![
+                timing(6, true, 3600, Some(900)),
+                timing(4, false, 7200, None),
+            ],
+            components: vec![component(0, 4, Some(5000)), component(1, 2, None)],
+            ..Snapshot::default()
+        };
+        let f = snapshot.foresight(now, 2.0);
+        assert_eq!(f.speed, 2.0);
+        // Free: 2 until 3500 s from now; the local job of 4 then runs 2 h.
+        assert_eq!(f.free, [(0, 2), (3_500_000, 4), (10_700_000, 8)]);
+        let waiting: Vec<(u32, u64, EctSource)> = f
+            .waiting
+            .iter()
+            .map(|w| (w.component, w.start_ms, w.source))
+            .collect();
+        assert_eq!(
+            waiting,
+            [
+                (0, 4_000_000, EctSource::BatchSystem),
+                // 2 slots are free now beside the running job.
+                (1, 0, EctSource::Model),
+            ]
+        );
+    }
+
     #[test]
     fn judged_named_jobs_are_gleaners_or_their_owners_local_jobs() {
         let job: JobId = "g-0000000000000000".parse().unwrap();

@@ -493,6 +493,46 @@ mod tests {
     }
 
     #[test]
+    fn time_limits_and_start_times_are_read_for_estimates() {
+        for (text, ms) in [
+            ("1-02:03:04", Some(((26 * 60 + 3) * 60 + 4) * 1000)),
+            ("2:00:00", Some(7_200_000)),
+            ("30:00", Some(1_800_000)),
+            ("45", Some(2_700_000)),
+            ("UNLIMITED", None),
+            ("INVALID", None),
+            ("1-", None),
+        ] {
+            assert_eq!(slurm_duration_ms(text), ms, "{text}");
+        }
+        let squeue = "M|12|carol|RUNNING|node1|2|1|OK|local|None|0|N/A|1:00:00|1796295600|wrap\n\
+            M|13|carol|PENDING||4|1|OK|local|Resources|0|N/A|30:00|1796299200|whole\n\
+            M|14|carol|PENDING||4|1|OK|local|Priority|0|N/A|UNLIMITED|N/A|later\n\
+            M|15|carol|RUNNING|vm|4|1|OK|solo|None|0|N/A|1:00:00|1796295600|elsewhere\n\
+            M|11|root|PENDING||6|2|OK|gleaner|Priority|0|N/A|10:00|1796300000|gg-mpi-00000000000beef0.0\n";
+        let s = judged(SINFO, squeue, "gleaner").unwrap();
+        let timing: Vec<(u32, bool, Option<u64>, Option<u64>)> = s
+            .timing
+            .iter()
+            .map(|t| (t.slots, t.running, t.limit_ms, t.start))
+            .collect();
+        assert_eq!(
+            timing,
+            [
+                (2, true, Some(3_600_000), Some(1_796_295_600_000)),
+                (4, false, Some(1_800_000), Some(1_796_299_200_000)),
+                (4, false, None, None),
+            ],
+            "a job on other nodes is not this cluster's"
+        );
+        let component = &s.components[0].timing;
+        assert_eq!(
+            (component.limit_ms, component.start),
+            (Some(600_000), Some(1_796_300_000_000))
+        );
+    }
+
+    #[test]
     fn host_lists_expand() {
         assert_eq!(
             expand_hostlist("node[1-3,5],vm"),

@@ -972,6 +972,118 @@ mod tests {
         grid
     }
 
+    fn move_to(component: u32, from: &str, to: &str) -> ControlMsg {
+        ControlMsg::Move {
+            component,
+            from: from.into(),
+            to: to.into(),
+            start_ms: 0,
+        }
+    }
+
+    fn queued(component: u32, cluster: &str) -> ControlMsg {
+        ControlMsg::ComponentQueued {
+            component,
+            cluster: cluster.into(),
+        }
+    }
+
+    fn placed_on(grid: &Job<Grid>) -> Vec<String> {
+        let file = grid.job_file();
+        file.components
+            .iter()
+            .map(|c| c.as_ref().map_or("-".to_owned(), |c| c.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn a_moved_component_is_withdrawn_where_it_waited_only_once_its_new_cluster_has_it() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        let effects = grid.on_control(move_to(1, "c2", "c3"), at(t0, 2));
+        assert_eq!(told(&effects), [("c3".to_owned(), "submit_component")]);
+        assert_eq!(placed_on(&grid), ["c1", "c2"], "still where it waits");
+        assert!(
+            told(&grid.on_control(move_to(1, "c2", "c3"), at(t0, 3))).is_empty(),
+            "one move at a time"
+        );
+        assert!(
+            told(&grid.on_control(queued(1, "c2"), at(t0, 3))).is_empty(),
+            "queued where it was: nothing new"
+        );
+        let effects = grid.on_control(queued(1, "c3"), at(t0, 4));
+        assert_eq!(told(&effects), [("c2".to_owned(), "withdraw_component")]);
+        assert_eq!(placed_on(&grid), ["c1", "c3"]);
+        assert_eq!(gathering(&grid).moves, 1);
+        // It starts where it went, and the job gathers there.
+        grid.on_control(started_on(0, "c1", "a1"), at(t0, 5));
+        let effects = grid.on_control(started_on(1, "c3", "d1"), at(t0, 6));
+        let go: Vec<(String, &str)> = told(&effects);
+        assert_eq!(
+            go,
+            [("c1".to_owned(), "go"), ("c3".to_owned(), "go")],
+            "{effects:?}"
+        );
+    }
+
+    #[test]
+    fn a_component_that_starts_where_it_waits_stays_and_its_copy_is_withdrawn() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        grid.on_control(move_to(1, "c2", "c3"), at(t0, 2));
+        let effects = grid.on_control(started_on(1, "c2", "b1"), at(t0, 3));
+        assert_eq!(told(&effects), [("c3".to_owned(), "withdraw_component")]);
+        assert!(
+            told(&grid.on_control(queued(1, "c3"), at(t0, 4))).is_empty(),
+            "the move is over"
+        );
+        assert_eq!(placed_on(&grid), ["c1", "c2"]);
+        assert_eq!(gathering(&grid).moves, 0);
+        // Started: it never moves again.
+        assert!(told(&grid.on_control(move_to(1, "c2", "c3"), at(t0, 5))).is_empty());
+    }
+
+    #[test]
+    fn a_component_started_where_it_goes_before_it_is_said_queued_has_moved() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        grid.on_control(move_to(1, "c2", "c3"), at(t0, 2));
+        let effects = grid.on_control(started_on(1, "c3", "d1"), at(t0, 3));
+        assert_eq!(told(&effects), [("c2".to_owned(), "withdraw_component")]);
+        assert_eq!(placed_on(&grid), ["c1", "c3"]);
+        assert_eq!(grid.standing(at(t0, 3)).gathering.unwrap().at_barrier, 1);
+    }
+
+    #[test]
+    fn a_move_its_new_cluster_cannot_take_is_dropped_and_the_job_goes_on() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        grid.on_control(move_to(1, "c2", "c3"), at(t0, 2));
+        let refused = ControlMsg::ComponentEnded(ComponentOutcome {
+            component: 1,
+            cluster: "c3".into(),
+            exit_code: None,
+            runtime_ms: 0,
+            stdout: Captured::default(),
+            stderr: Captured::default(),
+            preempted: false,
+        });
+        let effects = grid.on_control(refused, at(t0, 3));
+        assert!(recorded(&effects).is_empty(), "{effects:?}");
+        assert!(told(&effects).is_empty(), "{effects:?}");
+        assert_eq!(placed_on(&grid), ["c1", "c2"]);
+        // A kcm that is not there: dropped too, and a next move may go.
+        let effects = grid.on_control(move_to(1, "c2", "c4"), at(t0, 4));
+        assert_eq!(told(&effects), [("c4".to_owned(), "submit_component")]);
+        let missing = Followup::Moved {
+            component: 1,
+            cluster: "c4".into(),
+        };
+        grid.on_delivery(missing, false, at(t0, 5));
+        let effects = grid.on_control(move_to(1, "c2", "c3"), at(t0, 6));
+        assert_eq!(told(&effects), [("c3".to_owned(), "submit_component")]);
+    }
+
     #[test]
     fn components_wait_at_the_barrier_until_all_have_started() {
         let t0 = Instant::now();

@@ -1458,6 +1458,127 @@ pub(crate) mod tests {
         }
     }
 
+    /// A cluster of 8 slots, all free but for `busy` held by local jobs
+    /// for `busy_s`, with gleaner's component `waiting` (job, slots,
+    /// start in s, walltime in s) in its queue.
+    fn foreseeing(
+        name: &str,
+        busy: u32,
+        busy_s: u64,
+        waiting: Option<(&str, u32, u64, u64)>,
+    ) -> ClusterReport {
+        let free = match busy {
+            0 => vec![(0, 8)],
+            _ => vec![(0, 8 - busy), (busy_s * 1000, 8)],
+        };
+        ClusterReport {
+            cluster: name.into(),
+            free_slots: Some(8 - busy),
+            foresight: Some(gleaner_protocol::Foresight {
+                speed: 1.0,
+                free,
+                waiting: waiting
+                    .into_iter()
+                    .map(
+                        |(j, slots, start_s, walltime_s)| gleaner_protocol::WaitingComponent {
+                            job: job(j),
+                            component: 0,
+                            slots,
+                            start_ms: start_s * 1000,
+                            walltime_ms: Some(walltime_s * 1000),
+                            source: gleaner_protocol::EctSource::Model,
+                        },
+                    )
+                    .collect(),
+            }),
+            ..cluster_report(8 - busy, &[], vec![])
+        }
+    }
+
+    #[test]
+    fn mct_queues_a_grid_job_where_it_completes_first_and_reallocation_moves_it() {
+        let config = StateConfig {
+            grid: GridConfig {
+                reallocate_every: Duration::from_secs(60),
+                ..GridConfig::default()
+            },
+            ..StateConfig::default()
+        };
+        let now = Instant::now();
+        let mut state = State::new(GrantId::new(1));
+        let mut report = grid_report("g", Priority::High, &[8]);
+        report.gathering = Some(gleaner_protocol::Gathering {
+            walltime_s: Some(600.0),
+            ..Default::default()
+        });
+        state.on_job_update(report.clone(), now);
+        // c1 is full for 20 min, c2 for an hour.
+        state.on_cluster(foreseeing("c1", 8, 1200, None), now, &config);
+        state.on_cluster(foreseeing("c2", 8, 3600, None), now, &config);
+        let actions = state.round(now, &config);
+        assert!(
+            actions.contains(&Action::Place {
+                job: job("g"),
+                clusters: vec!["c1".into()],
+                stage_ms: 0,
+                start_ms: 1_200_000,
+            }),
+            "{actions:?}"
+        );
+        // Queued on c1; then c2 frees up.
+        report.state = JobState::Running;
+        report.components = Vec::new();
+        let t = |s| now + Duration::from_secs(s);
+        state.on_job_update(report.clone(), t(30));
+        state.on_cluster(
+            foreseeing("c1", 8, 1170, Some(("g", 8, 1170, 600))),
+            t(30),
+            &config,
+        );
+        state.on_cluster(foreseeing("c2", 0, 0, None), t(30), &config);
+        assert!(
+            !state
+                .round(t(30), &config)
+                .iter()
+                .any(|a| matches!(a, Action::Move { .. })),
+            "not due"
+        );
+        state.on_job_update(report, t(61));
+        state.on_cluster(
+            foreseeing("c1", 8, 1139, Some(("g", 8, 1139, 600))),
+            t(61),
+            &config,
+        );
+        state.on_cluster(foreseeing("c2", 0, 0, None), t(61), &config);
+        let actions = state.round(t(61), &config);
+        let moves: Vec<&Action> = actions
+            .iter()
+            .filter(|a| matches!(a, Action::Move { .. }))
+            .collect();
+        assert_eq!(
+            moves,
+            [&Action::Move {
+                job: job("g"),
+                component: 0,
+                from: "c1".into(),
+                to: "c2".into(),
+                start_ms: 0,
+                before_ms: 1_739_000,
+                // 1139 s to wait, then 600 s.
+                after_ms: 600_000,
+            }]
+        );
+        let mut off = config.clone();
+        off.grid.reallocate_every = Duration::ZERO;
+        assert!(
+            !state
+                .round(t(200), &off)
+                .iter()
+                .any(|a| matches!(a, Action::Move { .. })),
+            "reallocation off"
+        );
+    }
+
     #[test]
     fn a_grid_job_takes_free_slots_and_blocks_grows_on_them() {
         let config = StateConfig::default();
