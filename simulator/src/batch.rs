@@ -5,11 +5,14 @@
 use std::collections::VecDeque;
 
 use gleaner_kcm::{
-    ComponentRun, Host, Placeholder, Snapshot,
+    ComponentRun, Host, Placeholder, Snapshot, Timing,
     core::{SpooledExit, SpooledStart},
 };
 use gleaner_manifest::{JobId, Needs};
-use gleaner_policy::local::WaitingJob;
+use gleaner_policy::{
+    ect::{Discipline, NEVER_MS, Profile, Queued, schedule},
+    local::WaitingJob,
+};
 use gleaner_protocol::{
     Captured, ClusterName, ControlMsg, HostSlots, LauncherId, LauncherInfo, LauncherStatus,
     ResultMsg, RunStatus, RunningTask, TaskMsg, naming,
@@ -43,19 +46,25 @@ pub struct Tasks {
     pub lost_work: f64,
 }
 
-struct LocalJob {
-    id: String,
-    nodes: u32,
-    duration: f64,
-    arrived: f64,
+pub struct LocalJob {
+    pub id: String,
+    pub nodes: u32,
+    /// How long it runs, at most its walltime (on this cluster).
+    pub duration: f64,
+    /// The walltime it asked for (s): what the batch scheduler plans by.
+    pub walltime: f64,
+    pub arrived: f64,
     /// It wants GPU nodes only.
-    gpu: bool,
+    pub gpu: bool,
 }
 
 /// A local job that runs.
 struct Running {
     nodes: u32,
     end: f64,
+    started: f64,
+    /// When its walltime is up, as the batch scheduler plans.
+    limit: f64,
     /// Of its nodes, those with a GPU.
     gpu_nodes: u32,
     /// It uses their GPUs.
@@ -68,6 +77,9 @@ struct Component {
     index: u32,
     nodes: u32,
     length: f64,
+    /// Its walltime here (s; `INFINITY` without one).
+    walltime: f64,
+    submitted: f64,
     started: Option<f64>,
     /// When its job let it past the barrier: it runs `length` from then.
     released: Option<f64>,
@@ -195,6 +207,9 @@ pub struct Batch {
     next_id: u64,
     /// The launchers' heartbeat (s).
     heartbeat: f64,
+    /// How it orders its queue, by walltimes (seed 002); without one,
+    /// grid components first and local jobs in order, as they fit.
+    discipline: Option<Discipline>,
 }
 
 impl Batch {
@@ -217,9 +232,12 @@ impl Batch {
         let mut used = 0;
         while used < target {
             let n = rng.random_range(low..=high).min(target - used).max(1);
+            let end = exponential(&mut rng, 1.0 / mean_duration.max(1.0));
             local.push(Running {
                 nodes: n,
-                end: exponential(&mut rng, 1.0 / mean_duration.max(1.0)),
+                end,
+                started: 0.0,
+                limit: end,
                 // Plain nodes first, as the batch system places them.
                 gpu_nodes: (used + n).saturating_sub(plain).min(n),
                 gpu: false,
@@ -244,6 +262,7 @@ impl Batch {
             launchers: Vec::new(),
             next_id: 0,
             heartbeat,
+            discipline: spec.batch_scheduler,
         }
     }
 
@@ -306,7 +325,8 @@ impl Batch {
         self.local.retain(|r| r.end > t);
         let spool = &mut self.spool;
         self.components.retain(|c| match c.released {
-            Some(start) if start + c.length <= t => {
+            // Killed at its walltime, if its work is not done by then.
+            Some(start) if start + c.length.min(c.walltime) <= t => {
                 spool.push(SpooledExit {
                     job: c.job.clone(),
                     component: c.index,
@@ -393,6 +413,7 @@ impl Batch {
                     nodes
                 },
                 duration,
+                walltime: duration,
                 arrived: self.next_arrival,
                 gpu,
             });
@@ -406,6 +427,98 @@ impl Batch {
     /// then local jobs in order; gleaner's placeholders, submitted at the
     /// lowest priority, only when no other job waits.
     pub fn dispatch(&mut self, t: f64, out: &mut Happenings) {
+        match self.discipline {
+            Some(discipline) => self.dispatch_in_order(t, discipline, out),
+            None => self.dispatch_components_first(t, out),
+        }
+        if !self.queue.is_empty() || self.components.iter().any(|c| c.started.is_none()) {
+            return;
+        }
+        self.dispatch_launchers(t, out);
+    }
+
+    /// A batch scheduler's cycle over local jobs and grid components
+    /// alike, in the order they came, by their walltimes: what starts now
+    /// under `discipline` (placeholders are not in the plan: they take
+    /// only nodes nothing waits for). GPUs are not told apart.
+    fn dispatch_in_order(&mut self, t: f64, discipline: Discipline, out: &mut Happenings) {
+        let ms = |s: f64| millis(s.max(0.0));
+        let running = self
+            .local
+            .iter()
+            .map(|r| (r.nodes, ms(r.limit - t)))
+            .chain(
+                self.components
+                    .iter()
+                    .filter_map(|c| Some((c.nodes, ms(c.started? + c.walltime - t)))),
+            )
+            .chain(
+                self.launchers
+                    .iter()
+                    .filter(|l| l.dispatched.is_some())
+                    .map(|_| (1, NEVER_MS)),
+            );
+        let profile = Profile::new(self.nodes, running);
+        // Waiting: (arrival, local job index or component index).
+        let mut waiting: Vec<(f64, Result<usize, usize>)> = self
+            .queue
+            .iter()
+            .enumerate()
+            .map(|(i, j)| (j.arrived, Ok(i)))
+            .chain(
+                self.components
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, c)| c.started.is_none())
+                    .map(|(i, c)| (c.submitted, Err(i))),
+            )
+            .collect();
+        waiting.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let queued: Vec<Queued> = waiting
+            .iter()
+            .map(|(_, w)| match *w {
+                Ok(i) => Queued {
+                    slots: self.queue[i].nodes,
+                    walltime: ms(self.queue[i].walltime),
+                },
+                Err(i) => Queued {
+                    slots: self.components[i].nodes,
+                    walltime: ms(self.components[i].walltime.min(1e12)),
+                },
+            })
+            .collect();
+        let plan = schedule(&profile, &queued, discipline);
+        let mut started_local = Vec::new();
+        for k in plan.start_now {
+            match waiting[k].1 {
+                Ok(i) => started_local.push(i),
+                Err(i) => {
+                    let c = &mut self.components[i];
+                    c.started = Some(t);
+                    out.components_started.push((c.job.clone(), c.index));
+                }
+            }
+        }
+        started_local.sort_unstable();
+        for i in started_local.into_iter().rev() {
+            let Some(job) = self.queue.remove(i) else {
+                continue;
+            };
+            out.local_started.push((job.id, t - job.arrived));
+            self.local.push(Running {
+                nodes: job.nodes,
+                // Killed at its walltime.
+                end: t + job.duration.min(job.walltime),
+                started: t,
+                limit: t + job.walltime,
+                gpu_nodes: 0,
+                gpu: job.gpu,
+            });
+        }
+    }
+
+    /// Grid components where they fit, then local jobs in order.
+    fn dispatch_components_first(&mut self, t: f64, out: &mut Happenings) {
         for i in 0..self.components.len() {
             let c = &self.components[i];
             if c.started.is_some() {
@@ -428,13 +541,17 @@ impl Batch {
             self.local.push(Running {
                 nodes: job.nodes,
                 end: t + job.duration,
+                started: t,
+                limit: t + job.walltime,
                 gpu_nodes,
                 gpu: job.gpu,
             });
         }
-        if !self.queue.is_empty() || self.components.iter().any(|c| c.started.is_none()) {
-            return;
-        }
+    }
+
+    /// Gleaner's placeholders, submitted at the lowest priority: on nodes
+    /// nothing else waits for.
+    fn dispatch_launchers(&mut self, t: f64, out: &mut Happenings) {
         let mut free = self.free();
         for l in self.launchers.iter_mut().filter(|l| l.dispatched.is_none()) {
             let Some(gpu_nodes) = place(free, 1, l.gpu) else {
@@ -490,14 +607,25 @@ impl Batch {
         }
     }
 
-    pub fn submit_component(&mut self, job: JobId, index: u32, nodes: u32, length: f64) {
+    /// A component of `length` s of work and a walltime of `walltime` s
+    /// on a node of speed 1, submitted at `t`.
+    pub fn submit_component(
+        &mut self,
+        job: JobId,
+        index: u32,
+        nodes: u32,
+        (length, walltime): (f64, Option<f64>),
+        t: f64,
+    ) {
         let batch_id = self.batch_id();
         self.components.push(Component {
             batch_id,
             job,
             index,
             nodes,
-            length,
+            length: length / self.speed,
+            walltime: walltime.map_or(f64::INFINITY, |w| w / self.speed),
+            submitted: t,
             started: None,
             released: None,
             gpu_nodes: 0,
@@ -529,6 +657,11 @@ impl Batch {
             preempted: true,
         });
         Some(stopped.released.map_or(0.0, |r| t - r))
+    }
+
+    /// A job of the cluster's own, from a workload.
+    pub fn submit_local(&mut self, job: LocalJob) {
+        self.queue.push_back(job);
     }
 
     fn batch_id(&mut self) -> String {
@@ -616,6 +749,7 @@ impl Batch {
     /// What the kcm reads: the batch system, the exit statuses in the
     /// spool, and the started components' hosts.
     pub fn read(&self, jobs: &[JobId]) -> (Snapshot, Vec<SpooledExit>, Vec<SpooledStart>) {
+        let limit = |walltime: f64| walltime.is_finite().then(|| millis(walltime));
         // The cluster is one host of its plain nodes, and one of its GPU
         // nodes if it has any: DAS-3's jobs take whole nodes, any of
         // them, so no waiting job needs a particular one.
@@ -680,13 +814,37 @@ impl Batch {
                     slots: c.nodes,
                     running: c.started.is_some(),
                     owner: SIMULATED_ACCOUNT.to_owned(),
-                    timing: Default::default(),
+                    timing: Timing {
+                        slots: c.nodes,
+                        running: c.started.is_some(),
+                        limit_ms: limit(c.walltime),
+                        start: c.started.map(millis),
+                    },
                 })
                 .collect(),
             // The simulated batch system knows gleaner's jobs as its own.
             named: Vec::new(),
             problem: None,
-            timing: Vec::new(),
+            // What the batch scheduler plans by, where it orders its queue.
+            timing: match self.discipline {
+                Some(_) => self
+                    .local
+                    .iter()
+                    .map(|r| Timing {
+                        slots: r.nodes,
+                        running: true,
+                        limit_ms: limit(r.limit - r.started),
+                        start: Some(millis(r.started)),
+                    })
+                    .chain(self.queue.iter().map(|j| Timing {
+                        slots: j.nodes,
+                        running: false,
+                        limit_ms: limit(j.walltime),
+                        start: None,
+                    }))
+                    .collect(),
+                None => Vec::new(),
+            },
         };
         let started = self
             .components

@@ -19,6 +19,7 @@ mod model;
 mod plot;
 mod runner;
 mod scenario;
+pub mod study;
 pub mod workload;
 
 use std::{collections::BTreeMap, path::Path};
@@ -35,6 +36,8 @@ pub struct Comparison {
     pub scenario: String,
     pub baseline: Run,
     pub runs: Vec<Run>,
+    /// Seed 002's reallocation experiment, where the scenario asks for it.
+    pub study: Option<study::Study>,
 }
 
 /// How much a run's waits exceed the baseline's, over the jobs that started in both.
@@ -215,6 +218,8 @@ impl Comparison {
                 .into_iter()
                 .map(|p| simulate(scenario, Some(p)))
                 .collect(),
+            study: (scenario.reallocation_seeds > 0)
+                .then(|| study::Study::run(scenario, scenario.reallocation_seeds)),
         }
     }
 
@@ -228,8 +233,11 @@ impl Comparison {
 
     pub fn text(&self) -> String {
         let mut out = format!("{}\n", self.scenario);
-        if let Some(koala) = Koala::of(&self.baseline) {
+        if let Some(koala) = Koala::of(&self.baseline).filter(|_| self.study.is_none()) {
             out.push_str(&koala.text());
+        }
+        if let Some(study) = &self.study {
+            out.push_str(&study.text());
         }
         // Without scavenging jobs there is nothing to compare by policy.
         for run in self.runs.iter().filter(|run| !run.jobs.is_empty()) {
@@ -279,13 +287,15 @@ impl Comparison {
             })
             .collect();
         let koala = Koala::of(&self.baseline).map(|k| k.json());
-        json!({ "scenario": self.scenario, "runs": runs, "koala": koala })
+        let reallocation = self.study.as_ref().map(study::Study::json);
+        json!({ "scenario": self.scenario, "runs": runs, "koala": koala, "reallocation": reallocation })
     }
 
     /// Writes one SVG per policy into `dir`: the grid's load over time.
     pub fn plot(&self, dir: &Path, stem: &str) -> Result<Vec<std::path::PathBuf>, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        self.runs
+        let mut files: Vec<std::path::PathBuf> = self
+            .runs
             .iter()
             .map(|run| {
                 let policy = run.policy.map_or("none", CsPolicy::name);
@@ -293,7 +303,13 @@ impl Comparison {
                 plot::load(run, &format!("{} — {policy}", self.scenario), &path)?;
                 Ok(path)
             })
-            .collect()
+            .collect::<Result<_, String>>()?;
+        if let Some(study) = &self.study {
+            let path = dir.join(format!("{stem}-reallocation.png"));
+            study.box_plot(&path)?;
+            files.push(path);
+        }
+        Ok(files)
     }
 }
 
@@ -325,6 +341,41 @@ mod tests {
                 "{name}: local jobs {local:?}"
             );
         }
+    }
+
+    /// The fixture's five jobs on 8 nodes, by hand (start, as waited):
+    /// 1 (4 nodes, 100 s) at once; 2 (6 nodes, asks 200 s, runs 50)
+    /// reserved when 1 ends, at 101; 3 (2 nodes) backfills at 11, ending
+    /// before 2's reservation; 4 (4 nodes, 80 s) fits nowhere before 2 is
+    /// done: reserved at 301 by the walltimes, it starts at 151, when 2
+    /// ends early; 5 (2 nodes, 20 s) backfills at 31.
+    #[test]
+    fn conservative_backfilling_replays_a_small_log_as_computed_by_hand() {
+        let text = format!(
+            "name = \"cbf\"\nduration = \"10m\"\njob = []\n\
+             [[cluster]]\nname = \"c\"\nnodes = 8\nbatch_scheduler = \"conservative\"\n\
+             [grid_jobs]\nworkload = \"trace\"\n\
+             [grid_jobs.trace]\nthrough_gleaner = 0.0\nswf = \"{}\"\n",
+            concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/cbf-hand.swf")
+        );
+        let scenario = Scenario::from_toml(&text).unwrap();
+        let run = simulate(&scenario, None);
+        let waits: Vec<(String, f64)> = run.local_waits.into_iter().collect();
+        assert_eq!(
+            waits,
+            [
+                ("c-trace-0".to_owned(), 0.0),
+                ("c-trace-1".to_owned(), 100.0),
+                ("c-trace-2".to_owned(), 0.0),
+                ("c-trace-3".to_owned(), 130.0),
+                ("c-trace-4".to_owned(), 0.0),
+            ]
+        );
+        // First come first served holds 3 and 5 behind 2.
+        let fcfs = Scenario::from_toml(&text.replace("conservative", "fcfs")).unwrap();
+        let waits = simulate(&fcfs, None).local_waits;
+        assert_eq!(waits["c-trace-2"], 90.0);
+        assert_eq!(waits["c-trace-4"], 120.0);
     }
 
     #[test]

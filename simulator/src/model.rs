@@ -23,7 +23,7 @@ use gleaner_scheduler::{
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
 use crate::{
-    batch::{Batch, Happenings, Tasks, millis},
+    batch::{Batch, Happenings, LocalJob, Tasks, millis},
     runner::{GridRunner, Reach, SweepRunner},
     scenario::{GridWorkload, Scenario},
 };
@@ -89,6 +89,10 @@ pub struct GridOutcome {
     pub done: bool,
     /// Seconds from its submission to its end.
     pub makespan_s: Option<f64>,
+    /// Times it moved to a cluster where it would complete earlier.
+    pub moves: u32,
+    /// When it was submitted (s into the run).
+    pub arrival: f64,
 }
 
 /// Nodes in use at one moment.
@@ -134,6 +138,8 @@ struct GridSim {
     file: Option<JobFile>,
     /// Seconds of it done in runs stopped for jobs of higher priority.
     done: f64,
+    /// Its requested walltime (a trace's), else its length and a margin.
+    walltime: Option<f64>,
 }
 
 struct Sim<'a> {
@@ -153,6 +159,8 @@ struct Sim<'a> {
     runner_settings: gleaner_runner::JobSettings,
     local_waits: BTreeMap<String, f64>,
     samples: Vec<Sample>,
+    /// A trace's jobs for the clusters' own queues: when, which cluster.
+    trace_locals: std::collections::VecDeque<(usize, LocalJob)>,
 }
 
 /// Runs a scenario under `policy`, or without scavenging jobs (`None`).
@@ -222,7 +230,6 @@ impl<'a> Sim<'a> {
                         rng,
                     ),
                     kcm: KcmCore::new(CoreConfig {
-                        speed: 1.0,
                         backend: "simulated".to_owned(),
                         ..scenario.timing.kcm(spec).core
                     }),
@@ -268,7 +275,10 @@ impl<'a> Sim<'a> {
             .map(|(id, spec)| SweepRunner::open(id.clone(), spec, settings.clone(), clock.now()))
             .collect();
         let runner_settings = settings;
-        let grid = grid_arrivals(scenario);
+        let (grid, trace_locals) = match scenario.grid_jobs.workload {
+            GridWorkload::Trace => trace_arrivals(scenario),
+            _ => (grid_arrivals(scenario), Default::default()),
+        };
         let grid_index = grid
             .iter()
             .enumerate()
@@ -304,6 +314,7 @@ impl<'a> Sim<'a> {
             runner_settings,
             local_waits: BTreeMap::new(),
             samples: Vec::new(),
+            trace_locals,
         }
     }
 
@@ -576,11 +587,14 @@ impl<'a> Sim<'a> {
                     if let Some(&g) = self.grid_index.get(&spec.job) {
                         let left = self.grid[g].length - self.grid[g].done;
                         let length = left.max(1.0);
+                        let walltime = spec.walltime_ms.map(|ms| ms as f64 / 1000.0);
+                        let t = self.clock.t;
                         self.clusters[c].batch.submit_component(
                             spec.job.clone(),
                             spec.component,
                             spec.slots,
-                            length,
+                            (length, walltime),
+                            t,
                         );
                     }
                     Some(Event::ComponentSubmitted {
@@ -640,6 +654,15 @@ impl<'a> Sim<'a> {
     /// scheduler.
     fn arrivals(&mut self) {
         let t = self.clock.t;
+        while self
+            .trace_locals
+            .front()
+            .is_some_and(|(_, j)| j.arrived <= t)
+        {
+            if let Some((c, job)) = self.trace_locals.pop_front() {
+                self.clusters[c].batch.submit_local(job);
+            }
+        }
         let local = &self.scenario.local_jobs;
         for cluster in &mut self.clusters {
             cluster
@@ -734,7 +757,12 @@ impl<'a> Sim<'a> {
         let grid_jobs = self
             .grid
             .iter()
-            .filter(|_| self.scenario.grid_jobs.workload == GridWorkload::Poisson)
+            .filter(|_| {
+                matches!(
+                    self.scenario.grid_jobs.workload,
+                    GridWorkload::Poisson | GridWorkload::Trace
+                )
+            })
             .map(|g| {
                 let file = g
                     .file
@@ -763,6 +791,8 @@ impl<'a> Sim<'a> {
                         .as_ref()
                         .is_some_and(|f| f.tasks.succeeded == g.components.len() as u64),
                     makespan_s: file.as_ref().and_then(|f| f.makespan_s),
+                    moves: gathering.moves,
+                    arrival: g.arrival,
                 }
             })
             .collect();
@@ -789,6 +819,62 @@ impl<'a> Sim<'a> {
             total_nodes: self.clusters.iter().map(|c| c.batch.nodes).sum(),
         }
     }
+}
+
+/// Seed 002's workload: each job of the trace (read, or drawn from the
+/// Lublin-Feitelson model with the scenario's seed) through gleaner as a
+/// one-component grid job with `through_gleaner`'s odds, else to the own
+/// queue of a cluster it fits on, picked at random; jobs larger than the
+/// largest cluster are cut to it.
+fn trace_arrivals(
+    scenario: &Scenario,
+) -> (Vec<GridSim>, std::collections::VecDeque<(usize, LocalJob)>) {
+    let Some(trace) = &scenario.grid_jobs.trace else {
+        return Default::default();
+    };
+    let mut rng = StdRng::seed_from_u64(scenario.seed ^ 0x2545_f491_4f6c_dd1d);
+    let jobs = match &trace.lublin {
+        Some(params) => crate::workload::lublin(params, &mut rng),
+        None => trace.loaded.clone(),
+    };
+    let largest = scenario.clusters.iter().map(|c| c.nodes).max().unwrap_or(1);
+    let mut grid = Vec::new();
+    let mut local = std::collections::VecDeque::new();
+    for (i, job) in jobs.iter().enumerate() {
+        let nodes = job.procs.clamp(1, largest);
+        if rng.random_range(0.0..1.0) < trace.through_gleaner {
+            grid.push(GridSim {
+                id: JobId::new("trace", i as u64),
+                arrival: job.submit_s,
+                components: vec![nodes],
+                length: job.run_s.min(job.requested_s).max(1.0),
+                priority: Priority::Low,
+                registered: false,
+                started: Vec::new(),
+                file: None,
+                done: 0.0,
+                walltime: Some(job.requested_s.max(1.0)),
+            });
+            continue;
+        }
+        let fits: Vec<usize> = (0..scenario.clusters.len())
+            .filter(|&c| scenario.clusters[c].nodes >= nodes)
+            .collect();
+        let c = fits[rng.random_range(0..fits.len())];
+        let speed = scenario.clusters[c].speed;
+        local.push_back((
+            c,
+            LocalJob {
+                id: format!("{}-trace-{i}", scenario.clusters[c].name),
+                nodes,
+                duration: job.run_s.max(1.0) / speed,
+                walltime: job.requested_s.max(1.0) / speed,
+                arrived: job.submit_s,
+                gpu: false,
+            },
+        ));
+    }
+    (grid, local)
 }
 
 /// The background grid jobs of the workload, at fixed moments per seed.
@@ -824,6 +910,7 @@ fn grid_arrivals(scenario: &Scenario) -> Vec<GridSim> {
                 started: Vec::new(),
                 file: None,
                 done: 0.0,
+                walltime: None,
             }
         })
         .collect()
@@ -836,7 +923,9 @@ fn grid_manifest(g: &GridSim, jobs: &crate::scenario::GridJobs) -> Manifest {
     let mut manifest = Manifest::named(g.id.name());
     manifest.kind = JobKind::Grid;
     manifest.priority = Some(g.priority);
-    manifest.walltime = Some(Duration::from_secs_f64(g.length.ceil() + 30.0));
+    manifest.walltime = Some(Duration::from_secs_f64(
+        g.walltime.unwrap_or(g.length.ceil() + 30.0).max(1.0),
+    ));
     manifest.claim_threshold = Some(jobs.claim_threshold);
     manifest.barrier_timeout = Some(jobs.barrier_timeout);
     manifest.components = g
@@ -889,6 +978,7 @@ fn poisson_arrivals(g: &crate::scenario::GridJobs, rng: &mut StdRng) -> Vec<Grid
                 started: Vec::new(),
                 file: None,
                 done: 0.0,
+                walltime: None,
             }
         })
         .collect()

@@ -12,6 +12,7 @@ type Layer = (&'static str, RGBColor, Vec<(f64, f64)>);
 
 pub fn load(run: &Run, title: &str, path: &Path) -> Result<(), String> {
     let fail = |e: String| format!("{}: {e}", path.display());
+    register_font()?;
     let root = SVGBackend::new(path, (900, 360)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(e.to_string()))?;
     let minutes = run.samples.last().map_or(1.0, |s| s.at / 60.0);
@@ -63,4 +64,25 @@ pub fn load(run: &Run, title: &str, path: &Path) -> Result<(), String> {
         .draw()
         .map_err(|e| fail(e.to_string()))?;
     root.present().map_err(|e| fail(e.to_string()))
+}
+
+/// Where a plot's letters come from: the first of these fonts found
+/// (Debian's `fonts-dejavu-core`), registered once for the process.
+const FONTS: [&str; 2] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+];
+
+pub fn register_font() -> Result<(), String> {
+    static REGISTERED: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    REGISTERED
+        .get_or_init(|| {
+            let bytes = FONTS
+                .iter()
+                .find_map(|path| std::fs::read(path).ok())
+                .ok_or_else(|| format!("no font for the plot's text ({})", FONTS.join(", ")))?;
+            plotters::style::register_font("sans-serif", FontStyle::Normal, bytes.leak())
+                .map_err(|_| "the font for the plot's text is not a font".to_owned())
+        })
+        .clone()
 }

@@ -39,6 +39,10 @@ pub struct Scenario {
     pub local_jobs: LocalJobs,
     #[serde(default)]
     pub grid_jobs: GridJobs,
+    /// Seed 002's experiment on a `trace` workload: this many seeds, each
+    /// run without reallocation and with each (algorithm, heuristic) pair.
+    #[serde(default)]
+    pub reallocation_seeds: u64,
 }
 
 /// How fast the simulated system reacts. The services' intervals default
@@ -101,6 +105,7 @@ impl Timing {
     pub fn kcm(&self, cluster: &ClusterSpec) -> KcmConfig {
         let config = ClusterConfig {
             poll_interval: self.kcm_poll,
+            speed: cluster.speed,
             ..ClusterConfig::local(cluster.name.as_str(), cluster.nodes)
         };
         // Simulated grid components leave nothing to spool.
@@ -135,6 +140,11 @@ pub struct ClusterSpec {
     /// once the other nodes are full.
     #[serde(default)]
     pub gpu_nodes: u32,
+    /// How its batch system orders its queue by walltimes (`fcfs`,
+    /// `easy`, `conservative`); without one, grid components go first and
+    /// local jobs follow in order as they fit.
+    #[serde(default)]
+    pub batch_scheduler: Option<gleaner_policy::ect::Discipline>,
 }
 
 fn one() -> f64 {
@@ -255,6 +265,27 @@ pub enum GridWorkload {
     /// `min_component` nodes, running between the two `lengths_s`, of
     /// high priority with `high_share`'s odds (low otherwise).
     Poisson,
+    /// Seed 002's: the rigid jobs of a workload ([`Trace`]), a share of
+    /// them through gleaner as one-component grid jobs with their
+    /// requested walltimes, the others to a cluster's own queue.
+    Trace,
+}
+
+/// A workload to replay: a Standard Workload Format log or the Lublin-
+/// Feitelson model, each job through gleaner with `through_gleaner`'s
+/// odds, else to a cluster it fits on, picked at random.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Trace {
+    #[serde(default)]
+    pub swf: Option<PathBuf>,
+    #[serde(default)]
+    pub lublin: Option<crate::workload::Lublin>,
+    #[serde(default = "one")]
+    pub through_gleaner: f64,
+    /// The log's jobs, read when the scenario is.
+    #[serde(skip)]
+    pub loaded: Vec<crate::workload::WorkloadJob>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -284,6 +315,8 @@ pub struct GridJobs {
     pub claim_threshold: f64,
     #[serde(with = "humantime_serde")]
     pub barrier_timeout: Duration,
+    /// `trace`: the workload.
+    pub trace: Option<Trace>,
 }
 
 impl Default for GridJobs {
@@ -304,6 +337,7 @@ impl Default for GridJobs {
             high_share: 0.0,
             claim_threshold: 1.0,
             barrier_timeout: Duration::from_secs(600),
+            trace: None,
         }
     }
 }
@@ -318,7 +352,7 @@ pub enum ScenarioError {
 
 impl Scenario {
     pub fn from_toml(text: &str) -> Result<Self, ScenarioError> {
-        let scenario: Scenario =
+        let mut scenario: Scenario =
             toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
         let table: toml::Table =
             toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
@@ -326,6 +360,16 @@ impl Scenario {
             check_scheduler_keys(scheduler)?;
         }
         scenario.validate()?;
+        if let Some(trace) = scenario.grid_jobs.trace.as_mut()
+            && let Some(path) = &trace.swf
+        {
+            let text = std::fs::read_to_string(path).map_err(|e| {
+                ScenarioError::Invalid(format!("cannot read {}: {e}", path.display()))
+            })?;
+            trace.loaded = crate::workload::parse_swf(&text)
+                .map_err(|e| ScenarioError::Invalid(format!("{}: {e}", path.display())))?
+                .jobs;
+        }
         Ok(scenario)
     }
 
@@ -339,6 +383,21 @@ impl Scenario {
         }
         if self.timing.step.is_zero() {
             return invalid("timing.step must be longer than 0s".into());
+        }
+        if self.grid_jobs.workload == GridWorkload::Trace {
+            let Some(trace) = &self.grid_jobs.trace else {
+                return invalid("the trace workload needs [grid_jobs.trace]".into());
+            };
+            if !(0.0..=1.0).contains(&trace.through_gleaner) {
+                return invalid("grid_jobs.trace.through_gleaner must be between 0 and 1".into());
+            }
+            match (&trace.swf, &trace.lublin) {
+                (Some(_), None) => {}
+                (None, Some(lublin)) => lublin
+                    .check()
+                    .map_err(|e| ScenarioError::Invalid(e.to_string()))?,
+                _ => return invalid("grid_jobs.trace needs one of swf and lublin".into()),
+            }
         }
         for c in &self.clusters {
             if c.nodes == 0
