@@ -87,6 +87,7 @@ pub fn report(job: JobId, kind: JobKind, components: Vec<u32>) -> JobReport {
         problem: None,
         gathering: None,
         avoid: Vec::new(),
+        moldable: Vec::new(),
         component_inputs: Vec::new(),
         weight: 1,
         task_slots: 1,

@@ -9,6 +9,7 @@
 mod addition;
 mod expand;
 mod job_id;
+mod moldable;
 mod needs;
 mod params;
 mod span;
@@ -19,6 +20,7 @@ mod task_set;
 pub use addition::Addition;
 pub use expand::{TaskList, TaskSpec};
 pub use job_id::{JobId, JobIdError};
+pub use moldable::{Curve, MAX_MOLDABLE_SLOTS, Moldable, Slots, Speedup};
 pub use needs::{MAX_TASK_GPUS, MAX_TASK_MEMORY_MB, Memory, Needs, TaskShape};
 pub use params::{ParamSpec, ParamValue};
 pub use span::Span;

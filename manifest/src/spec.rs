@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::{
     JobId, ManifestError, ParamSpec, TaskList, TaskSet,
     job_id::is_valid_name,
+    moldable::{Moldable, Slots, Speedup},
     needs::{MAX_TASK_GPUS, Memory, Needs, TaskShape},
     table::Table,
 };
@@ -291,7 +292,11 @@ impl Sweep {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Component {
-    pub slots: u32,
+    /// A number, or `{ min, max }` for a moldable component with a
+    /// `speedup`: the scheduler picks per cluster.
+    pub slots: Slots,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speedup: Option<Speedup>,
     pub command: String,
     /// Memory the whole component needs (`"64G"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -305,6 +310,13 @@ pub struct Component {
 }
 
 impl Component {
+    /// Its range and walltime curve, if it is moldable and they are right
+    /// (`walltime`: the job's).
+    pub fn moldable(&self, walltime: Option<Duration>) -> Option<Moldable> {
+        let speedup = self.speedup.as_ref()?;
+        Moldable::read(self.slots, speedup, walltime).ok()
+    }
+
     pub fn needs(&self) -> Needs {
         Needs {
             memory_mb: self.memory.map_or(0, |m| m.0),
@@ -644,13 +656,27 @@ impl Manifest {
             ));
         }
         for (i, component) in self.components.iter().enumerate() {
-            if component.slots == 0 {
+            if component.slots.min() == 0 {
                 return Err(ManifestError::invalid(
                     format!("component[{i}].slots"),
                     "must be at least 1",
                 ));
             }
-            if component.gpus > MAX_TASK_GPUS.saturating_mul(component.slots) {
+            match (&component.speedup, component.slots) {
+                (None, Slots::Range { .. }) => {
+                    return Err(ManifestError::invalid(
+                        format!("component[{i}].speedup"),
+                        "a moldable component (slots = { min, max }) needs a speedup: \"amdahl:F\" or runtimes by slots",
+                    ));
+                }
+                (Some(speedup), slots) => {
+                    Moldable::read(slots, speedup, self.walltime).map_err(|e| {
+                        ManifestError::invalid(format!("component[{i}].speedup"), e)
+                    })?;
+                }
+                (None, Slots::Fixed(_)) => {}
+            }
+            if component.gpus > MAX_TASK_GPUS.saturating_mul(component.slots.min()) {
                 return Err(ManifestError::invalid(
                     format!("component[{i}].gpus"),
                     format!("at most {MAX_TASK_GPUS} per slot"),
@@ -980,6 +1006,37 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
         for name in ["", "has space", "slash/no", &"x".repeat(65)] {
             let text = format!("name = {name:?}\n[[task]]\ncommand = \"true\"\n");
             assert_eq!(parse(&text).unwrap_err().field(), Some("name"), "{name}");
+        }
+    }
+
+    #[test]
+    fn moldable_components_need_a_speedup_that_reads() {
+        let grid = |component: &str| {
+            parse(&format!(
+                "name = \"g\"\nkind = \"grid\"\nwalltime = \"1h\"\n[[component]]\ncommand = \"./mpi\"\n{component}"
+            ))
+        };
+        let ok = grid("slots = { min = 4, max = 64 }\nspeedup = \"amdahl:0.95\"\n").unwrap();
+        let moldable = ok.components[0].moldable(ok.walltime).unwrap();
+        assert_eq!((moldable.min, moldable.max), (4, 64));
+        let table =
+            grid("slots = { min = 2, max = 8 }\nspeedup = { 2 = \"1h\", 8 = \"20m\" }\n").unwrap();
+        assert_eq!(
+            table.components[0].moldable(None).unwrap().choices(),
+            [2, 8]
+        );
+        for bad in [
+            "slots = { min = 4, max = 64 }\n",
+            "slots = { min = 4, max = 64 }\nspeedup = \"amdahl:2\"\n",
+            "slots = 4\nspeedup = \"amdahl:0.9\"\n",
+            "slots = { min = 8, max = 4 }\nspeedup = \"amdahl:0.9\"\n",
+            "slots = { min = 2, max = 8 }\nspeedup = { 16 = \"1h\" }\n",
+        ] {
+            assert_eq!(
+                grid(bad).unwrap_err().field(),
+                Some("component[0].speedup"),
+                "{bad}"
+            );
         }
     }
 

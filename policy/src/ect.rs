@@ -85,30 +85,29 @@ impl Profile {
 
     /// Takes `slots` from `start` for `duration` ms.
     pub fn reserve(&mut self, start: u64, slots: u32, duration: u64) {
-        let end = start.saturating_add(duration);
-        if end <= start || slots == 0 {
-            return;
-        }
-        let from = self.split(start);
-        let to = self.split(end);
-        for step in &mut self.steps[from..to] {
-            step.1 = step.1.saturating_sub(slots);
-        }
-        self.steps.dedup_by(|later, earlier| later.1 == earlier.1);
+        self.change(start, duration, |free, _| free.saturating_sub(slots));
     }
 
     /// Gives back `slots` from `start` for `duration` ms: a reservation
     /// that will not be used (a job moved away), up to the cluster's size.
     pub fn release(&mut self, start: u64, slots: u32, duration: u64) {
+        self.change(start, duration, |free, total| {
+            free.saturating_add(slots).min(total)
+        });
+    }
+
+    /// Sets the free slots from `start` for `duration` ms to `f(free,
+    /// total)`.
+    fn change(&mut self, start: u64, duration: u64, f: impl Fn(u32, u32) -> u32) {
         let end = start.saturating_add(duration);
-        if end <= start || slots == 0 {
+        if end <= start {
             return;
         }
         let from = self.split(start);
         let to = self.split(end);
         let total = self.total;
         for step in &mut self.steps[from..to] {
-            step.1 = step.1.saturating_add(slots).min(total);
+            step.1 = f(step.1, total);
         }
         self.steps.dedup_by(|later, earlier| later.1 == earlier.1);
     }

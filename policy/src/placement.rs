@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use gleaner_manifest::{JobId, Priority};
+use gleaner_manifest::{JobId, Moldable, Priority};
 use gleaner_protocol::{ClusterName, InputAccess};
 use serde::{Deserialize, Serialize};
 
@@ -41,7 +41,7 @@ impl Default for Weights {
 }
 
 /// A grid job waiting to be placed.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct GridJob {
     pub id: JobId,
     /// The placement queue it is in now (it moves up after failed tries).
@@ -55,6 +55,9 @@ pub struct GridJob {
     pub inputs: Vec<Vec<String>>,
     /// Its walltime on a cluster of speed 1, if it has one.
     pub walltime_ms: Option<u64>,
+    /// Moldable components' ranges and walltimes, in component order
+    /// (empty: none is; `components` holds their fewest slots).
+    pub moldable: Vec<Option<Moldable>>,
 }
 
 impl GridJob {
@@ -129,6 +132,9 @@ pub struct Placement {
     /// When its last component is expected to start, ms from now (0: all
     /// start now).
     pub start_ms: u64,
+    /// The slots chosen for each moldable component (0: not moldable);
+    /// empty when none is.
+    pub slots: Vec<u32>,
 }
 
 /// Slots one scavenging job gives back on one cluster for a placement.
@@ -200,10 +206,10 @@ pub fn place_leaving(
         let plan = match rule {
             Rule::WorstFit => worst_fit(job, &rooms, false)
                 .or_else(|| worst_fit(job, &rooms, true))
-                .map(|plan| (plan, 0)),
+                .map(|plan| (plan, 0, Vec::new())),
             Rule::Mct => mct(job, &rooms),
         };
-        let Some(((chosen, after, reclaim), start_ms)) = plan else {
+        let Some(((chosen, after, reclaim), start_ms, slots)) = plan else {
             continue;
         };
         rooms = after;
@@ -212,6 +218,7 @@ pub fn place_leaving(
             clusters: chosen.iter().map(|&s| sites[s].name.clone()).collect(),
             reclaim,
             start_ms,
+            slots,
         });
     }
     (placed, rooms)
@@ -227,57 +234,114 @@ type Taken = BTreeMap<(ClusterName, JobId, Vec<String>), u32>;
 /// (ties: close to its files, then the most room now); one that starts
 /// now takes its slots as worst fit would, scavenged ones given back.
 /// Returns the plan and the latest expected start.
-fn mct(job: &GridJob, rooms: &[Site]) -> Option<(Plan, u64)> {
+fn mct(job: &GridJob, rooms: &[Site]) -> Option<(Plan, u64, Vec<u32>)> {
     let components = &job.components;
     let walltime = job.walltime_ms.unwrap_or(ASSUMED_WALLTIME_MS);
     let mut rooms = rooms.to_vec();
     let mut order: Vec<usize> = (0..components.len()).collect();
     order.sort_by(|a, b| components[*b].cmp(&components[*a]).then(a.cmp(b)));
     let mut chosen = vec![0; components.len()];
+    let mut slots = vec![0; components.len()];
     let mut taken = Taken::new();
     let mut latest = 0;
     for component in order {
-        let need = components[component];
+        let moldable = job.moldable.get(component).and_then(Option::as_ref);
         let inputs = job.inputs_of(component);
-        let (site, when) = (0..rooms.len())
+        let (site, need, length, when) = (0..rooms.len())
             .filter(|s| !job.avoid.contains(&rooms[*s].name))
             .filter(|s| rooms[*s].inputs.can_read(inputs))
             .filter_map(|s| {
                 let room = &rooms[s];
                 let now = room_of(room.free, &room.scavenged, true);
-                let when = match &room.ect {
-                    Some(ect) => estimate(&ect.profile, ect.speed, need, walltime)?,
-                    None if now >= need => Estimate {
-                        start: 0,
-                        completion: walltime,
-                    },
-                    None => return None,
+                let (need, length, when) = match (moldable, &room.ect) {
+                    (Some(m), Some(ect)) => {
+                        let (n, when) = moldable_choice(m, ect)?;
+                        (n, m.walltime_ms(n), when)
+                    }
+                    (Some(m), None) => {
+                        let n = m.choices().into_iter().filter(|n| *n <= now).max()?;
+                        let length = m.walltime_ms(n);
+                        (
+                            n,
+                            length,
+                            Estimate {
+                                start: 0,
+                                completion: length,
+                            },
+                        )
+                    }
+                    (None, Some(ect)) => {
+                        let need = components[component];
+                        (
+                            need,
+                            walltime,
+                            estimate(&ect.profile, ect.speed, need, walltime)?,
+                        )
+                    }
+                    (None, None) if now >= components[component] => (
+                        components[component],
+                        walltime,
+                        Estimate {
+                            start: 0,
+                            completion: walltime,
+                        },
+                    ),
+                    (None, None) => return None,
                 };
                 let close = inputs.iter().all(|i| room.inputs.sees(i));
-                Some((s, when, close, now))
+                Some((s, need, length, when, close, now))
             })
             .min_by(|a, b| {
-                (a.1.completion, !a.2, std::cmp::Reverse(a.3), a.0).cmp(&(
-                    b.1.completion,
-                    !b.2,
-                    std::cmp::Reverse(b.3),
+                (a.3.completion, !a.4, std::cmp::Reverse(a.5), a.0).cmp(&(
+                    b.3.completion,
+                    !b.4,
+                    std::cmp::Reverse(b.5),
                     b.0,
                 ))
             })
-            .map(|(s, when, _, _)| (s, when))?;
+            .map(|(s, need, length, when, _, _)| (s, need, length, when))?;
         chosen[component] = site;
+        if moldable.is_some() {
+            slots[component] = need;
+        }
         latest = latest.max(when.start);
         let room = &mut rooms[site];
         if let Some(ect) = room.ect.as_mut() {
             ect.profile
-                .reserve(when.start, need, scaled(walltime, ect.speed));
+                .reserve(when.start, need, scaled(length, ect.speed));
         }
         if when.start == 0 {
             let reclaim = room.free < need;
             take_room(room, need, reclaim, &mut taken);
         }
     }
-    Some(((chosen, rooms, reclaims(taken)), latest))
+    if job.moldable.iter().all(Option::is_none) {
+        slots.clear();
+    }
+    Some(((chosen, rooms, reclaims(taken)), latest, slots))
+}
+
+/// The slot count of a moldable component that completes first on a site.
+/// Seed 002 binary-searches the completion time over the slot counts, as
+/// if it had one minimum; over a profile of free slots in steps it has one
+/// per step (fewer slots start sooner, more run shorter), so each step's
+/// best is tried: for a start at a step, the most slots that fit its free
+/// level, and the fewest and the most slots besides.
+fn moldable_choice(m: &Moldable, ect: &SiteEct) -> Option<(u32, Estimate)> {
+    let choices = m.choices();
+    let mut tried: Vec<u32> = ect
+        .profile
+        .steps()
+        .iter()
+        .filter_map(|(_, free)| choices.iter().copied().filter(|n| n <= free).max())
+        .chain([m.min, m.max].into_iter().filter(|n| choices.contains(n)))
+        .collect();
+    tried.sort_unstable();
+    tried.dedup();
+    tried
+        .into_iter()
+        .filter_map(|n| Some((n, estimate(&ect.profile, ect.speed, n, m.walltime_ms(n))?)))
+        .min_by_key(|(n, e)| (e.completion, std::cmp::Reverse(*n)))
 }
 
 /// A running grid job that a job of higher priority might stop.
@@ -522,6 +586,7 @@ mod tests {
             avoid: Vec::new(),
             inputs: Vec::new(),
             walltime_ms: None,
+            moldable: Vec::new(),
         }
     }
 
@@ -536,6 +601,38 @@ mod tests {
             }),
             ..site(name, profile.free_at(0), &[])
         }
+    }
+
+    #[test]
+    fn a_moldable_component_gets_fewer_slots_on_a_busy_cluster_and_more_on_an_idle_one() {
+        let moldable = Moldable::read(
+            gleaner_manifest::Slots::Range { min: 4, max: 64 },
+            &gleaner_manifest::Speedup::Law("amdahl:0.9".into()),
+            Some(std::time::Duration::from_secs(3600)),
+        )
+        .unwrap();
+        let job = GridJob {
+            walltime_ms: Some(3_600_000),
+            moldable: vec![Some(moldable.clone())],
+            ..job("g", Priority::High, &[4])
+        };
+        // 56 of 64 slots held for 2 h: 8 slots now (39 min) beat 64 later.
+        let busy = foreseeing("busy", 1.0, 64, &[(56, 7_200_000)]);
+        let idle = foreseeing("idle", 1.0, 64, &[]);
+        let on = |site: &Site| {
+            let placed = place(
+                std::slice::from_ref(&job),
+                std::slice::from_ref(site),
+                Weights::default(),
+                Rule::Mct,
+            );
+            (placed[0].slots.clone(), placed[0].start_ms)
+        };
+        assert_eq!(on(&busy), (vec![8], 0));
+        assert_eq!(on(&idle), (vec![64], 0));
+        assert_eq!(moldable.walltime_ms(8), 2_353_847, "the walltime to match");
+        let both = place(&[job], &[busy, idle], Weights::default(), Rule::Mct);
+        assert_eq!(both[0].clusters, [ClusterName::from("idle")]);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use gleaner_manifest::{Addition, JobId, JobKind, Manifest, Needs, Priority, TaskShape};
+use gleaner_manifest::{Addition, JobId, JobKind, Manifest, Moldable, Needs, Priority, TaskShape};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::{ClusterName, GrantId, LauncherId};
@@ -232,6 +232,11 @@ pub struct JobReport {
     /// the order of `components` (empty when none has any).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub component_inputs: Vec<Vec<String>>,
+    /// Grid jobs: of the components still to place, in the order of
+    /// `components` (which holds their fewest slots), the moldable ones'
+    /// ranges and walltimes (empty when none is moldable).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub moldable: Vec<Option<Moldable>>,
     /// Grid jobs: clusters where this run's components did not start when
     /// claimed; the components still to place go elsewhere.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -774,6 +779,10 @@ pub enum ControlMsg {
         /// that much later.
         #[serde(default, skip_serializing_if = "is_zero_u64")]
         start_ms: u64,
+        /// The slots chosen for each moldable component, in the order of
+        /// `clusters` (0: not moldable); empty when none is.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        slots: Vec<u32>,
     },
     /// Reallocation (seed 002): a component waiting in `from`'s batch
     /// queue would complete earlier on `to`. It is submitted there, and
@@ -1292,6 +1301,7 @@ mod tests {
             problem: None,
             gathering: None,
             avoid: Vec::new(),
+            moldable: Vec::new(),
             component_inputs: Vec::new(),
             weight: 1,
             task_slots: 1,
@@ -1406,6 +1416,7 @@ mod tests {
                 clusters: Vec::new(),
                 stage_ms: 0,
                 start_ms: 0,
+                slots: Vec::new(),
             },
             ControlMsg::Move {
                 component: 0,
@@ -1642,6 +1653,7 @@ mod tests {
                 clusters: vec!["c1".into(), "c2".into()],
                 stage_ms: 0,
                 start_ms: 0,
+                slots: Vec::new(),
             },
             &before::ControlMsg::Place {
                 clusters: vec!["c1".into(), "c2".into()],

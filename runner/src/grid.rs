@@ -59,23 +59,44 @@ pub fn next_try(at: Millis, start_by: Millis, level: f64) -> Millis {
     }
 }
 
-/// What a kcm is told to submit for component `i`.
+/// What a kcm is told to submit for component `i`: a moldable one with
+/// the slots the scheduler chose for this run (`GLEANER_SLOTS` in its
+/// environment) and the walltime they give it.
 fn component_spec(ledger: &Ledger, i: usize) -> ComponentSpec {
     let manifest = ledger.manifest();
     let component = &manifest.components[i];
     let checkpoints = std::path::Path::new(&ledger.file().results).join("checkpoints");
+    let chosen = ledger
+        .file()
+        .gathering
+        .as_ref()
+        .and_then(|g| g.run.as_ref())
+        .and_then(|run| run.slots.get(&(i as u32)).copied());
+    let moldable = component.moldable(manifest.walltime);
+    let (slots, walltime_ms) = match (&moldable, chosen) {
+        (Some(m), Some(n)) if (m.min..=m.max).contains(&n) => (n, Some(m.walltime_ms(n))),
+        (Some(m), _) => (m.min, Some(m.walltime_ms(m.min))),
+        (None, _) => (
+            component.slots.min(),
+            manifest.walltime.map(|w| w.as_millis() as u64),
+        ),
+    };
+    let mut env: Vec<(String, String)> = manifest
+        .env
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if moldable.is_some() {
+        env.push(("GLEANER_SLOTS".to_owned(), slots.to_string()));
+    }
     ComponentSpec {
         job: ledger.id().clone(),
         component: i as u32,
-        slots: component.slots,
+        slots,
         needs: component.needs(),
         command: component.command.clone(),
-        env: manifest
-            .env
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
-        walltime_ms: manifest.walltime.map(|w| w.as_millis() as u64),
+        env,
+        walltime_ms,
         workdir: manifest.workdir.as_ref().map(|w| w.display().to_string()),
         owner: ledger.file().owner.clone(),
         checkpoint: Some(checkpoints.join(i.to_string()).display().to_string()),
@@ -106,6 +127,7 @@ impl Grid {
         clusters: Vec<ClusterName>,
         stage_ms: u64,
         start_ms: u64,
+        slots: Vec<u32>,
         now: Now,
     ) -> Vec<Effect> {
         let unplaced: Vec<usize> = ledger.unplaced().map(|(i, _)| i).collect();
@@ -125,6 +147,13 @@ impl Grid {
             // it comes, and the barrier timeout after it.
             let start_by = barrier_timeout.saturating_add(start_ms);
             gather.run = Some(Claim::new(now.wall_ms, start_by, first_try));
+        }
+        if let Some(run) = ledger.gather_mut().run.as_mut() {
+            for (i, n) in unplaced.iter().zip(&slots) {
+                if *n > 0 {
+                    run.slots.insert(*i as u32, *n);
+                }
+            }
         }
         info!(components = ?unplaced, clusters = ?clusters, start_ms, "grid job placed");
         let mut effects = Vec::with_capacity(clusters.len() + 2);
@@ -759,7 +788,8 @@ impl Kind for Grid {
                 clusters,
                 stage_ms,
                 start_ms,
-            } => self.place(ledger, clusters, stage_ms, start_ms, now),
+                slots,
+            } => self.place(ledger, clusters, stage_ms, start_ms, slots, now),
             ControlMsg::Move {
                 component,
                 from,
@@ -913,6 +943,7 @@ mod tests {
         grid.on_control(
             ControlMsg::Place {
                 clusters: vec!["c1".into(), "c2".into()],
+                slots: Vec::new(),
                 start_ms: 0,
                 stage_ms: 0,
             },
@@ -964,6 +995,7 @@ mod tests {
         grid.on_control(
             ControlMsg::Place {
                 clusters: vec!["c1".into(), "c2".into()],
+                slots: Vec::new(),
                 start_ms: 0,
                 stage_ms: 0,
             },
@@ -994,6 +1026,50 @@ mod tests {
             .iter()
             .map(|c| c.as_ref().map_or("-".to_owned(), |c| c.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn a_moldable_component_is_submitted_with_the_slots_chosen_and_their_walltime() {
+        let t0 = Instant::now();
+        let manifest = "name = \"m\"\nkind = \"grid\"\nwalltime = \"1h\"\n\
+            [[component]]\nslots = { min = 4, max = 64 }\nspeedup = \"amdahl:0.9\"\ncommand = \"solve\"\n";
+        let submission = submission(manifest);
+        let mut grid = Grid::open(opening(&submission, vec![], None), at(t0, 0)).unwrap();
+        grid.start();
+        let report = grid.standing(at(t0, 0));
+        assert_eq!(report.components, [4], "its fewest slots");
+        assert!(report.moldable[0].is_some());
+        let effects = grid.on_control(
+            ControlMsg::Place {
+                clusters: vec!["c1".into()],
+                slots: vec![16],
+                start_ms: 0,
+                stage_ms: 0,
+            },
+            at(t0, 1),
+        );
+        let spec = effects
+            .iter()
+            .find_map(|e| match e {
+                Effect::ToKcm {
+                    msg: KcmMsg::SubmitComponent(spec),
+                    ..
+                } => Some(spec.clone()),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(spec.slots, 16);
+        assert_eq!(spec.walltime_ms, Some(1_730_770));
+        assert!(
+            spec.env
+                .contains(&("GLEANER_SLOTS".to_owned(), "16".to_owned()))
+        );
+        // Moved, it keeps them.
+        let effects = grid.on_control(move_to(0, "c1", "c2"), at(t0, 2));
+        assert!(effects.iter().any(|e| matches!(
+            e,
+            Effect::ToKcm { msg: KcmMsg::SubmitComponent(spec), .. } if spec.slots == 16
+        )));
     }
 
     #[test]
@@ -1186,6 +1262,7 @@ mod tests {
         // The next run's start time counts from its own placement.
         let place = ControlMsg::Place {
             clusters: vec!["c2".into(), "c1".into()],
+            slots: Vec::new(),
             start_ms: 0,
             stage_ms: 0,
         };
@@ -1211,6 +1288,7 @@ mod tests {
         let effects = grid.on_control(
             ControlMsg::Place {
                 clusters: vec!["c3".into()],
+                slots: Vec::new(),
                 start_ms: 0,
                 stage_ms: 0,
             },
@@ -1332,6 +1410,7 @@ mod tests {
         let mut grid = started(t0);
         let place = ControlMsg::Place {
             clusters: vec!["c1".into(), "c2".into()],
+            slots: Vec::new(),
             start_ms: 0,
             stage_ms: 0,
         };
@@ -1410,6 +1489,7 @@ mod tests {
         let effects = grid.on_control(
             ControlMsg::Place {
                 clusters: vec!["c3".into()],
+                slots: Vec::new(),
                 start_ms: 0,
                 stage_ms: 0,
             },
@@ -1442,6 +1522,7 @@ mod tests {
         let mut grid = started(t0);
         let place = ControlMsg::Place {
             clusters: vec!["c1".into()],
+            slots: Vec::new(),
             start_ms: 0,
             stage_ms: 0,
         };
@@ -1476,6 +1557,7 @@ mod tests {
         for (run, t) in [(2u32, 4u64), (3, 6)] {
             let place = ControlMsg::Place {
                 clusters: vec!["c1".into(), "c2".into()],
+                slots: Vec::new(),
                 start_ms: 0,
                 stage_ms: 0,
             };
@@ -1523,6 +1605,7 @@ mod tests {
         grid.start();
         let place = || ControlMsg::Place {
             clusters: vec!["c1".into(), "c2".into()],
+            slots: Vec::new(),
             start_ms: 0,
             stage_ms: 0,
         };

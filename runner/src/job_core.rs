@@ -373,7 +373,14 @@ impl Ledger {
             preemptions: self.preemptions,
             started_at: self.file.started_at,
             results: self.file.results.clone(),
-            components: self.unplaced().map(|(_, c)| c.slots).collect(),
+            components: self.unplaced().map(|(_, c)| c.slots.min()).collect(),
+            moldable: match self.manifest.components.iter().any(|c| c.speedup.is_some()) {
+                true => self
+                    .unplaced()
+                    .map(|(_, c)| c.moldable(self.manifest.walltime))
+                    .collect(),
+                false => Vec::new(),
+            },
             max_slots: self.manifest.max_launchers,
             problem: None,
             weight: self.manifest.weight,

@@ -131,6 +131,9 @@ pub struct Claim {
     /// queued.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub moving: BTreeMap<u32, ClusterName>,
+    /// The slots the scheduler chose for moldable components.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub slots: BTreeMap<u32, u32>,
 }
 
 impl Claim {
@@ -148,6 +151,7 @@ impl Claim {
             stopped: Default::default(),
             avoid: Default::default(),
             moving: BTreeMap::new(),
+            slots: BTreeMap::new(),
         }
     }
 }

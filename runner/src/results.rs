@@ -608,6 +608,7 @@ mod tests {
                     stopped: [0].into(),
                     avoid: Default::default(),
                     moving: Default::default(),
+                    slots: Default::default(),
                 }),
             }),
         };

@@ -260,6 +260,7 @@ impl GridBook {
                         .as_ref()
                         .and_then(|g| g.walltime_s)
                         .map(|s| (s * 1000.0) as u64),
+                    moldable: e.report.moldable.clone(),
                 };
                 (e, job)
             })

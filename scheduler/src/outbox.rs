@@ -70,14 +70,16 @@ pub fn message(action: Action) -> (JobId, ControlMsg) {
             clusters,
             stage_ms,
             start_ms,
+            slots,
         } => {
-            info!(job = %job, clusters = ?clusters, stage_ms, start_ms, "grid job placed");
+            info!(job = %job, clusters = ?clusters, stage_ms, start_ms, slots = ?slots, "grid job placed");
             (
                 job,
                 ControlMsg::Place {
                     clusters,
                     stage_ms,
                     start_ms,
+                    slots,
                 },
             )
         }

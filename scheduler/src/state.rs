@@ -114,6 +114,8 @@ pub enum Action {
         stage_ms: u64,
         /// When its last component is expected to start, ms from now.
         start_ms: u64,
+        /// Moldable components' slots (0: not moldable; empty: none is).
+        slots: Vec<u32>,
     },
     /// A waiting component moves where it would complete earlier.
     Move {
@@ -767,6 +769,7 @@ impl State {
                 clusters: placed.clusters.clone(),
                 stage_ms,
                 start_ms: placed.start_ms,
+                slots: placed.slots.clone(),
             });
         }
         let room: Vec<String> = sites
@@ -1131,6 +1134,7 @@ pub(crate) mod tests {
             problem: None,
             gathering: None,
             avoid: Vec::new(),
+            moldable: Vec::new(),
             component_inputs: Vec::new(),
             weight: 1,
             task_slots: 1,
@@ -1522,6 +1526,7 @@ pub(crate) mod tests {
                 clusters: vec!["c1".into()],
                 stage_ms: 0,
                 start_ms: 1_200_000,
+                slots: Vec::new(),
             }),
             "{actions:?}"
         );
@@ -1593,6 +1598,7 @@ pub(crate) mod tests {
             clusters: vec!["c1".into()],
             stage_ms: 0,
             start_ms: 0,
+            slots: Vec::new(),
         }));
         assert_eq!(
             offers(&actions),
@@ -1672,6 +1678,7 @@ pub(crate) mod tests {
                 clusters: vec!["c1".into()],
                 stage_ms: 0,
                 start_ms: 0,
+                slots: Vec::new(),
             }),
             "{actions:?}"
         );
@@ -1696,6 +1703,7 @@ pub(crate) mod tests {
             clusters: vec!["c1".into()],
             stage_ms: 0,
             start_ms: 0,
+            slots: Vec::new(),
         }));
         assert!(
             offers(&actions).is_empty(),
@@ -1729,6 +1737,7 @@ pub(crate) mod tests {
             clusters: vec!["c1".into()],
             stage_ms: 0,
             start_ms: 0,
+            slots: Vec::new(),
         };
         assert!(state.round(now, &config).contains(&place));
         let running = JobReport {

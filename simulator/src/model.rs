@@ -30,7 +30,7 @@ use crate::{
 
 /// A message on its way, by destination.
 pub enum Mail {
-    Scheduler(SchedulerMsg),
+    Scheduler(Box<SchedulerMsg>),
     Runner(JobId, ControlMsg),
     Kcm(ClusterName, KcmMsg),
     Launcher(LauncherId, LauncherMsg),
@@ -323,7 +323,7 @@ impl<'a> Sim<'a> {
         let mut queue = VecDeque::from(mail);
         while let Some(next) = queue.pop_front() {
             let more = match next {
-                Mail::Scheduler(message) => self.at_scheduler(message),
+                Mail::Scheduler(message) => self.at_scheduler(*message),
                 Mail::Runner(job, message) => self.at_runner(&job, message),
                 Mail::Kcm(cluster, message) => match self.cluster_index.get(&cluster) {
                     Some(&c) => self.at_kcm(c, message),
@@ -615,7 +615,7 @@ impl<'a> Sim<'a> {
                     Some(Event::ComponentReported { job, component })
                 }
                 Effect::ToScheduler(message) => {
-                    mail.push(Mail::Scheduler(message));
+                    mail.push(Mail::Scheduler(Box::new(message)));
                     None
                 }
                 Effect::Announce(_) | Effect::ForgetLauncherSettings { .. } => None,
@@ -932,7 +932,8 @@ fn grid_manifest(g: &GridSim, jobs: &crate::scenario::GridJobs) -> Manifest {
         .components
         .iter()
         .map(|slots| Component {
-            slots: *slots,
+            slots: (*slots).into(),
+            speedup: None,
             command: "simulated".to_owned(),
             memory: None,
             gpus: 0,

@@ -125,7 +125,7 @@ impl<K: Kind> Runner<K> {
         self.machine.handle(event, now);
         while let Some(effect) = self.machine.poll_effect(now) {
             match effect {
-                Effect::ToScheduler(msg) => mail.push(Mail::Scheduler(msg)),
+                Effect::ToScheduler(msg) => mail.push(Mail::Scheduler(Box::new(msg))),
                 Effect::ToKcm {
                     cluster,
                     msg,

@@ -107,3 +107,87 @@ fn a_waiting_component_moves_where_it_starts_at_once_and_runs_once() {
         on_s1.chain(on_c1).all(|n| !n.starts_with(COMPONENT_PREFIX))
     });
 }
+
+/// A moldable component (1 to 8 slots, Amdahl 0.9, 10 minutes on one
+/// slot) on a queue of 8 slots: with 6 of them held by local jobs for half
+/// an hour it gets the 2 free now (5.5 minutes), on the idle queue all 8
+/// (2 minutes 8 s), each with the walltime to match.
+#[test]
+fn a_moldable_component_gets_fewer_slots_on_a_busy_cluster_and_more_on_an_idle_one() {
+    let queues = SgeQueues::new(1, 8);
+    let queue = &queues.names[0];
+    let local: Vec<String> = (0..6)
+        .map(|_| {
+            qsub(&[
+                "-N",
+                "local",
+                "-q",
+                queue,
+                "-l",
+                "h_rt=1800",
+                "-b",
+                "y",
+                "/bin/sleep",
+                "1800",
+            ])
+        })
+        .collect();
+    wait_for("the local jobs to run", MINUTE, || {
+        queues
+            .jobs(queue)
+            .iter()
+            .filter(|j| !j.host.is_empty())
+            .count()
+            == 6
+    });
+    let mut g = gleaner("moldable");
+    g.write(
+        "gleaner.toml",
+        &format!("[[cluster]]\nname = \"c1\"\nbackend = \"sge\"\nqueue = \"{queue}\"\n"),
+    );
+    g.start("up", &["up"]);
+    let slots = g.path().join("slots");
+    let manifest = format!(
+        "name = \"molded\"\nkind = \"grid\"\nwalltime = \"10m\"\n\
+         [[component]]\nslots = {{ min = 1, max = 8 }}\nspeedup = \"amdahl:0.9\"\n\
+         command = \"echo $GLEANER_SLOTS >> {}; sleep 8\"\n",
+        slots.display()
+    );
+    // The component's walltime, as Grid Engine holds it while it runs.
+    let walltime_while_it_runs = || {
+        let mut h_rt = String::new();
+        wait_for("the component to run", MINUTE, || {
+            let Some(job) = queues
+                .jobs(queue)
+                .into_iter()
+                .find(|j| j.name.starts_with(COMPONENT_PREFIX) && !j.host.is_empty())
+            else {
+                return false;
+            };
+            h_rt = sge("qstat", &["-j", &job.number])
+                .lines()
+                .find_map(|l| {
+                    l.split("h_rt=")
+                        .nth(1)
+                        .map(|v| v.split([',', ' ']).next().unwrap_or("").to_owned())
+                })
+                .unwrap_or_default();
+            !h_rt.is_empty()
+        });
+        h_rt
+    };
+    let busy = g.submit(&manifest);
+    assert_eq!(walltime_while_it_runs(), "330");
+    assert_eq!(g.wait_for_end(&busy, 2 * MINUTE), "done");
+    for id in &local {
+        sge("qdel", &[id]);
+    }
+    wait_for("the local jobs to end", MINUTE, || {
+        queues.jobs(queue).iter().all(|j| j.name != "local")
+    });
+    let idle = g.submit(&manifest);
+    assert_eq!(walltime_while_it_runs(), "128");
+    assert_eq!(g.wait_for_end(&idle, 2 * MINUTE), "done");
+    let seen = std::fs::read_to_string(&slots).unwrap_or_default();
+    assert_eq!(seen.lines().collect::<Vec<_>>(), ["2", "8"]);
+}
