@@ -15,7 +15,7 @@ use gleaner_protocol::{
 
 /// Of the jobs waiting in a batch queue, those an estimate places one by
 /// one: past them, a queue of any length costs a report nothing more.
-const MAX_ESTIMATED_JOBS: usize = 2000;
+const MAX_ESTIMATED_JOBS: usize = 500;
 
 /// Steps of the free-slot profile a report carries, at most.
 const MAX_PROFILE_STEPS: usize = 256;

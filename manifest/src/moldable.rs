@@ -132,12 +132,12 @@ impl Moldable {
         Ok(Self { min, max, curve })
     }
 
-    /// The slot counts it may get: every one in its range under Amdahl,
-    /// the table's otherwise.
-    pub fn choices(&self) -> Vec<u32> {
+    /// The most slots it may get within `free`: any count in its range
+    /// under Amdahl, the table's otherwise.
+    pub fn at_most(&self, free: u32) -> Option<u32> {
         match &self.curve {
-            Curve::Amdahl { .. } => (self.min..=self.max).collect(),
-            Curve::Table(table) => table.keys().copied().collect(),
+            Curve::Amdahl { .. } => Some(free.min(self.max)).filter(|n| *n >= self.min),
+            Curve::Table(table) => table.range(..=free).next_back().map(|(n, _)| *n),
         }
     }
 
@@ -175,7 +175,10 @@ mod tests {
         assert_eq!(m.walltime_ms(4), 3_600_000);
         // (0.1 + 0.9/16) / (0.1 + 0.9/4) of an hour.
         assert_eq!(m.walltime_ms(16), 1_730_770);
-        assert_eq!(m.choices().len(), 61);
+        assert_eq!(
+            (m.at_most(3), m.at_most(10), m.at_most(100)),
+            (None, Some(10), Some(64))
+        );
     }
 
     #[test]
@@ -189,7 +192,10 @@ mod tests {
             None,
         )
         .unwrap();
-        assert_eq!(m.choices(), [4, 16]);
+        assert_eq!(
+            (m.at_most(3), m.at_most(10), m.at_most(16)),
+            (None, Some(4), Some(16))
+        );
         assert_eq!(m.walltime_ms(16), 2_400_000);
         assert_eq!(m.walltime_ms(4), 7_200_000);
     }

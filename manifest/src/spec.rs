@@ -1022,8 +1022,8 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
         let table =
             grid("slots = { min = 2, max = 8 }\nspeedup = { 2 = \"1h\", 8 = \"20m\" }\n").unwrap();
         assert_eq!(
-            table.components[0].moldable(None).unwrap().choices(),
-            [2, 8]
+            table.components[0].moldable(None).unwrap().at_most(7),
+            Some(2)
         );
         for bad in [
             "slots = { min = 4, max = 64 }\n",

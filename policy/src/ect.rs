@@ -9,6 +9,11 @@
 
 use serde::{Deserialize, Serialize};
 
+/// Steps a profile keeps at most: past them, the closest are merged (late,
+/// never early), so that however long a queue, an estimate costs a
+/// bounded time.
+pub const MAX_STEPS: usize = 512;
+
 /// As good as never, in ms: a job without a time limit holds its slots
 /// past any horizon an estimate looks at (ten years).
 pub const NEVER_MS: u64 = 10 * 365 * 24 * 3600 * 1000;
@@ -110,6 +115,7 @@ impl Profile {
             step.1 = f(step.1, total);
         }
         self.steps.dedup_by(|later, earlier| later.1 == earlier.1);
+        self.bound(MAX_STEPS);
     }
 
     /// The index of the step that starts at `at`, made if need be.
@@ -146,12 +152,20 @@ impl Profile {
     /// At most `max` steps, each merged one counted at the fewest free
     /// slots it covered: an estimate may come late, never early.
     pub fn bounded(mut self, max: usize) -> Self {
-        while self.steps.len() > max.max(2) {
+        self.bound(max);
+        self
+    }
+
+    fn bound(&mut self, max: usize) {
+        // The first step (now) and the last (for ever) stay as they are.
+        while self.steps.len() > max.max(3) {
+            let inner = self.steps.len() - 3;
             let Some((i, _)) = self
                 .steps
                 .windows(2)
                 .enumerate()
                 .skip(1)
+                .take(inner)
                 .min_by_key(|(_, w)| w[1].0 - w[0].0)
             else {
                 break;
@@ -160,7 +174,6 @@ impl Profile {
             self.steps[i].1 = merged;
             self.steps.remove(i + 1);
         }
-        self
     }
 }
 
@@ -358,6 +371,29 @@ mod tests {
         assert_eq!(easy.start_now, [1]);
         assert_eq!(cbf.start_now, [1]);
         assert_eq!(cbf.starts[3], Some(50));
+    }
+
+    #[test]
+    fn a_queue_of_any_length_keeps_the_profile_bounded_and_never_early() {
+        let queue: Vec<Queued> = (0..5000)
+            .map(|i| q(1 + i % 7, 1000 + (i as u64 % 13) * 100))
+            .collect();
+        let plan = schedule(
+            &Profile::new(64, [(32, 5000)]),
+            &queue,
+            Discipline::Conservative,
+        );
+        assert!(plan.after.steps().len() <= MAX_STEPS);
+        assert!(plan.starts.iter().all(Option::is_some));
+        // The whole cluster is free once the last reservation ends, not
+        // before: merged steps are late, never early.
+        let last = plan
+            .starts
+            .iter()
+            .zip(&queue)
+            .map(|(s, q)| s.unwrap_or(0) + q.walltime)
+            .max();
+        assert_eq!(plan.after.earliest(64, 1, 0), last);
     }
 
     #[test]

@@ -259,7 +259,7 @@ fn mct(job: &GridJob, rooms: &[Site]) -> Option<(Plan, u64, Vec<u32>)> {
                         (n, m.walltime_ms(n), when)
                     }
                     (Some(m), None) => {
-                        let n = m.choices().into_iter().filter(|n| *n <= now).max()?;
+                        let n = m.at_most(now)?;
                         let length = m.walltime_ms(n);
                         (
                             n,
@@ -328,13 +328,12 @@ fn mct(job: &GridJob, rooms: &[Site]) -> Option<(Plan, u64, Vec<u32>)> {
 /// best is tried: for a start at a step, the most slots that fit its free
 /// level, and the fewest and the most slots besides.
 fn moldable_choice(m: &Moldable, ect: &SiteEct) -> Option<(u32, Estimate)> {
-    let choices = m.choices();
     let mut tried: Vec<u32> = ect
         .profile
         .steps()
         .iter()
-        .filter_map(|(_, free)| choices.iter().copied().filter(|n| n <= free).max())
-        .chain([m.min, m.max].into_iter().filter(|n| choices.contains(n)))
+        .filter_map(|(_, free)| m.at_most(*free))
+        .chain([m.min, m.max].into_iter().filter_map(|n| m.at_most(n)))
         .collect();
     tried.sort_unstable();
     tried.dedup();
