@@ -728,8 +728,22 @@ impl State {
         // lower priority it may stop, stops them instead (KOALA's
         // priorities come before the completion times).
         let mut stopping = None;
+        // Nor does a job queue behind others before every cluster had time
+        // to report: a cluster not heard yet may run it now.
+        let settled = self
+            .clusters
+            .values()
+            .map(|c| c.first_seen)
+            .min()
+            .is_some_and(|first| now.duration_since(first) >= config.stale_after);
         placements.retain(|placed| {
-            if placed.start_ms == 0 || stopping.is_some() {
+            if placed.start_ms == 0 {
+                return true;
+            }
+            if !settled {
+                return false;
+            }
+            if stopping.is_some() {
                 return true;
             }
             let Some(job) = waiting.iter().find(|j| j.id == placed.job) else {
@@ -1519,6 +1533,17 @@ pub(crate) mod tests {
         // c1 is full for 20 min, c2 for an hour.
         state.on_cluster(foreseeing("c1", 8, 1200, None), now, &config);
         state.on_cluster(foreseeing("c2", 8, 3600, None), now, &config);
+        assert!(
+            !state
+                .round(now, &config)
+                .iter()
+                .any(|a| matches!(a, Action::Place { .. })),
+            "no job queues before every cluster had time to report"
+        );
+        let now = now + config.stale_after;
+        state.on_job_update(report.clone(), now);
+        state.on_cluster(foreseeing("c1", 8, 1200, None), now, &config);
+        state.on_cluster(foreseeing("c2", 8, 3600, None), now, &config);
         let actions = state.round(now, &config);
         assert!(
             actions.contains(&Action::Place {
@@ -1534,16 +1559,16 @@ pub(crate) mod tests {
         report.state = JobState::Running;
         report.components = Vec::new();
         let t = |s| now + Duration::from_secs(s);
-        state.on_job_update(report.clone(), t(30));
+        state.on_job_update(report.clone(), t(5));
         state.on_cluster(
             foreseeing("c1", 8, 1170, Some(("g", 8, 1170, 600))),
-            t(30),
+            t(5),
             &config,
         );
-        state.on_cluster(foreseeing("c2", 0, 0, None), t(30), &config);
+        state.on_cluster(foreseeing("c2", 0, 0, None), t(5), &config);
         assert!(
             !state
-                .round(t(30), &config)
+                .round(t(5), &config)
                 .iter()
                 .any(|a| matches!(a, Action::Move { .. })),
             "not due"

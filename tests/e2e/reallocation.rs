@@ -72,7 +72,7 @@ fn a_waiting_component_moves_where_it_starts_at_once_and_runs_once() {
          [[component]]\nslots = 4\ncommand = \"hostname >> {}; sleep 1\"\n",
         ran.display()
     ));
-    wait_for("the component waiting on s1", MINUTE, || {
+    wait_for("the component waiting on s1", 2 * MINUTE, || {
         slurm
             .jobs()
             .iter()
