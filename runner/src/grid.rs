@@ -254,6 +254,8 @@ impl Grid {
             return Vec::new();
         }
         run.moving.insert(component, to.clone());
+        // Its copy there goes with the job's end or its next run.
+        ledger.involve(to.clone());
         info!(component, from = %from, to = %to, "moving a waiting grid component where it would complete earlier");
         vec![
             Effect::ToKcm {
@@ -442,8 +444,20 @@ impl Grid {
                     continue;
                 };
                 info!(component, cluster = %cluster, started, of = components, "claiming try: component not started, withdrawn to be placed elsewhere");
-                if let Some(run) = ledger.gather_mut().run.as_mut() {
+                let moving = ledger.gather_mut().run.as_mut().and_then(|run| {
                     run.avoid.insert(cluster.clone());
+                    run.moving.remove(&component)
+                });
+                // A copy on its way elsewhere goes too: it is placed anew.
+                if let Some(to) = moving {
+                    effects.push(Effect::ToKcm {
+                        cluster: to,
+                        msg: KcmMsg::WithdrawComponent {
+                            job: job.clone(),
+                            component,
+                        },
+                        followup: Followup::Nothing,
+                    });
                 }
                 effects.push(Effect::ToKcm {
                     cluster,
@@ -1100,6 +1114,28 @@ mod tests {
             [("c1".to_owned(), "go"), ("c3".to_owned(), "go")],
             "{effects:?}"
         );
+    }
+
+    #[test]
+    fn a_claiming_try_that_withdraws_a_moving_component_withdraws_its_copy_too() {
+        let t0 = Instant::now();
+        let mut grid = grid_with("claim_threshold = 0.5", t0);
+        grid.on_control(started_on(0, "c1", "a1"), at(t0, 2));
+        grid.on_control(move_to(1, "c2", "c3"), at(t0, 3));
+        // The first try is due at once: half started, the other withdrawn.
+        let effects = grid.poll(at(t0, 4));
+        let mut withdrawn = told(&effects);
+        withdrawn.sort();
+        assert_eq!(
+            withdrawn,
+            [
+                ("c2".to_owned(), "withdraw_component"),
+                ("c3".to_owned(), "withdraw_component")
+            ]
+        );
+        let effects = grid.on_control(queued(1, "c3"), at(t0, 5));
+        assert!(told(&effects).is_empty(), "the move is over");
+        assert_eq!(placed_on(&grid), ["c1", "-"]);
     }
 
     #[test]
