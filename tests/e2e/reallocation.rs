@@ -182,8 +182,9 @@ fn a_moldable_component_gets_fewer_slots_on_a_busy_cluster_and_more_on_an_idle_o
     for id in &local {
         sge("qdel", &[id]);
     }
-    wait_for("the local jobs to end", MINUTE, || {
-        queues.jobs(queue).iter().all(|j| j.name != "local")
+    wait_for("the scheduler to see the queue idle", MINUTE, || {
+        g.status()
+            .is_some_and(|s| s["clusters"][0]["report"]["free_slots"] == 8)
     });
     let idle = g.submit(&manifest);
     assert_eq!(walltime_while_it_runs(), "128");
