@@ -10,6 +10,34 @@ use nix::sys::signal::Signal;
 
 use crate::{MINUTE, gleaner};
 
+/// `count` local jobs of one slot on the first of `queues`, each asking
+/// and taking half an hour, once they run; their numbers.
+fn half_hour_jobs(queues: &SgeQueues, count: usize) -> Vec<String> {
+    let queue = queues.names[0].as_str();
+    let job = [
+        "-N",
+        "local",
+        "-q",
+        queue,
+        "-l",
+        "h_rt=1800",
+        "-b",
+        "y",
+        "/bin/sleep",
+        "1800",
+    ];
+    let numbers = (0..count).map(|_| qsub(&job)).collect();
+    wait_for("the local jobs to run", MINUTE, || {
+        queues
+            .jobs(queue)
+            .iter()
+            .filter(|j| !j.host.is_empty())
+            .count()
+            == count
+    });
+    numbers
+}
+
 #[test]
 fn a_waiting_component_moves_where_it_starts_at_once_and_runs_once() {
     let slurm = SlurmCluster::lock();
@@ -18,22 +46,7 @@ fn a_waiting_component_moves_where_it_starts_at_once_and_runs_once() {
     // and 2 minutes completes first on s1, where it waits.
     let queues = SgeQueues::new(1, 4);
     let queue = &queues.names[0];
-    let local: Vec<String> = (0..4)
-        .map(|_| {
-            qsub(&[
-                "-N",
-                "local",
-                "-q",
-                queue,
-                "-l",
-                "h_rt=1800",
-                "-b",
-                "y",
-                "/bin/sleep",
-                "1800",
-            ])
-        })
-        .collect();
+    let local = half_hour_jobs(&queues, 4);
     sbatch(&[
         "-p",
         SlurmCluster::LOCAL,
@@ -43,14 +56,8 @@ fn a_waiting_component_moves_where_it_starts_at_once_and_runs_once() {
         "--wrap",
         "sleep 600",
     ]);
-    wait_for("the local jobs to run", MINUTE, || {
-        queues
-            .jobs(queue)
-            .iter()
-            .filter(|j| !j.host.is_empty())
-            .count()
-            == 4
-            && slurm.jobs().iter().any(|j| j.state == "RUNNING")
+    wait_for("the local job to run on s1", MINUTE, || {
+        slurm.jobs().iter().any(|j| j.state == "RUNNING")
     });
     let mut g = gleaner("realloc");
     g.write(
@@ -116,30 +123,7 @@ fn a_waiting_component_moves_where_it_starts_at_once_and_runs_once() {
 fn a_moldable_component_gets_fewer_slots_on_a_busy_cluster_and_more_on_an_idle_one() {
     let queues = SgeQueues::new(1, 8);
     let queue = &queues.names[0];
-    let local: Vec<String> = (0..6)
-        .map(|_| {
-            qsub(&[
-                "-N",
-                "local",
-                "-q",
-                queue,
-                "-l",
-                "h_rt=1800",
-                "-b",
-                "y",
-                "/bin/sleep",
-                "1800",
-            ])
-        })
-        .collect();
-    wait_for("the local jobs to run", MINUTE, || {
-        queues
-            .jobs(queue)
-            .iter()
-            .filter(|j| !j.host.is_empty())
-            .count()
-            == 6
-    });
+    let local = half_hour_jobs(&queues, 6);
     let mut g = gleaner("moldable");
     g.write(
         "gleaner.toml",
