@@ -1,97 +1,210 @@
 #!/usr/bin/env bash
-# Runs every benchmark against the release build; prints Markdown rows for
-# BENCHMARKS.md. Run it on an otherwise idle machine. BASELINE=path/to/gleaner
-# of another build runs it side by side where a benchmark compares builds.
+# Runs the benchmarks against the release build; prints Markdown rows for
+# BENCHMARKS.md. Run it on an otherwise idle machine.
+#
+#   bench/run.sh                 every experiment, in the order below
+#   bench/run.sh NAME...         the named experiments only
+#   bench/run.sh --list          the experiments' names
+#
+# BASELINE=path/to/gleaner of another build runs it side by side where a
+# benchmark compares builds; HQ=path/to/hq adds HyperQueue's rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+bench=target/release/gleaner-bench
+export RUST_LOG=warn
+
+# The dev grid as the tests use it: three test hosts of 4 slots.
+default_grid() {
+    deploy/sge/hosts.sh 3 4 >/dev/null
+    deploy/slurm/setup.sh 3 4 >/dev/null
+}
+
+# Seed 000's Delft cluster: 68 slots, as four test hosts of 17 (Grid
+# Engine's test queue has 17 slots on each; Slurm's nodes 17 CPUs).
+delft_grid() {
+    deploy/sge/hosts.sh 4 4 >/dev/null
+    deploy/slurm/setup.sh 4 17 >/dev/null
+}
+
+exp_seed000_table_4_1() {
+    echo "## seed 000, Table 4.1: 1000 × 30 s tasks on 68 slots"
+    echo "| batch system | how | makespan (s) | of ideal | throughput (tasks/s) | of ideal | seed 000: makespan / throughput |"
+    echo "|---|---|---|---|---|---|---|"
+    delft_grid
+    "$bench" table-4-1 --batch sge
+    "$bench" table-4-1 --batch slurm
+    default_grid
+}
+
+exp_seed000_table_4_2() {
+    echo "## seed 000, Table 4.2: local jobs of 40 × 60 s in six chunkings on 68 slots, 5 runs each"
+    echo "| batch system | job | makespan, empty: mean (min–max) s | makespan, full of launchers: mean (min–max) s | added (s) | seed 000: empty | seed 000: full | seed 000: added |"
+    echo "|---|---|---|---|---|---|---|---|"
+    delft_grid
+    "$bench" table-4-2 --batch sge
+    "$bench" table-4-2 --batch slurm
+    default_grid
+}
+
+exp_seed000_table_4_3() {
+    echo "## seed 000, Table 4.3: grid jobs of 80 × 60 s over three 40-slot Grid Engine clusters, 5 runs each"
+    echo "| job | makespan, empty: mean (min–max) s | makespan, full of launchers: mean (min–max) s | added (s) | seed 000: empty | seed 000: full | seed 000: added |"
+    echo "|---|---|---|---|---|---|---|"
+    "$bench" table-4-3
+}
+
+exp_seed004_figure_4_4() {
+    echo "## seed 004, Figure 4.4: from a grant to every launcher connected, 3 runs each"
+    echo "| batch system | launchers | grant → all connected (s) | submission → all connected (s) | grant → first connected (s) | seed 004 (s) |"
+    echo "|---|---|---|---|---|---|"
+    # 500 CPUs of Slurm: four test hosts of 125.
+    deploy/slurm/setup.sh 4 125 >/dev/null
+    for batch in local sge slurm; do
+        "$bench" figure-4-4 --batch "$batch"
+    done
+    default_grid
+}
+
+exp_seed000_figures() {
+    echo "## seed 000, Figure 4.2 and the simulator's plots (bench/plots/)"
+    cargo run --release --quiet -p gleaner -- simulate simulator/scenarios/koala-free.toml --plot bench/plots/koala-free.png >/dev/null
+}
+
+exp_makespan() {
+    echo "## makespan"
+    echo "| workload | slots | bundle | ideal (s) | makespan (s) | ratio |"
+    echo "|---|---|---|---|---|---|"
+    "$bench" makespan --tasks 400 --slots 8 --seconds 1
+    "$bench" makespan --tasks 100000 --slots 8 --seconds 0.05
+    "$bench" makespan --tasks 100000 --slots 8 --seconds 0.05 --bundle 4
+}
+
+exp_throughput() {
+    echo "## throughput (HQ=/path/to/hq adds HyperQueue's rows)"
+    echo "| launchers × slots | command | bundle | tasks | makespan (s) | tasks/s | broker CPU s/1000 | services CPU s/1000 | launchers + tasks CPU s/1000 |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+    "$bench" throughput --tasks 20000 --launcher-slots 8
+}
+
+exp_hyperqueue() {
+    echo "## beside HyperQueue (HQ=/path/to/hq; gleaner's rows alone without it), medians of 3 rounds"
+    for slots in 8 4; do
+        "$bench" throughput --tasks 20000 --launcher-slots "$slots" --launchers 1 --bundle 32 --rounds 3
+    done
+}
+
+exp_launcher_scale() {
+    echo "## launchers at scale"
+    echo "| launchers | runner CPU (% of a core) | per 1,000 launchers | scheduler + kcm CPU | per 1,000 launchers | broker CPU (% of a core) | per 1,000 launchers | runner RSS (MiB) | broker memory added (MiB) | broker KiB per launcher |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+    "$bench" launcher-scale --launchers 100,500,1000
+}
+
+exp_memory() {
+    echo "## memory"
+    echo "| process | RSS (KiB) | private (KiB) |"
+    echo "|---|---|---|"
+    "$bench" memory --tasks 10000
+}
+
+exp_sge_launchers() {
+    echo "## grid engine: launchers versus direct submission"
+    echo "| how | workload | slots | ideal (s) | makespan (s) | ratio |"
+    echo "|---|---|---|---|---|---|"
+    "$bench" sge-launchers --tasks 80 --slots 8 --seconds 2
+}
+
+exp_sge_local_delay() {
+    echo "## grid engine: local-job delay"
+    echo "| local jobs × slots | wait, empty queue (s) | wait, queue full of gleaner (s) | added, mean (s) | added, worst (s) |"
+    echo "|---|---|---|---|---|"
+    "$bench" sge-local-delay --slots 8
+}
+
+exp_sge_hosts_local_delay() {
+    echo "## multi-host grid engine: local-job delay, jobs on one host"
+    echo "| local jobs × slots | wait, empty grid (s) | wait, grid full of gleaner (s) | added, mean (s) | added, worst (s) |"
+    echo "|---|---|---|---|---|"
+    "$bench" sge-hosts-local-delay --host-slots 4
+}
+
+exp_sge_throughput() {
+    echo "## multi-host grid engine: no-op throughput through placeholders"
+    echo "| launchers × slots | hosts × slots | tasks | makespan (s) | tasks/s |"
+    echo "|---|---|---|---|---|"
+    "$bench" sge-throughput --tasks 50000 --host-slots 4
+    "$bench" sge-throughput --tasks 50000 --host-slots 8
+}
+
+exp_slurm_launchers() {
+    echo "## slurm: launchers versus direct submission"
+    echo "| how | workload | slots | ideal (s) | makespan (s) | ratio |"
+    echo "|---|---|---|---|---|---|"
+    "$bench" slurm-launchers --tasks 80 --seconds 2
+}
+
+exp_slurm_local_delay() {
+    echo "## slurm: local-job delay"
+    echo "| local jobs × CPUs | wait, empty partition (s) | wait, partition full of gleaner (s) | added, mean (s) | added, worst (s) |"
+    echo "|---|---|---|---|---|"
+    "$bench" slurm-local-delay
+}
+
+exp_sge_grid_delay() {
+    echo "## grid engine: grid job delay"
+    echo "| grid job | runs | wait, empty queue: mean (worst) s | wait, queue full of sweeps: mean (worst) s | added (s) |"
+    echo "|---|---|---|---|---|"
+    "$bench" sge-grid-delay --slots 8 --runs 3
+}
+
+exp_decide() {
+    echo "## scheduler: decision time"
+    echo "| policy | clusters | jobs | grid jobs | offers / shrinks / placements | best (ms) | median (ms) |"
+    echo "|---|---|---|---|---|---|---|"
+    "$bench" decide --clusters 1000 --jobs 10000 --grid 10
+}
+
+exp_inbox() {
+    echo "## scheduler: inbox lag at grid scale"
+    echo "| build | clusters | jobs | messages/s | inbox lag p50 / p99 / worst (s) | most messages waiting | scheduler CPU |"
+    echo "|---|---|---|---|---|---|---|"
+    "$bench" inbox --clusters 1000 --jobs 10000 --seconds 60 ${BASELINE:+--baseline "$BASELINE"}
+}
+
+exp_chaos() {
+    echo "## chaos: faults at random over one sweep, and recovery from each"
+    echo "| faults | tasks | makespan (s) | end | lost | duplicated | failed | most tasks at once / slots | processes left |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+    "$bench" chaos --tasks 1500 --task-seconds 2
+}
+
+exp_fairness() {
+    echo "## simulator: DAS-3 fairness (seed 000, section 4.4)"
+    echo "| workload | policy | throughput of the 3 jobs (tasks/s) | preemptions | spread | local jobs added wait, mean / worst (s) | grid jobs added wait, mean / worst (s) |"
+    echo "|---|---|---|---|---|---|---|"
+    "$bench" fairness --scenarios simulator/scenarios
+}
+
+experiments=(seed000_table_4_1 seed000_table_4_2 seed000_table_4_3 seed004_figure_4_4
+    makespan throughput hyperqueue launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness)
+
+if [ "${1:-}" = --list ]; then
+    printf '%s\n' "${experiments[@]//_/-}"
+    exit 0
+fi
+chosen=("$@")
+[ ${#chosen[@]} -gt 0 ] || chosen=("${experiments[@]//_/-}")
+for name in "${chosen[@]}"; do
+    declare -F "exp_${name//-/_}" >/dev/null || { echo "no experiment $name (bench/run.sh --list)" >&2; exit 2; }
+done
+
 deploy/rabbitmq/setup.sh
 deploy/sge/setup.sh
 deploy/sge/hosts.sh
 deploy/slurm/setup.sh
 deploy/rabbitmq/cluster.sh up >/dev/null
 cargo build --release --quiet -p gleaner -p gleaner-bench
-bench=target/release/gleaner-bench
-export RUST_LOG=warn
-
-echo "## makespan"
-echo "| workload | slots | bundle | ideal (s) | makespan (s) | ratio |"
-echo "|---|---|---|---|---|---|"
-"$bench" makespan --tasks 400 --slots 8 --seconds 1
-"$bench" makespan --tasks 100000 --slots 8 --seconds 0.05
-"$bench" makespan --tasks 100000 --slots 8 --seconds 0.05 --bundle 4
-
-echo "## throughput (HQ=/path/to/hq adds HyperQueue's rows)"
-echo "| launchers × slots | command | bundle | tasks | makespan (s) | tasks/s | broker CPU s/1000 | services CPU s/1000 | launchers + tasks CPU s/1000 |"
-echo "|---|---|---|---|---|---|---|---|---|"
-"$bench" throughput --tasks 20000 --launcher-slots 8
-
-echo "## beside HyperQueue (HQ=/path/to/hq; gleaner's rows alone without it), medians of 3 rounds"
-for slots in 8 4; do
-    "$bench" throughput --tasks 20000 --launcher-slots "$slots" --launchers 1 --bundle 32 --rounds 3
+echo "build: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
+for name in "${chosen[@]}"; do
+    "exp_${name//-/_}"
 done
-
-echo "## launchers at scale"
-echo "| launchers | runner CPU (% of a core) | per 1,000 launchers | scheduler + kcm CPU | per 1,000 launchers | broker CPU (% of a core) | per 1,000 launchers | runner RSS (MiB) | broker memory added (MiB) | broker KiB per launcher |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
-"$bench" launcher-scale --launchers 100,500,1000
-
-echo "## memory"
-echo "| process | RSS (KiB) | private (KiB) |"
-echo "|---|---|---|"
-"$bench" memory --tasks 10000
-
-echo "## grid engine: launchers versus direct submission"
-echo "| how | workload | slots | ideal (s) | makespan (s) | ratio |"
-echo "|---|---|---|---|---|---|"
-"$bench" sge-launchers --tasks 80 --slots 8 --seconds 2
-
-echo "## grid engine: local-job delay"
-echo "| local jobs × slots | wait, empty queue (s) | wait, queue full of gleaner (s) | added, mean (s) | added, worst (s) |"
-echo "|---|---|---|---|---|"
-"$bench" sge-local-delay --slots 8
-
-echo "## multi-host grid engine: local-job delay, jobs on one host"
-echo "| local jobs × slots | wait, empty grid (s) | wait, grid full of gleaner (s) | added, mean (s) | added, worst (s) |"
-echo "|---|---|---|---|---|"
-"$bench" sge-hosts-local-delay --host-slots 4
-
-echo "## multi-host grid engine: no-op throughput through placeholders"
-echo "| launchers × slots | hosts × slots | tasks | makespan (s) | tasks/s |"
-echo "|---|---|---|---|---|"
-"$bench" sge-throughput --tasks 50000 --host-slots 4
-"$bench" sge-throughput --tasks 50000 --host-slots 8
-
-echo "## slurm: launchers versus direct submission"
-echo "| how | workload | slots | ideal (s) | makespan (s) | ratio |"
-echo "|---|---|---|---|---|---|"
-"$bench" slurm-launchers --tasks 80 --seconds 2
-
-echo "## slurm: local-job delay"
-echo "| local jobs × CPUs | wait, empty partition (s) | wait, partition full of gleaner (s) | added, mean (s) | added, worst (s) |"
-echo "|---|---|---|---|---|"
-"$bench" slurm-local-delay
-
-echo "## grid engine: grid job delay"
-echo "| grid job | runs | wait, empty queue: mean (worst) s | wait, queue full of sweeps: mean (worst) s | added (s) |"
-echo "|---|---|---|---|---|"
-"$bench" sge-grid-delay --slots 8 --runs 3
-
-echo "## scheduler: decision time"
-echo "| policy | clusters | jobs | grid jobs | offers / shrinks / placements | best (ms) | median (ms) |"
-echo "|---|---|---|---|---|---|---|"
-"$bench" decide --clusters 1000 --jobs 10000 --grid 10
-
-echo "## scheduler: inbox lag at grid scale"
-echo "| build | clusters | jobs | messages/s | inbox lag p50 / p99 / worst (s) | most messages waiting | scheduler CPU |"
-echo "|---|---|---|---|---|---|---|"
-"$bench" inbox --clusters 1000 --jobs 10000 --seconds 60 ${BASELINE:+--baseline "$BASELINE"}
-
-echo "## chaos: faults at random over one sweep, and recovery from each"
-echo "| faults | tasks | makespan (s) | end | lost | duplicated | failed | most tasks at once / slots | processes left |"
-echo "|---|---|---|---|---|---|---|---|---|"
-"$bench" chaos --tasks 1500 --task-seconds 2
-
-echo "## simulator: DAS-3 fairness (seed 000, section 4.4)"
-echo "| workload | policy | throughput of the 3 jobs (tasks/s) | preemptions | spread | local jobs added wait, mean / worst (s) | grid jobs added wait, mean / worst (s) |"
-echo "|---|---|---|---|---|---|---|"
-"$bench" fairness --scenarios simulator/scenarios

@@ -9,6 +9,8 @@ mod hq;
 mod inbox;
 mod measure;
 mod rounds;
+mod seed000;
+mod seed004;
 mod sge;
 mod slurm;
 
@@ -101,6 +103,54 @@ enum Bench {
         /// Another build's `gleaner` to run the same load against, first.
         #[arg(long)]
         baseline: Option<PathBuf>,
+    },
+    /// Seed 000, Table 4.1: tasks through gleaner, one batch job per task
+    /// and one array job, on the whole deployed grid.
+    #[command(name = "table-4-1")]
+    Table41 {
+        #[arg(long, value_enum)]
+        batch: seed000::Batch,
+        /// Slots of the grid as deployed (checked).
+        #[arg(long, default_value_t = 68)]
+        slots: u32,
+        #[arg(long, default_value_t = 1000)]
+        tasks: u32,
+        #[arg(long, default_value_t = 30)]
+        seconds: u32,
+    },
+    /// Seed 000, Table 4.2: local jobs in six chunkings, on the grid empty
+    /// and full of launchers.
+    #[command(name = "table-4-2")]
+    Table42 {
+        #[arg(long, value_enum)]
+        batch: seed000::Batch,
+        #[arg(long, default_value_t = 68)]
+        slots: u32,
+        #[arg(long, default_value_t = 5)]
+        runs: u32,
+        /// Run time of each chunk.
+        #[arg(long, default_value_t = 60)]
+        seconds: u32,
+    },
+    /// Seed 000, Table 4.3: chunked grid jobs over three Grid Engine
+    /// clusters, empty and full of launchers.
+    #[command(name = "table-4-3")]
+    Table43 {
+        #[arg(long, default_value_t = 5)]
+        runs: u32,
+        /// Run time of each component.
+        #[arg(long, default_value_t = 60)]
+        seconds: u32,
+    },
+    /// Seed 004, Figure 4.4: from a grant to every launcher connected.
+    #[command(name = "figure-4-4")]
+    Figure44 {
+        #[arg(long, value_enum)]
+        batch: seed000::Batch,
+        #[arg(long, value_delimiter = ',', default_value = "4,8,16,32,48,100,500")]
+        launchers: Vec<u32>,
+        #[arg(long, default_value_t = 3)]
+        runs: u32,
     },
     /// Grid Engine: the same tasks by launchers and by one qsub per task.
     SgeLaunchers {
@@ -264,6 +314,24 @@ fn main() -> anyhow::Result<()> {
             slots,
             seconds,
         } => sge::launchers_vs_direct(&gleaner_binary()?, tasks, slots, seconds),
+        Bench::Table41 {
+            batch,
+            slots,
+            tasks,
+            seconds,
+        } => seed000::table_4_1(&gleaner_binary()?, batch, slots, tasks, seconds),
+        Bench::Table42 {
+            batch,
+            slots,
+            runs,
+            seconds,
+        } => seed000::table_4_2(&gleaner_binary()?, batch, slots, runs, seconds),
+        Bench::Table43 { runs, seconds } => seed000::table_4_3(&gleaner_binary()?, runs, seconds),
+        Bench::Figure44 {
+            batch,
+            launchers,
+            runs,
+        } => seed004::figure_4_4(&gleaner_binary()?, batch, &launchers, runs),
         Bench::SgeLocalDelay { slots } => sge::local_delay(&gleaner_binary()?, slots),
         Bench::SgeGridDelay { slots, runs } => sge::grid_delay(&gleaner_binary()?, slots, runs),
         Bench::SlurmLaunchers { tasks, seconds } => {
