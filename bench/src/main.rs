@@ -5,6 +5,7 @@
 mod chaos;
 mod decide;
 mod fairness;
+mod figures;
 mod hq;
 mod inbox;
 mod measure;
@@ -151,6 +152,16 @@ enum Bench {
         launchers: Vec<u32>,
         #[arg(long, default_value_t = 3)]
         runs: u32,
+    },
+    /// A picture of a table that `bench/run.sh` printed: `figure-4-4` or
+    /// `table-4-2`.
+    Plot {
+        #[arg(value_parser = ["figure-4-4", "table-4-2"])]
+        figure: String,
+        /// The Markdown `bench/run.sh` printed.
+        table: PathBuf,
+        /// The PNG to write.
+        out: PathBuf,
     },
     /// Grid Engine: the same tasks by launchers and by one qsub per task.
     SgeLaunchers {
@@ -332,6 +343,10 @@ fn main() -> anyhow::Result<()> {
             launchers,
             runs,
         } => seed004::figure_4_4(&gleaner_binary()?, batch, &launchers, runs),
+        Bench::Plot { figure, table, out } => match figure.as_str() {
+            "figure-4-4" => figures::figure_4_4(&table, &out),
+            _ => figures::table_4_2(&table, &out),
+        },
         Bench::SgeLocalDelay { slots } => sge::local_delay(&gleaner_binary()?, slots),
         Bench::SgeGridDelay { slots, runs } => sge::grid_delay(&gleaner_binary()?, slots, runs),
         Bench::SlurmLaunchers { tasks, seconds } => {

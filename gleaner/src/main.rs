@@ -220,7 +220,7 @@ enum Command {
         /// Only this policy (default: the scenario's, or both).
         #[arg(long)]
         policy: Option<gleaner_policy::share::CsPolicy>,
-        /// Write a load plot (SVG) per policy into this directory.
+        /// Write a load plot (PNG) per policy into this directory.
         #[arg(long, value_name = "DIR")]
         plot: Option<PathBuf>,
     },

@@ -265,6 +265,9 @@ pub struct LocalPlan {
 struct Promise {
     at: u64,
     slots: Vec<(Option<String>, u32)>,
+    /// The slots gleaner's launchers hold once those told to go with this
+    /// answer left; `None` when the answer told none to go.
+    held_after: Option<u32>,
 }
 
 /// Waiting jobs already answered, and when; kept between polls.
@@ -445,16 +448,26 @@ impl Room {
 }
 
 /// Decides, at `now` (ms), what to do for the waiting local jobs. A job
-/// answered less than `settle` ms ago is not answered again: the launchers
-/// told to go need that long to leave.
+/// answered less than `settle` ms ago is not answered again while the
+/// launchers told to go for it have not all left. Once they have, and it
+/// still waits, it is answered again at once: another job (a grid
+/// component the batch system starts first) may have taken the slots they
+/// freed, and an answer counts free slots before it preempts more.
 pub fn on_local_wait(
     state: LocalState<'_>,
     answered: &mut Answered,
     now: u64,
     settle: u64,
 ) -> LocalPlan {
+    let held: u32 = state
+        .hosts
+        .iter()
+        .fold(0, |a, h| a.saturating_add(h.scavenged()));
     answered.jobs.retain(|id, promise| {
-        now.saturating_sub(promise.at) < settle && state.waiting.iter().any(|w| &w.id == id)
+        let launchers_left = promise.held_after.is_some_and(|after| held <= after);
+        now.saturating_sub(promise.at) < settle
+            && !launchers_left
+            && state.waiting.iter().any(|w| &w.id == id)
     });
     if state.waiting.is_empty() {
         return LocalPlan::default();
@@ -466,6 +479,7 @@ pub fn on_local_wait(
         .iter()
         .filter(|w| !answered.jobs.contains_key(&w.id))
         .collect();
+    let mut promised = Vec::new();
     for job in fresh {
         let slots = if job.spreads() {
             room.spread(job)
@@ -475,13 +489,24 @@ pub fn on_local_wait(
                 Vec::new()
             })
         };
-        answered
-            .jobs
-            .insert(job.id.clone(), Promise { at: now, slots });
+        promised.push((job.id.clone(), slots));
+    }
+    let shrink = room.orders(state.hosts);
+    let ordered: u32 = shrink.iter().fold(0, |a, o| a.saturating_add(o.slots));
+    let held_after = (ordered > 0).then(|| held.saturating_sub(ordered));
+    for (job, slots) in promised {
+        answered.jobs.insert(
+            job,
+            Promise {
+                at: now,
+                slots,
+                held_after,
+            },
+        );
     }
     LocalPlan {
         withdraw: state.pending_placeholders.to_vec(),
-        shrink: room.orders(state.hosts),
+        shrink,
         unplaceable,
     }
 }
@@ -583,6 +608,27 @@ mod tests {
             plan(&w, &hosts, &mut answered, 7000).shrink,
             [order("a", 4, &[])]
         );
+    }
+
+    #[test]
+    fn slots_taken_by_another_job_are_asked_for_again_once_the_launchers_left() {
+        let mut answered = Answered::default();
+        let w = [WaitingJob::anywhere("7", 4)];
+        let hosts = [host("n1", 8, 2, &[("a", 6)])];
+        assert_eq!(
+            plan(&w, &hosts, &mut answered, 0).shrink,
+            [order("a", 2, &[])]
+        );
+        // The launchers left, but a grid component the batch system
+        // started first took their slots: the job is answered again at
+        // once, not after the settle time.
+        let hosts = [host("n1", 8, 0, &[("a", 4)])];
+        assert_eq!(
+            plan(&w, &hosts, &mut answered, 1000).shrink,
+            [order("a", 4, &[])]
+        );
+        // Those launchers have not left yet: nothing more.
+        assert!(plan(&w, &hosts, &mut answered, 2000).shrink.is_empty());
     }
 
     #[test]

@@ -16,7 +16,7 @@
 
 mod batch;
 mod model;
-mod plot;
+pub mod plot;
 mod runner;
 mod scenario;
 pub mod study;
@@ -291,7 +291,7 @@ impl Comparison {
         json!({ "scenario": self.scenario, "runs": runs, "koala": koala, "reallocation": reallocation })
     }
 
-    /// Writes one SVG per policy into `dir`: the grid's load over time.
+    /// Writes one PNG per policy into `dir`: the grid's load over time.
     pub fn plot(&self, dir: &Path, stem: &str) -> Result<Vec<std::path::PathBuf>, String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let mut files: Vec<std::path::PathBuf> = self
@@ -299,7 +299,7 @@ impl Comparison {
             .iter()
             .map(|run| {
                 let policy = run.policy.map_or("none", CsPolicy::name);
-                let path = dir.join(format!("{stem}-{policy}.svg"));
+                let path = dir.join(format!("{stem}-{policy}.png"));
                 plot::load(run, &format!("{} — {policy}", self.scenario), &path)?;
                 Ok(path)
             })
@@ -610,8 +610,8 @@ mod tests {
             Some(CsPolicy::SiteEquipartition),
         );
         let files = comparison.plot(&dir, "spike").unwrap();
-        let svg = std::fs::read_to_string(&files[0]).unwrap();
-        assert!(svg.starts_with("<svg") && svg.contains("scavenging"));
+        let png = std::fs::read(&files[0]).unwrap();
+        assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "a picture");
         let _ = std::fs::remove_dir_all(dir);
     }
 }
