@@ -46,6 +46,80 @@ pub fn choose_victims(
         .collect()
 }
 
+/// How a shrink picks the launchers it takes back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum VictimChoice {
+    /// gleaner's: [`choose_victims`].
+    #[default]
+    LeastLoss,
+    /// KOALA-CS's launcher preemption policy (seed 000, section 3.7.2): a
+    /// random set of the job's launchers there, each shrink's drawn from
+    /// this seed and the shrink's number, so that a run can be repeated.
+    Random { seed: u64 },
+}
+
+impl VictimChoice {
+    /// The choice for a job's `n`th shrink: a random one draws from a seed
+    /// of its own, so that shrinks do not all take the same launchers.
+    pub fn nth(self, n: u64) -> Self {
+        match self {
+            Self::LeastLoss => Self::LeastLoss,
+            Self::Random { seed } => {
+                let mut state = seed ^ n.wrapping_mul(0xd1b5_4a32_d192_ed03);
+                Self::Random {
+                    seed: splitmix64(&mut state),
+                }
+            }
+        }
+    }
+
+    /// The launchers it takes back to free `slots` slots.
+    pub fn choose(
+        self,
+        candidates: Vec<Candidate>,
+        slots: u32,
+        max_preemptions: u32,
+    ) -> Vec<LauncherId> {
+        match self {
+            Self::LeastLoss => choose_victims(candidates, slots, max_preemptions),
+            Self::Random { seed } => random_victims(candidates, slots, seed),
+        }
+    }
+}
+
+/// A random set of `candidates` that frees `slots` slots: a shuffle
+/// drawn from `seed` alone (the candidates' order does not matter), then
+/// as many as it takes, in that order.
+pub fn random_victims(mut candidates: Vec<Candidate>, slots: u32, seed: u64) -> Vec<LauncherId> {
+    candidates.sort_by(|a, b| a.launcher.cmp(&b.launcher));
+    let mut state = seed;
+    // Fisher-Yates, from the back.
+    for i in (1..candidates.len()).rev() {
+        let j = (splitmix64(&mut state) % (i as u64 + 1)) as usize;
+        candidates.swap(i, j);
+    }
+    let mut freed = 0;
+    candidates
+        .into_iter()
+        .take_while(|c| {
+            let take = freed < slots;
+            freed = c.slots.saturating_add(freed);
+            take
+        })
+        .map(|c| c.launcher)
+        .collect()
+}
+
+/// The next number of SplitMix64: small, pure, and good enough to shuffle
+/// a cluster's launchers.
+pub fn splitmix64(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
 /// What the launchers a shrink chose are told: a drain lets their tasks
 /// finish, a preemption stops them now.
 pub fn order(mode: ShrinkMode, reason: &str) -> LauncherMsg {
@@ -119,6 +193,31 @@ mod tests {
         big.slots = 3;
         let candidates = vec![big, candidate("one", Some(1000))];
         assert_eq!(choose_victims(candidates, 1, 3), ids(&["one"]));
+    }
+
+    #[test]
+    fn a_random_choice_is_any_set_that_frees_the_slots_and_repeats_by_seed() {
+        let candidates = vec![
+            candidate("old", Some(900)),
+            candidate("idle", None),
+            candidate("new", Some(100)),
+            candidate("mid", Some(500)),
+        ];
+        let mut reversed = candidates.clone();
+        reversed.reverse();
+        for seed in 0..20 {
+            let chosen = random_victims(candidates.clone(), 2, seed);
+            assert_eq!(chosen.len(), 2);
+            assert_ne!(chosen[0], chosen[1]);
+            assert_eq!(chosen, random_victims(reversed.clone(), 2, seed), "by seed");
+        }
+        // Unlike gleaner's choice, busy launchers go before idle ones.
+        let firsts: std::collections::BTreeSet<LauncherId> = (0..40)
+            .map(|seed| random_victims(candidates.clone(), 1, seed).remove(0))
+            .collect();
+        assert_eq!(firsts.len(), 4, "{firsts:?}");
+        assert_eq!(random_victims(candidates.clone(), 10, 7).len(), 4);
+        assert!(random_victims(candidates, 0, 7).is_empty());
     }
 
     #[test]

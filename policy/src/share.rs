@@ -1,9 +1,11 @@
 //! CS policies: how idle slots are split between scavenging jobs.
 //!
 //! Pure functions from a snapshot of the grid to a plan: grow offers, and
-//! drains that move slots from jobs above their fair share to jobs below it.
-//! The scheduler applies the plan; a simulator can drive the same functions
-//! with a simulated clock.
+//! drains that move slots from jobs above their fair share to jobs below it
+//! (gleaner's SEP and GEP); KOALA-CS's own GEP, kept to rerun its thesis's
+//! experiments, shares idle slots only and drains nobody. The scheduler
+//! applies the plan; a simulator can drive the same functions with a
+//! simulated clock.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -20,6 +22,11 @@ pub enum CsPolicy {
     SiteEquipartition,
     /// The grid's idle slots are split evenly, wherever they are (GEP).
     GridEquipartition,
+    /// KOALA-CS's GEP as its thesis ran it (seed 000, section 3.7.1): each
+    /// round the grid's idle slots are split evenly between the jobs that
+    /// want more, whatever they hold already, and nobody is drained. Kept
+    /// to rerun the thesis's fairness experiments beside gleaner's GEP.
+    KoalaGridEquipartition,
 }
 
 impl std::str::FromStr for CsPolicy {
@@ -29,8 +36,9 @@ impl std::str::FromStr for CsPolicy {
         match text {
             "site-equipartition" | "sep" => Ok(Self::SiteEquipartition),
             "grid-equipartition" | "gep" => Ok(Self::GridEquipartition),
+            "koala-grid-equipartition" | "koala-gep" => Ok(Self::KoalaGridEquipartition),
             other => Err(format!(
-                "{other:?} is not a policy (site-equipartition or grid-equipartition)"
+                "{other:?} is not a policy (site-equipartition, grid-equipartition or koala-grid-equipartition)"
             )),
         }
     }
@@ -41,6 +49,16 @@ impl CsPolicy {
         match self {
             Self::SiteEquipartition => "site-equipartition",
             Self::GridEquipartition => "grid-equipartition",
+            Self::KoalaGridEquipartition => "koala-grid-equipartition",
+        }
+    }
+
+    /// Whether it may drain jobs above their share (with `rebalance`):
+    /// KOALA-CS's GEP never did.
+    fn drains(self) -> bool {
+        match self {
+            Self::SiteEquipartition | Self::GridEquipartition => true,
+            Self::KoalaGridEquipartition => false,
         }
     }
 }
@@ -52,7 +70,8 @@ pub struct PolicyConfig {
     pub policy: CsPolicy,
     /// No grow where the load of others (local and grid jobs) is at least this.
     pub load_cap: f64,
-    /// Move slots between jobs when one is below its fair share and another above.
+    /// Move slots between jobs when one is below its fair share and another
+    /// above (never under `koala-grid-equipartition`).
     pub rebalance: bool,
 }
 
@@ -519,7 +538,7 @@ fn plan_with_gpus(
         .collect();
     let cpu_plan = plan_pool(&cpu_clusters, cpu_jobs, config);
     let offered: u32 = plan.offers.iter().map(|o| o.slots).sum();
-    if config.rebalance {
+    if config.rebalance && config.policy.drains() {
         plan.drains.extend(gpu_pool::make_room(
             clusters,
             &gpu_jobs,
@@ -542,18 +561,59 @@ fn plan_pool(clusters: &[ClusterInput], jobs: &[JobInput], config: &PolicyConfig
             }
         }
         CsPolicy::GridEquipartition => {
-            let pool: Vec<&ClusterInput> = clusters
-                .iter()
-                .filter(|c| !c.excluded && c.total > 0)
-                .collect();
-            let total: u32 = pool.iter().map(|c| c.total).sum();
-            let others: u32 = pool.iter().map(|c| c.others).sum();
-            if total > 0 && f64::from(others) / f64::from(total) < config.load_cap {
+            if let Some(pool) = grid_pool(clusters, config.load_cap) {
                 share(&pool, &mut book, config.rebalance, &mut plan);
+            }
+        }
+        CsPolicy::KoalaGridEquipartition => {
+            if let Some(pool) = grid_pool(clusters, config.load_cap) {
+                share_idle(&pool, &mut book, &mut plan);
             }
         }
     }
     plan
+}
+
+/// The clusters a grid-wide policy shares as one pool; `None` when the
+/// grid's load of others reaches `load_cap`: then nobody grows anywhere.
+fn grid_pool(clusters: &[ClusterInput], load_cap: f64) -> Option<Vec<&ClusterInput>> {
+    let pool: Vec<&ClusterInput> = clusters
+        .iter()
+        .filter(|c| !c.excluded && c.total > 0)
+        .collect();
+    let total: u32 = pool.iter().map(|c| c.total).sum();
+    let others: u32 = pool.iter().map(|c| c.others).sum();
+    (total > 0 && f64::from(others) / f64::from(total) < load_cap).then_some(pool)
+}
+
+/// KOALA-CS's GEP: the pool's idle slots split evenly between the jobs
+/// that want more (in whole tasks, by weight, within their demands),
+/// whatever they hold already, each share taken from the clusters with
+/// most idle slots wherever the job's other slots are. Nobody is drained:
+/// a job that came late catches up only as slots free up, which is what
+/// the thesis measured.
+fn share_idle<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, plan: &mut Plan) {
+    // Draining or barred somewhere in the pool: no slot more for it.
+    let gets_none = |job: &JobId| {
+        pool.iter()
+            .any(|c| c.draining.contains(job) || c.barred.contains(job))
+    };
+    let idle: u32 = pool.iter().map(|c| c.idle).sum();
+    // Holding least first: odd slots go to them.
+    let hungry: Vec<&'a JobId> = book
+        .hungry
+        .iter()
+        .map(|(_, job)| *job)
+        .filter(|job| !gets_none(job))
+        .collect();
+    let wants: Vec<u32> = hungry.iter().map(|job| book.demand(job)).collect();
+    let weights: Vec<u32> = hungry.iter().map(|job| book.weight(job)).collect();
+    let task_slots: Vec<u32> = hungry.iter().map(|job| book.task_slots(job)).collect();
+    let shares = whole_task_targets(idle, &wants, &weights, &task_slots);
+    let mut free = FreeSlots::new(pool);
+    for (job, slots) in hungry.into_iter().zip(shares) {
+        free.offer(job, slots, book, plan);
+    }
 }
 
 fn can_grow(cluster: &ClusterInput, load_cap: f64) -> bool {
@@ -1073,6 +1133,101 @@ mod tests {
             offered(&plan, "a", "c1"),
             4,
             "GEP may put a job on one cluster"
+        );
+    }
+
+    fn koala_gep() -> PolicyConfig {
+        PolicyConfig {
+            policy: CsPolicy::KoalaGridEquipartition,
+            ..PolicyConfig::default()
+        }
+    }
+
+    #[test]
+    fn policies_parse_by_name_and_alias() {
+        for policy in [
+            CsPolicy::SiteEquipartition,
+            CsPolicy::GridEquipartition,
+            CsPolicy::KoalaGridEquipartition,
+        ] {
+            assert_eq!(policy.name().parse::<CsPolicy>(), Ok(policy));
+        }
+        assert_eq!(
+            "koala-gep".parse::<CsPolicy>(),
+            Ok(CsPolicy::KoalaGridEquipartition)
+        );
+        let refused = "fair".parse::<CsPolicy>().unwrap_err();
+        assert!(refused.contains("koala-grid-equipartition"), "{refused}");
+    }
+
+    #[test]
+    fn koala_gep_splits_idle_slots_evenly_whatever_the_jobs_hold() {
+        // a holds 30 of 50; b holds none; 20 are idle.
+        let clusters = [cluster("c1", 50, 20, 0, &[("a", 30)])];
+        let demands = jobs(&[("a", 100), ("b", 100)]);
+        let plan = plan(&clusters, &demands, &koala_gep());
+        assert_eq!(
+            (offered(&plan, "a", "c1"), offered(&plan, "b", "c1")),
+            (10, 10)
+        );
+        // gleaner's GEP fills the gap of the job holding none.
+        let gep = PolicyConfig {
+            policy: CsPolicy::GridEquipartition,
+            ..PolicyConfig::default()
+        };
+        let plan = super::plan(&clusters, &demands, &gep);
+        assert_eq!(
+            (offered(&plan, "a", "c1"), offered(&plan, "b", "c1")),
+            (0, 20)
+        );
+    }
+
+    #[test]
+    fn koala_gep_takes_a_share_wherever_slots_are_idle() {
+        // a's slots are all on c2; its share comes from c1, which has most.
+        let clusters = [
+            cluster("c1", 10, 8, 0, &[]),
+            cluster("c2", 10, 2, 0, &[("a", 8)]),
+        ];
+        let plan = plan(&clusters, &jobs(&[("a", 100), ("b", 100)]), &koala_gep());
+        assert_eq!(offered(&plan, "b", "c1") + offered(&plan, "b", "c2"), 5);
+        assert_eq!(offered(&plan, "a", "c1") + offered(&plan, "a", "c2"), 5);
+        assert_eq!(offered(&plan, "b", "c1"), 5, "b's from c1 first");
+        // Within demand: what one cannot use goes to the other.
+        let plan = super::plan(&clusters, &jobs(&[("a", 2), ("b", 100)]), &koala_gep());
+        assert_eq!(offered(&plan, "a", "c1") + offered(&plan, "a", "c2"), 2);
+        assert_eq!(offered(&plan, "b", "c1") + offered(&plan, "b", "c2"), 8);
+    }
+
+    #[test]
+    fn koala_gep_never_drains() {
+        let full = [cluster("c1", 8, 0, 0, &[("a", 8)])];
+        let plan = plan(&full, &jobs(&[("a", 50), ("b", 50)]), &koala_gep());
+        assert_eq!(plan, Plan::default(), "b waits for idle slots");
+        // Nor for GPU jobs kept off GPUs by CPU launchers.
+        let mut c1 = cluster("c1", 8, 0, 0, &[("cpu", 8)]);
+        c1.gpu_hosts = Some(vec![
+            gpu_host("n1", 0, 0, &[("cpu", 4)]),
+            gpu_host("n2", 0, 2, &[("cpu", 4)]),
+        ]);
+        let demands = vec![jobs(&[("cpu", 100)]).remove(0), gpu_job("gpu", 100)];
+        assert_eq!(plan_of(&c1, &demands).drains.len(), 1, "gleaner's SEP does");
+        assert_eq!(super::plan(&[c1], &demands, &koala_gep()), Plan::default());
+    }
+
+    #[test]
+    fn koala_gep_grows_nowhere_once_the_grid_is_loaded() {
+        // c1 alone is loaded past the cap, the grid is not: its idle slot
+        // is shared too.
+        let clusters = [cluster("c1", 10, 1, 9, &[]), cluster("c2", 10, 10, 0, &[])];
+        let plan = plan(&clusters, &jobs(&[("a", 100)]), &koala_gep());
+        assert_eq!(offered(&plan, "a", "c1") + offered(&plan, "a", "c2"), 11);
+        let loaded = [cluster("c1", 10, 1, 9, &[]), cluster("c2", 10, 3, 7, &[])];
+        assert!(
+            super::plan(&loaded, &jobs(&[("a", 100)]), &koala_gep())
+                .offers
+                .is_empty(),
+            "16 of 20 used by others: 80 %"
         );
     }
 

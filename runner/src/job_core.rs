@@ -50,6 +50,11 @@ pub struct JobSettings {
     /// closed (and so ends).
     #[serde(with = "humantime_serde")]
     pub open_idle: Duration,
+    /// Which launchers a shrink takes back: gleaner's choice, always, in
+    /// the services (not a setting); the simulator sets KOALA-CS's random
+    /// one to rerun its thesis's experiments.
+    #[serde(skip)]
+    pub victims: gleaner_policy::preempt::VictimChoice,
 }
 
 impl JobSettings {
@@ -70,6 +75,7 @@ impl Default for JobSettings {
             launcher_heartbeat: gleaner_protocol::LAUNCHER_HEARTBEAT,
             preempt_grace: Duration::from_secs(10),
             open_idle: Duration::from_secs(3600),
+            victims: gleaner_policy::preempt::VictimChoice::LeastLoss,
         }
     }
 }
@@ -561,8 +567,8 @@ impl<K: Kind> Job<K> {
         &self.ledger
     }
 
-    #[cfg(test)]
-    pub(crate) fn kind(&self) -> &K {
+    /// What its kind keeps, to read (the simulator's figures, tests).
+    pub fn kind(&self) -> &K {
         &self.kind
     }
 

@@ -5,7 +5,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_policy::preempt::{Candidate, choose_victims};
+use gleaner_policy::preempt::{Candidate, VictimChoice};
 
 use crate::JobSettings;
 use gleaner_protocol::{
@@ -85,8 +85,9 @@ impl LauncherTable {
         entry.polled = false;
     }
 
-    pub fn gone(&mut self, launcher: &LauncherId) {
-        self.launchers.remove(launcher);
+    /// Forgets a launcher; whether it was here.
+    pub fn gone(&mut self, launcher: &LauncherId) -> bool {
+        self.launchers.remove(launcher).is_some()
     }
 
     /// Forgets launchers silent for longer than three of their heartbeats
@@ -158,7 +159,8 @@ impl LauncherTable {
     /// they free: fewer than asked when the launchers there have not all
     /// announced themselves yet, more when a multi-slot launcher goes whole.
     /// `now_ms` is the wall clock the tasks' starts are measured against;
-    /// launchers running a task preempted `max_preemptions` times go last.
+    /// under gleaner's `choice`, launchers running a task preempted
+    /// `max_preemptions` times go last.
     pub fn pick_victims(
         &mut self,
         cluster: &ClusterName,
@@ -166,6 +168,7 @@ impl LauncherTable {
         hosts: &[String],
         now_ms: u64,
         max_preemptions: u32,
+        choice: VictimChoice,
     ) -> (Vec<LauncherId>, u32) {
         let on_hosts = |e: &Entry| hosts.is_empty() || hosts.iter().any(|h| same_host(h, &e.host));
         let candidates = self
@@ -184,7 +187,7 @@ impl LauncherTable {
                 preempted: e.running.iter().map(|t| t.preemptions).max().unwrap_or(0),
             })
             .collect();
-        let victims = choose_victims(candidates, slots, max_preemptions);
+        let victims = choice.choose(candidates, slots, max_preemptions);
         let mut freed = 0;
         for id in &victims {
             if let Some(entry) = self.launchers.get_mut(id) {
@@ -239,7 +242,7 @@ mod tests {
         );
         assert_eq!(table.running_tasks(), 1);
         assert_eq!(
-            table.pick_victims(&"c1".into(), 1, &[], 20_000, 3),
+            table.pick_victims(&"c1".into(), 1, &[], 20_000, 3, VictimChoice::LeastLoss),
             (vec![LauncherId::from("b")], 1),
             "idle b goes before busy a"
         );

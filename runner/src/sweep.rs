@@ -111,6 +111,12 @@ pub struct Sweep {
     /// When an open job last had news (its start here, an addition, a
     /// task that ended): one idle for `open_idle` is closed.
     last_news: Instant,
+    /// Shrinks carried out so far: each random choice of launchers draws
+    /// from a seed of its own.
+    shrinks: u64,
+    /// Launchers given up for their silence: gone when polled, or silent
+    /// too long (KOALA-CS's launcher time-outs).
+    timeouts: u64,
 }
 
 impl Sweep {
@@ -139,8 +145,15 @@ impl Sweep {
             owed: Vec::new(),
             recent: VecDeque::new(),
             last_news: now.instant,
+            shrinks: 0,
+            timeouts: 0,
         };
         Ok(Job::new(ledger, sweep))
+    }
+
+    /// Launchers given up so far because their heartbeats stopped.
+    pub fn launcher_timeouts(&self) -> u64 {
+        self.timeouts
     }
 
     /// Closes an open job that has had nothing to do for `open_idle`: it
@@ -328,14 +341,17 @@ impl Sweep {
     }
 
     /// Gives back slots on a cluster: idle launchers first, then those that
-    /// lose least work, sparing tasks preempted often.
+    /// lose least work, sparing tasks preempted often (or, where the
+    /// settings say, a random set of them).
     fn shrink(&mut self, ledger: &mut Ledger, order: ShrinkOrder, now: Now) -> Vec<Effect> {
+        self.shrinks += 1;
         let (victims, freed) = self.launchers.pick_victims(
             &order.cluster,
             order.slots,
             &order.hosts,
             now.wall_ms,
             ledger.manifest().max_preemptions,
+            ledger.settings().victims.nth(self.shrinks),
         );
         info!(cluster = %order.cluster, slots = order.slots, mode = ?order.mode, reason = order.reason, hosts = ?order.hosts, launchers = ?victims, freed, "shrinking");
         if freed > order.slots {
@@ -384,8 +400,11 @@ impl Sweep {
     /// not hold its slots until the batch system's walltime.
     fn expire_silent(&mut self, ledger: &mut Ledger, now: Now) -> Vec<Effect> {
         let job = ledger.id();
-        self.launchers
-            .expire(now.instant, ledger.settings().launcher_heartbeat)
+        let expired = self
+            .launchers
+            .expire(now.instant, ledger.settings().launcher_heartbeat);
+        self.timeouts += expired.values().map(|l| l.len() as u64).sum::<u64>();
+        expired
             .into_iter()
             .map(|(cluster, launchers)| {
                 warn!(cluster = %cluster, launchers = ?launchers, "launchers silent too long: forgotten, their placeholders removed");
@@ -660,10 +679,14 @@ impl Kind for Sweep {
                     warn!(cluster = %cluster, "no kcm queue for the cluster; grow dropped");
                 }
             }
-            Followup::Leave { launcher } if !arrived => self.launchers.gone(&launcher),
+            Followup::Leave { launcher } if !arrived => {
+                self.launchers.gone(&launcher);
+            }
             Followup::Poll { launcher } if !arrived => {
                 debug!(launcher = %launcher, "silent launcher is gone");
-                self.launchers.gone(&launcher);
+                if self.launchers.gone(&launcher) {
+                    self.timeouts += 1;
+                }
             }
             Followup::Leave { .. }
             | Followup::Poll { .. }
@@ -971,6 +994,109 @@ mod tests {
             "leaving launchers are not capacity"
         );
         assert_eq!(report.launchers["c2"], 1);
+    }
+
+    /// A new sweep of 10 tasks whose shrinks choose launchers by `victims`.
+    fn choosing(victims: preempt::VictimChoice, start: Instant) -> Job<Sweep> {
+        let submission = submission(&manifest(10, 1));
+        let mut opening = opening(&submission, vec![], None);
+        opening.settings.victims = victims;
+        let mut sweep = Sweep::open(opening, tasks_of(&submission), at(start, 0)).unwrap();
+        let effects = sweep.start();
+        with_broker(&mut sweep, &effects);
+        sweep
+    }
+
+    /// The launchers the first shrink of one slot on c1 takes back, of
+    /// busy a and b and idle c.
+    fn first_taken(victims: preempt::VictimChoice) -> Vec<(String, &'static str)> {
+        let t0 = Instant::now();
+        let mut sweep = choosing(victims, t0);
+        for launcher in ["a", "b", "c"] {
+            sweep.on_control(up(launcher, "c1", 1), at(t0, 1));
+        }
+        sweep.on_control(status("a", "c1", &[100]), at(t0, 2));
+        sweep.on_control(status("b", "c1", &[200]), at(t0, 2));
+        told(&sweep.on_control(shrink("c1", 1, ShrinkMode::Preempt), at(t0, 3)))
+    }
+
+    #[test]
+    fn a_random_choice_of_launchers_takes_busy_ones_too_and_repeats_by_seed() {
+        use preempt::VictimChoice::{LeastLoss, Random};
+        assert_eq!(
+            first_taken(LeastLoss),
+            owned(&[("c", "preempt"), ("c1", "release")])
+        );
+        let mut taken = BTreeSet::new();
+        for seed in 0..30 {
+            let first = first_taken(Random { seed });
+            assert_eq!(
+                first,
+                first_taken(Random { seed }),
+                "the same seed, the same"
+            );
+            assert_eq!(first.len(), 2, "one launcher and the release: {first:?}");
+            taken.insert(first[0].0.clone());
+        }
+        assert_eq!(taken.len(), 3, "any of the three: {taken:?}");
+        // Each shrink draws anew: the job's launchers do not all go in
+        // the same order as the first shrink's.
+        let t0 = Instant::now();
+        let mut sweep = choosing(Random { seed: 1 }, t0);
+        let mut orders = BTreeSet::new();
+        for round in 0..10 {
+            for launcher in ["a", "b", "c", "d"] {
+                sweep.on_control(up(&format!("{launcher}{round}"), "c1", 1), at(t0, 1));
+            }
+            let effects = sweep.on_control(shrink("c1", 4, ShrinkMode::Preempt), at(t0, 2));
+            let order: Vec<String> = told(&effects)
+                .into_iter()
+                .filter(|(_, kind)| *kind == "preempt")
+                .map(|(to, _)| to[..1].to_owned())
+                .collect();
+            orders.insert(order);
+        }
+        assert!(orders.len() > 1, "{orders:?}");
+    }
+
+    #[test]
+    fn launchers_given_up_for_their_silence_are_counted() {
+        let t0 = Instant::now();
+        let mut sweep = started(10, 1, t0);
+        for launcher in ["a", "b", "c"] {
+            sweep.on_control(up(launcher, "c1", 1), at(t0, 0));
+        }
+        sweep.on_control(status("c", "c1", &[]), at(t0, 8));
+        // a and b are polled; a's queue is gone, b's is there.
+        assert_eq!(
+            told(&sweep.poll(at(t0, 11))),
+            owned(&[("a", "poll"), ("b", "poll")])
+        );
+        for (launcher, arrived) in [("a", false), ("b", true)] {
+            let poll = Followup::Poll {
+                launcher: launcher.into(),
+            };
+            sweep.on_delivery(poll, arrived, at(t0, 11));
+        }
+        assert_eq!(sweep.kind().launcher_timeouts(), 1, "a");
+        // b stays silent: forgotten for it.
+        sweep.on_control(status("c", "c1", &[]), at(t0, SILENCE.as_secs()));
+        sweep.poll(at(t0, SILENCE.as_secs() + 1));
+        assert_eq!(sweep.kind().launcher_timeouts(), 2, "a and b");
+        // A launcher that left, or was told to, is no time-out.
+        sweep.on_control(
+            ControlMsg::LauncherGone {
+                launcher: "c".into(),
+                cluster: "c1".into(),
+                reason: "drained".into(),
+            },
+            at(t0, SILENCE.as_secs() + 1),
+        );
+        let poll = Followup::Poll {
+            launcher: "c".into(),
+        };
+        sweep.on_delivery(poll, false, at(t0, SILENCE.as_secs() + 2));
+        assert_eq!(sweep.kind().launcher_timeouts(), 2);
     }
 
     #[test]

@@ -26,7 +26,7 @@ use crate::scenario::{ClusterSpec, LocalJobs};
 const SIMULATED_ACCOUNT: &str = "simulated";
 
 /// A job's tasks as the broker holds them, and what became of their runs.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Tasks {
     /// The job's task queue: what its runner published, and what launchers
     /// gave back.
@@ -44,6 +44,23 @@ pub struct Tasks {
     /// Work done by runs that ended without a result or a saved state (s
     /// on a node of speed 1).
     pub lost_work: f64,
+    /// Draws the task a launcher gets, at random (KOALA-CS's Single task
+    /// Launcher Pull); the queue's head without.
+    pub pick: Option<StdRng>,
+}
+
+impl Tasks {
+    /// The task a launcher asking for work gets.
+    fn take(&mut self) -> Option<TaskMsg> {
+        match &mut self.pick {
+            None => self.queue.pop_front(),
+            Some(rng) if !self.queue.is_empty() => {
+                let i = rng.random_range(0..self.queue.len());
+                self.queue.swap_remove_back(i)
+            }
+            Some(_) => None,
+        }
+    }
 }
 
 pub struct LocalJob {
@@ -104,6 +121,9 @@ struct Launcher {
     draining: bool,
     /// Preempted or drained while idle: its node is free from then on.
     leaving_at: Option<f64>,
+    /// When it dies without a word (never, unless the scenario's
+    /// launchers fail).
+    dies_at: f64,
     completed: u64,
     /// Its tasks use a GPU.
     gpu: bool,
@@ -152,8 +172,16 @@ impl Launcher {
     /// Its task goes back to the queue: republished by a preempted
     /// launcher, redelivered by the broker for a killed one.
     /// A task that checkpoints saves its state when preempted; a killed
-    /// launcher's task loses its run.
+    /// launcher's task loses its run. Counted as a preemption.
     fn give_back(&mut self, tasks: &mut [Tasks], republish: bool) {
+        if self.lose_task(tasks, republish) {
+            tasks[self.job].preemptions += 1;
+        }
+    }
+
+    /// [`Self::give_back`] uncounted; whether it had a task.
+    fn lose_task(&mut self, tasks: &mut [Tasks], republish: bool) -> bool {
+        let had = self.task.is_some();
         if let Some(run) = self.task.take() {
             let job = &mut tasks[self.job];
             let mut msg = run.msg;
@@ -167,8 +195,8 @@ impl Launcher {
                 false => job.lost_work += run.from - run.left,
             }
             job.queue.push_back(msg);
-            job.preemptions += 1;
         }
+        had
     }
 }
 
@@ -210,15 +238,21 @@ pub struct Batch {
     /// How it orders its queue, by walltimes (seed 002); without one,
     /// grid components first and local jobs in order, as they fit.
     discipline: Option<Discipline>,
+    /// Each running launcher dies at this rate (per second), drawn from
+    /// `failures` (apart from `rng`: the background load stays the same).
+    failure_rate: f64,
+    failures: StdRng,
 }
 
 impl Batch {
-    /// A cluster whose own jobs already use their share (a warm start).
+    /// A cluster whose own jobs already use their share (a warm start),
+    /// whose launchers die at `failures`' rate (per hour) and draws.
     pub fn new(
         spec: &ClusterSpec,
         local_jobs: &LocalJobs,
         heartbeat: f64,
         mut rng: StdRng,
+        failures: (f64, StdRng),
     ) -> Self {
         let (nodes, local_load) = (spec.nodes, spec.local_load);
         let mean_duration = local_jobs.duration.as_secs_f64();
@@ -263,6 +297,8 @@ impl Batch {
             next_id: 0,
             heartbeat,
             discipline: spec.batch_scheduler,
+            failure_rate: failures.0 / 3600.0,
+            failures: failures.1,
         }
     }
 
@@ -357,6 +393,13 @@ impl Batch {
             if l.dispatched.is_none() {
                 return true;
             }
+            // Dead without a word: the broker hands its task to another
+            // launcher, its runner hears nothing, the batch system shows
+            // its placeholder gone.
+            if l.dies_at <= t {
+                l.lose_task(tasks, false);
+                return false;
+            }
             if l.next_beat <= t {
                 l.next_beat = t + heartbeat;
                 out.to_runners.push(l.status(name));
@@ -379,7 +422,7 @@ impl Batch {
                 return false;
             }
             let job = &mut tasks[l.job];
-            let Some(msg) = job.queue.pop_front() else {
+            let Some(msg) = job.take() else {
                 gone(l, out, "no tasks left");
                 return false;
             };
@@ -570,6 +613,7 @@ impl Batch {
             l.dispatched = Some(t);
             l.first_task = l.first_task.max(t);
             l.next_beat = t + self.heartbeat;
+            l.dies_at = t + exponential(&mut self.failures, self.failure_rate);
             out.to_runners.push((
                 l.job,
                 ControlMsg::LauncherUp(LauncherInfo {
@@ -600,6 +644,7 @@ impl Batch {
                 next_beat: f64::INFINITY,
                 draining: false,
                 leaving_at: None,
+                dies_at: f64::INFINITY,
                 completed: 0,
                 gpu,
                 on_gpu_node: false,
@@ -927,4 +972,108 @@ pub fn exponential(rng: &mut StdRng, rate: f64) -> f64 {
     }
     let u: f64 = rng.random_range(f64::EPSILON..1.0);
     -u.ln() / rate
+}
+
+#[cfg(test)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+
+    fn tasks(count: u64, pick: Option<StdRng>) -> Tasks {
+        let job: JobId = "sweep-0000000000000000".parse().unwrap();
+        Tasks {
+            queue: (0..count)
+                .map(|task| TaskMsg {
+                    job: job.clone(),
+                    task,
+                    attempt: 1,
+                    preemptions: 0,
+                    command: format!("task {task}"),
+                    env: Vec::new(),
+                    walltime_ms: None,
+                    outputs: Vec::new(),
+                    workdir: None,
+                    preempt_signal: None,
+                    preempt_grace_ms: None,
+                    max_attempts: 0,
+                    shape: None,
+                })
+                .collect(),
+            preemptions: 0,
+            drains: 0,
+            work: 60.0,
+            checkpoints: false,
+            saved: Default::default(),
+            lost_work: 0.0,
+            pick,
+        }
+    }
+
+    fn order(mut tasks: Tasks) -> Vec<u64> {
+        std::iter::from_fn(|| tasks.take())
+            .map(|t| t.task)
+            .collect()
+    }
+
+    #[test]
+    fn a_launcher_gets_the_queue_head_or_any_waiting_task() {
+        assert_eq!(order(tasks(5, None)), [0, 1, 2, 3, 4]);
+        let random = |seed| order(tasks(50, Some(StdRng::seed_from_u64(seed))));
+        let drawn = random(7);
+        assert_eq!(drawn, random(7), "by seed");
+        assert_ne!(drawn, (0..50).collect::<Vec<_>>());
+        let mut all = drawn.clone();
+        all.sort();
+        assert_eq!(all, (0..50).collect::<Vec<_>>(), "each once");
+    }
+
+    #[test]
+    fn a_failing_launcher_dies_without_a_word_and_its_task_waits_again() {
+        let spec = ClusterSpec {
+            name: "c".into(),
+            nodes: 4,
+            speed: 1.0,
+            local_load: 0.0,
+            gpu_nodes: 0,
+            batch_scheduler: None,
+        };
+        // Once in 10 s on average: dead within the minute, mid-task.
+        let failing = (360.0, StdRng::seed_from_u64(3));
+        let mut batch = Batch::new(
+            &spec,
+            &LocalJobs::default(),
+            5.0,
+            StdRng::seed_from_u64(0),
+            failing,
+        );
+        let mut jobs = [tasks(3, None)];
+        batch.submit_launchers(0, 1, false, 0.0, 0.0);
+        let mut out = Happenings::default();
+        batch.dispatch(0.0, &mut out);
+        assert!(matches!(
+            out.to_runners[..],
+            [(0, ControlMsg::LauncherUp(_))]
+        ));
+        let mut t = 0.0;
+        let mut said = Vec::new();
+        while batch.load(t).2 == 1 && t < 60.0 {
+            t += 1.0;
+            let mut out = Happenings::default();
+            batch.progress(t, 1.0, &mut jobs, &mut out);
+            said.extend(out.to_runners);
+        }
+        assert_eq!(batch.load(t).2, 0, "dead by {t} s");
+        assert!(t > 2.0, "it ran its task for a while first: {t} s");
+        assert!(
+            said.iter()
+                .all(|(_, m)| matches!(m, ControlMsg::LauncherStatus(_))),
+            "no goodbye: {said:?}"
+        );
+        assert_eq!(jobs[0].queue.len(), 3, "its task waits again");
+        assert_eq!(jobs[0].preemptions, 0, "a failure, not a preemption");
+        assert!(jobs[0].lost_work > 0.0);
+        let (snapshot, ..) = batch.read(&["sweep-0000000000000000".parse().unwrap()]);
+        assert!(snapshot.placeholders.is_empty(), "its placeholder is gone");
+    }
 }

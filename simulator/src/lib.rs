@@ -243,13 +243,18 @@ impl Comparison {
         for run in self.runs.iter().filter(|run| !run.jobs.is_empty()) {
             let policy = run.policy.map_or("none", CsPolicy::name);
             out.push_str(&format!(
-                "\n  {policy}\n  {:<12} {:>8} {:>10} {:>12} {:>14}\n",
-                "job", "done", "tasks/s", "preemptions", "work lost (h)"
+                "\n  {policy}\n  {:<12} {:>8} {:>10} {:>10} {:>12} {:>14}\n",
+                "job", "done", "tasks/s", "time-outs", "preemptions", "work lost (h)"
             ));
             for job in &run.jobs {
                 out.push_str(&format!(
-                    "  {:<12} {:>8} {:>10.4} {:>12} {:>14.1}\n",
-                    job.name, job.done, job.throughput, job.preemptions, job.lost_hours
+                    "  {:<12} {:>8} {:>10.4} {:>10} {:>12} {:>14.1}\n",
+                    job.name,
+                    job.done,
+                    job.throughput,
+                    job.timeouts,
+                    job.preemptions,
+                    job.lost_hours
                 ));
             }
             let local = self.local_delay(run);
@@ -278,7 +283,7 @@ impl Comparison {
                 json!({
                     "policy": run.policy.map(CsPolicy::name),
                     "jobs": run.jobs.iter().map(|j| json!({
-                        "name": j.name, "done": j.done, "throughput": j.throughput, "preemptions": j.preemptions, "lost_hours": j.lost_hours,
+                        "name": j.name, "done": j.done, "throughput": j.throughput, "timeouts": j.timeouts, "preemptions": j.preemptions, "lost_hours": j.lost_hours,
                     })).collect::<Vec<_>>(),
                     "spread": spread(run),
                     "local_added_wait": { "jobs": local.jobs, "mean_s": local.mean, "max_s": local.max },
@@ -556,6 +561,109 @@ mod tests {
     }
 
     #[test]
+    fn every_scenario_file_is_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".toml"))
+            .collect();
+        names.sort();
+        assert!(names.len() >= 18, "{names:?}");
+        for name in names {
+            let s = scenario(&name);
+            assert!(!s.policies().is_empty(), "{name}");
+        }
+        let koala = scenario("koala-free.toml");
+        assert_eq!(
+            koala.policies(),
+            [
+                CsPolicy::SiteEquipartition,
+                CsPolicy::KoalaGridEquipartition
+            ]
+        );
+        assert_eq!(koala.choices.task, scenario::TaskChoice::Random);
+        assert_eq!(koala.choices.preemption, scenario::PreemptionChoice::Random);
+    }
+
+    #[test]
+    fn koalas_choices_are_refused_unless_known() {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/das3-free.toml"),
+        )
+        .unwrap();
+        let with = |choices: &str| Scenario::from_toml(&format!("{text}\n[choices]\n{choices}\n"));
+        let s = with("task = \"random\"\npreemption = \"random\"").unwrap();
+        use gleaner_policy::preempt::VictimChoice;
+        let (first, second) = (s.choices.victims(s.seed, 0), s.choices.victims(s.seed, 1));
+        assert!(matches!(first, VictimChoice::Random { .. }), "{first:?}");
+        assert_ne!(first, second, "each job draws its own");
+        let gleaners = scenario("das3-free.toml").choices;
+        assert_eq!(gleaners.victims(2008, 0), VictimChoice::LeastLoss);
+        assert_eq!(gleaners.launcher_failures_per_hour, 0.0);
+        for refused in [
+            "task = \"lifo\"",
+            "preemption = \"oldest\"",
+            "tasks = \"random\"",
+        ] {
+            assert!(
+                matches!(with(refused), Err(ScenarioError::Parse(_))),
+                "{refused}"
+            );
+        }
+        assert!(matches!(
+            with("launcher_failures_per_hour = -1.0"),
+            Err(ScenarioError::Invalid(_))
+        ));
+    }
+
+    /// koala-free.toml for 15 minutes, its launchers failing at `rate`.
+    fn koala_short(rate: &str) -> Scenario {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/koala-free.toml"),
+        )
+        .unwrap()
+        .replace("duration = \"1h\"", "duration = \"15m\"")
+        .replace(
+            "launcher_failures_per_hour = 0.6",
+            &format!("launcher_failures_per_hour = {rate}"),
+        );
+        Scenario::from_toml(&text).unwrap()
+    }
+
+    #[test]
+    fn koalas_random_choices_repeat_and_failing_launchers_time_out() {
+        let failing = koala_short("2.0");
+        let once = Comparison::run(&failing, Some(CsPolicy::KoalaGridEquipartition));
+        let again = Comparison::run(&failing, Some(CsPolicy::KoalaGridEquipartition));
+        assert_eq!(once.text(), again.text(), "the same scenario, the same run");
+        assert_eq!(once.json(), again.json());
+        let run = &once.runs[0];
+        assert!(run.jobs.iter().all(|j| j.done > 100), "{}", once.text());
+        assert!(
+            run.jobs.iter().all(|j| j.timeouts > 0),
+            "dead launchers are found by their silence: {}",
+            once.text()
+        );
+        assert!(once.text().contains("time-outs"));
+        assert!(once.json()["runs"][0]["jobs"][0]["timeouts"].as_u64() > Some(0));
+        let sound = Comparison::run(&koala_short("0.0"), Some(CsPolicy::KoalaGridEquipartition));
+        assert!(
+            sound.runs[0].jobs.iter().all(|j| j.timeouts == 0),
+            "{}",
+            sound.text()
+        );
+        // Redone: more work lost with failures, as their tasks run again.
+        let lost = |c: &Comparison| c.runs[0].jobs.iter().map(|j| j.lost_hours).sum::<f64>();
+        assert!(
+            lost(&once) > lost(&sound),
+            "{}{}",
+            once.text(),
+            sound.text()
+        );
+    }
+
+    #[test]
     fn without_rebalance_nobody_is_drained() {
         let no_drain = scenario("das3-spike-no-drain.toml");
         let config = no_drain.state_config(CsPolicy::GridEquipartition);
@@ -611,7 +719,10 @@ mod tests {
         );
         let files = comparison.plot(&dir, "spike").unwrap();
         let png = std::fs::read(&files[0]).unwrap();
-        assert!(png.starts_with(b"\x89PNG") && png.len() > 10_000, "a picture");
+        assert!(
+            png.starts_with(b"\x89PNG") && png.len() > 10_000,
+            "a picture"
+        );
         let _ = std::fs::remove_dir_all(dir);
     }
 }

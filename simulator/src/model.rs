@@ -25,7 +25,7 @@ use rand::{RngExt, SeedableRng, rngs::StdRng};
 use crate::{
     batch::{Batch, Happenings, LocalJob, Tasks, millis},
     runner::{GridRunner, Reach, SweepRunner},
-    scenario::{GridWorkload, Scenario},
+    scenario::{GridWorkload, Scenario, TaskChoice, draw, mix},
 };
 
 /// A message on its way, by destination.
@@ -61,6 +61,9 @@ pub struct JobResult {
     /// Tasks per second over the run.
     pub throughput: f64,
     pub preemptions: u64,
+    /// Launchers its runner gave up because their heartbeats stopped
+    /// (KOALA-CS's launcher time-outs).
+    pub timeouts: u64,
     /// Launchers told to drain for fair share.
     pub drains: u64,
     /// Node hours of runs thrown away by preemption (on nodes of speed 1).
@@ -222,12 +225,14 @@ impl<'a> Sim<'a> {
                 let rng = StdRng::seed_from_u64(
                     scenario.seed.wrapping_mul(1_000_003).wrapping_add(i as u64),
                 );
+                let failures = StdRng::seed_from_u64(mix(scenario.seed, draw::FAILURES, i as u64));
                 Cluster {
                     batch: Batch::new(
                         spec,
                         local,
                         scenario.timing.launcher_heartbeat.as_secs_f64(),
                         rng,
+                        (scenario.choices.launcher_failures_per_hour, failures),
                     ),
                     kcm: KcmCore::new(CoreConfig {
                         backend: "simulated".to_owned(),
@@ -254,7 +259,8 @@ impl<'a> Sim<'a> {
             .collect();
         let tasks = jobs
             .iter()
-            .map(|j| Tasks {
+            .enumerate()
+            .map(|(i, j)| Tasks {
                 queue: VecDeque::new(),
                 preemptions: 0,
                 drains: 0,
@@ -262,6 +268,8 @@ impl<'a> Sim<'a> {
                 checkpoints: j.checkpoints,
                 saved: Default::default(),
                 lost_work: 0.0,
+                pick: (scenario.choices.task == TaskChoice::Random)
+                    .then(|| StdRng::seed_from_u64(mix(scenario.seed, draw::TASKS, i as u64))),
             })
             .collect();
         let clock = Clock {
@@ -272,7 +280,14 @@ impl<'a> Sim<'a> {
         let sweeps = ids
             .iter()
             .zip(jobs)
-            .map(|(id, spec)| SweepRunner::open(id.clone(), spec, settings.clone(), clock.now()))
+            .enumerate()
+            .map(|(i, (id, spec))| {
+                let settings = gleaner_runner::JobSettings {
+                    victims: scenario.choices.victims(scenario.seed, i),
+                    ..settings.clone()
+                };
+                SweepRunner::open(id.clone(), spec, settings, clock.now())
+            })
             .collect();
         let runner_settings = settings;
         let (grid, trace_locals) = match scenario.grid_jobs.workload {
@@ -809,6 +824,7 @@ impl<'a> Sim<'a> {
                     done: runner.done(),
                     throughput: runner.done() as f64 / end,
                     preemptions: tasks.preemptions,
+                    timeouts: runner.timeouts(),
                     drains: tasks.drains,
                     lost_hours: tasks.lost_work / 3600.0,
                 })

@@ -96,7 +96,10 @@ pub fn lines(title: &str, axes: (&str, &str), series: &[Line], path: &Path) -> R
     for (i, (label, points)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         chart
-            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))
             .map_err(|e| fail(e.to_string()))?
             .label(label.as_str())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], color.stroke_width(2)));

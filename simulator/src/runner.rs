@@ -78,6 +78,11 @@ impl SweepRunner {
             machine: JobMachine::new(core),
         }
     }
+
+    /// Launchers its core gave up because their heartbeats stopped.
+    pub fn timeouts(&self) -> u64 {
+        self.machine.job().kind().launcher_timeouts()
+    }
 }
 
 impl GridRunner {

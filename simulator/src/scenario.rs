@@ -21,11 +21,16 @@ pub struct Scenario {
     /// grid jobs under every policy.
     #[serde(default)]
     pub seed: u64,
-    /// Policies to compare; both when empty.
+    /// Policies to compare; gleaner's two (site and grid equipartition)
+    /// when empty.
     #[serde(default)]
     pub policies: Vec<CsPolicy>,
     #[serde(default)]
     pub timing: Timing,
+    /// Where KOALA-CS chose otherwise than gleaner (seed 000): gleaner's
+    /// choices when left out.
+    #[serde(default)]
+    pub choices: Choices,
     /// The scheduler's settings, as `[scheduler]` of `gleaner.toml` has
     /// them (but the policy, which `policies` names): those left out keep
     /// the scheduler's defaults.
@@ -121,6 +126,79 @@ impl Timing {
             ..JobSettings::default()
         }
     }
+}
+
+/// Choices KOALA-CS made otherwise than gleaner, to rerun its thesis's
+/// fairness experiments (seed 000, sections 3.7.2 and 4.4) as it ran
+/// them; each draws from the scenario's `seed`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Choices {
+    /// Which task a launcher that asks for work gets.
+    pub task: TaskChoice,
+    /// Which of a job's launchers on a cluster a shrink takes back.
+    pub preemption: PreemptionChoice,
+    /// Each running launcher dies silently (its placeholder gone as a
+    /// crashed job, nothing said to its runner) at this Poisson rate: its
+    /// runner finds out by its missing heartbeats, as KOALA-CS's runners
+    /// counted launcher time-outs, and its task runs again.
+    pub launcher_failures_per_hour: f64,
+}
+
+/// Which task a launcher gets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskChoice {
+    /// The head of the job's task queue, as the broker hands it out.
+    #[default]
+    Queue,
+    /// Any task of those waiting, at random: KOALA-CS's Single task
+    /// Launcher Pull.
+    Random,
+}
+
+/// Which launchers a shrink takes back.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PreemptionChoice {
+    /// The runner's: idle ones first, then those losing least work.
+    #[default]
+    Gleaner,
+    /// A random set of the job's launchers there: KOALA-CS's launcher
+    /// preemption policy.
+    Random,
+}
+
+impl Choices {
+    /// How the runner of the job numbered `job` chooses the launchers a
+    /// shrink takes back.
+    pub fn victims(&self, seed: u64, job: usize) -> gleaner_policy::preempt::VictimChoice {
+        use gleaner_policy::preempt::VictimChoice;
+        match self.preemption {
+            PreemptionChoice::Gleaner => VictimChoice::LeastLoss,
+            PreemptionChoice::Random => VictimChoice::Random {
+                seed: mix(seed, draw::PREEMPTION, job as u64),
+            },
+        }
+    }
+}
+
+/// What each of the simulation's own draws is for (see [`mix`]).
+pub mod draw {
+    /// Which launchers die, and when.
+    pub const FAILURES: u64 = 0x6661_696c_7572_6573;
+    /// Which task a launcher gets.
+    pub const TASKS: u64 = 0x7461_736b_7321_2121;
+    /// Which launchers a shrink takes back.
+    pub const PREEMPTION: u64 = 0x7072_6565_6d70_7421;
+}
+
+/// A seed of its own for each use (`what`, of [`draw`]) and job or
+/// cluster (`n`), so that one draw does not shift another's, nor the
+/// background load's.
+pub fn mix(seed: u64, what: u64, n: u64) -> u64 {
+    let mut state = seed ^ what ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    gleaner_policy::preempt::splitmix64(&mut state)
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -429,6 +507,10 @@ impl Scenario {
                 ));
             }
         }
+        let failures = self.choices.launcher_failures_per_hour;
+        if !(failures.is_finite() && failures >= 0.0) {
+            return invalid("choices.launcher_failures_per_hour must be 0 or more".into());
+        }
         if !(0.0..=1.0).contains(&self.scheduler.policy.load_cap) {
             return invalid("scheduler.load_cap must be between 0 and 1".into());
         }
@@ -477,7 +559,7 @@ impl Scenario {
         config
     }
 
-    /// The policies to run: those named, or both.
+    /// The policies to run: those named, or gleaner's two.
     pub fn policies(&self) -> Vec<CsPolicy> {
         if self.policies.is_empty() {
             vec![CsPolicy::SiteEquipartition, CsPolicy::GridEquipartition]
