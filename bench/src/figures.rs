@@ -18,7 +18,11 @@ fn rows<'a>(text: &'a str, firsts: &[&str]) -> Vec<Vec<&'a str>> {
 
 /// The leading number of a cell ("84.1 (80.2–90.3)" gives 84.1).
 fn number(cell: &str) -> Option<f64> {
-    cell.split_whitespace().next()?.trim_start_matches('+').parse().ok()
+    cell.split_whitespace()
+        .next()?
+        .trim_start_matches('+')
+        .parse()
+        .ok()
 }
 
 const BATCH_SYSTEMS: [&str; 3] = ["local backend", "Grid Engine", "Slurm"];
@@ -39,7 +43,11 @@ pub fn figure_4_4(table: &Path, out: &Path) -> anyhow::Result<()> {
         })
         .filter(|(_, points): &Line| !points.is_empty())
         .collect();
-    anyhow::ensure!(!series.is_empty(), "no Figure 4.4 rows in {}", table.display());
+    anyhow::ensure!(
+        !series.is_empty(),
+        "no Figure 4.4 rows in {}",
+        table.display()
+    );
     lines(
         "Seed 004, Figure 4.4: from a grant to every launcher connected",
         ("launchers", "seconds"),
@@ -69,7 +77,11 @@ pub fn table_4_2(table: &Path, out: &Path) -> anyhow::Result<()> {
             }
         }
     }
-    anyhow::ensure!(!series.is_empty(), "no Table 4.2 rows in {}", table.display());
+    anyhow::ensure!(
+        !series.is_empty(),
+        "no Table 4.2 rows in {}",
+        table.display()
+    );
     for (column, when) in [(5, "empty"), (6, "full")] {
         let points = rows(&text, &[BATCH_SYSTEMS[1]])
             .iter()

@@ -325,7 +325,11 @@ pub fn table_4_1(
         "685.01 (152.2 %) / 1.46 (65.7 %)",
     );
     row(&format!("one {submit} array job"), array, "–");
-    row("gleaner's launchers", gleaner, "474.85 (105.5 %) / 2.11 (94.8 %)");
+    row(
+        "gleaner's launchers",
+        gleaner,
+        "474.85 (105.5 %) / 2.11 (94.8 %)",
+    );
     Ok(())
 }
 
@@ -456,7 +460,8 @@ pub fn table_4_3(exe: &Path, runs: u32, seconds: u32) -> anyhow::Result<()> {
         let submitted = file["submitted_at"].as_f64().context("submitted_at")?;
         let mut last: f64 = 0.0;
         for i in 0..count {
-            let out = std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{i}/stdout")))?;
+            let out =
+                std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{i}/stdout")))?;
             let started: f64 = out.trim().parse().context("component start time")?;
             last = last.max(started);
         }

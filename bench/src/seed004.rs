@@ -38,9 +38,9 @@ impl Slots {
                 "[[cluster]]\nname = \"bench\"\nbackend = \"slurm\"\npartition = \"{}\"\n",
                 SlurmCluster::PARTITION
             ),
-            Self::Local(slots) => format!(
-                "[[cluster]]\nname = \"bench\"\nbackend = \"local\"\nslots = {slots}\n"
-            ),
+            Self::Local(slots) => {
+                format!("[[cluster]]\nname = \"bench\"\nbackend = \"local\"\nslots = {slots}\n")
+            }
         }
     }
 
@@ -112,11 +112,7 @@ fn reserve(g: &Gleaner, slots: &Slots, launchers: u32) -> anyhow::Result<(f64, f
             .map(|d| d.as_secs_f64())
             .unwrap_or(0.0)
     };
-    Ok((
-        secs(grant, all),
-        secs(submitted, all),
-        secs(grant, first),
-    ))
+    Ok((secs(grant, all), secs(submitted, all), secs(grant, first)))
 }
 
 /// Figure 4.4 on one batch system: each count of launchers in turn, with
