@@ -96,8 +96,12 @@ pub fn report(job: JobId, kind: JobKind, components: Vec<u32>) -> JobReport {
     }
 }
 
-pub fn round(clusters: usize, jobs: usize, grid: usize) {
-    for policy in [CsPolicy::SiteEquipartition, CsPolicy::GridEquipartition] {
+pub fn round(clusters: usize, jobs: usize, grid: usize, policies: &[CsPolicy]) {
+    let policies = match policies {
+        [] => &[CsPolicy::SiteEquipartition, CsPolicy::GridEquipartition][..],
+        chosen => chosen,
+    };
+    for &policy in policies {
         let config = StateConfig {
             policy: PolicyConfig {
                 policy,

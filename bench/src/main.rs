@@ -88,6 +88,9 @@ enum Bench {
         jobs: usize,
         #[arg(long, default_value_t = 10)]
         grid: usize,
+        /// The policies to time (both unless given).
+        #[arg(long, value_delimiter = ',')]
+        policy: Vec<gleaner_policy::share::CsPolicy>,
     },
     /// The scheduler service over the broker: every cluster reporting each
     /// second, every job at the runners' heartbeat; inbox lag and CPU.
@@ -300,8 +303,9 @@ fn main() -> anyhow::Result<()> {
             clusters,
             jobs,
             grid,
+            policy,
         } => {
-            decide::round(clusters, jobs, grid);
+            decide::round(clusters, jobs, grid, &policy);
             Ok(())
         }
         Bench::Inbox {

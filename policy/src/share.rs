@@ -593,11 +593,7 @@ fn grid_pool(clusters: &[ClusterInput], load_cap: f64) -> Option<Vec<&ClusterInp
 /// a job that came late catches up only as slots free up, which is what
 /// the thesis measured.
 fn share_idle<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, plan: &mut Plan) {
-    // Draining or barred somewhere in the pool: no slot more for it.
-    let gets_none = |job: &JobId| {
-        pool.iter()
-            .any(|c| c.draining.contains(job) || c.barred.contains(job))
-    };
+    let gets_none = stopped_in(pool);
     let idle: u32 = pool.iter().map(|c| c.idle).sum();
     // Holding least first: odd slots go to them.
     let hungry: Vec<&'a JobId> = book
@@ -620,6 +616,17 @@ fn can_grow(cluster: &ClusterInput, load_cap: f64) -> bool {
     !cluster.excluded && cluster.total > 0 && cluster.load() < load_cap
 }
 
+/// Whether a job is draining or barred somewhere in the pool: no slot more
+/// for it. The set is gathered once, so that a grid-wide pool is not
+/// scanned cluster by cluster for each of thousands of jobs.
+fn stopped_in<'a>(pool: &[&'a ClusterInput]) -> impl Fn(&JobId) -> bool + 'a {
+    let stopped: BTreeSet<&'a JobId> = pool
+        .iter()
+        .flat_map(|c| c.draining.iter().chain(&c.barred))
+        .collect();
+    move |job| stopped.contains(job)
+}
+
 /// A job taking part in the share of a pool.
 struct Member<'a> {
     job: &'a JobId,
@@ -633,11 +640,7 @@ struct Member<'a> {
 /// by what it can use. Jobs below target get idle slots; when there are none
 /// left, jobs above target are drained.
 fn share<'a>(pool: &[&'a ClusterInput], book: &mut Book<'a>, rebalance: bool, plan: &mut Plan) {
-    // Draining or barred somewhere in the pool: no slot more for it.
-    let gets_none = |job: &JobId| {
-        pool.iter()
-            .any(|c| c.draining.contains(job) || c.barred.contains(job))
-    };
+    let gets_none = stopped_in(pool);
     let mut holders: BTreeMap<&'a JobId, u32> = BTreeMap::new();
     // Where each job holds most: where a drain takes its slots.
     let mut most_held: BTreeMap<&'a JobId, (&'a ClusterName, u32)> = BTreeMap::new();
@@ -753,11 +756,7 @@ fn share_thinly<'a>(
     let room = (capacity as usize)
         .saturating_sub(holders.len())
         .min(idle as usize);
-    // Draining or barred somewhere in the pool: no slot more for it.
-    let gets_none = |job: &JobId| {
-        pool.iter()
-            .any(|c| c.draining.contains(job) || c.barred.contains(job))
-    };
+    let gets_none = stopped_in(pool);
     let chosen: Vec<&'a JobId> = book
         .hungry
         .iter()
