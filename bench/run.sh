@@ -12,6 +12,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bench=target/release/gleaner-bench
 export RUST_LOG=warn
+# Each experiment's rows are kept here too, for the plots.
+out=target/bench
 
 # The dev grid as the tests use it: three test hosts of 4 slots.
 default_grid() {
@@ -65,9 +67,16 @@ exp_seed004_figure_4_4() {
     default_grid
 }
 
-exp_seed000_figures() {
-    echo "## seed 000, Figure 4.2 and the simulator's plots (bench/plots/)"
-    cargo run --release --quiet -p gleaner -- simulate simulator/scenarios/koala-free.toml --plot bench/plots/koala-free.png >/dev/null
+exp_plots() {
+    echo "## plots (bench/plots/): seed 000's Figure 4.2 from the simulator, the tables above as pictures"
+    for scenario in das3-free das3-block das3-spike koala-free koala-block koala-spike; do
+        target/release/gleaner simulate "simulator/scenarios/$scenario.toml" --plot bench/plots >/dev/null
+    done
+    for figure in seed004-figure-4-4:figure-4-4 seed000-table-4-2:table-4-2; do
+        rows=$out/${figure%%:*}.md
+        [ -s "$rows" ] && "$bench" plot "${figure#*:}" "$rows" "bench/plots/${figure%%:*}.png"
+    done
+    ls bench/plots
 }
 
 exp_makespan() {
@@ -179,14 +188,14 @@ exp_chaos() {
 }
 
 exp_fairness() {
-    echo "## simulator: DAS-3 fairness (seed 000, section 4.4)"
-    echo "| workload | policy | throughput of the 3 jobs (tasks/s) | preemptions | spread | local jobs added wait, mean / worst (s) | grid jobs added wait, mean / worst (s) |"
-    echo "|---|---|---|---|---|---|---|"
+    echo "## seed 000, Tables 4.4 and 4.5: fairness on DAS-3, the thesis's runs beside the simulator's"
+    echo "| workload | who, policy | throughput of the 3 jobs (tasks/s) | launcher time-outs | preemptions | spread | local jobs added wait, mean / worst (s) | grid jobs added wait, mean / worst (s) |"
+    echo "|---|---|---|---|---|---|---|---|"
     "$bench" fairness --scenarios simulator/scenarios
 }
 
 experiments=(seed000_table_4_1 seed000_table_4_2 seed000_table_4_3 seed004_figure_4_4
-    makespan throughput hyperqueue launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness)
+    makespan throughput hyperqueue launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness plots)
 
 if [ "${1:-}" = --list ]; then
     printf '%s\n' "${experiments[@]//_/-}"
@@ -205,6 +214,7 @@ deploy/slurm/setup.sh
 deploy/rabbitmq/cluster.sh up >/dev/null
 cargo build --release --quiet -p gleaner -p gleaner-bench
 echo "build: $(git rev-parse --short HEAD)$(git diff --quiet HEAD || echo ' (with uncommitted changes)')"
+mkdir -p "$out"
 for name in "${chosen[@]}"; do
-    "exp_${name//-/_}"
+    "exp_${name//-/_}" | tee "$out/$name.md"
 done
