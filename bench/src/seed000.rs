@@ -182,16 +182,12 @@ impl Cluster {
 
     /// Waits until no job of these names is left; `timeout` at most.
     fn until_gone(&self, names: &[&str], timeout: Duration) -> anyhow::Result<()> {
-        let deadline = Instant::now() + timeout;
-        while self
-            .jobs()
-            .iter()
-            .any(|(_, name, _)| names.contains(&name.as_str()))
-        {
-            ensure!(Instant::now() < deadline, "jobs {names:?} did not end");
-            std::thread::sleep(POLL);
-        }
-        Ok(())
+        until(&format!("jobs {names:?} to end"), timeout, || {
+            !self
+                .jobs()
+                .iter()
+                .any(|(_, name, _)| names.contains(&name.as_str()))
+        })
     }
 
     fn remove(&self, ids: &[&str]) -> anyhow::Result<()> {
@@ -199,16 +195,16 @@ impl Cluster {
             Self::Sge { .. } => drop(sge("qdel", ids)),
             Self::Slurm { .. } => drop(slurm("scancel", ids)),
         }
-        let deadline = Instant::now() + Duration::from_secs(120);
-        while self
-            .jobs()
-            .iter()
-            .any(|(id, _, _)| ids.contains(&id.as_str()))
-        {
-            ensure!(Instant::now() < deadline, "jobs {ids:?} were not removed");
-            std::thread::sleep(POLL);
-        }
-        Ok(())
+        until(
+            &format!("jobs {ids:?} to be removed"),
+            Duration::from_secs(120),
+            || {
+                !self
+                    .jobs()
+                    .iter()
+                    .any(|(id, _, _)| ids.contains(&id.as_str()))
+            },
+        )
     }
 
     /// Placeholders of `job` running now.
@@ -223,17 +219,24 @@ impl Cluster {
     /// Waits until `job`'s placeholders hold every slot, then 3 s more
     /// for the kcm to settle.
     fn until_full(&self, job: &str, slots: u32) -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(300);
-        while self.placeholders_running(job) < slots {
-            ensure!(
-                Instant::now() < deadline,
-                "gleaner did not fill the cluster"
-            );
-            std::thread::sleep(POLL);
-        }
+        until(
+            "gleaner to fill the cluster",
+            Duration::from_secs(300),
+            || self.placeholders_running(job) >= slots,
+        )?;
         std::thread::sleep(Duration::from_secs(3));
         Ok(())
     }
+}
+
+/// Waits for `done`, polling; an error after `timeout`.
+pub fn until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        ensure!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(POLL);
+    }
+    Ok(())
 }
 
 /// Total CPUs of a Slurm partition (`sinfo %C`: allocated/idle/other/total).
@@ -468,23 +471,21 @@ pub fn table_4_3(exe: &Path, runs: u32, seconds: u32) -> anyhow::Result<()> {
         Ok((last - submitted) / 1000.0 + f64::from(seconds))
     };
     let full = |load: &str| -> anyhow::Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(300);
         let name = placeholder_name(load);
         let slots = TABLE_4_3_CLUSTER_SLOTS * 3;
-        while queues
-            .names
-            .iter()
-            .flat_map(|q| queues.jobs(q))
-            .filter(|j| j.name == name && j.state.contains('r'))
-            .count() as u32
-            != slots
-        {
-            ensure!(
-                Instant::now() < deadline,
-                "gleaner did not fill the clusters"
-            );
-            std::thread::sleep(POLL);
-        }
+        until(
+            "gleaner to fill the clusters",
+            Duration::from_secs(300),
+            || {
+                queues
+                    .names
+                    .iter()
+                    .flat_map(|q| queues.jobs(q))
+                    .filter(|j| j.name == name && j.state.contains('r'))
+                    .count() as u32
+                    == slots
+            },
+        )?;
         std::thread::sleep(Duration::from_secs(3));
         Ok(())
     };

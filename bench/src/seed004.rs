@@ -13,7 +13,7 @@ use gleaner_testkit::{Gleaner, SgeQueues, SlurmCluster, sweep};
 
 use crate::{
     measure::wait_until_serving,
-    seed000::{Batch, slurm_cpus},
+    seed000::{Batch, slurm_cpus, until},
 };
 
 const POLL: Duration = Duration::from_millis(100);
@@ -102,11 +102,9 @@ fn reserve(g: &Gleaner, slots: &Slots, launchers: u32) -> anyhow::Result<(f64, f
         std::thread::sleep(POLL);
     };
     g.run(&["cancel", &job]);
-    let deadline = Instant::now() + TIMEOUT;
-    while !g.launchers(&job).is_empty() || slots.queued() > 0 {
-        ensure!(Instant::now() < deadline, "the launchers did not leave");
-        std::thread::sleep(POLL);
-    }
+    until("the launchers to leave", TIMEOUT, || {
+        g.launchers(&job).is_empty() && slots.queued() == 0
+    })?;
     let secs = |from: SystemTime, to: SystemTime| {
         to.duration_since(from)
             .map(|d| d.as_secs_f64())

@@ -34,6 +34,11 @@ pub fn choose_victims(
             .cmp(&key(b))
             .then_with(|| a.launcher.cmp(&b.launcher))
     });
+    first_covering(candidates, slots)
+}
+
+/// The first candidates, in order, whose slots cover `slots`.
+fn first_covering(candidates: Vec<Candidate>, slots: u32) -> Vec<LauncherId> {
     let mut freed = 0;
     candidates
         .into_iter()
@@ -98,16 +103,7 @@ pub fn random_victims(mut candidates: Vec<Candidate>, slots: u32, seed: u64) -> 
         let j = (splitmix64(&mut state) % (i as u64 + 1)) as usize;
         candidates.swap(i, j);
     }
-    let mut freed = 0;
-    candidates
-        .into_iter()
-        .take_while(|c| {
-            let take = freed < slots;
-            freed = c.slots.saturating_add(freed);
-            take
-        })
-        .map(|c| c.launcher)
-        .collect()
+    first_covering(candidates, slots)
 }
 
 /// The next number of SplitMix64: small, pure, and good enough to shuffle
