@@ -260,6 +260,18 @@ fn spread(values: &[f64]) -> String {
     format!("{:.1} ({min:.1}–{max:.1})", mean(values))
 }
 
+/// The cells of a row of Table 4.2 or 4.3: our makespans without and with
+/// launchers and what they add, then the thesis's.
+fn beside_seed(alone: &[f64], loaded: &[f64], seed_alone: f64, seed_loaded: f64) -> String {
+    format!(
+        "{} | {} | {:+.1} | {seed_alone:.1} | {seed_loaded:.1} | {:+.1}",
+        spread(alone),
+        spread(loaded),
+        mean(loaded) - mean(alone),
+        seed_loaded - seed_alone,
+    )
+}
+
 /// Table 4.1: `tasks` tasks of `seconds` on the whole cluster, by one
 /// batch job per task, by one array job, and through gleaner's launchers,
 /// side by side in one run; makespans and throughputs against the ideal.
@@ -404,12 +416,9 @@ pub fn table_4_2(
             loaded.push(makespan(chunks, width)?);
         }
         println!(
-            "| {} | {chunks} × {width} | {} | {} | {:+.1} | {seed_alone:.1} | {seed_loaded:.1} | {:+.1} |",
+            "| {} | {chunks} × {width} | {} |",
             batch.label(),
-            spread(alone),
-            spread(&loaded),
-            mean(&loaded) - mean(alone),
-            seed_loaded - seed_alone,
+            beside_seed(alone, &loaded, seed_alone, seed_loaded)
         );
     }
     g.run(&["cancel", &load]);
@@ -505,11 +514,8 @@ pub fn table_4_3(exe: &Path, runs: u32, seconds: u32) -> anyhow::Result<()> {
             loaded.push(makespan(&g, count, width)?);
         }
         println!(
-            "| {count} × {width} | {} | {} | {:+.1} | {seed_alone:.1} | {seed_loaded:.1} | {:+.1} |",
-            spread(alone),
-            spread(&loaded),
-            mean(&loaded) - mean(alone),
-            seed_loaded - seed_alone,
+            "| {count} × {width} | {} |",
+            beside_seed(alone, &loaded, seed_alone, seed_loaded)
         );
     }
     g.run(&["cancel", &load]);
