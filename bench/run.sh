@@ -67,6 +67,16 @@ exp_seed004_figure_4_4() {
     default_grid
 }
 
+exp_simulator() {
+    echo "## the simulator's other experiments: GPUs, checkpoints, seed 001 (KOALA), seed 003 (GRADS), seed 002 (reallocation)"
+    for scenario in gpus checkpoints koala-low-load koala-high-load koala-no-priorities koala-incremental \
+        grads-stop-restart grads-no-stopping seed002-dedicated seed002-non-dedicated; do
+        echo '```'
+        target/release/gleaner simulate "simulator/scenarios/$scenario.toml" --plot bench/plots
+        echo '```'
+    done
+}
+
 exp_plots() {
     echo "## plots (bench/plots/): seed 000's Figure 4.2 from the simulator, the tables above as pictures"
     for scenario in das3-free das3-block das3-spike koala-free koala-block koala-spike; do
@@ -195,7 +205,7 @@ exp_fairness() {
 }
 
 experiments=(seed000_table_4_1 seed000_table_4_2 seed000_table_4_3 seed004_figure_4_4
-    makespan throughput hyperqueue launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness plots)
+    makespan throughput hyperqueue launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness simulator plots)
 
 if [ "${1:-}" = --list ]; then
     printf '%s\n' "${experiments[@]//_/-}"
