@@ -72,7 +72,9 @@ exp_simulator() {
     for scenario in gpus checkpoints koala-low-load koala-high-load koala-no-priorities koala-incremental \
         grads-stop-restart grads-no-stopping seed002-dedicated seed002-non-dedicated; do
         echo '```'
-        target/release/gleaner simulate "simulator/scenarios/$scenario.toml" --plot bench/plots
+        plot=()
+        case $scenario in seed002-*) plot=(--plot bench/plots) ;; esac
+        target/release/gleaner simulate "simulator/scenarios/$scenario.toml" "${plot[@]}"
         echo '```'
     done
 }
