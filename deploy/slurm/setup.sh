@@ -14,7 +14,7 @@
 # and a site that preempts scavengers itself: `scavenger` (placeholders)
 # under `batch` (its own jobs, a higher PriorityTier), the same hosts again.
 # Nothing here depends on accounting (`sacct` is unusable without slurmdbd).
-# Memory is a consumable (4000M per test host, 500M per CPU unless a job
+# Memory is a consumable (4000M per test host, or 500M per CPU on hosts of more than 8; 500M per CPU unless a job
 # asks) and each test host has two stand-in GPUs (`--gres=gpu:N`): character
 # devices like /dev/null under /var/lib/gleaner/gpus, which Slurm hands out
 # as CUDA_VISIBLE_DEVICES the way it hands out real ones.
@@ -61,6 +61,10 @@ if [ "${1:-}" = down ]; then
 fi
 nodes=${1:-3}
 cpus=${2:-4}
+# A job's memory defaults to 500M a CPU (DefMemPerCPU): every CPU of a
+# host must be usable by one-CPU jobs, so a host of more than 8 CPUs has
+# 500M for each.
+memory=$(( cpus * 500 > 4000 ? cpus * 500 : 4000 ))
 
 # 1. Packages.
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null \
@@ -91,7 +95,7 @@ fi
 install -d /etc/slurm /var/lib/slurm/slurmctld /var/lib/slurm/slurmd /var/log/slurm /run/slurm
 node_lines=""
 for k in $(seq 1 "$nodes"); do
-    node_lines+="NodeName=node$k NodeAddr=10.77.0.$((10 + k)) CPUs=$cpus RealMemory=4000 Gres=gpu:2 State=UNKNOWN"$'\n'
+    node_lines+="NodeName=node$k NodeAddr=10.77.0.$((10 + k)) CPUs=$cpus RealMemory=$memory Gres=gpu:2 State=UNKNOWN"$'\n'
 done
 node_list="node[1-$nodes]"
 [ "$nodes" = 1 ] && node_list=node1
@@ -141,7 +145,7 @@ PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 SlurmctldParameters=preempt_send_user_signal
 $node_lines
-NodeName=$master NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=4000 State=UNKNOWN
+NodeName=$master NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$memory State=UNKNOWN
 PartitionName=gleaner Nodes=$node_list Default=YES MaxTime=INFINITE PreemptMode=OFF State=UP
 PartitionName=local Nodes=$node_list MaxTime=INFINITE PreemptMode=OFF State=UP
 PartitionName=scavenger Nodes=$node_list MaxTime=INFINITE PriorityTier=1 PreemptMode=REQUEUE GraceTime=5 State=UP
