@@ -710,6 +710,102 @@ mod tests {
         }
     }
 
+    /// Two clusters of 10 idle nodes for 5 minutes, and two sweeps: `a`
+    /// of 2000 tasks of 30 s, `b` of `b_tasks` tasks of 10 s, submitted
+    /// as `b_start` says (the line left out if empty).
+    fn two_sweeps(b_start: &str, b_tasks: u32) -> String {
+        format!(
+            "name = \"late\"\nduration = \"5m\"\n\
+             [timing]\nsample = \"5s\"\n\
+             [[cluster]]\nname = \"c1\"\nnodes = 10\n\
+             [[cluster]]\nname = \"c2\"\nnodes = 10\n\
+             [[job]]\nname = \"a\"\ntasks = 2000\ntask_duration = \"30s\"\n\
+             [[job]]\nname = \"b\"\ntasks = {b_tasks}\ntask_duration = \"10s\"\n{b_start}\n"
+        )
+    }
+
+    #[test]
+    fn a_job_submitted_later_holds_nothing_before_and_is_timed_from_then() {
+        let late = Scenario::from_toml(&two_sweeps("start_after = \"2m\"", 2000)).unwrap();
+        assert_eq!(
+            late.jobs[1].start_after,
+            std::time::Duration::from_secs(120)
+        );
+        let run = simulate(&late, Some(CsPolicy::SiteEquipartition));
+        let (a, b) = (&run.jobs[0], &run.jobs[1]);
+        assert_eq!((a.started, b.started), (Some(0.0), Some(120.0)), "{run:?}");
+        assert!(
+            b.first_launcher.is_some_and(|t| t >= 120.0),
+            "no launcher of b before its submission: {b:?}"
+        );
+        // Before b comes, every scavenged node is a's: all 20 of them.
+        let before: Vec<u32> = run
+            .samples
+            .iter()
+            .filter(|s| (30.0..120.0).contains(&s.at))
+            .map(|s| s.scavenged)
+            .collect();
+        assert!(before.iter().all(|&n| n == 20), "{before:?}");
+        // Drained for b, a gives it its share.
+        assert!(a.done > 0 && b.done > 0, "{run:?}");
+        // Each over its own time: a for the 300 s, b for the last 180 s.
+        assert_eq!((a.ended, b.ended), (None, None));
+        assert_eq!(a.throughput, a.done as f64 / 300.0);
+        assert_eq!(b.throughput, b.done as f64 / 180.0);
+        // KOALA-CS's GEP splits only idle nodes, and drains nobody: the
+        // first comer keeps all 20, the one that came later gets none.
+        let run = simulate(&late, Some(CsPolicy::KoalaGridEquipartition));
+        let b = &run.jobs[1];
+        assert_eq!((b.done, b.first_launcher), (0, None), "{b:?}");
+        let refused = two_sweeps("start_after = \"5m\"", 2000);
+        assert!(matches!(
+            Scenario::from_toml(&refused),
+            Err(ScenarioError::Invalid(m)) if m.contains("start_after")
+        ));
+    }
+
+    #[test]
+    fn a_job_done_early_is_timed_to_its_end() {
+        let small = Scenario::from_toml(&two_sweeps("start_after = \"1m\"", 20)).unwrap();
+        let run = simulate(&small, Some(CsPolicy::SiteEquipartition));
+        let b = &run.jobs[1];
+        assert_eq!(b.done, 20, "{b:?}");
+        let ended = b.ended.expect("b ran all its tasks");
+        assert!(ended > 60.0 && ended < 300.0, "{b:?}");
+        assert_eq!(b.throughput, 20.0 / (ended - 60.0));
+    }
+
+    #[test]
+    fn jobs_submitted_at_once_run_as_before() {
+        // Said or not, a start at 0 is the same run, timed over the whole
+        // of it.
+        let (unsaid, said) = (
+            Scenario::from_toml(&two_sweeps("", 2000)).unwrap(),
+            Scenario::from_toml(&two_sweeps("start_after = \"0s\"", 2000)).unwrap(),
+        );
+        let (a, b) = (Comparison::run(&unsaid, None), Comparison::run(&said, None));
+        assert_eq!(a.text(), b.text());
+        assert_eq!(a.json(), b.json());
+        for job in a.runs.iter().flat_map(|run| &run.jobs) {
+            assert_eq!(job.started, Some(0.0), "{job:?}");
+            assert_eq!(job.throughput, job.done as f64 / 300.0, "{job:?}");
+        }
+        // And the thesis's own scenarios, shortened, likewise.
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/koala-spike.toml"),
+        )
+        .unwrap()
+        .replace("duration = \"1h\"", "duration = \"10m\"");
+        let zero = text.replace(
+            "task_duration = \"2m\"\n",
+            "task_duration = \"2m\"\nstart_after = \"0s\"\n",
+        );
+        assert_ne!(text, zero);
+        let policy = Some(CsPolicy::KoalaGridEquipartition);
+        let run = |t: &str| Comparison::run(&Scenario::from_toml(t).unwrap(), policy).text();
+        assert_eq!(run(&text), run(&zero));
+    }
+
     #[test]
     fn the_plot_is_written() {
         let dir = std::env::temp_dir().join(format!("gleaner-plot-{}", std::process::id()));

@@ -58,8 +58,17 @@ pub struct Run {
 pub struct JobResult {
     pub name: String,
     pub done: u64,
-    /// Tasks per second over the run.
+    /// Tasks per second over its own time in the system: from its
+    /// submission ([`Self::started`]) to its end, or the run's.
     pub throughput: f64,
+    /// When it was submitted (s into the run): its `start_after`, on the
+    /// step; `None` if the run ended first.
+    pub started: Option<f64>,
+    /// When its runner was done with it (s into the run), if it was.
+    pub ended: Option<f64>,
+    /// When a kcm first queued a launcher for it (s into the run): it
+    /// held no node before.
+    pub first_launcher: Option<f64>,
     pub preemptions: u64,
     /// Launchers its runner gave up because their heartbeats stopped
     /// (KOALA-CS's launcher time-outs).
@@ -145,6 +154,14 @@ struct GridSim {
     walltime: Option<f64>,
 }
 
+/// When a scavenging job came, went and first had a launcher queued.
+#[derive(Debug, Clone, Copy, Default)]
+struct JobTimes {
+    started: Option<f64>,
+    ended: Option<f64>,
+    first_launcher: Option<f64>,
+}
+
 struct Sim<'a> {
     scenario: &'a Scenario,
     policy: Option<CsPolicy>,
@@ -154,8 +171,11 @@ struct Sim<'a> {
     cluster_index: BTreeMap<ClusterName, usize>,
     ids: Vec<JobId>,
     tasks: Vec<Tasks>,
-    /// The runners of the scavenging jobs, by job index.
-    sweeps: Vec<SweepRunner>,
+    /// The runners of the scavenging jobs, by job index, once submitted.
+    sweeps: Vec<Option<SweepRunner>>,
+    /// When each scavenging job was submitted, was done, and first had a
+    /// launcher queued (s into the run).
+    times: Vec<JobTimes>,
     grid: Vec<GridSim>,
     grid_index: BTreeMap<JobId, usize>,
     grid_runners: BTreeMap<JobId, GridRunner>,
@@ -181,12 +201,8 @@ pub fn simulate(scenario: &Scenario, policy: Option<CsPolicy>) -> Run {
         every(timing.scheduler_round),
         every(timing.sample),
     );
-    for j in 0..sim.sweeps.len() {
-        let mail = sim.at_sweep(j, |runner, now, reach| {
-            runner.handle(JobEvent::Start, now, reach)
-        });
-        sim.deliver(mail);
-    }
+    // Those submitted at once start before the first step.
+    sim.submit_sweeps();
     let mut step = 0u64;
     while sim.clock.t < end {
         step += 1;
@@ -276,20 +292,10 @@ impl<'a> Sim<'a> {
             base: Instant::now(),
             t: 0.0,
         };
-        let settings = scenario.timing.runner();
-        let sweeps = ids
-            .iter()
-            .zip(jobs)
-            .enumerate()
-            .map(|(i, (id, spec))| {
-                let settings = gleaner_runner::JobSettings {
-                    victims: scenario.choices.victims(scenario.seed, i),
-                    ..settings.clone()
-                };
-                SweepRunner::open(id.clone(), spec, settings, clock.now())
-            })
-            .collect();
-        let runner_settings = settings;
+        let runner_settings = scenario.timing.runner();
+        // Each is opened when it is submitted (`start_after`).
+        let sweeps = jobs.iter().map(|_| None).collect();
+        let times = vec![JobTimes::default(); jobs.len()];
         let (grid, trace_locals) = match scenario.grid_jobs.workload {
             GridWorkload::Trace => trace_arrivals(scenario),
             _ => (grid_arrivals(scenario), Default::default()),
@@ -323,6 +329,7 @@ impl<'a> Sim<'a> {
             ids,
             tasks,
             sweeps,
+            times,
             grid,
             grid_index,
             grid_runners: BTreeMap::new(),
@@ -408,7 +415,30 @@ impl<'a> Sim<'a> {
         self.ids
             .iter()
             .position(|id| id == job)
-            .filter(|&j| self.sweeps[j].is_live())
+            .filter(|&j| self.sweeps[j].as_ref().is_some_and(SweepRunner::is_live))
+    }
+
+    /// The scavenging jobs whose `start_after` has come are submitted:
+    /// each one's runner opens and starts, as `gleaner submit` has it.
+    fn submit_sweeps(&mut self) {
+        let (t, scenario) = (self.clock.t, self.scenario);
+        for j in 0..self.sweeps.len() {
+            let spec = &scenario.jobs[j];
+            if self.times[j].started.is_some() || spec.start_after.as_secs_f64() > t {
+                continue;
+            }
+            let settings = gleaner_runner::JobSettings {
+                victims: scenario.choices.victims(scenario.seed, j),
+                ..self.runner_settings.clone()
+            };
+            let runner = SweepRunner::open(self.ids[j].clone(), spec, settings, self.clock.now());
+            self.sweeps[j] = Some(runner);
+            self.times[j].started = Some(t);
+            let mail = self.at_sweep(j, |runner, now, reach| {
+                runner.handle(JobEvent::Start, now, reach)
+            });
+            self.deliver(mail);
+        }
     }
 
     /// Hands the runner of scavenging job `j` an event, with what its
@@ -419,6 +449,10 @@ impl<'a> Sim<'a> {
         event: impl FnOnce(&mut SweepRunner, gleaner_runner::Now, &mut Reach<'_>) -> Vec<Mail>,
     ) -> Vec<Mail> {
         let now = self.clock.now();
+        let Some(runner) = self.sweeps[j].as_mut() else {
+            // Not submitted yet: nobody knows of it.
+            return Vec::new();
+        };
         let (clusters, index) = (&self.clusters, &self.cluster_index);
         let kcm = |cluster: &ClusterName| index.contains_key(cluster);
         let launcher = |id: &LauncherId| clusters.iter().any(|c| c.batch.has_launcher(id));
@@ -427,7 +461,11 @@ impl<'a> Sim<'a> {
             kcm: &kcm,
             launcher: &launcher,
         };
-        event(&mut self.sweeps[j], now, &mut reach)
+        let mail = event(runner, now, &mut reach);
+        if !runner.is_live() && self.times[j].ended.is_none() {
+            self.times[j].ended = Some(self.clock.t);
+        }
+        mail
     }
 
     fn at_runner(&mut self, job: &JobId, message: ControlMsg) -> Vec<Mail> {
@@ -556,6 +594,8 @@ impl<'a> Sim<'a> {
                     ..
                 } => {
                     if let Some(j) = self.ids.iter().position(|id| *id == job) {
+                        let first = &mut self.times[j].first_launcher;
+                        first.get_or_insert(self.clock.t);
                         let start = self.scenario.timing.launcher_start.as_secs_f64();
                         let gpu = task.needs.gpus > 0;
                         self.clusters[c]
@@ -666,7 +706,7 @@ impl<'a> Sim<'a> {
     }
 
     /// Local jobs join their cluster's queue; grid jobs register with the
-    /// scheduler.
+    /// scheduler; scavenging jobs whose time has come are submitted.
     fn arrivals(&mut self) {
         let t = self.clock.t;
         while self
@@ -708,6 +748,7 @@ impl<'a> Sim<'a> {
             let mail = self.at_grid(&job, JobEvent::Start);
             self.deliver(mail);
         }
+        self.submit_sweeps();
     }
 
     fn dispatch(&mut self) {
@@ -731,7 +772,7 @@ impl<'a> Sim<'a> {
     fn reports(&mut self) {
         let mut mail = Vec::new();
         for j in 0..self.sweeps.len() {
-            if self.sweeps[j].is_live() {
+            if self.sweeps[j].as_ref().is_some_and(SweepRunner::is_live) {
                 mail.extend(self.at_sweep(j, |runner, now, reach| {
                     runner.handle(JobEvent::Heartbeat, now, reach)
                 }));
@@ -818,15 +859,28 @@ impl<'a> Sim<'a> {
                 .scenario
                 .jobs
                 .iter()
-                .zip(self.tasks.iter().zip(&self.sweeps))
-                .map(|(spec, (tasks, runner))| JobResult {
-                    name: spec.name.clone(),
-                    done: runner.done(),
-                    throughput: runner.done() as f64 / end,
-                    preemptions: tasks.preemptions,
-                    timeouts: runner.timeouts(),
-                    drains: tasks.drains,
-                    lost_hours: tasks.lost_work / 3600.0,
+                .zip(self.tasks.iter().zip(&self.sweeps).zip(&self.times))
+                .map(|(spec, ((tasks, runner), times))| {
+                    let done = runner.as_ref().map_or(0, SweepRunner::done);
+                    // Its own time in the system: none if never submitted.
+                    let span = times
+                        .started
+                        .map_or(0.0, |from| times.ended.unwrap_or(end) - from);
+                    JobResult {
+                        name: spec.name.clone(),
+                        done,
+                        throughput: match span > 0.0 {
+                            true => done as f64 / span,
+                            false => 0.0,
+                        },
+                        started: times.started,
+                        ended: times.ended,
+                        first_launcher: times.first_launcher,
+                        preemptions: tasks.preemptions,
+                        timeouts: runner.as_ref().map_or(0, SweepRunner::timeouts),
+                        drains: tasks.drains,
+                        lost_hours: tasks.lost_work / 3600.0,
+                    }
                 })
                 .collect(),
             local_waits: self.local_waits,

@@ -239,6 +239,9 @@ pub struct JobSpec {
     pub task_duration: Duration,
     /// Its tasks save their state when preempted and resume from it.
     pub checkpoints: bool,
+    /// When it is submitted, into the run: its runner starts then, and
+    /// holds nothing before.
+    pub start_after: Duration,
     pub manifest: Manifest,
     pub task_list: TaskList,
 }
@@ -262,6 +265,10 @@ struct JobToml {
     /// one node).
     #[serde(default)]
     gpus: u32,
+    /// When it is submitted, into the run (`0s`: at the start), as jobs
+    /// started by hand one after the other are.
+    #[serde(default, with = "humantime_serde")]
+    start_after: Duration,
 }
 
 fn weight_one() -> u32 {
@@ -297,6 +304,7 @@ impl TryFrom<JobToml> for JobSpec {
             name: job.name,
             task_duration: job.task_duration,
             checkpoints: job.checkpoints,
+            start_after: job.start_after,
             manifest,
             task_list,
         })
@@ -503,6 +511,12 @@ impl Scenario {
             if j.task_duration.is_zero() {
                 return invalid(format!(
                     "job {}: task_duration must be longer than 0s",
+                    j.name
+                ));
+            }
+            if j.start_after >= self.duration {
+                return invalid(format!(
+                    "job {}: start_after must be before the end of the run",
                     j.name
                 ));
             }
