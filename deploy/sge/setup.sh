@@ -62,6 +62,14 @@ if ! grep -Eq '^min_uid +0$' "$work/global" || ! grep -Eq '^min_gid +0$' "$work/
     as_root qconf -Mconf "$work/global" >/dev/null
     restart_execd=true
 fi
+# Each running job takes a group id of gid_range for its processes: the
+# default 101 would cap a host at 101 jobs (placeholders included), and
+# the seeds' benchmarks run 500 on one host.
+if ! grep -Eq '^gid_range +65400-66400$' "$work/global"; then
+    log "a thousand group ids for running jobs"
+    sed -i -E 's/^gid_range +.*/gid_range                    65400-66400/' "$work/global"
+    as_root qconf -Mconf "$work/global" >/dev/null
+fi
 
 # 5. Scheduler: every second, right after submissions and job ends, and no
 #    load adjustments (a benchmark loading the host must not close queues).
