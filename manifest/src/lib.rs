@@ -25,8 +25,8 @@ pub use needs::{MAX_TASK_GPUS, MAX_TASK_MEMORY_MB, Memory, Needs, TaskShape};
 pub use params::{ParamSpec, ParamValue};
 pub use span::Span;
 pub use spec::{
-    Component, FinalStep, FinalWhen, JobKind, MAX_PREEMPT_GRACE, Manifest, Priority, Rerun, Sweep,
-    TaskDef, is_env_name, preempt_signal_number,
+    Component, FinalStep, FinalWhen, JobKind, MAX_BUNDLE, MAX_PREEMPT_GRACE, Manifest, Priority,
+    Rerun, Sweep, TaskDef, is_env_name, preempt_signal_number,
 };
 pub use table::{LINE, MAX_TABLE_BYTES, Table, is_param_name};
 pub use task_set::TaskSet;

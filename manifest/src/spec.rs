@@ -133,8 +133,9 @@ pub struct Manifest {
     /// (well under a second) to pay the broker a message each. A launcher
     /// runs a bundle's tasks side by side in its slots and settles it once
     /// each has its result; retries and preempted tasks travel alone.
-    #[serde(default = "default_weight", skip_serializing_if = "is_one")]
-    pub bundle: u32,
+    /// Unset, the runner sizes bundles from the run times it measures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<u32>,
     #[serde(default, rename = "task", skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<TaskDef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -347,7 +348,7 @@ impl Manifest {
             slots: 1,
             memory: None,
             gpus: 0,
-            bundle: 1,
+            bundle: None,
             tasks: Vec::new(),
             sweep: None,
             components: Vec::new(),
@@ -471,7 +472,10 @@ impl Manifest {
                 format!("must be from 1 to {MAX_WEIGHT}"),
             ));
         }
-        if !(1..=MAX_BUNDLE).contains(&self.bundle) {
+        if self
+            .bundle
+            .is_some_and(|bundle| !(1..=MAX_BUNDLE).contains(&bundle))
+        {
             return Err(ManifestError::invalid(
                 "bundle",
                 format!("must be from 1 to {MAX_BUNDLE}"),
@@ -599,7 +603,7 @@ impl Manifest {
                 "grid jobs give each [[component]] its slots",
             ));
         }
-        if self.bundle != 1 {
+        if self.bundle.is_some_and(|bundle| bundle != 1) {
             return Err(ManifestError::invalid(
                 "bundle",
                 "grid jobs run [[component]] entries, not tasks",

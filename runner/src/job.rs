@@ -385,7 +385,7 @@ impl<K: Kind> Shell<K> {
                 return Ok(());
             }
             tokio::select! {
-                first = results.next(), if self.machine.takes_results() => {
+                first = results.next() => {
                     let first = delivered(first)?;
                     let mut count = first.msg.results.len();
                     let mut batch = vec![first];

@@ -63,10 +63,6 @@ pub struct JobMachine<K> {
     outbox: Outbox<Step>,
     /// The end is decided (finished and wound up, or only wound up).
     ended: bool,
-    /// The job's tasks are being published, all of them: results wait (a
-    /// retry published meanwhile would be lost to the purge of a runner
-    /// that takes over before the publication is done).
-    publishing_all: bool,
 }
 
 impl<K: Kind> JobMachine<K> {
@@ -75,13 +71,7 @@ impl<K: Kind> JobMachine<K> {
             job,
             outbox: Outbox::default(),
             ended: false,
-            publishing_all: false,
         }
-    }
-
-    /// Whether results may be handed in now.
-    pub fn takes_results(&self) -> bool {
-        !self.publishing_all
     }
 
     /// Whether `sender` may send `msg`: where the job's launchers have an
@@ -175,7 +165,6 @@ impl<K: Kind> Core for JobMachine<K> {
                 self.push_front(effects);
             }
             JobEvent::Published(publication) => {
-                self.publishing_all &= !publication.all_tasks;
                 let effects = self.job.on_published(publication);
                 self.push_front(effects);
             }
@@ -195,12 +184,7 @@ impl<K: Kind> Core for JobMachine<K> {
                     let report = self.job.report(now);
                     self.push_front(report);
                 }
-                Some(Step::Do(effect)) => {
-                    if let Effect::PublishFirst(first) = effect.as_ref() {
-                        self.publishing_all |= first.completes().all_tasks;
-                    }
-                    return Some(*effect);
-                }
+                Some(Step::Do(effect)) => return Some(*effect),
                 None => {
                     let state = self.job.ending().filter(|_| !self.ended)?;
                     self.ended = true;
@@ -392,21 +376,6 @@ mod tests {
         );
         assert!(matches!(effects.last(), Some(Effect::DeleteQueues)));
         assert!(machine.is_over());
-    }
-
-    #[test]
-    fn results_wait_while_every_task_is_being_published() {
-        let t0 = Instant::now();
-        let mut machine = machine(TWO, None, |_| {}, t0);
-        let mut publication = None;
-        while let Some(effect) = machine.poll_effect(at(t0, 0)) {
-            if let Effect::PublishFirst(first) = effect {
-                publication = Some(first.completes());
-            }
-        }
-        assert!(!machine.takes_results(), "the publication is under way");
-        machine.handle(JobEvent::Published(publication.unwrap()), at(t0, 1));
-        assert!(machine.takes_results());
     }
 
     #[test]

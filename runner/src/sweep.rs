@@ -29,7 +29,7 @@ use crate::{
     effect::{Effect, Followup, Now},
     job_core::{Job, Kind, Ledger, Opening, Refusal, THROUGHPUT_WINDOW, cancel, index_entry},
     launchers::LauncherTable,
-    publication::{FirstAttempts, Publication, TaskMaker},
+    publication::{Feed, FirstAttempts, Publication, TaskMaker, Uptake},
     records::{AddedTasks, FinalOutcome, IndexEntry},
 };
 
@@ -101,6 +101,8 @@ fn recorded_additions(open: bool, recorded: &[AddedTasks], base: u64) -> Vec<(u6
 #[derive(Debug)]
 pub struct Sweep {
     tasks: Arc<TaskMaker>,
+    /// First attempts published so far, and how the next are bundled.
+    feed: Feed,
     /// An open job's additions so far, in order: their ids (an addition
     /// that arrives twice is added once) and their tasks' numbers.
     additions: Vec<(u64, std::ops::Range<u64>)>,
@@ -140,6 +142,7 @@ impl Sweep {
         }
         let sweep = Self {
             tasks: Arc::new(maker),
+            feed: Feed::new(ledger.manifest().bundle),
             additions,
             launchers: LauncherTable::default(),
             owed: Vec::new(),
@@ -154,6 +157,51 @@ impl Sweep {
     /// Launchers given up so far because their heartbeats stopped.
     pub fn launcher_timeouts(&self) -> u64 {
         self.timeouts
+    }
+
+    /// The launchers' slots and the rate they finish tasks at.
+    fn uptake(&self, now: Instant) -> Uptake {
+        let span = self.recent.front().map_or(Duration::ZERO, |first| {
+            now.saturating_duration_since(*first)
+        });
+        let span = span.clamp(Duration::from_secs(1), THROUGHPUT_WINDOW);
+        Uptake {
+            slots: self.launchers.total_slots(),
+            per_second: self.recent.len() as f64 / span.as_secs_f64(),
+        }
+    }
+
+    /// Publishes the next first attempts while the job runs and too few are
+    /// ahead of the launchers; `job.json` hears how far publication got
+    /// once they are with the broker.
+    fn top_up(&mut self, ledger: &Ledger, uptake: Uptake) -> Option<Effect> {
+        if ledger.file().state != JobState::Running {
+            return None;
+        }
+        let end = self.tasks.len();
+        let (tasks, bundle) = self.feed.top_up(ledger.book(), end, uptake)?;
+        let next = self.feed.next();
+        let base = self.additions.first().map_or(end, |(_, tasks)| tasks.start);
+        let completes = Publication {
+            all_tasks: next >= base,
+            additions: self
+                .additions
+                .iter()
+                .take_while(|(_, tasks)| tasks.end <= next)
+                .count() as u32,
+        };
+        debug!(
+            tasks = tasks.len(),
+            bundle,
+            ahead = self.feed.ahead(),
+            "publishing ahead of the launchers"
+        );
+        Some(Effect::PublishFirst(FirstAttempts::new(
+            self.tasks.clone(),
+            tasks,
+            bundle,
+            completes,
+        )))
     }
 
     /// Closes an open job that has had nothing to do for `open_idle`: it
@@ -181,10 +229,12 @@ impl Sweep {
         else {
             return Vec::new();
         };
+        // The final step is unfinished here: any other unfinished task
+        // makes two.
         if ledger.file().final_published
             || ledger.takes_tasks()
             || ledger.book().is_finished(task)
-            || ledger.book().unfinished().any(|t| t != task)
+            || ledger.book().counts().unfinished() > 1
         {
             return Vec::new();
         }
@@ -206,8 +256,9 @@ impl Sweep {
         ]
     }
 
-    /// Tasks added to an open job: recorded before the message is acked,
-    /// then published, then counted as published in `job.json`.
+    /// Tasks added to an open job: recorded before the message is acked;
+    /// the feed publishes them after the rest, and `job.json` counts them
+    /// as published once they are.
     fn add_tasks(&mut self, ledger: &mut Ledger, addition: Addition) -> Vec<Effect> {
         let refuse = |reason: String| {
             warn!(addition = addition.id, reason, "tasks not added");
@@ -243,14 +294,6 @@ impl Sweep {
         vec![
             Effect::RecordAddition(Box::new(AddedTasks { first, addition })),
             Effect::Answer(ActionReply::Accepted {}),
-            Effect::PublishFirst(FirstAttempts::new(
-                self.tasks.clone(),
-                (first..first + count).collect(),
-                Publication {
-                    all_tasks: false,
-                    additions: self.additions.len() as u32,
-                },
-            )),
             Effect::Report,
         ]
     }
@@ -423,13 +466,15 @@ impl Sweep {
 }
 
 impl Kind for Sweep {
-    /// Publishes every task not yet published. A crash mid-publication
-    /// leaves an unknown prefix published: the publication starts over
-    /// (duplicates are harmless).
+    /// Publishes, a window at a time, every task not yet published. A
+    /// runner that took over mid-publication does not know which tasks the
+    /// queue holds: it purges it and starts over from the first unfinished
+    /// task (tasks in flight may run twice; the book records each once).
     fn start(&mut self, ledger: &mut Ledger) -> Vec<Effect> {
         ledger.take_over();
         let mut effects = Vec::new();
-        if ledger.file().tasks_published {
+        let recorded = ledger.file().tasks_published;
+        let from = if recorded {
             let counts = ledger.book().counts();
             info!(
                 finished = counts.finished(),
@@ -437,45 +482,17 @@ impl Kind for Sweep {
                 "job resumed"
             );
             // Additions recorded but perhaps not all published.
-            let book = ledger.book();
-            let unpublished: Vec<u64> = self
-                .additions
-                .iter()
-                .skip(ledger.file().additions_published as usize)
-                .flat_map(|(_, tasks)| tasks.clone())
-                .filter(|&task| !book.is_finished(task))
-                .collect();
-            let completes = Publication {
-                all_tasks: false,
-                additions: self.additions.len() as u32,
-            };
-            match unpublished.is_empty() {
-                true => ledger.additions_published(completes.additions),
-                false => effects.push(Effect::PublishFirst(FirstAttempts::new(
-                    self.tasks.clone(),
-                    unpublished,
-                    completes,
-                ))),
-            }
+            self.additions
+                .get(ledger.file().additions_published as usize)
+                .map_or(self.tasks.len(), |(_, tasks)| tasks.start)
         } else {
-            // Launchers may start meanwhile: the shell publishes a chunk at
-            // a time between events, and the job's file says so at the end.
             effects.push(Effect::PurgeTasks);
-            let final_task = ledger.final_task();
-            effects.push(Effect::PublishFirst(FirstAttempts::new(
-                self.tasks.clone(),
-                ledger
-                    .book()
-                    .unfinished()
-                    .filter(|task| Some(*task) != final_task)
-                    .collect(),
-                Publication {
-                    all_tasks: true,
-                    additions: self.additions.len() as u32,
-                },
-            )));
-        }
+            0
+        };
+        self.feed
+            .resume(ledger.book(), from, ledger.final_task(), recorded);
         ledger.set_state(JobState::Running);
+        effects.extend(self.top_up(ledger, Uptake::default()));
         effects.extend(self.final_step_due(ledger));
         effects.extend([Effect::SaveJobFile, Effect::Report]);
         effects
@@ -503,7 +520,10 @@ impl Kind for Sweep {
             match ledger.judge(&result) {
                 Verdict::Final(status) => {
                     entries.push(self.entry(ledger, result.task, status, Some(&result)));
-                    ledger.finish(result.task, status);
+                    if ledger.finish(result.task, status) {
+                        self.feed.finished(result.task);
+                    }
+                    self.feed.observe(result.runtime_ms);
                     ledger.count_preemptions(result.preemptions);
                     self.recent.push_back(now.instant);
                     self.last_news = now.instant;
@@ -512,6 +532,7 @@ impl Kind for Sweep {
                 }
                 Verdict::Retry { attempt } => {
                     info!(task = result.task, attempt, status = ?result.status, exit_code = ?result.exit_code, "task failed; retrying");
+                    self.feed.observe(result.runtime_ms);
                     retries.extend(self.tasks.msg(result.task, attempt, result.preemptions));
                     effects.push(Effect::WriteOutputs(Box::new(result)));
                 }
@@ -528,6 +549,8 @@ impl Kind for Sweep {
             effects.push(Effect::Publish(retries));
         }
         effects.push(Effect::Record(entries));
+        let uptake = self.uptake(now.instant);
+        effects.extend(self.top_up(ledger, uptake));
         // After the record: the final step sees every task's output.
         effects.extend(self.final_step_due(ledger));
         effects
@@ -573,7 +596,9 @@ impl Kind for Sweep {
         let mut entry = self.entry(ledger, task.task, FinalStatus::Lost, None);
         entry.attempts = task.attempt;
         entry.preemptions = task.preemptions;
-        ledger.finish(task.task, FinalStatus::Lost);
+        if ledger.finish(task.task, FinalStatus::Lost) {
+            self.feed.finished(task.task);
+        }
         let mut effects = vec![Effect::Record(vec![entry])];
         effects.extend(self.final_step_due(ledger));
         effects
@@ -600,6 +625,8 @@ impl Kind for Sweep {
                     let owed = self.owed.remove(i);
                     effects.extend(self.shrink(ledger, owed.order, now));
                 }
+                let uptake = self.uptake(now.instant);
+                effects.extend(self.top_up(ledger, uptake));
                 effects
             }
             ControlMsg::LauncherStatus(status) => {
@@ -638,7 +665,10 @@ impl Kind for Sweep {
             ControlMsg::Cancel { reason } => cancel(self, ledger, &reason),
             ControlMsg::AddTasks(addition) => {
                 self.last_news = now.instant;
-                self.add_tasks(ledger, addition)
+                let mut effects = self.add_tasks(ledger, addition);
+                let uptake = self.uptake(now.instant);
+                effects.extend(self.top_up(ledger, uptake));
+                effects
             }
             ControlMsg::Close {} => self.close(ledger),
             ControlMsg::Place { .. } => {
@@ -701,6 +731,8 @@ impl Kind for Sweep {
     /// once; one silent for too long is forgotten and removed.
     fn poll(&mut self, ledger: &mut Ledger, now: Now) -> Vec<Effect> {
         let mut effects = self.close_idle(ledger, now);
+        let uptake = self.uptake(now.instant);
+        effects.extend(self.top_up(ledger, uptake));
         effects.extend(self.expire_silent(ledger, now));
         effects.extend(
             self.launchers
@@ -1561,6 +1593,96 @@ mod tests {
 
     /// A sweep of two tasks with a final step, `when` it runs.
     /// Tasks first published in these effects, by number.
+    /// The first publication among `effects`, as (tasks, bundle, completes).
+    fn first_publication(effects: &[Effect]) -> Option<(Vec<u64>, usize, Publication)> {
+        effects.iter().find_map(|e| match e {
+            Effect::PublishFirst(first) => {
+                Some((first.tasks().to_vec(), first.bundle(), first.completes()))
+            }
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn a_big_sweep_is_published_as_its_launchers_take_it() {
+        let t0 = Instant::now();
+        let (mut sweep, effects) = new_sweep(&manifest(100_000, 1), t0);
+        let (first, bundle, completes) = first_publication(&effects).unwrap();
+        assert_eq!((first.len(), bundle), (1000, 1), "a window, not the sweep");
+        assert!(!completes.all_tasks);
+        sweep.on_published(completes);
+        assert!(
+            !sweep.job_file().tasks_published,
+            "the rest is not with the broker"
+        );
+        let done = |tasks: std::ops::Range<u64>| tasks.map(|t| result(t, 1, RunStatus::Succeeded));
+        let effects = sweep.on_results(done(0..100), at(t0, 2));
+        assert!(
+            first_publication(&effects).is_none(),
+            "900 of 1000 still ahead"
+        );
+        let effects = sweep.on_results(done(100..300), at(t0, 3));
+        let (more, bundle, _) = first_publication(&effects).unwrap();
+        assert_eq!(
+            (more[0], bundle),
+            (1000, 1),
+            "on from where the last one stopped"
+        );
+        // 300 tasks in a second: five seconds of them ahead.
+        assert_eq!(more.len(), 1500 - 700);
+        // Runs of 2 ms: a tenth of a second of work is 50 of them, and
+        // eight slots prefetch up to ten such bundles each.
+        sweep.on_control(up("l1", "c1", 8), at(t0, 4));
+        let fast = (300..400).map(|task| {
+            let mut r = result(task, 1, RunStatus::Succeeded);
+            r.runtime_ms = 2;
+            r
+        });
+        let effects = sweep.on_results(fast.collect::<Vec<_>>(), at(t0, 5));
+        let (more, bundle, _) = first_publication(&effects).unwrap();
+        assert_eq!(more[0], 1800);
+        assert!(bundle > 40, "bundled from the run times measured: {bundle}");
+        assert_eq!(more.len() as u64 + 1400, 8 * 10 * bundle as u64);
+
+        // A runner that takes over before the end starts over from the
+        // first unfinished task, on a purged queue.
+        let file = sweep.job_file();
+        let submission = submission(&manifest(100_000, 1));
+        let done = (0..300).map(|t| (t, FinalStatus::Succeeded)).collect();
+        let mut again = Sweep::open(
+            opening(&submission, done, Some(file)),
+            tasks_of(&submission),
+            at(t0, 9),
+        )
+        .unwrap();
+        let effects = again.start();
+        assert!(matches!(effects[0], Effect::PurgeTasks));
+        let (tasks, bundle, _) = first_publication(&effects).unwrap();
+        assert_eq!((tasks[0], tasks.len(), bundle), (300, 1000, 1));
+    }
+
+    #[test]
+    fn the_last_publication_says_every_task_is_with_the_broker() {
+        let t0 = Instant::now();
+        let (mut sweep, effects) = new_sweep(&manifest(1500, 1), t0);
+        let (_, _, completes) = first_publication(&effects).unwrap();
+        sweep.on_published(completes);
+        let effects = sweep.on_results(
+            (0..1000).map(|t| result(t, 1, RunStatus::Succeeded)),
+            at(t0, 5),
+        );
+        let (rest, _, completes) = first_publication(&effects).unwrap();
+        assert_eq!(rest, (1000..1500).collect::<Vec<_>>());
+        assert!(completes.all_tasks);
+        sweep.on_published(completes);
+        assert!(sweep.job_file().tasks_published);
+        let effects = sweep.on_results([result(1000, 1, RunStatus::Succeeded)], at(t0, 6));
+        assert!(
+            first_publication(&effects).is_none(),
+            "nothing left to publish"
+        );
+    }
+
     fn published_first(effects: &[Effect]) -> Vec<u64> {
         effects
             .iter()
