@@ -96,6 +96,7 @@ exp_makespan() {
     echo "| workload | slots | bundle | ideal (s) | makespan (s) | ratio |"
     echo "|---|---|---|---|---|---|"
     "$bench" makespan --tasks 400 --slots 8 --seconds 1
+    "$bench" makespan --tasks 100000 --slots 8 --seconds 0.05 --bundle 1
     "$bench" makespan --tasks 100000 --slots 8 --seconds 0.05
     "$bench" makespan --tasks 100000 --slots 8 --seconds 0.05 --bundle 4
 }
@@ -119,6 +120,13 @@ exp_launcher_scale() {
     echo "| launchers | runner CPU (% of a core) | per 1,000 launchers | scheduler + kcm CPU | per 1,000 launchers | broker CPU (% of a core) | per 1,000 launchers | runner RSS (MiB) | broker memory added (MiB) | broker KiB per launcher |"
     echo "|---|---|---|---|---|---|---|---|---|---|"
     "$bench" launcher-scale --launchers 100,500,1000
+}
+
+exp_scale() {
+    echo "## sweeps at scale: no-op tasks through gleaner up, peaks sampled every second (SCALE=20000,10000000 for the full comparison)"
+    echo "| tasks | slots | makespan (s) | tasks/s | task queue: most ready | most message bytes (MiB) | broker memory added (MiB) | broker data added (MiB) | gleaner up RSS (MiB) | files and directories made |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+    "$bench" scale --tasks "${SCALE:-20000,1000000}" --slots 8
 }
 
 exp_memory() {
@@ -207,7 +215,7 @@ exp_fairness() {
 }
 
 experiments=(seed000_table_4_1 seed000_table_4_2 seed000_table_4_3 seed004_figure_4_4
-    makespan throughput hyperqueue launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness simulator plots)
+    makespan throughput hyperqueue scale launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness simulator plots)
 
 if [ "${1:-}" = --list ]; then
     printf '%s\n' "${experiments[@]//_/-}"

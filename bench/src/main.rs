@@ -10,6 +10,7 @@ mod hq;
 mod inbox;
 mod measure;
 mod rounds;
+mod scale;
 mod seed000;
 mod seed004;
 mod sge;
@@ -35,9 +36,9 @@ enum Bench {
         slots: u32,
         #[arg(long, default_value_t = 1.0)]
         seconds: f64,
-        /// Tasks per message.
-        #[arg(long, default_value_t = 1)]
-        bundle: u32,
+        /// Tasks per message (unset: the runner's own bundles).
+        #[arg(long)]
+        bundle: Option<u32>,
     },
     /// No-op tasks end to end through 1, 2 and 4 launchers.
     Throughput {
@@ -52,12 +53,21 @@ enum Bench {
         /// Tasks per message of the bundled runs.
         #[arg(long, default_value_t = 32)]
         bundle: u32,
-        /// Only the bundled runs.
+        /// Only the runs with the runner's own bundles and with `bundle`.
         #[arg(long)]
         bundled_only: bool,
         /// Rounds, each in a rotated order; more than one prints medians.
         #[arg(long, default_value_t = 1)]
         rounds: u32,
+    },
+    /// No-op sweeps of each size through `gleaner up`: broker memory,
+    /// queue and disk, the services' memory and the files made, at their
+    /// peaks.
+    Scale {
+        #[arg(long, value_delimiter = ',', default_value = "20000,1000000")]
+        tasks: Vec<u32>,
+        #[arg(long, default_value_t = 8)]
+        slots: u32,
     },
     /// Launchers of one job at scale: the services' and the broker's CPU
     /// and memory per launcher while each runs a task that sleeps.
@@ -268,9 +278,10 @@ fn main() -> anyhow::Result<()> {
             rounds,
         } => {
             let runs = [
-                ("/usr/bin/true", 1),
-                ("/usr/bin/true;", 1),
-                ("/usr/bin/true", bundle),
+                ("/usr/bin/true", Some(1)),
+                ("/usr/bin/true;", Some(1)),
+                ("/usr/bin/true", None),
+                ("/usr/bin/true", Some(bundle)),
             ];
             // HyperQueue on the same slots, when given (`HQ=/path/to/hq`).
             let hq = std::env::var_os("HQ").map(PathBuf::from);
@@ -287,6 +298,7 @@ fn main() -> anyhow::Result<()> {
             };
             rounds::throughput(&gleaner_binary()?, &plan)
         }
+        Bench::Scale { tasks, slots } => scale::scale(&gleaner_binary()?, &tasks, slots),
         Bench::LauncherScale {
             launchers,
             window,

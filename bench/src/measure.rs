@@ -40,7 +40,7 @@ pub fn cpu(pid: u32) -> Cpu {
 
 /// Resident memory in KiB: all of it, and the private (anonymous) part that
 /// is not shared with other processes running the same binary.
-fn memory_kib(pid: u32) -> (u64, u64) {
+pub fn memory_kib(pid: u32) -> (u64, u64) {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).unwrap_or_default();
     let field = |name: &str| {
         text.lines()
@@ -54,7 +54,7 @@ fn memory_kib(pid: u32) -> (u64, u64) {
 
 /// The local broker: a `beam.smp` in this network namespace (the test
 /// hosts' nodes run in their own).
-fn broker_pid() -> Option<u32> {
+pub fn broker_pid() -> Option<u32> {
     let output = Command::new("pgrep").arg("beam.smp").output().ok()?;
     let here = std::fs::read_link("/proc/self/ns/net").ok()?;
     String::from_utf8_lossy(&output.stdout)
@@ -93,33 +93,45 @@ pub fn makespan(
     tasks: u32,
     slots: u32,
     seconds: f64,
-    bundle: u32,
+    bundle: Option<u32>,
 ) -> anyhow::Result<()> {
     let mut g = Gleaner::new("bench-makespan", exe);
     g.up(slots);
     wait_until_serving(&g);
     let manifest = format!(
-        "bundle = {bundle}\n{}",
+        "{}{}",
+        bundle_key(bundle),
         sweep("makespan", tasks, &format!("sleep {seconds}"))
     );
     let (makespan, _) = run_job(&g, &manifest)?;
     let ideal = f64::from(tasks) * seconds / f64::from(slots);
     println!(
-        "| {tasks} × `sleep {seconds}` | {slots} | {bundle} | {ideal:.1} | {makespan:.2} | {:.3} |",
+        "| {tasks} × `sleep {seconds}` | {slots} | {} | {ideal:.1} | {makespan:.2} | {:.3} |",
+        bundle_label(bundle),
         makespan / ideal
     );
     Ok(())
 }
 
+/// A manifest's `bundle` line: none for the runner's own bundles.
+fn bundle_key(bundle: Option<u32>) -> String {
+    bundle.map_or_else(String::new, |n| format!("bundle = {n}\n"))
+}
+
+/// How a table names a bundle setting.
+pub fn bundle_label(bundle: Option<u32>) -> String {
+    bundle.map_or_else(|| "auto".to_owned(), |n| n.to_string())
+}
+
 /// One throughput run: `command` runs each task (`/usr/bin/true` directly,
 /// `/usr/bin/true;` through the shell, as a command with shell syntax
-/// does), `bundle` tasks to a message.
+/// does), `bundle` tasks to a message (unset: the runner's own bundles).
 pub struct Throughput<'a> {
     pub tasks: u32,
     pub launchers: u32,
     pub launcher_slots: u32,
     pub command: &'a str,
-    pub bundle: u32,
+    pub bundle: Option<u32>,
 }
 
 /// Runs one row; returns its tasks per second.
@@ -143,7 +155,7 @@ pub fn throughput(exe: &Path, run: &Throughput<'_>) -> anyhow::Result<f64> {
     wait_until_serving(&g);
     let broker = broker_pid().context("no beam.smp process: is RabbitMQ local?")?;
     let (broker_before, up_before) = (cpu(broker), cpu(up));
-    let manifest = format!("bundle = {bundle}\n{}", sweep("noop", tasks, command));
+    let manifest = format!("{}{}", bundle_key(bundle), sweep("noop", tasks, command));
     let (makespan, file) = run_job(&g, &manifest)?;
     let job = file["job"].as_str().unwrap_or_default().to_owned();
     // Launchers leave once the job is over; then their CPU counts as up's children.
@@ -155,7 +167,8 @@ pub fn throughput(exe: &Path, run: &Throughput<'_>) -> anyhow::Result<f64> {
     let per_k = 1000.0 / f64::from(tasks);
     let rate = f64::from(tasks) / makespan;
     println!(
-        "| {launchers} × {launcher_slots} | `{command}` | {bundle} | {tasks} | {makespan:.2} | {rate:.0} | {:.2} | {:.2} | {:.2} |",
+        "| {launchers} × {launcher_slots} | `{command}` | {} | {tasks} | {makespan:.2} | {rate:.0} | {:.2} | {:.2} | {:.2} |",
+        bundle_label(bundle),
         (broker_after.own - broker_before.own) * per_k,
         (up_after.own - up_before.own) * per_k,
         (up_after.children - up_before.children) * per_k,

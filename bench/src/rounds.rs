@@ -25,7 +25,10 @@ impl Contender<'_> {
             ),
             Contender::Gleaner(run) => format!(
                 "gleaner, {} × {}, `{}`, bundle {}",
-                run.launchers, run.launcher_slots, run.command, run.bundle
+                run.launchers,
+                run.launcher_slots,
+                run.command,
+                measure::bundle_label(run.bundle)
             ),
         }
     }
@@ -44,7 +47,7 @@ pub struct Plan<'a> {
     pub launcher_slots: u32,
     pub launchers: &'a [u32],
     /// gleaner's rows at each size: command and tasks per message.
-    pub runs: &'a [(&'a str, u32)],
+    pub runs: &'a [(&'a str, Option<u32>)],
     pub hq: Option<&'a Path>,
     pub rounds: u32,
 }

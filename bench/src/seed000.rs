@@ -472,8 +472,9 @@ pub fn table_4_3(exe: &Path, runs: u32, seconds: u32) -> anyhow::Result<()> {
         let submitted = file["submitted_at"].as_f64().context("submitted_at")?;
         let mut last: f64 = 0.0;
         for i in 0..count {
-            let out =
-                std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{i}/stdout")))?;
+            let out = g
+                .stdout(&job, u64::from(i))
+                .context("a component's output")?;
             let started: f64 = out.trim().parse().context("component start time")?;
             last = last.max(started);
         }

@@ -326,7 +326,9 @@ pub fn grid_delay(exe: &Path, slots: u32, runs: u32) -> anyhow::Result<()> {
         ensure!(state == "done", "grid job {job} ended {state}");
         let file = g.job_file(&job).context("job.json")?;
         let submitted = file["submitted_at"].as_f64().context("submitted_at")?;
-        let started: f64 = std::fs::read_to_string(g.results_dir(&job).join("tasks/0/stdout"))?
+        let started: f64 = g
+            .stdout(&job, 0)
+            .context("the component's output")?
             .trim()
             .parse()
             .context("component start time")?;

@@ -1,5 +1,6 @@
-//! `gleaner results` and `gleaner logs`: a job's results directory, read
-//! where this host sees it (the runner's results root is usually shared).
+//! `gleaner results`, `gleaner logs` and `gleaner export`: a job's results
+//! directory, read where this host sees it (the runner's results root is
+//! usually shared).
 
 use std::{
     path::{Path, PathBuf},
@@ -186,48 +187,250 @@ fn choose(
     Ok(candidates)
 }
 
-/// `gleaner logs JOB TASK`: a task's captured stdout (or stderr). Output
-/// arrives when the task ends; `follow` waits for it.
-pub async fn logs(
-    settings: &Settings,
-    job: &str,
+/// Where a run's stream is in the job's `output.log`.
+#[derive(Debug, Clone, Copy, serde::Deserialize)]
+struct Span {
+    offset: u64,
+    bytes: u64,
+}
+
+/// What `gleaner logs` and `export` read of a line of `index.jsonl` or
+/// `attempts.jsonl`.
+#[derive(Debug, serde::Deserialize)]
+struct RunLine {
     task: u64,
-    stderr: bool,
-    follow: bool,
-    dir: Option<&Path>,
-) -> Result<(), CliError> {
-    let dir = locate(settings, job, dir).await?;
-    let stream = if stderr { "stderr" } else { "stdout" };
-    let path = dir.join("tasks").join(task.to_string()).join(stream);
-    loop {
-        match std::fs::read(&path) {
-            Ok(data) => {
-                use std::io::Write;
-                let _ = std::io::stdout().write_all(&data);
-                return Ok(());
-            }
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+    #[serde(default)]
+    attempt: Option<u32>,
+    #[serde(default)]
+    exit_code: Option<i32>,
+    #[serde(default)]
+    stdout: Option<Span>,
+    #[serde(default)]
+    stderr: Option<Span>,
+}
+
+impl RunLine {
+    fn stream(&self, stderr: bool) -> Option<Span> {
+        if stderr { self.stderr } else { self.stdout }
+    }
+}
+
+/// Each readable line of a file of the results directory, in order; a
+/// missing file has none.
+fn each_run(dir: &Path, name: &str, mut each: impl FnMut(RunLine)) -> Result<(), CliError> {
+    use std::io::BufRead;
+    let path = dir.join(name);
+    let file = match std::fs::File::open(&path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => {
+            return Err(CliError::Unsuccessful(Some(format!(
+                "cannot read {} ({e}); `--dir` says where the job's results are",
+                path.display()
+            ))));
+        }
+    };
+    for line in std::io::BufReader::new(file).split(b'\n') {
+        let line = line.map_err(|e| {
+            CliError::Unsuccessful(Some(format!("cannot read {}: {e}", path.display())))
+        })?;
+        if let Ok(run) = serde_json::from_slice::<RunLine>(&line) {
+            each(run);
+        }
+    }
+    Ok(())
+}
+
+/// A job's `output.log`, read a span at a time.
+struct OutputLog {
+    file: Option<std::fs::File>,
+    len: u64,
+    path: PathBuf,
+}
+
+impl OutputLog {
+    fn open(dir: &Path) -> Result<Self, CliError> {
+        let path = dir.join("output.log");
+        let file = match std::fs::File::open(&path) {
+            Ok(file) => Some(file),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
                 return Err(CliError::Unsuccessful(Some(format!(
                     "cannot read {}: {e}",
                     path.display()
                 ))));
             }
-            Err(_) => {}
+        };
+        let len = file
+            .as_ref()
+            .and_then(|f| f.metadata().ok())
+            .map_or(0, |m| m.len());
+        Ok(Self { file, len, path })
+    }
+
+    /// The bytes of `span`, which must lie within the log (the index is in
+    /// the owner's hands, and may say anything).
+    fn read(&self, span: Span) -> Result<Vec<u8>, CliError> {
+        use std::os::unix::fs::FileExt;
+        let outside = || {
+            CliError::Unsuccessful(Some(format!(
+                "the index points past the end of {} ({} bytes at {})",
+                self.path.display(),
+                span.bytes,
+                span.offset
+            )))
+        };
+        let file = self.file.as_ref().ok_or_else(outside)?;
+        if span
+            .offset
+            .checked_add(span.bytes)
+            .is_none_or(|end| end > self.len)
+        {
+            return Err(outside());
         }
-        // No file: the task ended without writing to it, or has not ended.
-        let ended = index(&dir)
-            .map(|entries| entries.iter().any(|e| e["task"].as_u64() == Some(task)))
-            .unwrap_or(false);
-        if ended {
+        let mut data = vec![0; usize::try_from(span.bytes).map_err(|_| outside())?];
+        file.read_exact_at(&mut data, span.offset).map_err(|e| {
+            CliError::Unsuccessful(Some(format!("cannot read {}: {e}", self.path.display())))
+        })?;
+        Ok(data)
+    }
+}
+
+/// Writes to stdout; a reader that went away (`| head`) ends it quietly.
+fn emit(data: &[u8]) -> bool {
+    use std::io::Write;
+    std::io::stdout().write_all(data).is_ok()
+}
+
+/// `gleaner logs JOB [TASK]`: a task's captured stdout (or stderr), read
+/// from `output.log` where the index says; while it has not ended, its last
+/// failed attempt's, if it was retried. Output arrives when a task ends;
+/// `follow` waits for it. Without a task, every ended task's, in task
+/// order.
+pub async fn logs(
+    settings: &Settings,
+    job: &str,
+    task: Option<u64>,
+    stderr: bool,
+    follow: bool,
+    dir: Option<&Path>,
+) -> Result<(), CliError> {
+    let dir = locate(settings, job, dir).await?;
+    let Some(task) = task else {
+        return all_logs(&dir, stderr);
+    };
+    loop {
+        let mut ended = None;
+        each_run(&dir, "index.jsonl", |run| {
+            if run.task == task {
+                ended = Some(run);
+            }
+        })?;
+        if let Some(run) = ended {
+            if let Some(span) = run.stream(stderr) {
+                emit(&OutputLog::open(&dir)?.read(span)?);
+            }
             return Ok(());
         }
         if !follow {
-            return Err(CliError::Unsuccessful(Some(format!(
-                "task {task} of {job} has not ended, or is not one of its tasks (output arrives when a task ends; --follow waits for it)"
-            ))));
+            let mut retried = None;
+            each_run(&dir, "attempts.jsonl", |run| {
+                if run.task == task {
+                    retried = Some(run);
+                }
+            })?;
+            let Some(run) = retried else {
+                return Err(CliError::Unsuccessful(Some(format!(
+                    "task {task} of {job} has not ended, or is not one of its tasks (output arrives when a task ends; --follow waits for it)"
+                ))));
+            };
+            eprintln!(
+                "task {task} has not ended: its attempt {} failed (exit code {}) and runs again; that attempt's output:",
+                run.attempt.unwrap_or(0),
+                run.exit_code
+                    .map_or_else(|| "none".to_owned(), |c| c.to_string())
+            );
+            if let Some(span) = run.stream(stderr) {
+                emit(&OutputLog::open(&dir)?.read(span)?);
+            }
+            return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// Every ended task's stream, in task order (a task recorded twice, by a
+/// runner that took the job over, counts once).
+fn all_logs(dir: &Path, stderr: bool) -> Result<(), CliError> {
+    let mut spans = Vec::new();
+    each_run(dir, "index.jsonl", |run| {
+        if let Some(span) = run.stream(stderr) {
+            spans.push((run.task, span));
+        }
+    })?;
+    spans.sort_by_key(|(task, _)| *task);
+    spans.dedup_by_key(|(task, _)| *task);
+    let log = OutputLog::open(dir)?;
+    for (_, span) in spans {
+        if !emit(&log.read(span)?) {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// `gleaner export JOB INTO`: `INTO/tasks/<task>/` for every ended task,
+/// with its `stdout` and `stderr` and a copy of its declared outputs.
+/// Returns how many tasks it wrote.
+pub async fn export(
+    settings: &Settings,
+    job: &str,
+    into: &Path,
+    dir: Option<&Path>,
+) -> Result<u64, CliError> {
+    let dir = locate(settings, job, dir).await?;
+    let log = OutputLog::open(&dir)?;
+    let mut runs = Vec::new();
+    each_run(&dir, "index.jsonl", |run| runs.push(run))?;
+    let failed = |what: &Path, e: std::io::Error| {
+        CliError::Unsuccessful(Some(format!("cannot write {}: {e}", what.display())))
+    };
+    let mut written = 0;
+    for run in runs {
+        let task = into.join("tasks").join(run.task.to_string());
+        std::fs::create_dir_all(&task).map_err(|e| failed(&task, e))?;
+        for (name, span) in [("stdout", run.stdout), ("stderr", run.stderr)] {
+            let path = task.join(name);
+            let data = span.map(|s| log.read(s)).transpose()?.unwrap_or_default();
+            std::fs::write(&path, data).map_err(|e| failed(&path, e))?;
+        }
+        let declared = dir.join("tasks").join(run.task.to_string());
+        copy_files(&declared, &task).map_err(|e| failed(&task, e))?;
+        written += 1;
+    }
+    Ok(written)
+}
+
+/// The regular files and directories under `from`, copied under `to`;
+/// anything else (a link the owner made) is left out.
+fn copy_files(from: &Path, to: &Path) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(from) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            std::fs::create_dir_all(&target)?;
+            copy_files(&entry.path(), &target)?;
+        } else if kind.is_file() {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -167,19 +167,31 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
-    /// A task's captured output (it arrives when the task ends).
+    /// A task's captured output (it arrives when the task ends); without a
+    /// task, every ended task's, in task order.
     #[command(
-        after_help = "Examples:\n  gleaner logs sweep-3fa9c2d41e07b5a8 17\n  gleaner logs sweep-3fa9c2d41e07b5a8 17 --stderr --follow"
+        after_help = "Examples:\n  gleaner logs sweep-3fa9c2d41e07b5a8 17\n  gleaner logs sweep-3fa9c2d41e07b5a8 17 --stderr --follow\n  gleaner logs sweep-3fa9c2d41e07b5a8 > merged.csv\n  gleaner logs \"$GLEANER_JOB\" --dir \"$GLEANER_RESULTS\"    # in a final step"
     )]
     Logs {
         job: String,
-        task: u64,
+        task: Option<u64>,
         /// Its stderr instead of its stdout.
         #[arg(long)]
         stderr: bool,
         /// Wait for the output if the task has not ended yet.
         #[arg(long)]
         follow: bool,
+        /// The job's results directory, where it is not found by itself.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Writes a job's results in a directory per task: `tasks/<task>/`
+    /// with `stdout`, `stderr` and the task's declared outputs.
+    #[command(after_help = "Example:\n  gleaner export sweep-3fa9c2d41e07b5a8 ./by-task")]
+    Export {
+        job: String,
+        /// Where to write (made if missing).
+        into: PathBuf,
         /// The job's results directory, where it is not found by itself.
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
@@ -240,6 +252,7 @@ impl Command {
                 | Self::Top
                 | Self::Results { .. }
                 | Self::Logs { .. }
+                | Self::Export { .. }
                 | Self::Simulate { .. }
                 | Self::Completions { .. }
         )
@@ -374,6 +387,11 @@ async fn dispatch(
             follow,
             dir,
         } => browse::logs(&settings, &job, task, stderr, follow, dir.as_deref()).await,
+        Command::Export { job, into, dir } => {
+            let written = browse::export(&settings, &job, &into, dir.as_deref()).await?;
+            output.file_written(&format!("{written} tasks' results"), &into);
+            Ok(())
+        }
         Command::Simulate {
             scenario,
             policy,

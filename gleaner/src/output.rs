@@ -95,7 +95,7 @@ impl Output for Cli {
             report.results
         );
         if unsuccessful > 0
-            && let Some(which) = unsuccessful_tasks(Path::new(&report.results))
+            && let Some(which) = unsuccessful_tasks(&report.job, Path::new(&report.results))
         {
             eprintln!("{which}");
         }
@@ -274,9 +274,9 @@ fn outcomes(t: &TaskCounts) -> Vec<String> {
     .collect()
 }
 
-/// Which tasks did not succeed, and where their output is, from the
+/// Which tasks did not succeed, and how to read their output, from the
 /// results index (when this host sees the results directory).
-fn unsuccessful_tasks(results: &Path) -> Option<String> {
+fn unsuccessful_tasks(job: &JobId, results: &Path) -> Option<String> {
     const SHOWN: usize = 10;
     let index = std::fs::read_to_string(results.join("index.jsonl")).ok()?;
     let mut by_status: BTreeMap<String, Vec<u64>> = BTreeMap::new();
@@ -318,12 +318,7 @@ fn unsuccessful_tasks(results: &Path) -> Option<String> {
         lines.push(format!("  task {task} could not start: {error}"));
     }
     lines.push(format!(
-        "  each task's output: {}",
-        results
-            .join("tasks")
-            .join(example.to_string())
-            .join("stderr")
-            .display()
+        "  each task's output: gleaner logs {job} {example} --stderr"
     ));
     Some(lines.join("\n"))
 }

@@ -15,8 +15,24 @@ use gleaner_scheduler::SchedulerConfig;
 use serde::{Deserialize, Serialize};
 
 /// Environment variables of the `GLEANER_` family that are not settings:
-/// where the file is, and what launchers tell their tasks.
-const NOT_SETTINGS: &[&str] = &["CONFIG", "JOB", "TASK", "ATTEMPT", "SANDBOX"];
+/// where the file is, and what launchers tell their tasks (a task, a final
+/// step above all, may run `"$GLEANER_BIN" logs` in that environment).
+const NOT_SETTINGS: &[&str] = &[
+    "CONFIG",
+    "JOB",
+    "TASK",
+    "ATTEMPT",
+    "SANDBOX",
+    "SLOTS",
+    "GPUS",
+    "CHECKPOINT",
+    "CHECKPOINT_MAX_BYTES",
+    "BIN",
+    "RESULTS",
+    "FINAL",
+];
+/// The prefix of a task's parameters in its environment.
+const PARAM_PREFIX: &str = "PARAM_";
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -121,12 +137,15 @@ fn environment_source(environment: config::Map<String, String>) -> config::Envir
 /// The `GLEANER_*` environment variables that override settings, as set
 /// for this process; launchers on other nodes are given the same.
 pub fn environment_overrides() -> Vec<(String, String)> {
-    std::env::vars()
-        .filter(|(key, _)| {
-            key.strip_prefix("GLEANER_")
-                .is_some_and(|rest| !NOT_SETTINGS.contains(&rest))
-        })
-        .collect()
+    overrides(std::env::vars())
+}
+
+fn overrides(vars: impl Iterator<Item = (String, String)>) -> Vec<(String, String)> {
+    vars.filter(|(key, _)| {
+        key.strip_prefix("GLEANER_")
+            .is_some_and(|rest| !NOT_SETTINGS.contains(&rest) && !rest.starts_with(PARAM_PREFIX))
+    })
+    .collect()
 }
 
 impl Settings {
@@ -362,6 +381,33 @@ h_rt = "1h"
             Some(Duration::from_secs(3600))
         );
         assert!(settings.cluster(&"c3".into()).is_err());
+    }
+
+    #[test]
+    fn a_tasks_environment_is_no_setting() {
+        let task = [
+            ("GLEANER_JOB", "j-1"),
+            ("GLEANER_GPUS", ""),
+            ("GLEANER_SLOTS", "1"),
+            ("GLEANER_BIN", "/usr/bin/gleaner"),
+            ("GLEANER_RESULTS", "/r"),
+            ("GLEANER_FINAL", "1"),
+            ("GLEANER_CHECKPOINT_MAX_BYTES", "1024"),
+            ("GLEANER_PARAM_seed", "3"),
+            ("GLEANER_RUNNER__MAX_JOBS", "7"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let kept = overrides(task.into_iter());
+        assert_eq!(
+            kept,
+            [("GLEANER_RUNNER__MAX_JOBS".to_owned(), "7".to_owned())]
+        );
+        let settings: Settings = config::Config::builder()
+            .add_source(environment_source(kept.into_iter().collect()))
+            .build()
+            .and_then(config::Config::try_deserialize)
+            .unwrap();
+        assert_eq!(settings.runner.max_jobs, 7);
     }
 
     #[test]

@@ -998,7 +998,12 @@ async fn run_task(shared: Arc<Shared>, held: Held, stop: watch::Receiver<bool>) 
             ..held
         }));
     };
-    let env = task::environment(task, config.task_slots, &devices, given);
+    let mut env = task::environment(task, config.task_slots, &devices, given);
+    // The gleaner that runs it: a final step reads the job's output with
+    // `"$GLEANER_BIN" logs`, wherever gleaner is installed on the node.
+    if let Ok(exe) = std::env::current_exe() {
+        env.push(("GLEANER_BIN".to_owned(), exe.display().to_string()));
+    }
     let sandbox = shared.sandboxes.take();
     let preempt = task
         .preempt_signal

@@ -47,9 +47,14 @@ pub enum Effect {
     /// Publishes these tasks (retries); before the results that caused them
     /// are acked.
     Publish(Vec<TaskMsg>),
-    /// Writes a run's captured output under `tasks/<task>/`. The result
-    /// itself, moved from the batch being handled: outputs can be large.
+    /// Writes a task's last run's streams to `output.log` (where the next
+    /// `Record` of the task points) and its declared outputs under
+    /// `tasks/<task>/`. The result itself, moved from the batch being
+    /// handled: outputs can be large.
     WriteOutputs(Box<ResultMsg>),
+    /// Writes a failed run that is retried: its streams to `output.log`
+    /// and a line to `attempts.jsonl` (durable with the next `Record`).
+    WriteRetried(Box<ResultMsg>),
     /// Writes a run of the final step's captured output under `final/`.
     WriteFinalOutputs(Box<ResultMsg>),
     /// Appends these lines to the index, then makes everything written so

@@ -21,7 +21,7 @@ use gleaner_protocol::{
     ControlMsg, Core, JobClaim, JobReport, ResultBatch, Submission, TaskBundle,
 };
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::{
     effect::{Effect, Now},
@@ -462,7 +462,11 @@ impl<K: Kind> Shell<K> {
             return Ok(());
         }
         if let Some((first, _)) = self.publishing.pop_front() {
-            info!(tasks = first.tasks().len(), "tasks published");
+            debug!(
+                tasks = first.tasks().len(),
+                bundle = first.bundle(),
+                "tasks published"
+            );
             self.handle(JobEvent::Published(first.completes()), Now::read())
                 .await?;
         }
@@ -532,15 +536,17 @@ impl<K: Kind> Shell<K> {
                 .results
                 .write_outputs(&result, false)
                 .map_err(|e| self.io_error(e))?,
+            Effect::WriteRetried(result) => self
+                .results
+                .write_retried(&result)
+                .map_err(|e| self.io_error(e))?,
             Effect::WriteFinalOutputs(result) => self
                 .results
                 .write_outputs(&result, true)
                 .map_err(|e| self.io_error(e))?,
             Effect::Record(entries) => {
                 if !entries.is_empty() {
-                    self.results
-                        .append(&entries)
-                        .map_err(|e| self.io_error(e))?;
+                    self.results.append(entries).map_err(|e| self.io_error(e))?;
                 }
                 self.results.sync().map_err(|e| self.io_error(e))?;
             }

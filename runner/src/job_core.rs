@@ -285,6 +285,7 @@ impl Ledger {
             duplicates: 0,
             preemptions: 0,
             tasks_published: false,
+            largest_bundle: 0,
             components: Vec::new(),
             restarts: 0,
             final_published: false,
@@ -476,6 +477,8 @@ pub fn index_entry(
         host: result.map(|r| r.host.clone()).filter(|h| !h.is_empty()),
         error: result.and_then(|r| r.error.clone()),
         peak_memory_mb: result.and_then(|r| r.peak_memory_mb),
+        stdout: None,
+        stderr: None,
     }
 }
 
@@ -592,6 +595,7 @@ impl<K: Kind> Job<K> {
         let file = &mut self.ledger.file;
         file.tasks_published |= publication.all_tasks;
         file.additions_published = file.additions_published.max(publication.additions);
+        file.largest_bundle = file.largest_bundle.max(publication.bundle);
         vec![Effect::SaveJobFile]
     }
 

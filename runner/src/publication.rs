@@ -138,6 +138,8 @@ pub struct Publication {
     pub all_tasks: bool,
     /// The additions (of an open job) so far.
     pub additions: u32,
+    /// Tasks per message.
+    pub bundle: u32,
 }
 
 /// First attempts of tasks, made as they are published.

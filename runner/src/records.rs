@@ -35,6 +35,42 @@ pub struct IndexEntry {
     /// The most memory its last run held, where the task asked for memory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_memory_mb: Option<u64>,
+    /// Its last run's stdout in `output.log`, where it printed any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<Span>,
+    /// Its last run's stderr in `output.log`, where it printed any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<Span>,
+}
+
+/// Where a run's stream is in the job's `output.log`: a million tasks'
+/// output is one file, not a million.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Span {
+    pub offset: u64,
+    pub bytes: u64,
+}
+
+/// A run's streams, where they were written.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Streams {
+    pub stdout: Option<Span>,
+    pub stderr: Option<Span>,
+}
+
+/// One line of `attempts.jsonl`: a run that failed and is retried, so that
+/// its output can be read while the task runs again.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttemptEntry {
+    pub task: u64,
+    pub attempt: u32,
+    pub exit_code: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdout: Option<Span>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr: Option<Span>,
 }
 
 /// `job.json`: the job's summary, rewritten as it progresses.
@@ -55,8 +91,13 @@ pub struct JobFile {
     pub tasks: TaskCounts,
     pub duplicates: u64,
     pub preemptions: u64,
-    /// Every task was published once; a resumed job need not publish again.
+    /// The publication of first attempts reached the manifest's last task;
+    /// a runner that takes over trusts the task queue to hold the rest.
     pub tasks_published: bool,
+    /// The most tasks one message of first attempts carried so far: the
+    /// manifest's `bundle`, or the runner's own from measured run times.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub largest_bundle: u32,
     /// Grid jobs: the cluster each component was placed on, once placed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub components: Vec<Option<ClusterName>>,

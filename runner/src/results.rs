@@ -1,9 +1,15 @@
-//! The results directory of a job: `index.jsonl`, `tasks/<task>/…`, `job.json`.
+//! The results directory of a job: `index.jsonl`, `output.log` (every
+//! run's stdout and stderr, appended; the index says where each task's
+//! are), `attempts.jsonl` (runs that were retried), `tasks/<task>/…` (the
+//! files a task declared as `outputs`), `job.json`.
 //!
 //! Everything is on disk (and synced) before the messages it came from are
 //! acked, and the directory alone is enough to resume a job after a crash.
+//! A job makes a handful of files, not a few per task: a shared file
+//! system's admins count inodes.
 
 use std::{
+    collections::HashMap,
     fs::{File, OpenOptions},
     io::{self, BufReader, Read, Seek, Write},
     os::unix::fs::OpenOptionsExt,
@@ -17,17 +23,28 @@ use tracing::warn;
 use crate::{
     book::FinalStatus,
     owner::{Account, as_account},
-    records::{AddedTasks, IndexEntry, JobFile, read_additions, read_index},
+    records::{
+        AddedTasks, AttemptEntry, IndexEntry, JobFile, Span, Streams, read_additions, read_index,
+    },
 };
 
 /// The manifest a job ran, in its results directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
 /// Tasks added to an open job, one addition per line.
 const ADDITIONS_FILE: &str = "additions.jsonl";
+/// Every run's stdout and stderr, one after the other.
+pub const OUTPUT_FILE: &str = "output.log";
+/// Runs that failed and were retried, one per line.
+pub const ATTEMPTS_FILE: &str = "attempts.jsonl";
 
 pub struct ResultsDir {
     root: PathBuf,
     index: File,
+    output: File,
+    attempts: File,
+    /// Where the streams of tasks' last runs went, until their index lines
+    /// are written.
+    streams: HashMap<u64, Streams>,
     /// Whose results these are, when users are kept apart: everything is
     /// written as them ([`as_account`]).
     account: Option<Account>,
@@ -46,19 +63,15 @@ impl ResultsDir {
                 use std::os::unix::fs::PermissionsExt;
                 std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
             }
-            let path = root.join("index.jsonl");
-            let opened = OpenOptions::new()
-                .create(true)
-                .read(true)
-                .append(true)
-                .custom_flags(nix::libc::O_NONBLOCK)
-                .open(&path)?;
-            let mut index = regular(opened, &path)?;
+            let mut index = open_appending(&root.join("index.jsonl"))?;
             let finished = recover_index(&mut index, root)?;
             Ok((
                 Self {
                     root: root.to_path_buf(),
                     index,
+                    output: open_appending(&root.join(OUTPUT_FILE))?,
+                    attempts: open_appending(&root.join(ATTEMPTS_FILE))?,
+                    streams: HashMap::new(),
                     account: account.cloned(),
                 },
                 finished,
@@ -70,72 +83,86 @@ impl ResultsDir {
         &self.root
     }
 
-    /// Writes a run's stdout, stderr and output files under `tasks/<task>/`,
-    /// replacing what an earlier attempt left. A task that produced nothing
-    /// gets no directory: a million silent tasks should not cost the
-    /// filesystem three million inodes.
-    /// Under `tasks/<task>/`, or `final/` for the final step.
-    pub fn write_outputs(&self, result: &ResultMsg, final_step: bool) -> io::Result<()> {
-        let dir = match final_step {
-            true => self.root.join("final"),
-            false => self.root.join("tasks").join(result.task.to_string()),
-        };
+    /// Writes a task's run: its streams to `output.log` (its next index
+    /// line says where), its declared output files under `tasks/<task>/`,
+    /// replacing what an earlier attempt left. The final step's streams and
+    /// files go under `final/`, as files.
+    pub fn write_outputs(&mut self, result: &ResultMsg, final_step: bool) -> io::Result<()> {
+        if final_step {
+            let dir = self.root.join("final");
+            return as_account(self.account.as_ref(), || write_final_outputs(result, &dir));
+        }
+        let streams = self.append_streams(result)?;
+        self.streams.insert(result.task, streams);
+        let dir = self.root.join("tasks").join(result.task.to_string());
         as_account(self.account.as_ref(), || {
-            self.write_outputs_here(result, &dir)
+            remove_dir(&dir)?;
+            write_output_files(result, &dir)
         })
     }
 
-    fn write_outputs_here(&self, result: &ResultMsg, dir: &std::path::Path) -> io::Result<()> {
-        let dir = dir.to_owned();
-        match std::fs::remove_dir_all(&dir) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
-            _ => {}
-        }
-        let stderr = stderr_of(result);
-        let streams = [("stdout", &result.stdout), ("stderr", &*stderr)];
-        let produced = |c: &Captured| !c.data.is_empty() || c.dropped > 0;
-        if !streams.iter().any(|(_, c)| produced(c)) && result.outputs.is_empty() {
-            return Ok(());
-        }
-        std::fs::create_dir_all(&dir)?;
-        for (name, captured) in streams {
-            if produced(captured) {
-                write_captured(&dir.join(name), captured)?;
-            }
-        }
-        for output in &result.outputs {
-            let Some(relative) = safe_relative(&output.path) else {
-                warn!(job = %result.job, task = result.task, path = %output.path, "output path outside the task directory ignored");
-                continue;
-            };
-            if let Err(e) = write_output(&dir, &relative, output) {
-                // The disk is the problem: the result must wait. Otherwise
-                // this one file is, and the rest of the result still counts.
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
-                ) || e.raw_os_error() == Some(5)
-                {
-                    return Err(e);
-                }
-                warn!(job = %result.job, task = result.task, path = %output.path, error = %e, "output file not written");
-            }
-        }
-        Ok(())
+    /// Writes a failed run that is retried: its streams to `output.log`,
+    /// a line saying where to `attempts.jsonl` (made durable with the
+    /// next index lines).
+    pub fn write_retried(&mut self, result: &ResultMsg) -> io::Result<()> {
+        let streams = self.append_streams(result)?;
+        let entry = AttemptEntry {
+            task: result.task,
+            attempt: result.attempt,
+            exit_code: result.exit_code,
+            error: result.error.clone(),
+            stdout: streams.stdout,
+            stderr: streams.stderr,
+        };
+        let mut line = serde_json::to_vec(&entry)?;
+        line.push(b'\n');
+        self.attempts.write_all(&line)
     }
 
-    /// Appends final states to the index (not yet synced).
-    pub fn append(&mut self, entries: &[IndexEntry]) -> io::Result<()> {
+    /// Appends a run's stdout and stderr (a stream cut short starts with a
+    /// line saying so) to `output.log`.
+    fn append_streams(&mut self, result: &ResultMsg) -> io::Result<Streams> {
+        let stderr = stderr_of(result);
+        let mut append = |captured: &Captured| -> io::Result<Option<Span>> {
+            if captured.data.is_empty() && captured.dropped == 0 {
+                return Ok(None);
+            }
+            let offset = self.output.metadata()?.len();
+            let note = match captured.dropped {
+                0 => String::new(),
+                dropped => dropped_note(dropped, captured.data.len()),
+            };
+            self.output.write_all(note.as_bytes())?;
+            self.output.write_all(&captured.data)?;
+            Ok(Some(Span {
+                offset,
+                bytes: (note.len() + captured.data.len()) as u64,
+            }))
+        };
+        Ok(Streams {
+            stdout: append(&result.stdout)?,
+            stderr: append(&stderr)?,
+        })
+    }
+
+    /// Appends final states to the index (not yet synced), each with
+    /// where its last run's streams went.
+    pub fn append(&mut self, entries: Vec<IndexEntry>) -> io::Result<()> {
         let mut lines = Vec::with_capacity(entries.len() * 160);
-        for entry in entries {
-            serde_json::to_writer(&mut lines, entry)?;
+        for mut entry in entries {
+            if let Some(streams) = self.streams.remove(&entry.task) {
+                entry.stdout = streams.stdout;
+                entry.stderr = streams.stderr;
+            }
+            serde_json::to_writer(&mut lines, &entry)?;
             lines.push(b'\n');
         }
         self.index.write_all(&lines)
     }
 
     /// Makes everything written so far durable: one `syncfs` covers the
-    /// index, every task file and the new directories at once.
+    /// index, the output log, every task file and the new directories at
+    /// once.
     pub fn sync(&self) -> io::Result<()> {
         nix::unistd::syncfs(&self.index).map_err(io::Error::from)
     }
@@ -296,6 +323,77 @@ fn stderr_of(result: &ResultMsg) -> std::borrow::Cow<'_, Captured> {
     }
 }
 
+/// Opens a file of the directory to append to; it must be a regular file
+/// (the owner may have put a pipe there, which would keep the runner
+/// waiting, `O_NONBLOCK`, or a device).
+fn open_appending(path: &Path) -> io::Result<File> {
+    let opened = OpenOptions::new()
+        .create(true)
+        .read(true)
+        .append(true)
+        .custom_flags(nix::libc::O_NONBLOCK)
+        .open(path)?;
+    regular(opened, path)
+}
+
+/// The line that starts a stream whose beginning was dropped.
+fn dropped_note(dropped: u64, kept: usize) -> String {
+    format!(
+        "[gleaner: the first {dropped} bytes of this stream were dropped; the last {kept} follow]\n"
+    )
+}
+
+/// The final step's run under `dir` (`final/`), streams and files,
+/// replacing what an earlier attempt left.
+fn write_final_outputs(result: &ResultMsg, dir: &Path) -> io::Result<()> {
+    remove_dir(dir)?;
+    let stderr = stderr_of(result);
+    for (name, captured) in [("stdout", &result.stdout), ("stderr", &*stderr)] {
+        if captured.data.is_empty() && captured.dropped == 0 {
+            continue;
+        }
+        std::fs::create_dir_all(dir)?;
+        let mut file = File::create(dir.join(name))?;
+        if captured.dropped > 0 {
+            file.write_all(dropped_note(captured.dropped, captured.data.len()).as_bytes())?;
+        }
+        file.write_all(&captured.data)?;
+    }
+    write_output_files(result, dir)
+}
+
+/// `dir` and what is in it, if it is there.
+fn remove_dir(dir: &Path) -> io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// A run's declared output files under `dir`. A run that declared none
+/// makes no directory.
+fn write_output_files(result: &ResultMsg, dir: &Path) -> io::Result<()> {
+    for output in &result.outputs {
+        let Some(relative) = safe_relative(&output.path) else {
+            warn!(job = %result.job, task = result.task, path = %output.path, "output path outside the task directory ignored");
+            continue;
+        };
+        if let Err(e) = write_output(dir, &relative, output) {
+            // The disk is the problem: the result must wait. Otherwise
+            // this one file is, and the rest of the result still counts.
+            if matches!(
+                e.kind(),
+                io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+            ) || e.raw_os_error() == Some(5)
+            {
+                return Err(e);
+            }
+            warn!(job = %result.job, task = result.task, path = %output.path, error = %e, "output file not written");
+        }
+    }
+    Ok(())
+}
+
 /// One declared output file; a truncated one gets a note beside it.
 fn write_output(dir: &Path, relative: &Path, output: &OutputFile) -> io::Result<()> {
     let path = dir.join(relative);
@@ -316,20 +414,6 @@ fn write_output(dir: &Path, relative: &Path, output: &OutputFile) -> io::Result<
         )?;
     }
     Ok(())
-}
-
-fn write_captured(path: &Path, captured: &Captured) -> io::Result<()> {
-    if captured.dropped == 0 {
-        return std::fs::write(path, &captured.data);
-    }
-    let mut file = File::create(path)?;
-    writeln!(
-        file,
-        "[gleaner: the first {} bytes of this stream were dropped; the last {} follow]",
-        captured.dropped,
-        captured.data.len()
-    )?;
-    file.write_all(&captured.data)
 }
 
 /// A path from a launcher, accepted only if it stays inside the task directory
@@ -381,6 +465,8 @@ mod tests {
             cluster: Some("local".into()),
             host: Some("h".into()),
             error: None,
+            stdout: None,
+            stderr: None,
         }
     }
 
@@ -412,7 +498,7 @@ mod tests {
         let (mut results, finished) = ResultsDir::open(dir.path(), None).unwrap();
         assert!(finished.is_empty());
         results
-            .append(&[
+            .append(vec![
                 entry(0, FinalStatus::Succeeded),
                 entry(1, FinalStatus::Failed),
             ])
@@ -436,7 +522,7 @@ mod tests {
             finished,
             [(0, FinalStatus::Succeeded), (1, FinalStatus::Failed)]
         );
-        results.append(&[entry(2, FinalStatus::Lost)]).unwrap();
+        results.append(vec![entry(2, FinalStatus::Lost)]).unwrap();
         let text = std::fs::read_to_string(&index).unwrap();
         assert_eq!(text.lines().count(), 3);
         let line: serde_json::Value = serde_json::from_str(text.lines().nth(2).unwrap()).unwrap();
@@ -444,14 +530,12 @@ mod tests {
         assert_eq!(line["command"], "echo 2");
     }
 
-    #[test]
-    fn outputs_are_written_and_confined() {
-        let dir = tempfile::tempdir().unwrap();
-        let (results, _) = ResultsDir::open(dir.path(), None).unwrap();
-        let result = ResultMsg {
+    /// A task's run with this stdout, stderr and declared files.
+    fn run(task: u64, stdout: Captured, stderr: &[u8], outputs: Vec<OutputFile>) -> ResultMsg {
+        ResultMsg {
             peak_memory_mb: None,
             job: "j-0000000000000000".parse().unwrap(),
-            task: 7,
+            task,
             attempt: 1,
             preemptions: 0,
             status: RunStatus::Succeeded,
@@ -461,15 +545,50 @@ mod tests {
             launcher: "l".into(),
             cluster: "c".into(),
             host: "h".into(),
-            stdout: Captured {
+            stdout,
+            stderr: Captured {
+                data: stderr.to_vec(),
+                dropped: 0,
+            },
+            outputs,
+            error: None,
+        }
+    }
+
+    /// The index line of `task`, and its streams read from `output.log`.
+    fn streams_of(root: &Path, task: u64) -> (serde_json::Value, String, String) {
+        let index = std::fs::read_to_string(root.join("index.jsonl")).unwrap();
+        let line: serde_json::Value = index
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+            .find(|l| l["task"] == task)
+            .unwrap();
+        let log = std::fs::read(root.join(OUTPUT_FILE)).unwrap();
+        let read = |span: &serde_json::Value| {
+            let (offset, bytes) = (span["offset"].as_u64(), span["bytes"].as_u64());
+            match (offset, bytes) {
+                (Some(o), Some(b)) => {
+                    String::from_utf8_lossy(&log[o as usize..(o + b) as usize]).into_owned()
+                }
+                _ => String::new(),
+            }
+        };
+        let (stdout, stderr) = (read(&line["stdout"]), read(&line["stderr"]));
+        (line, stdout, stderr)
+    }
+
+    #[test]
+    fn streams_go_to_one_log_and_declared_files_are_confined() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut results, _) = ResultsDir::open(dir.path(), None).unwrap();
+        let result = run(
+            7,
+            Captured {
                 data: b"tail\n".to_vec(),
                 dropped: 100,
             },
-            stderr: Captured {
-                data: b"err\n".to_vec(),
-                dropped: 0,
-            },
-            outputs: vec![
+            b"err\n",
+            vec![
                 OutputFile {
                     path: "plots/a.png".into(),
                     data: b"png".to_vec(),
@@ -486,17 +605,20 @@ mod tests {
                     dropped: 0,
                 },
             ],
-            error: None,
-        };
+        );
         results.write_outputs(&result, false).unwrap();
-        let task = dir.path().join("tasks/7");
-        let stdout = std::fs::read_to_string(task.join("stdout")).unwrap();
+        results
+            .append(vec![entry(7, FinalStatus::Succeeded)])
+            .unwrap();
+        let (_, stdout, stderr) = streams_of(dir.path(), 7);
         assert!(
             stdout.starts_with("[gleaner: the first 100 bytes"),
             "{stdout}"
         );
         assert!(stdout.ends_with("tail\n"));
-        assert_eq!(std::fs::read(task.join("stderr")).unwrap(), b"err\n");
+        assert_eq!(stderr, "err\n");
+        let task = dir.path().join("tasks/7");
+        assert!(!task.join("stdout").exists(), "streams are not files");
         assert_eq!(std::fs::read(task.join("plots/a.png")).unwrap(), b"png");
         assert!(
             task.join("plots/a.png.truncated").exists(),
@@ -504,19 +626,78 @@ mod tests {
         );
         assert!(!dir.path().join("tasks/escape").exists());
 
-        let silent = ResultMsg {
-            peak_memory_mb: None,
-            task: 8,
-            stdout: Captured::default(),
-            stderr: Captured::default(),
-            outputs: vec![],
-            ..result
-        };
+        let silent = run(8, Captured::default(), b"", vec![]);
         results.write_outputs(&silent, false).unwrap();
+        results
+            .append(vec![entry(8, FinalStatus::Succeeded)])
+            .unwrap();
         assert!(
             !dir.path().join("tasks/8").exists(),
             "no output, no directory"
         );
+        let (line, _, _) = streams_of(dir.path(), 8);
+        assert!(line.get("stdout").is_none(), "{line}");
+    }
+
+    #[test]
+    fn a_thousand_tasks_that_print_make_no_file_of_their_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut results, _) = ResultsDir::open(dir.path(), None).unwrap();
+        let files = || walk(dir.path());
+        let before = files();
+        for task in 0..1000 {
+            let printed = Captured {
+                data: format!("task {task}\n").into_bytes(),
+                dropped: 0,
+            };
+            results
+                .write_outputs(&run(task, printed, b"warn\n", vec![]), false)
+                .unwrap();
+            results
+                .append(vec![entry(task, FinalStatus::Succeeded)])
+                .unwrap();
+        }
+        results.sync().unwrap();
+        assert_eq!(files(), before);
+        let (_, stdout, stderr) = streams_of(dir.path(), 999);
+        assert_eq!((stdout.as_str(), stderr.as_str()), ("task 999\n", "warn\n"));
+    }
+
+    #[test]
+    fn a_retried_run_is_in_the_log_and_in_attempts() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut results, _) = ResultsDir::open(dir.path(), None).unwrap();
+        let mut failed = run(3, Captured::default(), b"boom\n", vec![]);
+        failed.exit_code = Some(2);
+        results.write_retried(&failed).unwrap();
+        let line = std::fs::read_to_string(dir.path().join(ATTEMPTS_FILE)).unwrap();
+        let attempt: AttemptEntry = serde_json::from_str(line.trim_end()).unwrap();
+        assert_eq!(
+            (attempt.task, attempt.attempt, attempt.exit_code),
+            (3, 1, Some(2))
+        );
+        assert!(attempt.stdout.is_none());
+        let span = attempt.stderr.unwrap();
+        let log = std::fs::read(dir.path().join(OUTPUT_FILE)).unwrap();
+        assert_eq!(
+            &log[span.offset as usize..][..span.bytes as usize],
+            b"boom\n"
+        );
+    }
+
+    /// Every file and directory under `root`.
+    fn walk(root: &Path) -> usize {
+        std::fs::read_dir(root)
+            .unwrap()
+            .flatten()
+            .map(|e| {
+                1 + if e.path().is_dir() {
+                    walk(&e.path())
+                } else {
+                    0
+                }
+            })
+            .sum()
     }
 
     #[test]
@@ -570,6 +751,7 @@ mod tests {
             duplicates: 0,
             preemptions: 0,
             tasks_published: true,
+            largest_bundle: 0,
             components: vec![Some("c1".into()), None],
             restarts: 1,
             final_published: false,

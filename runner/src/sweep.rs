@@ -189,6 +189,7 @@ impl Sweep {
                 .iter()
                 .take_while(|(_, tasks)| tasks.end <= next)
                 .count() as u32,
+            bundle: u32::try_from(bundle).unwrap_or(u32::MAX),
         };
         debug!(
             tasks = tasks.len(),
@@ -534,7 +535,7 @@ impl Kind for Sweep {
                     info!(task = result.task, attempt, status = ?result.status, exit_code = ?result.exit_code, "task failed; retrying");
                     self.feed.observe(result.runtime_ms);
                     retries.extend(self.tasks.msg(result.task, attempt, result.preemptions));
-                    effects.push(Effect::WriteOutputs(Box::new(result)));
+                    effects.push(Effect::WriteRetried(Box::new(result)));
                 }
                 Verdict::Duplicate => {
                     debug!(
@@ -1358,14 +1359,15 @@ mod tests {
         let written: Vec<u64> = effects
             .iter()
             .filter_map(|e| match e {
-                Effect::WriteOutputs(r) => Some(r.task),
+                Effect::WriteOutputs(r) => Some((r.task, "final")),
+                Effect::WriteRetried(r) => Some((r.task, "retried")),
                 _ => None,
             })
             .collect();
         assert_eq!(
             written,
-            [0, 1],
-            "outputs of the first result and the failed run"
+            [(0, "final"), (1, "retried")],
+            "outputs of the first result and of the failed run"
         );
         let Some(Effect::Publish(retries)) =
             effects.iter().find(|e| matches!(e, Effect::Publish(_)))

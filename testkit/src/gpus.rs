@@ -48,9 +48,7 @@ pub fn assert_one_task_per_gpu(
     let index = by_task(&g.index(job));
     let mut used: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for (task, entry) in &index {
-        let stdout =
-            std::fs::read_to_string(g.results_dir(job).join(format!("tasks/{task}/stdout")))
-                .unwrap_or_default();
+        let stdout = g.stdout(job, *task).unwrap_or_default();
         assert_eq!(
             entry["status"], "succeeded",
             "task {task}: {stdout} {entry}"

@@ -209,6 +209,16 @@ impl Gleaner {
         serde_json::from_str(&text).ok()
     }
 
+    /// A task's stdout, once it has ended ([`task_stream`]).
+    pub fn stdout(&self, job: &str, task: u64) -> Option<String> {
+        task_stream(&self.results_dir(job), task, false)
+    }
+
+    /// A task's stderr, once it has ended ([`task_stream`]).
+    pub fn stderr(&self, job: &str, task: u64) -> Option<String> {
+        task_stream(&self.results_dir(job), task, true)
+    }
+
     pub fn job_state(&self, job: &str) -> Option<String> {
         self.job_file(job)?["state"].as_str().map(str::to_owned)
     }
@@ -420,6 +430,25 @@ pub fn finish(mut child: Child, timeout: Duration) -> Output {
         stdout: stdout.into_bytes(),
         stderr: stderr.into_bytes(),
     }
+}
+
+/// A task's captured stream (`stderr` or stdout) in the results
+/// directory `results`, read where its index line says it is in
+/// `output.log`; `None` until the task has ended, empty if it printed
+/// nothing there.
+pub fn task_stream(results: &Path, task: u64, stderr: bool) -> Option<String> {
+    let index = std::fs::read_to_string(results.join("index.jsonl")).ok()?;
+    let line = index
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .rfind(|l| l["task"] == task)?;
+    let span = &line[if stderr { "stderr" } else { "stdout" }];
+    let (Some(offset), Some(bytes)) = (span["offset"].as_u64(), span["bytes"].as_u64()) else {
+        return Some(String::new());
+    };
+    let log = std::fs::read(results.join("output.log")).ok()?;
+    let data = log.get(offset as usize..(offset + bytes) as usize)?;
+    Some(String::from_utf8_lossy(data).into_owned())
 }
 
 /// Index lines by task number; panics on a duplicate.

@@ -239,13 +239,9 @@ fn bobs_names_take_nothing_of_alices(test: &str, batch: Batch, clusters: &str, q
         6,
         "{index}"
     );
-    let output = std::fs::read_to_string(
-        g.path()
-            .join("alice/results")
-            .join(&grid)
-            .join("tasks/0/stdout"),
-    )
-    .expect("the component's output");
+    let output =
+        gleaner_testkit::task_stream(&g.path().join("alice/results").join(&grid), 0, false)
+            .expect("the component's output");
     assert_eq!(output, "ran\n");
 
     // Both jobs ended: whatever the kcm does to an ended job's placeholders

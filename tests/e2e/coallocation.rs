@@ -238,8 +238,7 @@ fn a_high_priority_job_stops_a_low_one_which_resumes_from_its_checkpoint() {
     assert!(ended(&high) < ended(&low), "the high job went first");
     let tasks = by_task(&g.index(&low));
     assert_eq!(tasks[&0]["status"], "succeeded", "{tasks:?}");
-    let stdout =
-        std::fs::read_to_string(g.results_dir(&low).join("tasks/0/stdout")).unwrap_or_default();
+    let stdout = g.stdout(&low, 0).unwrap_or_default();
     let first: u32 = stdout
         .split_whitespace()
         .nth(1)

@@ -85,7 +85,7 @@ cat "$GLEANER_CHECKPOINT/log"; echo "final $c"
     assert_eq!(task["status"], "succeeded", "{task}");
     assert_eq!(task["attempts"], 1, "preemptions are no failures: {task}");
     assert_eq!(task["preemptions"], 3, "{task}");
-    let stdout = std::fs::read_to_string(g.results_dir(&job).join("tasks/0/stdout")).unwrap();
+    let stdout = g.stdout(&job, 0).unwrap();
     let starts: Vec<u64> = stdout
         .lines()
         .filter_map(|l| l.strip_prefix("start ")?.parse().ok())
@@ -152,7 +152,7 @@ echo "limit $GLEANER_CHECKPOINT_MAX_BYTES, files $(ls $GLEANER_CHECKPOINT | wc -
         (&tasks[&0]["status"], &tasks[&0]["attempts"]),
         (&"failed".into(), &2.into())
     );
-    let stdout = std::fs::read_to_string(g.results_dir(&job).join("tasks/1/stdout")).unwrap();
+    let stdout = g.stdout(&job, 1).unwrap();
     assert_eq!(
         stdout, "limit 1000, files 0\n",
         "the oversized state was dropped"

@@ -173,8 +173,7 @@ fn a_grid_component_of_one_host_takes_back_one_host() {
         String::from_utf8_lossy(&output.stderr)
     );
     let rigid = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    let stdout =
-        std::fs::read_to_string(g.results_dir(&rigid).join("tasks/0/stdout")).unwrap_or_default();
+    let stdout = g.stdout(&rigid, 0).unwrap_or_default();
     let (slots, host) = stdout.trim().split_once(' ').unwrap_or_default();
     assert_eq!(slots, HOST_SLOTS.to_string(), "all its slots: {stdout}");
     let hosts_hit: BTreeSet<&str> = gone.iter().map(|id| before[id].as_str()).collect();

@@ -59,9 +59,7 @@ fn bundled_tasks_end_once_through_a_killed_and_a_preempted_launcher() {
             line["status"] == "succeeded" && line["attempts"] == 1,
             "{line}"
         );
-        let stdout =
-            std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{task}/stdout")))
-                .unwrap_or_default();
+        let stdout = g.stdout(&job, *task).unwrap_or_default();
         assert_eq!(stdout, format!("{}\n", task + 1));
     }
     let preemptions: u64 = tasks

@@ -150,12 +150,10 @@ fn the_replicated_broker_is_reached_over_tls_only() {
     let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     let results = g.path().join("alice").join("results").join(&job);
     for task in 0..tasks {
-        let stdout = results.join(format!("tasks/{task}/stdout"));
         assert_eq!(
-            std::fs::read_to_string(&stdout).unwrap_or_default(),
+            gleaner_testkit::task_stream(&results, u64::from(task), false).unwrap_or_default(),
             "alice\n",
-            "{}",
-            stdout.display()
+            "task {task}"
         );
     }
     assert!(

@@ -45,9 +45,7 @@ fn a_clusters_memory_bounds_the_tasks_running_at_once() {
     let job = g.submit(&manifest);
     assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
     for task in 0..8 {
-        let stdout =
-            std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{task}/stdout")))
-                .unwrap_or_default();
+        let stdout = g.stdout(&job, task).unwrap_or_default();
         let beside: u32 = stdout.trim().parse().unwrap_or(u32::MAX);
         assert!(beside <= 2, "1000M hold two tasks of 400M, not {beside}");
     }

@@ -121,7 +121,7 @@ fn a_high_priority_grid_job_takes_a_whole_cluster_and_the_sweeps_grow_back() {
     let tasks = by_task(&g.index(&job));
     assert_eq!(tasks[&0]["status"], "succeeded");
     let cluster = tasks[&0]["cluster"].as_str().unwrap().to_owned();
-    let stdout = std::fs::read_to_string(g.results_dir(&job).join("tasks/0/stdout")).unwrap();
+    let stdout = g.stdout(&job, 0).unwrap();
     // NSLOTS is set by Grid Engine: the component ran as a 4-slot batch job.
     assert_eq!(stdout, "slots=4\n");
 

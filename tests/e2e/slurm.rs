@@ -244,8 +244,7 @@ fn a_grid_component_runs_as_an_ordinary_slurm_job_on_one_node() {
         String::from_utf8_lossy(&output.stderr)
     );
     let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
-    let stdout =
-        std::fs::read_to_string(g.results_dir(&job).join("tasks/0/stdout")).unwrap_or_default();
+    let stdout = g.stdout(&job, 0).unwrap_or_default();
     assert_eq!(stdout, "4 1\n", "four tasks on one node");
 }
 

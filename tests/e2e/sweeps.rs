@@ -31,9 +31,7 @@ params = { i = { from = 1, to = 250 }, colour = ["red", "blue"] }
             line["params"]["i"],
             line["params"]["colour"].as_str().unwrap()
         );
-        let stdout =
-            std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{task}/stdout")))
-                .expect("stdout file");
+        let stdout = g.stdout(&job, *task).expect("stdout file");
         assert_eq!(stdout, expected, "task {task}");
     }
     assert_eq!(tasks[&0]["command"], "echo task-1-red");
@@ -78,7 +76,7 @@ command = "if [ -e {m} ]; then echo second time lucky; else touch {m}; exit 1; f
     assert!(tasks[&1]["runtime_s"].as_f64().unwrap() < 10.0);
     assert_eq!(tasks[&2]["status"], "succeeded");
     assert_eq!(tasks[&2]["attempts"], 2);
-    let stdout = std::fs::read_to_string(g.results_dir(&job).join("tasks/0/stdout")).unwrap();
+    let stdout = g.stdout(&job, 0).unwrap();
     assert_eq!(stdout, "always failing\n");
     // The summary says which tasks did not succeed, and where to look.
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -88,8 +86,10 @@ command = "if [ -e {m} ]; then echo second time lucky; else touch {m}; exit 1; f
     );
     assert!(stderr.contains("  failed: task 0\n"), "{stderr}");
     assert!(stderr.contains("  timed out: task 1\n"), "{stderr}");
-    let where_ = g.results_dir(&job).join("tasks/0/stderr");
-    assert!(stderr.contains(&where_.display().to_string()), "{stderr}");
+    assert!(
+        stderr.contains(&format!("gleaner logs {job} 0 --stderr")),
+        "{stderr}"
+    );
 
     // The index, filtered, and a task's output, from the CLI.
     let listed = g.run(&[
@@ -128,7 +128,7 @@ command = "if [ -e {m} ]; then echo second time lucky; else touch {m}; exit 1; f
     let index = g.index(&job);
     let error = index[0]["error"].as_str().unwrap_or_default();
     assert!(error.contains("cannot enter its directory"), "{index:?}");
-    let stderr = std::fs::read_to_string(g.results_dir(&job).join("tasks/0/stderr")).unwrap();
+    let stderr = g.stderr(&job, 0).unwrap();
     assert!(stderr.contains(error), "{stderr}");
     let summary = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -187,9 +187,7 @@ params.i = {{ from = 0, to = 7 }}
     for (task, entry) in &tasks {
         assert_eq!(entry["status"], "succeeded");
         assert_eq!(entry["params"]["i"], *task);
-        let stdout =
-            std::fs::read_to_string(g.results_dir(&again).join(format!("tasks/{task}/stdout")))
-                .unwrap();
+        let stdout = g.stdout(&again, *task).unwrap();
         assert_eq!(stdout, format!("ok {task}\n"));
     }
     let job_file = g.job_file(&again).expect("job.json");
@@ -248,9 +246,7 @@ params.i = {{ from = 0, to = 7 }}
     .to_owned();
     let mut together = Vec::new();
     for task in 0..8 {
-        let stdout =
-            std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{task}/stdout")))
-                .unwrap();
+        let stdout = g.stdout(&job, task).unwrap();
         assert_eq!(stdout, "2 2\n", "task {task}");
         let seen = std::fs::read_to_string(format!("{}.{task}", running.display())).unwrap();
         together.push(seen.trim().parse::<u32>().unwrap());
@@ -333,9 +329,7 @@ fn tasks_added_to_an_open_job_run_and_it_ends_when_closed() {
     {
         let entry = &tasks[&(task as u64)];
         assert_eq!(entry["status"], "succeeded", "{entry}");
-        let stdout =
-            std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{task}/stdout")))
-                .unwrap();
+        let stdout = g.stdout(&job, task as u64).unwrap();
         assert_eq!(stdout.trim(), *expected);
     }
     let late = g.run(&["submit", "--job", &job, more.to_str().unwrap()]);
@@ -355,24 +349,21 @@ fn tasks_added_to_an_open_job_run_and_it_ends_when_closed() {
     assert!(g.run(&["cancel", &shut]).status.success());
 }
 
-/// A big sweep's tasks are published a chunk at a time between the job's
-/// events: grants are taken and launchers start before the last is
-/// published (their results wait until it is).
+/// A big sweep's tasks are published as its launchers take them: grants
+/// are taken, launchers start and their results are recorded long before
+/// the last task is published.
 #[test]
 fn launchers_start_while_a_big_sweep_is_still_being_published() {
     let mut g = gleaner("publishing");
     g.up(2);
     let job = g.submit(&sweep("big", 100_000, "true"));
-    wait_for("launchers", MINUTE, || !g.launchers(&job).is_empty());
-    let file = g.job_file(&job).expect("job.json");
-    assert_eq!(file["tasks_published"], false, "still publishing: {file}");
     wait_for("the results to be taken", 2 * MINUTE, || {
         !g.index(&job).is_empty()
     });
     let file = g.job_file(&job).expect("job.json");
     assert_eq!(
-        file["tasks_published"], true,
-        "results wait for the publication: {file}"
+        file["tasks_published"], false,
+        "results do not wait for the publication: {file}"
     );
     assert!(g.run(&["cancel", &job]).status.success());
     assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "cancelled");
@@ -392,10 +383,9 @@ fn an_array_sweep_needs_no_manifest() {
     let tasks = by_task(&g.index(&job));
     for (task, seed) in [(0u64, 3), (1, 6), (2, 9)] {
         assert_eq!(tasks[&task]["params"]["i"], seed);
-        let stdout = g.results_dir(&job).join(format!("tasks/{task}/stdout"));
         // Words keep their quoting: "a  b" stays one argument.
         assert_eq!(
-            std::fs::read_to_string(stdout).unwrap_or_default(),
+            g.stdout(&job, task).unwrap_or_default(),
             format!("seed={seed} a  b\n")
         );
     }
@@ -418,15 +408,17 @@ fn the_final_step_runs_after_every_task_and_sees_their_output() {
 command = "sleep 0.{n}; echo {n}"
 params = { n = { from = 1, to = 6 } }
 [final]
-command = "cat \"$GLEANER_RESULTS\"/tasks/*/stdout | sort -n | tr '\\n' ' '; wc -l < \"$GLEANER_RESULTS/index.jsonl\""
+command = "\"$GLEANER_BIN\" logs \"$GLEANER_JOB\" --dir \"$GLEANER_RESULTS\" | tr '\\n' ' '; wc -l < \"$GLEANER_RESULTS/index.jsonl\""
 "#;
     let output = finish_all_succeeded(g.submit_waiting(manifest), 6, 2 * MINUTE);
     let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
     let merged =
         std::fs::read_to_string(g.results_dir(&job).join("final/stdout")).unwrap_or_default();
     assert_eq!(
-        merged, "1 2 3 4 5 6 6\n",
-        "every task's output, and all 6 indexed"
+        merged,
+        "1 2 3 4 5 6 6\n",
+        "every task's output, and all 6 indexed; its stderr: {}",
+        std::fs::read_to_string(g.results_dir(&job).join("final/stderr")).unwrap_or_default()
     );
     assert_eq!(
         g.index(&job).len(),
@@ -484,9 +476,7 @@ fn short_tasks_are_read_ahead_and_each_ends_once() {
     assert_eq!(tasks.len(), 120);
     for (task, line) in &tasks {
         assert_eq!(line["attempts"], 1, "task {task}");
-        let stdout =
-            std::fs::read_to_string(g.results_dir(&job).join(format!("tasks/{task}/stdout")))
-                .expect("stdout file");
+        let stdout = g.stdout(&job, *task).expect("stdout file");
         assert_eq!(stdout, format!("{}\n", line["params"]["n"]), "task {task}");
     }
 }
@@ -572,10 +562,9 @@ params = { n = [1, 2] }
     for (alpha, label) in [("0.1", "first, 'one'"), ("0.2", "second"), ("0.3", "third")] {
         for line in ["a  b", "c"] {
             for n in [1, 2] {
-                let stdout = g.results_dir(&job).join(format!("tasks/{task}/stdout"));
                 let split = line.split_whitespace().collect::<Vec<_>>().join(" ");
                 assert_eq!(
-                    std::fs::read_to_string(&stdout).unwrap_or_default(),
+                    g.stdout(&job, task).unwrap_or_default(),
                     format!("{alpha} {split} {n} {label} {line}\n"),
                     "task {task}"
                 );
@@ -671,4 +660,144 @@ fn a_job_holds_no_more_launchers_than_its_max() {
     });
     assert_eq!(most, 3, "three launchers at most, and three used");
     assert_eq!(by_task(&g.index(&job)).len(), 40);
+}
+
+/// A sweep far bigger than its launchers can take at once waits in the
+/// broker a window at a time: with no slot anywhere, the task queue holds
+/// the first 1,000 of 50,000 tasks while the job counts all of them
+/// pending; a runner that takes the job over publishes its window in place
+/// of, not beside, what the queue held.
+#[test]
+fn a_big_sweep_waits_in_the_broker_a_window_at_a_time() {
+    let mut g = gleaner("window");
+    g.start("scheduler", &["scheduler"]);
+    let runner = g.start("runner", &["runner"]);
+    let job = g.submit(&sweep("window", 50_000, "true"));
+    let queue = format!("gleaner.job.{job}.tasks");
+    let ready = |g: &gleaner_testkit::Gleaner| {
+        g.vhost
+            .queue(&queue)
+            .and_then(|q| q["messages_ready"].as_u64())
+    };
+    wait_for("the first window", MINUTE, || ready(&g) == Some(1000));
+    let file = g.job_file(&job).expect("job.json");
+    assert_eq!(file["tasks"]["pending"], 50_000, "{file}");
+    assert_eq!(file["tasks_published"], false, "{file}");
+
+    g.signal(runner, nix::sys::signal::Signal::SIGKILL);
+    g.start("runner2", &["runner"]);
+    wait_for("the job taken over", MINUTE, || {
+        g.log("runner2").contains("job accepted")
+    });
+    // The broker's figures are refreshed every 5 s: two refreshes on.
+    std::thread::sleep(Duration::from_secs(11));
+    assert_eq!(ready(&g), Some(1000), "purged, then one window again");
+    assert!(g.run(&["cancel", &job]).status.success());
+}
+
+/// Without a `bundle` key, short tasks travel in bundles the runner sizes
+/// from their measured run times; a runner killed while most of the sweep
+/// is still unpublished is replaced, and every task ends exactly once.
+#[test]
+fn short_tasks_are_bundled_and_a_takeover_mid_publication_loses_nothing() {
+    let mut g = gleaner("autobundle");
+    g.write(
+        "gleaner.toml",
+        "[[cluster]]\nname = \"local\"\nbackend = \"local\"\nslots = 4\n",
+    );
+    g.start("scheduler", &["scheduler"]);
+    g.start("kcm", &["kcm", "--cluster", "local"]);
+    let runner = g.start("runner", &["runner"]);
+    let job = g.submit(&sweep("short", 12_000, "true"));
+    wait_for("some results", 2 * MINUTE, || g.index(&job).len() >= 1000);
+    let file = g.job_file(&job).expect("job.json");
+    assert_eq!(file["tasks_published"], false, "mid-publication: {file}");
+    g.signal(runner, nix::sys::signal::Signal::SIGKILL);
+    g.start("runner2", &["runner"]);
+    assert_eq!(g.wait_for_end(&job, 5 * MINUTE), "done");
+    let tasks = by_task(&g.index(&job));
+    assert_eq!(tasks.len(), 12_000);
+    assert!(tasks.values().all(|t| t["status"] == "succeeded"));
+    let file = g.job_file(&job).expect("job.json");
+    assert!(
+        file["largest_bundle"].as_u64().unwrap_or(0) > 1,
+        "bundled: {file}"
+    );
+    assert_eq!(file["tasks_published"], true, "{file}");
+}
+
+/// Every file and directory under `dir`.
+fn entries_under(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .map(|read| {
+            read.flatten()
+                .map(|e| {
+                    1 + match e.file_type() {
+                        Ok(kind) if kind.is_dir() => entries_under(&e.path()),
+                        _ => 0,
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Tasks that print make no file of their own: their streams go to one
+/// `output.log`; `gleaner logs` reads one task's or every task's in task
+/// order, and `gleaner export` writes a directory per task on demand.
+#[test]
+fn printing_tasks_make_a_handful_of_files_and_export_makes_the_rest() {
+    let mut g = gleaner("fewfiles");
+    g.up(2);
+    let manifest = sweep("printing", 300, "echo out {n}; echo err {n} >&2");
+    let output = finish_all_succeeded(g.submit_waiting(&manifest), 300, 3 * MINUTE);
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let results = g.results_dir(&job);
+    let made = entries_under(&results);
+    assert!(made <= 8, "{made} files for 300 tasks that print");
+
+    let all = g.run(&["logs", &job]);
+    assert!(all.status.success(), "{all:?}");
+    let expected: String = (1..=300).map(|n| format!("out {n}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&all.stdout), expected);
+    let one = g.run(&["logs", &job, "41", "--stderr"]);
+    assert_eq!(String::from_utf8_lossy(&one.stdout), "err 42\n");
+
+    let into = g.path().join("by-task");
+    let exported = g.run(&["export", &job, into.to_str().unwrap()]);
+    assert!(exported.status.success(), "{exported:?}");
+    for (name, text) in [("stdout", "out 42\n"), ("stderr", "err 42\n")] {
+        let file = into.join("tasks/41").join(name);
+        assert_eq!(
+            std::fs::read_to_string(&file).unwrap(),
+            text,
+            "{}",
+            file.display()
+        );
+    }
+    assert_eq!(entries_under(&into.join("tasks")), 300 * 3);
+}
+
+/// While a failed task runs again, `gleaner logs` shows the attempt that
+/// failed, saying so.
+#[test]
+fn a_retried_tasks_failed_attempt_can_be_read_while_it_runs_again() {
+    let mut g = gleaner("retriedlogs");
+    g.up(1);
+    let mark = g.path().join("tried");
+    let manifest = format!(
+        "name = \"again\"\nmax_attempts = 2\n[[task]]\ncommand = \"if [ -e {m} ]; then sleep 120; else touch {m}; echo first try >&2; exit 3; fi\"\n",
+        m = mark.display()
+    );
+    let job = g.submit(&manifest);
+    wait_for("the second attempt", MINUTE, || {
+        std::fs::read_to_string(g.results_dir(&job).join("attempts.jsonl"))
+            .is_ok_and(|t| t.contains("\"attempt\":1"))
+    });
+    let logs = g.run(&["logs", &job, "0", "--stderr"]);
+    assert!(logs.status.success(), "{logs:?}");
+    assert_eq!(String::from_utf8_lossy(&logs.stdout), "first try\n");
+    let said = String::from_utf8_lossy(&logs.stderr);
+    assert!(said.contains("attempt 1 failed (exit code 3)"), "{said}");
+    assert!(g.run(&["cancel", &job]).status.success());
 }

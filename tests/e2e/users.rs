@@ -6,7 +6,7 @@ use std::{os::unix::fs::MetadataExt, time::Duration};
 
 use gleaner_protocol::naming::placeholder_name;
 use gleaner_testkit::{
-    Gleaner, SgeQueues, SlurmCluster,
+    Gleaner, SgeQueues, SlurmCluster, task_stream,
     users::{BasicProperties, BrokerUser},
     wait_for,
 };
@@ -128,9 +128,10 @@ fn users_reach_their_own_jobs_only() {
     // Her task ran as her.
     let area = g.path().join("alice");
     let results = area.join("results").join(&job);
-    let stdout = results.join("tasks/0/stdout");
-    wait_for("her first task's output", MINUTE, || stdout.exists());
-    assert_eq!(std::fs::read_to_string(&stdout).unwrap(), "alice\n");
+    wait_for("her first task's output", MINUTE, || {
+        task_stream(&results, 0, false).is_some()
+    });
+    assert_eq!(task_stream(&results, 0, false).unwrap(), "alice\n");
 
     // Alice may cancel her own job.
     let cancel = g.run_as(&alice, &["cancel", &job]);
@@ -148,7 +149,7 @@ fn users_reach_their_own_jobs_only() {
         assert_eq!(meta.uid(), alice_uid, "{} is alice's", dir.display());
         assert_eq!(meta.mode() & 0o777, 0o700, "{} is private", dir.display());
     }
-    for file in ["index.jsonl", "job.json", "tasks/0/stdout"] {
+    for file in ["index.jsonl", "job.json", "output.log", "attempts.jsonl"] {
         let meta = std::fs::metadata(results.join(file)).expect(file);
         assert_eq!(meta.uid(), alice_uid, "{file} is alice's");
     }
@@ -244,10 +245,7 @@ fn another_users_submission_of_a_live_job_id_is_refused() {
         std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
     });
     let outputs: std::collections::BTreeSet<String> = (0..16)
-        .map(|task| {
-            std::fs::read_to_string(results.join(format!("tasks/{task}/stdout")))
-                .unwrap_or_default()
-        })
+        .map(|task| task_stream(&results, task, false).unwrap_or_default())
         .collect();
     let expected: std::collections::BTreeSet<String> =
         (1..=16).map(|n| format!("alice {n}\n")).collect();
@@ -281,11 +279,10 @@ fn a_tasks_hostile_control_messages_leave_its_runner_serving() {
     assert!(submitted.status.success(), "{}", text(&submitted));
     let job = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
     let results = g.path().join("alice/results").join(&job);
-    let stdout = results.join("tasks/0/stdout");
     wait_for("her task's output", MINUTE, || {
-        std::fs::read_to_string(&stdout).is_ok_and(|t| t.contains("amqp://"))
+        task_stream(&results, 0, false).is_some_and(|t| t.contains("amqp://"))
     });
-    let seen = std::fs::read_to_string(&stdout).unwrap();
+    let seen = task_stream(&results, 0, false).unwrap();
     let url = seen
         .split('"')
         .find(|s| s.starts_with("amqp://"))
@@ -394,10 +391,7 @@ fn a_huge_sparse_index_leaves_the_runners_memory_flat() {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmHWM");
     assert!(peak_kib < 512 * 1024, "the runner peaked at {peak_kib} KiB");
-    assert_eq!(
-        std::fs::read_to_string(results.join("tasks/0/stdout")).unwrap(),
-        "ran\n"
-    );
+    assert_eq!(task_stream(&results, 0, false).unwrap(), "ran\n");
 }
 
 /// Bob owns the launchers' scratch base (he made it first, mode 1777).
@@ -624,8 +618,7 @@ fn a_batch_cluster_runs_alices_tasks_as_hers(
         std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
     });
     for task in 0..3 {
-        let stdout = std::fs::read_to_string(results.join(format!("tasks/{task}/stdout")))
-            .expect("task output");
+        let stdout = task_stream(&results, task, false).expect("task output");
         assert_eq!(stdout, "alice\n", "task {task}");
     }
 }
@@ -700,7 +693,7 @@ fn a_components_option_lines_change_nothing(
     wait_for("the grid job to end", MINUTE, || {
         std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
     });
-    let stdout = std::fs::read_to_string(results.join("tasks/0/stdout")).expect("output");
+    let stdout = task_stream(&results, 0, false).expect("output");
     assert_eq!(stdout, "alice\n");
 }
 
@@ -754,7 +747,7 @@ fn a_users_grid_component_runs_as_her() {
     wait_for("the grid job to end", MINUTE, || {
         std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
     });
-    let stdout = std::fs::read_to_string(results.join("tasks/0/stdout")).expect("output");
+    let stdout = task_stream(&results, 0, false).expect("output");
     let mut lines = stdout.lines();
     assert_eq!(lines.next(), Some("alice"), "{stdout}");
     assert!(
@@ -786,13 +779,11 @@ fn a_task_with_its_launchers_credentials_reaches_its_own_job_only() {
     let submitted = g.run_as(&alice, &["submit", hers.to_str().unwrap()]);
     assert!(submitted.status.success(), "{}", text(&submitted));
     let job = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
-    let stdout = g
-        .path()
-        .join("alice/results")
-        .join(&job)
-        .join("tasks/0/stdout");
-    wait_for("her task's output", MINUTE, || stdout.exists());
-    let seen = std::fs::read_to_string(&stdout).unwrap();
+    let results = g.path().join("alice/results").join(&job);
+    wait_for("her task's output", MINUTE, || {
+        task_stream(&results, 0, false).is_some()
+    });
+    let seen = task_stream(&results, 0, false).unwrap();
     assert!(
         !seen.contains("guest:guest"),
         "the services' account leaked to a task:\n{seen}"

@@ -1,0 +1,112 @@
+//! Sweeps at scale: one no-op sweep of each size through `gleaner up`,
+//! sampled every second for what grows with it — the broker's memory, its
+//! job queue and its data on disk, the services' memory — and the files
+//! the job made. A sweep is published a window ahead of its launchers, so
+//! none of these should grow with the number of tasks.
+
+use std::{
+    path::Path,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, ensure};
+use gleaner_testkit::{Gleaner, sweep};
+
+use crate::measure::{broker_pid, memory_kib, wait_until_serving};
+
+/// Where RabbitMQ keeps its data (queues' logs and message stores).
+const BROKER_DATA: &str = "/var/lib/rabbitmq/mnesia";
+
+/// The largest value of each figure over the run.
+#[derive(Debug, Default)]
+struct Peaks {
+    broker_kib: u64,
+    broker_disk: u64,
+    up_kib: u64,
+    ready: u64,
+    queue_bytes: u64,
+}
+
+/// Bytes of the files under `dir`, as far as they can be read.
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|entry| match entry.file_type() {
+            Ok(kind) if kind.is_dir() => dir_bytes(&entry.path()),
+            Ok(_) => entry.metadata().map_or(0, |m| m.len()),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+/// Files and directories under `dir`.
+fn entries(dir: &Path) -> u64 {
+    let Ok(read) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    read.flatten()
+        .map(|entry| {
+            1 + match entry.file_type() {
+                Ok(kind) if kind.is_dir() => entries(&entry.path()),
+                _ => 0,
+            }
+        })
+        .sum()
+}
+
+pub fn scale(exe: &Path, sizes: &[u32], slots: u32) -> anyhow::Result<()> {
+    let broker = broker_pid().context("no beam.smp process: is RabbitMQ local?")?;
+    for &tasks in sizes {
+        let mut g = Gleaner::new(&format!("bench-scale-{tasks}"), exe);
+        let up = g.up(slots);
+        wait_until_serving(&g);
+        let (broker_idle, disk_idle) = (memory_kib(broker).0, dir_bytes(Path::new(BROKER_DATA)));
+        let job = g.submit(&sweep("scale", tasks, "/usr/bin/true"));
+        let queue = format!("gleaner.job.{job}.tasks");
+        let mut peaks = Peaks::default();
+        let started = Instant::now();
+        let timeout = Duration::from_secs(4 * 3600);
+        loop {
+            if let Some(state) = g.job_state(&job)
+                && matches!(state.as_str(), "done" | "cancelled")
+            {
+                break;
+            }
+            ensure!(
+                started.elapsed() < timeout,
+                "{tasks} tasks took over {timeout:?}"
+            );
+            if let Some(q) = g.vhost.queue(&queue) {
+                let field = |name: &str| q[name].as_u64().unwrap_or(0);
+                peaks.ready = peaks.ready.max(field("messages_ready"));
+                peaks.queue_bytes = peaks.queue_bytes.max(field("message_bytes"));
+            }
+            peaks.broker_kib = peaks.broker_kib.max(memory_kib(broker).0);
+            peaks.broker_disk = peaks.broker_disk.max(dir_bytes(Path::new(BROKER_DATA)));
+            peaks.up_kib = peaks.up_kib.max(memory_kib(up).0);
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        let file = g.job_file(&job).context("job.json")?;
+        let t = &file["tasks"];
+        ensure!(
+            t["succeeded"] == t["total"],
+            "not every task succeeded: {t}"
+        );
+        let makespan = file["makespan_s"].as_f64().context("makespan")?;
+        let mib = |kib: u64| kib as f64 / 1024.0;
+        println!(
+            "| {tasks} | {slots} | {makespan:.1} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+            f64::from(tasks) / makespan,
+            peaks.ready,
+            peaks.queue_bytes as f64 / 1048576.0,
+            mib(peaks.broker_kib.saturating_sub(broker_idle)),
+            peaks.broker_disk.saturating_sub(disk_idle) as f64 / 1048576.0,
+            mib(peaks.up_kib),
+            entries(&g.results_dir(&job)),
+        );
+    }
+    Ok(())
+}
