@@ -1356,7 +1356,7 @@ mod tests {
             stranger,
         ];
         let effects = sweep.on_results(batch.clone(), at(t0, 1));
-        let written: Vec<u64> = effects
+        let written: Vec<(u64, &str)> = effects
             .iter()
             .filter_map(|e| match e {
                 Effect::WriteOutputs(r) => Some((r.task, "final")),
