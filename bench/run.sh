@@ -124,8 +124,8 @@ exp_launcher_scale() {
 
 exp_scale() {
     echo "## sweeps at scale: no-op tasks through gleaner up, peaks sampled every second (SCALE=20000,10000000 for the full comparison)"
-    echo "| tasks | slots | makespan (s) | tasks/s | task queue: most ready | most message bytes (MiB) | broker memory added (MiB) | broker data added (MiB) | gleaner up RSS (MiB) | files and directories made |"
-    echo "|---|---|---|---|---|---|---|---|---|---|"
+    echo "| tasks | slots | makespan (s) | tasks/s | task queue: most ready | most message bytes (MiB) | broker memory added (MiB) | broker data added (MiB) | gleaner up RSS (MiB) | files and directories made | slowest gleaner status JOB (s) |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|"
     "$bench" scale --tasks "${SCALE:-20000,1000000}" --slots 8
 }
 

@@ -59,9 +59,33 @@ impl Drop for Instance<'_> {
     }
 }
 
+/// Where HyperQueue puts its tasks' output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HqOutput {
+    /// A file per task and stream (its default).
+    Files,
+    /// Every task's output in a few log files (`--stream`).
+    Stream,
+    /// Nowhere (`--stdout none --stderr none`).
+    None,
+}
+
+impl HqOutput {
+    pub const ALL: [Self; 3] = [Self::Files, Self::Stream, Self::None];
+
+    /// How a row names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Files => "",
+            Self::Stream => ", --stream",
+            Self::None => ", no capture",
+        }
+    }
+}
+
 /// One row: `tasks` × `/usr/bin/true` on one worker of `slots` CPUs, its
-/// output captured or not; returns its tasks per second.
-pub fn throughput(hq: &Path, tasks: u32, slots: u32, capture: bool) -> anyhow::Result<f64> {
+/// output captured as `output` says; returns its tasks per second.
+pub fn throughput(hq: &Path, tasks: u32, slots: u32, output: HqOutput) -> anyhow::Result<f64> {
     let dir = tempfile::tempdir()?;
     let server = Command::new(hq)
         .arg("--server-dir")
@@ -109,8 +133,15 @@ pub fn throughput(hq: &Path, tasks: u32, slots: u32, capture: bool) -> anyhow::R
     let array = format!("1-{tasks}");
     let mut submit = instance.command();
     submit.args(["submit", "--wait", "--array", &array]);
-    if !capture {
-        submit.args(["--stdout", "none", "--stderr", "none"]);
+    let streamed = instance.dir.path().join("stream");
+    match output {
+        HqOutput::Files => {}
+        HqOutput::Stream => {
+            submit.arg("--stream").arg(&streamed);
+        }
+        HqOutput::None => {
+            submit.args(["--stdout", "none", "--stderr", "none"]);
+        }
     }
     let began = Instant::now();
     let submitted = submit
@@ -125,7 +156,7 @@ pub fn throughput(hq: &Path, tasks: u32, slots: u32, capture: bool) -> anyhow::R
     let rate = f64::from(tasks) / makespan;
     println!(
         "| HyperQueue, 1 worker × {slots} | `/usr/bin/true`{} | – | {tasks} | {makespan:.2} | {rate:.0} | – | {:.2} | {:.2} |",
-        if capture { "" } else { ", no capture" },
+        output.label(),
         (server_after.own - server_before.own) * per_k,
         (worker_after.own + worker_after.children - worker_before.own - worker_before.children)
             * per_k,

@@ -4,14 +4,17 @@
 
 use std::path::Path;
 
-use crate::{hq, measure};
+use crate::{
+    hq::{self, HqOutput},
+    measure,
+};
 
 /// One row of a round.
 enum Contender<'a> {
     Hq {
         hq: &'a Path,
         slots: u32,
-        capture: bool,
+        output: HqOutput,
     },
     Gleaner(measure::Throughput<'a>),
 }
@@ -19,9 +22,9 @@ enum Contender<'a> {
 impl Contender<'_> {
     fn label(&self) -> String {
         match self {
-            Contender::Hq { slots, capture, .. } => format!(
+            Contender::Hq { slots, output, .. } => format!(
                 "HyperQueue, 1 worker × {slots}, `/usr/bin/true`{}",
-                if *capture { "" } else { ", no capture" }
+                output.label()
             ),
             Contender::Gleaner(run) => format!(
                 "gleaner, {} × {}, `{}`, bundle {}",
@@ -56,9 +59,9 @@ pub fn throughput(exe: &Path, plan: &Plan<'_>) -> anyhow::Result<()> {
     let mut contenders = Vec::new();
     for &launchers in plan.launchers {
         if let Some(hq) = plan.hq {
-            for capture in [true, false] {
+            for output in HqOutput::ALL {
                 let slots = launchers * plan.launcher_slots;
-                contenders.push(Contender::Hq { hq, slots, capture });
+                contenders.push(Contender::Hq { hq, slots, output });
             }
         }
         for &(command, bundle) in plan.runs {
@@ -78,8 +81,8 @@ pub fn throughput(exe: &Path, plan: &Plan<'_>) -> anyhow::Result<()> {
         floors.push(measure::spawn_rate(std::time::Duration::from_secs(5))?);
         for i in (0..contenders.len()).map(|i| (i + round) % contenders.len()) {
             let rate = match &contenders[i] {
-                Contender::Hq { hq, slots, capture } => {
-                    hq::throughput(hq, plan.tasks, *slots, *capture)?
+                Contender::Hq { hq, slots, output } => {
+                    hq::throughput(hq, plan.tasks, *slots, *output)?
                 }
                 Contender::Gleaner(run) => measure::throughput(exe, run)?,
             };
@@ -95,25 +98,25 @@ pub fn throughput(exe: &Path, plan: &Plan<'_>) -> anyhow::Result<()> {
         plan.rounds
     );
     println!(
-        "| contender | tasks/s (rounds) | median | × HyperQueue (capture, no capture) | % of the spawn floor |"
+        "| contender | tasks/s (rounds) | median | × HyperQueue (files, --stream, no capture) | % of the spawn floor |"
     );
     println!("|---|---|---:|---:|---:|");
     let medians: Vec<f64> = rates.iter_mut().map(|r| median(r)).collect();
-    let hq_of = |slots: u32, capture: bool| {
+    let hq_of = |slots: u32, output: HqOutput| {
         contenders.iter().zip(&medians).find_map(|(c, m)| match c {
             Contender::Hq {
                 slots: s,
-                capture: k,
+                output: o,
                 ..
-            } if *s == slots && *k == capture => Some(*m),
+            } if *s == slots && *o == output => Some(*m),
             _ => None,
         })
     };
     for ((contender, all), median) in contenders.iter().zip(&rates).zip(&medians) {
         let versus = match contender {
-            Contender::Gleaner(_) => [true, false]
-                .map(|capture| {
-                    hq_of(contender.slots(), capture)
+            Contender::Gleaner(_) => HqOutput::ALL
+                .map(|output| {
+                    hq_of(contender.slots(), output)
                         .map_or("–".to_owned(), |hq| format!("{:.2}", median / hq))
                 })
                 .join(", "),

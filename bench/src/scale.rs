@@ -10,9 +10,9 @@ use std::{
 };
 
 use anyhow::{Context, ensure};
-use gleaner_testkit::{Gleaner, sweep};
+use gleaner_testkit::{Gleaner, entries_under, sweep};
 
-use crate::measure::{broker_pid, memory_kib, wait_until_serving};
+use crate::measure::{broker_pid, makespan_of_success, memory_kib, wait_until_serving};
 
 /// Where RabbitMQ keeps its data (queues' logs and message stores).
 const BROKER_DATA: &str = "/var/lib/rabbitmq/mnesia";
@@ -25,6 +25,8 @@ struct Peaks {
     up_kib: u64,
     ready: u64,
     queue_bytes: u64,
+    /// The slowest answer of `gleaner status JOB` while the job ran.
+    status_s: f64,
 }
 
 /// Bytes of the files under `dir`, as far as they can be read.
@@ -38,21 +40,6 @@ fn dir_bytes(dir: &Path) -> u64 {
             Ok(kind) if kind.is_dir() => dir_bytes(&entry.path()),
             Ok(_) => entry.metadata().map_or(0, |m| m.len()),
             Err(_) => 0,
-        })
-        .sum()
-}
-
-/// Files and directories under `dir`.
-fn entries(dir: &Path) -> u64 {
-    let Ok(read) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    read.flatten()
-        .map(|entry| {
-            1 + match entry.file_type() {
-                Ok(kind) if kind.is_dir() => entries(&entry.path()),
-                _ => 0,
-            }
         })
         .sum()
 }
@@ -87,25 +74,25 @@ pub fn scale(exe: &Path, sizes: &[u32], slots: u32) -> anyhow::Result<()> {
             peaks.broker_kib = peaks.broker_kib.max(memory_kib(broker).0);
             peaks.broker_disk = peaks.broker_disk.max(dir_bytes(Path::new(BROKER_DATA)));
             peaks.up_kib = peaks.up_kib.max(memory_kib(up).0);
+            let asked = Instant::now();
+            let answered = g.run(&["status", &job]).status.success();
+            if answered {
+                peaks.status_s = peaks.status_s.max(asked.elapsed().as_secs_f64());
+            }
             std::thread::sleep(Duration::from_secs(1));
         }
-        let file = g.job_file(&job).context("job.json")?;
-        let t = &file["tasks"];
-        ensure!(
-            t["succeeded"] == t["total"],
-            "not every task succeeded: {t}"
-        );
-        let makespan = file["makespan_s"].as_f64().context("makespan")?;
+        let makespan = makespan_of_success(&g.job_file(&job).context("job.json")?)?;
         let mib = |kib: u64| kib as f64 / 1024.0;
         println!(
-            "| {tasks} | {slots} | {makespan:.1} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+            "| {tasks} | {slots} | {makespan:.1} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.2} |",
             f64::from(tasks) / makespan,
             peaks.ready,
             peaks.queue_bytes as f64 / 1048576.0,
             mib(peaks.broker_kib.saturating_sub(broker_idle)),
             peaks.broker_disk.saturating_sub(disk_idle) as f64 / 1048576.0,
             mib(peaks.up_kib),
-            entries(&g.results_dir(&job)),
+            entries_under(&g.results_dir(&job)),
+            peaks.status_s,
         );
     }
     Ok(())

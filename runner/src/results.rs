@@ -490,6 +490,14 @@ mod tests {
         )
         .unwrap();
         assert!(ResultsDir::open(dir.path(), None).is_err());
+        for file in [OUTPUT_FILE, ATTEMPTS_FILE] {
+            let dir = tempfile::tempdir().unwrap();
+            nix::unistd::mkfifo(&dir.path().join(file), nix::sys::stat::Mode::S_IRWXU).unwrap();
+            assert!(
+                ResultsDir::open(dir.path(), None).is_err(),
+                "a pipe as {file}"
+            );
+        }
     }
 
     #[test]

@@ -432,6 +432,22 @@ pub fn finish(mut child: Child, timeout: Duration) -> Output {
     }
 }
 
+/// Every file and directory under `dir` (none if it cannot be read).
+pub fn entries_under(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|read| {
+            read.flatten()
+                .map(|e| {
+                    1 + match e.file_type() {
+                        Ok(kind) if kind.is_dir() => entries_under(&e.path()),
+                        _ => 0,
+                    }
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 /// A task's captured stream (`stderr` or stdout) in the results
 /// directory `results`, read where its index line says it is in
 /// `output.log`; `None` until the task has ended, empty if it printed

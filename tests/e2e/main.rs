@@ -31,3 +31,17 @@ const MINUTE: Duration = Duration::from_secs(60);
 fn gleaner(test: &str) -> Gleaner {
     Gleaner::new(test, env!("CARGO_BIN_EXE_gleaner"))
 }
+
+/// A test's gleaner with its services apart, on a local cluster of 4
+/// slots, so that its runner can be killed alone; and the runner's pid.
+fn services_apart(test: &str) -> (Gleaner, u32) {
+    let mut g = gleaner(test);
+    g.write(
+        "gleaner.toml",
+        "[[cluster]]\nname = \"local\"\nbackend = \"local\"\nslots = 4\n",
+    );
+    g.start("scheduler", &["scheduler"]);
+    g.start("kcm", &["kcm", "--cluster", "local"]);
+    let runner = g.start("runner", &["runner"]);
+    (g, runner)
+}

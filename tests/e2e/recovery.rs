@@ -6,7 +6,7 @@ use std::time::Duration;
 use gleaner_testkit::{by_task, finish, runs, sweep, wait_for};
 use nix::sys::signal::Signal;
 
-use crate::{MINUTE, gleaner};
+use crate::{MINUTE, gleaner, services_apart};
 
 #[test]
 fn a_killed_launcher_loses_only_its_partial_run() {
@@ -72,14 +72,7 @@ fn bundled_tasks_end_once_through_a_killed_and_a_preempted_launcher() {
 
 #[test]
 fn a_runner_killed_mid_job_is_replaced_and_the_job_completes() {
-    let mut g = gleaner("runnerkill");
-    g.write(
-        "gleaner.toml",
-        "[[cluster]]\nname = \"local\"\nbackend = \"local\"\nslots = 4\n",
-    );
-    g.start("scheduler", &["scheduler"]);
-    g.start("kcm", &["kcm", "--cluster", "local"]);
-    let runner = g.start("runner", &["runner"]);
+    let (mut g, runner) = services_apart("runnerkill");
     let job = g.submit(&sweep("resume", 200, "sleep 0.1; echo {n}"));
     wait_for("some results", MINUTE, || g.index(&job).len() >= 20);
     g.signal(runner, Signal::SIGKILL);

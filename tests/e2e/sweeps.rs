@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use gleaner_testkit::{by_task, finish, finish_all_succeeded, sweep, wait_for};
+use gleaner_testkit::{by_task, entries_under, finish, finish_all_succeeded, sweep, wait_for};
 
-use crate::{MINUTE, gleaner};
+use crate::{MINUTE, gleaner, services_apart};
 
 #[test]
 fn a_500_task_sweep_completes_with_every_result_exactly_once() {
@@ -700,14 +700,7 @@ fn a_big_sweep_waits_in_the_broker_a_window_at_a_time() {
 /// is still unpublished is replaced, and every task ends exactly once.
 #[test]
 fn short_tasks_are_bundled_and_a_takeover_mid_publication_loses_nothing() {
-    let mut g = gleaner("autobundle");
-    g.write(
-        "gleaner.toml",
-        "[[cluster]]\nname = \"local\"\nbackend = \"local\"\nslots = 4\n",
-    );
-    g.start("scheduler", &["scheduler"]);
-    g.start("kcm", &["kcm", "--cluster", "local"]);
-    let runner = g.start("runner", &["runner"]);
+    let (mut g, runner) = services_apart("autobundle");
     let job = g.submit(&sweep("short", 12_000, "true"));
     wait_for("some results", 2 * MINUTE, || g.index(&job).len() >= 1000);
     let file = g.job_file(&job).expect("job.json");
@@ -724,22 +717,6 @@ fn short_tasks_are_bundled_and_a_takeover_mid_publication_loses_nothing() {
         "bundled: {file}"
     );
     assert_eq!(file["tasks_published"], true, "{file}");
-}
-
-/// Every file and directory under `dir`.
-fn entries_under(dir: &std::path::Path) -> usize {
-    std::fs::read_dir(dir)
-        .map(|read| {
-            read.flatten()
-                .map(|e| {
-                    1 + match e.file_type() {
-                        Ok(kind) if kind.is_dir() => entries_under(&e.path()),
-                        _ => 0,
-                    }
-                })
-                .sum()
-        })
-        .unwrap_or(0)
 }
 
 /// Tasks that print make no file of their own: their streams go to one
