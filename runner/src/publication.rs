@@ -221,6 +221,9 @@ impl FirstAttempts {
 const AHEAD: Duration = Duration::from_secs(5);
 /// The fewest tasks ahead: a job's first launchers find work at once.
 const MIN_AHEAD: u64 = 1000;
+/// The fewest ahead before any run time is measured: these go one to a
+/// message, so they are few.
+const UNMEASURED_AHEAD: u64 = 100;
 /// Messages ahead per slot held: a launcher prefetches up to 8 per slot.
 const MESSAGES_PER_SLOT: u64 = 10;
 /// What a bundle's tasks should take together: short tasks pay the broker a
@@ -325,11 +328,16 @@ impl Feed {
         measured.min(tail).clamp(1, u64::from(MAX_BUNDLE)) as usize
     }
 
-    /// Tasks to hold ahead of the launchers.
+    /// Tasks to hold ahead of the launchers; until run times are measured
+    /// (and bundles can be sized) only what the slots prefetch.
     pub(crate) fn window(&self, bundle: usize, uptake: Uptake) -> u64 {
         let prefetch = u64::from(uptake.slots) * MESSAGES_PER_SLOT * bundle as u64;
         let little = (uptake.per_second * AHEAD.as_secs_f64()).ceil() as u64;
-        MIN_AHEAD.max(prefetch).max(little)
+        let least = match self.pinned.is_none() && self.runtime_ms.is_none() {
+            true => UNMEASURED_AHEAD,
+            false => MIN_AHEAD,
+        };
+        least.max(prefetch).max(little)
     }
 
     /// The next tasks to publish, below `end` (the final step's number, or
@@ -387,7 +395,11 @@ mod tests {
     #[test]
     fn a_big_sweep_is_published_a_window_at_a_time() {
         let book = TaskBook::new(1_000_000, 1);
+        let mut unmeasured = Feed::new(None);
+        let (first, _) = unmeasured.top_up(&book, 1_000_000, IDLE).unwrap();
+        assert_eq!(first.len() as u64, UNMEASURED_AHEAD, "before any run time");
         let mut feed = Feed::new(None);
+        feed.observe(1500);
         let (first, bundle) = feed.top_up(&book, 1_000_000, IDLE).unwrap();
         assert_eq!((first.len() as u64, bundle), (MIN_AHEAD, 1));
         assert_eq!(first[..3], [0, 1, 2]);
@@ -460,6 +472,7 @@ mod tests {
             book.finish(task, FinalStatus::Succeeded);
         }
         let mut feed = Feed::new(None);
+        feed.observe(1500);
         feed.resume(&book, 1500, None, false);
         assert_eq!(feed.ahead(), 500);
         let (tasks, _) = feed.top_up(&book, 3000, IDLE).unwrap();

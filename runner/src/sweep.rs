@@ -1610,7 +1610,11 @@ mod tests {
         let t0 = Instant::now();
         let (mut sweep, effects) = new_sweep(&manifest(100_000, 1), t0);
         let (first, bundle, completes) = first_publication(&effects).unwrap();
-        assert_eq!((first.len(), bundle), (1000, 1), "a window, not the sweep");
+        assert_eq!(
+            (first.len(), bundle),
+            (100, 1),
+            "a few single tasks until run times are measured"
+        );
         assert!(!completes.all_tasks);
         sweep.on_published(completes);
         assert!(
@@ -1618,20 +1622,24 @@ mod tests {
             "the rest is not with the broker"
         );
         let done = |tasks: std::ops::Range<u64>| tasks.map(|t| result(t, 1, RunStatus::Succeeded));
+        // Runs of 1.5 s: one a message, a window of 1,000.
         let effects = sweep.on_results(done(0..100), at(t0, 2));
+        let (more, bundle, _) = first_publication(&effects).unwrap();
+        assert_eq!((more[0], more.len(), bundle), (100, 1000, 1));
+        let effects = sweep.on_results(done(100..200), at(t0, 2));
         assert!(
             first_publication(&effects).is_none(),
             "900 of 1000 still ahead"
         );
-        let effects = sweep.on_results(done(100..300), at(t0, 3));
+        let effects = sweep.on_results(done(200..300), at(t0, 3));
         let (more, bundle, _) = first_publication(&effects).unwrap();
         assert_eq!(
             (more[0], bundle),
-            (1000, 1),
+            (1100, 1),
             "on from where the last one stopped"
         );
         // 300 tasks in a second: five seconds of them ahead.
-        assert_eq!(more.len(), 1500 - 700);
+        assert_eq!(more.len(), 1500 - 800);
         // Runs of 2 ms: a tenth of a second of work is 50 of them, and
         // eight slots prefetch up to ten such bundles each.
         sweep.on_control(up("l1", "c1", 8), at(t0, 4));
@@ -1660,7 +1668,7 @@ mod tests {
         let effects = again.start();
         assert!(matches!(effects[0], Effect::PurgeTasks));
         let (tasks, bundle, _) = first_publication(&effects).unwrap();
-        assert_eq!((tasks[0], tasks.len(), bundle), (300, 1000, 1));
+        assert_eq!((tasks[0], tasks.len(), bundle), (300, 100, 1));
     }
 
     #[test]
