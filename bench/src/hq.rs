@@ -132,7 +132,10 @@ pub fn throughput(hq: &Path, tasks: u32, slots: u32, output: HqOutput) -> anyhow
     let (server_before, worker_before) = (cpu(instance.server.id()), cpu(worker));
     let array = format!("1-{tasks}");
     let mut submit = instance.command();
-    submit.args(["submit", "--wait", "--array", &array]);
+    // Its tasks' output files go to its own directory, not the checkout.
+    submit
+        .current_dir(instance.dir.path())
+        .args(["submit", "--wait", "--array", &array]);
     let streamed = instance.dir.path().join("stream");
     match output {
         HqOutput::Files => {}
