@@ -10,6 +10,9 @@ use std::{
 use gleaner_manifest::{JobId, JobIdError, Manifest, Rerun, TaskList, TaskSet};
 use serde_json::Value;
 
+use gleaner_broker::{Conversation, topology::REQUEST};
+use gleaner_protocol::{Followed, RequestMsg, StreamPiece};
+
 use crate::{client, error::CliError, output::Output, settings::Settings};
 
 /// Where job `job`'s results are: `dir` if given; the job's own directory,
@@ -201,6 +204,9 @@ struct RunLine {
     task: u64,
     #[serde(default)]
     attempt: Option<u32>,
+    /// In the index: the runs made, the last one's number.
+    #[serde(default)]
+    attempts: u32,
     #[serde(default)]
     exit_code: Option<i32>,
     #[serde(default)]
@@ -304,9 +310,9 @@ fn emit(data: &[u8]) -> bool {
 
 /// `gleaner logs JOB [TASK]`: a task's captured stdout (or stderr), read
 /// from `output.log` where the index says; while it has not ended, its last
-/// failed attempt's, if it was retried. Output arrives when a task ends;
-/// `follow` waits for it. Without a task, every ended task's, in task
-/// order.
+/// failed attempt's, if it was retried. `follow` streams it as it is
+/// printed ([`follow_task`]) until the task ends. Without a task, every
+/// ended task's, in task order.
 pub async fn logs(
     settings: &Settings,
     job: &str,
@@ -319,43 +325,211 @@ pub async fn logs(
     let Some(task) = task else {
         return all_logs(&dir, stderr);
     };
+    if let Some(run) = ended_run(&dir, task)? {
+        if let Some(span) = run.stream(stderr) {
+            emit(&OutputLog::open(&dir)?.read(span)?);
+        }
+        return Ok(());
+    }
+    if follow {
+        return follow_task(settings, job, &dir, task, stderr).await;
+    }
+    let mut retried = None;
+    each_run(&dir, "attempts.jsonl", |run| {
+        if run.task == task {
+            retried = Some(run);
+        }
+    })?;
+    let Some(run) = retried else {
+        return Err(CliError::Unsuccessful(Some(format!(
+            "task {task} of {job} has not ended, or is not one of its tasks (--follow shows its output as it is printed)"
+        ))));
+    };
+    eprintln!(
+        "task {task} has not ended: its attempt {} failed (exit code {}) and runs again; that attempt's output:",
+        run.attempt.unwrap_or(0),
+        run.exit_code
+            .map_or_else(|| "none".to_owned(), |c| c.to_string())
+    );
+    if let Some(span) = run.stream(stderr) {
+        emit(&OutputLog::open(&dir)?.read(span)?);
+    }
+    Ok(())
+}
+
+/// The index line of `task`, once it has ended.
+fn ended_run(dir: &Path, task: u64) -> Result<Option<RunLine>, CliError> {
+    let mut ended = None;
+    each_run(dir, "index.jsonl", |run| {
+        if run.task == task {
+            ended = Some(run);
+        }
+    })?;
+    Ok(ended)
+}
+
+/// How often a follow is renewed: well within its lease.
+const RENEW_FOLLOW: Duration = Duration::from_secs(3);
+
+/// How long the last piece of a run is waited for once the index says the
+/// task ended (it is sent before the result, on another queue).
+const LAST_PIECE_PATIENCE: Duration = Duration::from_secs(2);
+
+/// `gleaner logs JOB TASK --follow`: the task's output as its launcher
+/// reads it, through the job's runner (asked again every
+/// [`RENEW_FOLLOW`]), until the index says it ended; then the rest of it
+/// from the results. Without a broker, the output shows when it ends.
+async fn follow_task(
+    settings: &Settings,
+    job: &str,
+    dir: &Path,
+    task: u64,
+    stderr: bool,
+) -> Result<(), CliError> {
+    let id: JobId = job
+        .parse()
+        .map_err(|e: JobIdError| CliError::BadInput(e.to_string()))?;
+    let request = RequestMsg::Follow { job: id, task };
+    let connection = client::connect(settings).await;
+    let mut answers = match &connection {
+        Ok(connection) => Some(connection.converse::<Followed>().await?),
+        Err(e) => {
+            eprintln!("[gleaner: {e}; the output shows once the task ends]");
+            None
+        }
+    };
+    let mut tee = Tee::default();
+    let mut renew = tokio::time::interval(RENEW_FOLLOW);
+    let mut look = tokio::time::interval(Duration::from_millis(500));
+    let mut said_waiting = false;
+    let mut ended_at = None;
     loop {
-        let mut ended = None;
-        each_run(&dir, "index.jsonl", |run| {
-            if run.task == task {
-                ended = Some(run);
-            }
-        })?;
-        if let Some(run) = ended {
-            if let Some(span) = run.stream(stderr) {
-                emit(&OutputLog::open(&dir)?.read(span)?);
-            }
-            return Ok(());
-        }
-        if !follow {
-            let mut retried = None;
-            each_run(&dir, "attempts.jsonl", |run| {
-                if run.task == task {
-                    retried = Some(run);
+        tokio::select! {
+            _ = renew.tick(), if answers.is_some() => {
+                if let Some(conversation) = &answers
+                    && let Err(e) = conversation.send(REQUEST, &request, None).await
+                {
+                    eprintln!("[gleaner: {e}; the output shows once the task ends]");
+                    answers = None;
                 }
-            })?;
-            let Some(run) = retried else {
-                return Err(CliError::Unsuccessful(Some(format!(
-                    "task {task} of {job} has not ended, or is not one of its tasks (output arrives when a task ends; --follow waits for it)"
-                ))));
-            };
-            eprintln!(
-                "task {task} has not ended: its attempt {} failed (exit code {}) and runs again; that attempt's output:",
-                run.attempt.unwrap_or(0),
-                run.exit_code
-                    .map_or_else(|| "none".to_owned(), |c| c.to_string())
-            );
-            if let Some(span) = run.stream(stderr) {
-                emit(&OutputLog::open(&dir)?.read(span)?);
             }
-            return Ok(());
+            answer = next_answer(&mut answers) => match answer {
+                Ok(Followed::Output(piece)) if piece.task == task => {
+                    let stream = if stderr { &piece.stderr } else { &piece.stdout };
+                    let (note, data) = tee.take(piece.attempt, stream);
+                    if let Some(note) = note {
+                        eprintln!("[gleaner: {note}]");
+                    }
+                    if !emit(data) {
+                        return Ok(());
+                    }
+                    tee.ended |= piece.ended;
+                }
+                Ok(Followed::Refused { reason }) => {
+                    return Err(CliError::Unsuccessful(Some(format!("cannot follow task {task} of {job}: {reason}"))));
+                }
+                Ok(Followed::NotRunning {}) if !said_waiting => {
+                    said_waiting = true;
+                    eprintln!("[gleaner: no runner has job {job} now; waiting for it]");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    eprintln!("[gleaner: {e}; the output shows once the task ends]");
+                    answers = None;
+                }
+            },
+            _ = look.tick() => {
+                let Some(run) = ended_run(dir, task)? else { continue };
+                let waited = ended_at.get_or_insert_with(std::time::Instant::now).elapsed();
+                if tee.done_with(run.attempts) || waited >= LAST_PIECE_PATIENCE || answers.is_none() {
+                    if let Some(span) = run.stream(stderr) {
+                        let data = OutputLog::open(dir)?.read(span)?;
+                        let (note, rest) = tee.rest(run.attempts, &data);
+                        if let Some(note) = note {
+                            eprintln!("[gleaner: {note}]");
+                        }
+                        emit(rest);
+                    }
+                    return Ok(());
+                }
+            }
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The next answer of a follow, while there is a broker to hear it from.
+async fn next_answer(
+    answers: &mut Option<Conversation<Followed>>,
+) -> Result<Followed, gleaner_broker::BrokerError> {
+    match answers {
+        Some(conversation) => conversation.next().await.unwrap_or_else(|| {
+            Err(gleaner_broker::BrokerError::Connect(
+                "the broker closed the follow".to_owned(),
+            ))
+        }),
+        None => std::future::pending().await,
+    }
+}
+
+/// What of a followed task's stream has been printed: of which run, how
+/// far, and whether that run's last piece came.
+#[derive(Debug, Default)]
+struct Tee {
+    attempt: Option<u32>,
+    printed: u64,
+    ended: bool,
+}
+
+impl Tee {
+    /// What to print of a piece of run `attempt`: its new bytes, after a
+    /// note when it starts another run or skips some.
+    fn take<'a>(&mut self, attempt: u32, piece: &'a StreamPiece) -> (Option<String>, &'a [u8]) {
+        let mut note = None;
+        match self.attempt {
+            Some(current) if attempt < current => return (None, &[]),
+            Some(current) if attempt > current => {
+                note = Some(format!("the task runs again (attempt {attempt}); its output from the start"));
+                (self.printed, self.ended) = (0, false);
+            }
+            _ => {}
+        }
+        self.attempt = Some(attempt);
+        let end = piece.offset.saturating_add(piece.data.len() as u64);
+        if end <= self.printed {
+            return (note, &[]);
+        }
+        if piece.offset > self.printed {
+            let skipped = piece.offset - self.printed;
+            note = Some(match note {
+                Some(note) => format!("{note}; {skipped} bytes before this not shown"),
+                None => format!("{skipped} bytes not shown (`gleaner logs` prints all it kept once the task ends)"),
+            });
+            self.printed = piece.offset;
+        }
+        let skip = usize::try_from(self.printed - piece.offset).unwrap_or(piece.data.len());
+        self.printed = end;
+        (note, piece.data.get(skip..).unwrap_or_default())
+    }
+
+    /// Whether everything run `attempt` printed has been: its last piece came.
+    fn done_with(&self, attempt: u32) -> bool {
+        self.ended && self.attempt == Some(attempt)
+    }
+
+    /// What to print of the stream the results kept of the last run
+    /// (`attempt`), once the task ended: what was not printed yet of it.
+    fn rest<'a>(&self, attempt: u32, kept: &'a [u8]) -> (Option<String>, &'a [u8]) {
+        match self.attempt {
+            None => (None, kept),
+            Some(current) if current != attempt => (
+                Some(format!("its last run (attempt {attempt}), as the results kept it")),
+                kept,
+            ),
+            Some(_) => {
+                let printed = usize::try_from(self.printed).unwrap_or(usize::MAX);
+                (None, kept.get(printed..).unwrap_or_default())
+            }
+        }
     }
 }
 

@@ -167,7 +167,7 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         dir: Option<PathBuf>,
     },
-    /// A task's captured output (it arrives when the task ends); without a
+    /// A task's captured output; with --follow, as it is printed; without a
     /// task, every ended task's, in task order.
     #[command(
         after_help = "Examples:\n  gleaner logs sweep-3fa9c2d41e07b5a8 17\n  gleaner logs sweep-3fa9c2d41e07b5a8 17 --stderr --follow\n  gleaner logs sweep-3fa9c2d41e07b5a8 > merged.csv\n  gleaner logs \"$GLEANER_JOB\" --dir \"$GLEANER_RESULTS\"    # in a final step"
@@ -178,8 +178,9 @@ enum Command {
         /// Its stderr instead of its stdout.
         #[arg(long)]
         stderr: bool,
-        /// Wait for the output if the task has not ended yet.
-        #[arg(long)]
+        /// Stream the output as the task prints it (within a second), until
+        /// the task ends.
+        #[arg(long, short = 'f')]
         follow: bool,
         /// The job's results directory, where it is not found by itself.
         #[arg(long, value_name = "DIR")]

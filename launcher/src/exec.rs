@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_protocol::{Captured, OutputFile, RunStatus};
+use gleaner_protocol::{Captured, MAX_PIECE_BYTES, OutputFile, RunStatus, StreamPiece};
 use nix::{
     sys::signal::{Signal, killpg},
     unistd::Pid,
@@ -81,6 +81,44 @@ pub struct TaskRun<'a> {
     /// Mebibytes its processes may hold together: over it, it is killed
     /// as out of memory.
     pub memory_mb: Option<u64>,
+    /// Where its output is read into, for the launcher to send while it
+    /// runs when someone follows it.
+    pub streams: Streams,
+}
+
+/// A run's stdout and stderr as they are read, shared between the run and
+/// the launcher.
+#[derive(Debug, Clone, Default)]
+pub struct Streams {
+    stdout: Arc<Mutex<Tail>>,
+    stderr: Arc<Mutex<Tail>>,
+}
+
+impl Streams {
+    /// What stdout and stderr printed from these offsets on.
+    pub fn since(&self, from: [u64; 2]) -> [StreamPiece; 2] {
+        let piece = |tail: &Arc<Mutex<Tail>>, from| match tail.lock() {
+            Ok(tail) => piece_since(&tail.data, tail.dropped, from),
+            Err(_) => StreamPiece::default(),
+        };
+        [piece(&self.stdout, from[0]), piece(&self.stderr, from[1])]
+    }
+}
+
+/// The bytes of a stream from offset `from` on, given the last bytes kept
+/// (`data`) and how many came before them: at most [`MAX_PIECE_BYTES`],
+/// the last ones (a follower far behind skips ahead).
+pub fn piece_since(data: &[u8], dropped: u64, from: u64) -> StreamPiece {
+    let end = dropped.saturating_add(data.len() as u64);
+    let start = from
+        .max(dropped)
+        .max(end.saturating_sub(MAX_PIECE_BYTES as u64))
+        .min(end);
+    let skip = usize::try_from(start - dropped).unwrap_or(data.len());
+    StreamPiece {
+        offset: start,
+        data: data.get(skip..).unwrap_or_default().to_vec(),
+    }
 }
 
 /// How a run ended, when it ended by itself (not killed by the launcher).
@@ -307,8 +345,16 @@ async fn supervise(
         }
     };
     let group = Pid::from_raw(child.id());
-    let stdout = TailReader::start(child.stdout.take(), limits.stream_bytes);
-    let stderr = TailReader::start(child.stderr.take(), limits.stream_bytes);
+    let stdout = TailReader::start(
+        child.stdout.take(),
+        &task.streams.stdout,
+        limits.stream_bytes,
+    );
+    let stderr = TailReader::start(
+        child.stderr.take(),
+        &task.streams.stderr,
+        limits.stream_bytes,
+    );
     let walltime = async {
         match task.walltime {
             Some(limit) => tokio::time::sleep(limit).await,
@@ -452,7 +498,7 @@ impl Outcome {
 }
 
 /// The last bytes of a stream read so far, and how many came before them.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Tail {
     data: Vec<u8>,
     dropped: u64,
@@ -485,8 +531,12 @@ struct TailReader {
 }
 
 impl TailReader {
-    fn start(stream: Option<impl AsyncRead + Unpin + Send + 'static>, limit: usize) -> Self {
-        let tail = Arc::new(Mutex::new(Tail::default()));
+    fn start(
+        stream: Option<impl AsyncRead + Unpin + Send + 'static>,
+        tail: &Arc<Mutex<Tail>>,
+        limit: usize,
+    ) -> Self {
+        let tail = tail.clone();
         let sink = tail.clone();
         let task = tokio::spawn(async move {
             let Some(mut stream) = stream else { return };
@@ -670,11 +720,53 @@ mod tests {
             sandbox: dir.join("sandbox"),
             preempt: None,
             memory_mb: None,
+            streams: Streams::default(),
         }
     }
 
     fn never() -> watch::Receiver<bool> {
         watch::channel(false).1
+    }
+
+    #[test]
+    fn a_piece_is_what_came_since_and_no_more_than_its_bound() {
+        let piece = |data: &[u8], dropped, from| {
+            let p = piece_since(data, dropped, from);
+            (p.offset, p.data.len())
+        };
+        assert_eq!(piece(b"hello", 0, 0), (0, 5));
+        assert_eq!(piece(b"hello", 0, 3), (3, 2));
+        assert_eq!(piece(b"hello", 0, 5), (5, 0));
+        assert_eq!(piece(b"hello", 0, 9), (5, 0), "never past the end");
+        assert_eq!(piece(b"hello", 100, 0), (100, 5), "from what is kept");
+        assert_eq!(piece(b"hello", 100, 102), (102, 3));
+        let big = vec![b'x'; MAX_PIECE_BYTES + 10];
+        assert_eq!(piece(&big, 0, 0), (10, MAX_PIECE_BYTES), "the last of it");
+    }
+
+    #[tokio::test]
+    async fn a_running_tasks_output_is_seen_before_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let streams = Streams::default();
+        let run = TaskRun {
+            streams: streams.clone(),
+            ..task("echo early; echo warn >&2; sleep 30", dir.path())
+        };
+        let (stop, stopped) = watch::channel(false);
+        let running = tokio::spawn(async move { super::run(run, Limits::default(), stopped).await });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let [out, err] = loop {
+            let [out, err] = streams.since([0, 0]);
+            if out.data == b"early\n" && err.data == b"warn\n" || Instant::now() > deadline {
+                break [out, err];
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(out.data, b"early\n");
+        assert_eq!(err.data, b"warn\n");
+        assert_eq!(streams.since([6, 5])[0].data, b"");
+        stop.send_replace(true);
+        assert!(running.await.unwrap().is_none());
     }
 
     #[tokio::test]

@@ -41,7 +41,7 @@ use gleaner_broker::{
 use gleaner_manifest::JobId;
 use gleaner_protocol::{
     Captured, ClusterName, ControlMsg, Core, LauncherId, LauncherInfo, LauncherMsg, LauncherStatus,
-    Now, ResultBatch, ResultMsg, RunStatus, RunningTask, TaskBundle, TaskMsg, now_ms,
+    Now, OutputPiece, ResultBatch, ResultMsg, RunStatus, RunningTask, TaskBundle, TaskMsg, now_ms,
 };
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -573,6 +573,18 @@ struct Shell {
     next_tag: u64,
     /// Turned true by [`Effect::StopTasks`]; every run watches it.
     stop: watch::Sender<bool>,
+    /// The output of each running task (by tag), and how much of it went
+    /// to followers.
+    teed: HashMap<u64, Teed>,
+}
+
+/// A running task's output as far as its followers are concerned.
+struct Teed {
+    task: u64,
+    attempt: u32,
+    streams: exec::Streams,
+    /// Offsets of stdout and stderr sent so far.
+    sent: [u64; 2],
 }
 
 /// A delivered task in the shell's hands.
@@ -626,6 +638,7 @@ impl Shell {
             deliveries: HashMap::new(),
             next_tag: 0,
             stop: watch::Sender::new(false),
+            teed: HashMap::new(),
         }
     }
 
@@ -807,13 +820,32 @@ impl Shell {
         effect: Effect<LauncherError>,
     ) -> ControlFlow<Result<Exit, LauncherError>, Option<Event<LauncherError>>> {
         let shared = self.shared.clone();
+        match &effect {
+            Effect::Report { tag }
+            | Effect::Refuse { tag, .. }
+            | Effect::GiveBack { tag }
+            | Effect::Republish { tag }
+            | Effect::Abandon { tag } => {
+                self.teed.remove(tag);
+            }
+            _ => {}
+        }
         match effect {
             Effect::Run { tag } => {
                 if let Some(held) = self.held.remove(&tag) {
-                    let run = run_task(shared, held, self.stop.subscribe());
+                    let streams = exec::Streams::default();
+                    let teed = Teed {
+                        task: held.task.task,
+                        attempt: held.task.attempt,
+                        streams: streams.clone(),
+                        sent: [0, 0],
+                    };
+                    self.teed.insert(tag, teed);
+                    let run = run_task(shared, held, streams, self.stop.subscribe());
                     self.spawn(tag, run);
                 }
             }
+            Effect::Tee { tag, last } => self.tee(tag, last).await,
             Effect::Report { tag } => {
                 if let Some(Held {
                     task,
@@ -909,6 +941,42 @@ impl Shell {
         }
     }
 
+    /// Sends a followed task's output since the last piece to its job's
+    /// runner, which relays it to the followers; at the run's end, the
+    /// rest of it from the outcome. Followers may miss a piece: a failure
+    /// costs nothing else.
+    async fn tee(&mut self, tag: u64, last: bool) {
+        let Some(teed) = self.teed.get_mut(&tag) else {
+            return;
+        };
+        let [stdout, stderr] = match self.held.get(&tag).and_then(|h| h.outcome.as_ref()) {
+            Some(outcome) if last => [
+                exec::piece_since(&outcome.stdout.data, outcome.stdout.dropped, teed.sent[0]),
+                exec::piece_since(&outcome.stderr.data, outcome.stderr.dropped, teed.sent[1]),
+            ],
+            _ => teed.streams.since(teed.sent),
+        };
+        if !last && stdout.data.is_empty() && stderr.data.is_empty() {
+            return;
+        }
+        teed.sent = [&stdout, &stderr].map(|p| p.offset + p.data.len() as u64);
+        let piece = ControlMsg::Output(OutputPiece {
+            task: teed.task,
+            attempt: teed.attempt,
+            stdout,
+            stderr,
+            ended: last,
+        });
+        let sent = self
+            .shared
+            .publisher
+            .deliver_via(self.shared.queues.to_control(), &piece)
+            .await;
+        if let Err(e) = sent {
+            debug!(task = teed.task, error = %e, "followed output not sent");
+        }
+    }
+
     fn next_consumer_tag(&mut self) -> String {
         self.consumers += 1;
         format!("{}#{}", self.shared.config.consumer_tag(), self.consumers)
@@ -971,7 +1039,12 @@ async fn sleep_until(deadline: Option<Instant>) {
 
 /// Runs one delivered task in a sandbox, unless the tasks were stopped before
 /// it could start.
-async fn run_task(shared: Arc<Shared>, held: Held, stop: watch::Receiver<bool>) -> Done {
+async fn run_task(
+    shared: Arc<Shared>,
+    held: Held,
+    streams: exec::Streams,
+    stop: watch::Receiver<bool>,
+) -> Done {
     if *stop.borrow() {
         return Done::Ran(Box::new(held));
     }
@@ -1020,6 +1093,7 @@ async fn run_task(shared: Arc<Shared>, held: Held, stop: watch::Receiver<bool>) 
         sandbox: sandbox.clone(),
         preempt,
         memory_mb: (needs.memory_mb > 0).then_some(needs.memory_mb),
+        streams,
     };
     debug!(task = task.task, attempt = task.attempt, "task started");
     let outcome = exec::run(run, config.limits, stop).await;

@@ -36,6 +36,18 @@ const NO_READ_AHEAD_ABOVE: Duration = Duration::from_secs(20);
 /// Messages held per slot at most while reading ahead.
 const MOST_PER_SLOT: u32 = 8;
 
+/// How often a followed task's new output is sent: a follower sees it
+/// within this and the broker's round trips.
+const TEE_EVERY: Duration = Duration::from_millis(250);
+
+/// The longest a follow lasts without being renewed.
+const LONGEST_FOLLOW: Duration = Duration::from_secs(30);
+
+/// Tasks followed at once at most (a follow is for a task that runs here
+/// or may start here: a job's runner asks every launcher when it does not
+/// know which runs it).
+const MOST_FOLLOWED: usize = 256;
+
 /// Something that happened, as the shell saw it. Delivered tasks are named
 /// by a tag the shell gives each, unique in the launcher (a message may
 /// carry a bundle of tasks). `E` is the shell's error,
@@ -102,6 +114,9 @@ pub enum Effect<E> {
     StopTasks,
     /// Tell the job's runner what runs here.
     SendStatus(Status),
+    /// Send the output the task printed since the last time to its
+    /// followers; `last`: its run ended (by itself), and this is the rest.
+    Tee { tag: u64, last: bool },
     /// Leave: no task is left and no delivery can arrive any more.
     Leave(Result<Exit, E>),
 }
@@ -195,6 +210,10 @@ pub struct State<E> {
     /// since is told at once, not a heartbeat later, so that a job's
     /// progress does not say "0 running" while every slot is busy.
     told_idle: bool,
+    /// Tasks whose output is followed, until when.
+    followed: BTreeMap<u64, Instant>,
+    /// When followed tasks' output is sent next, while any is followed.
+    next_tee: Option<Instant>,
     /// The task consumer may still deliver.
     consuming: bool,
     /// Why we leave, once we stopped taking tasks.
@@ -255,6 +274,8 @@ impl<E> State<E> {
             idle_since: Some(now),
             next_heartbeat: now.checked_add(config.heartbeat),
             told_idle: true,
+            followed: BTreeMap::new(),
+            next_tee: None,
             consuming: true,
             leaving: None,
             tasks_stopped: false,
@@ -311,7 +332,7 @@ impl<E> State<E> {
     }
 
     /// When the shell should send [`Event::Tick`]: the next of the idle
-    /// timeout, the walltime stop and the heartbeat.
+    /// timeout, the walltime stop, the heartbeat and a followed task's output.
     pub fn poll_timeout(&self) -> Option<Instant> {
         if self.left || self.abandoned.is_some() {
             return None;
@@ -323,7 +344,7 @@ impl<E> State<E> {
         let walltime = self
             .stop_at
             .filter(|_| !self.walltime_reached && self.leaving != Some(Exit::Preempted));
-        [idle, walltime, self.next_heartbeat]
+        [idle, walltime, self.next_heartbeat, self.next_tee]
             .into_iter()
             .flatten()
             .min()
@@ -379,7 +400,7 @@ impl<E> State<E> {
             }
             Event::QueueGone => self.abandon(Ok(Exit::JobOver), now, &mut effects),
             Event::Failed(error) => self.abandon(Err(error), now, &mut effects),
-            Event::Message(msg) if self.listening() => self.message(msg, &mut effects),
+            Event::Message(msg) if self.listening() => self.message(msg, now, &mut effects),
             Event::Signal if self.listening() && self.leaving != Some(Exit::Preempted) => {
                 info!("signalled: preempting own tasks");
                 self.stop_tasks(&mut effects);
@@ -491,6 +512,9 @@ impl<E> State<E> {
             held.ended = Some(now);
         }
         if !killed {
+            if ran && self.followed.get(&held.task).is_some_and(|until| *until > now) {
+                effects.push(Effect::Tee { tag, last: true });
+            }
             effects.push(Effect::Report { tag });
         } else if self.abandoned.is_some() {
             self.forget(tag, now);
@@ -541,7 +565,7 @@ impl<E> State<E> {
         }
     }
 
-    fn message(&mut self, msg: LauncherMsg, effects: &mut Vec<Effect<E>>) {
+    fn message(&mut self, msg: LauncherMsg, now: Instant, effects: &mut Vec<Effect<E>>) {
         match msg {
             LauncherMsg::Preempt { reason } => {
                 info!(reason, "preempted");
@@ -553,7 +577,49 @@ impl<E> State<E> {
                 self.leave(Exit::Drained, effects);
             }
             LauncherMsg::Poll {} => effects.push(self.tell()),
+            LauncherMsg::Follow { task, for_ms } => self.follow(task, for_ms, now),
         }
+    }
+
+    /// Follows `task` for `for_ms` (at most [`LONGEST_FOLLOW`]), whether it
+    /// runs here now or starts here meanwhile; its output goes at once.
+    fn follow(&mut self, task: u64, for_ms: u64, now: Instant) {
+        let lasting = Duration::from_millis(for_ms).min(LONGEST_FOLLOW);
+        let Some(until) = now.checked_add(lasting) else {
+            return;
+        };
+        if self.followed.len() >= MOST_FOLLOWED && !self.followed.contains_key(&task) {
+            warn!(task, "too many tasks followed at once; follow ignored");
+            return;
+        }
+        self.followed.insert(task, until);
+        let runs_here = self
+            .held
+            .values()
+            .any(|held| held.task == task && held.phase == Phase::Running);
+        self.next_tee = match (runs_here, self.next_tee) {
+            (true, _) => Some(now),
+            (false, Some(at)) => Some(at),
+            (false, None) => now.checked_add(TEE_EVERY),
+        };
+    }
+
+    /// Sends the followed running tasks' new output, forgets follows that
+    /// lapsed, and says when to look again.
+    fn tee(&mut self, now: Instant, effects: &mut Vec<Effect<E>>) {
+        if self.next_tee.is_none_or(|at| at > now) {
+            return;
+        }
+        self.followed.retain(|_, until| *until > now);
+        for (&tag, held) in &self.held {
+            if held.phase == Phase::Running && self.followed.contains_key(&held.task) {
+                effects.push(Effect::Tee { tag, last: false });
+            }
+        }
+        self.next_tee = match self.followed.is_empty() {
+            true => None,
+            false => now.checked_add(TEE_EVERY),
+        };
     }
 
     fn tick(&mut self, now: Instant, effects: &mut Vec<Effect<E>>) {
@@ -579,6 +645,7 @@ impl<E> State<E> {
             effects.push(self.tell());
             self.next_heartbeat = now.checked_add(self.heartbeat);
         }
+        self.tee(now, effects);
     }
 
     fn hold(
@@ -758,9 +825,13 @@ mod tests {
 
     impl Launcher {
         fn at(&mut self, secs: u64, event: Event<&'static str>) -> Effects {
+            self.at_ms(secs * 1000, event)
+        }
+
+        fn at_ms(&mut self, ms: u64, event: Event<&'static str>) -> Effects {
             let now = Now {
-                instant: self.t0 + Duration::from_secs(secs),
-                wall_ms: secs * 1000,
+                instant: self.t0 + Duration::from_millis(ms),
+                wall_ms: ms,
             };
             self.state.handle(event, now);
             std::iter::from_fn(|| self.state.poll_effect(now)).collect()
@@ -1027,6 +1098,54 @@ mod tests {
             l.at(4, Event::TasksEnded),
             [Effect::Leave(Ok(Exit::Preempted))]
         );
+    }
+
+    #[test]
+    fn a_followed_tasks_output_goes_while_followed_and_its_rest_at_its_end() {
+        let follow = |task, for_ms| Event::Message(LauncherMsg::Follow { task, for_ms });
+        let tee = |tag| Effect::Tee { tag, last: false };
+        let mut l = launcher(|config, _| config.heartbeat = Duration::from_secs(1000));
+        // Followed before it starts here: looked at a moment later.
+        assert_eq!(l.at(1, follow(101, 10_000)), []);
+        assert_eq!(l.wakeup(), Some(Duration::from_millis(1250)));
+        assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(l.at(1, deliver(2, None)), [Effect::Run { tag: 2 }]);
+        let effects = l.at_ms(1250, Event::Tick);
+        assert!(effects.contains(&tee(1)), "{effects:?}");
+        assert!(!effects.contains(&tee(2)), "task 102 is not followed: {effects:?}");
+        assert_eq!(l.wakeup(), Some(Duration::from_millis(1500)));
+        assert_eq!(l.at_ms(1500, Event::Tick), [tee(1)]);
+        // Not renewed: it lapses, and nothing wakes the launcher for it.
+        assert_eq!(l.at(11, Event::Tick), []);
+        assert_eq!(l.wakeup(), Some(Duration::from_millis(1_001_250)), "the heartbeat only");
+        // Followed again while it runs: at once, for 30 s at most.
+        assert_eq!(l.at(12, follow(101, u64::MAX)), []);
+        assert_eq!(l.wakeup(), Some(Duration::from_secs(12)));
+        assert_eq!(l.at(12, Event::Tick), [tee(1)]);
+        assert_eq!(l.at(41, Event::Tick), [tee(1)]);
+        // Its end sends the rest before the result.
+        assert_eq!(
+            l.at(41, ended(1)),
+            [Effect::Tee { tag: 1, last: true }, Effect::Report { tag: 1 }]
+        );
+        assert_eq!(l.at(41, ended(2)), [Effect::Report { tag: 2 }]);
+        assert_eq!(l.at(43, Event::Tick), []);
+        // A lapsed follow sends nothing at the end either.
+        assert_eq!(l.at(44, deliver(3, None)), [Effect::Run { tag: 3 }]);
+        assert_eq!(l.at(44, follow(103, 1000)), []);
+        assert_eq!(l.at(46, Event::Tick), []);
+        assert_eq!(l.at(46, ended(3)), [Effect::Report { tag: 3 }]);
+    }
+
+    #[test]
+    fn follows_are_bounded_in_number() {
+        let mut l = launcher(|_, _| {});
+        for task in 0..300 {
+            l.at(1, Event::Message(LauncherMsg::Follow { task, for_ms: 5000 }));
+        }
+        assert_eq!(l.state.followed.len(), MOST_FOLLOWED);
+        l.at(1, Event::Message(LauncherMsg::Follow { task: 0, for_ms: 9000 }));
+        assert_eq!(l.state.followed.len(), MOST_FOLLOWED, "a renewal still counts");
     }
 
     #[test]

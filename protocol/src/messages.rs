@@ -73,6 +73,11 @@ pub enum RequestMsg {
     /// `gleaner close`: an open job takes no more tasks, and ends once
     /// they have; answered with an [`ActionReply`].
     Close { job: JobId },
+    /// `gleaner logs JOB TASK --follow`: the task's output as it is
+    /// printed, for [`FOLLOW_LEASE_MS`] (the asker renews it sooner).
+    /// Answered with an [`ActionReply`] as for a cancel, then with
+    /// [`Followed::Output`] pieces from the job's runner.
+    Follow { job: JobId, task: u64 },
 }
 
 impl Message for RequestMsg {
@@ -82,8 +87,67 @@ impl Message for RequestMsg {
             Self::Cancel { .. } => "cancel",
             Self::AddTasks { .. } => "add_tasks",
             Self::Close { .. } => "close",
+            Self::Follow { .. } => "follow",
         }
     }
+}
+
+/// How long a follow lasts unless renewed: a follower that went away
+/// costs the runner and the launcher this long at most.
+pub const FOLLOW_LEASE_MS: u64 = 10_000;
+
+/// The most bytes of one stream in one [`OutputPiece`]: a task printing
+/// faster than a follower is sent skips ahead.
+pub const MAX_PIECE_BYTES: usize = 64 * 1024;
+
+/// What a follower hears on its direct reply-to: the scheduler's answer
+/// (an [`ActionReply`], whose variants these first three are), then the
+/// task's output as its runner relays it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Followed {
+    Accepted {},
+    NotRunning {},
+    Refused { reason: String },
+    Output(OutputPiece),
+}
+
+impl Message for Followed {
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Output(_) => "output",
+            _ => "action_reply",
+        }
+    }
+}
+
+/// Output a followed task printed since the last piece, from the launcher
+/// running it, through its runner to the followers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutputPiece {
+    pub task: u64,
+    /// The run it is from: a task run again prints from the start.
+    pub attempt: u32,
+    pub stdout: StreamPiece,
+    pub stderr: StreamPiece,
+    /// The run ended: nothing more comes of it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub ended: bool,
+}
+
+impl OutputPiece {
+    /// Within [`MAX_PIECE_BYTES`] a stream: a larger one is forged.
+    pub fn is_bounded(&self) -> bool {
+        self.stdout.data.len() <= MAX_PIECE_BYTES && self.stderr.data.len() <= MAX_PIECE_BYTES
+    }
+}
+
+/// Bytes of a stream, from `offset` (bytes the run printed before them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamPiece {
+    pub offset: u64,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
 }
 
 /// The scheduler's answer to [`RequestMsg::Cancel`], `AddTasks` and `Close`.
@@ -765,6 +829,17 @@ pub enum ControlMsg {
     AddTasks(Addition),
     /// `gleaner close`: no more tasks for an open job.
     Close {},
+    /// `gleaner logs --follow`: relay `task`'s output to the asker.
+    Follow {
+        task: u64,
+        /// The asker's direct reply-to: the AMQP `reply_to` of the message
+        /// that carried this, set by the shell that received it, never read
+        /// from the body (anyone who may write to the queue could fill it).
+        #[serde(skip)]
+        reply_to: Option<String>,
+    },
+    /// Output of a followed task, from the launcher running it.
+    Output(OutputPiece),
     /// The scheduler placed a grid job: the `i`-th of the components its
     /// report says are still to place goes to `clusters[i]` (all of them,
     /// unless one was withdrawn and is placed again).
@@ -938,6 +1013,8 @@ impl Message for ControlMsg {
             Self::Cancel { .. } => "cancel",
             Self::AddTasks(_) => "add_tasks",
             Self::Close {} => "close",
+            Self::Follow { .. } => "follow",
+            Self::Output(_) => "output",
             Self::Place { .. } => "place",
             Self::PlacementFailed { .. } => "placement_failed",
             Self::ComponentEnded(_) => "component_ended",
@@ -1188,6 +1265,9 @@ pub enum LauncherMsg {
     Drain { reason: String },
     /// Report your status now (you have been silent for a while).
     Poll {},
+    /// Send `task`'s output as it is printed, for `for_ms`, if it runs
+    /// here or starts here meanwhile.
+    Follow { task: u64, for_ms: u64 },
 }
 
 impl Message for LauncherMsg {
@@ -1196,6 +1276,7 @@ impl Message for LauncherMsg {
             Self::Preempt { .. } => "preempt",
             Self::Drain { .. } => "drain",
             Self::Poll {} => "poll",
+            Self::Follow { .. } => "follow",
         }
     }
 }
@@ -1453,6 +1534,11 @@ mod tests {
             ControlMsg::StepAside {
                 reason: String::new(),
             },
+            ControlMsg::Follow {
+                task: 0,
+                reply_to: None,
+            },
+            ControlMsg::Output(piece()),
         ]);
         assert_kinds(&[
             LauncherMsg::Preempt {
@@ -1462,6 +1548,7 @@ mod tests {
                 reason: String::new(),
             },
             LauncherMsg::Poll {},
+            LauncherMsg::Follow { task: 0, for_ms: 0 },
         ]);
         assert_kinds(&[
             Event::Progress(report()),
@@ -1473,6 +1560,54 @@ mod tests {
             },
             Event::Cluster(ClusterReport::default()),
         ]);
+    }
+
+    fn piece() -> OutputPiece {
+        OutputPiece {
+            task: 3,
+            attempt: 1,
+            stdout: StreamPiece {
+                offset: 7,
+                data: b"line\n".to_vec(),
+            },
+            stderr: StreamPiece::default(),
+            ended: false,
+        }
+    }
+
+    #[test]
+    fn a_follower_reads_the_schedulers_answer_and_the_pieces_alike() {
+        for (answer, followed) in [
+            (ActionReply::Accepted {}, Followed::Accepted {}),
+            (ActionReply::NotRunning {}, Followed::NotRunning {}),
+            (
+                ActionReply::Refused {
+                    reason: "the job is bob's".into(),
+                },
+                Followed::Refused {
+                    reason: "the job is bob's".into(),
+                },
+            ),
+        ] {
+            let body = crate::codec::encode("scheduler", &answer).unwrap();
+            assert_eq!(crate::codec::decode::<Followed>(&body).unwrap().msg, followed);
+        }
+        let body = crate::codec::encode("runner", &Followed::Output(piece())).unwrap();
+        assert_eq!(
+            crate::codec::decode::<Followed>(&body).unwrap().msg,
+            Followed::Output(piece())
+        );
+    }
+
+    #[test]
+    fn a_follow_never_takes_its_address_from_the_body() {
+        let forged = ControlMsg::Follow {
+            task: 1,
+            reply_to: Some("gleaner.job.x.tasks".into()),
+        };
+        let body = crate::codec::encode("launcher", &forged).unwrap();
+        let decoded = crate::codec::decode::<ControlMsg>(&body).unwrap().msg;
+        assert!(matches!(decoded, ControlMsg::Follow { task: 1, reply_to: None }));
     }
 
     #[test]

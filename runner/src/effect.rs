@@ -3,8 +3,8 @@
 //! shell applies for it.
 
 use gleaner_protocol::{
-    ActionReply, ClusterName, Event, GrantId, KcmMsg, LauncherId, LauncherMsg, ResultMsg,
-    SchedulerMsg, TaskMsg,
+    ActionReply, ClusterName, Event, GrantId, KcmMsg, LauncherId, LauncherMsg, OutputPiece,
+    ResultMsg, SchedulerMsg, TaskMsg,
 };
 
 use crate::{
@@ -37,6 +37,12 @@ pub enum Effect {
     /// To the user who sent the control message being handled (tasks to
     /// add), if they wait for it: whether the job took it, or why not.
     Answer(ActionReply),
+    /// A followed task's output, to its followers' direct reply-to
+    /// addresses; one gone misses it.
+    Relay {
+        to: Vec<String>,
+        piece: Box<OutputPiece>,
+    },
     /// Declares the job's queues, before anything is sent to them.
     DeclareQueues,
     /// Empties the job's task queue: a publication cut short by a crash left

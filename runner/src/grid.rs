@@ -842,9 +842,14 @@ impl Kind for Grid {
             ControlMsg::Shrink { .. }
             | ControlMsg::LauncherUp(_)
             | ControlMsg::LauncherStatus(_)
-            | ControlMsg::LauncherGone { .. } => {
+            | ControlMsg::LauncherGone { .. }
+            | ControlMsg::Output(_) => {
                 debug!("launcher message ignored: this job is a grid job");
                 Vec::new()
+            }
+            ControlMsg::Follow { .. } => {
+                let reason = "a grid job's components' output is in its results once they end (`gleaner logs JOB`)".to_owned();
+                vec![Effect::Answer(ActionReply::Refused { reason })]
             }
             ControlMsg::AddTasks(_) => {
                 let reason = "grid jobs are never open".to_owned();

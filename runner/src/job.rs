@@ -18,7 +18,7 @@ use gleaner_broker::{
 };
 use gleaner_manifest::{JobKind, TaskList};
 use gleaner_protocol::{
-    ControlMsg, Core, JobClaim, JobReport, ResultBatch, Submission, TaskBundle,
+    ControlMsg, Core, Followed, JobClaim, JobReport, ResultBatch, Submission, TaskBundle,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -377,6 +377,7 @@ impl<K: Kind> Shell<K> {
                     .chain(prefetched.flatten())
                     .map(|i| (i.msg, i.reply, i.user));
                 for (msg, reply, sender) in taken.chain(held) {
+                    let msg = addressed(msg, &reply);
                     self.answering = Some(reply);
                     self.handle(JobEvent::Control { msg, sender }, Now::read())
                         .await?;
@@ -424,8 +425,9 @@ impl<K: Kind> Shell<K> {
                     }
                     self.unacked = batch.last().map(Incoming::receipt);
                     for incoming in batch {
+                        let msg = addressed(incoming.msg, &incoming.reply);
                         self.answering = Some(incoming.reply);
-                        let event = JobEvent::Control { msg: incoming.msg, sender: incoming.user };
+                        let event = JobEvent::Control { msg, sender: incoming.user };
                         let handled = self.handle(event, Now::read()).await;
                         self.answering = None;
                         handled?;
@@ -522,6 +524,18 @@ impl<K: Kind> Shell<K> {
                     warn!(error = %e, "cannot answer the sender of tasks to add");
                 }
             }
+            Effect::Relay { to, piece } => {
+                let piece = Followed::Output(*piece);
+                for to in to {
+                    let follower = Reply {
+                        correlation_id: None,
+                        reply_to: Some(to),
+                    };
+                    if let Err(e) = self.publisher.reply(&follower, &piece).await {
+                        debug!(error = %e, "a follower missed a piece of output");
+                    }
+                }
+            }
             Effect::DeclareQueues => {
                 topology::declare_job(self.publisher.channel(), &self.queues).await?;
             }
@@ -574,6 +588,19 @@ impl<K: Kind> Shell<K> {
             }
         }
         Ok(())
+    }
+}
+
+/// A follow with its asker's address: the message's direct reply-to, and
+/// nothing else (the services then post only where the broker routes
+/// replies to a channel waiting for them).
+fn addressed(msg: ControlMsg, reply: &Reply) -> ControlMsg {
+    match msg {
+        ControlMsg::Follow { task, .. } => ControlMsg::Follow {
+            task,
+            reply_to: reply.reply_to.clone().filter(|_| reply.is_direct()),
+        },
+        msg => msg,
     }
 }
 

@@ -142,6 +142,25 @@ impl LauncherTable {
             .fold(0, |all, slots| all.saturating_add(*slots))
     }
 
+    /// The launchers that may run `task`: the one that last said it runs
+    /// it, or, when none did (it started since their last reports), every
+    /// one not leaving.
+    pub fn may_run(&self, task: u64) -> Vec<LauncherId> {
+        let running = self
+            .launchers
+            .iter()
+            .find(|(_, e)| e.running.iter().any(|r| r.task == task));
+        match running {
+            Some((id, _)) => vec![id.clone()],
+            None => self
+                .launchers
+                .iter()
+                .filter(|(_, e)| !e.leaving)
+                .map(|(id, _)| id.clone())
+                .collect(),
+        }
+    }
+
     /// Tasks running on all launchers, as last reported.
     pub fn running_tasks(&self) -> u64 {
         self.launchers

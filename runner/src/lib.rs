@@ -8,6 +8,7 @@
 mod admission;
 mod book;
 mod effect;
+mod follow;
 mod grid;
 mod job;
 mod job_core;

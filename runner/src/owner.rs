@@ -44,7 +44,10 @@ pub fn may_send_control(
     use gleaner_protocol::ControlMsg;
     let from_launcher = matches!(
         msg,
-        ControlMsg::LauncherUp(_) | ControlMsg::LauncherStatus(_) | ControlMsg::LauncherGone { .. }
+        ControlMsg::LauncherUp(_)
+            | ControlMsg::LauncherStatus(_)
+            | ControlMsg::LauncherGone { .. }
+            | ControlMsg::Output(_)
     );
     from_launcher || sender.is_some_and(|sender| sender != launchers)
 }

@@ -19,8 +19,8 @@ use std::{
 use gleaner_manifest::{Addition, FinalWhen, MAX_TASKS, TaskList};
 use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
-    ActionReply, ClusterName, ControlMsg, GrantId, JobReport, JobState, KcmMsg, LauncherInfo,
-    LauncherMsg, ResultMsg, SchedulerMsg, ShrinkMode, TaskBundle, TaskMsg, naming::same_host,
+    ActionReply, ClusterName, ControlMsg, FOLLOW_LEASE_MS, GrantId, JobReport, JobState, KcmMsg,
+    LauncherInfo, LauncherMsg, ResultMsg, SchedulerMsg, ShrinkMode, TaskBundle, TaskMsg, naming::same_host,
 };
 use tracing::{debug, info, warn};
 
@@ -28,6 +28,7 @@ use crate::{
     book::{FinalStatus, Verdict},
     effect::{Effect, Followup, Now},
     job_core::{Job, Kind, Ledger, Opening, Refusal, THROUGHPUT_WINDOW, cancel, index_entry},
+    follow::{Followers, MOST_FOLLOWS},
     launchers::LauncherTable,
     publication::{Feed, FirstAttempts, Publication, TaskMaker, Uptake},
     records::{AddedTasks, FinalOutcome, IndexEntry},
@@ -107,6 +108,8 @@ pub struct Sweep {
     /// that arrives twice is added once) and their tasks' numbers.
     additions: Vec<(u64, std::ops::Range<u64>)>,
     launchers: LauncherTable,
+    /// Who follows which task's output.
+    followers: Followers,
     owed: Vec<OwedShrink>,
     /// When recent tasks finished, for the throughput figure.
     recent: VecDeque<Instant>,
@@ -145,6 +148,7 @@ impl Sweep {
             feed: Feed::new(ledger.manifest().bundle),
             additions,
             launchers: LauncherTable::default(),
+            followers: Followers::default(),
             owed: Vec::new(),
             recent: VecDeque::new(),
             last_news: now.instant,
@@ -297,6 +301,54 @@ impl Sweep {
             Effect::Answer(ActionReply::Accepted {}),
             Effect::Report,
         ]
+    }
+
+    /// `gleaner logs --follow`: `reply_to` follows `task`'s output, and
+    /// the launchers that may run it are asked to send it. A task that
+    /// ended has its output in the results; one not published yet runs
+    /// nowhere (its follower renews until it does).
+    fn follow(
+        &mut self,
+        ledger: &Ledger,
+        task: u64,
+        reply_to: Option<String>,
+        now: Now,
+    ) -> Vec<Effect> {
+        let Some(to) = reply_to else {
+            return Vec::new();
+        };
+        let is_final = ledger.final_task() == Some(task);
+        if task >= self.tasks.len() && !is_final {
+            let reason = format!(
+                "task {task} is not one of the job's: it has {} tasks, numbered from 0",
+                self.tasks.len()
+            );
+            return vec![Effect::Answer(ActionReply::Refused { reason })];
+        }
+        if ledger.book().is_finished(task) {
+            return Vec::new();
+        }
+        if !self.followers.follow(task, to, now.instant) {
+            let reason = format!(
+                "the job's tasks are followed {MOST_FOLLOWS} times already; try again later"
+            );
+            return vec![Effect::Answer(ActionReply::Refused { reason })];
+        }
+        if task >= self.feed.next() && !is_final {
+            return Vec::new();
+        }
+        self.launchers
+            .may_run(task)
+            .into_iter()
+            .map(|launcher| Effect::ToLauncher {
+                launcher,
+                msg: LauncherMsg::Follow {
+                    task,
+                    for_ms: FOLLOW_LEASE_MS,
+                },
+                followup: Followup::Nothing,
+            })
+            .collect()
     }
 
     /// An open job takes no more tasks; it ends once those it has ended.
@@ -672,6 +724,17 @@ impl Kind for Sweep {
                 effects
             }
             ControlMsg::Close {} => self.close(ledger),
+            ControlMsg::Follow { task, reply_to } => self.follow(ledger, task, reply_to, now),
+            ControlMsg::Output(piece) => {
+                let to = self.followers.relay(&piece, now.instant);
+                match to.is_empty() || !piece.is_bounded() {
+                    true => Vec::new(),
+                    false => vec![Effect::Relay {
+                        to,
+                        piece: Box::new(piece),
+                    }],
+                }
+            }
             ControlMsg::Place { .. } => {
                 debug!("placement ignored: already placed, or not for this job");
                 Vec::new()
@@ -1603,6 +1666,84 @@ mod tests {
             }
             _ => None,
         })
+    }
+
+    #[test]
+    fn a_followed_tasks_launcher_is_asked_for_its_output_which_goes_to_its_followers() {
+        use gleaner_protocol::{MAX_PIECE_BYTES, OutputPiece, StreamPiece};
+        let t0 = Instant::now();
+        let (mut sweep, effects) = new_sweep(&manifest(10, 1), t0);
+        let (_, _, completes) = first_publication(&effects).unwrap();
+        sweep.on_published(completes);
+        sweep.on_control(up("l1", "c1", 1), at(t0, 1));
+        sweep.on_control(up("l2", "c1", 2), at(t0, 1));
+        // l2 runs tasks 0 and 1.
+        sweep.on_control(status("l2", "c1", &[0, 0]), at(t0, 1));
+        let to = "amq.rabbitmq.reply-to.abc";
+        let follow = |task| ControlMsg::Follow {
+            task,
+            reply_to: Some(to.into()),
+        };
+        let asked = |effects: Vec<Effect>| -> Vec<(String, u64)> {
+            effects
+                .into_iter()
+                .filter_map(|e| match e {
+                    Effect::ToLauncher {
+                        launcher,
+                        msg: LauncherMsg::Follow { task, .. },
+                        ..
+                    } => Some((launcher.to_string(), task)),
+                    _ => None,
+                })
+                .collect()
+        };
+        assert_eq!(
+            asked(sweep.on_control(follow(1), at(t0, 2))),
+            [("l2".to_owned(), 1)]
+        );
+        // Task 5 runs nowhere a launcher said: every one is asked.
+        assert_eq!(asked(sweep.on_control(follow(5), at(t0, 2))).len(), 2);
+        let piece = |task| OutputPiece {
+            task,
+            attempt: 1,
+            stdout: StreamPiece {
+                offset: 0,
+                data: b"x".to_vec(),
+            },
+            stderr: StreamPiece::default(),
+            ended: false,
+        };
+        let relayed = sweep.on_control(ControlMsg::Output(piece(1)), at(t0, 3));
+        assert!(
+            matches!(&relayed[..], [Effect::Relay { to: followers, .. }] if followers == &[to]),
+            "{relayed:?}"
+        );
+        assert!(
+            sweep
+                .on_control(ControlMsg::Output(piece(2)), at(t0, 3))
+                .is_empty(),
+            "nobody follows task 2"
+        );
+        let mut forged = piece(1);
+        forged.stdout.data = vec![b'x'; MAX_PIECE_BYTES + 1];
+        assert!(
+            sweep
+                .on_control(ControlMsg::Output(forged), at(t0, 3))
+                .is_empty(),
+            "a piece over the bound goes nowhere"
+        );
+        let unaddressed = ControlMsg::Follow {
+            task: 1,
+            reply_to: None,
+        };
+        assert!(sweep.on_control(unaddressed, at(t0, 3)).is_empty());
+        assert!(matches!(
+            &sweep.on_control(follow(10), at(t0, 3))[..],
+            [Effect::Answer(ActionReply::Refused { .. })]
+        ));
+        // An ended task's output is in the results: no launcher is asked.
+        sweep.on_results([result(3, 1, RunStatus::Succeeded)], at(t0, 4));
+        assert!(asked(sweep.on_control(follow(3), at(t0, 4))).is_empty());
     }
 
     #[test]

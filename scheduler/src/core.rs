@@ -72,8 +72,9 @@ pub enum Effect {
     /// Answer the request being handled.
     Reply(Reply),
     /// Send a user's order on to the job's runner (answer with
-    /// [`Event::Forwarded`]); an `answerable` one (tasks to add) is
-    /// answered by the runner itself, once it has recorded the tasks.
+    /// [`Event::Forwarded`]); an `answerable` one carries the asker's
+    /// address on: tasks to add are answered by the runner itself, once it
+    /// has recorded them, and a follow's output goes there.
     Forward {
         job: JobId,
         msg: ControlMsg,
@@ -252,6 +253,17 @@ impl Core for SchedulerCore {
                     // it has recorded them or refused them.
                     Answer::Action(_, Some((job, msg @ ControlMsg::AddTasks(_)))) => {
                         self.forwarding = None;
+                        Effect::Forward {
+                            job,
+                            msg,
+                            answerable: true,
+                        }
+                    }
+                    // A follow carries the asker's address on to the
+                    // runner, which relays the task's output there; the
+                    // asker hears first whether the runner has it.
+                    Answer::Action(reply, Some((job, msg @ ControlMsg::Follow { .. }))) => {
+                        self.forwarding = Some(reply);
                         Effect::Forward {
                             job,
                             msg,
@@ -469,5 +481,48 @@ mod tests {
         );
         let replied = effects(&mut core, Event::Forwarded { arrived: true }, at(t0, 3));
         assert!(replied.is_empty(), "the runner answers: {replied:?}");
+    }
+
+    #[test]
+    fn a_follow_of_a_closed_job_goes_on_with_its_askers_address_and_is_answered() {
+        let t0 = Instant::now();
+        let mut core = core(t0);
+        let report = crate::state::tests::job_report("a", 10);
+        assert!(!report.open);
+        let id = report.job.clone();
+        effects(&mut core, Event::Message(SchedulerMsg::JobUpdate(report)), at(t0, 0));
+        effects(&mut core, Event::HandedOver(None), at(t0, 0));
+        let follow = |user: &str| Event::Request {
+            user: Some(user.into()),
+            request: RequestMsg::Follow {
+                job: id.clone(),
+                task: 4,
+            },
+        };
+        let refused = effects(&mut core, follow("bob"), at(t0, 1));
+        assert!(
+            matches!(
+                &refused[..],
+                [Effect::Reply(Reply::Action(ActionReply::Refused { .. }))]
+            ),
+            "{refused:?}"
+        );
+        let forwarded = effects(&mut core, follow("alice"), at(t0, 2));
+        assert!(
+            matches!(
+                &forwarded[..],
+                [Effect::Forward {
+                    answerable: true,
+                    msg: ControlMsg::Follow { task: 4, .. },
+                    ..
+                }]
+            ),
+            "{forwarded:?}"
+        );
+        let replied = effects(&mut core, Event::Forwarded { arrived: true }, at(t0, 2));
+        assert!(matches!(
+            &replied[..],
+            [Effect::Reply(Reply::Action(ActionReply::Accepted {}))]
+        ));
     }
 }

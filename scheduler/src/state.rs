@@ -407,11 +407,19 @@ impl State {
                 self.act(user, users, job, ControlMsg::AddTasks(addition))
             }
             RequestMsg::Close { job } => self.act(user, users, job, ControlMsg::Close {}),
+            RequestMsg::Follow { job, task } => {
+                let follow = ControlMsg::Follow {
+                    task,
+                    reply_to: None,
+                };
+                self.act(user, users, job, follow)
+            }
         }
     }
 
-    /// A user's cancel, addition or close of `job`: passed on to its runner
-    /// if the job runs, is theirs, and (but for a cancel) is open.
+    /// A user's cancel, addition, close or follow of `job`: passed on to
+    /// its runner if the job runs, is theirs, and (for an addition or a
+    /// close) is open.
     fn act(&self, user: Option<&str>, users: &Users, job: JobId, msg: ControlMsg) -> Answer {
         let report = self
             .jobs
@@ -427,7 +435,7 @@ impl State {
             let reason = format!("the job is {}'s", report.owner);
             return Answer::Action(ActionReply::Refused { reason }, None);
         }
-        if !report.open && !matches!(msg, ControlMsg::Cancel { .. }) {
+        if !report.open && matches!(msg, ControlMsg::AddTasks(_) | ControlMsg::Close {}) {
             let reason = "the job is not open (tasks are added to jobs submitted with `open = true` or `--open`, until they are closed)".to_owned();
             return Answer::Action(ActionReply::Refused { reason }, None);
         }

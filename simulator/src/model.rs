@@ -539,6 +539,8 @@ impl<'a> Sim<'a> {
                     .into_iter()
                     .collect();
             }
+            // Nobody follows a simulated task's output.
+            LauncherMsg::Follow { .. } => {}
         }
         Vec::new()
     }

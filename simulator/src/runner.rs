@@ -163,6 +163,7 @@ impl<K: Kind> Runner<K> {
                 | Effect::Report
                 | Effect::Event(_)
                 | Effect::Answer(_)
+                | Effect::Relay { .. }
                 | Effect::WriteOutputs(_)
                 | Effect::WriteRetried(_)
                 | Effect::WriteFinalOutputs(_)
