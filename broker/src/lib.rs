@@ -22,5 +22,5 @@ pub use error::BrokerError;
 /// hold them.
 pub use lapin::Channel;
 pub use publish::{Publisher, Reply};
-pub use watch::Conversation;
 pub use submission::{IncomingSubmission, Raw};
+pub use watch::Conversation;

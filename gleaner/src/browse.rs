@@ -488,7 +488,9 @@ impl Tee {
         match self.attempt {
             Some(current) if attempt < current => return (None, &[]),
             Some(current) if attempt > current => {
-                note = Some(format!("the task runs again (attempt {attempt}); its output from the start"));
+                note = Some(format!(
+                    "the task runs again (attempt {attempt}); its output from the start"
+                ));
                 (self.printed, self.ended) = (0, false);
             }
             _ => {}
@@ -502,7 +504,9 @@ impl Tee {
             let skipped = piece.offset - self.printed;
             note = Some(match note {
                 Some(note) => format!("{note}; {skipped} bytes before this not shown"),
-                None => format!("{skipped} bytes not shown (`gleaner logs` prints all it kept once the task ends)"),
+                None => format!(
+                    "{skipped} bytes not shown (`gleaner logs` prints all it kept once the task ends)"
+                ),
             });
             self.printed = piece.offset;
         }
@@ -522,7 +526,9 @@ impl Tee {
         match self.attempt {
             None => (None, kept),
             Some(current) if current != attempt => (
-                Some(format!("its last run (attempt {attempt}), as the results kept it")),
+                Some(format!(
+                    "its last run (attempt {attempt}), as the results kept it"
+                )),
                 kept,
             ),
             Some(_) => {
@@ -610,6 +616,48 @@ fn copy_files(from: &Path, to: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_followed_stream_is_printed_once_in_order_with_notes_for_gaps_and_new_runs() {
+        let piece = |offset, data: &str| StreamPiece {
+            offset,
+            data: data.as_bytes().to_vec(),
+        };
+        let mut tee = Tee::default();
+        assert_eq!(tee.take(1, &piece(0, "ab")), (None, &b"ab"[..]));
+        assert_eq!(
+            tee.take(1, &piece(1, "bcd")),
+            (None, &b"cd"[..]),
+            "what overlaps is printed once"
+        );
+        assert_eq!(tee.take(1, &piece(2, "c")), (None, &b""[..]));
+        let far = piece(10, "xy");
+        let (note, data) = tee.take(1, &far);
+        assert!(note.unwrap().starts_with("6 bytes not shown"));
+        assert_eq!(data, b"xy");
+        assert!(!tee.done_with(1));
+        tee.ended = true;
+        assert!(tee.done_with(1));
+        // The task runs again: from its start, after a note.
+        let again = piece(0, "new");
+        let (note, data) = tee.take(2, &again);
+        assert!(note.unwrap().contains("attempt 2"));
+        assert_eq!(data, b"new");
+        assert!(!tee.done_with(2), "that run's last piece has not come");
+        assert_eq!(
+            tee.take(1, &piece(12, "late")),
+            (None, &b""[..]),
+            "an earlier run's late piece"
+        );
+        // At the end: what the results kept of the last run, less what
+        // was printed of it.
+        assert_eq!(tee.rest(2, b"newer"), (None, &b"er"[..]));
+        assert_eq!(tee.rest(2, b"ne"), (None, &b""[..]));
+        let (note, data) = tee.rest(3, b"third");
+        assert!(note.unwrap().contains("attempt 3"));
+        assert_eq!(data, b"third");
+        assert_eq!(Tee::default().rest(1, b"all"), (None, &b"all"[..]));
+    }
 
     fn sweep(tasks: u64) -> Manifest {
         Manifest::from_toml(&format!(

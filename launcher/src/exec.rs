@@ -753,7 +753,8 @@ mod tests {
             ..task("echo early; echo warn >&2; sleep 30", dir.path())
         };
         let (stop, stopped) = watch::channel(false);
-        let running = tokio::spawn(async move { super::run(run, Limits::default(), stopped).await });
+        let running =
+            tokio::spawn(async move { super::run(run, Limits::default(), stopped).await });
         let deadline = Instant::now() + Duration::from_secs(20);
         let [out, err] = loop {
             let [out, err] = streams.since([0, 0]);

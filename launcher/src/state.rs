@@ -512,7 +512,12 @@ impl<E> State<E> {
             held.ended = Some(now);
         }
         if !killed {
-            if ran && self.followed.get(&held.task).is_some_and(|until| *until > now) {
+            if ran
+                && self
+                    .followed
+                    .get(&held.task)
+                    .is_some_and(|until| *until > now)
+            {
                 effects.push(Effect::Tee { tag, last: true });
             }
             effects.push(Effect::Report { tag });
@@ -1112,12 +1117,19 @@ mod tests {
         assert_eq!(l.at(1, deliver(2, None)), [Effect::Run { tag: 2 }]);
         let effects = l.at_ms(1250, Event::Tick);
         assert!(effects.contains(&tee(1)), "{effects:?}");
-        assert!(!effects.contains(&tee(2)), "task 102 is not followed: {effects:?}");
+        assert!(
+            !effects.contains(&tee(2)),
+            "task 102 is not followed: {effects:?}"
+        );
         assert_eq!(l.wakeup(), Some(Duration::from_millis(1500)));
         assert_eq!(l.at_ms(1500, Event::Tick), [tee(1)]);
         // Not renewed: it lapses, and nothing wakes the launcher for it.
         assert_eq!(l.at(11, Event::Tick), []);
-        assert_eq!(l.wakeup(), Some(Duration::from_millis(1_001_250)), "the heartbeat only");
+        assert_eq!(
+            l.wakeup(),
+            Some(Duration::from_millis(1_001_250)),
+            "the heartbeat only"
+        );
         // Followed again while it runs: at once, for 30 s at most.
         assert_eq!(l.at(12, follow(101, u64::MAX)), []);
         assert_eq!(l.wakeup(), Some(Duration::from_secs(12)));
@@ -1126,7 +1138,10 @@ mod tests {
         // Its end sends the rest before the result.
         assert_eq!(
             l.at(41, ended(1)),
-            [Effect::Tee { tag: 1, last: true }, Effect::Report { tag: 1 }]
+            [
+                Effect::Tee { tag: 1, last: true },
+                Effect::Report { tag: 1 }
+            ]
         );
         assert_eq!(l.at(41, ended(2)), [Effect::Report { tag: 2 }]);
         assert_eq!(l.at(43, Event::Tick), []);
@@ -1141,11 +1156,24 @@ mod tests {
     fn follows_are_bounded_in_number() {
         let mut l = launcher(|_, _| {});
         for task in 0..300 {
-            l.at(1, Event::Message(LauncherMsg::Follow { task, for_ms: 5000 }));
+            l.at(
+                1,
+                Event::Message(LauncherMsg::Follow { task, for_ms: 5000 }),
+            );
         }
         assert_eq!(l.state.followed.len(), MOST_FOLLOWED);
-        l.at(1, Event::Message(LauncherMsg::Follow { task: 0, for_ms: 9000 }));
-        assert_eq!(l.state.followed.len(), MOST_FOLLOWED, "a renewal still counts");
+        l.at(
+            1,
+            Event::Message(LauncherMsg::Follow {
+                task: 0,
+                for_ms: 9000,
+            }),
+        );
+        assert_eq!(
+            l.state.followed.len(),
+            MOST_FOLLOWED,
+            "a renewal still counts"
+        );
     }
 
     #[test]

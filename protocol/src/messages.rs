@@ -1590,7 +1590,10 @@ mod tests {
             ),
         ] {
             let body = crate::codec::encode("scheduler", &answer).unwrap();
-            assert_eq!(crate::codec::decode::<Followed>(&body).unwrap().msg, followed);
+            assert_eq!(
+                crate::codec::decode::<Followed>(&body).unwrap().msg,
+                followed
+            );
         }
         let body = crate::codec::encode("runner", &Followed::Output(piece())).unwrap();
         assert_eq!(
@@ -1607,7 +1610,13 @@ mod tests {
         };
         let body = crate::codec::encode("launcher", &forged).unwrap();
         let decoded = crate::codec::decode::<ControlMsg>(&body).unwrap().msg;
-        assert!(matches!(decoded, ControlMsg::Follow { task: 1, reply_to: None }));
+        assert!(matches!(
+            decoded,
+            ControlMsg::Follow {
+                task: 1,
+                reply_to: None
+            }
+        ));
     }
 
     #[test]

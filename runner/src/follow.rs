@@ -81,7 +81,10 @@ mod tests {
         let mut followers = Followers::default();
         assert!(followers.follow(3, "amq.rabbitmq.reply-to.a".into(), at(0)));
         assert!(followers.follow(3, "amq.rabbitmq.reply-to.b".into(), at(5_000)));
-        assert!(followers.relay(&piece(4, false), at(6_000)).is_empty(), "nobody follows 4");
+        assert!(
+            followers.relay(&piece(4, false), at(6_000)).is_empty(),
+            "nobody follows 4"
+        );
         assert_eq!(followers.relay(&piece(3, false), at(6_000)).len(), 2);
         // a's lease ran out; b's did not.
         assert_eq!(
@@ -102,8 +105,14 @@ mod tests {
             assert!(followers.follow(i as u64, format!("amq.rabbitmq.reply-to.{i}"), t0));
         }
         assert!(!followers.follow(999, "amq.rabbitmq.reply-to.x".into(), t0));
-        assert!(followers.follow(0, "amq.rabbitmq.reply-to.0".into(), t0), "a renewal");
+        assert!(
+            followers.follow(0, "amq.rabbitmq.reply-to.0".into(), t0),
+            "a renewal"
+        );
         let later = t0 + Duration::from_millis(FOLLOW_LEASE_MS + 1);
-        assert!(followers.follow(999, "amq.rabbitmq.reply-to.x".into(), later), "lapsed ones make room");
+        assert!(
+            followers.follow(999, "amq.rabbitmq.reply-to.x".into(), later),
+            "lapsed ones make room"
+        );
     }
 }

@@ -20,15 +20,16 @@ use gleaner_manifest::{Addition, FinalWhen, MAX_TASKS, TaskList};
 use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
     ActionReply, ClusterName, ControlMsg, FOLLOW_LEASE_MS, GrantId, JobReport, JobState, KcmMsg,
-    LauncherInfo, LauncherMsg, ResultMsg, SchedulerMsg, ShrinkMode, TaskBundle, TaskMsg, naming::same_host,
+    LauncherInfo, LauncherMsg, ResultMsg, SchedulerMsg, ShrinkMode, TaskBundle, TaskMsg,
+    naming::same_host,
 };
 use tracing::{debug, info, warn};
 
 use crate::{
     book::{FinalStatus, Verdict},
     effect::{Effect, Followup, Now},
-    job_core::{Job, Kind, Ledger, Opening, Refusal, THROUGHPUT_WINDOW, cancel, index_entry},
     follow::{Followers, MOST_FOLLOWS},
+    job_core::{Job, Kind, Ledger, Opening, Refusal, THROUGHPUT_WINDOW, cancel, index_entry},
     launchers::LauncherTable,
     publication::{Feed, FirstAttempts, Publication, TaskMaker, Uptake},
     records::{AddedTasks, FinalOutcome, IndexEntry},

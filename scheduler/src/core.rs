@@ -490,7 +490,11 @@ mod tests {
         let report = crate::state::tests::job_report("a", 10);
         assert!(!report.open);
         let id = report.job.clone();
-        effects(&mut core, Event::Message(SchedulerMsg::JobUpdate(report)), at(t0, 0));
+        effects(
+            &mut core,
+            Event::Message(SchedulerMsg::JobUpdate(report)),
+            at(t0, 0),
+        );
         effects(&mut core, Event::HandedOver(None), at(t0, 0));
         let follow = |user: &str| Event::Request {
             user: Some(user.into()),

@@ -779,3 +779,81 @@ fn a_retried_tasks_failed_attempt_can_be_read_while_it_runs_again() {
     assert!(said.contains("attempt 1 failed (exit code 3)"), "{said}");
     assert!(g.run(&["cancel", &job]).status.success());
 }
+
+/// A child's stdout as it comes, gathered by a thread of its own.
+fn gathering(child: &mut std::process::Child) -> std::sync::Arc<std::sync::Mutex<String>> {
+    use std::io::Read;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let mut out = child.stdout.take().expect("piped stdout");
+    let sink = seen.clone();
+    std::thread::spawn(move || {
+        let mut buffer = [0u8; 4096];
+        while let Ok(n) = out.read(&mut buffer) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buffer[..n]));
+        }
+    });
+    seen
+}
+
+/// `gleaner logs --follow` shows a running task's output as it is printed
+/// (each task below cannot end before the test has seen its first line),
+/// every byte once, until the task ends; a task followed before it starts
+/// shows once it does; a follower that goes away costs the job nothing.
+#[test]
+fn a_running_tasks_output_is_followed_as_it_is_printed() {
+    let mut g = gleaner("follow");
+    g.up(1);
+    let gate = g.path().join("release");
+    let manifest = sweep(
+        "followed",
+        2,
+        &format!(
+            "echo before {{n}}; while [ ! -e {gate}{{n}} ]; do sleep 0.1; done; echo after {{n}}",
+            gate = gate.display()
+        ),
+    );
+    let job = g.submit(&manifest);
+    let mut first = g.client(&["logs", &job, "0", "--follow"]);
+    let mut second = g.client(&["logs", &job, "1", "--follow"]);
+    let mut quitter = g.client(&["logs", &job, "0", "-f"]);
+    let (seen_first, seen_second, seen_quitter) = (
+        gathering(&mut first),
+        gathering(&mut second),
+        gathering(&mut quitter),
+    );
+    wait_for("task 0's first line, while it runs", MINUTE, || {
+        seen_first.lock().unwrap().contains("before 1\n")
+            && seen_quitter.lock().unwrap().contains("before 1\n")
+    });
+    assert!(g.index(&job).is_empty(), "no task could have ended");
+    quitter.kill().unwrap();
+    quitter.wait().unwrap();
+    std::fs::write(format!("{}1", gate.display()), "").unwrap();
+    let output = finish(first, MINUTE);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(*seen_first.lock().unwrap(), "before 1\nafter 1\n");
+
+    // Task 1 was followed from before it started (one slot: after task 0).
+    wait_for("task 1's first line, while it runs", MINUTE, || {
+        seen_second.lock().unwrap().contains("before 2\n")
+    });
+    assert_eq!(g.index(&job).len(), 1, "task 1 runs on");
+    std::fs::write(format!("{}2", gate.display()), "").unwrap();
+    let output = finish(second, MINUTE);
+    assert!(output.status.success(), "{output:?}");
+    assert_eq!(*seen_second.lock().unwrap(), "before 2\nafter 2\n");
+    assert_eq!(g.wait_for_end(&job, MINUTE), "done");
+    g.assert_all_done_once(&job, 2);
+
+    // An ended task's output, followed: printed from the results at once.
+    let ended = g.run(&["logs", &job, "1", "--follow"]);
+    assert_eq!(
+        String::from_utf8_lossy(&ended.stdout),
+        "before 2\nafter 2\n"
+    );
+}
