@@ -129,6 +129,13 @@ exp_scale() {
     "$bench" scale --tasks "${SCALE:-20000,1000000}" --slots 8
 }
 
+exp_follow() {
+    echo "## gleaner logs --follow: a running task's lines (one every 0.1 s, 30 s) from its printing to the follower"
+    echo "| lines | first line after the follower started (s) | median (ms) | p95 (ms) | p99 (ms) | slowest (ms) |"
+    echo "|---|---|---|---|---|---|"
+    "$bench" follow
+}
+
 exp_memory() {
     echo "## memory"
     echo "| process | RSS (KiB) | private (KiB) |"
@@ -215,7 +222,7 @@ exp_fairness() {
 }
 
 experiments=(seed000_table_4_1 seed000_table_4_2 seed000_table_4_3 seed004_figure_4_4
-    makespan throughput hyperqueue scale launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness simulator plots)
+    makespan throughput hyperqueue scale follow launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness simulator plots)
 
 if [ "${1:-}" = --list ]; then
     printf '%s\n' "${experiments[@]//_/-}"

@@ -6,6 +6,7 @@ mod chaos;
 mod decide;
 mod fairness;
 mod figures;
+mod follow;
 mod hq;
 mod inbox;
 mod measure;
@@ -67,6 +68,12 @@ enum Bench {
         #[arg(long, value_delimiter = ',', default_value = "20000,1000000")]
         tasks: Vec<u32>,
         #[arg(long, default_value_t = 8)]
+        slots: u32,
+    },
+    /// `gleaner logs --follow` of a running task: how long its lines take
+    /// to arrive.
+    Follow {
+        #[arg(long, default_value_t = 2)]
         slots: u32,
     },
     /// Launchers of one job at scale: the services' and the broker's CPU
@@ -299,6 +306,7 @@ fn main() -> anyhow::Result<()> {
             rounds::throughput(&gleaner_binary()?, &plan)
         }
         Bench::Scale { tasks, slots } => scale::scale(&gleaner_binary()?, &tasks, slots),
+        Bench::Follow { slots } => follow::follow(&gleaner_binary()?, slots),
         Bench::LauncherScale {
             launchers,
             window,

@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_protocol::{Captured, MAX_PIECE_BYTES, OutputFile, RunStatus, StreamPiece};
+use gleaner_protocol::{Captured, OutputFile, RunStatus, StreamPiece};
 use nix::{
     sys::signal::{Signal, killpg},
     unistd::Pid,
@@ -98,26 +98,10 @@ impl Streams {
     /// What stdout and stderr printed from these offsets on.
     pub fn since(&self, from: [u64; 2]) -> [StreamPiece; 2] {
         let piece = |tail: &Arc<Mutex<Tail>>, from| match tail.lock() {
-            Ok(tail) => piece_since(&tail.data, tail.dropped, from),
+            Ok(tail) => StreamPiece::since(&tail.data, tail.dropped, from),
             Err(_) => StreamPiece::default(),
         };
         [piece(&self.stdout, from[0]), piece(&self.stderr, from[1])]
-    }
-}
-
-/// The bytes of a stream from offset `from` on, given the last bytes kept
-/// (`data`) and how many came before them: at most [`MAX_PIECE_BYTES`],
-/// the last ones (a follower far behind skips ahead).
-pub fn piece_since(data: &[u8], dropped: u64, from: u64) -> StreamPiece {
-    let end = dropped.saturating_add(data.len() as u64);
-    let start = from
-        .max(dropped)
-        .max(end.saturating_sub(MAX_PIECE_BYTES as u64))
-        .min(end);
-    let skip = usize::try_from(start - dropped).unwrap_or(data.len());
-    StreamPiece {
-        offset: start,
-        data: data.get(skip..).unwrap_or_default().to_vec(),
     }
 }
 
@@ -726,22 +710,6 @@ mod tests {
 
     fn never() -> watch::Receiver<bool> {
         watch::channel(false).1
-    }
-
-    #[test]
-    fn a_piece_is_what_came_since_and_no_more_than_its_bound() {
-        let piece = |data: &[u8], dropped, from| {
-            let p = piece_since(data, dropped, from);
-            (p.offset, p.data.len())
-        };
-        assert_eq!(piece(b"hello", 0, 0), (0, 5));
-        assert_eq!(piece(b"hello", 0, 3), (3, 2));
-        assert_eq!(piece(b"hello", 0, 5), (5, 0));
-        assert_eq!(piece(b"hello", 0, 9), (5, 0), "never past the end");
-        assert_eq!(piece(b"hello", 100, 0), (100, 5), "from what is kept");
-        assert_eq!(piece(b"hello", 100, 102), (102, 3));
-        let big = vec![b'x'; MAX_PIECE_BYTES + 10];
-        assert_eq!(piece(&big, 0, 0), (10, MAX_PIECE_BYTES), "the last of it");
     }
 
     #[tokio::test]

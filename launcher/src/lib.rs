@@ -845,7 +845,7 @@ impl Shell {
                     self.spawn(tag, run);
                 }
             }
-            Effect::Tee { tag, last } => self.tee(tag, last).await,
+            Effect::Tee { tag } => self.tee(tag).await,
             Effect::Report { tag } => {
                 if let Some(Held {
                     task,
@@ -941,22 +941,16 @@ impl Shell {
         }
     }
 
-    /// Sends a followed task's output since the last piece to its job's
-    /// runner, which relays it to the followers; at the run's end, the
-    /// rest of it from the outcome. Followers may miss a piece: a failure
-    /// costs nothing else.
-    async fn tee(&mut self, tag: u64, last: bool) {
+    /// Sends a followed running task's output since the last piece to its
+    /// job's runner, which relays it to the followers (the end of a run
+    /// goes with its result). Followers may miss a piece: a failure costs
+    /// nothing else.
+    async fn tee(&mut self, tag: u64) {
         let Some(teed) = self.teed.get_mut(&tag) else {
             return;
         };
-        let [stdout, stderr] = match self.held.get(&tag).and_then(|h| h.outcome.as_ref()) {
-            Some(outcome) if last => [
-                exec::piece_since(&outcome.stdout.data, outcome.stdout.dropped, teed.sent[0]),
-                exec::piece_since(&outcome.stderr.data, outcome.stderr.dropped, teed.sent[1]),
-            ],
-            _ => teed.streams.since(teed.sent),
-        };
-        if !last && stdout.data.is_empty() && stderr.data.is_empty() {
+        let [stdout, stderr] = teed.streams.since(teed.sent);
+        if stdout.data.is_empty() && stderr.data.is_empty() {
             return;
         }
         teed.sent = [&stdout, &stderr].map(|p| p.offset + p.data.len() as u64);
@@ -965,7 +959,7 @@ impl Shell {
             attempt: teed.attempt,
             stdout,
             stderr,
-            ended: last,
+            ended: false,
         });
         let sent = self
             .shared

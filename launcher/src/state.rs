@@ -114,9 +114,9 @@ pub enum Effect<E> {
     StopTasks,
     /// Tell the job's runner what runs here.
     SendStatus(Status),
-    /// Send the output the task printed since the last time to its
-    /// followers; `last`: its run ended (by itself), and this is the rest.
-    Tee { tag: u64, last: bool },
+    /// Send the output the running task printed since the last time to
+    /// its followers (the rest goes with its result).
+    Tee { tag: u64 },
     /// Leave: no task is left and no delivery can arrive any more.
     Leave(Result<Exit, E>),
 }
@@ -512,14 +512,6 @@ impl<E> State<E> {
             held.ended = Some(now);
         }
         if !killed {
-            if ran
-                && self
-                    .followed
-                    .get(&held.task)
-                    .is_some_and(|until| *until > now)
-            {
-                effects.push(Effect::Tee { tag, last: true });
-            }
             effects.push(Effect::Report { tag });
         } else if self.abandoned.is_some() {
             self.forget(tag, now);
@@ -618,7 +610,7 @@ impl<E> State<E> {
         self.followed.retain(|_, until| *until > now);
         for (&tag, held) in &self.held {
             if held.phase == Phase::Running && self.followed.contains_key(&held.task) {
-                effects.push(Effect::Tee { tag, last: false });
+                effects.push(Effect::Tee { tag });
             }
         }
         self.next_tee = match self.followed.is_empty() {
@@ -1106,9 +1098,9 @@ mod tests {
     }
 
     #[test]
-    fn a_followed_tasks_output_goes_while_followed_and_its_rest_at_its_end() {
+    fn a_followed_tasks_output_goes_while_it_runs_and_is_followed() {
         let follow = |task, for_ms| Event::Message(LauncherMsg::Follow { task, for_ms });
-        let tee = |tag| Effect::Tee { tag, last: false };
+        let tee = |tag| Effect::Tee { tag };
         let mut l = launcher(|config, _| config.heartbeat = Duration::from_secs(1000));
         // Followed before it starts here: looked at a moment later.
         assert_eq!(l.at(1, follow(101, 10_000)), []);
@@ -1135,21 +1127,10 @@ mod tests {
         assert_eq!(l.wakeup(), Some(Duration::from_secs(12)));
         assert_eq!(l.at(12, Event::Tick), [tee(1)]);
         assert_eq!(l.at(41, Event::Tick), [tee(1)]);
-        // Its end sends the rest before the result.
-        assert_eq!(
-            l.at(41, ended(1)),
-            [
-                Effect::Tee { tag: 1, last: true },
-                Effect::Report { tag: 1 }
-            ]
-        );
+        // The rest goes with the result.
+        assert_eq!(l.at(41, ended(1)), [Effect::Report { tag: 1 }]);
         assert_eq!(l.at(41, ended(2)), [Effect::Report { tag: 2 }]);
         assert_eq!(l.at(43, Event::Tick), []);
-        // A lapsed follow sends nothing at the end either.
-        assert_eq!(l.at(44, deliver(3, None)), [Effect::Run { tag: 3 }]);
-        assert_eq!(l.at(44, follow(103, 1000)), []);
-        assert_eq!(l.at(46, Event::Tick), []);
-        assert_eq!(l.at(46, ended(3)), [Effect::Report { tag: 3 }]);
     }
 
     #[test]

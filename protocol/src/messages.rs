@@ -150,6 +150,30 @@ pub struct StreamPiece {
     pub data: Vec<u8>,
 }
 
+impl StreamPiece {
+    /// The bytes of a stream from offset `from` on, given the last bytes
+    /// kept (`data`) and how many came before them: at most
+    /// [`MAX_PIECE_BYTES`], the last ones (a follower far behind skips
+    /// ahead).
+    pub fn since(data: &[u8], dropped: u64, from: u64) -> Self {
+        let end = dropped.saturating_add(data.len() as u64);
+        let start = from
+            .max(dropped)
+            .max(end.saturating_sub(MAX_PIECE_BYTES as u64))
+            .min(end);
+        let skip = usize::try_from(start - dropped).unwrap_or(data.len());
+        Self {
+            offset: start,
+            data: data.get(skip..).unwrap_or_default().to_vec(),
+        }
+    }
+
+    /// The end of what a run kept of a stream, as a piece.
+    pub fn rest_of(captured: &Captured) -> Self {
+        Self::since(&captured.data, captured.dropped, 0)
+    }
+}
+
 /// The scheduler's answer to [`RequestMsg::Cancel`], `AddTasks` and `Close`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -1600,6 +1624,22 @@ mod tests {
             crate::codec::decode::<Followed>(&body).unwrap().msg,
             Followed::Output(piece())
         );
+    }
+
+    #[test]
+    fn a_piece_is_what_came_since_and_no_more_than_its_bound() {
+        let piece = |data: &[u8], dropped, from| {
+            let p = StreamPiece::since(data, dropped, from);
+            (p.offset, p.data.len())
+        };
+        assert_eq!(piece(b"hello", 0, 0), (0, 5));
+        assert_eq!(piece(b"hello", 0, 3), (3, 2));
+        assert_eq!(piece(b"hello", 0, 5), (5, 0));
+        assert_eq!(piece(b"hello", 0, 9), (5, 0), "never past the end");
+        assert_eq!(piece(b"hello", 100, 0), (100, 5), "from what is kept");
+        assert_eq!(piece(b"hello", 100, 102), (102, 3));
+        let big = vec![b'x'; MAX_PIECE_BYTES + 10];
+        assert_eq!(piece(&big, 0, 0), (10, MAX_PIECE_BYTES), "the last of it");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_protocol::{FOLLOW_LEASE_MS, OutputPiece};
+use gleaner_protocol::FOLLOW_LEASE_MS;
 
 /// Follows of one job at once at most: each costs its launcher a message
 /// every quarter second while the task prints.
@@ -35,13 +35,17 @@ impl Followers {
         true
     }
 
-    /// Where a piece goes: its task's followers. A run's last piece ends
-    /// their follows (a follower of a task that runs again renews).
-    pub fn relay(&mut self, piece: &OutputPiece, now: Instant) -> Vec<String> {
+    /// Where a piece of `task`'s output goes: its followers. A run's last
+    /// piece (`ended`) ends their follows (a follower of a task that runs
+    /// again renews).
+    pub fn relay(&mut self, task: u64, ended: bool, now: Instant) -> Vec<String> {
+        if self.by_task.is_empty() {
+            return Vec::new();
+        }
         self.lapse(now);
-        let to = match piece.ended {
-            true => self.by_task.remove(&piece.task).unwrap_or_default(),
-            false => self.by_task.get(&piece.task).cloned().unwrap_or_default(),
+        let to = match ended {
+            true => self.by_task.remove(&task).unwrap_or_default(),
+            false => self.by_task.get(&task).cloned().unwrap_or_default(),
         };
         to.into_keys().collect()
     }
@@ -60,19 +64,7 @@ impl Followers {
 
 #[cfg(test)]
 mod tests {
-    use gleaner_protocol::StreamPiece;
-
     use super::*;
-
-    fn piece(task: u64, ended: bool) -> OutputPiece {
-        OutputPiece {
-            task,
-            attempt: 1,
-            stdout: StreamPiece::default(),
-            stderr: StreamPiece::default(),
-            ended,
-        }
-    }
 
     #[test]
     fn pieces_go_to_their_tasks_followers_while_their_leases_last() {
@@ -82,19 +74,19 @@ mod tests {
         assert!(followers.follow(3, "amq.rabbitmq.reply-to.a".into(), at(0)));
         assert!(followers.follow(3, "amq.rabbitmq.reply-to.b".into(), at(5_000)));
         assert!(
-            followers.relay(&piece(4, false), at(6_000)).is_empty(),
+            followers.relay(4, false, at(6_000)).is_empty(),
             "nobody follows 4"
         );
-        assert_eq!(followers.relay(&piece(3, false), at(6_000)).len(), 2);
+        assert_eq!(followers.relay(3, false, at(6_000)).len(), 2);
         // a's lease ran out; b's did not.
         assert_eq!(
-            followers.relay(&piece(3, false), at(FOLLOW_LEASE_MS + 1)),
+            followers.relay(3, false, at(FOLLOW_LEASE_MS + 1)),
             ["amq.rabbitmq.reply-to.b"]
         );
         // Renewed, then the run's last piece ends the follow.
         assert!(followers.follow(3, "amq.rabbitmq.reply-to.b".into(), at(12_000)));
-        assert_eq!(followers.relay(&piece(3, true), at(13_000)).len(), 1);
-        assert!(followers.relay(&piece(3, false), at(13_000)).is_empty());
+        assert_eq!(followers.relay(3, true, at(13_000)).len(), 1);
+        assert!(followers.relay(3, false, at(13_000)).is_empty());
     }
 
     #[test]

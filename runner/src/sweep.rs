@@ -20,8 +20,8 @@ use gleaner_manifest::{Addition, FinalWhen, MAX_TASKS, TaskList};
 use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
     ActionReply, ClusterName, ControlMsg, FOLLOW_LEASE_MS, GrantId, JobReport, JobState, KcmMsg,
-    LauncherInfo, LauncherMsg, ResultMsg, SchedulerMsg, ShrinkMode, TaskBundle, TaskMsg,
-    naming::same_host,
+    LauncherInfo, LauncherMsg, OutputPiece, ResultMsg, SchedulerMsg, ShrinkMode, StreamPiece,
+    TaskBundle, TaskMsg, naming::same_host,
 };
 use tracing::{debug, info, warn};
 
@@ -352,6 +352,22 @@ impl Sweep {
             .collect()
     }
 
+    /// A run of a followed task ended: the end of its output, from its
+    /// result, goes to the followers before its index line is written.
+    fn last_piece(&mut self, result: &ResultMsg, now: Instant) -> Option<Effect> {
+        let to = self.followers.relay(result.task, true, now);
+        (!to.is_empty()).then(|| Effect::Relay {
+            to,
+            piece: Box::new(OutputPiece {
+                task: result.task,
+                attempt: result.attempt,
+                stdout: StreamPiece::rest_of(&result.stdout),
+                stderr: StreamPiece::rest_of(&result.stderr),
+                ended: true,
+            }),
+        })
+    }
+
     /// An open job takes no more tasks; it ends once those it has ended.
     fn close(&mut self, ledger: &mut Ledger) -> Vec<Effect> {
         if !ledger.takes_tasks() {
@@ -571,7 +587,11 @@ impl Kind for Sweep {
                 effects.extend(self.on_final_result(ledger, result, &mut retries));
                 continue;
             }
-            match ledger.judge(&result) {
+            let verdict = ledger.judge(&result);
+            if verdict != Verdict::Duplicate {
+                effects.extend(self.last_piece(&result, now.instant));
+            }
+            match verdict {
                 Verdict::Final(status) => {
                     entries.push(self.entry(ledger, result.task, status, Some(&result)));
                     if ledger.finish(result.task, status) {
@@ -727,7 +747,7 @@ impl Kind for Sweep {
             ControlMsg::Close {} => self.close(ledger),
             ControlMsg::Follow { task, reply_to } => self.follow(ledger, task, reply_to, now),
             ControlMsg::Output(piece) => {
-                let to = self.followers.relay(&piece, now.instant);
+                let to = self.followers.relay(piece.task, piece.ended, now.instant);
                 match to.is_empty() || !piece.is_bounded() {
                     true => Vec::new(),
                     false => vec![Effect::Relay {
@@ -1745,6 +1765,32 @@ mod tests {
         // An ended task's output is in the results: no launcher is asked.
         sweep.on_results([result(3, 1, RunStatus::Succeeded)], at(t0, 4));
         assert!(asked(sweep.on_control(follow(3), at(t0, 4))).is_empty());
+        // A followed task's end: the end of its output goes to its
+        // followers from its result, before its index line.
+        let mut printed = result(1, 1, RunStatus::Succeeded);
+        printed.stdout.data = b"the end\n".to_vec();
+        printed.stdout.dropped = 9;
+        let effects = sweep.on_results([printed], at(t0, 5));
+        let Some(Effect::Relay {
+            to: followers,
+            piece: last,
+        }) = effects.first()
+        else {
+            panic!("{effects:?}");
+        };
+        assert_eq!(followers, &[to]);
+        assert!(last.ended);
+        assert_eq!(
+            (last.stdout.offset, &last.stdout.data[..]),
+            (9, &b"the end\n"[..])
+        );
+        assert!(matches!(effects[1], Effect::WriteOutputs(_)), "{effects:?}");
+        assert!(
+            sweep
+                .on_control(ControlMsg::Output(piece(1)), at(t0, 5))
+                .is_empty(),
+            "the follow ended with the run"
+        );
     }
 
     #[test]
