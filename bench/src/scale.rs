@@ -25,7 +25,8 @@ struct Peaks {
     up_kib: u64,
     ready: u64,
     queue_bytes: u64,
-    /// The slowest answer of `gleaner status JOB` while the job ran.
+    /// The slowest answer of `gleaner status JOB` while the job ran, once
+    /// the scheduler knew it.
     status_s: f64,
 }
 
@@ -54,6 +55,7 @@ pub fn scale(exe: &Path, sizes: &[u32], slots: u32) -> anyhow::Result<()> {
         let job = g.submit(&sweep("scale", tasks, "/usr/bin/true"));
         let queue = format!("gleaner.job.{job}.tasks");
         let mut peaks = Peaks::default();
+        let mut known = false;
         let started = Instant::now();
         let timeout = Duration::from_secs(4 * 3600);
         loop {
@@ -74,11 +76,14 @@ pub fn scale(exe: &Path, sizes: &[u32], slots: u32) -> anyhow::Result<()> {
             peaks.broker_kib = peaks.broker_kib.max(memory_kib(broker).0);
             peaks.broker_disk = peaks.broker_disk.max(dir_bytes(Path::new(BROKER_DATA)));
             peaks.up_kib = peaks.up_kib.max(memory_kib(up).0);
+            // Timed once the scheduler knows the job: before its runner's
+            // first report, `status JOB` asks again a second later.
             let asked = Instant::now();
             let answered = g.run(&["status", &job]).status.success();
-            if answered {
+            if answered && known {
                 peaks.status_s = peaks.status_s.max(asked.elapsed().as_secs_f64());
             }
+            known |= answered;
             std::thread::sleep(Duration::from_secs(1));
         }
         let makespan = makespan_of_success(&g.job_file(&job).context("job.json")?)?;
