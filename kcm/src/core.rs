@@ -634,12 +634,22 @@ impl KcmCore {
                 grace_ms,
             } => self.preempt_components(job, &signal, grace_ms),
             KcmMsg::SubmitComponent(spec) => {
+                // A batch system that runs components as their owner has
+                // them submitted as the owner's account: the order says
+                // whose the job is, whatever an earlier reading adopted.
+                let account = self.account_of(&spec.owner);
+                if let Some(name) = account.clone() {
+                    self.accounts
+                        .insert(spec.job.clone(), JobAccount { name, ended: false });
+                }
                 // The order again (the kcm died before it acked it): the
-                // component is in the batch system already.
+                // component is in the batch system already, submitted by
+                // gleaner (a job of that name by anyone else is theirs).
                 let there = self.last.components.iter().any(|c| {
                     c.job == spec.job
                         && c.component == spec.component
                         && !self.withdrawn.contains(&c.id)
+                        && (c.owner == self.config.account || account.as_ref() == Some(&c.owner))
                 });
                 if there {
                     info!(job = %spec.job, component = spec.component, "grid component already submitted; the order came again");
@@ -650,13 +660,6 @@ impl KcmCore {
                             cluster: self.config.cluster.clone(),
                         },
                     }];
-                }
-                // A batch system that runs components as their owner has
-                // them submitted as the owner's account.
-                let account = self.account_of(&spec.owner);
-                if let Some(name) = account.clone() {
-                    self.accounts
-                        .insert(spec.job.clone(), JobAccount { name, ended: false });
                 }
                 let unseen: Vec<String> = spec
                     .inputs
@@ -3126,6 +3129,43 @@ mod tests {
             "alice's is the job's; bob's is his own local job"
         );
         assert_eq!(r.local_slots, 1);
+    }
+
+    /// Bob names a job of his like a component of Alice's grid job before
+    /// the kcm's first reading, which adopts it for want of an order: her
+    /// order still has her component submitted, and his is never taken
+    /// for it (nor withdrawn as hers waiting too long).
+    #[test]
+    fn a_component_named_by_another_before_the_first_reading_is_not_the_jobs() {
+        let clock = Clock::new();
+        let mut kcm = many_users();
+        let h = job("h");
+        let bobs = named("10", &h, Some(0), "bob", false);
+        poll(&mut kcm, reading(vec![bobs.clone()]), clock.at(0));
+        let submit = KcmMsg::SubmitComponent(ComponentSpec {
+            needs: Default::default(),
+            owner: "alice@lab".into(),
+            ..spec(&h, 0, 1)
+        });
+        let effects = message(&mut kcm, submit, clock.at(0));
+        assert!(
+            effects
+                .iter()
+                .any(|e| matches!(e, Effect::SubmitComponent { .. })),
+            "{effects:?}"
+        );
+        let effects = poll(&mut kcm, reading(vec![bobs]), clock.at(120_000));
+        assert!(removed(&effects).is_empty(), "{effects:?}");
+        assert!(
+            !effects.iter().any(|e| matches!(
+                e,
+                Effect::Tell {
+                    message: ControlMsg::ComponentWithdrawn { .. },
+                    ..
+                }
+            )),
+            "{effects:?}"
+        );
     }
 
     #[test]
