@@ -378,7 +378,8 @@ const LAST_PIECE_PATIENCE: Duration = Duration::from_secs(2);
 /// `gleaner logs JOB TASK --follow`: the task's output as its launcher
 /// reads it, through the job's runner (asked again every
 /// [`RENEW_FOLLOW`]), until the index says it ended; then the rest of it
-/// from the results. Without a broker, the output shows when it ends.
+/// from the results (on a host that does not see them, until a run's end).
+/// Without a broker, the output shows when it ends.
 async fn follow_task(
     settings: &Settings,
     job: &str,
@@ -424,6 +425,11 @@ async fn follow_task(
                         return Ok(());
                     }
                     tee.ended |= piece.ended;
+                    // Where this host does not see the job's results, a
+                    // run's end is the end of what can be shown.
+                    if piece.ended && !dir.exists() {
+                        return Ok(());
+                    }
                 }
                 Ok(Followed::Refused { reason }) => {
                     return Err(CliError::Unsuccessful(Some(format!("cannot follow task {task} of {job}: {reason}"))));
