@@ -11,7 +11,7 @@ use gleaner_manifest::{JobId, JobIdError, Manifest, Rerun, TaskList, TaskSet};
 use serde_json::Value;
 
 use gleaner_broker::{Conversation, topology::REQUEST};
-use gleaner_protocol::{Followed, RequestMsg, StreamPiece};
+use gleaner_protocol::{Followed, OutputPiece, RequestMsg, StreamPiece};
 
 use crate::{client, error::CliError, output::Output, settings::Settings};
 
@@ -207,6 +207,9 @@ struct RunLine {
     /// In the index: the runs made, the last one's number.
     #[serde(default)]
     attempts: u32,
+    /// In the index: the preemptions before the last run.
+    #[serde(default)]
+    preemptions: u32,
     #[serde(default)]
     exit_code: Option<i32>,
     #[serde(default)]
@@ -394,6 +397,12 @@ async fn follow_task(
     let connection = client::connect(settings).await;
     let mut answers = match &connection {
         Ok(connection) => Some(connection.converse::<Followed>().await?),
+        Err(e) if !dir.exists() => {
+            return Err(CliError::Unreachable(format!(
+                "{e}, and {}",
+                not_here_text(dir)
+            )));
+        }
         Err(e) => {
             eprintln!("[gleaner: {e}; the output shows once the task ends]");
             None
@@ -415,16 +424,24 @@ async fn follow_task(
                 }
             }
             answer = next_answer(&mut answers) => match answer {
+                // The task had ended when the runner was asked: its output
+                // is in the results, where this host may not see them.
+                Ok(Followed::Output(piece)) if piece.task == task && piece.attempt == 0 => {
+                    if !dir.exists() {
+                        return Err(not_here(dir));
+                    }
+                }
                 Ok(Followed::Output(piece)) if piece.task == task => {
+                    let run = Run::of(&piece);
                     let stream = if stderr { &piece.stderr } else { &piece.stdout };
-                    let (note, data) = tee.take(piece.attempt, stream);
+                    let (note, data) = tee.take(run, stream);
                     if let Some(note) = note {
                         eprintln!("[gleaner: {note}]");
                     }
                     if !emit(data) {
                         return Ok(());
                     }
-                    tee.ended |= piece.ended;
+                    tee.ended |= piece.ended && tee.run == Some(run);
                     // Where this host does not see the job's results, a
                     // run's end is the end of what can be shown.
                     if piece.ended && !dir.exists() {
@@ -440,17 +457,24 @@ async fn follow_task(
                 }
                 Ok(_) => {}
                 Err(e) => {
+                    if !dir.exists() {
+                        return Err(CliError::Unreachable(format!("{e}, and {}", not_here_text(dir))));
+                    }
                     eprintln!("[gleaner: {e}; the output shows once the task ends]");
                     answers = None;
                 }
             },
             _ = look.tick() => {
-                let Some(run) = ended_run(dir, task)? else { continue };
+                let Some(line) = ended_run(dir, task)? else { continue };
+                let last = (line.attempts, line.preemptions);
+                if tee.done_with(last) {
+                    return Ok(());
+                }
                 let waited = ended_at.get_or_insert_with(std::time::Instant::now).elapsed();
-                if tee.done_with(run.attempts) || waited >= LAST_PIECE_PATIENCE || answers.is_none() {
-                    if let Some(span) = run.stream(stderr) {
+                if waited >= LAST_PIECE_PATIENCE || answers.is_none() {
+                    if let Some(span) = line.stream(stderr) {
                         let data = OutputLog::open(dir)?.read(span)?;
-                        let (note, rest) = tee.rest(run.attempts, &data);
+                        let (note, rest) = tee.rest(last, &data);
                         if let Some(note) = note {
                             eprintln!("[gleaner: {note}]");
                         }
@@ -461,6 +485,18 @@ async fn follow_task(
             }
         }
     }
+}
+
+/// A follower on a host that does not see the job's results.
+fn not_here(dir: &Path) -> CliError {
+    CliError::Unsuccessful(Some(not_here_text(dir)))
+}
+
+fn not_here_text(dir: &Path) -> String {
+    format!(
+        "the task has ended and its output is in {}, which this host does not see (`--dir` says where it is)",
+        dir.display()
+    )
 }
 
 /// The next answer of a follow, while there is a broker to hear it from.
@@ -477,31 +513,59 @@ async fn next_answer(
     }
 }
 
+/// One run of a task: its attempt and the preemptions before it, and the
+/// launcher running it (a task redelivered elsewhere runs again with the
+/// same attempt).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Run {
+    attempt: u32,
+    preemptions: u32,
+    launcher: u64,
+}
+
+impl Run {
+    fn of(piece: &OutputPiece) -> Self {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        piece.launcher.hash(&mut hasher);
+        Self {
+            attempt: piece.attempt,
+            preemptions: piece.preemptions,
+            launcher: hasher.finish(),
+        }
+    }
+
+    fn order(self) -> (u32, u32) {
+        (self.attempt, self.preemptions)
+    }
+}
+
 /// What of a followed task's stream has been printed: of which run, how
 /// far, and whether that run's last piece came.
 #[derive(Debug, Default)]
 struct Tee {
-    attempt: Option<u32>,
+    run: Option<Run>,
     printed: u64,
     ended: bool,
 }
 
 impl Tee {
-    /// What to print of a piece of run `attempt`: its new bytes, after a
-    /// note when it starts another run or skips some.
-    fn take<'a>(&mut self, attempt: u32, piece: &'a StreamPiece) -> (Option<String>, &'a [u8]) {
+    /// What to print of a piece of `run`: its new bytes, after a note when
+    /// it starts another run or skips some; nothing of an earlier run.
+    fn take<'a>(&mut self, run: Run, piece: &'a StreamPiece) -> (Option<String>, &'a [u8]) {
         let mut note = None;
-        match self.attempt {
-            Some(current) if attempt < current => return (None, &[]),
-            Some(current) if attempt > current => {
+        match self.run {
+            Some(current) if run.order() < current.order() => return (None, &[]),
+            Some(current) if run != current => {
                 note = Some(format!(
-                    "the task runs again (attempt {attempt}); its output from the start"
+                    "the task runs again (attempt {}); its output from the start",
+                    run.attempt
                 ));
                 (self.printed, self.ended) = (0, false);
             }
             _ => {}
         }
-        self.attempt = Some(attempt);
+        self.run = Some(run);
         let end = piece.offset.saturating_add(piece.data.len() as u64);
         if end <= self.printed {
             return (note, &[]);
@@ -521,27 +585,58 @@ impl Tee {
         (note, piece.data.get(skip..).unwrap_or_default())
     }
 
-    /// Whether everything run `attempt` printed has been: its last piece came.
-    fn done_with(&self, attempt: u32) -> bool {
-        self.ended && self.attempt == Some(attempt)
+    /// Whether the run the index names last (`(attempt, preemptions)`) was
+    /// printed to its end: its last piece came.
+    fn done_with(&self, last: (u32, u32)) -> bool {
+        self.ended && self.run.is_some_and(|run| run.order() == last)
     }
 
-    /// What to print of the stream the results kept of the last run
-    /// (`attempt`), once the task ended: what was not printed yet of it.
-    fn rest<'a>(&self, attempt: u32, kept: &'a [u8]) -> (Option<String>, &'a [u8]) {
-        match self.attempt {
+    /// What to print, once the task ended without its last piece here,
+    /// of what the results kept of its last run: what was not printed of
+    /// it (the kept part of a long stream starts with a line saying how
+    /// many bytes came before it).
+    fn rest<'a>(&self, last: (u32, u32), kept: &'a [u8]) -> (Option<String>, &'a [u8]) {
+        match self.run {
             None => (None, kept),
-            Some(current) if current != attempt => (
+            Some(run) if run.order() != last => (
                 Some(format!(
-                    "its last run (attempt {attempt}), as the results kept it"
+                    "its last run (attempt {}), as the results kept it",
+                    last.0
                 )),
                 kept,
             ),
             Some(_) => {
-                let printed = usize::try_from(self.printed).unwrap_or(usize::MAX);
-                (None, kept.get(printed..).unwrap_or_default())
+                let (dropped, data) = without_dropped_note(kept);
+                match self.printed.checked_sub(dropped) {
+                    Some(printed) => {
+                        let printed = usize::try_from(printed).unwrap_or(usize::MAX);
+                        (None, data.get(printed..).unwrap_or_default())
+                    }
+                    None => (
+                        Some(format!("{} bytes not shown", dropped - self.printed)),
+                        data,
+                    ),
+                }
             }
         }
+    }
+}
+
+/// A kept stream's bytes dropped before it, from the line that starts it
+/// (`runner::results`), and the stream after that line.
+fn without_dropped_note(kept: &[u8]) -> (u64, &[u8]) {
+    const NOTE: &[u8] = b"[gleaner: the first ";
+    let Some(after) = kept.strip_prefix(NOTE) else {
+        return (0, kept);
+    };
+    let digits = after.iter().take_while(|b| b.is_ascii_digit()).count();
+    let dropped = std::str::from_utf8(&after[..digits])
+        .ok()
+        .and_then(|n| n.parse().ok());
+    let line_end = kept.iter().position(|&b| b == b'\n');
+    match (dropped, line_end) {
+        (Some(dropped), Some(end)) => (dropped, &kept[end + 1..]),
+        _ => (0, kept),
     }
 }
 
@@ -629,40 +724,65 @@ mod tests {
             offset,
             data: data.as_bytes().to_vec(),
         };
+        let run = |attempt, preemptions, launcher: &str| {
+            Run::of(&OutputPiece {
+                task: 0,
+                attempt,
+                preemptions,
+                launcher: launcher.into(),
+                stdout: StreamPiece::default(),
+                stderr: StreamPiece::default(),
+                ended: false,
+            })
+        };
+        let first = run(1, 0, "l1");
         let mut tee = Tee::default();
-        assert_eq!(tee.take(1, &piece(0, "ab")), (None, &b"ab"[..]));
+        assert_eq!(tee.take(first, &piece(0, "ab")), (None, &b"ab"[..]));
         assert_eq!(
-            tee.take(1, &piece(1, "bcd")),
+            tee.take(first, &piece(1, "bcd")),
             (None, &b"cd"[..]),
             "what overlaps is printed once"
         );
-        assert_eq!(tee.take(1, &piece(2, "c")), (None, &b""[..]));
+        assert_eq!(tee.take(first, &piece(2, "c")), (None, &b""[..]));
         let far = piece(10, "xy");
-        let (note, data) = tee.take(1, &far);
+        let (note, data) = tee.take(first, &far);
         assert!(note.unwrap().starts_with("6 bytes not shown"));
         assert_eq!(data, b"xy");
-        assert!(!tee.done_with(1));
+        assert!(!tee.done_with((1, 0)));
         tee.ended = true;
-        assert!(tee.done_with(1));
-        // The task runs again: from its start, after a note.
-        let again = piece(0, "new");
-        let (note, data) = tee.take(2, &again);
-        assert!(note.unwrap().contains("attempt 2"));
-        assert_eq!(data, b"new");
-        assert!(!tee.done_with(2), "that run's last piece has not come");
+        assert!(tee.done_with((1, 0)));
+        // Preempted, or redelivered to another launcher: the same attempt
+        // runs again, from its start, after a note.
+        for again in [run(1, 1, "l2"), run(1, 1, "l3")] {
+            let start = piece(0, "new");
+            let (note, data) = tee.take(again, &start);
+            assert!(note.unwrap().contains("runs again"));
+            assert_eq!(data, b"new");
+        }
+        assert!(!tee.done_with((1, 1)), "that run's last piece has not come");
         assert_eq!(
-            tee.take(1, &piece(12, "late")),
+            tee.take(first, &piece(12, "late")),
             (None, &b""[..]),
             "an earlier run's late piece"
         );
-        // At the end: what the results kept of the last run, less what
-        // was printed of it.
-        assert_eq!(tee.rest(2, b"newer"), (None, &b"er"[..]));
-        assert_eq!(tee.rest(2, b"ne"), (None, &b""[..]));
-        let (note, data) = tee.rest(3, b"third");
-        assert!(note.unwrap().contains("attempt 3"));
+        // At the end without its last piece: what the results kept of the
+        // last run, less what was printed of it.
+        assert_eq!(tee.rest((1, 1), b"newer"), (None, &b"er"[..]));
+        assert_eq!(tee.rest((1, 1), b"ne"), (None, &b""[..]));
+        let (note, data) = tee.rest((2, 1), b"third");
+        assert!(note.unwrap().contains("attempt 2"));
         assert_eq!(data, b"third");
-        assert_eq!(Tee::default().rest(1, b"all"), (None, &b"all"[..]));
+        assert_eq!(Tee::default().rest((1, 0), b"all"), (None, &b"all"[..]));
+        // A long stream's kept part starts with how many bytes came before.
+        let mut long = Tee::default();
+        long.take(first, &piece(100, "0123456789"));
+        let kept = b"[gleaner: the first 104 bytes of this stream were dropped; the last 6 follow]\n456789";
+        assert_eq!(long.rest((1, 0), kept), (None, &b""[..]));
+        let mut behind = Tee::default();
+        behind.take(first, &piece(0, "ab"));
+        let (note, data) = behind.rest((1, 0), kept);
+        assert!(note.unwrap().starts_with("102 bytes"));
+        assert_eq!(data, b"456789");
     }
 
     fn sweep(tasks: u64) -> Manifest {

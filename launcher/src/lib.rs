@@ -582,6 +582,7 @@ struct Shell {
 struct Teed {
     task: u64,
     attempt: u32,
+    preemptions: u32,
     streams: exec::Streams,
     /// Offsets of stdout and stderr sent so far.
     sent: [u64; 2],
@@ -837,6 +838,7 @@ impl Shell {
                     let teed = Teed {
                         task: held.task.task,
                         attempt: held.task.attempt,
+                        preemptions: held.task.preemptions,
                         streams: streams.clone(),
                         sent: [0, 0],
                     };
@@ -957,6 +959,8 @@ impl Shell {
         let piece = ControlMsg::Output(OutputPiece {
             task: teed.task,
             attempt: teed.attempt,
+            preemptions: teed.preemptions,
+            launcher: self.shared.config.id.to_string(),
             stdout,
             stderr,
             ended: false,

@@ -126,8 +126,14 @@ impl Message for Followed {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutputPiece {
     pub task: u64,
-    /// The run it is from: a task run again prints from the start.
+    /// The run it is from, with `preemptions` and `launcher`: a task run
+    /// again (retried, preempted, or redelivered elsewhere) prints from
+    /// the start.
     pub attempt: u32,
+    #[serde(default)]
+    pub preemptions: u32,
+    #[serde(default)]
+    pub launcher: String,
     pub stdout: StreamPiece,
     pub stderr: StreamPiece,
     /// The run ended: nothing more comes of it.
@@ -1590,6 +1596,8 @@ mod tests {
         OutputPiece {
             task: 3,
             attempt: 1,
+            preemptions: 0,
+            launcher: "c1-7".into(),
             stdout: StreamPiece {
                 offset: 7,
                 data: b"line\n".to_vec(),

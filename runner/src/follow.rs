@@ -14,11 +14,19 @@ use gleaner_protocol::FOLLOW_LEASE_MS;
 /// every quarter second while the task prints.
 pub const MOST_FOLLOWS: usize = 64;
 
+/// Launchers asked at most for one task whose launcher is not known (it
+/// started since their reports): beyond, its launcher's next report
+/// names it.
+pub const MOST_ASKED: usize = 64;
+
 /// The follows of one job: for each task, its followers' direct reply-to
 /// addresses and when their leases end.
 #[derive(Debug, Default)]
 pub struct Followers {
     by_task: BTreeMap<u64, BTreeMap<String, Instant>>,
+    /// When the launchers were last asked to send each followed task's
+    /// output.
+    asked: BTreeMap<u64, Instant>,
 }
 
 impl Followers {
@@ -50,6 +58,20 @@ impl Followers {
         to.into_keys().collect()
     }
 
+    /// Whether `task`'s launchers are to be asked (again) now: not within
+    /// the last half lease, when they still follow it.
+    pub fn ask_due(&mut self, task: u64, now: Instant) -> bool {
+        let again = Duration::from_millis(FOLLOW_LEASE_MS / 2);
+        let due = self
+            .asked
+            .get(&task)
+            .is_none_or(|at| now.saturating_duration_since(*at) >= again);
+        if due {
+            self.asked.insert(task, now);
+        }
+        due
+    }
+
     fn count(&self) -> usize {
         self.by_task.values().map(BTreeMap::len).sum()
     }
@@ -59,6 +81,8 @@ impl Followers {
             followers.retain(|_, until| *until > now);
         }
         self.by_task.retain(|_, followers| !followers.is_empty());
+        let by_task = &self.by_task;
+        self.asked.retain(|task, _| by_task.contains_key(task));
     }
 }
 
@@ -87,6 +111,21 @@ mod tests {
         assert!(followers.follow(3, "amq.rabbitmq.reply-to.b".into(), at(12_000)));
         assert_eq!(followers.relay(3, true, at(13_000)).len(), 1);
         assert!(followers.relay(3, false, at(13_000)).is_empty());
+    }
+
+    #[test]
+    fn launchers_are_asked_again_once_half_their_follow_passed() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let mut followers = Followers::default();
+        followers.follow(3, "amq.rabbitmq.reply-to.a".into(), at(0));
+        assert!(followers.ask_due(3, at(0)));
+        assert!(!followers.ask_due(3, at(3_000)), "a renewal 3 s on");
+        assert!(followers.ask_due(3, at(FOLLOW_LEASE_MS / 2)));
+        // Once nobody follows, the next follow asks at once.
+        followers.relay(3, true, at(6_000));
+        followers.follow(3, "amq.rabbitmq.reply-to.a".into(), at(6_000));
+        assert!(followers.ask_due(3, at(6_000)));
     }
 
     #[test]

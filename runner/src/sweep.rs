@@ -28,7 +28,7 @@ use tracing::{debug, info, warn};
 use crate::{
     book::{FinalStatus, Verdict},
     effect::{Effect, Followup, Now},
-    follow::{Followers, MOST_FOLLOWS},
+    follow::{Followers, MOST_ASKED, MOST_FOLLOWS},
     job_core::{Job, Kind, Ledger, Opening, Refusal, THROUGHPUT_WINDOW, cancel, index_entry},
     launchers::LauncherTable,
     publication::{Feed, FirstAttempts, Publication, TaskMaker, Uptake},
@@ -305,9 +305,10 @@ impl Sweep {
     }
 
     /// `gleaner logs --follow`: `reply_to` follows `task`'s output, and
-    /// the launchers that may run it are asked to send it. A task that
-    /// ended has its output in the results; one not published yet runs
-    /// nowhere (its follower renews until it does).
+    /// the launchers that may run it are asked to send it (again once
+    /// half their follow has passed; at most [`MOST_ASKED`] of them). A
+    /// task that ended has its output in the results; one not published
+    /// yet runs nowhere (its follower renews until it does).
     fn follow(
         &mut self,
         ledger: &Ledger,
@@ -318,8 +319,12 @@ impl Sweep {
         let Some(to) = reply_to else {
             return Vec::new();
         };
-        let is_final = ledger.final_task() == Some(task);
-        if task >= self.tasks.len() && !is_final {
+        if ledger.final_task() == Some(task) {
+            let reason =
+                "the final step's output is in the job's final/ directory once it ends".to_owned();
+            return vec![Effect::Answer(ActionReply::Refused { reason })];
+        }
+        if task >= self.tasks.len() {
             let reason = format!(
                 "task {task} is not one of the job's: it has {} tasks, numbered from 0",
                 self.tasks.len()
@@ -327,7 +332,21 @@ impl Sweep {
             return vec![Effect::Answer(ActionReply::Refused { reason })];
         }
         if ledger.book().is_finished(task) {
-            return Vec::new();
+            // Its output is in the results; the follower hears it ended
+            // (it may be where the results are not).
+            let ended = OutputPiece {
+                task,
+                attempt: 0,
+                preemptions: 0,
+                launcher: String::new(),
+                stdout: StreamPiece::default(),
+                stderr: StreamPiece::default(),
+                ended: true,
+            };
+            return vec![Effect::Relay {
+                to: vec![to],
+                piece: Box::new(ended),
+            }];
         }
         if !self.followers.follow(task, to, now.instant) {
             let reason = format!(
@@ -335,12 +354,15 @@ impl Sweep {
             );
             return vec![Effect::Answer(ActionReply::Refused { reason })];
         }
-        if task >= self.feed.next() && !is_final {
+        // Not published yet, it runs nowhere; asked lately, the launchers
+        // follow it still.
+        if task >= self.feed.next() || !self.followers.ask_due(task, now.instant) {
             return Vec::new();
         }
         self.launchers
             .may_run(task)
             .into_iter()
+            .take(MOST_ASKED)
             .map(|launcher| Effect::ToLauncher {
                 launcher,
                 msg: LauncherMsg::Follow {
@@ -361,6 +383,8 @@ impl Sweep {
             piece: Box::new(OutputPiece {
                 task: result.task,
                 attempt: result.attempt,
+                preemptions: result.preemptions,
+                launcher: result.launcher.to_string(),
                 stdout: StreamPiece::rest_of(&result.stdout),
                 stderr: StreamPiece::rest_of(&result.stderr),
                 ended: true,
@@ -746,9 +770,9 @@ impl Kind for Sweep {
             }
             ControlMsg::Close {} => self.close(ledger),
             ControlMsg::Follow { task, reply_to } => self.follow(ledger, task, reply_to, now),
-            ControlMsg::Output(piece) => {
-                let to = self.followers.relay(piece.task, piece.ended, now.instant);
-                match to.is_empty() || !piece.is_bounded() {
+            ControlMsg::Output(piece) if piece.is_bounded() && !piece.ended => {
+                let to = self.followers.relay(piece.task, false, now.instant);
+                match to.is_empty() {
                     true => Vec::new(),
                     false => vec![Effect::Relay {
                         to,
@@ -756,6 +780,9 @@ impl Kind for Sweep {
                     }],
                 }
             }
+            // A run's end comes from its result; a piece that says
+            // otherwise, or is over the bound, is forged.
+            ControlMsg::Output(_) => Vec::new(),
             ControlMsg::Place { .. } => {
                 debug!("placement ignored: already placed, or not for this job");
                 Vec::new()
@@ -1727,6 +1754,8 @@ mod tests {
         let piece = |task| OutputPiece {
             task,
             attempt: 1,
+            preemptions: 0,
+            launcher: "l2".into(),
             stdout: StreamPiece {
                 offset: 0,
                 data: b"x".to_vec(),
@@ -1753,6 +1782,21 @@ mod tests {
                 .is_empty(),
             "a piece over the bound goes nowhere"
         );
+        let mut forged_end = piece(1);
+        forged_end.ended = true;
+        assert!(
+            sweep
+                .on_control(ControlMsg::Output(forged_end), at(t0, 3))
+                .is_empty(),
+            "a run's end comes from its result"
+        );
+        assert_eq!(
+            sweep
+                .on_control(ControlMsg::Output(piece(1)), at(t0, 3))
+                .len(),
+            1,
+            "the follow goes on"
+        );
         let unaddressed = ControlMsg::Follow {
             task: 1,
             reply_to: None,
@@ -1762,9 +1806,16 @@ mod tests {
             &sweep.on_control(follow(10), at(t0, 3))[..],
             [Effect::Answer(ActionReply::Refused { .. })]
         ));
-        // An ended task's output is in the results: no launcher is asked.
+        // An ended task's output is in the results: no launcher is asked,
+        // and its follower hears it ended.
         sweep.on_results([result(3, 1, RunStatus::Succeeded)], at(t0, 4));
-        assert!(asked(sweep.on_control(follow(3), at(t0, 4))).is_empty());
+        let effects = sweep.on_control(follow(3), at(t0, 4));
+        assert!(
+            matches!(&effects[..], [Effect::Relay { piece, .. }] if piece.ended),
+            "{effects:?}"
+        );
+        // Renewals within half a lease ask no launcher again.
+        assert!(asked(sweep.on_control(follow(1), at(t0, 4))).is_empty());
         // A followed task's end: the end of its output goes to its
         // followers from its result, before its index line.
         let mut printed = result(1, 1, RunStatus::Succeeded);
