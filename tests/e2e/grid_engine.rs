@@ -193,9 +193,17 @@ fn a_restarted_kcm_adopts_the_running_placeholders_on_every_host() {
     g.start("scheduler", &["scheduler"]);
     g.start("runner", &["runner"]);
     let kcm = g.start("kcm", &["kcm", "--cluster", "c1"]);
-    // Four-second tasks: all six placeholders run together for about 16 s,
-    // long enough to be seen by `qstat` on a busy machine.
-    let job = g.submit(&sweep("adopted", 24, "sleep 4; echo {n}"));
+    // Tasks wait for `go`: all six placeholders run until the test has
+    // seen the new kcm adopt them, however slowly a busy machine goes.
+    let go = g.path().join("go");
+    let job = g.submit(&sweep(
+        "adopted",
+        24,
+        &format!(
+            "while [ ! -e {} ]; do sleep 0.2; done; echo {{n}}",
+            go.display()
+        ),
+    ));
     wait_for("six launchers", MINUTE, || {
         placeholders(&queues, queue, &job, 'r') == 6
     });
@@ -212,10 +220,8 @@ fn a_restarted_kcm_adopts_the_running_placeholders_on_every_host() {
     g.start("kcm2", &["kcm", "--cluster", "c1"]);
 
     let mut arrays = BTreeSet::new();
-    let mut adopted = false;
-    wait_for("the job to end", 3 * MINUTE, || {
-        arrays.extend(arrays_named(&queues, queue, &name));
-        adopted |= g.status().is_some_and(|s| {
+    let adopted = || {
+        g.status().is_some_and(|s| {
             s["clusters"].as_array().into_iter().flatten().any(|c| {
                 c["report"]["cluster"] == "c1"
                     && c["report"]["jobs"][&job]["running"].as_u64() > Some(0)
@@ -226,10 +232,21 @@ fn a_restarted_kcm_adopts_the_running_placeholders_on_every_host() {
                             == 3
                     })
             })
-        });
+        })
+    };
+    wait_for(
+        "the new kcm to report the job's placeholders on every host",
+        2 * MINUTE,
+        || {
+            arrays.extend(arrays_named(&queues, queue, &name));
+            adopted()
+        },
+    );
+    std::fs::write(&go, "").expect("go");
+    wait_for("the job to end", 3 * MINUTE, || {
+        arrays.extend(arrays_named(&queues, queue, &name));
         g.job_state(&job).as_deref() == Some("done")
     });
-    assert!(adopted, "the new kcm reported the job's placeholders");
     assert_eq!(
         arrays.len(),
         1,
