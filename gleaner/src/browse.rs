@@ -434,14 +434,14 @@ async fn follow_task(
                 Ok(Followed::Output(piece)) if piece.task == task => {
                     let run = Run::of(&piece);
                     let stream = if stderr { &piece.stderr } else { &piece.stdout };
-                    let (note, data) = tee.take(run, stream);
+                    let (note, data) = tee.take(&run, stream);
                     if let Some(note) = note {
                         eprintln!("[gleaner: {note}]");
                     }
                     if !emit(data) {
                         return Ok(());
                     }
-                    tee.ended |= piece.ended && tee.run == Some(run);
+                    tee.ended |= piece.ended && tee.run.as_ref() == Some(&run);
                     // Where this host does not see the job's results, a
                     // run's end is the end of what can be shown.
                     if piece.ended && !dir.exists() {
@@ -516,26 +516,23 @@ async fn next_answer(
 /// One run of a task: its attempt and the preemptions before it, and the
 /// launcher running it (a task redelivered elsewhere runs again with the
 /// same attempt).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Run {
     attempt: u32,
     preemptions: u32,
-    launcher: u64,
+    launcher: String,
 }
 
 impl Run {
     fn of(piece: &OutputPiece) -> Self {
-        use std::hash::{Hash, Hasher};
-        let mut hasher = std::collections::hash_map::DefaultHasher::new();
-        piece.launcher.hash(&mut hasher);
         Self {
             attempt: piece.attempt,
             preemptions: piece.preemptions,
-            launcher: hasher.finish(),
+            launcher: piece.launcher.clone(),
         }
     }
 
-    fn order(self) -> (u32, u32) {
+    fn order(&self) -> (u32, u32) {
         (self.attempt, self.preemptions)
     }
 }
@@ -552,9 +549,9 @@ struct Tee {
 impl Tee {
     /// What to print of a piece of `run`: its new bytes, after a note when
     /// it starts another run or skips some; nothing of an earlier run.
-    fn take<'a>(&mut self, run: Run, piece: &'a StreamPiece) -> (Option<String>, &'a [u8]) {
+    fn take<'a>(&mut self, run: &Run, piece: &'a StreamPiece) -> (Option<String>, &'a [u8]) {
         let mut note = None;
-        match self.run {
+        match &self.run {
             Some(current) if run.order() < current.order() => return (None, &[]),
             Some(current) if run != current => {
                 note = Some(format!(
@@ -565,7 +562,7 @@ impl Tee {
             }
             _ => {}
         }
-        self.run = Some(run);
+        self.run = Some(run.clone());
         let end = piece.offset.saturating_add(piece.data.len() as u64);
         if end <= self.printed {
             return (note, &[]);
@@ -588,7 +585,7 @@ impl Tee {
     /// Whether the run the index names last (`(attempt, preemptions)`) was
     /// printed to its end: its last piece came.
     fn done_with(&self, last: (u32, u32)) -> bool {
-        self.ended && self.run.is_some_and(|run| run.order() == last)
+        self.ended && self.run.as_ref().is_some_and(|run| run.order() == last)
     }
 
     /// What to print, once the task ended without its last piece here,
@@ -596,7 +593,7 @@ impl Tee {
     /// it (the kept part of a long stream starts with a line saying how
     /// many bytes came before it).
     fn rest<'a>(&self, last: (u32, u32), kept: &'a [u8]) -> (Option<String>, &'a [u8]) {
-        match self.run {
+        match &self.run {
             None => (None, kept),
             Some(run) if run.order() != last => (
                 Some(format!(
@@ -737,15 +734,15 @@ mod tests {
         };
         let first = run(1, 0, "l1");
         let mut tee = Tee::default();
-        assert_eq!(tee.take(first, &piece(0, "ab")), (None, &b"ab"[..]));
+        assert_eq!(tee.take(&first, &piece(0, "ab")), (None, &b"ab"[..]));
         assert_eq!(
-            tee.take(first, &piece(1, "bcd")),
+            tee.take(&first, &piece(1, "bcd")),
             (None, &b"cd"[..]),
             "what overlaps is printed once"
         );
-        assert_eq!(tee.take(first, &piece(2, "c")), (None, &b""[..]));
+        assert_eq!(tee.take(&first, &piece(2, "c")), (None, &b""[..]));
         let far = piece(10, "xy");
-        let (note, data) = tee.take(first, &far);
+        let (note, data) = tee.take(&first, &far);
         assert!(note.unwrap().starts_with("6 bytes not shown"));
         assert_eq!(data, b"xy");
         assert!(!tee.done_with((1, 0)));
@@ -755,13 +752,13 @@ mod tests {
         // runs again, from its start, after a note.
         for again in [run(1, 1, "l2"), run(1, 1, "l3")] {
             let start = piece(0, "new");
-            let (note, data) = tee.take(again, &start);
+            let (note, data) = tee.take(&again, &start);
             assert!(note.unwrap().contains("runs again"));
             assert_eq!(data, b"new");
         }
         assert!(!tee.done_with((1, 1)), "that run's last piece has not come");
         assert_eq!(
-            tee.take(first, &piece(12, "late")),
+            tee.take(&first, &piece(12, "late")),
             (None, &b""[..]),
             "an earlier run's late piece"
         );
@@ -775,11 +772,11 @@ mod tests {
         assert_eq!(Tee::default().rest((1, 0), b"all"), (None, &b"all"[..]));
         // A long stream's kept part starts with how many bytes came before.
         let mut long = Tee::default();
-        long.take(first, &piece(100, "0123456789"));
+        long.take(&first, &piece(100, "0123456789"));
         let kept = b"[gleaner: the first 104 bytes of this stream were dropped; the last 6 follow]\n456789";
         assert_eq!(long.rest((1, 0), kept), (None, &b""[..]));
         let mut behind = Tee::default();
-        behind.take(first, &piece(0, "ab"));
+        behind.take(&first, &piece(0, "ab"));
         let (note, data) = behind.rest((1, 0), kept);
         assert!(note.unwrap().starts_with("102 bytes"));
         assert_eq!(data, b"456789");
