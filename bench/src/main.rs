@@ -69,6 +69,9 @@ enum Bench {
         tasks: Vec<u32>,
         #[arg(long, default_value_t = 8)]
         slots: u32,
+        /// Slots a launcher holds (`launcher_slots` of the local cluster).
+        #[arg(long, default_value_t = 1)]
+        launcher_slots: u32,
     },
     /// `gleaner logs --follow` of a running task: how long its lines take
     /// to arrive.
@@ -305,7 +308,11 @@ fn main() -> anyhow::Result<()> {
             };
             rounds::throughput(&gleaner_binary()?, &plan)
         }
-        Bench::Scale { tasks, slots } => scale::scale(&gleaner_binary()?, &tasks, slots),
+        Bench::Scale {
+            tasks,
+            slots,
+            launcher_slots,
+        } => scale::scale(&gleaner_binary()?, &tasks, slots, launcher_slots),
         Bench::Follow { slots } => follow::follow(&gleaner_binary()?, slots),
         Bench::LauncherScale {
             launchers,

@@ -45,11 +45,19 @@ fn dir_bytes(dir: &Path) -> u64 {
         .sum()
 }
 
-pub fn scale(exe: &Path, sizes: &[u32], slots: u32) -> anyhow::Result<()> {
+/// `launcher_slots` is the slots a launcher holds: one is `gleaner up`'s
+/// default; more make fewer, bigger launchers, each with one connection.
+pub fn scale(exe: &Path, sizes: &[u32], slots: u32, launcher_slots: u32) -> anyhow::Result<()> {
     let broker = broker_pid().context("no beam.smp process: is RabbitMQ local?")?;
     for &tasks in sizes {
         let mut g = Gleaner::new(&format!("bench-scale-{tasks}"), exe);
-        let up = g.up(slots);
+        g.write(
+            "gleaner.toml",
+            &format!(
+                "[[cluster]]\nname = \"local\"\nbackend = \"local\"\nslots = {slots}\nlauncher_slots = {launcher_slots}\n"
+            ),
+        );
+        let up = g.start("up", &["up"]);
         wait_until_serving(&g);
         let (broker_idle, disk_idle) = (memory_kib(broker).0, dir_bytes(Path::new(BROKER_DATA)));
         let job = g.submit(&sweep("scale", tasks, "/usr/bin/true"));
@@ -89,10 +97,12 @@ pub fn scale(exe: &Path, sizes: &[u32], slots: u32) -> anyhow::Result<()> {
         let makespan = makespan_of_success(&g.job_file(&job).context("job.json")?)?;
         let mib = |kib: u64| kib as f64 / 1024.0;
         println!(
-            "| {tasks} | {slots} | {makespan:.1} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.2} |",
+            "| {tasks} | {} × {launcher_slots} | {makespan:.1} | {:.0} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {:.2} |",
+            slots / launcher_slots.max(1),
             f64::from(tasks) / makespan,
             peaks.ready,
             peaks.queue_bytes as f64 / 1048576.0,
+            mib(peaks.broker_kib),
             mib(peaks.broker_kib.saturating_sub(broker_idle)),
             peaks.broker_disk.saturating_sub(disk_idle) as f64 / 1048576.0,
             mib(peaks.up_kib),

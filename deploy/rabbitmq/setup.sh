@@ -73,6 +73,11 @@ if command -v rabbitmqctl >/dev/null 2>&1; then
     fi
     # At runtime too, for a broker that was already running with the default (30 min).
     as_root rabbitmqctl -q eval 'application:set_env(rabbit, consumer_timeout, 604800000).' >/dev/null
+    # The quorum queues' write-ahead log is sized when the broker starts.
+    wal=$(as_root rabbitmqctl -q eval 'application:get_env(ra, wal_max_size_bytes).' 2>/dev/null || true)
+    if [ "$wal" != "{ok,67108864}" ]; then
+        log "note: this broker keeps up to 512 MiB of quorum-queue log in memory (raft.wal_max_size_bytes); $here/50-gleaner.conf bounds it at 64 MiB from its next start"
+    fi
     # "Interface: [::], port: 15672, protocol: http, purpose: HTTP API"
     exposed=$(as_root rabbitmq-diagnostics -q listeners 2>/dev/null |
         sed -n 's/^Interface: \(.*\), port: \([0-9]*\),.*/\1 \2/p' |
