@@ -123,10 +123,22 @@ exp_launcher_scale() {
 }
 
 exp_scale() {
-    echo "## sweeps at scale: no-op tasks through gleaner up, peaks sampled every second (SCALE=20000,10000000 for the full comparison)"
-    echo "| tasks | slots | makespan (s) | tasks/s | task queue: most ready | most message bytes (MiB) | broker memory added (MiB) | broker data added (MiB) | gleaner up RSS (MiB) | files and directories made | slowest gleaner status JOB (s) |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|"
-    "$bench" scale --tasks "${SCALE:-20000,1000000}" --slots 8
+    echo "## sweeps at scale: no-op tasks through gleaner up, peaks sampled every second (SCALE=20000,10000000 for the full comparison; LAUNCHER_SLOTS=8 for one launcher of eight slots)"
+    echo "| tasks | launchers × slots | makespan (s) | tasks/s | task queue: most ready | most message bytes (MiB) | broker memory (MiB) | broker memory added (MiB) | broker data added (MiB) | gleaner up RSS (MiB) | files and directories made | slowest gleaner status JOB (s) |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "$bench" scale --tasks "${SCALE:-20000,1000000}" --slots 8 --launcher-slots "${LAUNCHER_SLOTS:-1}"
+}
+
+exp_executor() {
+    echo "## Executor.map of 10,000 trivial Python calls beside Dask's and Parsl's local executors on 4 slots: seconds from making the executor to every value back, median of 3 rounds in rotated order"
+    echo "| contender | calls | slots | seconds | calls/s | each round (s) |"
+    echo "|---|---|---|---|---|---|"
+    local venv=target/bench-venv
+    if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c 'import dask.distributed, parsl, cloudpickle' 2>/dev/null; then
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install --quiet --disable-pip-version-check cloudpickle 'dask[distributed]' parsl
+    fi
+    GLEANER_BIN="$PWD/target/release/gleaner" "$venv/bin/python" bench/python/executor.py --calls 10000 --slots 4 --rounds 3
 }
 
 exp_follow() {
@@ -222,7 +234,7 @@ exp_fairness() {
 }
 
 experiments=(seed000_table_4_1 seed000_table_4_2 seed000_table_4_3 seed004_figure_4_4
-    makespan throughput hyperqueue scale follow launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness simulator plots)
+    makespan throughput hyperqueue scale follow executor launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness simulator plots)
 
 if [ "${1:-}" = --list ]; then
     printf '%s\n' "${experiments[@]//_/-}"

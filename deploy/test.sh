@@ -26,6 +26,18 @@ if ! command -v tmux >/dev/null 2>&1; then
     apt-get install -y -qq tmux >/dev/null 2>&1 ||
         { apt-get update -qq && apt-get install -y -qq tmux >/dev/null; }
 fi
+# The Python package's tests run in a virtualenv of their own, with the
+# debug build of gleaner that the Rust tests built.
+python_tests() {
+    local venv=target/python-venv
+    if ! "$venv/bin/python" -c 'import pytest, cloudpickle, pandas' 2>/dev/null || [ ! -x "$venv/bin/maturin" ]; then
+        python3 -m venv "$venv"
+        "$venv/bin/pip" install --quiet --disable-pip-version-check pytest cloudpickle maturin pandas
+    fi
+    cargo build --quiet -p gleaner
+    GLEANER_BIN="$PWD/target/debug/gleaner" PYTHONPATH="$PWD/python/src" \
+        "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
+}
 step "building and running every test (cargo shows its progress)"
 status=0
 if cargo nextest --version >/dev/null 2>&1; then
@@ -33,5 +45,7 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
     cargo test --workspace --no-fail-fast "$@" || status=$?
 fi
+step "the Python package's tests (pytest, against the same broker)"
+python_tests || status=$?
 step "finished, exit $status"
 exit "$status"

@@ -34,7 +34,7 @@ pub(crate) async fn connect(settings: &Settings) -> Result<Connection, CliError>
 }
 
 /// What to try, from how connecting failed and where to.
-fn connect_hint(error: &str, urls: &[String]) -> &'static str {
+pub(crate) fn connect_hint(error: &str, urls: &[String]) -> &'static str {
     let plain_to_tls = urls
         .iter()
         .any(|url| gleaner_broker::plain_to_tls_port(url));
@@ -560,7 +560,7 @@ pub(crate) async fn ask<A: gleaner_protocol::Message>(
 }
 
 /// [`ask`], waiting `timeout` for the answer.
-async fn ask_within<A: gleaner_protocol::Message>(
+pub(crate) async fn ask_within<A: gleaner_protocol::Message>(
     connection: &Connection,
     request: &RequestMsg,
     timeout: Duration,

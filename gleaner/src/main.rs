@@ -2,6 +2,7 @@
 
 mod browse;
 mod client;
+mod doctor;
 mod error;
 mod output;
 mod services;
@@ -218,6 +219,25 @@ enum Command {
         after_help = "Launchers are started by a kcm, with the arguments it gives them; see `gleaner kcm`."
     )]
     Launcher(LauncherArgs),
+    /// Check a deployment from here (broker, scheduler, each cluster's kcm,
+    /// batch commands and launcher program, directories) and, with
+    /// --nodes, each batch cluster from one of its nodes; exit 1 if a
+    /// check failed.
+    #[command(after_help = "Examples:
+  gleaner doctor
+  gleaner doctor --nodes --output json    # also a one-slot probe job on each batch cluster")]
+    Doctor {
+        /// Also probe each batch cluster from a node, through a one-slot
+        /// job run from this directory (which the nodes must share).
+        #[arg(long)]
+        nodes: bool,
+        /// How long a node's probe may wait in the queue and run.
+        #[arg(long, value_parser = humantime::parse_duration, default_value = "2m")]
+        node_timeout: std::time::Duration,
+        /// Run as a node's probe: write what this node finds to FILE.
+        #[arg(long, value_name = "FILE", hide = true)]
+        node: Option<PathBuf>,
+    },
     /// Print a shell's completion script for gleaner.
     #[command(after_help = "Examples:
   gleaner completions bash > /etc/bash_completion.d/gleaner
@@ -256,6 +276,7 @@ impl Command {
                 | Self::Export { .. }
                 | Self::Simulate { .. }
                 | Self::Completions { .. }
+                | Self::Doctor { .. }
         )
     }
 }
@@ -388,6 +409,20 @@ async fn dispatch(
             follow,
             dir,
         } => browse::logs(&settings, &job, task, stderr, follow, dir.as_deref()).await,
+        Command::Doctor {
+            nodes,
+            node_timeout,
+            node,
+        } => match node {
+            Some(file) => doctor::node(&settings, &file).await,
+            None => {
+                let options = doctor::Options {
+                    nodes,
+                    node_timeout,
+                };
+                doctor::doctor(&settings, &options, output).await
+            }
+        },
         Command::Export { job, into, dir } => {
             let written = browse::export(&settings, &job, &into, dir.as_deref()).await?;
             output.file_written(&format!("{written} tasks' results"), &into);

@@ -14,6 +14,8 @@ use std::{
 use gleaner_manifest::JobId;
 use gleaner_protocol::{JobReport, StatusReply, TaskCounts};
 use gleaner_simulator::Comparison;
+
+use crate::doctor::{Finding, Verdict};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -43,6 +45,8 @@ pub trait Output {
     fn passed_on(&self, job: &JobId, request: Passed);
     fn simulation(&self, comparison: &Comparison);
     fn file_written(&self, what: &str, path: &Path);
+    /// `gleaner doctor`: every check's outcome, and what to do about it.
+    fn doctor(&self, findings: &[Finding]);
 }
 
 /// A request the scheduler passed on to a job's runner.
@@ -168,6 +172,23 @@ impl Output for Cli {
     fn file_written(&self, what: &str, path: &Path) {
         eprintln!("{what}: {}", path.display());
     }
+
+    fn doctor(&self, findings: &[Finding]) {
+        for finding in findings {
+            let mark = match finding.verdict {
+                Verdict::Ok => "ok  ",
+                Verdict::Warn => "warn",
+                Verdict::Fail => "FAIL",
+            };
+            out(format_args!(
+                "{mark}  {}: {}",
+                finding.check, finding.detail
+            ));
+            if let Some(fix) = &finding.fix {
+                out(format_args!("      fix: {fix}"));
+            }
+        }
+    }
 }
 
 struct Json;
@@ -228,6 +249,10 @@ impl Output for Json {
     fn file_written(&self, what: &str, path: &Path) {
         eprintln!("{what}: {}", path.display());
     }
+
+    fn doctor(&self, findings: &[Finding]) {
+        Self::print(&findings);
+    }
 }
 
 struct Quiet;
@@ -258,6 +283,8 @@ impl Output for Quiet {
     fn simulation(&self, _comparison: &Comparison) {}
 
     fn file_written(&self, _what: &str, _path: &Path) {}
+
+    fn doctor(&self, _findings: &[Finding]) {}
 }
 
 /// How many tasks ended other than by succeeding, in words.

@@ -154,6 +154,7 @@ fn every_command_has_an_example() {
         "launcher",
         "completions",
         "simulate",
+        "doctor",
     ] {
         let output = g.run(&[command, "--help"]);
         let help = String::from_utf8_lossy(&output.stdout);
@@ -320,4 +321,71 @@ params = { n = { from = 1, to = 10 } }
     });
     let output = g.run(&["cancel", &job]);
     assert_eq!(output.status.code(), Some(1), "the job is over");
+}
+
+/// The checks of `gleaner doctor --output json`, as (check, verdict, fix).
+fn doctor_findings(output: &std::process::Output) -> Vec<(String, String, String)> {
+    let findings: Vec<serde_json::Value> =
+        serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+            panic!(
+                "doctor's JSON: {e}: {}",
+                String::from_utf8_lossy(&output.stdout)
+            )
+        });
+    findings
+        .iter()
+        .map(|f| {
+            let text = |key: &str| f[key].as_str().unwrap_or_default().to_owned();
+            (text("check"), text("verdict"), text("fix"))
+        })
+        .collect()
+}
+
+/// `gleaner doctor` finds a running deployment healthy (exit 0), and a
+/// broker it cannot reach a failure (exit 1) with the fix in one line.
+#[test]
+fn doctor_finds_a_running_deployment_healthy_and_says_how_to_fix_an_unreachable_broker() {
+    let mut g = gleaner("doctor");
+    g.up(1);
+    wait_for("gleaner up to serve", MINUTE, || {
+        g.status()
+            .is_some_and(|s| s["clusters"].as_array().is_some_and(|c| !c.is_empty()))
+    });
+    let healthy = g.run(&["doctor", "--output", "json"]);
+    let findings = doctor_findings(&healthy);
+    assert!(healthy.status.success(), "{findings:?}");
+    let verdict = |findings: &[(String, String, String)], prefix: &str| {
+        findings
+            .iter()
+            .find(|(check, ..)| check.starts_with(prefix))
+            .map(|(_, verdict, fix)| (verdict.clone(), fix.clone()))
+    };
+    assert_eq!(
+        verdict(&findings, "broker amqp://guest:***@").map(|v| v.0),
+        Some("ok".into()),
+        "{findings:?}"
+    );
+    assert_eq!(
+        verdict(&findings, "scheduler").map(|v| v.0),
+        Some("ok".into()),
+        "{findings:?}"
+    );
+
+    let nowhere = g.vhost.url().replace("127.0.0.1:5672", "127.0.0.1:1");
+    let broken = g
+        .command(&["doctor", "--output", "json"])
+        .env("GLEANER_BROKER_URL", &nowhere)
+        .env("GLEANER_BROKER_URLS", &nowhere)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("doctor");
+    let findings = doctor_findings(&broken);
+    assert_eq!(broken.status.code(), Some(1), "{findings:?}");
+    let (verdict, fix) = verdict(&findings, "broker amqp://").expect("a broker finding");
+    assert_eq!(verdict, "fail");
+    assert!(fix.contains("RabbitMQ"), "{fix}");
+    assert!(
+        !findings.iter().any(|(check, ..)| check == "scheduler"),
+        "nothing to ask the scheduler through: {findings:?}"
+    );
 }

@@ -623,3 +623,86 @@ fn a_cap_on_scavenging_does_not_keep_a_grid_job_off_a_cluster() {
         .collect();
     assert_eq!(clusters, BTreeSet::from(["c1".to_owned(), "c2".to_owned()]));
 }
+
+/// `gleaner doctor --nodes` checks a Grid Engine cluster from one of its
+/// nodes through a one-slot probe (its gleaner, its clock, the broker
+/// from there), and says what to do about a queue Grid Engine does not
+/// know.
+#[test]
+fn doctor_probes_a_grid_engine_cluster_from_a_node_and_names_the_fix_for_a_missing_queue() {
+    let queues = SgeQueues::new(1, 1);
+    let mut g = gleaner("doctor-sge");
+    let good = &queues.names[0];
+    g.write(
+        "gleaner.toml",
+        &format!(
+            "{}[[cluster]]\nname = \"gone\"\nbackend = \"sge\"\nqueue = \"no-such.q\"\n",
+            config(&[("c1", good)])
+        ),
+    );
+    g.start("up", &["up"]);
+    wait_for("c1's kcm to report", MINUTE, || {
+        g.status()
+            .is_some_and(|s| cluster_view(&s, "c1")["report"]["total_slots"] == 1)
+    });
+    let output = finish(
+        g.client(&[
+            "doctor",
+            "--nodes",
+            "--node-timeout",
+            "90s",
+            "--output",
+            "json",
+        ]),
+        3 * MINUTE,
+    );
+    let findings: Vec<serde_json::Value> =
+        serde_json::from_slice(&output.stdout).expect("doctor's JSON");
+    let said = |check: &str| {
+        findings
+            .iter()
+            .find(|f| f["check"].as_str().is_some_and(|c| c.starts_with(check)))
+            .unwrap_or_else(|| panic!("no {check}: {findings:#?}"))
+    };
+    assert_eq!(output.status.code(), Some(1), "{findings:#?}");
+    for check in [
+        "scheduler",
+        "cluster c1: kcm",
+        "cluster c1: qstat",
+        &format!("cluster c1: queue {good}"),
+        "cluster c1: launcher program",
+    ] {
+        assert_eq!(said(check)["verdict"], "ok", "{check}: {findings:#?}");
+    }
+    let node: Vec<_> = findings
+        .iter()
+        .filter(|f| {
+            f["check"]
+                .as_str()
+                .is_some_and(|c| c.starts_with("cluster c1: node "))
+        })
+        .collect();
+    assert_eq!(
+        node.len(),
+        3,
+        "gleaner, clock and broker from the node: {findings:#?}"
+    );
+    assert!(node.iter().all(|f| f["verdict"] == "ok"), "{node:#?}");
+    let missing = said("cluster gone: queue no-such.q");
+    assert_eq!(missing["verdict"], "fail");
+    assert!(
+        missing["fix"]
+            .as_str()
+            .is_some_and(|f| f.contains("qconf -sql")),
+        "{missing}"
+    );
+    // Not sent to a cluster that already failed a check.
+    assert_eq!(said("cluster gone: probe from a node")["verdict"], "warn");
+    assert!(
+        !g.path().read_dir().expect("dir").flatten().any(|e| e
+            .file_name()
+            .to_string_lossy()
+            .starts_with(".gleaner-doctor-")),
+        "the probe's directory is removed"
+    );
+}
