@@ -138,7 +138,7 @@ exp_executor() {
         python3 -m venv "$venv"
         "$venv/bin/pip" install --quiet --disable-pip-version-check cloudpickle 'dask[distributed]' parsl
     fi
-    GLEANER_BIN="$PWD/target/release/gleaner" "$venv/bin/python" bench/python/executor.py --calls 10000 --slots 4 --rounds 3
+    PATH="$PWD/$venv/bin:$PATH" GLEANER_BIN="$PWD/target/release/gleaner" "$venv/bin/python" bench/python/executor.py --calls 10000 --slots 4 --rounds 3
 }
 
 exp_follow() {

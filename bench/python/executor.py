@@ -118,10 +118,16 @@ class Up:
         )
         self.client = gleaner.Client(env=self.env, binary=binary, cwd=self.dir)
         deadline = time.monotonic() + 60
-        while not self.client.status().get("clusters"):
+        while not self._serving():
             if time.monotonic() > deadline:
                 raise SystemExit("gleaner up did not serve")
             time.sleep(0.2)
+
+    def _serving(self):
+        try:
+            return bool(self.client.status().get("clusters"))
+        except gleaner.GleanerError:
+            return False
 
     @staticmethod
     def _api(method, path, body=None):
