@@ -120,6 +120,7 @@ class Up:
         deadline = time.monotonic() + 60
         while not self._serving():
             if time.monotonic() > deadline:
+                self.close()
                 raise SystemExit("gleaner up did not serve")
             time.sleep(0.2)
 

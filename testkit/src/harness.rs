@@ -107,6 +107,47 @@ impl Gleaner {
         self.spawn(name, command)
     }
 
+    /// A gleaner command as the Unix account `account` (through
+    /// `runuser`), in `dir`, with nothing of this process's environment
+    /// but `env`, a plain `PATH` and the account's `HOME`: what a user
+    /// without root runs on a login node. The binary must be one the
+    /// account reaches ([`Gleaner::open_to_every_account`]).
+    pub fn command_as(
+        &self,
+        account: &str,
+        dir: &Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Command {
+        let home = nix::unistd::User::from_name(account)
+            .ok()
+            .flatten()
+            .map_or_else(|| PathBuf::from("/"), |user| user.dir);
+        let mut command = Command::new("runuser");
+        command
+            .args([
+                "-u",
+                account,
+                "--",
+                "env",
+                "-i",
+                "PATH=/usr/local/bin:/usr/bin:/bin",
+                "RUST_LOG=info",
+            ])
+            .arg(format!("HOME={}", home.display()))
+            .args(env.iter().map(|(key, value)| format!("{key}={value}")))
+            .arg(&self.exe)
+            .args(args)
+            .current_dir(dir);
+        command
+    }
+
+    /// Starts `command` as one of this test's services: stopped with
+    /// them, its output in `<dir>/<name>.log`.
+    pub fn start_command(&mut self, name: &str, command: Command) -> u32 {
+        self.spawn(name, command)
+    }
+
     fn spawn(&mut self, name: &str, mut command: Command) -> u32 {
         let log = std::fs::File::create(self.path().join(format!("{name}.log"))).expect("log");
         let child = command

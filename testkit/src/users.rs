@@ -51,6 +51,32 @@ impl BrokerUser {
         }
     }
 
+    /// An account with every permission on `vhost` and no tag: a user's
+    /// own gleaner (`gleaner up` as them) on a vhost an admin gave them.
+    pub fn owner_of(vhost: &Vhost, role: &str) -> Self {
+        let name = format!("{role}-{}", std::process::id());
+        let password = format!("{:032x}", rand::random::<u128>());
+        vhost
+            .api(
+                "PUT",
+                &format!("/users/{name}"),
+                Some(&serde_json::json!({ "password": password, "tags": "" }).to_string()),
+            )
+            .expect("make the broker account");
+        vhost
+            .api(
+                "PUT",
+                &format!("/permissions/{}/{name}", vhost.name),
+                Some(r#"{"configure":".*","write":".*","read":".*"}"#),
+            )
+            .expect("grant it the vhost");
+        Self {
+            name,
+            password,
+            vhost: vhost.name.clone(),
+        }
+    }
+
     pub fn url(&self) -> String {
         format!(
             "amqp://{}:{}@127.0.0.1:5672/{}?heartbeat=10",

@@ -389,3 +389,82 @@ fn doctor_finds_a_running_deployment_healthy_and_says_how_to_fix_an_unreachable_
         "nothing to ask the scheduler through: {findings:?}"
     );
 }
+
+/// A user without root, as README's "Without root" has it: a broker
+/// account of their own (every permission on a vhost an admin gave them,
+/// no tag) and a Slurm cluster in their configuration. `gleaner up` run
+/// as them scavenges for them: their sweep completes on the cluster's
+/// nodes, its tasks run as them, its results are theirs.
+#[test]
+fn a_user_without_root_runs_gleaner_up_with_a_slurm_cluster_and_their_sweep_completes_there() {
+    use std::os::unix::fs::MetadataExt;
+
+    let alice = nix::unistd::User::from_name("alice")
+        .ok()
+        .flatten()
+        .expect("no Unix account alice: run deploy/accounts.sh alice bob");
+    let mut g = gleaner("without-root");
+    g.open_to_every_account();
+    let account = gleaner_testkit::users::BrokerUser::owner_of(&g.vhost, "alice");
+    let home = g.path().join("alice");
+    std::fs::create_dir(&home).expect("alice's directory");
+    let config = home.join("gleaner.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "broker_url = \"{}\"\n\n[[cluster]]\nname = \"hpc\"\nbackend = \"slurm\"\npartition = \"gleaner\"\n",
+            account.url()
+        ),
+    )
+    .expect("alice's configuration");
+    std::fs::write(
+        home.join("sweep.toml"),
+        sweep("mine", 6, "echo {n} $(id -un)"),
+    )
+    .expect("alice's sweep");
+    for path in [&home, &config, &home.join("sweep.toml")] {
+        nix::unistd::chown(path.as_path(), Some(alice.uid), Some(alice.gid)).expect("chown");
+    }
+    let up = g.command_as("alice", &home, &["up"], &[]);
+    g.start_command("up-alice", up);
+    let submit = g
+        .command_as("alice", &home, &["submit", "sweep.toml", "--wait"], &[])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("submit as alice");
+    let output = gleaner_testkit::finish_all_succeeded(submit, 6, 3 * MINUTE);
+    let job = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+    let results = home.join("results").join(&job);
+    assert_eq!(
+        std::fs::metadata(&results)
+            .expect("results under alice's directory")
+            .uid(),
+        alice.uid.as_raw(),
+        "the results are alice's"
+    );
+    let index = std::fs::read_to_string(results.join("index.jsonl")).expect("index");
+    for line in index.lines() {
+        let entry: serde_json::Value = serde_json::from_str(line).expect("index line");
+        assert_eq!(entry["cluster"], "hpc", "{line}");
+        assert!(
+            entry["host"]
+                .as_str()
+                .is_some_and(|h| h.starts_with("node")),
+            "on a Slurm node: {line}"
+        );
+    }
+    let logs = g
+        .command_as("alice", &home, &["logs", &job], &[])
+        .output()
+        .expect("logs as alice");
+    let mut lines: Vec<String> = String::from_utf8_lossy(&logs.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    lines.sort();
+    assert_eq!(
+        lines,
+        (1..=6).map(|n| format!("{n} alice")).collect::<Vec<_>>()
+    );
+}
