@@ -122,14 +122,19 @@ impl Vhost {
         broker
             .api("PUT", &format!("/vhosts/{name}"), Some("{}"))
             .expect("create vhost");
-        broker
-            .api(
-                "PUT",
-                &format!("/permissions/{name}/{}", broker.user),
-                Some(r#"{"configure":".*","write":".*","read":".*"}"#),
-            )
-            .expect("grant permissions");
-        Self { name, broker }
+        let vhost = Self { name, broker };
+        vhost.grant_all(&vhost.broker.user);
+        vhost
+    }
+
+    /// Every permission on this vhost to the broker account `user`.
+    pub fn grant_all(&self, user: &str) {
+        self.api(
+            "PUT",
+            &format!("/permissions/{}/{user}", self.name),
+            Some(r#"{"configure":".*","write":".*","read":".*"}"#),
+        )
+        .expect("grant permissions");
     }
 
     /// The vhost's URL on the broker's first node.

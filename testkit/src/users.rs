@@ -63,13 +63,7 @@ impl BrokerUser {
                 Some(&serde_json::json!({ "password": password, "tags": "" }).to_string()),
             )
             .expect("make the broker account");
-        vhost
-            .api(
-                "PUT",
-                &format!("/permissions/{}/{name}", vhost.name),
-                Some(r#"{"configure":".*","write":".*","read":".*"}"#),
-            )
-            .expect("grant it the vhost");
+        vhost.grant_all(&name);
         Self {
             name,
             password,
