@@ -80,9 +80,15 @@ fn files_beside(path: &Path) -> impl FnMut(&str) -> Result<Vec<u8>, String> + '_
 /// relative to it.
 pub fn read_addition(path: &Path) -> Result<Addition, String> {
     let text = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let text =
-        String::from_utf8(text).map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
-    Addition::from_toml_reading(&text, files_beside(path))
+    let parsed = if path.extension().is_some_and(|e| e == "json") {
+        Addition::parse_json(&text)
+    } else {
+        let text =
+            String::from_utf8(text).map_err(|_| format!("{} is not UTF-8 text", path.display()))?;
+        Addition::parse_toml(&text)
+    };
+    parsed
+        .and_then(|addition| addition.complete(files_beside(path)))
         .map_err(|e| format!("{}: invalid tasks to add\n{e}", path.display()))
 }
 

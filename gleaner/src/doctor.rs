@@ -360,31 +360,28 @@ fn run_with(args: &[&str], timeout: Duration, config: Option<&Path>) -> Result<S
     if let Some(config) = config {
         command.env("GLEANER_CONFIG", config);
     }
-    let mut child = command
+    let child = command
         .args(rest)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("cannot run {program}: {e}"))?;
-    let started = Instant::now();
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if started.elapsed() < timeout => {
-                std::thread::sleep(Duration::from_millis(20))
-            }
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("{program} did not answer within {timeout:?}"));
-            }
-            Err(e) => return Err(format!("{program}: {e}")),
+    // Its output is read as it comes (a long `qstat` fills a pipe), on a
+    // thread of its own, waited for at most `timeout`.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    let out = match finished.recv_timeout(timeout) {
+        Ok(Ok(out)) => out,
+        Ok(Err(e)) => return Err(format!("{program}: {e}")),
+        Err(_) => {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            return Err(format!("{program} did not answer within {timeout:?}"));
         }
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("{program}: {e}"))?;
+    };
     let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).trim().to_owned();
     if out.status.success() {
         Ok(text(&out.stdout))
@@ -499,7 +496,10 @@ pub fn judge_node(
     findings.push(if (early..=late).contains(&report.time_ms) {
         Finding::ok(
             format!("{on}: clock"),
-            "in step with this host's (within a second)",
+            format!(
+                "in step with this host's, as far as the {:.1} s from submission to its report tell",
+                seen_ms.saturating_sub(submitted_ms) as f64 / 1000.0
+            ),
         )
     } else {
         let off = if report.time_ms < early {
@@ -565,7 +565,7 @@ async fn probe_node(
         .unwrap_or_else(|| PathBuf::from("gleaner"));
     let submitted_ms = now_ms();
     let config = config.and_then(|c| std::fs::canonicalize(c).ok());
-    let job = match submit_probe(cluster, &program, &report_file, config.as_deref()) {
+    let job = match submit_probe(cluster, &program, &dir_path, config.as_deref()) {
         Ok(job) => job,
         Err(e) => {
             return vec![Finding::problem(
@@ -593,13 +593,25 @@ async fn probe_node(
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     withdraw_probe(cluster, &job);
+    // What the job printed, if it ran and its output reached here.
+    let printed = std::fs::read_to_string(dir_path.join(PROBE_OUTPUT))
+        .map(|text| {
+            let tail: Vec<&str> = text.lines().rev().take(3).collect();
+            tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+        })
+        .unwrap_or_default();
     vec![Finding::problem(
         Verdict::Fail,
         check,
         format!(
-            "no report from job {job} within {timeout:?}: it is still queued, could not run {}, or its report did not reach {}",
+            "no report from job {job} within {timeout:?}: it is still queued, could not run {}, or its report did not reach {}{}",
             program.display(),
-            dir_path.display()
+            dir_path.display(),
+            if printed.is_empty() {
+                String::new()
+            } else {
+                format!("; it printed: {printed}")
+            }
         ),
         format!(
             "see {}; run doctor from a directory the nodes share (--node-timeout for a busy cluster)",
@@ -611,16 +623,21 @@ async fn probe_node(
     )]
 }
 
-/// Submits the probe job, with this environment (and the configuration
-/// this doctor read), from this directory; its batch id.
+/// Where a probe job's own output goes, in its directory.
+const PROBE_OUTPUT: &str = "probe.out";
+
+/// Submits the probe job (five minutes at most, one slot), with this
+/// environment (and the configuration this doctor read), from this
+/// directory, its report and output into `dir`; its batch id.
 fn submit_probe(
     cluster: &ClusterConfig,
     program: &Path,
-    report: &Path,
+    dir: &Path,
     config: Option<&Path>,
 ) -> Result<String, String> {
     let program = program.display().to_string();
-    let report = report.display().to_string();
+    let report = dir.join("node.json").display().to_string();
+    let printed = dir.join(PROBE_OUTPUT).display().to_string();
     let args: Vec<String> = match cluster.backend {
         BackendKind::Sge => {
             let mut a = vec![
@@ -628,18 +645,21 @@ fn submit_probe(
                 "-terse",
                 "-b",
                 "y",
+                "-shell",
+                "no",
                 "-V",
                 "-cwd",
                 "-N",
                 "gleaner-doctor",
-                "-o",
-                "/dev/null",
+                "-l",
+                "h_rt=0:05:00",
                 "-j",
                 "y",
             ]
             .into_iter()
             .map(String::from)
             .collect::<Vec<_>>();
+            a.extend(["-o".into(), printed]);
             if let Some(q) = &cluster.queue {
                 a.extend(["-q".into(), q.clone()]);
             }
@@ -655,12 +675,13 @@ fn submit_probe(
                 "gleaner-doctor",
                 "-n",
                 "1",
-                "-o",
-                "/dev/null",
+                "-t",
+                "5",
             ]
             .into_iter()
             .map(String::from)
             .collect::<Vec<_>>();
+            a.extend(["-o".into(), printed]);
             for (flag, value) in [
                 ("-p", &cluster.partition),
                 ("--qos", &cluster.qos),

@@ -27,14 +27,29 @@ impl Addition {
         text: &str,
         read: impl FnMut(&str) -> Result<Vec<u8>, String>,
     ) -> Result<Self, ManifestError> {
-        let addition: Addition = toml::from_str(text).map_err(|e| {
-            ManifestError::Syntax(format!(
-                "{e}\n(an addition holds [[task]] entries and a [sweep] only; the job's other settings are its manifest's)"
-            ))
-        })?;
-        let manifest = addition.as_manifest().complete(read)?;
+        Self::parse_toml(text)?.complete(read)
+    }
+
+    /// Parses a TOML addition without checking it ([`Addition::complete`]
+    /// does).
+    pub fn parse_toml(text: &str) -> Result<Self, ManifestError> {
+        toml::from_str(text).map_err(not_an_addition)
+    }
+
+    /// [`Addition::parse_toml`] for JSON.
+    pub fn parse_json(bytes: &[u8]) -> Result<Self, ManifestError> {
+        serde_json::from_slice(bytes).map_err(not_an_addition)
+    }
+
+    /// Reads its sweep's data files through `read` and checks it as a
+    /// manifest's tasks are checked.
+    pub fn complete(
+        self,
+        read: impl FnMut(&str) -> Result<Vec<u8>, String>,
+    ) -> Result<Self, ManifestError> {
+        let manifest = self.as_manifest().complete(read)?;
         Ok(Self {
-            id: addition.id,
+            id: self.id,
             tasks: manifest.tasks,
             sweep: manifest.sweep,
         })
@@ -55,6 +70,12 @@ impl Addition {
             ..Manifest::named("addition")
         }
     }
+}
+
+fn not_an_addition(e: impl std::fmt::Display) -> ManifestError {
+    ManifestError::Syntax(format!(
+        "{e}\n(an addition holds [[task]] entries and a [sweep] only; the job's other settings are its manifest's)"
+    ))
 }
 
 #[cfg(test)]
@@ -89,5 +110,21 @@ mod tests {
         );
         let empty = Addition::from_toml_reading("", |_| Err("no files".to_owned())).unwrap_err();
         assert!(empty.to_string().contains("no tasks"), "{empty}");
+    }
+
+    #[test]
+    fn an_addition_in_json_is_the_same_as_in_toml() {
+        let json = br#"{"task": [{"command": "echo one"}, {"command": "echo two"}]}"#;
+        let addition = Addition::parse_json(json)
+            .and_then(|a| a.complete(|_| Err("no files".to_owned())))
+            .unwrap();
+        let toml = Addition::from_toml_reading(
+            "[[task]]\ncommand = \"echo one\"\n[[task]]\ncommand = \"echo two\"\n",
+            |_| Err("no files".to_owned()),
+        )
+        .unwrap();
+        assert_eq!(addition, toml);
+        let other = Addition::parse_json(br#"{"name": "x", "task": []}"#).unwrap_err();
+        assert!(other.to_string().contains("[sweep] only"), "{other}");
     }
 }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 import pytest
@@ -102,3 +103,24 @@ def test_shutdown_with_cancel_futures_cancels_the_job(glean):
     assert executor.job.wait(check=False).state == "cancelled"
     with pytest.raises(RuntimeError):
         executor.submit(square, 1)
+
+
+def test_calls_submitted_after_the_first_have_ended_join_the_same_job(glean):
+    with gleaner.Executor(glean.client) as executor:
+        assert executor.submit(square, 2).result(timeout=120) == 4
+        job = executor.job
+        assert executor.submit(square, 3).result(timeout=120) == 9
+        assert list(executor.map(square, range(5), chunksize=2)) == [0, 1, 4, 9, 16]
+        assert executor.job is job
+    assert job.wait().tasks.total == 1 + 1 + 3
+
+
+def test_a_call_that_exits_does_not_end_the_caller(glean):
+    with gleaner.Executor(glean.client) as executor:
+        error = executor.submit(sys.exit, 3).exception(timeout=120)
+    assert isinstance(error, gleaner.TaskFailed) and "SystemExit" in str(error)
+
+
+def test_the_executors_own_manifest_keys_are_refused():
+    with pytest.raises(ValueError, match="sweep"):
+        gleaner.Executor(gleaner.Client(binary="/bin/true"), manifest={"sweep": {}})

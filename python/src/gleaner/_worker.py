@@ -24,8 +24,11 @@ import zlib
 RESULT = b"GLEANER-RESULT"
 RESULT_FILE = b"GLEANER-RESULT-FILE"
 #: Encoded outcomes longer than this go to a file in the staging directory
-#: (when there is one): a task's stdout is kept up to its tail's bound.
+#: (when there is one): a task's stdout is kept up to its tail's bound
+#: (`max_stream_bytes`, 1 MiB by default), and so is what all of its calls
+#: print there together, at most `STDOUT_BUDGET`.
 INLINE_BYTES = 192 * 1024
+STDOUT_BUDGET = 512 * 1024
 #: The environment variable naming the staging directory.
 STAGING = "GLEANER_PY_STAGING"
 
@@ -79,15 +82,17 @@ def main(argv: list) -> int:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     staging = os.environ.get(STAGING)
+    printed = 0
     for index, fn, args, kwargs in calls:
         encoded = _encoded(_outcome(fn, args, kwargs))
-        if len(encoded) > INLINE_BYTES and staging:
+        if staging and (len(encoded) > INLINE_BYTES or printed + len(encoded) > STDOUT_BUDGET):
             path = os.path.join(staging, f"outcome-{index}-{os.uname().nodename}-{os.getpid()}")
             with open(path, "wb") as file:
                 file.write(encoded)
             out.write(b"%s %d %s\n" % (RESULT_FILE, index, path.encode()))
         else:
             out.write(b"%s %d %s\n" % (RESULT, index, encoded))
+            printed += len(encoded)
         out.flush()
     return 0
 

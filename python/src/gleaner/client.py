@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import threading
@@ -172,35 +173,20 @@ class TaskResult:
 
 
 class _OutputReader:
-    """Reads tasks' output from the job's `output.log` where this process
-    sees the results directory, else through `gleaner logs`."""
+    """Reads tasks' output from the job's `output.log`, at the spans its
+    index gives (a file opened for each read: results may be read long
+    after the iteration that found them)."""
 
-    def __init__(self, job: "Job", directory: Optional[Path]) -> None:
-        self.job = job
+    def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self._lock = threading.Lock()
-        self._log = None
 
     def read(self, result: TaskResult, stream: str) -> bytes:
         span = result.raw.get(stream)
         if not span:
             return b""
-        if self.directory is not None:
-            with self._lock:
-                if self._log is None:
-                    self._log = open(self.directory / "output.log", "rb")
-                self._log.seek(int(span["offset"]))
-                return self._log.read(int(span["bytes"]))
-        args = ["logs", self.job.id, str(result.task)]
-        if stream == "stderr":
-            args.append("--stderr")
-        return self.job.client.cli.run(args).stdout
-
-    def close(self) -> None:
-        with self._lock:
-            if self._log is not None:
-                self._log.close()
-                self._log = None
+        with open(self.directory / "output.log", "rb") as log:
+            log.seek(int(span["offset"]))
+            return log.read(int(span["bytes"]))
 
 
 def _readable_results(path: str) -> Optional[Path]:
@@ -270,6 +256,10 @@ class Job:
             shower.start()
         try:
             stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise TimeoutError(f"{self.id} did not end within {timeout} s") from None
         except BaseException:
             process.kill()
             process.wait()
@@ -328,24 +318,21 @@ class Job:
 
     def results(self, status: Union[str, Sequence[str], None] = None) -> Iterator[TaskResult]:
         """The job's ended tasks, one `TaskResult` each (in the order they
-        ended), optionally only those that ended so (`"failed"`, ...)."""
+        ended), optionally only those that ended so (`"failed"`, ...), read
+        from its results directory, which must be visible here."""
         wanted = self._statuses(status)
-        directory = _readable_results(self.status().results)
-        reader = _OutputReader(self, directory)
-        try:
-            if directory is not None:
-                for entry, _ in _index_lines(directory):
-                    result = TaskResult.of(entry, reader)
-                    if not wanted or result.status in wanted:
-                        yield result
-                return
-            args = ["results", self.id]
-            for name in wanted:
-                args += ["--status", name]
-            for entry in self.client.cli.json(args) or []:
-                yield TaskResult.of(entry, reader)
-        finally:
-            reader.close()
+        path = self.status().results
+        directory = _readable_results(path)
+        if directory is None:
+            raise GleanerError(
+                f"{self.id}'s results directory {path} is not readable here "
+                "(its index and output are read where the results are)"
+            )
+        reader = _OutputReader(directory)
+        for entry, _ in _index_lines(directory):
+            result = TaskResult.of(entry, reader)
+            if not wanted or result.status in wanted:
+                yield result
 
     @staticmethod
     def _statuses(status: Union[str, Sequence[str], None]) -> List[str]:

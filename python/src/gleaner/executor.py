@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 from . import _worker
 from .client import Client, Job, _index_lines, _readable_results
-from .errors import GleanerError, RemoteTraceback, TaskFailed
+from .errors import GleanerError, RemoteTraceback, TaskFailed, Unsuccessful
 
 #: A command line's argument is at most 128 KiB on Linux; calls bigger
 #: than this travel in a file of the staging directory.
@@ -77,6 +77,9 @@ class Executor(futures.Executor):
         staging: Optional[os.PathLike] = None,
         poll: float = 0.2,
     ) -> None:
+        for key in ("task", "sweep", "final", "open"):
+            if key in (manifest or {}):
+                raise ValueError(f"the manifest key {key!r} is the executor's own")
         self.client = client or Client()
         self._python = python or sys.executable
         self._chunksize = chunksize
@@ -101,6 +104,8 @@ class Executor(futures.Executor):
         self._job: Optional[Job] = None
         self._closing = False
         self._closed = False
+        # The collector's last failed reading (tried again at its next poll).
+        self._last_error: Optional[Exception] = None
         self._sender = threading.Thread(
             target=self._send, name="gleaner-executor-send", daemon=True
         )
@@ -212,16 +217,18 @@ class Executor(futures.Executor):
                 self._sending += 1
             try:
                 self._send_chunks(taken)
+            except Exception as e:  # whatever it was, no call waits forever for it
+                for chunk in taken:
+                    for call in chunk:
+                        if not call[1].done():
+                            call[1].set_exception(e)
             finally:
                 with self._lock:
                     self._sending -= 1
                     self._lock.notify_all()
         if self._job is not None and not self._closed:
-            try:
-                self._job.close()
-            except GleanerError:
-                pass
             self._closed = True
+            _retrying(self._job.close)
 
     def _send_chunks(self, chunks: List[List[Call]]) -> None:
         live = []
@@ -229,15 +236,18 @@ class Executor(futures.Executor):
             chunk = [c for c in chunk if c[1].set_running_or_notify_cancel()]
             if chunk:
                 live.append(chunk)
-        if not live:
-            return
-        try:
-            commands = [self._command(chunk) for chunk in live]
-        except Exception as e:  # a call that cannot be pickled
-            for chunk in live:
+        commands = []
+        for chunk in list(live):
+            try:
+                commands.append(self._command(chunk))
+            except Exception as e:  # a call that cannot be pickled fails its own task only
+                live.remove(chunk)
                 for call in chunk:
                     call[1].set_exception(e)
+        if not live:
             return
+        # The runner numbers a job's tasks in the order they come, an
+        # addition's after the job's own: this is the only sender.
         with self._lock:
             first = self._next_task
             for offset, chunk in enumerate(live):
@@ -251,14 +261,20 @@ class Executor(futures.Executor):
                 manifest["task"] = tasks
                 self._job = self.client.submit(manifest, open=True)
             else:
-                self._job.add({"task": tasks})
-        except GleanerError as e:
+                job = self._job
+                # An addition reaches the job through the scheduler, which
+                # knows it once its runner has reported it.
+                _retrying(lambda: job.add({"task": tasks}), on=Unsuccessful)
+        except BaseException as e:
             with self._lock:
                 for offset in range(len(live)):
                     self._calls.pop(first + offset, None)
+                self._next_task = first
             for chunk in live:
                 for call in chunk:
                     call[1].set_exception(e)
+            if not isinstance(e, Exception):
+                raise
 
     def _staging_dir(self) -> Path:
         if self._staging is None:
@@ -291,10 +307,7 @@ class Executor(futures.Executor):
 
     def _collect(self) -> None:
         offset = 0
-        seen: set = set()
-        # Unknown yet (None), where this process reads it (a Path), or not
-        # readable here (False: outputs come through the CLI).
-        directory: Any = None
+        directory: Optional[Path] = None
         last_look = 0.0
         while True:
             with self._lock:
@@ -306,44 +319,39 @@ class Executor(futures.Executor):
                     if directory is None:
                         directory = self._results_dir(job)
                     if directory is not None:
-                        for entry in self._new_entries(job, directory, offset, seen):
-                            if directory is not False:
-                                offset = entry.pop("_next")
-                            seen.add(entry.get("task"))
-                            self._ended(job, directory or None, entry)
-                    # Calls whose tasks never came (the job was cancelled
-                    # before they were published) are answered once it ended.
-                    if self._closing and time.monotonic() - last_look > 2.0:
+                        for entry, next_offset in _index_lines(directory, offset):
+                            self._ended(job, directory, entry)
+                            offset = next_offset
+                    # Calls whose tasks never came (the job was cancelled,
+                    # refused, or ended otherwise) are answered once it ended.
+                    if time.monotonic() - last_look > 5.0:
                         last_look = time.monotonic()
-                        self._give_up_if_ended(job, directory, offset, seen)
-                except (GleanerError, OSError):
-                    directory = None
+                        self._give_up_if_ended(job, directory, offset)
+                except Exception as e:  # a reading that failed is tried again
+                    self._last_error = e
             with self._lock:
                 self._lock.wait(self._poll)
         self._remove_staging()
 
-    def _new_entries(self, job: Job, directory: Any, offset: int, seen: set) -> List[dict]:
-        if directory is False:
-            return [
-                e
-                for e in job.client.cli.json(["results", job.id]) or []
-                if e.get("task") not in seen
-            ]
-        entries = []
-        for entry, next_offset in _index_lines(directory, offset):
-            entry["_next"] = next_offset
-            entries.append(entry)
-        return entries
-
-    def _results_dir(self, job: Job):
-        """The job's results directory where this process reads it, else
-        False (outputs then come through `gleaner logs`)."""
+    def _results_dir(self, job: Job) -> Optional[Path]:
+        """The job's results directory, once the scheduler knows the job;
+        calls then fail at once if this process cannot read it."""
         try:
-            return _readable_results(job.status().results) or False
+            path = job.status().results
         except GleanerError:
             return None
+        directory = _readable_results(path)
+        if directory is None:
+            self._fail_all(
+                job,
+                GleanerError(
+                    f"the executor reads its calls' outcomes from {path}, which is not "
+                    "readable here: run it where the job's results directory is"
+                ),
+            )
+        return directory
 
-    def _ended(self, job: Job, directory: Optional[Path], entry: Mapping[str, Any]) -> None:
+    def _ended(self, job: Job, directory: Path, entry: Mapping[str, Any]) -> None:
         task = int(entry.get("task", -1))
         with self._lock:
             chunk = self._calls.pop(task, None)
@@ -352,7 +360,7 @@ class Executor(futures.Executor):
         status = str(entry.get("status", "")).replace("_", "-")
         why = entry.get("error") or f"exit code {entry.get('exit_code')}"
         try:
-            outcomes = self._outcomes(job, directory, entry)
+            outcomes = self._outcomes(directory, entry)
         except (GleanerError, OSError) as e:
             outcomes, why = {}, f"its output cannot be read: {e}"
         for index, future, *_ in chunk:
@@ -363,8 +371,10 @@ class Executor(futures.Executor):
                 if ok:
                     future.set_result(value)
                 else:
-                    if not isinstance(value, BaseException):
-                        value = TaskFailed(str(value), task=task, status=status)
+                    # A call's SystemExit or KeyboardInterrupt is its
+                    # outcome, not the caller's: it does not end this program.
+                    if not isinstance(value, Exception):
+                        value = TaskFailed(f"the call raised {value!r}", task=task, status=status)
                     if text:
                         value.__cause__ = RemoteTraceback(text)
                     future.set_exception(value)
@@ -377,18 +387,13 @@ class Executor(futures.Executor):
                 )
             )
 
-    def _outcomes(
-        self, job: Job, directory: Optional[Path], entry: Mapping[str, Any]
-    ) -> Dict[int, tuple]:
+    def _outcomes(self, directory: Path, entry: Mapping[str, Any]) -> Dict[int, tuple]:
         span = entry.get("stdout")
         if not span:
             return {}
-        if directory is not None:
-            with open(directory / "output.log", "rb") as log:
-                log.seek(int(span["offset"]))
-                stdout = log.read(int(span["bytes"]))
-        else:
-            stdout = job.logs(int(entry["task"]))
+        with open(directory / "output.log", "rb") as log:
+            log.seek(int(span["offset"]))
+            stdout = log.read(int(span["bytes"]))
         outcomes: Dict[int, tuple] = {}
         for line in stdout.splitlines():
             words = line.split(b" ", 2)
@@ -416,35 +421,56 @@ class Executor(futures.Executor):
         path.unlink(missing_ok=True)
         return data
 
-    def _give_up_if_ended(self, job: Job, directory: Any, offset: int, seen: set) -> None:
-        """Once the job ended and its whole index was read, calls still
-        unanswered get `TaskFailed`."""
+    def _give_up_if_ended(self, job: Job, directory: Optional[Path], offset: int) -> None:
+        """Once the job ended (or was refused) and its whole index was read,
+        calls still unanswered get `TaskFailed`."""
         try:
             report = job.status()
+        except Unsuccessful as e:
+            if "refused" in str(e):
+                self._fail_all(job, TaskFailed(str(e), task=-1, status="refused"))
+            return
         except GleanerError:
             return
         if not report.ended:
             return
         if directory is not None:
-            for entry in self._new_entries(job, directory, offset, seen):
-                entry.pop("_next", None)
-                self._ended(job, directory or None, entry)
+            for entry, _ in _index_lines(directory, offset):
+                self._ended(job, directory, entry)
+        self._fail_all(
+            job,
+            TaskFailed(
+                f"job {job.id} ended ({report.state}) without this call's outcome",
+                task=-1,
+                status=report.state,
+            ),
+        )
+
+    def _fail_all(self, job: Job, error: Exception) -> None:
         with self._lock:
             left, self._calls = self._calls, {}
-        for task, chunk in left.items():
+        for chunk in left.values():
             for _, future, *_ in chunk:
                 if not future.done():
-                    future.set_exception(
-                        TaskFailed(
-                            f"job {job.id} ended ({report.state}) without task {task}'s outcome",
-                            task=task,
-                            status=report.state,
-                        )
-                    )
+                    future.set_exception(error)
 
     def _remove_staging(self) -> None:
         if self._own_staging and self._staging is not None:
             shutil.rmtree(self._staging, ignore_errors=True)
+
+
+def _retrying(step: Callable[[], Any], on: type = GleanerError, for_s: float = 30.0) -> Any:
+    """`step`, again with backoff while it fails with `on`, for `for_s`."""
+    deadline = time.monotonic() + for_s
+    pause = 0.2
+    while True:
+        try:
+            return step()
+        except on:
+            if time.monotonic() + pause > deadline:
+                raise
+            time.sleep(pause)
+            pause = min(pause * 2, 3.0)
 
 
 def _shut_down(ref: "weakref.ref[Executor]") -> None:
