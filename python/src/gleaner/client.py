@@ -30,14 +30,20 @@ def _toml_loads(text: str) -> Dict[str, Any]:
     return tomllib.loads(text)
 
 
+def _names_a_file(manifest: Manifest) -> bool:
+    """A path, or a one-line string naming an existing file (any other
+    string is TOML text)."""
+    return isinstance(manifest, os.PathLike) or (
+        isinstance(manifest, str) and "\n" not in manifest and Path(manifest).is_file()
+    )
+
+
 def load_manifest(manifest: Manifest) -> Dict[str, Any]:
     """A manifest as a dict: a mapping as it is, a path to a `.toml` or
     `.json` file read, any other string read as TOML text."""
     if isinstance(manifest, Mapping):
         return dict(manifest)
-    if isinstance(manifest, os.PathLike) or (
-        isinstance(manifest, str) and "\n" not in manifest and Path(manifest).is_file()
-    ):
+    if _names_a_file(manifest):
         path = Path(manifest)
         text = path.read_text()
         return json.loads(text) if path.suffix == ".json" else _toml_loads(text)
@@ -438,9 +444,7 @@ class Client:
         return self.cli.json(["status"]) or {}
 
     def _with_manifest_file(self, manifest: Manifest, use):
-        if isinstance(manifest, os.PathLike) or (
-            isinstance(manifest, str) and "\n" not in manifest and Path(manifest).is_file()
-        ):
+        if _names_a_file(manifest):
             return use(os.fspath(manifest))
         data = load_manifest(manifest)
         # Beside the working directory's files, so that data files named
