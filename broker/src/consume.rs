@@ -20,7 +20,7 @@ use crate::{
     error::short,
     publish::Publisher,
 };
-use gleaner_protocol::Event;
+use gleaner_protocol::{Event, MAX_MESSAGE_BYTES};
 
 /// Reads the oldest message of `queue` and leaves it there (it is
 /// requeued): state kept in a queue for whoever needs it next. One that
@@ -91,6 +91,8 @@ pub struct Inbox<M> {
     channel: Channel,
     consumer: Consumer,
     publisher: Publisher,
+    /// Bytes a delivery may have; a larger one is dead-lettered unread.
+    limit: usize,
     _message: PhantomData<fn() -> M>,
 }
 
@@ -210,8 +212,17 @@ impl<M: Decode> Inbox<M> {
             channel: channel.clone(),
             consumer,
             publisher,
+            limit: MAX_MESSAGE_BYTES,
             _message: PhantomData,
         })
+    }
+
+    /// Takes deliveries of at most `bytes` (the default is the most any
+    /// gleaner message has, [`MAX_MESSAGE_BYTES`]): with the prefetch, what
+    /// this consumer can be made to hold.
+    pub fn limited(mut self, bytes: usize) -> Self {
+        self.limit = bytes;
+        self
     }
 
     pub fn queue(&self) -> &str {
@@ -249,7 +260,15 @@ impl<M: Decode> Inbox<M> {
                 Ok(delivery) => delivery,
                 Err(e) => return Some(Err(e.into())),
             };
-            match M::decode(&delivery.properties, &delivery.data) {
+            let decoded = if delivery.data.len() > self.limit {
+                Err(DecodeError::TooBig {
+                    bytes: delivery.data.len(),
+                    limit: self.limit,
+                })
+            } else {
+                M::decode(&delivery.properties, &delivery.data)
+            };
+            match decoded {
                 Ok((from, msg)) => {
                     return Some(Ok(Incoming {
                         msg,
@@ -293,9 +312,14 @@ impl<M: Decode> Inbox<M> {
             bytes = delivery.data.len(),
             "undecodable message dead-lettered"
         );
+        // A message too big for its queue is not copied whole anywhere.
+        let body = match error {
+            DecodeError::TooBig { .. } => &[][..],
+            _ => &delivery.data[..],
+        };
         match self
             .publisher
-            .dead_letter(&self.queue, (&delivery.properties, &delivery.data), reason)
+            .dead_letter(&self.queue, (&delivery.properties, body), reason)
             .await
         {
             Ok(()) => {

@@ -73,6 +73,8 @@ if command -v rabbitmqctl >/dev/null 2>&1; then
     fi
     # At runtime too, for a broker that was already running with the default (30 min).
     as_root rabbitmqctl -q eval 'application:set_env(rabbit, consumer_timeout, 604800000).' >/dev/null
+    # Likewise the largest message (channels opened from now on).
+    as_root rabbitmqctl -q eval 'application:set_env(rabbit, max_message_size, 16777216).' >/dev/null
     # The quorum queues' write-ahead log is sized when the broker starts.
     wal=$(as_root rabbitmqctl -q eval 'application:get_env(ra, wal_max_size_bytes).' 2>/dev/null || true)
     if [ "$wal" != "{ok,67108864}" ]; then

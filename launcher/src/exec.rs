@@ -11,7 +11,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_protocol::{Captured, OutputFile, RunStatus, StreamPiece};
+use gleaner_protocol::{Captured, MAX_OUTPUT_FILES, OutputFile, RunStatus, StreamPiece};
 use nix::{
     sys::signal::{Signal, killpg},
     unistd::Pid,
@@ -563,7 +563,8 @@ impl TailReader {
     }
 }
 
-/// Reads the files matching the declared patterns, within the size limits.
+/// Reads the files matching the declared patterns, within the size limits
+/// and the first [`MAX_OUTPUT_FILES`] of them.
 fn collect_outputs(cwd: &Path, patterns: &[String], limits: Limits) -> Vec<OutputFile> {
     let mut files = Vec::new();
     let mut budget = limits.outputs_bytes;
@@ -573,6 +574,9 @@ fn collect_outputs(cwd: &Path, patterns: &[String], limits: Limits) -> Vec<Outpu
             continue;
         };
         for path in paths.flatten() {
+            if files.len() == MAX_OUTPUT_FILES {
+                return files;
+            }
             // Symlinks could point anywhere on the node; only real files count.
             let Ok(meta) = std::fs::symlink_metadata(&path) else {
                 continue;

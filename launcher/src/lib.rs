@@ -255,12 +255,8 @@ async fn publish_results(
     route: (String, String),
     mut outgoing: tokio::sync::mpsc::UnboundedReceiver<Outgoing>,
 ) {
-    let size = |o: &Outgoing| {
-        let r = &o.result;
-        r.stdout.data.len()
-            + r.stderr.data.len()
-            + r.outputs.iter().map(|f| f.data.len()).sum::<usize>()
-    };
+    let size = |o: &Outgoing| o.result.weight();
+    let route = (route.0.as_str(), route.1.as_str());
     // A result that would have made the last message too big starts the next.
     let mut carried: Option<Outgoing> = None;
     let mut packer = Packer::default();
@@ -271,6 +267,9 @@ async fn publish_results(
                 Some(first) => first,
                 None => return,
             },
+        };
+        let Some(first) = send_parts(&publisher, route, first).await else {
+            continue;
         };
         packer.start(size(&first));
         let mut batch = vec![first];
@@ -284,6 +283,9 @@ async fn publish_results(
                     Ok(None) | Err(_) => break,
                 },
             };
+            let Some(next) = send_parts(&publisher, route, next).await else {
+                continue;
+            };
             if !packer.take(size(&next)) {
                 carried = Some(next);
                 break;
@@ -293,13 +295,34 @@ async fn publish_results(
         packer.sent();
         let (results, waiting): (Vec<ResultMsg>, Vec<_>) =
             batch.into_iter().map(|o| (o.result, o.settled)).unzip();
-        let sent = publisher
-            .send_via((&route.0, &route.1), &ResultBatch { results })
-            .await;
+        let batch = ResultBatch {
+            results,
+            part: None,
+        };
+        let sent = publisher.send_via(route, &batch).await;
         for settled in waiting {
             let _ = settled.send(sent.clone());
         }
     }
+}
+
+/// Sends a run's output ahead of it in parts if it is too much for one
+/// message, and gives back the result to send (without that data). A part
+/// the broker would not take settles the result with the error.
+async fn send_parts(publisher: &Publisher, route: (&str, &str), o: Outgoing) -> Option<Outgoing> {
+    let Outgoing { result, settled } = o;
+    let (parts, result) = result.into_parts(rand::random());
+    for part in parts {
+        let part = ResultBatch {
+            results: Vec::new(),
+            part: Some(part),
+        };
+        if let Err(e) = publisher.send_via(route, &part).await {
+            let _ = settled.send(Err(e));
+            return None;
+        }
+    }
+    Some(Outgoing { result, settled })
 }
 
 /// What the batch system's signals ask of a launcher.
@@ -1138,6 +1161,7 @@ async fn report(
         outputs: outcome.outputs,
         error: outcome.error,
         peak_memory_mb: outcome.peak_memory_mb,
+        parted: None,
     };
     let stopped = || BrokerError::Connect("the launcher's result publisher stopped".to_owned());
     let (settled, done) = tokio::sync::oneshot::channel();

@@ -4,9 +4,10 @@
 
 /// Results in one message at most.
 pub const RESULTS_PER_MESSAGE: usize = 64;
-/// Bytes of captured output in one message, unless its first result alone
-/// has more.
-pub const BYTES_PER_MESSAGE: usize = 4 << 20;
+/// Weight ([`gleaner_protocol::ResultMsg::weight`]) of one message,
+/// unless its one result alone has more: a run with more output goes in
+/// parts first, so that a message is at most this and one run's paths.
+pub const BYTES_PER_MESSAGE: usize = gleaner_protocol::RESULT_MESSAGE_BYTES;
 
 /// The message being packed, and whether the next one waits for more.
 #[derive(Debug, Default)]
@@ -85,7 +86,5 @@ mod tests {
         packer.start(BYTES_PER_MESSAGE - 1);
         assert!(packer.take(1));
         assert!(!packer.take(1), "over the bytes: the next message");
-        packer.start(BYTES_PER_MESSAGE * 2);
-        assert!(!packer.take(0), "a big first result travels alone");
     }
 }

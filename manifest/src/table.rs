@@ -20,9 +20,10 @@ pub struct Table {
 /// The parameter a file of lines gives each task.
 pub const LINE: &str = "line";
 
-/// At most this much data travels inside one manifest (the broker's
-/// messages are bounded, and a sweep that large wants a range instead).
-pub const MAX_TABLE_BYTES: usize = 64 << 20;
+/// At most this much data travels inside one manifest: a message holds
+/// 16 MiB at most (`gleaner_protocol::MAX_MESSAGE_BYTES`), and a sweep
+/// that large wants a range, or rows added to an open job in pieces.
+pub const MAX_TABLE_BYTES: usize = 12 << 20;
 
 impl Table {
     /// A CSV file: the first record names the columns, every other record
@@ -142,7 +143,8 @@ fn check_size(field: &str, source: &str, data: &[u8]) -> Result<(), ManifestErro
         return Err(ManifestError::invalid(
             field,
             format!(
-                "{source}: {} MiB; at most {} MiB of rows travel with a manifest",
+                "{source}: {} MiB; at most {} MiB of rows travel with a manifest \
+                 (add the rest to an open job, `gleaner submit --job`, in pieces)",
                 data.len() >> 20,
                 MAX_TABLE_BYTES >> 20
             ),

@@ -19,6 +19,9 @@ pub enum DecodeError {
     /// when known, so that a rejection event can be published.
     #[error("{reason}")]
     Invalid { job: Option<String>, reason: String },
+    /// Larger than its queue's messages are (the body is not kept).
+    #[error("{bytes} bytes, more than the {limit} a message of this queue holds")]
+    TooBig { bytes: usize, limit: usize },
 }
 
 #[derive(Serialize)]

@@ -1161,6 +1161,27 @@ impl Message for TaskMsg {
     }
 }
 
+impl TaskMsg {
+    /// About what it weighs in a message: its variable parts, with room
+    /// for the fixed ones.
+    pub fn weight(&self) -> usize {
+        self.command.len()
+            + self
+                .env
+                .iter()
+                .map(|(k, v)| k.len() + v.len() + 8)
+                .sum::<usize>()
+            + self.outputs.iter().map(|o| o.len() + 8).sum::<usize>()
+            + self.workdir.as_ref().map_or(0, String::len)
+            + 256
+    }
+}
+
+/// What one bundle of tasks weighs at most ([`TaskMsg::weight`]), unless
+/// its one task alone weighs more: well within [`MAX_MESSAGE_BYTES`], and
+/// what a launcher's prefetch holds stays small.
+pub const BUNDLE_BYTES: usize = 4 << 20;
+
 /// A message of many `$item`s in `$field` that also reads a lone `$item`
 /// as a list of one: single messages still queued across an upgrade, and
 /// retries, which travel alone, decode as the same type.
@@ -1241,6 +1262,117 @@ pub struct ResultMsg {
     /// for memory (the launcher watches only then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_memory_mb: Option<u64>,
+    /// Set when the run's output went ahead of it in [`ResultPart`]s: the
+    /// data of its streams and files is then empty here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parted: Option<Parted>,
+}
+
+impl ResultMsg {
+    /// Bytes of captured output it carries.
+    pub fn output_bytes(&self) -> usize {
+        self.stdout.data.len()
+            + self.stderr.data.len()
+            + self.outputs.iter().map(|f| f.data.len()).sum::<usize>()
+    }
+
+    /// What it weighs in a message: its output, and its other variable
+    /// parts (paths, error) with room for the fixed ones.
+    pub fn weight(&self) -> usize {
+        self.output_bytes()
+            + self
+                .outputs
+                .iter()
+                .map(|f| f.path.len() + 32)
+                .sum::<usize>()
+            + self.error.as_ref().map_or(0, String::len)
+            + 256
+    }
+
+    /// Splits a run whose output is over [`RESULT_MESSAGE_BYTES`] into
+    /// parts of at most [`RESULT_PART_BYTES`] and the result without the
+    /// data, which says how much each part's target holds. `run` tells
+    /// this run's parts from another run's of the same task.
+    pub fn into_parts(mut self, run: u64) -> (Vec<ResultPart>, ResultMsg) {
+        if self.output_bytes() <= RESULT_MESSAGE_BYTES {
+            return (Vec::new(), self);
+        }
+        let datas = [&mut self.stdout.data, &mut self.stderr.data]
+            .into_iter()
+            .chain(self.outputs.iter_mut().map(|f| &mut f.data));
+        let mut parts = Vec::new();
+        let mut sizes = Vec::new();
+        for (target, data) in datas.enumerate() {
+            let data = std::mem::take(data);
+            sizes.push(data.len() as u64);
+            for (index, chunk) in data.chunks(RESULT_PART_BYTES).enumerate() {
+                parts.push(ResultPart {
+                    job: self.job.clone(),
+                    task: self.task,
+                    run,
+                    target: target as u32,
+                    offset: (index * RESULT_PART_BYTES) as u64,
+                    data: chunk.to_vec(),
+                });
+            }
+        }
+        self.parted = Some(Parted { run, sizes });
+        (parts, self)
+    }
+
+    /// The data of target `target` (0 stdout, 1 stderr, then the output
+    /// files in order), to be filled from its parts.
+    pub fn target_mut(&mut self, target: usize) -> Option<&mut Vec<u8>> {
+        match target {
+            0 => Some(&mut self.stdout.data),
+            1 => Some(&mut self.stderr.data),
+            n => self.outputs.get_mut(n - 2).map(|f| &mut f.data),
+        }
+    }
+}
+
+/// Bytes of captured output a message of results holds at most (a run
+/// with more goes in parts): with the runner's prefetch, what a job's
+/// results can make it hold at once.
+pub const RESULT_MESSAGE_BYTES: usize = 1 << 20;
+/// Bytes of one [`ResultPart`].
+pub const RESULT_PART_BYTES: usize = 1 << 20;
+/// The most output one parted run may declare: what the launcher's
+/// largest limits allow, with room.
+pub const MAX_PARTED_BYTES: u64 = 1 << 30;
+/// Output files one run sends back at most.
+pub const MAX_OUTPUT_FILES: usize = 1000;
+/// Targets of a parted run at most: the two streams and the output files.
+pub const MAX_PARTED_TARGETS: usize = 2 + MAX_OUTPUT_FILES;
+/// The largest message of results a launcher sends: its output is at most
+/// [`RESULT_MESSAGE_BYTES`], and the rest (paths of up to
+/// [`MAX_OUTPUT_FILES`] files, errors) well within the remainder.
+pub const MAX_RESULTS_MESSAGE_BYTES: usize = 8 << 20;
+
+/// The largest message a gleaner component sends, and the broker's own
+/// `max_message_size` (`deploy/rabbitmq/50-gleaner.conf`): a consumer
+/// holds at most its prefetch times this.
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// Where a parted run's data went: a run id, and the bytes of each
+/// target (stdout, stderr, then the output files).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Parted {
+    pub run: u64,
+    pub sizes: Vec<u64>,
+}
+
+/// A piece of a parted run's output, sent ahead of its result.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResultPart {
+    pub job: JobId,
+    pub task: u64,
+    pub run: u64,
+    /// 0 stdout, 1 stderr, then the output files in order.
+    pub target: u32,
+    pub offset: u64,
+    #[serde(with = "serde_bytes")]
+    pub data: Vec<u8>,
 }
 
 impl Message for ResultMsg {
@@ -1251,12 +1383,35 @@ impl Message for ResultMsg {
 
 /// Results of a launcher's runs that ended about together, as one message:
 /// one publish, one confirm, one delivery and one ack for all of them.
-#[derive(Debug, Clone, Serialize)]
+/// Or a part of a run's output, which comes alone.
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ResultBatch {
     pub results: Vec<ResultMsg>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub part: Option<ResultPart>,
 }
 
-many_or_one!(ResultBatch, results, ResultMsg);
+impl<'de> Deserialize<'de> for ResultBatch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Many {
+                results: Vec<ResultMsg>,
+                #[serde(default)]
+                part: Option<ResultPart>,
+            },
+            One(Box<ResultMsg>),
+        }
+        Ok(match Either::deserialize(d)? {
+            Either::Many { results, part } => Self { results, part },
+            Either::One(one) => Self {
+                results: vec![*one],
+                part: None,
+            },
+        })
+    }
+}
 
 impl Message for ResultBatch {
     fn kind(&self) -> &'static str {
@@ -1795,6 +1950,7 @@ mod tests {
             stderr: Captured::default(),
             outputs: Vec::new(),
             error: None,
+            parted: None,
         };
         let one = rmp_serde::to_vec_named(&result).unwrap();
         let read: ResultBatch = rmp_serde::from_slice(&one).unwrap();
@@ -1805,12 +1961,95 @@ mod tests {
         );
         let batch = ResultBatch {
             results: vec![result.clone(), ResultMsg { task: 8, ..result }],
+            part: None,
         };
         let read: ResultBatch =
             rmp_serde::from_slice(&rmp_serde::to_vec_named(&batch).unwrap()).unwrap();
         assert_eq!(
             read.results.iter().map(|r| r.task).collect::<Vec<_>>(),
             [7, 8]
+        );
+    }
+
+    #[test]
+    fn a_run_with_much_output_goes_in_parts_that_put_it_back_together() {
+        let mut run = ResultMsg {
+            peak_memory_mb: None,
+            job: job(),
+            task: 3,
+            attempt: 1,
+            preemptions: 0,
+            status: RunStatus::Succeeded,
+            exit_code: Some(0),
+            signal: None,
+            runtime_ms: 5,
+            launcher: "c1-1".into(),
+            cluster: "c1".into(),
+            host: "h".into(),
+            stdout: Captured {
+                data: (0..RESULT_PART_BYTES * 5 / 2).map(|i| i as u8).collect(),
+                dropped: 9,
+            },
+            stderr: Captured::default(),
+            outputs: vec![OutputFile {
+                path: "out.bin".into(),
+                data: vec![7; RESULT_PART_BYTES * 3],
+                dropped: 0,
+            }],
+            error: None,
+            parted: None,
+        };
+        let small = run.clone();
+        let (none, same) = ResultMsg {
+            outputs: Vec::new(),
+            stdout: Captured::default(),
+            ..small
+        }
+        .into_parts(1);
+        assert!(
+            none.is_empty() && same.parted.is_none(),
+            "small runs go whole"
+        );
+
+        let whole = run.clone();
+        let (parts, stripped) = run.clone().into_parts(42);
+        assert_eq!(parts.len(), 3 + 3);
+        assert!(
+            parts
+                .iter()
+                .all(|p| p.data.len() <= RESULT_PART_BYTES && p.run == 42)
+        );
+        assert_eq!(stripped.output_bytes(), 0);
+        assert_eq!(stripped.stdout.dropped, 9);
+        let parted = stripped.parted.clone().unwrap();
+        assert_eq!(
+            parted.sizes,
+            [
+                RESULT_PART_BYTES as u64 * 5 / 2,
+                0,
+                RESULT_PART_BYTES as u64 * 3
+            ]
+        );
+        run = stripped;
+        for part in parts.iter().rev() {
+            let data = run.target_mut(part.target as usize).unwrap();
+            let end = part.offset as usize + part.data.len();
+            if data.len() < end {
+                data.resize(end, 0);
+            }
+            data[part.offset as usize..end].copy_from_slice(&part.data);
+        }
+        assert_eq!(run.stdout, whole.stdout);
+        assert_eq!(run.outputs, whole.outputs);
+        let encoded = rmp_serde::to_vec_named(&ResultBatch {
+            results: Vec::new(),
+            part: Some(parts[0].clone()),
+        })
+        .unwrap();
+        let read: ResultBatch = rmp_serde::from_slice(&encoded).unwrap();
+        assert_eq!(
+            (read.results.len(), read.part.as_ref()),
+            (0, Some(&parts[0]))
         );
     }
 

@@ -241,6 +241,7 @@ mod tests {
             stderr: Captured::default(),
             outputs: vec![],
             error: None,
+            parted: None,
         }
     }
 

@@ -666,6 +666,7 @@ impl Grid {
             outputs: Vec::new(),
             error: None,
             peak_memory_mb: None,
+            parted: None,
         };
         info!(component = task, cluster = %result.cluster, exit_code = ?result.exit_code, "grid component ended");
         let entry = self.entry(ledger, task, status.into(), Some(&result));

@@ -18,7 +18,8 @@ use gleaner_broker::{
 };
 use gleaner_manifest::{JobKind, TaskList};
 use gleaner_protocol::{
-    ControlMsg, Core, Followed, JobClaim, JobReport, ResultBatch, Submission, TaskBundle,
+    ControlMsg, Core, Followed, JobClaim, JobReport, MAX_RESULTS_MESSAGE_BYTES, ResultBatch,
+    ResultPart, Submission, TaskBundle,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -30,7 +31,7 @@ use crate::{
     machine::{JobEvent, JobMachine},
     owner::{Owner, as_account, prepare_area, symlink_on_the_way},
     publication::FirstAttempts,
-    results::ResultsDir,
+    results::{ResultsDir, is_disk_failure},
     sweep::Sweep,
 };
 
@@ -61,6 +62,18 @@ pub struct Claim<F> {
     pub on_claimed: F,
 }
 
+/// Messages of results a job's consumer holds unacked: each has at most
+/// a MiB of output (more goes in parts), so a job's results take 32 MiB of
+/// the runner's memory at most, and forged ones
+/// ([`MAX_RESULTS_MESSAGE_BYTES`] at most, larger are dead-lettered) 256
+/// MiB. Launchers pack up to 64 results a message, so this many keep the
+/// runner busy.
+const RESULTS_PREFETCH: u16 = 32;
+/// Control messages held unacked (heartbeats, additions): at most
+/// [`gleaner_protocol::MAX_MESSAGE_BYTES`] each.
+const CONTROL_PREFETCH: u16 = 32;
+/// Lost tasks held unacked: a launcher that died gives back a few bundles.
+const DEAD_PREFETCH: u16 = 8;
 /// Results processed per write-and-sync round.
 const RESULT_BATCH: usize = 512;
 /// Tasks published per confirm round.
@@ -325,7 +338,11 @@ impl<K: Kind> Shell<K> {
             if self.machine.is_over() {
                 return Ok(());
             }
-            self.serve(connection, shutdown).await
+            self.serve(connection, shutdown).await?;
+            if let Err(e) = self.results.clear_parts() {
+                warn!(error = %e, "parts of runs whose results never came are left in .parts");
+            }
+            Ok(())
         }
         .await;
         match outcome {
@@ -350,13 +367,14 @@ impl<K: Kind> Shell<K> {
         };
         let publisher = &self.publisher;
         let mut results: Inbox<ResultBatch> = connection
-            .inbox(publisher, &self.queues.results, options(1024))
-            .await?;
+            .inbox(publisher, &self.queues.results, options(RESULTS_PREFETCH))
+            .await?
+            .limited(MAX_RESULTS_MESSAGE_BYTES);
         let mut dead: Inbox<TaskBundle> = connection
-            .inbox(publisher, &self.queues.dead, options(64))
+            .inbox(publisher, &self.queues.dead, options(DEAD_PREFETCH))
             .await?;
         let mut control: Inbox<ControlMsg> = connection
-            .inbox(publisher, &self.queues.control, options(256))
+            .inbox(publisher, &self.queues.control, options(CONTROL_PREFETCH))
             .await?;
         let mut heartbeat = tokio::time::interval(self.machine.job().ledger().settings().heartbeat);
         // The first control message of a batch, held while the rest gather.
@@ -401,7 +419,18 @@ impl<K: Kind> Shell<K> {
                         }
                     }
                     self.unacked = batch.last().map(Incoming::receipt);
-                    let results = batch.into_iter().flat_map(|i| i.msg.results).collect();
+                    let mut results = Vec::with_capacity(count);
+                    let mut staged = false;
+                    for incoming in batch {
+                        results.extend(incoming.msg.results);
+                        if let Some(part) = incoming.msg.part {
+                            self.stage(&part)?;
+                            staged = true;
+                        }
+                    }
+                    if staged {
+                        self.results.sync().map_err(|e| self.io_error(e))?;
+                    }
                     self.handle(JobEvent::Results(results), Now::read()).await?;
                 }
                 lost = dead.next() => {
@@ -438,6 +467,24 @@ impl<K: Kind> Shell<K> {
                 () = shutdown.cancelled() => return Err(JobError::Shutdown),
                 () = std::future::ready(()), if !self.publishing.is_empty() => self.publish_chunk().await?,
             }
+        }
+    }
+
+    /// Writes a part of a run's output for its result to find; one that
+    /// names another job or cannot be a launcher's is dropped. Only a
+    /// disk that fails is the job's error.
+    fn stage(&self, part: &ResultPart) -> Result<(), JobError> {
+        if part.job != self.queues.job {
+            warn!(other = %part.job, task = part.task, "a part of another job's output dropped");
+            return Ok(());
+        }
+        match self.results.stage_part(part) {
+            Err(e) if is_disk_failure(&e) => Err(self.io_error(e)),
+            Err(e) => {
+                warn!(task = part.task, error = %e, "a part of a run's output dropped");
+                Ok(())
+            }
+            Ok(()) => Ok(()),
         }
     }
 
@@ -546,18 +593,24 @@ impl<K: Kind> Shell<K> {
             Effect::Publish(tasks) => {
                 self.publisher.send_all(&self.queues.tasks, &tasks).await?;
             }
-            Effect::WriteOutputs(result) => self
-                .results
-                .write_outputs(&result, false)
-                .map_err(|e| self.io_error(e))?,
-            Effect::WriteRetried(result) => self
-                .results
-                .write_retried(&result)
-                .map_err(|e| self.io_error(e))?,
-            Effect::WriteFinalOutputs(result) => self
-                .results
-                .write_outputs(&result, true)
-                .map_err(|e| self.io_error(e))?,
+            Effect::WriteOutputs(mut result) => {
+                self.results.unpart(&mut result);
+                self.results
+                    .write_outputs(&result, false)
+                    .map_err(|e| self.io_error(e))?
+            }
+            Effect::WriteRetried(mut result) => {
+                self.results.unpart(&mut result);
+                self.results
+                    .write_retried(&result)
+                    .map_err(|e| self.io_error(e))?
+            }
+            Effect::WriteFinalOutputs(mut result) => {
+                self.results.unpart(&mut result);
+                self.results
+                    .write_outputs(&result, true)
+                    .map_err(|e| self.io_error(e))?
+            }
             Effect::Record(entries) => {
                 if !entries.is_empty() {
                     self.results.append(entries).map_err(|e| self.io_error(e))?;

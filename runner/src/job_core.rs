@@ -805,6 +805,7 @@ pub mod testing {
             stderr: Captured::default(),
             outputs: vec![],
             error: None,
+            parted: None,
         }
     }
 

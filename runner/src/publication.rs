@@ -8,7 +8,7 @@
 use std::{sync::Arc, time::Duration};
 
 use gleaner_manifest::{JobId, MAX_BUNDLE, Manifest, TaskList, TaskShape, TaskSpec, is_param_name};
-use gleaner_protocol::{TaskBundle, TaskMsg};
+use gleaner_protocol::{BUNDLE_BYTES, TaskBundle, TaskMsg};
 
 use crate::book::TaskBook;
 
@@ -203,16 +203,29 @@ impl FirstAttempts {
         let len = self.chunk_len(size);
         let start = index.saturating_mul(len).min(self.tasks.len());
         let end = start.saturating_add(len).min(self.tasks.len());
-        self.tasks[start..end]
-            .chunks(self.bundle)
-            .map(|bundle| TaskBundle {
-                tasks: bundle
-                    .iter()
-                    .filter_map(|&task| self.maker.msg(task, 1, 0))
-                    .collect(),
-            })
-            .filter(|bundle| !bundle.tasks.is_empty())
-            .collect()
+        let mut bundles = Vec::new();
+        let mut bundle = TaskBundle { tasks: Vec::new() };
+        let mut weight = 0;
+        for msg in self.tasks[start..end]
+            .iter()
+            .filter_map(|&task| self.maker.msg(task, 1, 0))
+        {
+            let full = bundle.tasks.len() == self.bundle
+                || weight + msg.weight() > BUNDLE_BYTES && !bundle.tasks.is_empty();
+            if full {
+                bundles.push(std::mem::replace(
+                    &mut bundle,
+                    TaskBundle { tasks: Vec::new() },
+                ));
+                weight = 0;
+            }
+            weight += msg.weight();
+            bundle.tasks.push(msg);
+        }
+        if !bundle.tasks.is_empty() {
+            bundles.push(bundle);
+        }
+        bundles
     }
 }
 

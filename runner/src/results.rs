@@ -17,7 +17,9 @@ use std::{
 };
 
 use gleaner_manifest::Manifest;
-use gleaner_protocol::{Captured, OutputFile, ResultMsg};
+use gleaner_protocol::{
+    Captured, MAX_PARTED_BYTES, MAX_PARTED_TARGETS, OutputFile, ResultMsg, ResultPart,
+};
 use tracing::warn;
 
 use crate::{
@@ -36,6 +38,8 @@ const ADDITIONS_FILE: &str = "additions.jsonl";
 pub const OUTPUT_FILE: &str = "output.log";
 /// Runs that failed and were retried, one per line.
 pub const ATTEMPTS_FILE: &str = "attempts.jsonl";
+/// Where the parts of runs wait for their results.
+const PARTS_DIR: &str = ".parts";
 
 pub struct ResultsDir {
     root: PathBuf,
@@ -142,6 +146,88 @@ impl ResultsDir {
         Ok(Streams {
             stdout: append(&result.stdout)?,
             stderr: append(&stderr)?,
+        })
+    }
+
+    /// Where the parts of `task`'s run `run` wait.
+    fn parts_of(&self, task: u64, run: u64) -> PathBuf {
+        self.root.join(PARTS_DIR).join(format!("{task}.{run:016x}"))
+    }
+
+    /// Writes a part of a run's output where its result will find it (made
+    /// durable with the next sync). A part no launcher would send (a
+    /// target or an offset out of bounds) is refused.
+    pub fn stage_part(&self, part: &ResultPart) -> io::Result<()> {
+        let end = part.offset.saturating_add(part.data.len() as u64);
+        if part.target as usize >= MAX_PARTED_TARGETS || end > MAX_PARTED_BYTES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "a part of task {} for target {} up to byte {end}: out of bounds",
+                    part.task, part.target
+                ),
+            ));
+        }
+        let dir = self.parts_of(part.task, part.run);
+        as_account(self.account.as_ref(), || {
+            std::fs::create_dir_all(&dir)?;
+            let file = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+                .open(dir.join(part.target.to_string()))?;
+            use std::os::unix::fs::FileExt;
+            regular(file, &dir)?.write_all_at(&part.data, part.offset)
+        })
+    }
+
+    /// Puts a parted run's output back into its result from its parts (at
+    /// most [`MAX_PARTED_BYTES`] in all, read just before it is written,
+    /// one run at a time), and removes them. Bytes that never came are
+    /// missing, with a warning: the result still counts.
+    pub fn unpart(&self, result: &mut ResultMsg) {
+        let Some(parted) = result.parted.take() else {
+            return;
+        };
+        let task = result.task;
+        let dir = self.parts_of(task, parted.run);
+        let mut budget = MAX_PARTED_BYTES;
+        for (target, &size) in parted.sizes.iter().enumerate().take(MAX_PARTED_TARGETS) {
+            let Some(data) = result.target_mut(target) else {
+                break;
+            };
+            let path = dir.join(target.to_string());
+            let want = size.min(budget);
+            let read = as_account(self.account.as_ref(), || read_up_to(&path, want));
+            *data = match read {
+                Ok(data) => data,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
+                Err(e) => {
+                    warn!(task, path = %path.display(), error = %e, "a part of a run's output cannot be read");
+                    Vec::new()
+                }
+            };
+            budget -= data.len() as u64;
+            if (data.len() as u64) < size {
+                warn!(
+                    task,
+                    target,
+                    missing = size - data.len() as u64,
+                    "part of a run's output never came"
+                );
+            }
+        }
+        if let Err(e) = as_account(self.account.as_ref(), || remove_dir(&dir)) {
+            warn!(task, error = %e, "a run's parts are left behind");
+        }
+    }
+
+    /// Removes the parts of runs whose results never came (a launcher
+    /// that died between, a run that ran twice): for a job that ended.
+    pub fn clear_parts(&self) -> io::Result<()> {
+        as_account(self.account.as_ref(), || {
+            remove_dir(&self.root.join(PARTS_DIR))
         })
     }
 
@@ -294,6 +380,18 @@ fn read_at_most(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     Ok(text)
 }
 
+/// Up to `limit` bytes of a regular file of the owner's directory, not
+/// following a link.
+fn read_up_to(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(path)?;
+    let mut data = Vec::new();
+    regular(file, path)?.take(limit).read_to_end(&mut data)?;
+    Ok(data)
+}
+
 /// `file`, if it is a regular file: the owner may have put a pipe there,
 /// which would keep the runner waiting (opened without waiting for a
 /// writer, `O_NONBLOCK`), or a device.
@@ -381,17 +479,22 @@ fn write_output_files(result: &ResultMsg, dir: &Path) -> io::Result<()> {
         if let Err(e) = write_output(dir, &relative, output) {
             // The disk is the problem: the result must wait. Otherwise
             // this one file is, and the rest of the result still counts.
-            if matches!(
-                e.kind(),
-                io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
-            ) || e.raw_os_error() == Some(5)
-            {
+            if is_disk_failure(&e) {
                 return Err(e);
             }
             warn!(job = %result.job, task = result.task, path = %output.path, error = %e, "output file not written");
         }
     }
     Ok(())
+}
+
+/// An error of the disk (full, over quota, failing) rather than of one
+/// file: writing anything else would fail too.
+pub fn is_disk_failure(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
+    ) || e.raw_os_error() == Some(nix::libc::EIO)
 }
 
 /// One declared output file; a truncated one gets a note beside it.
@@ -560,6 +663,7 @@ mod tests {
             },
             outputs,
             error: None,
+            parted: None,
         }
     }
 

@@ -1580,6 +1580,36 @@ mod tests {
     }
 
     #[test]
+    fn bundles_of_long_commands_stop_at_their_bytes() {
+        let t0 = Instant::now();
+        let long = "x".repeat(100_000);
+        let text = format!(
+            "name = \"sweep\"\nbundle = 1000\n\
+             [sweep]\ncommand = \"echo {long} {{i}}\"\nparams = {{ i = {{ from = 0, to = 99 }} }}\n"
+        );
+        let (_, effects) = new_sweep(&text, t0);
+        let Some(Effect::PublishFirst(first)) = effects
+            .iter()
+            .find(|e| matches!(e, Effect::PublishFirst(_)))
+        else {
+            panic!("no publication: {effects:?}");
+        };
+        let bundles: Vec<TaskBundle> = (0..first.chunk_count(1000))
+            .flat_map(|i| first.chunk(i, 1000))
+            .collect();
+        assert_eq!(bundles.iter().map(|b| b.tasks.len()).sum::<usize>(), 100);
+        assert!(bundles.len() >= 3, "{} bundles", bundles.len());
+        for bundle in &bundles {
+            let encoded = gleaner_protocol::codec::encode("runner", bundle).unwrap();
+            assert!(
+                encoded.len() <= gleaner_protocol::BUNDLE_BYTES,
+                "{}",
+                encoded.len()
+            );
+        }
+    }
+
+    #[test]
     fn first_attempts_go_in_bundles_and_a_lost_bundle_comes_back_alone() {
         let t0 = Instant::now();
         let (mut sweep, effects) = new_sweep(&format!("bundle = 4\n{}", manifest(10, 1)), t0);

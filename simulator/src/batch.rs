@@ -957,6 +957,7 @@ fn result(launcher: &LauncherId, run: Run, cluster: &ClusterName, t: f64) -> Res
         outputs: Vec::new(),
         error: None,
         peak_memory_mb: None,
+        parted: None,
     }
 }
 

@@ -7,6 +7,42 @@ use gleaner_testkit::{by_task, finish, sweep, terminal::Terminal, wait_for};
 
 use crate::{MINUTE, gleaner};
 
+/// A message holds 16 MiB at most, and a consumer its prefetch of them:
+/// a manifest too big for one is refused by `gleaner submit` before it is
+/// sent, saying how big it is and (for a table) what to do instead.
+#[test]
+fn a_manifest_too_big_for_a_message_is_refused_before_it_is_sent() {
+    let g = gleaner("too-big");
+    let rows: String = (0..1_400_000).map(|i| format!("row{i:06}\n")).collect();
+    g.write("rows.txt", &rows);
+    let table = g.write(
+        "table.toml",
+        "name = \"table\"\n[sweep]\ncommand = \"echo {line}\"\nlines = \"rows.txt\"\n",
+    );
+    let env = g.write(
+        "env.toml",
+        &format!(
+            "name = \"env\"\nenv = {{ BIG = \"{}\" }}\n[[task]]\ncommand = \"true\"\n",
+            "x".repeat(17 << 20)
+        ),
+    );
+    for (manifest, says) in [
+        (&table, "at most 12 MiB of rows travel with a manifest"),
+        (&env, "more than the 16 MiB a message may hold"),
+    ] {
+        let output = g.run(&["submit", manifest.to_str().unwrap()]);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && stderr.contains(says),
+            "{stderr}"
+        );
+    }
+    assert!(
+        g.vhost.get("gleaner.submit", 10).is_empty(),
+        "nothing was sent"
+    );
+}
+
 /// `gleaner wait` attaches to a job submitted without `--wait`, as
 /// `submit --wait` would have followed it, exit code included.
 #[test]

@@ -263,17 +263,22 @@ fn another_users_submission_of_a_live_job_id_is_refused() {
 }
 
 /// A task holds its launcher's broker account, and with it its job's
-/// control queue: what it sends there may be refused, but costs its runner
-/// nothing. A launcher announcing itself with a 300-byte cluster name
-/// (which no queue name can hold) and a body that is not a message go to
-/// `gleaner.dead` with their reasons; the runner keeps serving and the
-/// job completes.
+/// control and results queues: what it sends there may be refused, but
+/// costs its runner nothing. A launcher announcing itself with a 300-byte
+/// cluster name (which no queue name can hold) and a body that is not a
+/// message go to `gleaner.dead` with their reasons, as does a message of
+/// results too big for any launcher to send (without its body: the runner
+/// holds a job's results in bounded memory); a part of output no launcher
+/// would send is dropped. The runner keeps serving and the job completes,
+/// and a run's output bigger than a message came in parts and is whole.
 #[test]
-fn a_tasks_hostile_control_messages_leave_its_runner_serving() {
+fn a_tasks_hostile_messages_leave_its_runner_serving() {
     let (g, alice, _bob) = many_users("users-hostile");
     let hers = g.write(
         "alice.toml",
-        "name = \"hostile\"\n[[task]]\ncommand = \"cat \\\"$GLEANER_CONFIG\\\"\"\n[sweep]\ncommand = \"sleep 1\"\nparams = { n = { from = 1, to = 12 } }\n",
+        "name = \"hostile\"\noutputs = [\"big.txt\"]\n[[task]]\ncommand = \"cat \\\"$GLEANER_CONFIG\\\"\"\n\
+         [[task]]\ncommand = \"seq 1 800000 > big.txt; head -c 3000000 /dev/zero | tr '\\\\0' y\"\n\
+         [sweep]\ncommand = \"sleep 1\"\nparams = { n = { from = 1, to = 12 } }\n",
     );
     let submitted = g.run_as(&alice, &["submit", hers.to_str().unwrap()]);
     assert!(submitted.status.success(), "{}", text(&submitted));
@@ -297,19 +302,38 @@ fn a_tasks_hostile_control_messages_leave_its_runner_serving() {
         deadline: None,
         heartbeat_ms: None,
     });
-    let control = (format!("gleaner.job.{job}"), "control");
+    let exchange = format!("gleaner.job.{job}");
     for body in [
         gleaner_protocol::codec::encode("launcher@forged", &up).unwrap(),
         b"\xc1 not a message".to_vec(),
     ] {
         stolen
-            .publish((&control.0, control.1), &body, None)
+            .publish((&exchange, "control"), &body, None)
+            .expect("her own job's exchange takes it");
+    }
+    let stray = gleaner_protocol::ResultBatch {
+        results: Vec::new(),
+        part: Some(gleaner_protocol::ResultPart {
+            job: job.parse().unwrap(),
+            task: 1,
+            run: 7,
+            target: 5000,
+            offset: 0,
+            data: b"nowhere".to_vec(),
+        }),
+    };
+    for body in [
+        vec![0; gleaner_protocol::MAX_RESULTS_MESSAGE_BYTES + 1],
+        gleaner_protocol::codec::encode("launcher@forged", &stray).unwrap(),
+    ] {
+        stolen
+            .publish((&exchange, "results"), &body, None)
             .expect("her own job's exchange takes it");
     }
     let mut dead = Vec::new();
-    wait_for("both in gleaner.dead", MINUTE, || {
+    wait_for("three in gleaner.dead", MINUTE, || {
         dead.extend(g.vhost.get("gleaner.dead", 10));
-        dead.len() >= 2
+        dead.len() >= 3
     });
     let reasons: Vec<&str> = dead
         .iter()
@@ -319,6 +343,15 @@ fn a_tasks_hostile_control_messages_leave_its_runner_serving() {
         reasons.iter().any(|r| r.contains("not a cluster name")),
         "{reasons:?}"
     );
+    let too_big = dead
+        .iter()
+        .find(|d| {
+            d["properties"]["headers"]["x-gleaner-reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("more than the"))
+        })
+        .unwrap_or_else(|| panic!("the big message is not dead-lettered: {reasons:?}"));
+    assert_eq!(too_big["payload_bytes"], 0, "its body is not copied");
     wait_for("her job to end", 3 * MINUTE, || {
         std::fs::read_to_string(results.join("job.json")).is_ok_and(|t| t.contains("\"done\""))
     });
@@ -328,12 +361,24 @@ fn a_tasks_hostile_control_messages_leave_its_runner_serving() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     let tasks = gleaner_testkit::by_task(&tasks);
-    assert_eq!(tasks.len(), 13);
+    assert_eq!(tasks.len(), 14);
     assert!(
         tasks.values().all(|t| t["status"] == "succeeded"),
         "{tasks:?}"
     );
+    let expected: String = (1..=800_000).map(|i| format!("{i}\n")).collect();
+    let big = std::fs::read_to_string(results.join("tasks/1/big.txt")).unwrap();
+    assert!(big == expected, "big.txt: {} bytes, not seq's", big.len());
+    let printed = task_stream(&results, 1, false).unwrap();
+    assert!(
+        printed.ends_with(&"y".repeat(1 << 20))
+            && printed.starts_with("[gleaner: the first 1951424 bytes"),
+        "{}",
+        &printed[..200]
+    );
+    assert!(!results.join(".parts").exists(), "parts are cleared");
     let log = g.log("up");
+    assert!(log.contains("a part of a run's output dropped"), "{log}");
     assert!(!log.contains("panicked"), "{log}");
     assert!(!log.contains("restarting the session"), "{log}");
 }
