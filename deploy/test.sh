@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up what the tests need (idempotently: RabbitMQ, a single-host Grid
 # Engine cell, beside it the multi-host dev grid of test hosts in network
-# namespaces, Slurm, a 3-node replicated RabbitMQ on those hosts, and the
-# Unix accounts alice and bob, and tmux) and runs every test.
+# namespaces, Slurm, a 3-node replicated RabbitMQ on those hosts, the
+# Unix accounts alice and bob, tmux, cargo-deb and a clean Debian root)
+# and runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 started=$SECONDS
@@ -26,6 +27,14 @@ if ! command -v tmux >/dev/null 2>&1; then
     apt-get install -y -qq tmux >/dev/null 2>&1 ||
         { apt-get update -qq && apt-get install -y -qq tmux >/dev/null; }
 fi
+# The Debian package is built with cargo-deb and tried in a clean Debian 12
+# root, made once.
+if ! cargo deb --version >/dev/null 2>&1; then
+    step "cargo-deb"
+    cargo install --quiet --locked --no-default-features cargo-deb
+fi
+step "a clean Debian 12 root for the package's test"
+deploy/deb/chroot.sh --prepare
 # The Python package's tests run in a virtualenv of their own, with the
 # debug build of gleaner that the Rust tests built.
 python_tests() {

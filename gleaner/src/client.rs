@@ -38,7 +38,17 @@ pub(crate) fn connect_hint(error: &str, urls: &[String]) -> &'static str {
     let plain_to_tls = urls
         .iter()
         .any(|url| gleaner_broker::plain_to_tls_port(url));
-    if error.contains("certificate") {
+    if [
+        "ACCESS_REFUSED",
+        "ACCESS-REFUSED",
+        "ACCESSREFUSED",
+        "Login was refused",
+    ]
+    .iter()
+    .any(|refused| error.contains(refused))
+    {
+        "the broker refused the account in broker_url: set its user and password (`deploy/rabbitmq/user.sh` makes accounts and prints their URLs)"
+    } else if error.contains("certificate") {
         "the broker's certificate is not trusted here: add its CA to the system's trust store, or point SSL_CERT_FILE at it"
     } else if plain_to_tls || error.contains("Parsing Error") {
         "the broker did not answer in AMQP: a TLS port (5671) needs an amqps:// URL"

@@ -244,6 +244,10 @@ enum Command {
   gleaner completions zsh > \"${fpath[1]}/_gleaner\"
   gleaner completions fish > ~/.config/fish/completions/gleaner.fish")]
     Completions { shell: clap_complete::Shell },
+    /// Write the man pages (gleaner.1, gleaner-COMMAND.1) into DIR, as the
+    /// Debian package installs them.
+    #[command(hide = true)]
+    Manpages { dir: PathBuf },
     /// Run the scheduling policies on a simulated grid (no broker needed).
     #[command(
         after_help = "Example:\n  gleaner simulate simulator/scenarios/das3-spike.toml --plot plots/"
@@ -276,6 +280,7 @@ impl Command {
                 | Self::Export { .. }
                 | Self::Simulate { .. }
                 | Self::Completions { .. }
+                | Self::Manpages { .. }
                 | Self::Doctor { .. }
         )
     }
@@ -287,6 +292,20 @@ fn main() -> ExitCode {
         let mut command = <Cli as clap::CommandFactory>::command();
         clap_complete::generate(shell, &mut command, "gleaner", &mut std::io::stdout());
         return ExitCode::SUCCESS;
+    }
+    if let Command::Manpages { dir } = &cli.command {
+        let written = std::fs::create_dir_all(dir)
+            .and_then(|()| clap_mangen::generate_to(<Cli as clap::CommandFactory>::command(), dir));
+        return match written {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!(
+                    "error: cannot write the man pages into {}: {e}",
+                    dir.display()
+                );
+                ExitCode::FAILURE
+            }
+        };
     }
     let service = cli.command.is_service();
     let default_level = if service { "info" } else { "warn" };
@@ -390,7 +409,7 @@ async fn dispatch(
             let manifest = browse::rerun_manifest(&settings, &job, &choice, dir.as_deref()).await?;
             client::submit(&settings, manifest, wait, output).await
         }
-        Command::Completions { .. } => Ok(()),
+        Command::Completions { .. } | Command::Manpages { .. } => Ok(()),
         Command::Status { job, hosts } => {
             client::status(&settings, job.as_deref(), hosts, output).await
         }

@@ -11,6 +11,7 @@ mod faults;
 mod grid_engine;
 mod launchers;
 mod multi_host;
+mod package;
 mod reallocation;
 mod recovery;
 mod replicated_broker;
