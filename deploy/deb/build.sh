@@ -38,5 +38,5 @@ fi
 rm -rf "$target/release/man"
 "$target/release/gleaner" manpages "$target/release/man"
 mkdir -p "$out"
-cargo deb --quiet -p gleaner --no-build --fast --output "$out"
+cargo deb --quiet -p gleaner --no-build --strip --fast --output "$out"
 ls "$out"/gleaner_*.deb
