@@ -1928,12 +1928,12 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_single_result_reads_as_a_batch_of_one() {
-        let result = ResultMsg {
+    /// A succeeded run of `task` that printed `stdout` and sent `outputs`.
+    fn run_of(task: u64, stdout: Captured, outputs: Vec<OutputFile>) -> ResultMsg {
+        ResultMsg {
             peak_memory_mb: None,
             job: job(),
-            task: 7,
+            task,
             attempt: 1,
             preemptions: 0,
             status: RunStatus::Succeeded,
@@ -1943,15 +1943,21 @@ mod tests {
             launcher: "c1-1".into(),
             cluster: "c1".into(),
             host: "h".into(),
-            stdout: Captured {
-                data: b"out".to_vec(),
-                dropped: 0,
-            },
+            stdout,
             stderr: Captured::default(),
-            outputs: Vec::new(),
+            outputs,
             error: None,
             parted: None,
+        }
+    }
+
+    #[test]
+    fn a_single_result_reads_as_a_batch_of_one() {
+        let printed = Captured {
+            data: b"out".to_vec(),
+            dropped: 0,
         };
+        let result = run_of(7, printed, Vec::new());
         let one = rmp_serde::to_vec_named(&result).unwrap();
         let read: ResultBatch = rmp_serde::from_slice(&one).unwrap();
         assert_eq!(read.results.len(), 1);
@@ -1973,32 +1979,16 @@ mod tests {
 
     #[test]
     fn a_run_with_much_output_goes_in_parts_that_put_it_back_together() {
-        let mut run = ResultMsg {
-            peak_memory_mb: None,
-            job: job(),
-            task: 3,
-            attempt: 1,
-            preemptions: 0,
-            status: RunStatus::Succeeded,
-            exit_code: Some(0),
-            signal: None,
-            runtime_ms: 5,
-            launcher: "c1-1".into(),
-            cluster: "c1".into(),
-            host: "h".into(),
-            stdout: Captured {
-                data: (0..RESULT_PART_BYTES * 5 / 2).map(|i| i as u8).collect(),
-                dropped: 9,
-            },
-            stderr: Captured::default(),
-            outputs: vec![OutputFile {
-                path: "out.bin".into(),
-                data: vec![7; RESULT_PART_BYTES * 3],
-                dropped: 0,
-            }],
-            error: None,
-            parted: None,
+        let printed = Captured {
+            data: (0..RESULT_PART_BYTES * 5 / 2).map(|i| i as u8).collect(),
+            dropped: 9,
         };
+        let file = OutputFile {
+            path: "out.bin".into(),
+            data: vec![7; RESULT_PART_BYTES * 3],
+            dropped: 0,
+        };
+        let mut run = run_of(3, printed, vec![file]);
         let small = run.clone();
         let (none, same) = ResultMsg {
             outputs: Vec::new(),
