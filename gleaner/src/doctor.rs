@@ -93,6 +93,10 @@ pub async fn doctor(
             nix::unistd::geteuid().as_raw(),
         ));
     }
+    findings.push(judge_results_root(
+        &settings.runner.job.results_root,
+        nix::unistd::geteuid(),
+    ));
     for cluster in &settings.clusters {
         let checks = cluster_checks(cluster, reply.as_ref());
         let broken = checks.iter().any(|f| f.verdict == Verdict::Fail);
@@ -428,6 +432,28 @@ pub fn judge_base(check: &str, path: &Path, meta: Option<&std::fs::Metadata>, me
                 "owned by uid {uid}, mode {mode:o}: its owner could swap other accounts' directories in it"
             ),
             format!("as root: chown root:root {shown} && chmod 1777 {shown}"),
+        ),
+    }
+}
+
+/// The runner's `results_root`, judged as a runner of this account opens
+/// it (`gleaner_contain::shared::open_private`): every directory on the way
+/// root's or this account's, and none that others may add to.
+pub fn judge_results_root(root: &Path, me: nix::unistd::Uid) -> Finding {
+    let check = format!("results root {}", root.display());
+    if std::fs::symlink_metadata(root).is_err() {
+        return Finding::ok(check, "not made yet: the runner makes it");
+    }
+    match gleaner_contain::shared::open_private(root, me) {
+        Ok(_) => Finding::ok(check, "no one else may change it or the way to it"),
+        Err(e) => Finding::problem(
+            Verdict::Fail,
+            check,
+            e.to_string(),
+            format!(
+                "as root: chown root:root {0} && chmod go-w {0} (and the directories above it)",
+                root.display()
+            ),
         ),
     }
 }
@@ -776,6 +802,31 @@ mod tests {
                 .fix
                 .as_deref()
                 .is_some_and(|f| f.contains("broker"))
+        );
+    }
+
+    #[test]
+    fn a_results_root_others_may_write_to_fails_with_its_fix() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let me = nix::unistd::geteuid();
+        let root = dir.path().join("results");
+        assert_eq!(
+            judge_results_root(&root, me).verdict,
+            Verdict::Ok,
+            "not made yet"
+        );
+        std::fs::create_dir(&root).expect("mkdir");
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert_eq!(judge_results_root(&root, me).verdict, Verdict::Ok);
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let judged = judge_results_root(&root, me);
+        assert_eq!(judged.verdict, Verdict::Fail, "{judged:?}");
+        assert!(
+            judged
+                .fix
+                .as_deref()
+                .is_some_and(|f| f.contains("chmod go-w"))
         );
     }
 
