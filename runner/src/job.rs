@@ -31,7 +31,7 @@ use crate::{
     machine::{JobEvent, JobMachine},
     owner::{Owner, as_account, prepare_area, symlink_on_the_way},
     publication::FirstAttempts,
-    results::{ResultsDir, is_disk_failure},
+    results::{ResultsDir, StagedFiles, is_disk_failure},
     sweep::Sweep,
 };
 
@@ -65,9 +65,9 @@ pub struct Claim<F> {
 /// Messages of results a job's consumer holds unacked: each has at most
 /// a MiB of output (more goes in parts), so a job's results take 32 MiB of
 /// the runner's memory at most, and forged ones
-/// ([`MAX_RESULTS_MESSAGE_BYTES`] at most, larger are dead-lettered) 256
-/// MiB. Launchers pack up to 64 results a message, so this many keep the
-/// runner busy.
+/// ([`MAX_RESULTS_MESSAGE_BYTES`] at most on the wire, larger are
+/// dead-lettered) 256 MiB of messages. Launchers pack up to 64 results a
+/// message, so this many keep the runner busy.
 const RESULTS_PREFETCH: u16 = 32;
 /// Control messages held unacked (heartbeats, additions): at most
 /// [`gleaner_protocol::MAX_MESSAGE_BYTES`] each.
@@ -294,6 +294,9 @@ struct Shell<K> {
     /// Acks the deliveries being handled once their effects are carried
     /// out, or before their queue is deleted.
     unacked: Option<Receipt>,
+    /// Parts of runs whose results are written, removed once those are
+    /// acked: a result delivered again finds them still.
+    written_parts: Vec<StagedFiles>,
     /// Control messages taken from the queue as it was deleted, for the
     /// machine to answer.
     late: Vec<(ControlMsg, Reply)>,
@@ -316,6 +319,7 @@ impl<K: Kind> Shell<K> {
             answering: None,
             publishing: VecDeque::new(),
             unacked: None,
+            written_parts: Vec::new(),
             late: Vec::new(),
         }
     }
@@ -431,7 +435,11 @@ impl<K: Kind> Shell<K> {
                     if staged {
                         self.results.sync().map_err(|e| self.io_error(e))?;
                     }
-                    self.handle(JobEvent::Results(results), Now::read()).await?;
+                    if results.is_empty() {
+                        self.settle().await?;
+                    } else {
+                        self.handle(JobEvent::Results(results), Now::read()).await?;
+                    }
                 }
                 lost = dead.next() => {
                     let incoming = delivered(lost)?;
@@ -492,6 +500,9 @@ impl<K: Kind> Shell<K> {
     async fn settle(&mut self) -> Result<(), JobError> {
         if let Some(receipt) = self.unacked.take() {
             receipt.ack_up_to_here().await?;
+        }
+        for staged in self.written_parts.drain(..) {
+            self.results.remove_parts(staged);
         }
         Ok(())
     }
@@ -594,22 +605,25 @@ impl<K: Kind> Shell<K> {
                 self.publisher.send_all(&self.queues.tasks, &tasks).await?;
             }
             Effect::WriteOutputs(mut result) => {
-                self.results.unpart(&mut result);
+                let staged = self.results.unpart(&mut result);
                 self.results
-                    .write_outputs(&result, false)
-                    .map_err(|e| self.io_error(e))?
+                    .write_outputs(&result, false, staged.as_ref())
+                    .map_err(|e| self.io_error(e))?;
+                self.written_parts.extend(staged);
             }
             Effect::WriteRetried(mut result) => {
-                self.results.unpart(&mut result);
+                let staged = self.results.unpart(&mut result);
                 self.results
                     .write_retried(&result)
-                    .map_err(|e| self.io_error(e))?
+                    .map_err(|e| self.io_error(e))?;
+                self.written_parts.extend(staged);
             }
             Effect::WriteFinalOutputs(mut result) => {
-                self.results.unpart(&mut result);
+                let staged = self.results.unpart(&mut result);
                 self.results
-                    .write_outputs(&result, true)
-                    .map_err(|e| self.io_error(e))?
+                    .write_outputs(&result, true, staged.as_ref())
+                    .map_err(|e| self.io_error(e))?;
+                self.written_parts.extend(staged);
             }
             Effect::Record(entries) => {
                 if !entries.is_empty() {

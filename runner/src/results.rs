@@ -41,6 +41,26 @@ pub const ATTEMPTS_FILE: &str = "attempts.jsonl";
 /// Where the parts of runs wait for their results.
 const PARTS_DIR: &str = ".parts";
 
+/// The most of a parted run's stream read back into memory: a stream is
+/// a tail the launcher bounds (`max_stream_bytes`, a MiB by default).
+const MAX_STAGED_STREAM: u64 = 16 << 20;
+
+/// Where a parted run's output files wait under `.parts/`, and how many
+/// bytes each target should have (stdout, stderr, then the files).
+#[derive(Debug)]
+pub struct StagedFiles {
+    dir: PathBuf,
+    sizes: Vec<u64>,
+}
+
+impl StagedFiles {
+    /// Output file `index`'s staged file, if the run was parted.
+    fn file(&self, index: usize) -> Option<PathBuf> {
+        (index + 2 < self.sizes.len().min(MAX_PARTED_TARGETS))
+            .then(|| self.dir.join((index + 2).to_string()))
+    }
+}
+
 pub struct ResultsDir {
     root: PathBuf,
     index: File,
@@ -91,17 +111,24 @@ impl ResultsDir {
     /// line says where), its declared output files under `tasks/<task>/`,
     /// replacing what an earlier attempt left. The final step's streams and
     /// files go under `final/`, as files.
-    pub fn write_outputs(&mut self, result: &ResultMsg, final_step: bool) -> io::Result<()> {
+    pub fn write_outputs(
+        &mut self,
+        result: &ResultMsg,
+        final_step: bool,
+        staged: Option<&StagedFiles>,
+    ) -> io::Result<()> {
         if final_step {
             let dir = self.root.join("final");
-            return as_account(self.account.as_ref(), || write_final_outputs(result, &dir));
+            return as_account(self.account.as_ref(), || {
+                write_final_outputs(result, &dir, staged)
+            });
         }
         let streams = self.append_streams(result)?;
         self.streams.insert(result.task, streams);
         let dir = self.root.join("tasks").join(result.task.to_string());
         as_account(self.account.as_ref(), || {
             remove_dir(&dir)?;
-            write_output_files(result, &dir)
+            write_output_files(result, &dir, staged)
         })
     }
 
@@ -182,44 +209,56 @@ impl ResultsDir {
         })
     }
 
-    /// Puts a parted run's output back into its result from its parts (at
-    /// most [`MAX_PARTED_BYTES`] in all, read just before it is written,
-    /// one run at a time), and removes them. Bytes that never came are
+    /// Puts a parted run's streams back into its result from its parts
+    /// (the last [`MAX_STAGED_STREAM`] bytes of each at most, the rest
+    /// counted as dropped), and gives where its output files wait: they
+    /// are linked into place, never read, and the parts stay until
+    /// [`ResultsDir::remove_parts`]. Bytes that never came are
     /// missing, with a warning: the result still counts.
-    pub fn unpart(&self, result: &mut ResultMsg) {
-        let Some(parted) = result.parted.take() else {
-            return;
-        };
+    pub fn unpart(&self, result: &mut ResultMsg) -> Option<StagedFiles> {
+        let parted = result.parted.take()?;
         let task = result.task;
         let dir = self.parts_of(task, parted.run);
-        let mut budget = MAX_PARTED_BYTES;
-        for (target, &size) in parted.sizes.iter().enumerate().take(MAX_PARTED_TARGETS) {
-            let Some(data) = result.target_mut(target) else {
-                break;
-            };
+        for (target, captured) in [&mut result.stdout, &mut result.stderr]
+            .into_iter()
+            .enumerate()
+        {
+            let size = parted.sizes.get(target).copied().unwrap_or(0);
             let path = dir.join(target.to_string());
-            let want = size.min(budget);
-            let read = as_account(self.account.as_ref(), || read_up_to(&path, want));
-            *data = match read {
-                Ok(data) => data,
+            let read = as_account(self.account.as_ref(), || {
+                read_tail(&path, MAX_STAGED_STREAM)
+            });
+            captured.data = match read {
+                Ok((data, skipped)) => {
+                    captured.dropped = captured.dropped.saturating_add(skipped);
+                    data
+                }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
                 Err(e) => {
                     warn!(task, path = %path.display(), error = %e, "a part of a run's output cannot be read");
                     Vec::new()
                 }
             };
-            budget -= data.len() as u64;
-            if (data.len() as u64) < size {
+            let came = captured.data.len() as u64;
+            if came < size.min(MAX_STAGED_STREAM) {
                 warn!(
                     task,
                     target,
-                    missing = size - data.len() as u64,
+                    missing = size - came,
                     "part of a run's output never came"
                 );
             }
         }
-        if let Err(e) = as_account(self.account.as_ref(), || remove_dir(&dir)) {
-            warn!(task, error = %e, "a run's parts are left behind");
+        Some(StagedFiles {
+            dir,
+            sizes: parted.sizes,
+        })
+    }
+
+    /// Removes a parted run's parts once its result is written and acked.
+    pub fn remove_parts(&self, staged: StagedFiles) {
+        if let Err(e) = as_account(self.account.as_ref(), || remove_dir(&staged.dir)) {
+            warn!(dir = %staged.dir.display(), error = %e, "a run's parts are left behind");
         }
     }
 
@@ -380,16 +419,19 @@ fn read_at_most(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
     Ok(text)
 }
 
-/// Up to `limit` bytes of a regular file of the owner's directory, not
-/// following a link.
-fn read_up_to(path: &Path, limit: u64) -> io::Result<Vec<u8>> {
+/// The last `limit` bytes at most of a regular file of the owner's
+/// directory (not following a link), and how many before them were skipped.
+fn read_tail(path: &Path, limit: u64) -> io::Result<(Vec<u8>, u64)> {
     let file = OpenOptions::new()
         .read(true)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
         .open(path)?;
+    let mut file = regular(file, path)?;
+    let skipped = file.metadata()?.len().saturating_sub(limit);
+    file.seek(io::SeekFrom::Start(skipped))?;
     let mut data = Vec::new();
-    regular(file, path)?.take(limit).read_to_end(&mut data)?;
-    Ok(data)
+    file.take(limit).read_to_end(&mut data)?;
+    Ok((data, skipped))
 }
 
 /// `file`, if it is a regular file: the owner may have put a pipe there,
@@ -443,7 +485,11 @@ fn dropped_note(dropped: u64, kept: usize) -> String {
 
 /// The final step's run under `dir` (`final/`), streams and files,
 /// replacing what an earlier attempt left.
-fn write_final_outputs(result: &ResultMsg, dir: &Path) -> io::Result<()> {
+fn write_final_outputs(
+    result: &ResultMsg,
+    dir: &Path,
+    staged: Option<&StagedFiles>,
+) -> io::Result<()> {
     remove_dir(dir)?;
     let stderr = stderr_of(result);
     for (name, captured) in [("stdout", &result.stdout), ("stderr", &*stderr)] {
@@ -457,7 +503,7 @@ fn write_final_outputs(result: &ResultMsg, dir: &Path) -> io::Result<()> {
         }
         file.write_all(&captured.data)?;
     }
-    write_output_files(result, dir)
+    write_output_files(result, dir, staged)
 }
 
 /// `dir` and what is in it, if it is there.
@@ -470,13 +516,18 @@ fn remove_dir(dir: &Path) -> io::Result<()> {
 
 /// A run's declared output files under `dir`. A run that declared none
 /// makes no directory.
-fn write_output_files(result: &ResultMsg, dir: &Path) -> io::Result<()> {
-    for output in &result.outputs {
+fn write_output_files(
+    result: &ResultMsg,
+    dir: &Path,
+    staged: Option<&StagedFiles>,
+) -> io::Result<()> {
+    for (index, output) in result.outputs.iter().enumerate() {
         let Some(relative) = safe_relative(&output.path) else {
             warn!(job = %result.job, task = result.task, path = %output.path, "output path outside the task directory ignored");
             continue;
         };
-        if let Err(e) = write_output(dir, &relative, output) {
+        let parted = staged.and_then(|s| s.file(index));
+        if let Err(e) = write_output(dir, &relative, output, parted) {
             // The disk is the problem: the result must wait. Otherwise
             // this one file is, and the rest of the result still counts.
             if is_disk_failure(&e) {
@@ -497,26 +548,56 @@ pub fn is_disk_failure(e: &io::Error) -> bool {
     ) || e.raw_os_error() == Some(nix::libc::EIO)
 }
 
-/// One declared output file; a truncated one gets a note beside it.
-fn write_output(dir: &Path, relative: &Path, output: &OutputFile) -> io::Result<()> {
+/// One declared output file, from its message or moved from where its
+/// parts were staged; a truncated one gets a note beside it.
+fn write_output(
+    dir: &Path,
+    relative: &Path,
+    output: &OutputFile,
+    staged: Option<PathBuf>,
+) -> io::Result<()> {
     let path = dir.join(relative);
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)?;
     }
-    std::fs::write(&path, &output.data)?;
+    let kept = match staged {
+        None => {
+            std::fs::write(&path, &output.data)?;
+            output.data.len() as u64
+        }
+        // A link, not a move: the parts stay until the result is acked,
+        // for a result delivered again after a failure to find.
+        Some(from) => match std::fs::hard_link(&from, &path) {
+            Ok(()) => std::fs::symlink_metadata(&path)?.len(),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                std::fs::write(&path, b"")?;
+                0
+            }
+            Err(_) => copy_staged(&from, &path)?,
+        },
+    };
     if output.dropped > 0 {
         let mut note = path.into_os_string();
         note.push(".truncated");
         std::fs::write(
             note,
             format!(
-                "gleaner kept the first {} bytes of this file; {} more were not collected\n",
-                output.data.len(),
+                "gleaner kept the first {kept} bytes of this file; {} more were not collected\n",
                 output.dropped
             ),
         )?;
     }
     Ok(())
+}
+
+/// A staged output file copied into place where it cannot be linked (a
+/// file system without hard links), a regular file only.
+fn copy_staged(from: &Path, to: &Path) -> io::Result<u64> {
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK)
+        .open(from)?;
+    io::copy(&mut regular(file, from)?, &mut File::create(to)?)
 }
 
 /// A path from a launcher, accepted only if it stays inside the task directory
@@ -718,7 +799,7 @@ mod tests {
                 },
             ],
         );
-        results.write_outputs(&result, false).unwrap();
+        results.write_outputs(&result, false, None).unwrap();
         results
             .append(vec![entry(7, FinalStatus::Succeeded)])
             .unwrap();
@@ -739,7 +820,7 @@ mod tests {
         assert!(!dir.path().join("tasks/escape").exists());
 
         let silent = run(8, Captured::default(), b"", vec![]);
-        results.write_outputs(&silent, false).unwrap();
+        results.write_outputs(&silent, false, None).unwrap();
         results
             .append(vec![entry(8, FinalStatus::Succeeded)])
             .unwrap();
@@ -749,6 +830,79 @@ mod tests {
         );
         let (line, _, _) = streams_of(dir.path(), 8);
         assert!(line.get("stdout").is_none(), "{line}");
+    }
+
+    #[test]
+    fn a_parted_runs_streams_come_back_and_its_files_are_moved_into_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut results, _) = ResultsDir::open(dir.path(), None).unwrap();
+        let file = OutputFile {
+            path: "out.bin".into(),
+            data: vec![7; 3000],
+            dropped: 0,
+        };
+        let whole = run(
+            4,
+            Captured {
+                data: b"printed\n".to_vec(),
+                dropped: 0,
+            },
+            b"",
+            vec![file],
+        );
+        let (parts, mut stripped) = whole.clone().into_parts(9);
+        assert!(parts.is_empty(), "small enough to go whole");
+        // As a launcher would send it with more output: in parts.
+        stripped.parted = Some(gleaner_protocol::Parted {
+            run: 9,
+            sizes: vec![8, 0, 3000],
+        });
+        stripped.stdout.data.clear();
+        stripped.outputs[0].data.clear();
+        let part = |target, offset: usize, data: &[u8]| ResultPart {
+            job: stripped.job.clone(),
+            task: 4,
+            run: 9,
+            target,
+            offset: offset as u64,
+            data: data.to_vec(),
+        };
+        for part in [
+            part(2, 1000, &whole.outputs[0].data[1000..]),
+            part(0, 0, b"printed\n"),
+            part(2, 0, &whole.outputs[0].data[..1000]),
+            part(2, 0, &whole.outputs[0].data[..1000]),
+        ] {
+            results.stage_part(&part).unwrap();
+        }
+        let far = ResultPart {
+            target: 5000,
+            ..part(2, 0, b"x")
+        };
+        assert!(results.stage_part(&far).is_err(), "no launcher sends that");
+        // Written once, and again as after a failure before the ack: the
+        // parts are still there for the second time.
+        let parted = stripped.clone();
+        for _ in 0..2 {
+            stripped = parted.clone();
+            let staged = results.unpart(&mut stripped);
+            results
+                .write_outputs(&stripped, false, staged.as_ref())
+                .unwrap();
+            assert!(dir.path().join(".parts/4.0000000000000009/2").exists());
+        }
+        let staged = results.unpart(&mut parted.clone()).unwrap();
+        results.remove_parts(staged);
+        results
+            .append(vec![entry(4, FinalStatus::Succeeded)])
+            .unwrap();
+        let (_, stdout, _) = streams_of(dir.path(), 4);
+        assert_eq!(stdout, "printed\n");
+        assert_eq!(
+            std::fs::read(dir.path().join("tasks/4/out.bin")).unwrap(),
+            whole.outputs[0].data
+        );
+        assert!(!dir.path().join(".parts/4.0000000000000009").exists());
     }
 
     #[test]
@@ -763,7 +917,7 @@ mod tests {
                 dropped: 0,
             };
             results
-                .write_outputs(&run(task, printed, b"warn\n", vec![]), false)
+                .write_outputs(&run(task, printed, b"warn\n", vec![]), false, None)
                 .unwrap();
             results
                 .append(vec![entry(task, FinalStatus::Succeeded)])
