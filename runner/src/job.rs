@@ -19,7 +19,7 @@ use gleaner_broker::{
 use gleaner_manifest::{JobKind, TaskList};
 use gleaner_protocol::{
     ControlMsg, Core, Followed, JobClaim, JobReport, MAX_RESULTS_MESSAGE_BYTES, ResultBatch,
-    ResultPart, Submission, TaskBundle,
+    ResultMsg, ResultPart, Submission, TaskBundle,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -496,6 +496,20 @@ impl<K: Kind> Shell<K> {
         }
     }
 
+    /// Writes a run's output as `how` says, from its message and, for a
+    /// parted run, its parts, which stay until the result is acked.
+    fn write_run(&mut self, mut result: ResultMsg, how: Written) -> Result<(), JobError> {
+        let staged = self.results.unpart(&mut result);
+        let written = match how {
+            Written::Run => self.results.write_outputs(&result, false, staged.as_ref()),
+            Written::FinalStep => self.results.write_outputs(&result, true, staged.as_ref()),
+            Written::Retried => self.results.write_retried(&result),
+        };
+        written.map_err(|e| self.io_error(e))?;
+        self.written_parts.extend(staged);
+        Ok(())
+    }
+
     /// Acks the deliveries handled so far.
     async fn settle(&mut self) -> Result<(), JobError> {
         if let Some(receipt) = self.unacked.take() {
@@ -604,27 +618,9 @@ impl<K: Kind> Shell<K> {
             Effect::Publish(tasks) => {
                 self.publisher.send_all(&self.queues.tasks, &tasks).await?;
             }
-            Effect::WriteOutputs(mut result) => {
-                let staged = self.results.unpart(&mut result);
-                self.results
-                    .write_outputs(&result, false, staged.as_ref())
-                    .map_err(|e| self.io_error(e))?;
-                self.written_parts.extend(staged);
-            }
-            Effect::WriteRetried(mut result) => {
-                let staged = self.results.unpart(&mut result);
-                self.results
-                    .write_retried(&result)
-                    .map_err(|e| self.io_error(e))?;
-                self.written_parts.extend(staged);
-            }
-            Effect::WriteFinalOutputs(mut result) => {
-                let staged = self.results.unpart(&mut result);
-                self.results
-                    .write_outputs(&result, true, staged.as_ref())
-                    .map_err(|e| self.io_error(e))?;
-                self.written_parts.extend(staged);
-            }
+            Effect::WriteOutputs(result) => self.write_run(*result, Written::Run)?,
+            Effect::WriteRetried(result) => self.write_run(*result, Written::Retried)?,
+            Effect::WriteFinalOutputs(result) => self.write_run(*result, Written::FinalStep)?,
             Effect::Record(entries) => {
                 if !entries.is_empty() {
                     self.results.append(entries).map_err(|e| self.io_error(e))?;
@@ -656,6 +652,17 @@ impl<K: Kind> Shell<K> {
         }
         Ok(())
     }
+}
+
+/// Which of a run's writes an effect asks for.
+#[derive(Debug, Clone, Copy)]
+enum Written {
+    /// A task's last run: streams to the log, files under `tasks/`.
+    Run,
+    /// A failed run that is retried: its streams only.
+    Retried,
+    /// The final step's run, under `final/`.
+    FinalStep,
 }
 
 /// A follow with its asker's address: the message's direct reply-to, and
