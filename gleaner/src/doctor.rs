@@ -111,7 +111,7 @@ pub async fn doctor(
                 ));
             } else {
                 findings.extend(
-                    probe_node(cluster, options.node_timeout, settings.source.as_deref()).await,
+                    probe_node(cluster, options.node_timeout, &settings.broker_urls()).await,
                 );
             }
         }
@@ -354,17 +354,8 @@ fn own_version() -> String {
 
 /// Runs a command to its end within `timeout`; its stdout, or why not.
 fn run(args: &[&str], timeout: Duration) -> Result<String, String> {
-    run_with(args, timeout, None)
-}
-
-/// [`run`], with `GLEANER_CONFIG` naming `config` when there is one.
-fn run_with(args: &[&str], timeout: Duration, config: Option<&Path>) -> Result<String, String> {
     let (program, rest) = args.split_first().ok_or("no command")?;
-    let mut command = Command::new(program);
-    if let Some(config) = config {
-        command.env("GLEANER_CONFIG", config);
-    }
-    let child = command
+    let child = Command::new(program)
         .args(rest)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -557,7 +548,7 @@ pub fn judge_node(
 async fn probe_node(
     cluster: &ClusterConfig,
     timeout: Duration,
-    config: Option<&Path>,
+    broker_urls: &[String],
 ) -> Vec<Finding> {
     let name = cluster.name.as_str();
     let check = format!("cluster {name}: probe from a node");
@@ -589,9 +580,16 @@ async fn probe_node(
         .clone()
         .or_else(|| std::env::current_exe().ok())
         .unwrap_or_else(|| PathBuf::from("gleaner"));
+    if let Err(e) = write_probe_config(&dir_path, broker_urls) {
+        return vec![Finding::problem(
+            Verdict::Fail,
+            check,
+            format!("cannot write the probe's configuration: {e}"),
+            "run doctor from a directory the nodes share, which this account may write",
+        )];
+    }
     let submitted_ms = now_ms();
-    let config = config.and_then(|c| std::fs::canonicalize(c).ok());
-    let job = match submit_probe(cluster, &program, &dir_path, config.as_deref()) {
+    let job = match submit_probe(cluster, &program, &dir_path) {
         Ok(job) => job,
         Err(e) => {
             return vec![Finding::problem(
@@ -651,20 +649,62 @@ async fn probe_node(
 
 /// Where a probe job's own output goes, in its directory.
 const PROBE_OUTPUT: &str = "probe.out";
+/// The probe's configuration (the broker's addresses), in its directory.
+const PROBE_CONFIG: &str = "probe.toml";
 
-/// Submits the probe job (five minutes at most, one slot), with this
-/// environment (and the configuration this doctor read), from this
-/// directory, its report and output into `dir`; its batch id.
-fn submit_probe(
-    cluster: &ClusterConfig,
-    program: &Path,
-    dir: &Path,
-    config: Option<&Path>,
-) -> Result<String, String> {
+/// The broker's addresses for the probe, in a file only this account
+/// reads: passed in the job's environment they would show in `qstat -j`
+/// and `scontrol show job`, passwords and all.
+fn write_probe_config(dir: &Path, broker_urls: &[String]) -> std::io::Result<()> {
+    use std::{io::Write, os::unix::fs::OpenOptionsExt};
+    let mut table = toml::Table::new();
+    table.insert("broker_urls".into(), broker_urls.to_vec().into());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(dir.join(PROBE_CONFIG))?
+        .write_all(table.to_string().as_bytes())
+}
+
+/// Submits the probe job (five minutes at most, one slot) from this
+/// directory, its report and output into `dir`; its environment is its
+/// configuration file's name (relative: the job starts here) and the
+/// trust store this doctor uses, nothing else of this one's. Its batch id.
+fn submit_probe(cluster: &ClusterConfig, program: &Path, dir: &Path) -> Result<String, String> {
+    let relative = |path: PathBuf| {
+        let here = std::env::current_dir().and_then(std::fs::canonicalize);
+        here.ok()
+            .and_then(|here| path.strip_prefix(here).ok().map(Path::to_path_buf))
+            .unwrap_or(path)
+    };
+    let mut exported = vec![format!(
+        "GLEANER_CONFIG={}",
+        relative(dir.join(PROBE_CONFIG)).display()
+    )];
+    if let Ok(trusted) = std::env::var("SSL_CERT_FILE") {
+        exported.push(format!("SSL_CERT_FILE={trusted}"));
+    }
+    let args = probe_args(cluster, program, dir, &exported.join(","));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = run(&args, cluster.command_timeout)?;
+    // `qsub -terse`: `123`; `sbatch --parsable`: `123` or `123;cluster`.
+    out.split([';', '.'])
+        .next()
+        .map(str::trim)
+        .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+        .map(str::to_owned)
+        .ok_or_else(|| format!("the batch system gave no job id: {out:?}"))
+}
+
+/// The probe's submission: `exported` is all of its environment that
+/// comes from here.
+fn probe_args(cluster: &ClusterConfig, program: &Path, dir: &Path, exported: &str) -> Vec<String> {
+    let exported = exported.to_owned();
     let program = program.display().to_string();
     let report = dir.join("node.json").display().to_string();
     let printed = dir.join(PROBE_OUTPUT).display().to_string();
-    let args: Vec<String> = match cluster.backend {
+    match cluster.backend {
         BackendKind::Sge => {
             let mut a = vec![
                 "qsub",
@@ -673,7 +713,6 @@ fn submit_probe(
                 "y",
                 "-shell",
                 "no",
-                "-V",
                 "-cwd",
                 "-N",
                 "gleaner-doctor",
@@ -685,7 +724,7 @@ fn submit_probe(
             .into_iter()
             .map(String::from)
             .collect::<Vec<_>>();
-            a.extend(["-o".into(), printed]);
+            a.extend(["-o".into(), printed, "-v".into(), exported]);
             if let Some(q) = &cluster.queue {
                 a.extend(["-q".into(), q.clone()]);
             }
@@ -696,7 +735,6 @@ fn submit_probe(
             let mut a = vec![
                 "sbatch",
                 "--parsable",
-                "--export=ALL",
                 "-J",
                 "gleaner-doctor",
                 "-n",
@@ -707,7 +745,7 @@ fn submit_probe(
             .into_iter()
             .map(String::from)
             .collect::<Vec<_>>();
-            a.extend(["-o".into(), printed]);
+            a.extend(["-o".into(), printed, format!("--export={exported}")]);
             for (flag, value) in [
                 ("-p", &cluster.partition),
                 ("--qos", &cluster.qos),
@@ -724,16 +762,7 @@ fn submit_probe(
             ));
             a
         }
-    };
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = run_with(&args, cluster.command_timeout, config)?;
-    // `qsub -terse`: `123`; `sbatch --parsable`: `123` or `123;cluster`.
-    out.split([';', '.'])
-        .next()
-        .map(str::trim)
-        .filter(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
-        .map(str::to_owned)
-        .ok_or_else(|| format!("the batch system gave no job id: {out:?}"))
+    }
 }
 
 fn withdraw_probe(cluster: &ClusterConfig, job: &str) {
@@ -803,6 +832,30 @@ mod tests {
                 .as_deref()
                 .is_some_and(|f| f.contains("broker"))
         );
+    }
+
+    #[test]
+    fn a_probe_takes_no_environment_but_its_configurations_name() {
+        for backend in ["sge", "slurm"] {
+            let cluster: ClusterConfig = toml::from_str(&format!(
+                "name = \"c\"\nbackend = \"{backend}\"\nqueue = \"q\"\npartition = \"p\"\n"
+            ))
+            .expect("a cluster");
+            let exported = "GLEANER_CONFIG=.gleaner-doctor-x/probe.toml";
+            let args = probe_args(
+                &cluster,
+                Path::new("/usr/bin/gleaner"),
+                Path::new("/d"),
+                exported,
+            );
+            assert!(
+                !args
+                    .iter()
+                    .any(|a| a == "-V" || a.starts_with("--export=ALL")),
+                "{args:?}"
+            );
+            assert!(args.iter().any(|a| a.ends_with(exported)), "{args:?}");
+        }
     }
 
     #[test]
