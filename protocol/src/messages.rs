@@ -1319,16 +1319,6 @@ impl ResultMsg {
         self.parted = Some(Parted { run, sizes });
         (parts, self)
     }
-
-    /// The data of target `target` (0 stdout, 1 stderr, then the output
-    /// files in order), to be filled from its parts.
-    pub fn target_mut(&mut self, target: usize) -> Option<&mut Vec<u8>> {
-        match target {
-            0 => Some(&mut self.stdout.data),
-            1 => Some(&mut self.stderr.data),
-            n => self.outputs.get_mut(n - 2).map(|f| &mut f.data),
-        }
-    }
 }
 
 /// Bytes of captured output a message of results holds at most (a run
@@ -2022,7 +2012,11 @@ mod tests {
         );
         run = stripped;
         for part in parts.iter().rev() {
-            let data = run.target_mut(part.target as usize).unwrap();
+            let data = match part.target {
+                0 => &mut run.stdout.data,
+                1 => &mut run.stderr.data,
+                n => &mut run.outputs[n as usize - 2].data,
+            };
             let end = part.offset as usize + part.data.len();
             if data.len() < end {
                 data.resize(end, 0);
