@@ -101,6 +101,13 @@ exp_makespan() {
     "$bench" makespan --tasks 100000 --slots 8 --seconds 0.05 --bundle 4
 }
 
+exp_makespan_million() {
+    echo "## makespan of a million short tasks (about 1.75 hours)"
+    echo "| workload | slots | bundle | ideal (s) | makespan (s) | ratio |"
+    echo "|---|---|---|---|---|---|"
+    "$bench" makespan --tasks 1000000 --slots 8 --seconds 0.05
+}
+
 exp_throughput() {
     echo "## throughput (HQ=/path/to/hq adds HyperQueue's rows)"
     echo "| launchers × slots | command | bundle | tasks | makespan (s) | tasks/s | broker CPU s/1000 | services CPU s/1000 | launchers + tasks CPU s/1000 |"
@@ -234,7 +241,7 @@ exp_fairness() {
 }
 
 experiments=(seed000_table_4_1 seed000_table_4_2 seed000_table_4_3 seed004_figure_4_4
-    makespan throughput hyperqueue scale follow executor launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness simulator plots)
+    makespan makespan_million throughput hyperqueue scale follow executor launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness simulator plots)
 
 if [ "${1:-}" = --list ]; then
     printf '%s\n' "${experiments[@]//_/-}"

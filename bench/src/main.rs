@@ -155,6 +155,10 @@ enum Bench {
         /// Run time of each chunk.
         #[arg(long, default_value_t = 60)]
         seconds: u32,
+        /// Only this job (`CHUNKSxWIDTH`, as `1x40`); repeatable. None:
+        /// all six.
+        #[arg(long = "shape", value_parser = parse_shape)]
+        shapes: Vec<(u32, u32)>,
     },
     /// Seed 000, Table 4.3: chunked grid jobs over three Grid Engine
     /// clusters, empty and full of launchers.
@@ -367,7 +371,8 @@ fn main() -> anyhow::Result<()> {
             slots,
             runs,
             seconds,
-        } => seed000::table_4_2(&gleaner_binary()?, batch, slots, runs, seconds),
+            shapes,
+        } => seed000::table_4_2(&gleaner_binary()?, batch, slots, runs, seconds, &shapes),
         Bench::Table43 { runs, seconds } => seed000::table_4_3(&gleaner_binary()?, runs, seconds),
         Bench::Figure44 {
             batch,
@@ -406,4 +411,16 @@ fn main() -> anyhow::Result<()> {
             (pause_min, pause_max),
         ),
     }
+}
+
+/// `CHUNKSxWIDTH`, as `4x10`.
+fn parse_shape(text: &str) -> Result<(u32, u32), String> {
+    let (chunks, width) = text
+        .split_once('x')
+        .ok_or_else(|| format!("{text:?} is not CHUNKSxWIDTH (as 4x10)"))?;
+    let number = |part: &str| {
+        part.parse::<u32>()
+            .map_err(|e| format!("{part:?} in {text:?}: {e}"))
+    };
+    Ok((number(chunks)?, number(width)?))
 }

@@ -5,14 +5,14 @@
 
 use std::{
     path::Path,
-    time::{Duration, Instant},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{Context, ensure};
 use gleaner_protocol::naming::placeholder_name;
 use gleaner_testkit::{Gleaner, SgeQueues, SlurmCluster, sbatch, sge, slurm, sweep};
 
-use crate::measure::{run_job, wait_until_serving, waits_to_start};
+use crate::measure::{run_job, wait_until_serving};
 
 const POLL: Duration = Duration::from_millis(100);
 
@@ -52,6 +52,9 @@ struct BatchJob<'a> {
     array: u32,
     /// Slurm's partition (Grid Engine has one queue for all).
     partition: &'a str,
+    /// Where the job writes its start time (ms since the epoch, by its own
+    /// clock) to a file named by its id; none: the job prints nothing.
+    stamps: Option<&'a Path>,
 }
 
 impl Cluster {
@@ -113,10 +116,12 @@ impl Cluster {
         let array = format!("1-{}", job.array);
         match self {
             Self::Sge { queues, .. } => {
+                let out = job.stamps.map(|dir| format!("{}/$JOB_ID", dir.display()));
+                let stamped = format!("date +%s%3N; exec /bin/sleep {sleep}");
                 let mut args = vec![
                     "-terse",
                     "-o",
-                    "/dev/null",
+                    out.as_deref().unwrap_or("/dev/null"),
                     "-e",
                     "/dev/null",
                     "-N",
@@ -130,20 +135,30 @@ impl Cluster {
                 if job.array > 1 {
                     args.extend(["-t", &array]);
                 }
-                args.extend(["-b", "y", "/bin/sleep", &sleep]);
+                match job.stamps {
+                    Some(_) => args.extend(["-b", "y", "-shell", "no", "/bin/sh", "-c", &stamped]),
+                    None => args.extend(["-b", "y", "/bin/sleep", &sleep]),
+                }
                 let answer = sge("qsub", &args);
                 let number = answer.trim().split('.').next().unwrap_or("").to_owned();
                 ensure!(number.parse::<u64>().is_ok(), "qsub answered {answer:?}");
                 Ok(number)
             }
             Self::Slurm { .. } => {
-                let wrap = format!("sleep {sleep}");
+                let wrap = match job.stamps {
+                    Some(_) => format!("date +%s%3N; exec sleep {sleep}"),
+                    None => format!("sleep {sleep}"),
+                };
                 let cpus = format!("-n{width}");
                 let array = format!("--array={array}");
+                let out = job
+                    .stamps
+                    .map(|dir| format!("--output={}/%j", dir.display()));
                 let mut args = vec!["-J", job.name, "-p", job.partition, &cpus];
                 if job.array > 1 {
                     args.push(&array);
                 }
+                args.extend(out.as_deref());
                 args.extend(["--wrap", &wrap]);
                 Ok(sbatch(&args))
             }
@@ -170,14 +185,6 @@ impl Cluster {
                 })
                 .collect(),
         }
-    }
-
-    fn running(&self) -> Vec<String> {
-        self.jobs()
-            .into_iter()
-            .filter(|(_, _, running)| *running)
-            .map(|(id, _, _)| id)
-            .collect()
     }
 
     /// Waits until no job of these names is left; `timeout` at most.
@@ -290,6 +297,7 @@ pub fn table_4_1(
         seconds,
         array: 1,
         partition: SlurmCluster::PARTITION,
+        stamps: None,
     };
     let timeout = Duration::from_secs(u64::from(seconds) * u64::from(tasks) / 4);
 
@@ -363,15 +371,20 @@ const TABLE_4_2: [(u32, u32, f64, f64); 6] = [
 /// times on the cluster full of a sweep's launchers. A job's makespan runs
 /// from its first chunk's submission to its last chunk's end: its last
 /// chunk's start plus the chunk's `seconds` (a started chunk is removed at
-/// once, as it would run its fixed time undisturbed).
+/// once, as it would run its fixed time undisturbed). Each chunk writes
+/// its start time by its own clock, so how long the batch system takes to
+/// answer a poll on a loaded host is not counted. `shapes` (chunks,
+/// width) chooses rows; none: all six.
 pub fn table_4_2(
     exe: &Path,
     batch: Batch,
     slots: u32,
     runs: u32,
     seconds: u32,
+    shapes: &[(u32, u32)],
 ) -> anyhow::Result<()> {
     let cluster = Cluster::open(batch, slots)?;
+    let stamps = tempfile::tempdir()?;
     let makespan = |chunks: u32, width: u32| -> anyhow::Result<f64> {
         let job = BatchJob {
             name: "local",
@@ -379,24 +392,32 @@ pub fn table_4_2(
             seconds: 3600,
             array: 1,
             partition: SlurmCluster::LOCAL,
+            stamps: Some(stamps.path()),
         };
-        let first = Instant::now();
+        let first = epoch_ms();
         let mut submitted = Vec::new();
         for _ in 0..chunks {
-            submitted.push((cluster.submit(&job)?, Instant::now()));
+            submitted.push(cluster.submit(&job)?);
         }
-        let waits = waits_to_start(&submitted, || cluster.running())?;
-        let last = submitted
-            .iter()
-            .zip(&waits)
-            .map(|((_, at), wait)| (*at - first).as_secs_f64() + wait)
-            .fold(0.0, f64::max);
-        let ids: Vec<&str> = submitted.iter().map(|(id, _)| id.as_str()).collect();
+        let mut starts = Vec::new();
+        until("the chunks to start", Duration::from_secs(120), || {
+            starts = submitted
+                .iter()
+                .map_while(|id| start_stamp(&stamps.path().join(id)))
+                .collect();
+            starts.len() == submitted.len()
+        })?;
+        let ids: Vec<&str> = submitted.iter().map(String::as_str).collect();
         cluster.remove(&ids)?;
-        Ok(last + f64::from(seconds))
+        let last = starts.into_iter().fold(first, f64::max);
+        Ok((last - first) / 1000.0 + f64::from(seconds))
     };
+    let rows: Vec<_> = TABLE_4_2
+        .into_iter()
+        .filter(|(chunks, width, _, _)| shapes.is_empty() || shapes.contains(&(*chunks, *width)))
+        .collect();
     let mut alone = Vec::new();
-    for (chunks, width, _, _) in TABLE_4_2 {
+    for (chunks, width, _, _) in rows.iter().copied() {
         let mut spans = Vec::new();
         for _ in 0..runs {
             spans.push(makespan(chunks, width)?);
@@ -409,7 +430,7 @@ pub fn table_4_2(
     g.start("up", &["up"]);
     wait_until_serving(&g);
     let load = g.submit(&sweep("load", 100_000, "sleep 3600"));
-    for ((chunks, width, seed_alone, seed_loaded), alone) in TABLE_4_2.into_iter().zip(&alone) {
+    for ((chunks, width, seed_alone, seed_loaded), alone) in rows.into_iter().zip(&alone) {
         let mut loaded = Vec::new();
         for _ in 0..runs {
             cluster.until_full(&load, cluster.slots())?;
@@ -423,6 +444,18 @@ pub fn table_4_2(
     }
     g.run(&["cancel", &load]);
     Ok(())
+}
+
+/// Now in ms since the epoch, as `date +%s%3N` prints it.
+fn epoch_ms() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+/// The start time a chunk wrote to `file`, once it has.
+fn start_stamp(file: &Path) -> Option<f64> {
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
 }
 
 /// Table 4.3's grid jobs: 80 slots in components of 20, 10 and 5, with the
