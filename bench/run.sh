@@ -48,6 +48,16 @@ exp_seed000_table_4_2() {
     default_grid
 }
 
+exp_handover() {
+    echo "## the batch systems alone: a waiting job's start after all 68 slots free at the same second, 5 runs each"
+    echo "| batch system | job's slots | runs | handover: mean (min–max) s |"
+    echo "|---|---|---|---|"
+    delft_grid
+    "$bench" handover --batch sge
+    "$bench" handover --batch slurm
+    default_grid
+}
+
 exp_seed000_table_4_3() {
     echo "## seed 000, Table 4.3: grid jobs of 80 × 60 s over three 40-slot Grid Engine clusters, 5 runs each"
     echo "| job | makespan, empty: mean (min–max) s | makespan, full of launchers: mean (min–max) s | added (s) | seed 000: empty | seed 000: full | seed 000: added |"
@@ -240,7 +250,7 @@ exp_fairness() {
     "$bench" fairness --scenarios simulator/scenarios
 }
 
-experiments=(seed000_table_4_1 seed000_table_4_2 seed000_table_4_3 seed004_figure_4_4
+experiments=(seed000_table_4_1 seed000_table_4_2 handover seed000_table_4_3 seed004_figure_4_4
     makespan makespan_million throughput hyperqueue scale follow executor launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness simulator plots)
 
 if [ "${1:-}" = --list ]; then

@@ -169,6 +169,22 @@ enum Bench {
         /// Run time of each component.
         #[arg(long, default_value_t = 60)]
         seconds: u32,
+        /// Only this job (`COMPONENTSxWIDTH`, as `4x20`); repeatable.
+        /// None: all three.
+        #[arg(long = "shape", value_parser = parse_shape)]
+        shapes: Vec<(u32, u32)>,
+    },
+    /// The batch system alone: how long after every slot frees at once a
+    /// waiting job of each width starts.
+    Handover {
+        #[arg(long, value_enum)]
+        batch: seed000::Batch,
+        #[arg(long, default_value_t = 68)]
+        slots: u32,
+        #[arg(long, value_delimiter = ',', default_value = "1,2,10,40")]
+        widths: Vec<u32>,
+        #[arg(long, default_value_t = 5)]
+        runs: u32,
     },
     /// Seed 004, Figure 4.4: from a grant to every launcher connected.
     #[command(name = "figure-4-4")]
@@ -373,7 +389,17 @@ fn main() -> anyhow::Result<()> {
             seconds,
             shapes,
         } => seed000::table_4_2(&gleaner_binary()?, batch, slots, runs, seconds, &shapes),
-        Bench::Table43 { runs, seconds } => seed000::table_4_3(&gleaner_binary()?, runs, seconds),
+        Bench::Table43 {
+            runs,
+            seconds,
+            shapes,
+        } => seed000::table_4_3(&gleaner_binary()?, runs, seconds, &shapes),
+        Bench::Handover {
+            batch,
+            slots,
+            widths,
+            runs,
+        } => seed000::handover(batch, slots, &widths, runs),
         Bench::Figure44 {
             batch,
             launchers,

@@ -55,6 +55,25 @@ struct BatchJob<'a> {
     /// Where the job writes its start time (ms since the epoch, by its own
     /// clock) to a file named by its id; none: the job prints nothing.
     stamps: Option<&'a Path>,
+    /// The second since the epoch the job ends at, instead of after
+    /// `seconds`.
+    ends_at: Option<u64>,
+}
+
+impl BatchJob<'_> {
+    /// The job's shell command, for a job that stamps or ends at a time.
+    fn script(&self) -> Option<String> {
+        let stamp = self.stamps.map_or("", |_| "date +%s%3N; ");
+        let sleep = match self.ends_at {
+            // To the millisecond: `ms` from now to then.
+            Some(at) => format!(
+                "ms=$(( {at}000 - $(date +%s%3N) )); exec sleep $((ms / 1000)).$(printf %03d $((ms % 1000)))"
+            ),
+            None if self.stamps.is_some() => format!("exec sleep {}", self.seconds),
+            None => return None,
+        };
+        Some(format!("{stamp}{sleep}"))
+    }
 }
 
 impl Cluster {
@@ -117,7 +136,7 @@ impl Cluster {
         match self {
             Self::Sge { queues, .. } => {
                 let out = job.stamps.map(|dir| format!("{}/$JOB_ID", dir.display()));
-                let stamped = format!("date +%s%3N; exec /bin/sleep {sleep}");
+                let script = job.script();
                 let mut args = vec![
                     "-terse",
                     "-o",
@@ -135,8 +154,10 @@ impl Cluster {
                 if job.array > 1 {
                     args.extend(["-t", &array]);
                 }
-                match job.stamps {
-                    Some(_) => args.extend(["-b", "y", "-shell", "no", "/bin/sh", "-c", &stamped]),
+                match &script {
+                    Some(script) => {
+                        args.extend(["-b", "y", "-shell", "no", "/bin/sh", "-c", script])
+                    }
                     None => args.extend(["-b", "y", "/bin/sleep", &sleep]),
                 }
                 let answer = sge("qsub", &args);
@@ -145,10 +166,7 @@ impl Cluster {
                 Ok(number)
             }
             Self::Slurm { .. } => {
-                let wrap = match job.stamps {
-                    Some(_) => format!("date +%s%3N; exec sleep {sleep}"),
-                    None => format!("sleep {sleep}"),
-                };
+                let wrap = job.script().unwrap_or_else(|| format!("sleep {sleep}"));
                 let cpus = format!("-n{width}");
                 let array = format!("--array={array}");
                 let out = job
@@ -298,6 +316,7 @@ pub fn table_4_1(
         array: 1,
         partition: SlurmCluster::PARTITION,
         stamps: None,
+        ends_at: None,
     };
     let timeout = Duration::from_secs(u64::from(seconds) * u64::from(tasks) / 4);
 
@@ -393,6 +412,7 @@ pub fn table_4_2(
             array: 1,
             partition: SlurmCluster::LOCAL,
             stamps: Some(stamps.path()),
+            ends_at: None,
         };
         let first = epoch_ms();
         let mut submitted = Vec::new();
@@ -412,10 +432,7 @@ pub fn table_4_2(
         let last = starts.into_iter().fold(first, f64::max);
         Ok((last - first) / 1000.0 + f64::from(seconds))
     };
-    let rows: Vec<_> = TABLE_4_2
-        .into_iter()
-        .filter(|(chunks, width, _, _)| shapes.is_empty() || shapes.contains(&(*chunks, *width)))
-        .collect();
+    let rows = chosen(&TABLE_4_2, shapes);
     let mut alone = Vec::new();
     for (chunks, width, _, _) in rows.iter().copied() {
         let mut spans = Vec::new();
@@ -446,6 +463,77 @@ pub fn table_4_2(
     Ok(())
 }
 
+/// The batch system's own handover, without gleaner: every slot is
+/// taken by one-slot jobs that all end at the same second, and a job of
+/// `width` slots waits for them; its handover is from that second to its
+/// start by its own clock. `runs` times for each width.
+pub fn handover(batch: Batch, slots: u32, widths: &[u32], runs: u32) -> anyhow::Result<()> {
+    let cluster = Cluster::open(batch, slots)?;
+    let stamps = tempfile::tempdir()?;
+    for &width in widths {
+        let mut handovers = Vec::new();
+        for _ in 0..runs {
+            // Long enough to submit every filler and see them run.
+            let ends_at = (epoch_ms() / 1000.0) as u64 + 10 + u64::from(slots / 10);
+            let filler = BatchJob {
+                name: "filler",
+                width: 1,
+                seconds: 0,
+                array: 1,
+                partition: SlurmCluster::LOCAL,
+                stamps: None,
+                ends_at: Some(ends_at),
+            };
+            let fillers = (0..slots)
+                .map(|_| cluster.submit(&filler))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            until("the fillers to run", Duration::from_secs(60), || {
+                let running = cluster.jobs();
+                fillers
+                    .iter()
+                    .all(|id| running.iter().any(|(j, _, r)| j == id && *r))
+            })?;
+            ensure!(
+                epoch_ms() < (ends_at - 1) as f64 * 1000.0,
+                "the fillers took too long to start"
+            );
+            let waiting = cluster.submit(&BatchJob {
+                name: "waiting",
+                width,
+                seconds: 3600,
+                stamps: Some(stamps.path()),
+                ends_at: None,
+                ..filler
+            })?;
+            let mut started = None;
+            until("the waiting job to start", Duration::from_secs(120), || {
+                started = start_stamp(&stamps.path().join(&waiting));
+                started.is_some()
+            })?;
+            cluster.remove(&[waiting.as_str()])?;
+            cluster.until_gone(&["filler"], Duration::from_secs(60))?;
+            let started = started.context("start")?;
+            handovers.push((started - ends_at as f64 * 1000.0) / 1000.0);
+        }
+        println!(
+            "| {} | {width} | {runs} | {} |",
+            batch.label(),
+            spread(&handovers)
+        );
+    }
+    Ok(())
+}
+
+/// A table's rows of these `shapes` (its first two columns), or all of
+/// them.
+fn chosen(table: &[(u32, u32, f64, f64)], shapes: &[(u32, u32)]) -> Vec<(u32, u32, f64, f64)> {
+    table
+        .iter()
+        .copied()
+        .filter(|(count, width, _, _)| shapes.is_empty() || shapes.contains(&(*count, *width)))
+        .collect()
+}
+
 /// Now in ms since the epoch, as `date +%s%3N` prints it.
 fn epoch_ms() -> f64 {
     SystemTime::now()
@@ -473,8 +561,9 @@ const TABLE_4_3_CLUSTER_SLOTS: u32 = 40;
 /// Table 4.3: each grid job `runs` times on three empty Grid Engine
 /// clusters, then `runs` times with them full of a sweep's launchers. Its
 /// makespan runs from its submission to the start of its last component
-/// (all start together) plus the components' `seconds`.
-pub fn table_4_3(exe: &Path, runs: u32, seconds: u32) -> anyhow::Result<()> {
+/// (all start together) plus the components' `seconds`. `shapes`
+/// (components, width) chooses rows; none: all three.
+pub fn table_4_3(exe: &Path, runs: u32, seconds: u32, shapes: &[(u32, u32)]) -> anyhow::Result<()> {
     let queues = SgeQueues::new(3, TABLE_4_3_CLUSTER_SLOTS);
     let mut g = Gleaner::new("bench-table-4-3", exe);
     let config: String = queues
@@ -532,8 +621,9 @@ pub fn table_4_3(exe: &Path, runs: u32, seconds: u32) -> anyhow::Result<()> {
         std::thread::sleep(Duration::from_secs(3));
         Ok(())
     };
+    let rows = chosen(&TABLE_4_3, shapes);
     let mut alone = Vec::new();
-    for (count, width, _, _) in TABLE_4_3 {
+    for (count, width, _, _) in rows.iter().copied() {
         let mut spans = Vec::new();
         for _ in 0..runs {
             spans.push(makespan(&g, count, width)?);
@@ -541,7 +631,7 @@ pub fn table_4_3(exe: &Path, runs: u32, seconds: u32) -> anyhow::Result<()> {
         alone.push(spans);
     }
     let load = g.submit(&sweep("load", 100_000, "sleep 3600"));
-    for ((count, width, seed_alone, seed_loaded), alone) in TABLE_4_3.into_iter().zip(&alone) {
+    for ((count, width, seed_alone, seed_loaded), alone) in rows.into_iter().zip(&alone) {
         let mut loaded = Vec::new();
         for _ in 0..runs {
             full(&load)?;

@@ -355,7 +355,7 @@ idle_timeout = "10s"
 name = "c1"
 backend = "local"
 slots = 4
-poll_interval = "500ms"
+poll_interval = "250ms"
 
 [[cluster]]
 name = "c2"
@@ -374,7 +374,7 @@ h_rt = "1h"
         assert_eq!(settings.launcher.idle_timeout, Duration::from_secs(10));
         assert_eq!(
             settings.cluster(&"c1".into()).unwrap().poll_interval,
-            Duration::from_millis(500)
+            Duration::from_millis(250)
         );
         assert_eq!(
             settings.cluster(&"c2".into()).unwrap().h_rt,

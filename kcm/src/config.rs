@@ -162,8 +162,11 @@ fn default_stage_timeout() -> Duration {
     Duration::from_secs(3600)
 }
 
+/// How soon a waiting local job is seen is how long gleaner keeps it
+/// waiting before it starts giving back: half a second on average at
+/// this period, for one `qstat` (or `sinfo` and `squeue`) twice a second.
 fn default_poll_interval() -> Duration {
-    Duration::from_secs(1)
+    Duration::from_millis(500)
 }
 
 /// How long the launchers of an ended job have to leave by themselves

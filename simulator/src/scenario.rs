@@ -93,7 +93,8 @@ impl Default for Timing {
         let runner = JobSettings::default();
         Self {
             step: Duration::from_secs(1),
-            kcm_poll: ClusterConfig::local("", 1).poll_interval,
+            // A kcm reads its batch system at most once a step.
+            kcm_poll: Duration::from_secs(1),
             scheduler_round: SchedulerConfig::default().round_interval,
             launcher_start: Duration::from_secs(2),
             preempt_delay: Duration::from_secs(1),
