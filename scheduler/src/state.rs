@@ -50,6 +50,12 @@ pub struct StateConfig {
     /// just freed may be about to go to the cluster's own scheduler.
     #[serde(with = "humantime_serde")]
     pub idle_settle: Duration,
+    /// While the cluster's own jobs waited this recently, its slots are
+    /// offered only once idle this long (or `idle_settle`, if longer): its
+    /// batch system may still be handing them to jobs that arrive one by
+    /// one, and a launcher started there now would be taken back at once.
+    #[serde(with = "humantime_serde")]
+    pub local_wait_settle: Duration,
     /// An excluded cluster gets a one-slot trial grow this often, so that
     /// the success that readmits it can happen.
     #[serde(with = "humantime_serde")]
@@ -73,6 +79,7 @@ impl Default for StateConfig {
             stale_after: Duration::from_secs(30),
             grant_timeout: Duration::from_secs(30),
             idle_settle: Duration::ZERO,
+            local_wait_settle: Duration::from_secs(3),
             probe_interval: Duration::from_secs(60),
             grid: GridConfig::default(),
             history_retention: Duration::from_secs(30 * 86_400),
@@ -197,8 +204,10 @@ struct ClusterEntry {
     report: ClusterReport,
     seen: Instant,
     first_seen: Instant,
-    /// Recent idle counts, oldest first, for `idle_settle`.
+    /// Recent idle counts, oldest first, for `idle_settle` and `local_wait_settle`.
     idle_history: std::collections::VecDeque<(Instant, u32)>,
+    /// When a report last showed the cluster's own jobs waiting.
+    local_waited: Option<Instant>,
     /// When the cluster last got a trial grow while excluded.
     probed: Option<Instant>,
 }
@@ -238,8 +247,20 @@ impl ClusterEntry {
         Some((speed, profile, waiting))
     }
 
-    /// The idle slots that stayed idle for all of the last `settle`.
-    fn settled_idle(&self, now: Instant, settle: Duration) -> u32 {
+    /// How long a slot must have been idle to be offered: longer while the
+    /// cluster's own jobs waited in the last `local_wait_settle`.
+    fn settle(&self, now: Instant, config: &StateConfig) -> Duration {
+        match self.local_waited {
+            Some(at) if now.saturating_duration_since(at) < config.local_wait_settle => {
+                config.idle_settle.max(config.local_wait_settle)
+            }
+            _ => config.idle_settle,
+        }
+    }
+
+    /// The idle slots that stayed idle for all of the settle time.
+    fn settled_idle(&self, now: Instant, config: &StateConfig) -> u32 {
+        let settle = self.settle(now, config);
         if settle.is_zero() {
             return self.report.idle_slots;
         }
@@ -488,13 +509,18 @@ impl State {
                 seen: now,
                 first_seen: now,
                 idle_history: Default::default(),
+                local_waited: None,
                 probed: None,
             });
         entry.idle_history.push_back((now, report.idle_slots));
+        if report.local_waiting > 0 {
+            entry.local_waited = Some(now);
+        }
+        let longest = config.idle_settle.max(config.local_wait_settle);
         while entry
             .idle_history
             .front()
-            .is_some_and(|(at, _)| now.duration_since(*at) > config.idle_settle)
+            .is_some_and(|(at, _)| now.duration_since(*at) > longest)
         {
             entry.idle_history.pop_front();
         }
@@ -551,7 +577,7 @@ impl State {
         if now.duration_since(cluster.seen) > config.stale_after {
             return None;
         }
-        let idle = cluster.settled_idle(now, config.idle_settle);
+        let idle = cluster.settled_idle(now, config);
         if cluster.report.failed_starts < config.max_consecutive_failures {
             return Some(idle);
         }
@@ -945,7 +971,7 @@ impl State {
             .filter(|g| &g.cluster == name)
             .map(|g| g.slots)
             .sum();
-        let idle = cluster.settled_idle(now, config.idle_settle);
+        let idle = cluster.settled_idle(now, config);
         // The caps on scavenging leave out slots a rigid job may have.
         let uncapped = cluster.report.free_slots.map_or(idle, |free| {
             free.saturating_sub(cluster.report.idle_slots.saturating_sub(idle))
@@ -1412,6 +1438,45 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn slots_freed_while_local_jobs_arrive_settle_before_they_are_offered() {
+        let config = StateConfig::default();
+        let start = Instant::now();
+        let t = |ms| start + Duration::from_millis(ms);
+        let mut state = State::new(GrantId::new(1));
+        state.on_job_update(job_report("a", 100), start);
+        state.on_cluster(cluster_report(0, &[("a", 8)], vec![]), start, &config);
+        // A local job waits; the kcm takes four launchers back for it.
+        let mut waiting = cluster_report(0, &[("a", 8)], vec![]);
+        waiting.local_waiting = 4;
+        state.on_cluster(waiting, t(500), &config);
+        // It started; the next local job is still being submitted, and the
+        // slots just freed must not go straight back to the sweep.
+        state.on_cluster(cluster_report(2, &[("a", 4)], vec![]), t(1000), &config);
+        state.on_job_update(job_report("a", 100), t(1000));
+        assert!(offers(&state.round(t(1000), &config)).is_empty());
+        state.on_cluster(cluster_report(2, &[("a", 4)], vec![]), t(3000), &config);
+        assert!(
+            offers(&state.round(t(3000), &config)).is_empty(),
+            "idle for 2 s only"
+        );
+        state.on_cluster(cluster_report(2, &[("a", 4)], vec![]), t(3600), &config);
+        state.on_job_update(job_report("a", 100), t(3600));
+        assert_eq!(
+            offers(&state.round(t(3600), &config)),
+            [("a".into(), 2)],
+            "no local job waited for 3 s"
+        );
+
+        // Where no local job waited, idle slots are offered at once.
+        let mut calm = State::new(GrantId::new(1));
+        calm.on_job_update(job_report("a", 100), start);
+        calm.on_cluster(cluster_report(0, &[("a", 8)], vec![]), start, &config);
+        calm.on_cluster(cluster_report(2, &[("a", 6)], vec![]), t(1000), &config);
+        calm.on_job_update(job_report("a", 100), t(1000));
+        assert_eq!(offers(&calm.round(t(1000), &config)), [("a".into(), 2)]);
+    }
+
+    #[test]
     fn slots_local_jobs_wait_for_are_not_offered() {
         let config = StateConfig::default();
         let now = Instant::now();
@@ -1419,8 +1484,15 @@ pub(crate) mod tests {
         state.on_job_update(job_report("a", 100), now);
         let mut report = cluster_report(4, &[("a", 4)], vec![]);
         report.local_waiting = 3;
-        state.on_cluster(report, now, &config);
-        assert_eq!(offers(&state.round(now, &config)), [("a".into(), 1)]);
+        state.on_cluster(report.clone(), now, &config);
+        assert!(
+            offers(&state.round(now, &config)).is_empty(),
+            "local jobs wait: the idle slots settle first"
+        );
+        let later = now + config.local_wait_settle;
+        state.on_cluster(report, later, &config);
+        state.on_job_update(job_report("a", 100), later);
+        assert_eq!(offers(&state.round(later, &config)), [("a".into(), 1)]);
     }
 
     #[test]
