@@ -140,8 +140,13 @@ pub fn figure_4_4(exe: &Path, batch: Batch, counts: &[u32], runs: u32) -> anyhow
     wait_until_serving(&g);
     for &launchers in counts {
         let mut figures = Vec::new();
-        for _ in 0..runs {
-            figures.push(reserve(&g, &slots, launchers)?);
+        for run in 1..=runs {
+            let (grant_all, submitted_all, grant_first) = reserve(&g, &slots, launchers)?;
+            eprintln!(
+                "figure-4-4 {} {launchers} launchers, run {run}: grant → all {grant_all:.2} s, submission → all {submitted_all:.2} s, grant → first {grant_first:.2} s",
+                batch.label()
+            );
+            figures.push((grant_all, submitted_all, grant_first));
         }
         let mean = |pick: fn(&(f64, f64, f64)) -> f64| {
             figures.iter().map(pick).sum::<f64>() / figures.len().max(1) as f64

@@ -15,7 +15,7 @@
 //! short task would pay.
 
 use std::{
-    ffi::{CString, OsStr, OsString},
+    ffi::{CStr, CString, OsStr},
     io,
     os::{
         fd::{AsRawFd, FromRawFd, OwnedFd, RawFd},
@@ -37,7 +37,8 @@ use crate::Entry;
 pub struct Spawn<'a> {
     pub program: &'a Path,
     pub argv: &'a [&'a OsStr],
-    pub env: &'a [(OsString, OsString)],
+    /// Each variable as the kernel takes it, `NAME=value`.
+    pub env: &'a [&'a CStr],
     pub cwd: &'a Path,
     /// The cgroup the process starts in.
     pub cgroup: Option<&'a Entry>,
@@ -103,17 +104,13 @@ pub fn spawn(spec: &Spawn<'_>) -> io::Result<Spawned> {
         .iter()
         .map(|a| c(a.as_bytes()))
         .collect::<io::Result<Vec<_>>>()?;
-    let envp = spec
-        .env
-        .iter()
-        .map(|(k, v)| c(&[k.as_bytes(), b"=", v.as_bytes()].concat()))
-        .collect::<io::Result<Vec<_>>>()?;
-    let pointers = |strings: &[CString]| {
-        let mut list: Vec<*const libc::c_char> = strings.iter().map(|s| s.as_ptr()).collect();
+    let pointers = |strings: &mut dyn Iterator<Item = &CStr>| {
+        let mut list: Vec<*const libc::c_char> = strings.map(CStr::as_ptr).collect();
         list.push(ptr::null());
         list
     };
-    let (argv_ptrs, envp_ptrs) = (pointers(&argv), pointers(&envp));
+    let argv_ptrs = pointers(&mut argv.iter().map(CString::as_c_str));
+    let envp_ptrs = pointers(&mut spec.env.iter().copied());
     let null = dev_null()?;
     let (out_read, out_write) = pipe()?;
     let (err_read, err_write) = pipe()?;
@@ -553,7 +550,7 @@ mod tests {
         spawn(&Spawn {
             program: Path::new(program),
             argv: &argv,
-            env: &[("X".into(), "forty two".into())],
+            env: &[c"X=forty two"],
             cwd: Path::new(cwd),
             cgroup,
             nice,

@@ -3,8 +3,8 @@
 //! was found.
 
 use std::{
-    collections::BTreeMap,
-    ffi::{OsStr, OsString},
+    ffi::{CStr, CString, OsStr, OsString},
+    os::unix::ffi::OsStrExt,
     path::{Path, PathBuf},
     process::ExitStatus,
     sync::{Arc, Mutex, OnceLock},
@@ -289,17 +289,68 @@ fn task_program(task: &TaskRun<'_>, cwd: &Path) -> (PathBuf, Vec<OsString>, bool
     }
 }
 
-/// The environment a task starts with: the launcher's, then `overrides`
-/// in order (a later value of a name wins).
-fn task_env<'a>(
-    overrides: impl IntoIterator<Item = (&'a OsStr, &'a OsStr)>,
-) -> Vec<(OsString, OsString)> {
-    static OWN: OnceLock<BTreeMap<OsString, OsString>> = OnceLock::new();
-    let mut env = OWN.get_or_init(|| std::env::vars_os().collect()).clone();
-    for (key, value) in overrides {
-        env.insert(key.to_owned(), value.to_owned());
+/// A variable as the kernel takes it, `NAME=value`, rendered once.
+struct Variable {
+    entry: CString,
+    /// The name's length.
+    name: usize,
+}
+
+impl Variable {
+    fn new(name: &OsStr, value: &OsStr) -> std::io::Result<Self> {
+        let entry =
+            CString::new([name.as_bytes(), b"=", value.as_bytes()].concat()).map_err(|_| {
+                std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("${} holds a NUL byte", name.to_string_lossy()),
+                )
+            })?;
+        Ok(Self {
+            entry,
+            name: name.len(),
+        })
     }
-    env.into_iter().collect()
+
+    fn name(&self) -> &[u8] {
+        &self.entry.as_bytes()[..self.name]
+    }
+}
+
+/// The launcher's own environment, rendered once: short tasks start by
+/// the thousand a second, and each would otherwise copy all of it.
+fn own_env() -> &'static [Variable] {
+    static OWN: OnceLock<Vec<Variable>> = OnceLock::new();
+    OWN.get_or_init(|| {
+        std::env::vars_os()
+            .filter_map(|(name, value)| Variable::new(&name, &value).ok())
+            .collect()
+    })
+}
+
+/// The variables a task sets, in order: a later value of a name replaces
+/// an earlier one.
+fn task_vars<'a>(
+    set: impl IntoIterator<Item = (&'a OsStr, &'a OsStr)>,
+) -> std::io::Result<Vec<Variable>> {
+    let mut vars: Vec<Variable> = Vec::new();
+    for (name, value) in set {
+        let var = Variable::new(name, value)?;
+        match vars.iter_mut().find(|v| v.name() == var.name()) {
+            Some(earlier) => *earlier = var,
+            None => vars.push(var),
+        }
+    }
+    Ok(vars)
+}
+
+/// The environment a task starts with: the launcher's, less the names the
+/// task sets, then what it sets.
+fn task_env<'a>(own: &'a [Variable], set: &'a [Variable]) -> Vec<&'a CStr> {
+    own.iter()
+        .filter(|v| !set.iter().any(|s| s.name() == v.name()))
+        .chain(set)
+        .map(|v| v.entry.as_c_str())
+        .collect()
 }
 
 async fn supervise(
@@ -311,7 +362,7 @@ async fn supervise(
 ) -> Option<Outcome> {
     let (program, argv, direct) = task_program(task, cwd);
     let pwd = direct.then(|| std::path::absolute(cwd).unwrap_or_else(|_| cwd.to_owned()));
-    let env = task_env(
+    let set = task_vars(
         task.env
             .iter()
             .map(|(k, v)| (OsStr::new(k), OsStr::new(v)))
@@ -319,7 +370,16 @@ async fn supervise(
             .chain(pwd.iter().map(|pwd| (OsStr::new("PWD"), pwd.as_os_str()))),
     );
     let argv: Vec<&OsStr> = argv.iter().map(OsString::as_os_str).collect();
-    let mut child = match orphans::spawn(&program, &argv, &env, cwd, limits.nice) {
+    let spawned = set.and_then(|set| {
+        orphans::spawn(
+            &program,
+            &argv,
+            &task_env(own_env(), &set),
+            cwd,
+            limits.nice,
+        )
+    });
+    let mut child = match spawned {
         Ok(child) => child,
         Err(e) => {
             return Some(Outcome::not_started(
@@ -710,6 +770,28 @@ mod tests {
             memory_mb: None,
             streams: Streams::default(),
         }
+    }
+
+    #[test]
+    fn a_tasks_variables_replace_the_launchers_and_each_other() {
+        let own = task_vars([
+            (OsStr::new("HOME"), OsStr::new("/root")),
+            (OsStr::new("PATH"), OsStr::new("/bin")),
+        ])
+        .unwrap();
+        let set = task_vars([
+            (OsStr::new("PATH"), OsStr::new("/opt/bin")),
+            (OsStr::new("X"), OsStr::new("1")),
+            (OsStr::new("X"), OsStr::new("2")),
+        ])
+        .unwrap();
+        let env: Vec<&str> = task_env(&own, &set)
+            .into_iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(env, ["HOME=/root", "PATH=/opt/bin", "X=2"]);
+        let nul = task_vars([(OsStr::new("Y"), OsStr::new("a\0b"))]).err();
+        assert!(nul.is_some_and(|e| e.to_string().contains("$Y")));
     }
 
     fn never() -> watch::Receiver<bool> {

@@ -1095,8 +1095,14 @@ async fn run_task(
     let mut env = task::environment(task, config.task_slots, &devices, given);
     // The gleaner that runs it: a final step reads the job's output with
     // `"$GLEANER_BIN" logs`, wherever gleaner is installed on the node.
-    if let Ok(exe) = std::env::current_exe() {
-        env.push(("GLEANER_BIN".to_owned(), exe.display().to_string()));
+    static GLEANER_BIN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let exe = GLEANER_BIN.get_or_init(|| {
+        std::env::current_exe()
+            .ok()
+            .map(|exe| exe.display().to_string())
+    });
+    if let Some(exe) = exe {
+        env.push(("GLEANER_BIN".to_owned(), exe.clone()));
     }
     let sandbox = shared.sandboxes.take();
     let preempt = task

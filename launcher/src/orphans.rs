@@ -12,7 +12,7 @@
 
 use std::{
     collections::BTreeMap,
-    ffi::{OsStr, OsString},
+    ffi::{CStr, OsStr},
     io,
     os::{
         fd::{FromRawFd, OwnedFd},
@@ -109,7 +109,7 @@ pub fn release() {
 pub fn spawn(
     program: &Path,
     argv: &[&OsStr],
-    env: &[(OsString, OsString)],
+    env: &[&CStr],
     cwd: &Path,
     nice: i32,
 ) -> io::Result<TaskProcess> {
