@@ -77,13 +77,15 @@ if command -v rabbitmqctl >/dev/null 2>&1; then
     as_root rabbitmqctl -q eval 'application:set_env(rabbit, max_message_size, 16777216).' >/dev/null
     # The quorum queues' write-ahead log is sized when the broker starts.
     wal=$(as_root rabbitmqctl -q eval 'application:get_env(ra, wal_max_size_bytes).' 2>/dev/null || true)
-    if [ "$wal" != "{ok,67108864}" ]; then
-        log "note: this broker keeps up to 512 MiB of quorum-queue log in memory (raft.wal_max_size_bytes); $here/50-gleaner.conf bounds it at 64 MiB from its next start"
+    if [ "$wal" != "{ok,33554432}" ]; then
+        log "note: this broker keeps up to 512 MiB of quorum-queue log in memory (raft.wal_max_size_bytes); $here/50-gleaner.conf bounds it at 32 MiB from its next start"
     fi
-    # "Interface: [::], port: 15672, protocol: http, purpose: HTTP API"
-    exposed=$(as_root rabbitmq-diagnostics -q listeners 2>/dev/null |
-        sed -n 's/^Interface: \(.*\), port: \([0-9]*\),.*/\1 \2/p' |
-        awk '$1 != "127.0.0.1" && $1 != "::1" && $1 != "[::1]" { printf " %s:%s", $1, $2 }' || true)
+    # The broker's own sockets, as the kernel has them ("127.0.0.1:15672"):
+    # rabbitmq-diagnostics names the HTTP listeners [::] whatever they
+    # are bound to.
+    exposed=$(as_root ss -Hltnp 2>/dev/null |
+        awk '/"beam.smp"/ { print $4 }' |
+        awk '$1 !~ /^(127\.0\.0\.1|\[::1\]):/ { printf " %s", $1 }' || true)
     if [ -n "$exposed" ]; then
         log "warning: RabbitMQ listens beyond loopback (${exposed# }), where guest is refused;" \
             "to keep it on loopback, set listeners.tcp.default = 127.0.0.1:5672," \
