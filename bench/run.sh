@@ -193,6 +193,20 @@ exp_sge_hosts_local_delay() {
     "$bench" sge-hosts-local-delay --host-slots 4
 }
 
+exp_sge_resource_delay() {
+    echo "## multi-host grid engine: local jobs that wait for memory or a GPU"
+    echo "| local job | wait, empty grid (s) | wait, grid full of gleaner (s) | added, mean (s) | added, worst (s) |"
+    echo "|---|---|---|---|---|"
+    "$bench" sge-resource-delay
+}
+
+exp_sge_gpu_utilisation() {
+    echo "## multi-host grid engine: GPU utilisation of a GPU sweep"
+    echo "| sweep | submission to end (s) | GPU-seconds busy |"
+    echo "|---|---|---|"
+    "$bench" sge-gpu-utilisation --tasks 60 --seconds 10
+}
+
 exp_sge_throughput() {
     echo "## multi-host grid engine: no-op throughput through placeholders"
     echo "| launchers × slots | hosts × slots | tasks | makespan (s) | tasks/s |"
@@ -251,7 +265,7 @@ exp_fairness() {
 }
 
 experiments=(seed000_table_4_1 seed000_table_4_2 handover seed000_table_4_3 seed004_figure_4_4
-    makespan makespan_million throughput hyperqueue scale follow executor launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness simulator plots)
+    makespan makespan_million throughput hyperqueue scale follow executor launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_resource_delay sge_gpu_utilisation sge_throughput slurm_launchers slurm_local_delay sge_grid_delay decide inbox chaos fairness simulator plots)
 
 if [ "${1:-}" = --list ]; then
     printf '%s\n' "${experiments[@]//_/-}"
