@@ -119,6 +119,12 @@ pub struct Receipt {
 }
 
 impl Receipt {
+    /// Acks the delivery alone.
+    pub async fn ack(&self) -> Result<(), BrokerError> {
+        self.acker.ack(BasicAckOptions::default()).await?;
+        Ok(())
+    }
+
     /// Acks the delivery and every earlier unacked one of the same channel.
     pub async fn ack_up_to_here(&self) -> Result<(), BrokerError> {
         self.acker.ack(BasicAckOptions { multiple: true }).await?;
@@ -128,8 +134,7 @@ impl Receipt {
 
 impl<M> Incoming<M> {
     pub async fn ack(&self) -> Result<(), BrokerError> {
-        self.acker.ack(BasicAckOptions::default()).await?;
-        Ok(())
+        self.receipt().ack().await
     }
 
     /// Acks this delivery and every earlier unacked one of the same channel.

@@ -6,6 +6,9 @@
 //! consumer and opens the next only once the cancelled one has delivered
 //! its last and fewer messages than the new prefetch are held: opened at
 //! once, it would add its own to those the cancelled one still holds.
+//! A quorum queue takes back itself what is still on its way to a consumer
+//! when the cancel reaches it, and counts that against the message's
+//! delivery limit: the runner tells such returns from launchers' deaths.
 
 /// What to do with the task consumer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

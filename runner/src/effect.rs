@@ -53,6 +53,9 @@ pub enum Effect {
     /// Publishes these tasks (retries); before the results that caused them
     /// are acked.
     Publish(Vec<TaskMsg>),
+    /// Acks the dead letter the shell handed in with this receipt
+    /// ([`crate::JobEvent::Lost`]), once what its tasks became is safe.
+    SettleLost(u64),
     /// Writes a task's last run's streams to `output.log` (where the next
     /// `Record` of the task points) and its declared outputs under
     /// `tasks/<task>/`. The result itself, moved from the batch being

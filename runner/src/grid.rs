@@ -788,12 +788,18 @@ impl Kind for Grid {
         Vec::new()
     }
 
-    fn on_lost(&mut self, _ledger: &mut Ledger, lost: &TaskBundle) -> Vec<Effect> {
+    fn on_lost(
+        &mut self,
+        _ledger: &mut Ledger,
+        lost: &TaskBundle,
+        receipt: u64,
+        _now: Now,
+    ) -> Vec<Effect> {
         debug!(
             tasks = lost.tasks.len(),
             "lost tasks ignored: this job is a grid job"
         );
-        Vec::new()
+        vec![Effect::SettleLost(receipt)]
     }
 
     fn on_control(&mut self, ledger: &mut Ledger, msg: ControlMsg, now: Now) -> Vec<Effect> {

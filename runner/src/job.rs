@@ -7,7 +7,11 @@
 //! results files). It always starts the same way, whether the job is new or
 //! resumed after a crash, and consumes until the core says the job is over.
 
-use std::{collections::VecDeque, sync::Arc, time::Duration};
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::Arc,
+    time::Duration,
+};
 
 use futures_util::FutureExt;
 use gleaner_broker::{
@@ -72,7 +76,8 @@ const RESULTS_PREFETCH: u16 = 32;
 /// Control messages held unacked (heartbeats, additions): at most
 /// [`gleaner_protocol::MAX_MESSAGE_BYTES`] each.
 const CONTROL_PREFETCH: u16 = 32;
-/// Lost tasks held unacked: a launcher that died gives back a few bundles.
+/// Dead letters held unacked: a launcher that died gives back a few
+/// bundles, and a task returned with no launcher leaving waits to be judged.
 const DEAD_PREFETCH: u16 = 8;
 /// Results processed per write-and-sync round.
 const RESULT_BATCH: usize = 512;
@@ -294,6 +299,11 @@ struct Shell<K> {
     /// Acks the deliveries being handled once their effects are carried
     /// out, or before their queue is deleted.
     unacked: Option<Receipt>,
+    /// Dead letters held unacked until the machine has judged their
+    /// tasks ([`Effect::SettleLost`]), by the receipt number it was given.
+    lost: HashMap<u64, Receipt>,
+    /// The receipt number the next dead letter gets.
+    next_lost: u64,
     /// Parts of runs whose results are written, removed once those are
     /// acked: a result delivered again finds them still.
     written_parts: Vec<StagedFiles>,
@@ -319,6 +329,8 @@ impl<K: Kind> Shell<K> {
             answering: None,
             publishing: VecDeque::new(),
             unacked: None,
+            lost: HashMap::new(),
+            next_lost: 0,
             written_parts: Vec::new(),
             late: Vec::new(),
         }
@@ -443,8 +455,11 @@ impl<K: Kind> Shell<K> {
                 }
                 lost = dead.next() => {
                     let incoming = delivered(lost)?;
-                    self.unacked = Some(incoming.receipt());
-                    self.handle(JobEvent::Lost(incoming.msg), Now::read()).await?;
+                    let receipt = self.next_lost;
+                    self.next_lost += 1;
+                    self.lost.insert(receipt, incoming.receipt());
+                    let event = JobEvent::Lost { bundle: incoming.msg, receipt };
+                    self.handle(event, Now::read()).await?;
                 }
                 message = control.next(), if first_control.is_none() => {
                     first_control = Some(delivered(message)?);
@@ -617,6 +632,11 @@ impl<K: Kind> Shell<K> {
             Effect::PublishFirst(first) => self.publishing.push_back((first, 0)),
             Effect::Publish(tasks) => {
                 self.publisher.send_all(&self.queues.tasks, &tasks).await?;
+            }
+            Effect::SettleLost(receipt) => {
+                if let Some(receipt) = self.lost.remove(&receipt) {
+                    receipt.ack().await?;
+                }
             }
             Effect::WriteOutputs(result) => self.write_run(*result, Written::Run)?,
             Effect::WriteRetried(result) => self.write_run(*result, Written::Retried)?,

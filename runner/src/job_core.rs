@@ -65,6 +65,12 @@ impl JobSettings {
             .saturating_mul(3)
             .saturating_add(Duration::from_secs(5))
     }
+
+    /// How far from a dead letter a launcher's death may be noticed: a
+    /// launcher's silence and a beat more for its kcm's report.
+    pub fn death_noticed_within(&self) -> Duration {
+        Self::silence_after(self.launcher_heartbeat).saturating_add(self.launcher_heartbeat)
+    }
 }
 
 impl Default for JobSettings {
@@ -494,8 +500,15 @@ pub trait Kind {
         batch: impl IntoIterator<Item = ResultMsg>,
         now: Now,
     ) -> Vec<Effect>;
-    /// Tasks dead-lettered after crashing their launchers too often.
-    fn on_lost(&mut self, ledger: &mut Ledger, lost: &TaskBundle) -> Vec<Effect>;
+    /// Tasks dead-lettered after being returned to their queue too often,
+    /// held unacked under `receipt` until an [`Effect::SettleLost`].
+    fn on_lost(
+        &mut self,
+        ledger: &mut Ledger,
+        lost: &TaskBundle,
+        receipt: u64,
+        now: Now,
+    ) -> Vec<Effect>;
     /// A message on the job's control queue.
     fn on_control(&mut self, ledger: &mut Ledger, msg: ControlMsg, now: Now) -> Vec<Effect>;
     /// Whether a message to a kcm or launcher arrived (its queue may be gone).
@@ -607,8 +620,8 @@ impl<K: Kind> Job<K> {
         self.kind.on_results(&mut self.ledger, batch, now)
     }
 
-    pub fn on_lost(&mut self, lost: &TaskBundle) -> Vec<Effect> {
-        self.kind.on_lost(&mut self.ledger, lost)
+    pub fn on_lost(&mut self, lost: &TaskBundle, receipt: u64, now: Now) -> Vec<Effect> {
+        self.kind.on_lost(&mut self.ledger, lost, receipt, now)
     }
 
     pub fn on_control(&mut self, msg: ControlMsg, now: Now) -> Vec<Effect> {

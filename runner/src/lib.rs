@@ -18,6 +18,7 @@ mod owner;
 mod publication;
 mod records;
 mod results;
+mod returns;
 mod sweep;
 
 use std::{sync::Arc, time::Duration};

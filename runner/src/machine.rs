@@ -24,8 +24,9 @@ pub enum JobEvent {
     Start,
     /// Results, in delivery order.
     Results(Vec<ResultMsg>),
-    /// Tasks dead-lettered after crashing their launchers too often.
-    Lost(TaskBundle),
+    /// Tasks dead-lettered after being returned to their queue too often,
+    /// held unacked under `receipt` until an [`Effect::SettleLost`] says.
+    Lost { bundle: TaskBundle, receipt: u64 },
     /// A message on the job's control queue, and who sent it (its
     /// broker-checked `user_id`, if it named one).
     Control {
@@ -144,15 +145,18 @@ impl<K: Kind> Core for JobMachine<K> {
                     "control message from a sender who may not send it; dropped"
                 );
             }
-            JobEvent::Results(_) | JobEvent::Lost(_) | JobEvent::Heartbeat if self.ended => {
+            JobEvent::Lost { receipt, .. } if self.ended => {
+                self.push(vec![Effect::SettleLost(receipt)]);
+            }
+            JobEvent::Results(_) | JobEvent::Heartbeat if self.ended => {
                 debug!("the job has ended; ignored");
             }
             JobEvent::Results(batch) => {
                 let effects = self.job.on_results(batch, now);
                 self.push(effects);
             }
-            JobEvent::Lost(lost) => {
-                let effects = self.job.on_lost(&lost);
+            JobEvent::Lost { bundle, receipt } => {
+                let effects = self.job.on_lost(&bundle, receipt, now);
                 self.push(effects);
             }
             JobEvent::Control { msg, .. } => {

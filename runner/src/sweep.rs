@@ -33,6 +33,7 @@ use crate::{
     launchers::LauncherTable,
     publication::{Feed, FirstAttempts, Publication, TaskMaker, Uptake},
     records::{AddedTasks, FinalOutcome, IndexEntry},
+    returns::{Judgement, Returns},
 };
 
 /// How long an unfulfilled shrink waits for launchers to stop; the
@@ -123,6 +124,9 @@ pub struct Sweep {
     /// Launchers given up for their silence: gone when polled, or silent
     /// too long (KOALA-CS's launcher time-outs).
     timeouts: u64,
+    /// Dead-lettered tasks: lost to their launchers' deaths, or only
+    /// returned by the broker.
+    returns: Returns,
 }
 
 impl Sweep {
@@ -155,6 +159,7 @@ impl Sweep {
             last_news: now.instant,
             shrinks: 0,
             timeouts: 0,
+            returns: Returns::default(),
         };
         Ok(Job::new(ledger, sweep))
     }
@@ -541,6 +546,9 @@ impl Sweep {
             .launchers
             .expire(now.instant, ledger.settings().launcher_heartbeat);
         self.timeouts += expired.values().map(|l| l.len() as u64).sum::<u64>();
+        if !expired.is_empty() {
+            self.returns.departed(now.instant);
+        }
         expired
             .into_iter()
             .map(|(cluster, launchers)| {
@@ -556,6 +564,72 @@ impl Sweep {
                 }
             })
             .collect()
+    }
+
+    /// What a dead-lettered task's judgement makes of it; its dead letter
+    /// is acked after.
+    fn judged(
+        &mut self,
+        ledger: &mut Ledger,
+        task: TaskMsg,
+        receipt: u64,
+        judgement: Judgement,
+    ) -> Vec<Effect> {
+        let mut effects = match judgement {
+            Judgement::Republish => {
+                info!(
+                    task = task.task,
+                    attempt = task.attempt,
+                    "task returned to its queue too often with no launcher leaving: published again"
+                );
+                vec![Effect::Publish(vec![task])]
+            }
+            Judgement::Lost => self.lost(ledger, &task, "its launchers died every time it ran"),
+            Judgement::ReturnedTooOften => self.lost(
+                ledger,
+                &task,
+                "returned to its queue again and again with no launcher leaving",
+            ),
+        };
+        effects.push(Effect::SettleLost(receipt));
+        effects
+    }
+
+    /// Judgements due: a task dead-lettered a while ago, with no death
+    /// noticed around it, is published again.
+    fn judge_returns(&mut self, ledger: &mut Ledger, now: Now) -> Vec<Effect> {
+        let window = ledger.settings().death_noticed_within();
+        let judged = self.returns.due(now.instant, window);
+        judged
+            .into_iter()
+            .flat_map(
+                |(task, receipt, judgement)| match ledger.book().is_finished(task.task) {
+                    true => vec![Effect::SettleLost(receipt)],
+                    false => self.judged(ledger, task, receipt, judgement),
+                },
+            )
+            .collect()
+    }
+
+    /// A task lost: its final state, recorded.
+    fn lost(&mut self, ledger: &mut Ledger, task: &TaskMsg, why: &str) -> Vec<Effect> {
+        if Some(task.task) == ledger.final_task() {
+            warn!(attempt = task.attempt, "final step lost: {why}");
+            let mut outcome = FinalOutcome::of(FinalStatus::Lost, None);
+            outcome.attempts = task.attempt;
+            ledger.finish_final(outcome);
+            return vec![Effect::SaveJobFile];
+        }
+        warn!(task = task.task, attempt = task.attempt, "task lost: {why}");
+        let mut entry = self.entry(ledger, task.task, FinalStatus::Lost, None);
+        entry.attempts = task.attempt;
+        entry.preemptions = task.preemptions;
+        if ledger.finish(task.task, FinalStatus::Lost) {
+            self.feed.finished(task.task);
+        }
+        let mut effects = vec![Effect::Record(vec![entry])];
+        effects.extend(self.final_step_due(ledger));
+        effects
     }
 }
 
@@ -654,51 +728,42 @@ impl Kind for Sweep {
         effects
     }
 
-    fn on_lost(&mut self, ledger: &mut Ledger, lost: &TaskBundle) -> Vec<Effect> {
-        let unfinished: Vec<TaskMsg> = lost
+    fn on_lost(
+        &mut self,
+        ledger: &mut Ledger,
+        lost: &TaskBundle,
+        receipt: u64,
+        now: Now,
+    ) -> Vec<Effect> {
+        let mut unfinished: Vec<TaskMsg> = lost
             .tasks
             .iter()
             .filter(|task| task.job == *ledger.id() && !ledger.book().is_finished(task.task))
             .cloned()
             .collect();
+        let mut effects = Vec::new();
         if lost.tasks.len() > 1 {
             // One of them may be what killed the launchers: alone, each
             // either runs or is lost by itself.
             if !unfinished.is_empty() {
                 info!(
                     tasks = unfinished.len(),
-                    "a bundle's launchers died every time it ran: its tasks run again alone"
+                    "a bundle returned too often: its tasks run again alone"
                 );
-                return vec![Effect::Publish(unfinished)];
+                effects.push(Effect::Publish(unfinished));
             }
+        } else if let Some(task) = unfinished.pop() {
+            let window = ledger.settings().death_noticed_within();
+            if let Some((task, receipt, judgement)) =
+                self.returns
+                    .dead_lettered(task, receipt, now.instant, window)
+            {
+                return self.judged(ledger, task, receipt, judgement);
+            }
+            // Judged once a death would have been noticed.
             return Vec::new();
         }
-        let Some(task) = unfinished.first() else {
-            return Vec::new();
-        };
-        if Some(task.task) == ledger.final_task() {
-            warn!(
-                attempt = task.attempt,
-                "final step lost: its launchers died every time it ran"
-            );
-            let mut outcome = FinalOutcome::of(FinalStatus::Lost, None);
-            outcome.attempts = task.attempt;
-            ledger.finish_final(outcome);
-            return vec![Effect::SaveJobFile];
-        }
-        warn!(
-            task = task.task,
-            attempt = task.attempt,
-            "task lost: its launchers died every time it ran"
-        );
-        let mut entry = self.entry(ledger, task.task, FinalStatus::Lost, None);
-        entry.attempts = task.attempt;
-        entry.preemptions = task.preemptions;
-        if ledger.finish(task.task, FinalStatus::Lost) {
-            self.feed.finished(task.task);
-        }
-        let mut effects = vec![Effect::Record(vec![entry])];
-        effects.extend(self.final_step_due(ledger));
+        effects.push(Effect::SettleLost(receipt));
         effects
     }
 
@@ -736,6 +801,7 @@ impl Kind for Sweep {
             } => {
                 debug!(launcher = %launcher, reason, "launcher gone");
                 self.launchers.gone(&launcher);
+                self.returns.departed(now.instant);
                 Vec::new()
             }
             ControlMsg::GrowOffer {
@@ -805,8 +871,11 @@ impl Kind for Sweep {
         ledger: &mut Ledger,
         followup: Followup,
         arrived: bool,
-        _now: Now,
+        now: Now,
     ) -> Vec<Effect> {
+        if !arrived && matches!(followup, Followup::Leave { .. } | Followup::Poll { .. }) {
+            self.returns.departed(now.instant);
+        }
         match followup {
             Followup::Grow {
                 cluster,
@@ -846,6 +915,7 @@ impl Kind for Sweep {
         let uptake = self.uptake(now.instant);
         effects.extend(self.top_up(ledger, uptake));
         effects.extend(self.expire_silent(ledger, now));
+        effects.extend(self.judge_returns(ledger, now));
         effects.extend(
             self.launchers
                 .poll_silent(now.instant, ledger.settings().launcher_heartbeat)
@@ -1557,12 +1627,34 @@ mod tests {
         TaskBundle { tasks: vec![task] }
     }
 
+    fn gone(launcher: &str) -> ControlMsg {
+        ControlMsg::LauncherGone {
+            launcher: launcher.into(),
+            cluster: "c1".into(),
+            reason: "exited".to_owned(),
+        }
+    }
+
+    fn settled(effects: &[Effect]) -> Vec<u64> {
+        effects
+            .iter()
+            .filter_map(|e| match e {
+                Effect::SettleLost(receipt) => Some(*receipt),
+                _ => None,
+            })
+            .collect()
+    }
+
     #[test]
     fn a_lost_task_is_recorded_once() {
         let t0 = Instant::now();
         let mut sweep = started(2, 1, t0);
+        sweep.on_control(up("a", "c1", 1), at(t0, 1));
+        sweep.on_control(gone("a"), at(t0, 2));
         let mut lost = sweep.kind().tasks.msg(1, 3, 1).unwrap();
-        let effects = sweep.on_lost(&alone(lost.clone()));
+        let effects = sweep.on_lost(&alone(lost.clone()), 7, at(t0, 3));
+        assert_eq!(settled(&effects), [7], "acked after the record");
+        assert!(matches!(effects.last(), Some(Effect::SettleLost(7))));
         let entries = recorded(&effects);
         assert_eq!(
             (
@@ -1573,10 +1665,47 @@ mod tests {
             ),
             (1, FinalStatus::Lost, 3, 1)
         );
-        assert!(sweep.on_lost(&alone(lost.clone())).is_empty());
+        let again = sweep.on_lost(&alone(lost.clone()), 8, at(t0, 4));
+        assert!(matches!(again[..], [Effect::SettleLost(8)]), "{again:?}");
         lost.task = 0;
         lost.job = "other-0000000000000000".parse().unwrap();
-        assert!(sweep.on_lost(&alone(lost)).is_empty(), "another job's task");
+        let other = sweep.on_lost(&alone(lost), 9, at(t0, 5));
+        assert!(
+            matches!(other[..], [Effect::SettleLost(9)]),
+            "another job's task"
+        );
+    }
+
+    /// The broker returns a delivery that reaches a consumer just
+    /// cancelled, and counts it: a task bounced so through a few launchers
+    /// is dead-lettered though none died.
+    #[test]
+    fn a_task_returned_with_no_launcher_leaving_runs_again() {
+        let t0 = Instant::now();
+        let mut sweep = started(2, 1, t0);
+        sweep.on_control(up("a", "c1", 1), at(t0, 1));
+        let task = sweep.kind().tasks.msg(1, 1, 0).unwrap();
+        let window = sweep.ledger().settings().death_noticed_within().as_secs();
+        assert!(
+            sweep.on_lost(&alone(task.clone()), 3, at(t0, 2)).is_empty(),
+            "judged once a death would have been noticed"
+        );
+        sweep.on_control(status("a", "c1", &[]), at(t0, 2 + window / 2));
+        let effects = sweep.poll(at(t0, 2 + window / 2));
+        assert!(settled(&effects).is_empty(), "not yet");
+        let effects = sweep.poll(at(t0, 2 + window));
+        assert_eq!(published(&effects), [task.clone()]);
+        assert!(recorded(&effects).is_empty());
+        assert_eq!(settled(&effects), [3], "acked after it is published");
+        assert_eq!(sweep.ending(), None, "the task is still to run");
+
+        // A launcher leaving soon after the next dead letter: lost.
+        sweep.on_lost(&alone(task.clone()), 4, at(t0, 100));
+        sweep.on_control(gone("a"), at(t0, 101));
+        let effects = sweep.poll(at(t0, 100 + window));
+        assert!(published(&effects).is_empty());
+        assert_eq!(recorded(&effects)[0].status, FinalStatus::Lost);
+        assert_eq!(settled(&effects), [4]);
     }
 
     #[test]
@@ -1628,7 +1757,7 @@ mod tests {
         assert_eq!(bundles, [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
         sweep.on_results([result(5, 1, RunStatus::Succeeded)], at(t0, 1));
         let lost = first.chunk(1, 3).remove(0);
-        let effects = sweep.on_lost(&lost);
+        let effects = sweep.on_lost(&lost, 1, at(t0, 2));
         assert_eq!(
             published(&effects)
                 .iter()
@@ -1638,7 +1767,10 @@ mod tests {
             "the unfinished ones, alone, nothing recorded lost"
         );
         assert!(recorded(&effects).is_empty());
-        let effects = sweep.on_lost(&alone(sweep.kind().tasks.msg(6, 1, 0).unwrap()));
+        assert_eq!(settled(&effects), [1]);
+        sweep.on_control(gone("a"), at(t0, 3));
+        let task = sweep.kind().tasks.msg(6, 1, 0).unwrap();
+        let effects = sweep.on_lost(&alone(task), 2, at(t0, 3));
         assert_eq!(recorded(&effects)[0].status, FinalStatus::Lost);
     }
 

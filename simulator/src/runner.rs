@@ -164,6 +164,7 @@ impl<K: Kind> Runner<K> {
                 | Effect::Event(_)
                 | Effect::Answer(_)
                 | Effect::Relay { .. }
+                | Effect::SettleLost(_)
                 | Effect::WriteOutputs(_)
                 | Effect::WriteRetried(_)
                 | Effect::WriteFinalOutputs(_)

@@ -212,8 +212,19 @@ impl Vhost {
 
     /// Takes (and removes) up to `count` messages from a queue.
     pub fn get(&self, queue: &str, count: u32) -> Vec<Value> {
+        self.get_as(queue, count, "ack_requeue_false")
+    }
+
+    /// Takes up to `count` messages from a queue and returns them to it,
+    /// as a consumer that gives them back would: a quorum queue counts
+    /// each return against its delivery limit.
+    pub fn get_and_return(&self, queue: &str, count: u32) -> Vec<Value> {
+        self.get_as(queue, count, "ack_requeue_true")
+    }
+
+    fn get_as(&self, queue: &str, count: u32, ackmode: &str) -> Vec<Value> {
         let body = serde_json::json!({
-            "count": count, "ackmode": "ack_requeue_false", "encoding": "auto"
+            "count": count, "ackmode": ackmode, "encoding": "auto"
         });
         let text = self
             .api(

@@ -70,6 +70,34 @@ fn bundled_tasks_end_once_through_a_killed_and_a_preempted_launcher() {
     assert!(g.log("up").contains("task preempted and republished"));
 }
 
+/// A quorum queue counts every return of a message against its delivery
+/// limit, its own too (a delivery that reaches a consumer just cancelled
+/// goes back): a task returned past the limit while no launcher died is
+/// run again, not called lost.
+#[test]
+fn a_task_returned_too_often_with_no_launcher_dying_runs_again() {
+    let mut g = gleaner("returned");
+    g.up(1);
+    // The first holds the one slot long enough for the second, waiting in
+    // the queue, to be returned five times.
+    let job = g.submit(&sweep("returned", 2, "sleep $((40 / {n})); echo {n}"));
+    let queue = format!("gleaner.job.{job}.tasks");
+    wait_for("one task running, one waiting", MINUTE, || {
+        g.vhost.queue(&queue).is_some_and(|q| {
+            q["messages_ready"].as_u64() == Some(1)
+                && q["messages_unacknowledged"].as_u64() == Some(1)
+        })
+    });
+    let mut returned = 0;
+    while returned < 10 && !g.vhost.get_and_return(&queue, 1).is_empty() {
+        returned += 1;
+    }
+    assert_eq!(returned, 5, "dead-lettered on its fifth return");
+    g.assert_all_done_once(&job, 2);
+    assert_eq!(g.stdout(&job, 1).as_deref(), Some("2\n"));
+    assert!(g.log("up").contains("published again"), "{}", g.log("up"));
+}
+
 #[test]
 fn a_runner_killed_mid_job_is_replaced_and_the_job_completes() {
     let (mut g, runner) = services_apart("runnerkill");
