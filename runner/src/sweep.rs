@@ -1694,7 +1694,7 @@ mod tests {
         let effects = sweep.poll(at(t0, 2 + window / 2));
         assert!(settled(&effects).is_empty(), "not yet");
         let effects = sweep.poll(at(t0, 2 + window));
-        assert_eq!(published(&effects), [task.clone()]);
+        assert_eq!(published(&effects), std::slice::from_ref(&task));
         assert!(recorded(&effects).is_empty());
         assert_eq!(settled(&effects), [3], "acked after it is published");
         assert_eq!(sweep.ending(), None, "the task is still to run");
