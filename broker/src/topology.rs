@@ -58,8 +58,10 @@ pub fn watch_queue_for(owner: &str, what: &str) -> String {
 }
 
 /// How many times a task may be handed out without being acked (its
-/// launcher died) before it is dead-lettered as `lost`. Preemption does not
-/// count: a preempted launcher republishes the task and acks the original.
+/// launcher died, or the broker took back a delivery to a consumer just
+/// cancelled) before it is dead-lettered, for its runner to judge lost or
+/// not. Preemption does not count: a preempted launcher republishes the
+/// task and acks the original.
 pub const TASK_DELIVERY_LIMIT: i64 = 4;
 
 pub fn kcm_queue(cluster: &ClusterName) -> String {

@@ -54,7 +54,7 @@ pub enum Effect {
     /// are acked.
     Publish(Vec<TaskMsg>),
     /// Acks the dead letter the shell handed in with this receipt
-    /// ([`crate::JobEvent::Lost`]), once what its tasks became is safe.
+    /// ([`crate::returns::DeadLetter`]), once what its tasks became is safe.
     SettleLost(u64),
     /// Writes a task's last run's streams to `output.log` (where the next
     /// `Record` of the task points) and its declared outputs under

@@ -29,7 +29,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_protocol::{
     ActionReply, ClusterName, ComponentOutcome, ComponentSpec, ControlMsg, HostSlots, JobReport,
-    JobState, KcmMsg, LauncherId, Millis, ResultMsg, RunStatus, SchedulerMsg, TaskBundle,
+    JobState, KcmMsg, LauncherId, Millis, ResultMsg, RunStatus, SchedulerMsg,
 };
 use indexmap::IndexMap;
 use tracing::{debug, info, warn};
@@ -39,6 +39,7 @@ use crate::{
     effect::{Effect, Followup, Now},
     job_core::{Job, Kind, Ledger, Opening, Refusal, cancel, finish_unfinished, index_entry},
     records::{Claim, IndexEntry, StartedComponent},
+    returns::DeadLetter,
 };
 
 /// KOALA's L to begin with; each run that did not gather lowers it by
@@ -788,18 +789,12 @@ impl Kind for Grid {
         Vec::new()
     }
 
-    fn on_lost(
-        &mut self,
-        _ledger: &mut Ledger,
-        lost: &TaskBundle,
-        receipt: u64,
-        _now: Now,
-    ) -> Vec<Effect> {
+    fn on_lost(&mut self, _ledger: &mut Ledger, letter: DeadLetter, _now: Now) -> Vec<Effect> {
         debug!(
-            tasks = lost.tasks.len(),
+            tasks = letter.bundle.tasks.len(),
             "lost tasks ignored: this job is a grid job"
         );
-        vec![Effect::SettleLost(receipt)]
+        vec![Effect::SettleLost(letter.receipt)]
     }
 
     fn on_control(&mut self, ledger: &mut Ledger, msg: ControlMsg, now: Now) -> Vec<Effect> {

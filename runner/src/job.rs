@@ -36,6 +36,7 @@ use crate::{
     owner::{Owner, as_account, prepare_area, symlink_on_the_way},
     publication::FirstAttempts,
     results::{ResultsDir, StagedFiles, is_disk_failure},
+    returns::DeadLetter,
     sweep::Sweep,
 };
 
@@ -458,7 +459,11 @@ impl<K: Kind> Shell<K> {
                     let receipt = self.next_lost;
                     self.next_lost += 1;
                     self.lost.insert(receipt, incoming.receipt());
-                    let event = JobEvent::Lost { bundle: incoming.msg, receipt };
+                    let event = JobEvent::Lost(DeadLetter {
+                        bundle: incoming.msg,
+                        receipt,
+                        redelivered: incoming.redelivered,
+                    });
                     self.handle(event, Now::read()).await?;
                 }
                 message = control.next(), if first_control.is_none() => {

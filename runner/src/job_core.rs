@@ -16,7 +16,7 @@ use std::{
 use gleaner_manifest::{Component, JobId, Manifest, ParamValue, TaskShape};
 use gleaner_protocol::{
     ClusterName, ControlMsg, Credentials, Event, Gathering, JobReport, JobState, KcmMsg, ResultMsg,
-    SchedulerMsg, Submission, TaskBundle, TaskCounts,
+    SchedulerMsg, Submission, TaskCounts,
 };
 use indexmap::IndexMap;
 use tracing::info;
@@ -26,6 +26,7 @@ use crate::{
     effect::{Effect, Followup, Now},
     publication::Publication,
     records::{AddedTasks, FinalOutcome, IndexEntry, JobFile},
+    returns::DeadLetter,
 };
 
 /// Settings every job controller of a runner shares: keys of `[runner]`,
@@ -66,10 +67,13 @@ impl JobSettings {
             .saturating_add(Duration::from_secs(5))
     }
 
-    /// How far from a dead letter a launcher's death may be noticed: a
-    /// launcher's silence and a beat more for its kcm's report.
-    pub fn death_noticed_within(&self) -> Duration {
-        Self::silence_after(self.launcher_heartbeat).saturating_add(self.launcher_heartbeat)
+    /// How long after a launcher's death (it beat every `heartbeat`) the
+    /// runner may notice it: a poll its queue no longer answers comes after
+    /// two missed beats, its silence is given up after
+    /// [`JobSettings::silence_after`]; a beat more for the report that
+    /// looks.
+    pub fn death_noticed_within(heartbeat: Duration) -> Duration {
+        Self::silence_after(heartbeat).saturating_add(heartbeat)
     }
 }
 
@@ -501,14 +505,8 @@ pub trait Kind {
         now: Now,
     ) -> Vec<Effect>;
     /// Tasks dead-lettered after being returned to their queue too often,
-    /// held unacked under `receipt` until an [`Effect::SettleLost`].
-    fn on_lost(
-        &mut self,
-        ledger: &mut Ledger,
-        lost: &TaskBundle,
-        receipt: u64,
-        now: Now,
-    ) -> Vec<Effect>;
+    /// held unacked until an [`Effect::SettleLost`] names their receipt.
+    fn on_lost(&mut self, ledger: &mut Ledger, letter: DeadLetter, now: Now) -> Vec<Effect>;
     /// A message on the job's control queue.
     fn on_control(&mut self, ledger: &mut Ledger, msg: ControlMsg, now: Now) -> Vec<Effect>;
     /// Whether a message to a kcm or launcher arrived (its queue may be gone).
@@ -620,8 +618,8 @@ impl<K: Kind> Job<K> {
         self.kind.on_results(&mut self.ledger, batch, now)
     }
 
-    pub fn on_lost(&mut self, lost: &TaskBundle, receipt: u64, now: Now) -> Vec<Effect> {
-        self.kind.on_lost(&mut self.ledger, lost, receipt, now)
+    pub fn on_lost(&mut self, letter: DeadLetter, now: Now) -> Vec<Effect> {
+        self.kind.on_lost(&mut self.ledger, letter, now)
     }
 
     pub fn on_control(&mut self, msg: ControlMsg, now: Now) -> Vec<Effect> {

@@ -38,10 +38,13 @@ impl Entry {
 #[derive(Debug, Default)]
 pub struct LauncherTable {
     launchers: BTreeMap<LauncherId, Entry>,
+    /// The longest heartbeat a launcher said it beats at, gone ones too.
+    longest_heartbeat: Option<Duration>,
 }
 
 impl LauncherTable {
     pub fn up(&mut self, info: &LauncherInfo, now: Instant) {
+        self.said_heartbeat(info.heartbeat_ms);
         self.launchers.insert(
             info.launcher.clone(),
             Entry {
@@ -60,6 +63,7 @@ impl LauncherTable {
     /// A heartbeat. A launcher we missed the announcement of (the runner
     /// restarted) is adopted from it.
     pub fn status(&mut self, status: LauncherStatus, now: Instant) {
+        self.said_heartbeat(status.heartbeat_ms);
         let entry = self
             .launchers
             .entry(status.launcher)
@@ -83,6 +87,17 @@ impl LauncherTable {
         entry.running = status.running;
         entry.last_seen = now;
         entry.polled = false;
+    }
+
+    fn said_heartbeat(&mut self, ms: Option<u64>) {
+        let said = ms.map(Duration::from_millis);
+        self.longest_heartbeat = self.longest_heartbeat.max(said);
+    }
+
+    /// The longest heartbeat a launcher of the job said it beats at: the
+    /// slowest to be noticed dead.
+    pub fn longest_heartbeat(&self) -> Option<Duration> {
+        self.longest_heartbeat
     }
 
     /// Forgets a launcher; whether it was here.

@@ -6,7 +6,7 @@
 //! and a job whose tasks are all over is finished and wound up, after which
 //! tasks sent to it are refused.
 
-use gleaner_protocol::{ActionReply, ControlMsg, Core, Message, Outbox, ResultMsg, TaskBundle};
+use gleaner_protocol::{ActionReply, ControlMsg, Core, Message, Outbox, ResultMsg};
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -14,6 +14,7 @@ use crate::{
     job_core::{Job, Kind},
     owner::may_send_control,
     publication::Publication,
+    returns::DeadLetter,
 };
 
 /// What happens to a job, and the answers to its effects.
@@ -25,8 +26,8 @@ pub enum JobEvent {
     /// Results, in delivery order.
     Results(Vec<ResultMsg>),
     /// Tasks dead-lettered after being returned to their queue too often,
-    /// held unacked under `receipt` until an [`Effect::SettleLost`] says.
-    Lost { bundle: TaskBundle, receipt: u64 },
+    /// held unacked until an [`Effect::SettleLost`] names their receipt.
+    Lost(DeadLetter),
     /// A message on the job's control queue, and who sent it (its
     /// broker-checked `user_id`, if it named one).
     Control {
@@ -145,8 +146,8 @@ impl<K: Kind> Core for JobMachine<K> {
                     "control message from a sender who may not send it; dropped"
                 );
             }
-            JobEvent::Lost { receipt, .. } if self.ended => {
-                self.push(vec![Effect::SettleLost(receipt)]);
+            JobEvent::Lost(letter) if self.ended => {
+                self.push(vec![Effect::SettleLost(letter.receipt)]);
             }
             JobEvent::Results(_) | JobEvent::Heartbeat if self.ended => {
                 debug!("the job has ended; ignored");
@@ -155,8 +156,8 @@ impl<K: Kind> Core for JobMachine<K> {
                 let effects = self.job.on_results(batch, now);
                 self.push(effects);
             }
-            JobEvent::Lost { bundle, receipt } => {
-                let effects = self.job.on_lost(&bundle, receipt, now);
+            JobEvent::Lost(letter) => {
+                let effects = self.job.on_lost(letter, now);
                 self.push(effects);
             }
             JobEvent::Control { msg, .. } => {

@@ -7,22 +7,36 @@
 //! A task bounced that way through a few launchers at once is dead-lettered
 //! though nothing died. The runner tells the two apart by what it saw of
 //! its launchers: a task whose last run killed its launcher is dead-lettered
-//! as that launcher goes, so a departure comes to the runner close to the
-//! dead letter, before it or within the time a death takes to be noticed
-//! (a kcm's report, or a launcher's silence). With no departure in that
-//! window the task is published again; a few times at most, so that
-//! whatever keeps returning it cannot keep it for ever.
+//! as that launcher goes, so the runner notices a death close to the dead
+//! letter, before it or within the time a death takes to be noticed (a
+//! poll the launcher's queue no longer answers, or its silence). A
+//! launcher's goodbye is an orderly end and counts for nothing. With no
+//! death in that window the task is published again; a few times at most
+//! (by one runner), so that whatever keeps returning it cannot keep it for
+//! ever.
 
 use std::{
     collections::HashMap,
     time::{Duration, Instant},
 };
 
-use gleaner_protocol::TaskMsg;
+use gleaner_protocol::{TaskBundle, TaskMsg};
 
 /// How often a task returned with no launcher leaving is published again
 /// before it counts as lost all the same.
 pub const REPUBLISHED_AT_MOST: u32 = 3;
+
+/// A dead letter as the shell hands it in.
+#[derive(Debug)]
+pub struct DeadLetter {
+    pub bundle: TaskBundle,
+    /// What the shell holds it unacked by, until an
+    /// [`crate::effect::Effect::SettleLost`] names it.
+    pub receipt: u64,
+    /// Delivered before, to a runner that died or lost the broker holding
+    /// it: what that runner saw of its launchers is gone.
+    pub redelivered: bool,
+}
 
 /// What becomes of a dead-lettered task.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,35 +63,37 @@ struct Waiting {
 #[derive(Debug, Default)]
 pub struct Returns {
     waiting: Vec<Waiting>,
-    /// The last time a launcher of the job was seen leaving (gone, given up
-    /// for its silence, or its queue found gone).
+    /// The last time a launcher of the job was seen dying (given up for its
+    /// silence, or its queue found gone).
     last_departure: Option<Instant>,
     /// Tasks published again so far, by task: few, so kept sparse.
     republished: HashMap<u64, u32>,
 }
 
 impl Returns {
-    /// A launcher left (or died) at `now`.
+    /// A launcher was found dead at `now`.
     pub fn departed(&mut self, now: Instant) {
         self.last_departure = Some(now);
     }
 
-    /// Whether a launcher left since `since`.
-    fn departed_since(&self, since: Instant) -> bool {
-        self.last_departure.is_some_and(|at| at >= since)
+    /// Whether a launcher was found dead from `window` before `at` on.
+    fn died_around(&self, at: Instant, window: Duration) -> bool {
+        self.last_departure
+            .is_some_and(|died| at.saturating_duration_since(died) <= window)
     }
 
-    /// A task dead-lettered at `now`: judged at once when a launcher was
-    /// seen leaving within `window` before, else once `window` has passed.
+    /// A task dead-lettered (with its receipt) at `now`: lost at once when
+    /// a launcher was seen dying within `window` before, or when the letter
+    /// comes again to a runner that cannot know (as a task that killed its
+    /// launchers would be); else judged once `window` has passed.
     pub fn dead_lettered(
         &mut self,
-        task: TaskMsg,
-        receipt: u64,
+        (task, receipt): (TaskMsg, u64),
+        redelivered: bool,
         now: Instant,
         window: Duration,
     ) -> Option<(TaskMsg, u64, Judgement)> {
-        let since = now.checked_sub(window).unwrap_or(now);
-        if self.departed_since(since) {
+        if redelivered || self.died_around(now, window) {
             return Some((task, receipt, Judgement::Lost));
         }
         self.waiting.push(Waiting {
@@ -88,7 +104,7 @@ impl Returns {
         None
     }
 
-    /// The judgements due at `now`: a launcher that left from `window`
+    /// The judgements due at `now`: a launcher found dead from `window`
     /// before a dead letter to now makes its task lost.
     pub fn due(&mut self, now: Instant, window: Duration) -> Vec<(TaskMsg, u64, Judgement)> {
         let (due, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.waiting)
@@ -97,8 +113,7 @@ impl Returns {
         self.waiting = waiting;
         due.into_iter()
             .map(|w| {
-                let before = w.since.checked_sub(window).unwrap_or(w.since);
-                let judgement = if self.departed_since(before) {
+                let judgement = if self.died_around(w.since, window) {
                     Judgement::Lost
                 } else {
                     let times = self.republished.entry(w.task.task).or_default();
@@ -131,7 +146,10 @@ mod tests {
     fn a_task_returned_with_no_launcher_leaving_is_published_again() {
         let start = Instant::now();
         let mut returns = Returns::default();
-        assert_eq!(returns.dead_lettered(task(7), 1, start, WINDOW), None);
+        assert_eq!(
+            returns.dead_lettered((task(7), 1), false, start, WINDOW),
+            None
+        );
         assert!(
             returns.due(start + WINDOW / 2, WINDOW).is_empty(),
             "a death may not be noticed yet"
@@ -150,12 +168,15 @@ mod tests {
         let mut before = Returns::default();
         before.departed(start - WINDOW / 2);
         assert_eq!(
-            before.dead_lettered(task(1), 1, start, WINDOW),
+            before.dead_lettered((task(1), 1), false, start, WINDOW),
             Some((task(1), 1, Judgement::Lost)),
             "a death seen just before: lost at once"
         );
         let mut after = Returns::default();
-        assert_eq!(after.dead_lettered(task(2), 2, start, WINDOW), None);
+        assert_eq!(
+            after.dead_lettered((task(2), 2), false, start, WINDOW),
+            None
+        );
         after.departed(start + WINDOW / 2);
         assert_eq!(
             after.due(start + WINDOW, WINDOW),
@@ -164,11 +185,19 @@ mod tests {
         );
         let mut long_before = Returns::default();
         long_before.departed(start - WINDOW * 2);
-        assert_eq!(long_before.dead_lettered(task(3), 3, start, WINDOW), None);
+        assert_eq!(
+            long_before.dead_lettered((task(3), 3), false, start, WINDOW),
+            None
+        );
         assert_eq!(
             long_before.due(start + WINDOW, WINDOW),
             vec![(task(3), 3, Judgement::Republish)],
-            "a departure long before says nothing of this task"
+            "a death long before says nothing of this task"
+        );
+        assert_eq!(
+            long_before.dead_lettered((task(4), 4), true, start, WINDOW),
+            Some((task(4), 4, Judgement::Lost)),
+            "a runner given it again cannot know what the last one saw"
         );
     }
 
@@ -178,7 +207,7 @@ mod tests {
         let mut returns = Returns::default();
         for time in 1..=REPUBLISHED_AT_MOST + 1 {
             assert_eq!(
-                returns.dead_lettered(task(5), time.into(), now, WINDOW),
+                returns.dead_lettered((task(5), time.into()), false, now, WINDOW),
                 None
             );
             now += WINDOW;

@@ -29,12 +29,17 @@ use crate::{
     book::{FinalStatus, Verdict},
     effect::{Effect, Followup, Now},
     follow::{Followers, MOST_ASKED, MOST_FOLLOWS},
-    job_core::{Job, Kind, Ledger, Opening, Refusal, THROUGHPUT_WINDOW, cancel, index_entry},
+    job_core::{
+        Job, JobSettings, Kind, Ledger, Opening, Refusal, THROUGHPUT_WINDOW, cancel, index_entry,
+    },
     launchers::LauncherTable,
     publication::{Feed, FirstAttempts, Publication, TaskMaker, Uptake},
     records::{AddedTasks, FinalOutcome, IndexEntry},
-    returns::{Judgement, Returns},
+    returns::{DeadLetter, Judgement, Returns},
 };
+
+/// The slowest launcher heartbeat a dead letter waits for.
+const SLOWEST_HEARTBEAT: Duration = Duration::from_secs(600);
 
 /// How long an unfulfilled shrink waits for launchers to stop; the
 /// scheduler decides afresh after that.
@@ -566,6 +571,16 @@ impl Sweep {
             .collect()
     }
 
+    /// How long after a launcher's death the runner may notice it: a
+    /// silence and a beat, of the slowest beat a launcher of the job said
+    /// (up to [`SLOWEST_HEARTBEAT`]: a beat a task forged cannot hold its
+    /// job's dead letters for ever).
+    fn death_noticed_within(&self, ledger: &Ledger) -> Duration {
+        let heartbeat = ledger.settings().launcher_heartbeat;
+        let slowest = self.launchers.longest_heartbeat().unwrap_or(heartbeat);
+        JobSettings::death_noticed_within(heartbeat.max(slowest).min(SLOWEST_HEARTBEAT))
+    }
+
     /// What a dead-lettered task's judgement makes of it; its dead letter
     /// is acked after.
     fn judged(
@@ -598,7 +613,7 @@ impl Sweep {
     /// Judgements due: a task dead-lettered a while ago, with no death
     /// noticed around it, is published again.
     fn judge_returns(&mut self, ledger: &mut Ledger, now: Now) -> Vec<Effect> {
-        let window = ledger.settings().death_noticed_within();
+        let window = self.death_noticed_within(ledger);
         let judged = self.returns.due(now.instant, window);
         judged
             .into_iter()
@@ -728,13 +743,12 @@ impl Kind for Sweep {
         effects
     }
 
-    fn on_lost(
-        &mut self,
-        ledger: &mut Ledger,
-        lost: &TaskBundle,
-        receipt: u64,
-        now: Now,
-    ) -> Vec<Effect> {
+    fn on_lost(&mut self, ledger: &mut Ledger, letter: DeadLetter, now: Now) -> Vec<Effect> {
+        let DeadLetter {
+            bundle: lost,
+            receipt,
+            redelivered,
+        } = letter;
         let mut unfinished: Vec<TaskMsg> = lost
             .tasks
             .iter()
@@ -753,10 +767,11 @@ impl Kind for Sweep {
                 effects.push(Effect::Publish(unfinished));
             }
         } else if let Some(task) = unfinished.pop() {
-            let window = ledger.settings().death_noticed_within();
+            let window = self.death_noticed_within(ledger);
+            let letter = (task, receipt);
             if let Some((task, receipt, judgement)) =
                 self.returns
-                    .dead_lettered(task, receipt, now.instant, window)
+                    .dead_lettered(letter, redelivered, now.instant, window)
             {
                 return self.judged(ledger, task, receipt, judgement);
             }
@@ -799,9 +814,9 @@ impl Kind for Sweep {
             ControlMsg::LauncherGone {
                 launcher, reason, ..
             } => {
+                // A goodbye is an orderly end, never a task's doing.
                 debug!(launcher = %launcher, reason, "launcher gone");
                 self.launchers.gone(&launcher);
-                self.returns.departed(now.instant);
                 Vec::new()
             }
             ControlMsg::GrowOffer {
@@ -873,9 +888,6 @@ impl Kind for Sweep {
         arrived: bool,
         now: Now,
     ) -> Vec<Effect> {
-        if !arrived && matches!(followup, Followup::Leave { .. } | Followup::Poll { .. }) {
-            self.returns.departed(now.instant);
-        }
         match followup {
             Followup::Grow {
                 cluster,
@@ -890,13 +902,17 @@ impl Kind for Sweep {
                     warn!(cluster = %cluster, "no kcm queue for the cluster; grow dropped");
                 }
             }
+            // Its queue went with its connection: it left without a word.
             Followup::Leave { launcher } if !arrived => {
-                self.launchers.gone(&launcher);
+                if self.launchers.gone(&launcher) {
+                    self.returns.departed(now.instant);
+                }
             }
             Followup::Poll { launcher } if !arrived => {
                 debug!(launcher = %launcher, "silent launcher is gone");
                 if self.launchers.gone(&launcher) {
                     self.timeouts += 1;
+                    self.returns.departed(now.instant);
                 }
             }
             Followup::Leave { .. }
@@ -1635,6 +1651,22 @@ mod tests {
         }
     }
 
+    /// A launcher found dead: polled, its queue gone.
+    fn found_dead(sweep: &mut Job<Sweep>, launcher: &str, now: Now) {
+        let poll = Followup::Poll {
+            launcher: launcher.into(),
+        };
+        assert!(sweep.on_delivery(poll, false, now).is_empty());
+    }
+
+    fn letter(bundle: TaskBundle, receipt: u64) -> DeadLetter {
+        DeadLetter {
+            bundle,
+            receipt,
+            redelivered: false,
+        }
+    }
+
     fn settled(effects: &[Effect]) -> Vec<u64> {
         effects
             .iter()
@@ -1650,11 +1682,13 @@ mod tests {
         let t0 = Instant::now();
         let mut sweep = started(2, 1, t0);
         sweep.on_control(up("a", "c1", 1), at(t0, 1));
-        sweep.on_control(gone("a"), at(t0, 2));
+        found_dead(&mut sweep, "a", at(t0, 2));
         let mut lost = sweep.kind().tasks.msg(1, 3, 1).unwrap();
-        let effects = sweep.on_lost(&alone(lost.clone()), 7, at(t0, 3));
-        assert_eq!(settled(&effects), [7], "acked after the record");
-        assert!(matches!(effects.last(), Some(Effect::SettleLost(7))));
+        let effects = sweep.on_lost(letter(alone(lost.clone()), 7), at(t0, 3));
+        assert!(
+            matches!(effects.last(), Some(Effect::SettleLost(7))),
+            "acked after the record: {effects:?}"
+        );
         let entries = recorded(&effects);
         assert_eq!(
             (
@@ -1665,11 +1699,11 @@ mod tests {
             ),
             (1, FinalStatus::Lost, 3, 1)
         );
-        let again = sweep.on_lost(&alone(lost.clone()), 8, at(t0, 4));
+        let again = sweep.on_lost(letter(alone(lost.clone()), 8), at(t0, 4));
         assert!(matches!(again[..], [Effect::SettleLost(8)]), "{again:?}");
         lost.task = 0;
         lost.job = "other-0000000000000000".parse().unwrap();
-        let other = sweep.on_lost(&alone(lost), 9, at(t0, 5));
+        let other = sweep.on_lost(letter(alone(lost), 9), at(t0, 5));
         assert!(
             matches!(other[..], [Effect::SettleLost(9)]),
             "another job's task"
@@ -1680,32 +1714,55 @@ mod tests {
     /// cancelled, and counts it: a task bounced so through a few launchers
     /// is dead-lettered though none died.
     #[test]
-    fn a_task_returned_with_no_launcher_leaving_runs_again() {
+    fn a_task_returned_with_no_launcher_dying_runs_again() {
         let t0 = Instant::now();
-        let mut sweep = started(2, 1, t0);
+        let mut sweep = started(3, 1, t0);
         sweep.on_control(up("a", "c1", 1), at(t0, 1));
+        sweep.on_control(up("b", "c1", 1), at(t0, 1));
         let task = sweep.kind().tasks.msg(1, 1, 0).unwrap();
-        let window = sweep.ledger().settings().death_noticed_within().as_secs();
+        let heartbeat = sweep.ledger().settings().launcher_heartbeat;
+        let window = JobSettings::death_noticed_within(heartbeat).as_secs();
         assert!(
-            sweep.on_lost(&alone(task.clone()), 3, at(t0, 2)).is_empty(),
+            sweep
+                .on_lost(letter(alone(task.clone()), 3), at(t0, 2))
+                .is_empty(),
             "judged once a death would have been noticed"
         );
+        // A goodbye is no death.
+        sweep.on_control(gone("b"), at(t0, 3));
         sweep.on_control(status("a", "c1", &[]), at(t0, 2 + window / 2));
         let effects = sweep.poll(at(t0, 2 + window / 2));
         assert!(settled(&effects).is_empty(), "not yet");
+        sweep.on_control(status("a", "c1", &[]), at(t0, 2 + window));
         let effects = sweep.poll(at(t0, 2 + window));
         assert_eq!(published(&effects), std::slice::from_ref(&task));
         assert!(recorded(&effects).is_empty());
-        assert_eq!(settled(&effects), [3], "acked after it is published");
+        assert!(
+            matches!(effects.last(), Some(Effect::SettleLost(3))),
+            "acked after it is published: {effects:?}"
+        );
         assert_eq!(sweep.ending(), None, "the task is still to run");
 
-        // A launcher leaving soon after the next dead letter: lost.
-        sweep.on_lost(&alone(task.clone()), 4, at(t0, 100));
-        sweep.on_control(gone("a"), at(t0, 101));
+        // A launcher found dead soon after the next dead letter: lost.
+        sweep.on_control(status("a", "c1", &[]), at(t0, 99));
+        assert!(
+            sweep
+                .on_lost(letter(alone(task.clone()), 4), at(t0, 100))
+                .is_empty()
+        );
+        found_dead(&mut sweep, "a", at(t0, 101));
         let effects = sweep.poll(at(t0, 100 + window));
         assert!(published(&effects).is_empty());
         assert_eq!(recorded(&effects)[0].status, FinalStatus::Lost);
         assert_eq!(settled(&effects), [4]);
+
+        // One that ends while its dead letter waits is only acked.
+        let other = sweep.kind().tasks.msg(2, 1, 0).unwrap();
+        sweep.on_lost(letter(alone(other), 5), at(t0, 200));
+        sweep.on_results([result(2, 1, RunStatus::Succeeded)], at(t0, 201));
+        let effects = sweep.poll(at(t0, 200 + window));
+        assert_eq!(settled(&effects), [5]);
+        assert!(published(&effects).is_empty() && recorded(&effects).is_empty());
     }
 
     #[test]
@@ -1757,7 +1814,7 @@ mod tests {
         assert_eq!(bundles, [vec![0, 1, 2, 3], vec![4, 5, 6, 7], vec![8, 9]]);
         sweep.on_results([result(5, 1, RunStatus::Succeeded)], at(t0, 1));
         let lost = first.chunk(1, 3).remove(0);
-        let effects = sweep.on_lost(&lost, 1, at(t0, 2));
+        let effects = sweep.on_lost(letter(lost, 1), at(t0, 2));
         assert_eq!(
             published(&effects)
                 .iter()
@@ -1768,9 +1825,9 @@ mod tests {
         );
         assert!(recorded(&effects).is_empty());
         assert_eq!(settled(&effects), [1]);
-        sweep.on_control(gone("a"), at(t0, 3));
-        let task = sweep.kind().tasks.msg(6, 1, 0).unwrap();
-        let effects = sweep.on_lost(&alone(task), 2, at(t0, 3));
+        let mut task = letter(alone(sweep.kind().tasks.msg(6, 1, 0).unwrap()), 2);
+        task.redelivered = true;
+        let effects = sweep.on_lost(task, at(t0, 3));
         assert_eq!(recorded(&effects)[0].status, FinalStatus::Lost);
     }
 
