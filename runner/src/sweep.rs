@@ -21,7 +21,7 @@ use gleaner_policy::{preempt, share};
 use gleaner_protocol::{
     ActionReply, ClusterName, ControlMsg, FOLLOW_LEASE_MS, GrantId, JobReport, JobState, KcmMsg,
     LauncherInfo, LauncherMsg, OutputPiece, ResultMsg, SchedulerMsg, ShrinkMode, StreamPiece,
-    TaskBundle, TaskMsg, naming::same_host,
+    TaskMsg, naming::same_host,
 };
 use tracing::{debug, info, warn};
 
@@ -986,7 +986,9 @@ impl Kind for Sweep {
 mod tests {
     use std::time::Instant;
 
-    use gleaner_protocol::{LauncherId, LauncherInfo, LauncherStatus, RunStatus, RunningTask};
+    use gleaner_protocol::{
+        LauncherId, LauncherInfo, LauncherStatus, RunStatus, RunningTask, TaskBundle,
+    };
 
     use super::*;
     use crate::{
