@@ -65,20 +65,20 @@ pub struct Returns {
     waiting: Vec<Waiting>,
     /// The last time a launcher of the job was seen dying (given up for its
     /// silence, or its queue found gone).
-    last_departure: Option<Instant>,
+    last_death: Option<Instant>,
     /// Tasks published again so far, by task: few, so kept sparse.
     republished: HashMap<u64, u32>,
 }
 
 impl Returns {
     /// A launcher was found dead at `now`.
-    pub fn departed(&mut self, now: Instant) {
-        self.last_departure = Some(now);
+    pub fn found_dead(&mut self, now: Instant) {
+        self.last_death = Some(now);
     }
 
     /// Whether a launcher was found dead from `window` before `at` on.
     fn died_around(&self, at: Instant, window: Duration) -> bool {
-        self.last_departure
+        self.last_death
             .is_some_and(|died| at.saturating_duration_since(died) <= window)
     }
 
@@ -166,7 +166,7 @@ mod tests {
     fn a_launcher_leaving_around_the_dead_letter_makes_it_lost() {
         let start = Instant::now() + WINDOW * 4;
         let mut before = Returns::default();
-        before.departed(start - WINDOW / 2);
+        before.found_dead(start - WINDOW / 2);
         assert_eq!(
             before.dead_lettered((task(1), 1), false, start, WINDOW),
             Some((task(1), 1, Judgement::Lost)),
@@ -177,14 +177,14 @@ mod tests {
             after.dead_lettered((task(2), 2), false, start, WINDOW),
             None
         );
-        after.departed(start + WINDOW / 2);
+        after.found_dead(start + WINDOW / 2);
         assert_eq!(
             after.due(start + WINDOW, WINDOW),
             vec![(task(2), 2, Judgement::Lost)],
             "a death noticed after the dead letter"
         );
         let mut long_before = Returns::default();
-        long_before.departed(start - WINDOW * 2);
+        long_before.found_dead(start - WINDOW * 2);
         assert_eq!(
             long_before.dead_lettered((task(3), 3), false, start, WINDOW),
             None

@@ -552,7 +552,7 @@ impl Sweep {
             .expire(now.instant, ledger.settings().launcher_heartbeat);
         self.timeouts += expired.values().map(|l| l.len() as u64).sum::<u64>();
         if !expired.is_empty() {
-            self.returns.departed(now.instant);
+            self.returns.found_dead(now.instant);
         }
         expired
             .into_iter()
@@ -905,14 +905,14 @@ impl Kind for Sweep {
             // Its queue went with its connection: it left without a word.
             Followup::Leave { launcher } if !arrived => {
                 if self.launchers.gone(&launcher) {
-                    self.returns.departed(now.instant);
+                    self.returns.found_dead(now.instant);
                 }
             }
             Followup::Poll { launcher } if !arrived => {
                 debug!(launcher = %launcher, "silent launcher is gone");
                 if self.launchers.gone(&launcher) {
                     self.timeouts += 1;
-                    self.returns.departed(now.instant);
+                    self.returns.found_dead(now.instant);
                 }
             }
             Followup::Leave { .. }
