@@ -68,6 +68,18 @@ impl Gleaner {
         self.prepare(Command::new(&self.exe), args)
     }
 
+    /// A shell script run as a newcomer runs it, but against this test's
+    /// vhost and with this build's binary (`GLEANER_BIN`).
+    pub fn script(&self, script: &Path, args: &[&str]) -> Command {
+        let mut command = Command::new("bash");
+        command.arg(script);
+        let mut command = self.prepare(command, args);
+        command
+            .env("GLEANER_BIN", &self.exe)
+            .env_remove("GLEANER_USERS__SINGLE");
+        command
+    }
+
     /// `command` (which runs gleaner) set up for this test.
     fn prepare(&self, mut command: Command, args: &[&str]) -> Command {
         command

@@ -75,6 +75,45 @@ fn wait_follows_a_running_job_to_its_end() {
     assert!(said.contains("3 of 4 tasks succeeded"), "{said}");
 }
 
+/// README's first command, `deploy/demo.sh`, as a fresh clone has it
+/// (the script, its broker setup and the example, copied to a directory of
+/// their own), run with this build's binary: it exits 0 and shows task 5's
+/// stdout and declared output.
+#[test]
+fn readmes_first_command_runs_the_example_sweep_and_shows_its_results() {
+    let g = gleaner("demo");
+    let checkout = crate::package::repository();
+    let clone = g.path().join("clone");
+    for part in ["deploy/demo.sh", "deploy/rabbitmq", "examples/sweep.toml"] {
+        let to = clone.join(part);
+        std::fs::create_dir_all(to.parent().expect("a parent")).expect("mkdir");
+        let copied = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(checkout.join(part))
+            .arg(&to)
+            .status()
+            .expect("cp");
+        assert!(copied.success(), "copying {part}");
+    }
+    let mut demo = g.script(&clone.join("deploy/demo.sh"), &[]);
+    demo.env("SLOTS", "2")
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let ran = finish(demo.spawn().expect("bash"), 5 * MINUTE);
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&ran.stdout),
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    assert_eq!(ran.status.code(), Some(0), "{said}");
+    assert!(said.contains("13 of 13 tasks succeeded"), "{said}");
+    // Task 5 is seed 2, size 10: it printed that, and 2 × 55 in sum.csv.
+    assert!(said.contains("\nseed=2 size=10\n"), "{said}");
+    assert!(said.contains("\n110\n"), "{said}");
+    assert!(clone.join("results").is_dir(), "{said}");
+}
+
 /// README's path, in order, as a new user takes it: `gleaner up` in a
 /// directory, then each command with no extra flag and no setting of the
 /// services' (the CLI is not told that `up` keeps one user), answering

@@ -15,7 +15,7 @@ use gleaner_testkit::{by_task, finish_all_succeeded};
 use crate::{MINUTE, gleaner};
 
 /// The repository's root (the e2e tests live in the `gleaner` crate).
-fn repository() -> PathBuf {
+pub(crate) fn repository() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .expect("the workspace")
