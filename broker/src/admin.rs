@@ -125,6 +125,22 @@ impl Admin {
         Ok(Credentials { user, password })
     }
 
+    /// Bounds every queue a user can make under their own prefix
+    /// (`gleaner.watch.<user>.*`, where a `--wait` client keeps its events):
+    /// a policy of the vhost, which RabbitMQ applies over whatever arguments
+    /// the user declared (the lower bound wins), so that nobody can fill the
+    /// broker's memory or disk, and raise its alarms for everyone, through
+    /// queues of their own. Applied by the services at each start.
+    pub async fn bound_users_queues(&self) -> Result<(), BrokerError> {
+        let (name, body) = users_queue_policy();
+        self.call(
+            "PUT",
+            &format!("/policies/{}/{}", encode(&self.vhost), name),
+            Some(body),
+        )
+        .await
+    }
+
     /// Deletes `job`'s launcher account; one already gone is fine.
     pub async fn forget_launcher_account(&self, job: &JobId) -> Result<(), BrokerError> {
         let path = format!("/users/{}", encode(&launcher_user(job)));
@@ -167,6 +183,29 @@ impl Admin {
         .await
         .map_err(|e| BrokerError::Connect(e.to_string()))?
     }
+}
+
+/// The most messages one of a user's own queues holds; a new one pushes
+/// the oldest out. A job's watch queue holds its events while its `--wait`
+/// client is away: far fewer.
+pub const USER_QUEUE_MESSAGES: u64 = 10_000;
+/// The most bytes one of a user's own queues holds, likewise.
+pub const USER_QUEUE_BYTES: u64 = 8 << 20;
+
+/// The policy's name and body ([`Admin::bound_users_queues`]).
+pub fn users_queue_policy() -> (&'static str, serde_json::Value) {
+    (
+        "gleaner-users-queues",
+        serde_json::json!({
+            "pattern": r"^gleaner\.watch\.",
+            "apply-to": "queues",
+            "priority": 10,
+            "definition": {
+                "max-length": USER_QUEUE_MESSAGES,
+                "max-length-bytes": USER_QUEUE_BYTES,
+            },
+        }),
+    )
 }
 
 /// Percent-encodes a path segment (`/` as a vhost is `%2F`).

@@ -296,38 +296,30 @@ impl Publisher {
 
     /// Copies an unusable delivery (its properties and body) to
     /// `gleaner.dead` with the reason and its origin in headers, so an
-    /// operator can see why it was refused.
+    /// operator can see why it was refused. What the copy carries besides
+    /// its body is bounded ([`dead_letter_headers`]): a header frame over the
+    /// connection's `frame_max` would close this service's connection, and
+    /// the delivery, unacked, would come back to do it again.
     pub async fn dead_letter(
         &self,
         from_queue: &str,
         (original, data): (&BasicProperties, &[u8]),
         reason: &str,
     ) -> Result<(), BrokerError> {
-        let mut headers = original.headers().clone().unwrap_or_default();
-        headers.insert(
-            "x-gleaner-reason".into(),
-            AMQPValue::LongString(reason.into()),
-        );
-        headers.insert(
-            "x-gleaner-queue".into(),
-            AMQPValue::LongString(from_queue.into()),
-        );
-        headers.insert(
-            "x-gleaner-rejected-by".into(),
-            AMQPValue::LongString(self.identity.as_ref().into()),
+        let headers = dead_letter_headers(
+            original.headers().as_ref(),
+            reason,
+            from_queue,
+            &self.identity,
+            original.user_id().as_ref().map(|u| u.as_str()),
         );
         // The sender's `user_id` is not this connection's user, so the
-        // broker would refuse the copy: it moves to a header.
-        let mut properties = original.clone();
-        if let Some(user) = properties.user_id().clone() {
-            headers.insert(
-                "x-gleaner-user".into(),
-                AMQPValue::LongString(user.as_str().into()),
-            );
-        }
-        properties = properties.with_user_id(self.user.as_ref().into());
-        let properties = properties
-            .with_headers(FieldTable::from(headers.inner().clone()))
+        // broker would refuse the copy: it moved to a header. Its other
+        // properties are short strings and numbers, bounded by AMQP.
+        let properties = original
+            .clone()
+            .with_user_id(self.user.as_ref().into())
+            .with_headers(headers)
             .with_delivery_mode(PERSISTENT);
         let confirm = self
             .channel
@@ -343,6 +335,60 @@ impl Publisher {
     }
 }
 
+/// The sender's headers that a dead letter keeps: scalars and strings of at
+/// most this many bytes, …
+const KEPT_HEADER_BYTES: usize = 256;
+/// … and this many of them; the rest are counted in `x-gleaner-dropped-headers`.
+const KEPT_HEADERS: usize = 32;
+
+/// The headers of a dead letter: the sender's that are small (see
+/// [`KEPT_HEADER_BYTES`]), the reason cut to [`gleaner_protocol::REASON_BYTES`],
+/// the queue it came from, who refused it and who sent it. At most a few
+/// KiB whatever the sender put in the original.
+pub fn dead_letter_headers(
+    original: Option<&FieldTable>,
+    reason: &str,
+    from_queue: &str,
+    rejected_by: &str,
+    sender: Option<&str>,
+) -> FieldTable {
+    let small = |value: &AMQPValue| match value {
+        AMQPValue::LongString(text) => text.len() <= KEPT_HEADER_BYTES,
+        AMQPValue::ShortString(text) => text.as_str().len() <= KEPT_HEADER_BYTES,
+        AMQPValue::FieldArray(_) | AMQPValue::FieldTable(_) | AMQPValue::ByteArray(_) => false,
+        _ => true,
+    };
+    let mut headers = FieldTable::default();
+    let mut dropped = 0u32;
+    for (name, value) in original.map(|t| t.inner().iter()).into_iter().flatten() {
+        if name.as_str().starts_with("x-gleaner-") {
+            continue;
+        }
+        if headers.inner().len() < KEPT_HEADERS && small(value) {
+            headers.insert(name.clone(), value.clone());
+        } else {
+            dropped += 1;
+        }
+    }
+    if dropped > 0 {
+        headers.insert(
+            "x-gleaner-dropped-headers".into(),
+            AMQPValue::LongUInt(dropped),
+        );
+    }
+    let mut text = |name: &str, value: &str| {
+        let value = gleaner_protocol::cut_reason(value);
+        headers.insert(name.into(), AMQPValue::LongString(value.as_ref().into()));
+    };
+    text("x-gleaner-reason", reason);
+    text("x-gleaner-queue", from_queue);
+    text("x-gleaner-rejected-by", rejected_by);
+    if let Some(user) = sender {
+        text("x-gleaner-user", user);
+    }
+    headers
+}
+
 fn check(confirmation: Confirmation, queue: &str) -> Result<(), BrokerError> {
     match confirmation {
         Confirmation::Nack(_) => Err(BrokerError::Nacked(queue.to_owned())),
@@ -350,5 +396,74 @@ fn check(confirmation: Confirmation, queue: &str) -> Result<(), BrokerError> {
             Some(_returned) => Err(BrokerError::NoQueue(queue.to_owned())),
             None => Ok(()),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A bound on a header table's encoded size: a name and a type octet
+    /// each, and each value's own bytes.
+    fn encoded_bytes(table: &FieldTable) -> usize {
+        table
+            .inner()
+            .iter()
+            .map(|(name, value)| {
+                2 + name.as_str().len()
+                    + match value {
+                        AMQPValue::LongString(text) => 4 + text.len(),
+                        AMQPValue::ShortString(text) => 1 + text.as_str().len(),
+                        AMQPValue::FieldTable(inner) => 4 + encoded_bytes(inner),
+                        _ => 8,
+                    }
+            })
+            .sum()
+    }
+
+    #[test]
+    fn a_dead_letters_headers_stay_small_whatever_the_sender_put_in_them() {
+        let huge = "h".repeat(200_000);
+        let mut original = FieldTable::default();
+        original.insert("big".into(), AMQPValue::LongString(huge.as_str().into()));
+        let mut nested = FieldTable::default();
+        nested.insert("deep".into(), AMQPValue::LongString(huge.as_str().into()));
+        original.insert("nested".into(), AMQPValue::FieldTable(nested));
+        original.insert(
+            "x-gleaner-reason".into(),
+            AMQPValue::LongString("forged".into()),
+        );
+        for n in 0..100 {
+            original.insert(format!("h{n:03}").into(), AMQPValue::LongLongInt(n));
+        }
+        assert!(encoded_bytes(&original) > 400_000);
+        let reason = format!("unknown field `{huge}`");
+        let headers = dead_letter_headers(
+            Some(&original),
+            &reason,
+            "gleaner.submit",
+            "runner@h",
+            Some("bob"),
+        );
+        assert!(
+            encoded_bytes(&headers) < 16 << 10,
+            "{}",
+            encoded_bytes(&headers)
+        );
+        let text = |name: &str| match headers.inner().get(name) {
+            Some(AMQPValue::LongString(text)) => {
+                String::from_utf8_lossy(text.as_bytes()).into_owned()
+            }
+            other => panic!("{name}: {other:?}"),
+        };
+        assert!(text("x-gleaner-reason").starts_with("unknown field `hhh"));
+        assert!(text("x-gleaner-reason").len() <= gleaner_protocol::REASON_BYTES);
+        assert_eq!(text("x-gleaner-user"), "bob");
+        assert_eq!(text("x-gleaner-queue"), "gleaner.submit");
+        assert!(matches!(
+            headers.inner().get("x-gleaner-dropped-headers"),
+            Some(AMQPValue::LongUInt(n)) if *n as usize == 2 + 100 - KEPT_HEADERS
+        ));
+        assert!(headers.inner().contains_key("h000"));
     }
 }

@@ -48,7 +48,8 @@ impl Decode for IncomingSubmission {
                     .validate()
                     .map_err(|e| DecodeError::Invalid {
                         job: Some(envelope.msg.job.to_string()),
-                        reason: format!("invalid manifest: {e}"),
+                        reason: gleaner_protocol::cut_reason(&format!("invalid manifest: {e}"))
+                            .into_owned(),
                     })?;
                 Ok((envelope.from, Self(envelope.msg, Raw::of(properties, data))))
             }
@@ -69,7 +70,7 @@ fn decode_json(
         .map_or_else(|| "manual".to_owned(), |a| a.to_string());
     let manifest = Manifest::from_json(data).map_err(|e| DecodeError::Invalid {
         job: json_name(data).map(|name| job_id_for(properties, &name, data).to_string()),
-        reason: format!("invalid manifest: {e}"),
+        reason: gleaner_protocol::cut_reason(&format!("invalid manifest: {e}")).into_owned(),
     })?;
     let job = job_id_for(properties, &manifest.name, data);
     let submitted_at = properties

@@ -64,6 +64,18 @@ pub fn watch_queue_for(owner: &str, what: &str) -> String {
 /// task and acks the original.
 pub const TASK_DELIVERY_LIMIT: i64 = 4;
 
+/// How many times a service's message may come back unacked (its
+/// consumer's channel or connection died holding it) before the broker
+/// dead-letters it to `gleaner.dead`: a message that ends its consumer's
+/// session every time it is read stops there instead of taking the service
+/// down again and again. A quorum queue counts every return, and a session
+/// holds hundreds of messages unacked, so the limit leaves room for the
+/// restarts a broker failover causes.
+pub const SERVICE_DELIVERY_LIMIT: i64 = 20;
+/// The same for `gleaner.submit`, whose messages are held unacked for as
+/// long as their job runs (a long job outlives more runner restarts).
+pub const SUBMIT_DELIVERY_LIMIT: i64 = 50;
+
 pub fn kcm_queue(cluster: &ClusterName) -> String {
     format!("gleaner.kcm.{cluster}")
 }
@@ -239,7 +251,8 @@ pub const DEAD_LIMIT: i64 = 10_000;
 /// The most bytes it keeps, likewise.
 pub const DEAD_LIMIT_BYTES: i64 = 256 << 20;
 
-/// A bounded queue (`gleaner.dead`, `gleaner.history`). One declared
+/// A bounded queue (`gleaner.dead`, `gleaner.history`, the services'
+/// inboxes with their delivery limits). One declared
 /// otherwise, by an older gleaner, is kept as it is, with a warning
 /// (`kept`): redeclaring it differently would fail every service's start.
 /// Uses a throwaway channel, because a refused declaration closes the
@@ -281,35 +294,26 @@ pub async fn declare_core(connection: &lapin::Connection) -> Result<()> {
     )
     .await?;
     let channel = connection.create_channel().await?;
-    let declared = declare_routes(&channel).await;
+    let declared = declare_routes(connection, &channel).await;
     let _ = channel.close(200, "done".into()).await;
     declared
 }
 
 /// What [`declare_core`] declares beside the bounded queues.
-async fn declare_routes(channel: &Channel) -> Result<()> {
-    durable(
-        channel,
+async fn declare_routes(connection: &lapin::Connection, channel: &Channel) -> Result<()> {
+    let limited = "it keeps no delivery limit";
+    declare_bounded(
+        connection,
         SUBMIT_QUEUE,
-        Args::quorum().dead_letter_to(DEAD_QUEUE),
-    )
-    .await?;
-    durable(
-        channel,
-        SCHEDULER_QUEUE,
         Args::quorum()
-            .single_active_consumer()
+            .delivery_limit(SUBMIT_DELIVERY_LIMIT)
             .dead_letter_to(DEAD_QUEUE),
+        limited,
     )
     .await?;
-    durable(
-        channel,
-        REQUESTS_QUEUE,
-        Args::quorum()
-            .single_active_consumer()
-            .dead_letter_to(DEAD_QUEUE),
-    )
-    .await?;
+    for queue in [SCHEDULER_QUEUE, REQUESTS_QUEUE] {
+        declare_bounded(connection, queue, service_inbox(), limited).await?;
+    }
     let exchange = ExchangeDeclareOptions {
         durable: true,
         ..ExchangeDeclareOptions::default()
@@ -374,14 +378,22 @@ pub async fn declare_scheduler_grid(channel: &Channel) -> Result<()> {
     durable(channel, SCHEDULER_GRID_QUEUE, Args::quorum().max_length(1)).await
 }
 
-/// A cluster manager's inbox; single active consumer so a standby kcm waits.
-pub async fn declare_kcm(channel: &Channel, cluster: &ClusterName) -> Result<()> {
-    durable(
-        channel,
+/// A service's inbox: one consumer at a time (a standby waits), a delivery
+/// limit, and what cannot be read to `gleaner.dead`.
+fn service_inbox() -> Args {
+    Args::quorum()
+        .single_active_consumer()
+        .delivery_limit(SERVICE_DELIVERY_LIMIT)
+        .dead_letter_to(DEAD_QUEUE)
+}
+
+/// A cluster manager's inbox ([`service_inbox`]).
+pub async fn declare_kcm(connection: &lapin::Connection, cluster: &ClusterName) -> Result<()> {
+    declare_bounded(
+        connection,
         &kcm_queue(cluster),
-        Args::quorum()
-            .single_active_consumer()
-            .dead_letter_to(DEAD_QUEUE),
+        service_inbox(),
+        "it keeps no delivery limit",
     )
     .await
 }
@@ -403,7 +415,9 @@ pub async fn declare_job(channel: &Channel, queues: &JobQueues) -> Result<()> {
     durable(
         channel,
         &queues.results,
-        Args::quorum().dead_letter_to(DEAD_QUEUE),
+        Args::quorum()
+            .delivery_limit(SERVICE_DELIVERY_LIMIT)
+            .dead_letter_to(DEAD_QUEUE),
     )
     .await?;
     channel
@@ -439,7 +453,9 @@ pub async fn declare_job_control(channel: &Channel, queues: &JobQueues) -> Resul
     durable(
         channel,
         &queues.control,
-        Args::quorum().dead_letter_to(DEAD_QUEUE),
+        Args::quorum()
+            .delivery_limit(SERVICE_DELIVERY_LIMIT)
+            .dead_letter_to(DEAD_QUEUE),
     )
     .await
 }

@@ -127,9 +127,8 @@ impl<B: Backend> Kcm<B> {
         connection: &Connection,
         shutdown: &CancellationToken,
     ) -> Result<(), BrokerError> {
-        let channel = connection.channel().await?;
         topology::declare_core(connection.lapin()).await?;
-        topology::declare_kcm(&channel, &self.config.core.cluster).await?;
+        topology::declare_kcm(connection.lapin(), &self.config.core.cluster).await?;
         let publisher = connection.publisher().await?;
         let mut inbox: Inbox<KcmMsg> = connection
             .inbox(

@@ -43,7 +43,8 @@ pub fn encode<M: Message>(from: &str, msg: &M) -> Result<Vec<u8>, rmp_serde::enc
 
 /// Decodes an enveloped MessagePack body.
 pub fn decode<M: Message>(data: &[u8]) -> Result<Envelope<M>, DecodeError> {
-    rmp_serde::from_slice(data).map_err(|e| DecodeError::Body(e.to_string()))
+    rmp_serde::from_slice(data)
+        .map_err(|e| DecodeError::Body(crate::cut_reason(&e.to_string()).into_owned()))
 }
 
 #[cfg(test)]

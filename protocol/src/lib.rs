@@ -12,7 +12,9 @@ mod core;
 mod ids;
 mod messages;
 pub mod naming;
+mod text;
 
 pub use core::{Core, Now, Outbox, now_ms};
 pub use ids::{ClusterName, GrantId, LauncherId, is_name};
 pub use messages::*;
+pub use text::{REASON_BYTES, cut, cut_reason};

@@ -137,6 +137,11 @@ async fn session(
 ) -> Result<(), BrokerError> {
     let channel = connection.channel().await?;
     topology::declare_core(connection.lapin()).await?;
+    if let Some(admin) = admin
+        && let Err(e) = admin.bound_users_queues().await
+    {
+        warn!(error = %e, "cannot bound users' own queues; they hold what the broker lets them");
+    }
     let publisher = connection.publisher().await?;
     let mut submissions: Inbox<IncomingSubmission> = Inbox::open(
         &channel,
@@ -243,10 +248,17 @@ async fn refuse(
     reason: &str,
 ) -> Result<(), BrokerError> {
     let IncomingSubmission(submission, raw) = &incoming.msg;
+    let reason = gleaner_protocol::cut_reason(reason);
+    let reason = reason.as_ref();
     warn!(job = %submission.job, user = incoming.user.as_deref().unwrap_or("-"), reason, "submission refused");
-    publisher
+    // Refused either way: a copy that cannot be made costs the copy, not
+    // the session (the submission would come back and fail it again).
+    if let Err(e) = publisher
         .dead_letter(SUBMIT_QUEUE, (&raw.properties, &raw.data), reason)
-        .await?;
+        .await
+    {
+        warn!(job = %submission.job, error = %e, "cannot copy the refused submission to gleaner.dead");
+    }
     let event = Event::Rejected {
         job: submission.job.to_string(),
         owner: owner.to_owned(),

@@ -5,14 +5,16 @@
 use std::{path::Path, process::Command};
 
 use futures_util::StreamExt;
-pub use lapin::BasicProperties;
+pub use lapin::{
+    BasicProperties,
+    types::{AMQPValue, FieldTable},
+};
 use lapin::{
     Connection, ConnectionProperties,
     options::{
         BasicConsumeOptions, BasicPublishOptions, ConfirmSelectOptions, QueueBindOptions,
         QueueDeclareOptions,
     },
-    types::FieldTable,
 };
 
 use crate::{Gleaner, Vhost};

@@ -387,6 +387,110 @@ fn a_tasks_hostile_messages_leave_its_runner_serving() {
     assert!(!log.contains("restarting the session"), "{log}");
 }
 
+/// A MessagePack envelope whose message is a map with one field, `type`,
+/// of `kind` (written by hand: no gleaner would send it).
+fn envelope_of_type(kind: &str) -> Vec<u8> {
+    let mut body = vec![0x83, 0xa1, b'v', 0x01, 0xa4];
+    body.extend_from_slice(b"from");
+    body.extend_from_slice(&[0xa1, b'x', 0xa3]);
+    body.extend_from_slice(b"msg");
+    body.extend_from_slice(&[0x81, 0xa4]);
+    body.extend_from_slice(b"type");
+    body.push(0xdb);
+    body.extend_from_slice(&u32::try_from(kind.len()).unwrap().to_be_bytes());
+    body.extend_from_slice(kind.as_bytes());
+    body
+}
+
+/// Messages that cannot be read, made so that what a service says about
+/// them is big: a submission whose unknown field name is 200,000
+/// characters, one with sender headers of 100 kB, a request whose `type` is
+/// as long. Each is dead-lettered with its reason cut short and acked;
+/// Bob's job runs to its end meanwhile, his `status` is answered, and no
+/// service restarts its session (a dead letter over the broker's frame
+/// size closed the service's connection, and the message came back).
+#[test]
+fn a_users_messages_with_huge_names_leave_every_service_serving() {
+    use gleaner_testkit::users::{AMQPValue, FieldTable};
+
+    let (g, alice, bob) = many_users("users-huge-names");
+    let his = g.write(
+        "bob.toml",
+        &gleaner_testkit::sweep("his", 8, "sleep 1; echo {n}"),
+    );
+    let submitted = g.run_as(&bob, &["submit", his.to_str().unwrap()]);
+    assert!(submitted.status.success(), "{}", text(&submitted));
+    let job = String::from_utf8_lossy(&submitted.stdout).trim().to_owned();
+
+    let long = "f".repeat(200_000);
+    let json = BasicProperties::default()
+        .with_content_type("application/json".into())
+        .with_user_id(alice.name.as_str().into());
+    let unknown_field = format!(r#"{{"name":"long","{long}":1,"task":[{{"command":"true"}}]}}"#);
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "note".into(),
+        AMQPValue::LongString("n".repeat(100_000).as_str().into()),
+    );
+    let heavy = json.clone().with_headers(headers);
+    let mine = alice.amqp();
+    for _ in 0..3 {
+        mine.publish_with(
+            ("gleaner.user", "submit"),
+            unknown_field.as_bytes(),
+            json.clone(),
+        )
+        .expect("alice may submit");
+        mine.publish_with(("gleaner.user", "submit"), b"{\"name\": 7}", heavy.clone())
+            .expect("alice may submit");
+        mine.publish_with(
+            ("gleaner.user", "request"),
+            &envelope_of_type(&long),
+            BasicProperties::default().with_user_id(alice.name.as_str().into()),
+        )
+        .expect("alice may ask");
+    }
+    let mut dead = Vec::new();
+    wait_for("her nine messages in gleaner.dead", 2 * MINUTE, || {
+        dead.extend(g.vhost.get("gleaner.dead", 20));
+        dead.len() >= 9
+    });
+    for letter in &dead {
+        let reason = letter["properties"]["headers"]["x-gleaner-reason"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no reason: {letter}"));
+        assert!(
+            reason.len() <= gleaner_protocol::REASON_BYTES,
+            "{} bytes",
+            reason.len()
+        );
+        assert!(
+            letter["properties"]["headers"]["note"].is_null(),
+            "the 100 kB header is not copied"
+        );
+    }
+    let status = g.run_as(&bob, &["status", &job]);
+    assert!(status.status.success(), "{}", text(&status));
+    wait_for("his job to end", 3 * MINUTE, || {
+        std::fs::read_to_string(g.path().join("bob/results").join(&job).join("job.json"))
+            .is_ok_and(|t| t.contains("\"done\""))
+    });
+    let index: Vec<serde_json::Value> =
+        std::fs::read_to_string(g.path().join("bob/results").join(&job).join("index.jsonl"))
+            .expect("his index")
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("an index line"))
+            .collect();
+    assert_eq!(index.len(), 8);
+    assert!(
+        index.iter().all(|t| t["status"] == "succeeded"),
+        "{index:?}"
+    );
+    let log = g.log("up");
+    assert!(!log.contains("restarting the session"), "{log}");
+    assert!(!log.contains("lost the broker; reconnecting"), "{log}");
+}
+
 /// Everything in a user's results directory is theirs to make anything:
 /// Bob's job resumes from an index that is a sparse file of 2 GB with no
 /// newline (no disk used). The runner reads it in bounded memory and runs
