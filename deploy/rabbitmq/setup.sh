@@ -75,10 +75,28 @@ if command -v rabbitmqctl >/dev/null 2>&1; then
     as_root rabbitmqctl -q eval 'application:set_env(rabbit, consumer_timeout, 604800000).' >/dev/null
     # Likewise the largest message (channels opened from now on).
     as_root rabbitmqctl -q eval 'application:set_env(rabbit, max_message_size, 16777216).' >/dev/null
-    # The quorum queues' write-ahead log is sized when the broker starts.
-    wal=$(as_root rabbitmqctl -q eval 'application:get_env(ra, wal_max_size_bytes).' 2>/dev/null || true)
-    if [ "$wal" != "{ok,33554432}" ]; then
-        log "note: this broker keeps up to 512 MiB of quorum-queue log in memory (raft.wal_max_size_bytes); $here/50-gleaner.conf bounds it at 32 MiB from its next start"
+    # The quorum queues' write-ahead log is sized when the RabbitMQ
+    # application starts, from its configuration files: a broker found
+    # running with RabbitMQ's default (512 MiB, held in memory) gets
+    # gleaner's bound and its application restarted (the node stays up)
+    # while no client is connected; with clients it is not called ready.
+    wal() { as_root rabbitmqctl -q eval 'maps:get(wal_max_size_bytes, ra_system:fetch(quorum_queues)).' 2>/dev/null || true; }
+    if [ "$(wal)" != 33554432 ]; then
+        as_root install -d -m 0755 /etc/rabbitmq/conf.d
+        as_root cp "$here/50-gleaner.conf" /etc/rabbitmq/conf.d/50-gleaner.conf
+        clients=$(as_root rabbitmqctl -q list_connections pid 2>/dev/null | grep -c . || true)
+        if [ "$clients" = 0 ]; then
+            log "bounding the quorum-queue log at 32 MiB (it was $(wal) bytes): restarting the RabbitMQ application"
+            as_root rabbitmqctl -q stop_app >/dev/null
+            as_root rabbitmqctl -q start_app >/dev/null
+            as_root rabbitmqctl -q await_startup >/dev/null 2>&1 || true
+        fi
+        if [ "$(wal)" != 33554432 ]; then
+            log "not ready: this broker keeps up to $(wal) bytes of quorum-queue log in memory, and gleaner's sweeps would fill it;" \
+                "/etc/rabbitmq/conf.d/50-gleaner.conf bounds it at 32 MiB once the application restarts" \
+                "(rabbitmqctl stop_app && rabbitmqctl start_app, which drops its $clients client connections)"
+            exit 1
+        fi
     fi
     # The broker's own sockets, as the kernel has them ("127.0.0.1:15672"):
     # rabbitmq-diagnostics names the HTTP listeners [::] whatever they
