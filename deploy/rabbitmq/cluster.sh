@@ -11,6 +11,7 @@
 #   deploy/rabbitmq/cluster.sh stop NODE    (kill -9 a node, as a crash would)
 #   deploy/rabbitmq/cluster.sh start NODE   (start it again; it rejoins)
 #   deploy/rabbitmq/cluster.sh urls         (one base URL per line)
+#   deploy/rabbitmq/cluster.sh ctl NODE ARGS…  (rabbitmqctl on a node)
 #
 # The nodes speak TLS only (amqps on 5671, the management API and UI over
 # HTTPS on 15671), with certificates of a CA that certs.sh makes and this
@@ -249,5 +250,6 @@ down) down ;;
 stop) [ $# = 2 ] || { log "usage: $0 stop NODE"; exit 2; }; known "$2"; stop_node "$2" ;;
 start) [ $# = 2 ] || { log "usage: $0 start NODE"; exit 2; }; known "$2"; start_nodes "$2"; ctl "$2" await_startup ;;
 urls) cat "$etc/urls" ;;
-*) echo "usage: $0 up | down | stop NODE | start NODE | urls" >&2; exit 2 ;;
+ctl) [ $# -ge 3 ] || { log "usage: $0 ctl NODE ARGS..."; exit 2; }; known "$2"; node=$2; shift 2; ctl "$node" "$@" ;;
+*) echo "usage: $0 up | down | stop NODE | start NODE | urls | ctl NODE ARGS..." >&2; exit 2 ;;
 esac

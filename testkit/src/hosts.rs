@@ -51,6 +51,17 @@ impl BrokerCluster {
         Self::script(&["up"]).unwrap_or_else(|e| panic!("{e}"));
     }
 
+    /// Raises RabbitMQ's memory alarm on every node (each takes none of
+    /// its memory to be too much), so that the cluster blocks every
+    /// publishing connection; it clears when the returned guard is dropped.
+    pub fn memory_alarm(&self) -> MemoryAlarm {
+        for node in Self::NODES {
+            Self::script(&["ctl", node, "set_vm_memory_high_watermark", "absolute", "1"])
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        MemoryAlarm
+    }
+
     /// The node (`node2`) a client's connection is on, by its connection
     /// name (`runner@vm`), in a vhost.
     pub fn node_of(&self, vhost: &Vhost, connection: &str) -> Option<String> {
@@ -78,6 +89,22 @@ impl BrokerCluster {
                 "cluster.sh {args:?}: {}",
                 String::from_utf8_lossy(&output.stderr)
             ))
+        }
+    }
+}
+
+/// The replicated broker's memory alarm ([`BrokerCluster::memory_alarm`]),
+/// cleared when dropped.
+pub struct MemoryAlarm;
+
+impl Drop for MemoryAlarm {
+    fn drop(&mut self) {
+        for node in BrokerCluster::NODES {
+            if let Err(e) =
+                BrokerCluster::script(&["ctl", node, "set_vm_memory_high_watermark", "0.4"])
+            {
+                eprintln!("{e}");
+            }
         }
     }
 }

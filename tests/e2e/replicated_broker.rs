@@ -54,6 +54,40 @@ fn losing_a_broker_node_mid_sweep_loses_and_duplicates_nothing() {
     });
 }
 
+/// RabbitMQ's memory alarm blocks every connection that publishes, the
+/// services' and the launchers' alike, for as long as it lasts: a sweep
+/// stops where it is and, once the alarm clears, ends with every task
+/// succeeded, without anyone restarting a service.
+#[test]
+fn a_sweep_paused_by_the_brokers_memory_alarm_ends_once_it_clears() {
+    let cluster = BrokerCluster::lock();
+    let mut g = Gleaner::on(
+        cluster.access.clone(),
+        "alarm",
+        env!("CARGO_BIN_EXE_gleaner"),
+    );
+    g.up(2);
+    let tasks = 60;
+    let waiting = g.submit_waiting(&sweep("alarm", tasks, "sleep 0.2; echo {n}"));
+    let job = wait_for_job(&g);
+    wait_for("10 results", MINUTE, || g.index(&job).len() >= 10);
+    let alarm = cluster.memory_alarm();
+    let during = g.index(&job).len();
+    std::thread::sleep(Duration::from_secs(20));
+    drop(alarm);
+    finish_all_succeeded(waiting, tasks, 4 * MINUTE);
+    let index = by_task(&g.index(&job));
+    assert_eq!(index.len(), tasks as usize);
+    assert!(
+        index.values().all(|t| t["status"] == "succeeded"),
+        "{index:?}"
+    );
+    assert!(
+        during < tasks as usize,
+        "the alarm came in the middle of the sweep"
+    );
+}
+
 /// The replicated broker is reached from the network: no `guest` there,
 /// neither over AMQP nor through the management API, on any node.
 #[test]
