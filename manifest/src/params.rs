@@ -1,12 +1,14 @@
 //! Sweep parameters: an explicit list of values, or an integer range.
 
-use std::fmt;
+use std::{fmt, sync::Arc};
 
 use serde::{
     Deserialize, Deserializer, Serialize, Serializer,
-    de::{self, MapAccess, SeqAccess, Visitor},
+    de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor},
     ser::SerializeMap,
 };
+
+use crate::compact::{Packed, TooLarge};
 
 /// One value a parameter takes, substituted into the command as text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -33,7 +35,7 @@ impl fmt::Display for ParamValue {
 /// The values of one parameter: `[16, 32]` or `{ from = 1, to = 1000, step = 1 }`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ParamSpec {
-    List(Vec<ParamValue>),
+    List(ParamList),
     Range { from: i64, to: i64, step: i64 },
 }
 
@@ -53,16 +55,115 @@ impl ParamSpec {
     /// The `i`th value; `i` must be below `len()`.
     pub(crate) fn value(&self, i: u64) -> ParamValue {
         match self {
-            Self::List(values) => values[i as usize].clone(),
+            Self::List(values) => values.value(i as usize),
             Self::Range { from, step, .. } => ParamValue::Int(from + step * i as i64),
         }
     }
+
+    /// What it holds on the heap, for bounding what a submission costs.
+    pub fn heap_bytes(&self) -> usize {
+        match self {
+            Self::List(values) => values.heap_bytes(),
+            Self::Range { .. } => 0,
+        }
+    }
+}
+
+const FALSE: u8 = 0;
+const TRUE: u8 = 1;
+const INT: u8 = 2;
+const FLOAT: u8 = 3;
+const TEXT: u8 = 4;
+
+/// A parameter's list of values, packed so that it holds at most 5 bytes
+/// for each byte that carried it (MessagePack, JSON or TOML), plus 64 for
+/// the list: a `Vec<ParamValue>` held 32 bytes for a one-byte item, and up
+/// to twice that while growing. Each value is an entry of [`Packed`]: a
+/// boolean is its tag alone, an integer its shortest two's-complement
+/// bytes, a float its 8 bytes, a text its UTF-8. Clones share the buffers.
+#[derive(Clone, Default, PartialEq)]
+pub struct ParamList(Arc<Packed>);
+
+impl ParamList {
+    /// A list of `values`; fails only past [`crate::MAX_PACKED_BYTES`].
+    pub fn new(values: impl IntoIterator<Item = ParamValue>) -> Result<Self, TooLarge> {
+        let mut packed = Packed::default();
+        for value in values {
+            push(&mut packed, &value)?;
+        }
+        packed.shrink();
+        Ok(Self(Arc::new(packed)))
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The `i`th value; `i` must be below `len()`.
+    pub fn value(&self, i: usize) -> ParamValue {
+        let (tag, bytes) = self.0.get(i);
+        match tag {
+            FALSE => ParamValue::Bool(false),
+            TRUE => ParamValue::Bool(true),
+            INT => ParamValue::Int(int_from(bytes)),
+            FLOAT => ParamValue::Float(f64::from_le_bytes(bytes.try_into().unwrap_or_default())),
+            _ => ParamValue::Text(String::from_utf8_lossy(bytes).into_owned()),
+        }
+    }
+
+    pub fn iter(&self) -> impl ExactSizeIterator<Item = ParamValue> + '_ {
+        (0..self.len()).map(|i| self.value(i))
+    }
+
+    /// What it holds on the heap: its buffers and the block that shares them.
+    pub fn heap_bytes(&self) -> usize {
+        // The shared block: two counts and the buffers' pointers.
+        2 * size_of::<usize>() + size_of::<Packed>() + self.0.heap_bytes()
+    }
+}
+
+impl fmt::Debug for ParamList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+fn push(packed: &mut Packed, value: &ParamValue) -> Result<(), TooLarge> {
+    match value {
+        ParamValue::Bool(b) => packed.push(if *b { TRUE } else { FALSE }, &[]),
+        ParamValue::Int(i) => {
+            let (bytes, n) = int_bytes(*i);
+            packed.push(INT, &bytes[..n])
+        }
+        ParamValue::Float(x) => packed.push(FLOAT, &x.to_le_bytes()),
+        ParamValue::Text(s) => packed.push(TEXT, s.as_bytes()),
+    }
+}
+
+/// `i`'s little-endian bytes, as few as give it back sign-extended: 0 takes
+/// none, -128..=127 one.
+fn int_bytes(i: i64) -> ([u8; 8], usize) {
+    let bytes = i.to_le_bytes();
+    let n = (0..=8).find(|&n| int_from(&bytes[..n]) == i).unwrap_or(8);
+    (bytes, n)
+}
+
+fn int_from(bytes: &[u8]) -> i64 {
+    let negative = bytes.last().is_some_and(|b| b & 0x80 != 0);
+    let mut full = if negative { [0xff; 8] } else { [0; 8] };
+    let n = bytes.len().min(8);
+    full[..n].copy_from_slice(&bytes[..n]);
+    i64::from_le_bytes(full)
 }
 
 impl Serialize for ParamSpec {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            Self::List(values) => values.serialize(s),
+            Self::List(values) => s.collect_seq(values.iter()),
             Self::Range { from, to, step } => {
                 let mut map = s.serialize_map(Some(3))?;
                 map.serialize_entry("from", from)?;
@@ -89,12 +190,12 @@ impl<'de> Visitor<'de> for ParamSpecVisitor {
         f.write_str("a list of values like [16, 32] or a range like { from = 1, to = 100 }")
     }
 
+    /// Appends each value as it is read: no `ParamValue` is made.
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ParamSpec, A::Error> {
-        let mut values = Vec::new();
-        while let Some(value) = seq.next_element()? {
-            values.push(value);
-        }
-        Ok(ParamSpec::List(values))
+        let mut packed = Packed::with_hint(seq.size_hint());
+        while seq.next_element_seed(Element(&mut packed))?.is_some() {}
+        packed.shrink();
+        Ok(ParamSpec::List(ParamList(Arc::new(packed))))
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ParamSpec, A::Error> {
@@ -115,5 +216,59 @@ impl<'de> Visitor<'de> for ParamSpecVisitor {
             to: to.ok_or_else(|| de::Error::missing_field("to"))?,
             step: step.unwrap_or(1),
         })
+    }
+}
+
+/// One value of a list, appended where it is read. It takes what
+/// `ParamValue` (untagged) takes: a boolean, an integer (one past `i64`
+/// becomes a float), a float, or text (UTF-8 bytes included).
+struct Element<'a>(&'a mut Packed);
+
+impl Element<'_> {
+    fn push<E: de::Error>(self, value: &ParamValue) -> Result<(), E> {
+        push(self.0, value).map_err(E::custom)
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for Element<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Element<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a boolean, a number or a string")
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        self.push(&ParamValue::Bool(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        self.push(&ParamValue::Int(v))
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        self.push(&i64::try_from(v).map_or(ParamValue::Float(v as f64), ParamValue::Int))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        self.push(&ParamValue::Float(v))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        self.0.push(TEXT, v.as_bytes()).map_err(E::custom)
+    }
+
+    fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<(), E> {
+        match std::str::from_utf8(v) {
+            Ok(text) => self.visit_str(text),
+            Err(_) => Err(E::invalid_value(de::Unexpected::Bytes(v), &self)),
+        }
     }
 }
