@@ -272,3 +272,91 @@ impl<'de> Visitor<'de> for Element<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values() -> Vec<ParamValue> {
+        use ParamValue::*;
+        vec![
+            Bool(true),
+            Bool(false),
+            Int(0),
+            Int(1),
+            Int(-1),
+            Int(127),
+            Int(128),
+            Int(-128),
+            Int(-129),
+            Int(i64::MIN),
+            Int(i64::MAX),
+            Float(1.0),
+            Float(0.1),
+            Float(-0.0),
+            Float(1e300),
+            Text(String::new()),
+            Text("a".into()),
+            Text("é, \"x\"".into()),
+            Text("1".into()),
+        ]
+    }
+
+    fn list() -> ParamSpec {
+        ParamSpec::List(ParamList::new(values()).unwrap())
+    }
+
+    #[test]
+    fn a_list_gives_back_its_values_as_they_were() {
+        let ParamSpec::List(list) = list() else {
+            unreachable!()
+        };
+        assert_eq!(list.iter().collect::<Vec<_>>(), values());
+        let shown: Vec<String> = list.iter().map(|v| v.to_string()).collect();
+        assert_eq!(shown[11..15], ["1.0", "0.1", "-0.0", "1e300"]);
+        assert_eq!(shown[9], "-9223372036854775808");
+        assert_eq!(int_bytes(0).1, 0);
+        assert_eq!(int_bytes(127).1, 1);
+        assert_eq!(int_bytes(128).1, 2);
+        assert_eq!(int_bytes(-128).1, 1);
+        assert_eq!(int_bytes(i64::MIN).1, 8);
+    }
+
+    #[test]
+    fn a_list_is_written_and_read_as_a_list_of_values_was() {
+        let spec = list();
+        let old = values();
+
+        let json = serde_json::to_string(&spec).unwrap();
+        assert_eq!(json, serde_json::to_string(&old).unwrap());
+        assert_eq!(serde_json::from_str::<ParamSpec>(&json).unwrap(), spec);
+
+        let packed = rmp_serde::to_vec_named(&spec).unwrap();
+        assert_eq!(packed, rmp_serde::to_vec_named(&old).unwrap());
+        assert_eq!(rmp_serde::from_slice::<ParamSpec>(&packed).unwrap(), spec);
+
+        #[derive(Serialize, Deserialize)]
+        struct Doc<T> {
+            x: T,
+        }
+        let toml = toml::to_string(&Doc { x: &spec }).unwrap();
+        assert_eq!(toml, toml::to_string(&Doc { x: &old }).unwrap());
+        assert_eq!(toml::from_str::<Doc<ParamSpec>>(&toml).unwrap().x, spec);
+    }
+
+    #[test]
+    fn a_list_reads_what_untagged_values_read() {
+        // One past i64 is a float; a string sent as bytes is text.
+        let big = u64::MAX;
+        let spec: ParamSpec = serde_json::from_str(&format!("[{big}]")).unwrap();
+        assert_eq!(spec.value(0), ParamValue::Float(big as f64));
+        let bytes = rmp_serde::to_vec(&(serde_bytes::Bytes::new(b"ab"),)).unwrap();
+        let spec: ParamSpec = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(spec.value(0), ParamValue::Text("ab".into()));
+        for bad in ["[null]", "[[1]]", "[{}]"] {
+            assert!(serde_json::from_str::<ParamSpec>(bad).is_err(), "{bad}");
+        }
+        let bytes = rmp_serde::to_vec(&(serde_bytes::Bytes::new(b"\xff"),)).unwrap();
+        assert!(rmp_serde::from_slice::<ParamSpec>(&bytes).is_err());
+    }
+}
