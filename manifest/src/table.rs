@@ -15,7 +15,10 @@ use crate::{
     compact::{Packed, TooLarge, cautious},
 };
 
-/// The rows of one data file, as strings.
+/// The rows of one data file, as strings. Its rows are held packed, at
+/// most 4 bytes for each byte that carried them plus 88 for the table, and
+/// read without making a `String` a cell; they are written as a list of
+/// lists of strings, as they always were.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Table {
