@@ -190,7 +190,8 @@ impl<'de> Visitor<'de> for ParamSpecVisitor {
         f.write_str("a list of values like [16, 32] or a range like { from = 1, to = 100 }")
     }
 
-    /// Appends each value as it is read: no `ParamValue` is made.
+    /// Appends each value to the buffers as it is read: nothing is
+    /// allocated for one value.
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ParamSpec, A::Error> {
         let mut packed = Packed::with_hint(seq.size_hint());
         while seq.next_element_seed(Element(&mut packed))?.is_some() {}
