@@ -78,7 +78,7 @@ const TEXT: u8 = 4;
 /// A parameter's list of values, packed so that it holds at most 5 bytes
 /// for each byte that carried it (MessagePack, JSON or TOML), plus 64 for
 /// the list: a `Vec<ParamValue>` held 32 bytes for a one-byte item, and up
-/// to twice that while growing. Each value is an entry of [`Packed`]: a
+/// to twice that while growing. Each value is an entry of a `Packed`: a
 /// boolean is its tag alone, an integer its shortest two's-complement
 /// bytes, a float its 8 bytes, a text its UTF-8. Clones share the buffers.
 #[derive(Clone, Default, PartialEq)]
