@@ -8,7 +8,7 @@
 
 use indexmap::IndexMap;
 
-use crate::{MAX_TASKS, Manifest, ManifestError, ParamSpec, ParamValue, Sweep};
+use crate::{MAX_TASKS, Manifest, ManifestError, ParamSpec, ParamValue, Sweep, table::Rows};
 
 /// One task, as the runner publishes it and the results index records it.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,7 +38,7 @@ struct SweepPlan {
 /// it has columns) or one parameter's values.
 #[derive(Debug, Clone)]
 enum Factor {
-    Rows(Vec<Vec<String>>),
+    Rows(Rows),
     Param(ParamSpec, u64),
 }
 
@@ -54,8 +54,8 @@ impl Factor {
     fn fill(&self, i: u64, slots: &mut [ParamValue]) {
         match self {
             Self::Rows(rows) => {
-                for (slot, value) in slots.iter_mut().zip(&rows[i as usize]) {
-                    *slot = ParamValue::Text(value.clone());
+                for (slot, value) in slots.iter_mut().zip(rows.row(i as usize)) {
+                    *slot = ParamValue::Text(value.to_owned());
                 }
             }
             Self::Param(spec, _) => slots[0] = spec.value(i),
@@ -64,7 +64,8 @@ impl Factor {
 
     fn width(&self) -> usize {
         match self {
-            Self::Rows(rows) => rows.first().map_or(0, Vec::len),
+            Self::Rows(rows) if rows.is_empty() => 0,
+            Self::Rows(rows) => rows.row_len(0),
             Self::Param(..) => 1,
         }
     }
@@ -145,8 +146,8 @@ impl SweepPlan {
                 }
                 names.push(column.clone());
             }
-            len = len.saturating_mul(table.rows.len() as u64);
-            factors.push(Factor::Rows(table.rows.clone()));
+            len = len.saturating_mul(table.rows_len() as u64);
+            factors.push(Factor::Rows(table.rows().clone()));
         }
         if let Some(stray) = sweep.tables.iter().find(|t| {
             Some(&t.source) != sweep.csv.as_ref() && Some(&t.source) != sweep.lines.as_ref()
@@ -287,6 +288,7 @@ fn parse_template(command: &str, names: &[String]) -> Result<Vec<Segment>, Manif
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Table;
 
     fn list(text: &str) -> Result<TaskList, ManifestError> {
         let manifest: Manifest = toml::from_str(text).unwrap();
@@ -417,7 +419,13 @@ params = { x = { from = 0, to = 10, step = 5 }, y = [0.5, 1.0], z = ["a b", true
 
         // Rows sent by hand are checked like read ones.
         let mut broken = manifest.clone();
-        broken.sweep.as_mut().unwrap().tables[0].rows[1].pop();
+        let table = &mut broken.sweep.as_mut().unwrap().tables[0];
+        *table = Table::new(
+            &table.source,
+            table.columns.clone(),
+            [vec!["1", "a"], vec!["2"]],
+        )
+        .unwrap();
         let err = broken.validate().unwrap_err();
         assert!(
             err.to_string()

@@ -7,6 +7,7 @@
 //! the runner and the tests share one definition.
 
 mod addition;
+mod compact;
 mod expand;
 mod job_id;
 mod moldable;
@@ -18,11 +19,12 @@ mod table;
 mod task_set;
 
 pub use addition::Addition;
+pub use compact::{MAX_PACKED_BYTES, TooLarge};
 pub use expand::{TaskList, TaskSpec};
 pub use job_id::{JobId, JobIdError};
 pub use moldable::{Curve, MAX_MOLDABLE_SLOTS, Moldable, Slots, Speedup};
 pub use needs::{MAX_TASK_GPUS, MAX_TASK_MEMORY_MB, Memory, Needs, TaskShape};
-pub use params::{ParamSpec, ParamValue};
+pub use params::{ParamList, ParamSpec, ParamValue};
 pub use span::Span;
 pub use spec::{
     Component, FinalStep, FinalWhen, JobKind, MAX_BUNDLE, MAX_PREEMPT_GRACE, Manifest, Priority,
