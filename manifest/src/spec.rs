@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     JobId, ManifestError, ParamSpec, TaskList, TaskSet,
+    expand::{ENV_ENTRY_BYTES, MAX_TASK_BYTES},
     job_id::is_valid_name,
     moldable::{Moldable, Slots, Speedup},
     needs::{MAX_TASK_GPUS, Memory, Needs, TaskShape},
@@ -546,6 +547,16 @@ impl Manifest {
             }
         }
         let tasks = TaskList::new(self)?;
+        self.check_task_bytes(&tasks, 0)?;
+        if let Some(step) = &self.final_step {
+            let bytes = self
+                .task_base_bytes()
+                .saturating_add(step.command.len())
+                .saturating_add(FINAL_ENV_BYTES);
+            if bytes > MAX_TASK_BYTES {
+                return Err(too_heavy("final.command", "the final step", bytes));
+            }
+        }
         if self.open && self.rerun.is_some() {
             return Err(ManifestError::invalid(
                 "open",
@@ -751,6 +762,40 @@ impl Manifest {
         }
     }
 
+    /// What every task of the job weighs alike as a message (as
+    /// `TaskMsg::weight` counts it): its environment, outputs and
+    /// directory, and room for the rest.
+    pub fn task_base_bytes(&self) -> usize {
+        let env: usize = self
+            .env
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + ENV_ENTRY_BYTES)
+            .sum();
+        let outputs: usize = self.outputs.iter().map(|o| o.len() + ENV_ENTRY_BYTES).sum();
+        let workdir = self.workdir.as_ref().map_or(0, |w| w.as_os_str().len());
+        env + outputs + workdir + TASK_FIXED_BYTES
+    }
+
+    /// Refuses `tasks` (numbered from `first` in the job) if the heaviest
+    /// of them, with what every task of this job carries, weighs more
+    /// than [`MAX_TASK_BYTES`] as a message: the user hears which, at
+    /// submit or at add, rather than the runner failing to publish it.
+    pub fn check_task_bytes(&self, tasks: &TaskList, first: u64) -> Result<(), ManifestError> {
+        let Some((index, bytes)) = tasks.largest() else {
+            return Ok(());
+        };
+        let bytes = self.task_base_bytes().saturating_add(bytes);
+        if bytes <= MAX_TASK_BYTES {
+            return Ok(());
+        }
+        let field = match index < tasks.fixed_len() {
+            true => format!("task[{index}].command"),
+            false => "sweep.command".to_owned(),
+        };
+        let task = format!("task {}", first.saturating_add(index));
+        Err(too_heavy(&field, &task, bytes))
+    }
+
     /// The priority this job is placed with.
     /// Grid jobs: how long the job may take to gather after its placement.
     pub fn barrier_timeout(&self) -> Duration {
@@ -794,6 +839,25 @@ mod walltime {
             ))
         })
     }
+}
+
+/// What `TaskMsg::weight` allows a task for its fixed fields.
+const TASK_FIXED_BYTES: usize = 256;
+
+/// A final step's own variables: `GLEANER_FINAL` and `GLEANER_RESULTS`
+/// (its results directory, a path).
+const FINAL_ENV_BYTES: usize = 2 * ENV_ENTRY_BYTES + 64 + 4096;
+
+/// Why `what` (a task, the final step) may not run: it weighs `bytes`.
+fn too_heavy(field: &str, what: &str, bytes: usize) -> ManifestError {
+    ManifestError::invalid(
+        field,
+        format!(
+            "{what} would take {:.1} MiB as a message (its command, parameters and environment); a task may take at most {} MiB: pass large data in files",
+            bytes as f64 / f64::from(1 << 20),
+            MAX_TASK_BYTES >> 20
+        ),
+    )
 }
 
 /// The most input files a grid job may name.
