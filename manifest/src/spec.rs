@@ -705,7 +705,37 @@ impl Manifest {
             }
             check_inputs(&format!("component[{i}].inputs"), &component.inputs)?;
         }
-        check_inputs("inputs", &self.inputs)
+        check_inputs("inputs", &self.inputs)?;
+        let copies = self.input_copies_bytes();
+        if copies > MAX_INPUT_BYTES {
+            return Err(ManifestError::invalid(
+                "inputs",
+                format!(
+                    "the components' input paths come to {:.1} MiB (the job's `inputs` for each of its {} components, and their own); at most {} MiB: name directories rather than files",
+                    copies as f64 / f64::from(1 << 20),
+                    self.components.len(),
+                    MAX_INPUT_BYTES >> 20
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The bytes of every component's input paths, the job's counted for
+    /// each: what the components' orders to their kcms and placement's
+    /// copies hold.
+    pub fn input_copies_bytes(&self) -> usize {
+        let weigh = |inputs: &[String]| -> usize {
+            inputs
+                .iter()
+                .map(|i| i.len() + ENV_ENTRY_BYTES)
+                .fold(0, usize::saturating_add)
+        };
+        let shared = weigh(&self.inputs);
+        self.components
+            .iter()
+            .map(|c| shared.saturating_add(weigh(&c.inputs)))
+            .fold(0, usize::saturating_add)
     }
 
     /// Grid jobs: the files component `i` reads, the job's and its own.
@@ -859,6 +889,11 @@ fn too_heavy(field: &str, what: &str, bytes: usize) -> ManifestError {
         ),
     )
 }
+
+/// The most bytes of input paths a grid job's components name together,
+/// the job's `inputs` counted once for each: a component's order to its
+/// kcm carries its own, and the scheduler holds each component's.
+pub const MAX_INPUT_BYTES: usize = 4 << 20;
 
 /// The most input files a grid job may name.
 pub const MAX_INPUTS: usize = 1000;
@@ -1165,6 +1200,26 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
             let err = grid(&format!("inputs = [{bad}]")).unwrap_err();
             assert_eq!(err.field(), Some("inputs"), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_grid_jobs_inputs_are_bounded_as_each_component_holds_them() {
+        // 1,000 inputs of 4,000 characters, read by each of 5 components.
+        let inputs: Vec<String> = (0..1000)
+            .map(|i| format!("/data/{i:04}/{}", "p".repeat(3990)))
+            .collect();
+        let text = |components: usize| {
+            let mut text = format!("name = \"g\"\nkind = \"grid\"\ninputs = {inputs:?}\n");
+            for _ in 0..components {
+                text.push_str("[[component]]\nslots = 1\ncommand = \"x\"\n");
+            }
+            text
+        };
+        let one = parse(&text(1)).unwrap();
+        assert!(one.input_copies_bytes() < MAX_INPUT_BYTES);
+        let err = parse(&text(5)).unwrap_err();
+        assert_eq!(err.field(), Some("inputs"), "{err}");
+        assert!(err.to_string().contains("come to 19.1 MiB"), "{err}");
     }
 
     #[test]

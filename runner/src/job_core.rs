@@ -412,14 +412,14 @@ impl Ledger {
                     .map(|since| now.wall_ms.saturating_sub(since) as f64 / 1000.0),
                 ..g.figures.clone()
             }),
-            component_inputs: match self.manifest.inputs.is_empty()
-                && self.manifest.components.iter().all(|c| c.inputs.is_empty())
-            {
+            // The job's inputs once, however many components read them.
+            inputs: match self.unplaced().next() {
+                Some(_) => self.manifest.inputs.clone(),
+                None => Vec::new(),
+            },
+            component_inputs: match self.manifest.components.iter().all(|c| c.inputs.is_empty()) {
                 true => Vec::new(),
-                false => self
-                    .unplaced()
-                    .map(|(i, _)| self.manifest.component_inputs(i))
-                    .collect(),
+                false => self.unplaced().map(|(_, c)| c.inputs.clone()).collect(),
             },
             avoid: self
                 .file
@@ -459,7 +459,8 @@ impl Ledger {
         let progress = (report.tasks.finished(), report.tasks.running);
         if self.reported != Some(progress) {
             self.reported = Some(progress);
-            effects.push(Effect::Event(Event::Progress(report)));
+            // Inputs are for placement: watchers need none.
+            effects.push(Effect::Event(Event::Progress(report.without_inputs())));
             effects.push(Effect::SaveJobFile);
         }
         effects
@@ -706,7 +707,8 @@ impl<K: Kind> Job<K> {
     /// queue can take seconds, and nobody should wait for that.
     pub fn wind_up(&mut self, now: Now) -> Vec<Effect> {
         let clusters = self.clusters();
-        let mut report = self.standing(now);
+        // Watchers and the history keep no inputs: nothing is placed now.
+        let mut report = self.standing(now).without_inputs();
         // A final step that failed fails the job, tasks' success or not.
         if let Some(outcome) = &self.ledger.file.final_step
             && matches!(outcome.status.as_str(), "failed" | "timed_out" | "lost")

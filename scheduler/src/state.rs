@@ -384,6 +384,12 @@ impl State {
                 }
                 let before = reply.jobs.len();
                 reply.jobs.retain(|j| users.may_act_on(user, &j.owner));
+                // Inputs are placement's: a user's many grid jobs would
+                // otherwise make a reply of all their paths.
+                reply.jobs = std::mem::take(&mut reply.jobs)
+                    .into_iter()
+                    .map(JobReport::without_inputs)
+                    .collect();
                 let visible: std::collections::BTreeSet<&JobId> =
                     reply.jobs.iter().map(|j| &j.job).collect();
                 reply.placements.retain(|p| visible.contains(&p.job));
@@ -1183,6 +1189,7 @@ pub(crate) mod tests {
             gathering: None,
             avoid: Vec::new(),
             moldable: Vec::new(),
+            inputs: Vec::new(),
             component_inputs: Vec::new(),
             weight: 1,
             task_slots: 1,
@@ -1687,6 +1694,49 @@ pub(crate) mod tests {
                 .any(|a| matches!(a, Action::Move { .. })),
             "reallocation off"
         );
+    }
+
+    #[test]
+    fn a_grid_jobs_inputs_reported_once_are_read_by_every_component_and_shown_to_nobody() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(GrantId::new(1));
+        let mut report = grid_report("g", Priority::High, &[4, 4]);
+        report.inputs = vec!["/data/x".into()];
+        state.on_job_update(report, now);
+        let sees = |name: &str, shared: &[&str]| ClusterReport {
+            cluster: name.into(),
+            inputs: gleaner_protocol::InputAccess {
+                shared: shared.iter().map(|s| (*s).to_owned()).collect(),
+                ..Default::default()
+            },
+            ..cluster_report(8, &[], vec![])
+        };
+        state.on_cluster(sees("c1", &["/data"]), now, &config);
+        state.on_cluster(sees("c2", &[]), now, &config);
+        let actions = state.round(now, &config);
+        assert!(
+            actions.contains(&Action::Place {
+                job: job("g"),
+                clusters: vec!["c1".into(), "c1".into()],
+                stage_ms: 0,
+                start_ms: 0,
+                slots: Vec::new(),
+            }),
+            "both where the inputs are: {actions:?}"
+        );
+        let users = Users::default();
+        let Answer::Status(reply) = state.on_request(
+            Some("alice"),
+            RequestMsg::Status { job: None },
+            now,
+            &config,
+            &users,
+        ) else {
+            panic!("a status");
+        };
+        assert_eq!(reply.jobs.len(), 1);
+        assert!(reply.jobs[0].inputs.is_empty(), "placement's, not hers");
     }
 
     #[test]
