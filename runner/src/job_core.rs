@@ -19,7 +19,7 @@ use gleaner_protocol::{
     SchedulerMsg, Submission, TaskCounts,
 };
 use indexmap::IndexMap;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     book::{FinalStatus, TaskBook},
@@ -303,6 +303,7 @@ impl Ledger {
             closed: false,
             additions_published: 0,
             gathering: None,
+            problem: None,
         });
         // A job.json from before owners were recorded names none.
         file.owner.clone_from(&opening.owner);
@@ -399,7 +400,7 @@ impl Ledger {
                 false => Vec::new(),
             },
             max_slots: self.manifest.max_launchers,
-            problem: None,
+            problem: self.file.problem.clone(),
             weight: self.manifest.weight,
             task_slots: self.current_shape().slots,
             task_needs: self.current_shape().needs,
@@ -665,6 +666,24 @@ impl<K: Kind> Job<K> {
         cancel(&self.kind, &mut self.ledger, reason)
     }
 
+    /// Something of the job's could not be sent (`problem`: a message
+    /// over the broker's bound, made of what its owner gave): the job is
+    /// stopped as a cancel stops it, its kind's own way, with the reason
+    /// in `job.json` and its reports; its runner's other jobs go on. Once.
+    pub fn fail(&mut self, problem: String, now: Now) -> Vec<Effect> {
+        if self.ledger.file.problem.is_some() || self.ledger.has_ended() {
+            return Vec::new();
+        }
+        warn!(problem, "the job is stopped");
+        let reason = format!("stopped: {problem}");
+        self.ledger.file.problem = Some(problem);
+        let mut effects =
+            self.kind
+                .on_control(&mut self.ledger, ControlMsg::Cancel { reason }, now);
+        effects.push(Effect::SaveJobFile);
+        effects
+    }
+
     /// The job is over, and how: cancelled, or done once every task has a
     /// final state.
     pub fn ending(&self) -> Option<JobState> {
@@ -712,6 +731,7 @@ impl<K: Kind> Job<K> {
         // A final step that failed fails the job, tasks' success or not.
         if let Some(outcome) = &self.ledger.file.final_step
             && matches!(outcome.status.as_str(), "failed" | "timed_out" | "lost")
+            && report.problem.is_none()
         {
             report.problem = Some(format!(
                 "the final step {} (exit code {}) after {} attempts; its output is in {}/final",
