@@ -670,6 +670,15 @@ impl Manifest {
                 "a grid job needs at least one [[component]]",
             ));
         }
+        if self.components.len() > MAX_COMPONENTS {
+            return Err(ManifestError::invalid(
+                "component",
+                format!(
+                    "{} components; a grid job has at most {MAX_COMPONENTS}",
+                    self.components.len()
+                ),
+            ));
+        }
         for (i, component) in self.components.iter().enumerate() {
             if component.slots.min() == 0 {
                 return Err(ManifestError::invalid(
@@ -889,6 +898,10 @@ fn too_heavy(field: &str, what: &str, bytes: usize) -> ManifestError {
         ),
     )
 }
+
+/// The most components a grid job may have: its placement, its report
+/// and `job.json` hold something of each.
+pub const MAX_COMPONENTS: usize = 1024;
 
 /// The most bytes of input paths a grid job's components name together,
 /// the job's `inputs` counted once for each: a component's order to its
@@ -1200,6 +1213,20 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
             let err = grid(&format!("inputs = [{bad}]")).unwrap_err();
             assert_eq!(err.field(), Some("inputs"), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_grid_job_has_a_bounded_number_of_components() {
+        let grid = |components: usize| {
+            let mut text = "name = \"g\"\nkind = \"grid\"\n".to_owned();
+            for _ in 0..components {
+                text.push_str("[[component]]\nslots = 1\ncommand = \"x\"\n");
+            }
+            parse(&text)
+        };
+        assert!(grid(MAX_COMPONENTS).is_ok());
+        let err = grid(MAX_COMPONENTS + 1).unwrap_err();
+        assert_eq!(err.field(), Some("component"), "{err}");
     }
 
     #[test]
