@@ -592,6 +592,16 @@ params = { x = { from = 0, to = 10, step = 5 }, y = [0.5, 1.0], z = ["a b", true
         .unwrap();
         let (index, _) = upward.largest().unwrap();
         assert_eq!(upward.get(index).unwrap().command, "99999");
+        let wide = list(&format!(
+            "name = \"s\"\n[sweep]\ncommand = \"{{n}}\"\nparams = {{ n = {{ from = {}, to = {}, step = {} }} }}\n",
+            i64::MIN + 1,
+            i64::MAX,
+            i64::MAX
+        ))
+        .unwrap();
+        let (index, _) = wide.largest().unwrap();
+        assert_eq!(wide.get(index).unwrap().command, (i64::MIN + 1).to_string());
+        assert_eq!(wide.get(2).unwrap().command, i64::MAX.to_string());
         let fixed = list(
             "name = \"s\"\n[[task]]\ncommand = \"a\"\n[[task]]\ncommand = \"ccc\"\n[[task]]\ncommand = \"bbb\"\n",
         )
