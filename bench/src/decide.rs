@@ -88,6 +88,7 @@ pub fn report(job: JobId, kind: JobKind, components: Vec<u32>) -> JobReport {
         gathering: None,
         avoid: Vec::new(),
         moldable: Vec::new(),
+        inputs: Vec::new(),
         component_inputs: Vec::new(),
         weight: 1,
         task_slots: 1,

@@ -14,10 +14,10 @@ use lapin::{
 use crate::{
     BrokerError,
     codec::{MSGPACK, encode},
-    error::short,
+    error::{fits, short},
     topology::{DEAD_QUEUE, EVENTS_EXCHANGE},
 };
-use gleaner_protocol::{MAX_MESSAGE_BYTES, Message, now_ms};
+use gleaner_protocol::{Message, now_ms};
 
 /// Times a nacked message is sent again before the nack is an error.
 const NACK_RETRIES: u32 = 4;
@@ -101,14 +101,7 @@ impl Publisher {
         mandatory: bool,
     ) -> Result<PublisherConfirm, BrokerError> {
         let body = encode(&self.identity, msg).map_err(|e| BrokerError::Encode(e.to_string()))?;
-        if body.len() > MAX_MESSAGE_BYTES {
-            return Err(BrokerError::Encode(format!(
-                "a {} message of {:.1} MiB is more than the {} MiB a message may hold",
-                msg.kind(),
-                body.len() as f64 / f64::from(1 << 20),
-                MAX_MESSAGE_BYTES >> 20
-            )));
-        }
+        fits(msg.kind(), body.len())?;
         let options = BasicPublishOptions {
             mandatory,
             ..BasicPublishOptions::default()

@@ -196,4 +196,22 @@ mod tests {
             Err(DecodeError::Invalid { job: Some(_), .. })
         ));
     }
+
+    /// What `gleaner submit` refuses, a runner refuses on receipt too: a
+    /// hand-made submission skips the CLI.
+    #[test]
+    fn a_submission_whose_task_is_too_heavy_for_a_message_is_refused_on_receipt() {
+        let long = "v".repeat(100_000);
+        let uses = "{x} ".repeat(200);
+        let body = format!(
+            r#"{{"name":"heavy","sweep":{{"command":"echo {uses}","params":{{"x":["a","{long}"]}}}}}}"#
+        );
+        match IncomingSubmission::decode(&json(), body.as_bytes()).unwrap_err() {
+            DecodeError::Invalid { job, reason } => {
+                assert!(job.unwrap().starts_with("heavy-"));
+                assert!(reason.contains("task 1 would take 19.2 MiB"), "{reason}");
+            }
+            other => panic!("{other}"),
+        }
+    }
 }

@@ -12,8 +12,8 @@ use gleaner_broker::{
 };
 use gleaner_manifest::{Addition, JobId, JobIdError, Manifest};
 use gleaner_protocol::{
-    ActionReply, EndedJob, Ending, Event, JobReport, RequestMsg, StatusReply, Submission,
-    job_events, now_ms,
+    ActionReply, EndedJob, Ending, Event, JobReport, MAX_MESSAGE_BYTES, RequestMsg, StatusReply,
+    Submission, codec, job_events, now_ms,
 };
 
 use crate::{
@@ -641,10 +641,8 @@ pub async fn add_tasks(
         .task_list()
         .map_err(|e| CliError::BadInput(format!("{}: {e}", path.display())))?
         .len();
-    let request = RequestMsg::AddTasks {
-        job: job.clone(),
-        addition,
-    };
+    let request = addition_request(&job, addition)
+        .map_err(|e| CliError::BadInput(format!("{}: {e}", path.display())))?;
     // The job's runner answers, once it has recorded the tasks or
     // refused them (the job was closed meanwhile, or would be too big).
     let connection = connect(settings).await?;
@@ -667,6 +665,23 @@ pub async fn add_tasks(
     match wait {
         true => self::wait(settings, job.as_str(), output).await,
         false => Ok(()),
+    }
+}
+
+/// The request to add `addition` to `job`, if one message holds it (and
+/// so the one its runner gets): otherwise why not, before it is sent.
+fn addition_request(job: &JobId, addition: Addition) -> Result<RequestMsg, String> {
+    let request = RequestMsg::AddTasks {
+        job: job.clone(),
+        addition,
+    };
+    match codec::fits(&request) {
+        Ok(()) => Ok(request),
+        Err(bytes) => Err(format!(
+            "the tasks to add make a message of {:.1} MiB, more than the {} MiB one may hold: add them in parts",
+            bytes as f64 / f64::from(1 << 20),
+            MAX_MESSAGE_BYTES >> 20
+        )),
     }
 }
 
@@ -712,5 +727,29 @@ async fn action_error(
         ))),
         Ok((reply, None)) => not_found(job, reply.hidden > 0),
         Err(e) => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tasks_to_add_too_big_for_a_message_are_refused_before_they_are_sent() {
+        let job: JobId = "open-0000000000000001".parse().unwrap();
+        let task = |command: String| gleaner_manifest::TaskDef { command };
+        let addition = |tasks| Addition {
+            id: 1,
+            tasks,
+            sweep: None,
+        };
+        let few = addition(vec![task("echo".into()); 10]);
+        assert!(addition_request(&job, few).is_ok());
+        let many = addition(vec![task("x".repeat(20)); 700_000]);
+        let err = addition_request(&job, many).unwrap_err();
+        assert!(
+            err.contains("more than the 16 MiB one may hold: add them in parts"),
+            "{err}"
+        );
     }
 }

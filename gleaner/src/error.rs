@@ -51,9 +51,33 @@ impl CliError {
 
 impl From<BrokerError> for CliError {
     fn from(e: BrokerError) -> Self {
+        // What the user gave is too big: theirs to change, not the broker's.
+        if e.is_too_big() {
+            return Self::BadInput(e.to_string());
+        }
         if e.is_access_refused() {
             return Self::Denied(format!("the broker refused: {e}"));
         }
         Self::Unreachable(e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_message_too_big_is_bad_input_not_an_unreachable_broker() {
+        let e = CliError::from(BrokerError::TooBig {
+            kind: "submit",
+            bytes: 17 << 20,
+        });
+        assert!(matches!(e, CliError::BadInput(_)), "{e:?}");
+        assert_eq!(e.exit_code(), ExitCode::from(2));
+        assert!(
+            e.to_string()
+                .contains("more than the 16 MiB a message may hold"),
+            "{e}"
+        );
     }
 }

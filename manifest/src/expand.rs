@@ -8,7 +8,22 @@
 
 use indexmap::IndexMap;
 
-use crate::{MAX_TASKS, Manifest, ManifestError, ParamSpec, ParamValue, Sweep, table::Rows};
+use crate::{MAX_TASKS, Manifest, ManifestError, ParamSpec, ParamValue, Sweep, is_param_name,
+    table::Rows,
+};
+
+/// The most one task may weigh as a message (its command, environment,
+/// parameters and outputs, as `TaskMsg::weight` counts them): a message
+/// holds 16 MiB, a bundle packs tasks up to 4 MiB, and a task bigger than
+/// this wants its data in a file.
+pub const MAX_TASK_BYTES: usize = 1 << 20;
+
+/// What a task's message counts for each variable beside its name and
+/// value (as `TaskMsg::weight` does).
+pub(crate) const ENV_ENTRY_BYTES: usize = 8;
+
+/// The variable each parameter also reaches its task as.
+pub(crate) const PARAM_VAR_PREFIX: &str = "GLEANER_PARAM_";
 
 /// One task, as the runner publishes it and the results index records it.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,6 +84,52 @@ impl Factor {
             Self::Param(..) => 1,
         }
     }
+
+    /// Its element that weighs most in a task, and that weight, where its
+    /// values (its columns' in order) weigh `per_byte` each per byte: the
+    /// first such element.
+    fn heaviest(&self, per_byte: &[usize]) -> (u64, usize) {
+        let weigh = |values: &mut dyn Iterator<Item = usize>| -> usize {
+            values
+                .zip(per_byte)
+                .map(|(len, n)| len.saturating_mul(*n))
+                .fold(0, usize::saturating_add)
+        };
+        let mut best = (0, 0);
+        let mut consider = |i: u64, weight: usize| {
+            if weight > best.1 {
+                best = (i, weight);
+            }
+        };
+        match self {
+            Self::Rows(rows) => {
+                for i in 0..rows.len() {
+                    consider(i as u64, weigh(&mut rows.row(i).map(str::len)));
+                }
+            }
+            Self::Param(ParamSpec::List(values), _) => {
+                for (i, value) in values.iter().enumerate() {
+                    consider(i as u64, weigh(&mut std::iter::once(text_len(&value))));
+                }
+            }
+            // An arithmetic sequence's longest number is at one of its
+            // ends: the one farthest from zero on its side.
+            Self::Param(spec @ ParamSpec::Range { .. }, count) => {
+                for i in [0, count.saturating_sub(1)] {
+                    consider(i, weigh(&mut std::iter::once(text_len(&spec.value(i)))));
+                }
+            }
+        }
+        best
+    }
+}
+
+/// The length of a value as its task's command and environment have it.
+fn text_len(value: &ParamValue) -> usize {
+    match value {
+        ParamValue::Text(text) => text.len(),
+        other => other.to_string().len(),
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -100,6 +161,38 @@ impl TaskList {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Its `[[task]]` entries, which come first.
+    pub(crate) fn fixed_len(&self) -> u64 {
+        self.fixed.len() as u64
+    }
+
+    /// The task that weighs most as a message, without the parts every
+    /// task of the job carries alike (`Manifest::task_base_bytes`): its
+    /// number and its command's and parameters' bytes (each parameter is
+    /// also a variable, `GLEANER_PARAM_<name>`). Found without expanding
+    /// the product: a command is its fixed text and, for each parameter,
+    /// its value as many times as it appears, so the heaviest value of each
+    /// factor (a parameter, or a data file's row) makes the heaviest task.
+    /// The first of equals; `None` without tasks.
+    pub fn largest(&self) -> Option<(u64, usize)> {
+        let fixed = self
+            .fixed
+            .iter()
+            .enumerate()
+            .map(|(i, command)| (i as u64, command.len()))
+            .rev()
+            .max_by_key(|(_, bytes)| *bytes);
+        let swept = self.sweep.as_ref().filter(|s| s.len > 0).map(|s| {
+            let (index, bytes) = s.largest();
+            (self.fixed_len() + index, bytes)
+        });
+        match (fixed, swept) {
+            (Some(f), Some(s)) if s.1 > f.1 => Some(s),
+            (Some(f), _) => Some(f),
+            (None, s) => s,
+        }
     }
 
     /// The task numbered `index`, or `None` beyond the end.
@@ -200,6 +293,37 @@ impl SweepPlan {
             factors,
             len,
         })
+    }
+
+    /// [`TaskList::largest`] of the product: its number in the product.
+    fn largest(&self) -> (u64, usize) {
+        let mut uses = vec![0usize; self.names.len()];
+        let mut text = 0usize;
+        for segment in &self.template {
+            match segment {
+                Segment::Text(t) => text = text.saturating_add(t.len()),
+                Segment::Param(i) => uses[*i] = uses[*i].saturating_add(1),
+            }
+        }
+        // Each value weighs its uses in the command, and once more as a
+        // variable where its name can be one; the variables' names alike.
+        let mut bytes = text;
+        for (name, uses) in self.names.iter().zip(uses.iter_mut()) {
+            if is_param_name(name) {
+                *uses = uses.saturating_add(1);
+                bytes = bytes.saturating_add(PARAM_VAR_PREFIX.len() + name.len() + ENV_ENTRY_BYTES);
+            }
+        }
+        let mut index = 0u64;
+        let mut start = 0;
+        for factor in &self.factors {
+            let end = start + factor.width();
+            let (heaviest, weight) = factor.heaviest(&uses[start..end]);
+            index = index * factor.len() + heaviest;
+            bytes = bytes.saturating_add(weight);
+            start = end;
+        }
+        (index, bytes)
     }
 
     fn get(&self, mut index: u64) -> Option<TaskSpec> {
@@ -438,5 +562,100 @@ params = { x = { from = 0, to = 10, step = 5 }, y = [0.5, 1.0], z = ["a b", true
         assert_eq!(err.field(), Some("sweep.tables"), "{err}");
         let err = Manifest::from_toml_reading(&text.replace("l.txt", "p.csv"), files).unwrap_err();
         assert_eq!(err.field(), Some("sweep.lines"), "{err}");
+    }
+
+    /// What a task weighs beside its job's common parts, as a runner's
+    /// message counts it: the command, and each parameter as a variable.
+    fn weight(task: &TaskSpec) -> usize {
+        task.command.len()
+            + task
+                .params
+                .iter()
+                .filter(|(name, _)| is_param_name(name))
+                .map(|(name, value)| {
+                    PARAM_VAR_PREFIX.len() + name.len() + value.to_string().len() + ENV_ENTRY_BYTES
+                })
+                .sum::<usize>()
+    }
+
+    #[test]
+    fn the_heaviest_task_is_found_without_expanding_the_product() {
+        let files = |name: &str| match name {
+            "p.csv" => Ok(b"x,y\n1,aaaaaaa\n22222,b\n333,cc\n".to_vec()),
+            "l.txt" => Ok(b"u\nvvvvvvvvvv\nw\n".to_vec()),
+            _ => Err("no such file".to_owned()),
+        };
+        let text = "name = \"s\"\n[[task]]\ncommand = \"echo fixed\"\n[sweep]\n\
+            command = \"{x}{x}{x} {y} {line} {n}{n} {f} {t}\"\ncsv = \"p.csv\"\nlines = \"l.txt\"\n\
+            params = { n = { from = -1000, to = 5, step = 7 }, f = [0.5, 12.25, 3.0], t = [\"a\", true] }\n";
+        let manifest = Manifest::from_toml_reading(text, files).unwrap();
+        let tasks = TaskList::new(&manifest).unwrap();
+        let brute = (0..tasks.len())
+            .map(|i| (i, weight(&tasks.get(i).unwrap())))
+            .rev()
+            .max_by_key(|(_, w)| *w)
+            .unwrap();
+        assert_eq!(tasks.largest(), Some(brute));
+        let upward = list(
+            "name = \"s\"\n[sweep]\ncommand = \"{n}\"\nparams = { n = { from = 3, to = 100000, step = 3 } }\n",
+        )
+        .unwrap();
+        let (index, _) = upward.largest().unwrap();
+        assert_eq!(upward.get(index).unwrap().command, "99999");
+        let wide = list(&format!(
+            "name = \"s\"\n[sweep]\ncommand = \"{{n}}\"\nparams = {{ n = {{ from = {}, to = {}, step = {} }} }}\n",
+            i64::MIN + 1,
+            i64::MAX,
+            i64::MAX
+        ))
+        .unwrap();
+        let (index, _) = wide.largest().unwrap();
+        assert_eq!(wide.get(index).unwrap().command, (i64::MIN + 1).to_string());
+        assert_eq!(wide.get(2).unwrap().command, i64::MAX.to_string());
+        let fixed = list(
+            "name = \"s\"\n[[task]]\ncommand = \"a\"\n[[task]]\ncommand = \"ccc\"\n[[task]]\ncommand = \"bbb\"\n",
+        )
+        .unwrap();
+        assert_eq!(fixed.largest(), Some((1, 3)), "the first of equals");
+    }
+
+    #[test]
+    fn a_task_too_heavy_for_a_message_is_refused_with_its_number() {
+        // One value of 100,000 characters, used 200 times: 19 MiB a task.
+        let long = "v".repeat(100_000);
+        let uses = "{x} ".repeat(200);
+        let text = format!(
+            "name = \"s\"\n[sweep]\ncommand = \"echo {uses}\"\nparams = {{ n = [1, 2], x = [\"a\", \"{long}\", \"b\"] }}\n"
+        );
+        let err = Manifest::from_toml(&text).unwrap_err();
+        assert_eq!(err.field(), Some("sweep.command"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("task 1 would take 19.2 MiB as a message"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("at most 1 MiB"), "{err}");
+        let fits = text.replace(&uses, "{x}");
+        Manifest::from_toml(&fits).unwrap();
+
+        let fixed = format!(
+            "name = \"s\"\n[[task]]\ncommand = \"true\"\n[[task]]\ncommand = \"echo {}\"\n",
+            "w".repeat(MAX_TASK_BYTES)
+        );
+        let err = Manifest::from_toml(&fixed).unwrap_err();
+        assert_eq!(err.field(), Some("task[1].command"), "{err}");
+        // What every task carries counts for each.
+        let env = format!(
+            "name = \"s\"\nenv = {{ BIG = \"{}\" }}\n[[task]]\ncommand = \"true\"\n",
+            "e".repeat(MAX_TASK_BYTES)
+        );
+        let err = Manifest::from_toml(&env).unwrap_err();
+        assert!(err.to_string().contains("task 0 would take"), "{err}");
+        let last = format!(
+            "name = \"s\"\n[[task]]\ncommand = \"true\"\n[final]\ncommand = \"echo {}\"\n",
+            "f".repeat(MAX_TASK_BYTES)
+        );
+        let err = Manifest::from_toml(&last).unwrap_err();
+        assert_eq!(err.field(), Some("final.command"), "{err}");
     }
 }

@@ -20,7 +20,7 @@ mod task_set;
 
 pub use addition::Addition;
 pub use compact::{MAX_PACKED_BYTES, TooLarge};
-pub use expand::{TaskList, TaskSpec};
+pub use expand::{MAX_TASK_BYTES, TaskList, TaskSpec};
 pub use job_id::{JobId, JobIdError};
 pub use moldable::{Curve, MAX_MOLDABLE_SLOTS, Moldable, Slots, Speedup};
 pub use needs::{MAX_TASK_GPUS, MAX_TASK_MEMORY_MB, Memory, Needs, TaskShape};

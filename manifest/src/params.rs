@@ -56,7 +56,10 @@ impl ParamSpec {
     pub(crate) fn value(&self, i: u64) -> ParamValue {
         match self {
             Self::List(values) => values.value(i as usize),
-            Self::Range { from, step, .. } => ParamValue::Int(from + step * i as i64),
+            // Within `from..=to`, so exact however the product wraps.
+            Self::Range { from, step, .. } => {
+                ParamValue::Int(from.wrapping_add(step.wrapping_mul(i as i64)))
+            }
         }
     }
 

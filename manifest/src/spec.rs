@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::{
     JobId, ManifestError, ParamSpec, TaskList, TaskSet,
+    expand::{ENV_ENTRY_BYTES, MAX_TASK_BYTES},
     job_id::is_valid_name,
     moldable::{Moldable, Slots, Speedup},
     needs::{MAX_TASK_GPUS, Memory, Needs, TaskShape},
@@ -546,6 +547,16 @@ impl Manifest {
             }
         }
         let tasks = TaskList::new(self)?;
+        self.check_task_bytes(&tasks, 0)?;
+        if let Some(step) = &self.final_step {
+            let bytes = self
+                .task_base_bytes()
+                .saturating_add(step.command.len())
+                .saturating_add(FINAL_ENV_BYTES);
+            if bytes > MAX_TASK_BYTES {
+                return Err(too_heavy("final.command", "the final step", bytes));
+            }
+        }
         if self.open && self.rerun.is_some() {
             return Err(ManifestError::invalid(
                 "open",
@@ -659,6 +670,15 @@ impl Manifest {
                 "a grid job needs at least one [[component]]",
             ));
         }
+        if self.components.len() > MAX_COMPONENTS {
+            return Err(ManifestError::invalid(
+                "component",
+                format!(
+                    "{} components; a grid job has at most {MAX_COMPONENTS}",
+                    self.components.len()
+                ),
+            ));
+        }
         for (i, component) in self.components.iter().enumerate() {
             if component.slots.min() == 0 {
                 return Err(ManifestError::invalid(
@@ -694,7 +714,37 @@ impl Manifest {
             }
             check_inputs(&format!("component[{i}].inputs"), &component.inputs)?;
         }
-        check_inputs("inputs", &self.inputs)
+        check_inputs("inputs", &self.inputs)?;
+        let copies = self.input_copies_bytes();
+        if copies > MAX_INPUT_BYTES {
+            return Err(ManifestError::invalid(
+                "inputs",
+                format!(
+                    "the components' input paths come to {:.1} MiB (the job's `inputs` for each of its {} components, and their own); at most {} MiB: name directories rather than files",
+                    copies as f64 / f64::from(1 << 20),
+                    self.components.len(),
+                    MAX_INPUT_BYTES >> 20
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The bytes of every component's input paths, the job's counted for
+    /// each: what the components' orders to their kcms and placement's
+    /// copies hold.
+    pub fn input_copies_bytes(&self) -> usize {
+        let weigh = |inputs: &[String]| -> usize {
+            inputs
+                .iter()
+                .map(|i| i.len() + ENV_ENTRY_BYTES)
+                .fold(0, usize::saturating_add)
+        };
+        let shared = weigh(&self.inputs);
+        self.components
+            .iter()
+            .map(|c| shared.saturating_add(weigh(&c.inputs)))
+            .fold(0, usize::saturating_add)
     }
 
     /// Grid jobs: the files component `i` reads, the job's and its own.
@@ -751,6 +801,40 @@ impl Manifest {
         }
     }
 
+    /// What every task of the job weighs alike as a message (as
+    /// `TaskMsg::weight` counts it): its environment, outputs and
+    /// directory, and room for the rest.
+    pub fn task_base_bytes(&self) -> usize {
+        let env: usize = self
+            .env
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + ENV_ENTRY_BYTES)
+            .sum();
+        let outputs: usize = self.outputs.iter().map(|o| o.len() + ENV_ENTRY_BYTES).sum();
+        let workdir = self.workdir.as_ref().map_or(0, |w| w.as_os_str().len());
+        env + outputs + workdir + TASK_FIXED_BYTES
+    }
+
+    /// Refuses `tasks` (numbered from `first` in the job) if the heaviest
+    /// of them, with what every task of this job carries, weighs more
+    /// than [`MAX_TASK_BYTES`] as a message: the user hears which, at
+    /// submit or at add, rather than the runner failing to publish it.
+    pub fn check_task_bytes(&self, tasks: &TaskList, first: u64) -> Result<(), ManifestError> {
+        let Some((index, bytes)) = tasks.largest() else {
+            return Ok(());
+        };
+        let bytes = self.task_base_bytes().saturating_add(bytes);
+        if bytes <= MAX_TASK_BYTES {
+            return Ok(());
+        }
+        let field = match index < tasks.fixed_len() {
+            true => format!("task[{index}].command"),
+            false => "sweep.command".to_owned(),
+        };
+        let task = format!("task {}", first.saturating_add(index));
+        Err(too_heavy(&field, &task, bytes))
+    }
+
     /// The priority this job is placed with.
     /// Grid jobs: how long the job may take to gather after its placement.
     pub fn barrier_timeout(&self) -> Duration {
@@ -795,6 +879,34 @@ mod walltime {
         })
     }
 }
+
+/// What `TaskMsg::weight` allows a task for its fixed fields.
+const TASK_FIXED_BYTES: usize = 256;
+
+/// A final step's own variables: `GLEANER_FINAL` and `GLEANER_RESULTS`
+/// (its results directory, a path).
+const FINAL_ENV_BYTES: usize = 2 * ENV_ENTRY_BYTES + 64 + 4096;
+
+/// Why `what` (a task, the final step) may not run: it weighs `bytes`.
+fn too_heavy(field: &str, what: &str, bytes: usize) -> ManifestError {
+    ManifestError::invalid(
+        field,
+        format!(
+            "{what} would take {:.1} MiB as a message (its command, parameters and environment); a task may take at most {} MiB: pass large data in files",
+            bytes as f64 / f64::from(1 << 20),
+            MAX_TASK_BYTES >> 20
+        ),
+    )
+}
+
+/// The most components a grid job may have: its placement, its report
+/// and `job.json` hold something of each.
+pub const MAX_COMPONENTS: usize = 1024;
+
+/// The most bytes of input paths a grid job's components name together,
+/// the job's `inputs` counted once for each: a component's order to its
+/// kcm carries its own, and the scheduler holds each component's.
+pub const MAX_INPUT_BYTES: usize = 4 << 20;
 
 /// The most input files a grid job may name.
 pub const MAX_INPUTS: usize = 1000;
@@ -1101,6 +1213,40 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
             let err = grid(&format!("inputs = [{bad}]")).unwrap_err();
             assert_eq!(err.field(), Some("inputs"), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_grid_job_has_a_bounded_number_of_components() {
+        let grid = |components: usize| {
+            let mut text = "name = \"g\"\nkind = \"grid\"\n".to_owned();
+            for _ in 0..components {
+                text.push_str("[[component]]\nslots = 1\ncommand = \"x\"\n");
+            }
+            parse(&text)
+        };
+        assert!(grid(MAX_COMPONENTS).is_ok());
+        let err = grid(MAX_COMPONENTS + 1).unwrap_err();
+        assert_eq!(err.field(), Some("component"), "{err}");
+    }
+
+    #[test]
+    fn a_grid_jobs_inputs_are_bounded_as_each_component_holds_them() {
+        // 1,000 inputs of 4,000 characters, read by each of 5 components.
+        let inputs: Vec<String> = (0..1000)
+            .map(|i| format!("/data/{i:04}/{}", "p".repeat(3990)))
+            .collect();
+        let text = |components: usize| {
+            let mut text = format!("name = \"g\"\nkind = \"grid\"\ninputs = {inputs:?}\n");
+            for _ in 0..components {
+                text.push_str("[[component]]\nslots = 1\ncommand = \"x\"\n");
+            }
+            text
+        };
+        let one = parse(&text(1)).unwrap();
+        assert!(one.input_copies_bytes() < MAX_INPUT_BYTES);
+        let err = parse(&text(5)).unwrap_err();
+        assert_eq!(err.field(), Some("inputs"), "{err}");
+        assert!(err.to_string().contains("come to 19.1 MiB"), "{err}");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::{Envelope, Message, PROTOCOL_VERSION};
+use crate::{Envelope, MAX_MESSAGE_BYTES, Message, PROTOCOL_VERSION};
 
 pub const MSGPACK: &str = "application/msgpack";
 pub const JSON: &str = "application/json";
@@ -41,6 +41,44 @@ pub fn encode<M: Message>(from: &str, msg: &M) -> Result<Vec<u8>, rmp_serde::enc
     rmp_serde::to_vec_named(&envelope)
 }
 
+/// Room a body leaves its envelope for the sender's name: a message whose
+/// [`encoded_len`] from no one is this much within [`MAX_MESSAGE_BYTES`]
+/// fits whoever sends it.
+pub const SENDER_ROOM: usize = 1024;
+
+/// The bytes `msg` from `from` takes as a body, counted as it is encoded
+/// rather than held: a service weighs what a user's request would make
+/// before it builds the message.
+pub fn encoded_len<M: Message>(from: &str, msg: &M) -> Result<usize, rmp_serde::encode::Error> {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let envelope = OutgoingEnvelope {
+        v: PROTOCOL_VERSION,
+        from,
+        msg,
+    };
+    let mut count = Count(0);
+    rmp_serde::encode::write_named(&mut count, &envelope)?;
+    Ok(count.0)
+}
+
+/// Whether `msg` fits one message whoever sends it; if not, its bytes.
+pub fn fits<M: Message>(msg: &M) -> Result<(), usize> {
+    match encoded_len("", msg) {
+        Ok(bytes) if bytes + SENDER_ROOM <= MAX_MESSAGE_BYTES => Ok(()),
+        Ok(bytes) => Err(bytes),
+        Err(_) => Err(usize::MAX),
+    }
+}
+
 /// Decodes an enveloped MessagePack body.
 pub fn decode<M: Message>(data: &[u8]) -> Result<Envelope<M>, DecodeError> {
     rmp_serde::from_slice(data)
@@ -72,6 +110,22 @@ mod tests {
         let value: serde_json::Value = rmp_serde::from_slice(&body).unwrap();
         assert_eq!(value["msg"]["type"], "drain");
         assert_eq!(value["msg"]["reason"], "r");
+    }
+
+    #[test]
+    fn a_message_is_weighed_as_it_is_encoded() {
+        let msg = LauncherMsg::Drain {
+            reason: "r".repeat(1000),
+        };
+        assert_eq!(
+            encoded_len("runner@h", &msg).unwrap(),
+            encode("runner@h", &msg).unwrap().len()
+        );
+        assert!(fits(&msg).is_ok());
+        let big = LauncherMsg::Drain {
+            reason: "r".repeat(MAX_MESSAGE_BYTES),
+        };
+        assert!(fits(&big).unwrap_err() > MAX_MESSAGE_BYTES);
     }
 
     #[test]

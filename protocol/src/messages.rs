@@ -322,8 +322,13 @@ pub struct JobReport {
     /// Grid jobs: how they gathered their components.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gathering: Option<Gathering>,
-    /// Grid jobs: the input files of each component still to place, in
-    /// the order of `components` (empty when none has any).
+    /// Grid jobs: the input files every component reads (the manifest's
+    /// `inputs`), once, while some component is still to place.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<String>,
+    /// Grid jobs: the input files of each component still to place besides
+    /// `inputs`, in the order of `components` (empty when none has any).
+    /// A report of an older runner held `inputs` in each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub component_inputs: Vec<Vec<String>>,
     /// Grid jobs: of the components still to place, in the order of
@@ -338,6 +343,28 @@ pub struct JobReport {
 }
 
 impl JobReport {
+    /// The input files of each component still to place, the job's and
+    /// its own (empty when none has any).
+    pub fn inputs_by_component(&self) -> Vec<Vec<String>> {
+        if self.inputs.is_empty() {
+            return self.component_inputs.clone();
+        }
+        (0..self.components.len())
+            .map(|i| {
+                let own = self.component_inputs.get(i).map_or(&[][..], Vec::as_slice);
+                self.inputs.iter().chain(own).cloned().collect()
+            })
+            .collect()
+    }
+
+    /// The report without the inputs, which only placement reads: what
+    /// watchers, the history and `gleaner status` get.
+    pub fn without_inputs(mut self) -> Self {
+        self.inputs = Vec::new();
+        self.component_inputs = Vec::new();
+        self
+    }
+
     /// One task's slots and needs.
     pub fn task_shape(&self) -> TaskShape {
         TaskShape {
@@ -1558,11 +1585,46 @@ mod tests {
             gathering: None,
             avoid: Vec::new(),
             moldable: Vec::new(),
+            inputs: Vec::new(),
             component_inputs: Vec::new(),
             weight: 1,
             task_slots: 1,
             open: false,
         }
+    }
+
+    #[test]
+    fn a_grid_jobs_inputs_travel_once_and_read_as_each_components() {
+        let paths = |names: &[&str]| names.iter().map(|n| format!("/d/{n}")).collect::<Vec<_>>();
+        let shared = paths(&["a", "b"]);
+        let once = JobReport {
+            kind: JobKind::Grid,
+            components: vec![4, 2, 1],
+            inputs: shared.clone(),
+            component_inputs: vec![paths(&["own"]), Vec::new(), Vec::new()],
+            ..report()
+        };
+        let each = once.inputs_by_component();
+        assert_eq!(
+            each,
+            [paths(&["a", "b", "own"]), shared.clone(), shared.clone()]
+        );
+        // An older runner's report, each component's in full, reads alike.
+        let older = JobReport {
+            inputs: Vec::new(),
+            component_inputs: each.clone(),
+            ..once.clone()
+        };
+        assert_eq!(older.inputs_by_component(), each);
+        let bytes = |r: &JobReport| rmp_serde::to_vec_named(r).unwrap().len();
+        assert!(bytes(&once) < bytes(&older));
+        let bare = once.without_inputs();
+        assert!(bare.inputs.is_empty() && bare.inputs_by_component().is_empty());
+        let none = JobReport {
+            components: vec![1, 1],
+            ..report()
+        };
+        assert!(none.inputs_by_component().is_empty(), "none has any");
     }
 
     #[test]

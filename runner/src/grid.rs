@@ -959,6 +959,41 @@ mod tests {
         grid
     }
 
+    #[test]
+    fn a_reports_inputs_are_the_jobs_once_and_watchers_get_none() {
+        let t0 = Instant::now();
+        let submission = submission(
+            "name = \"mpi\"\nkind = \"grid\"\ninputs = [\"/data/a\", \"/data/b\"]\n\
+             [[component]]\nslots = 1\ncommand = \"a\"\ninputs = [\"/data/own\"]\n\
+             [[component]]\nslots = 1\ncommand = \"b\"\n\
+             [[component]]\nslots = 1\ncommand = \"c\"\n",
+        );
+        let mut grid = Grid::open(opening(&submission, vec![], None), at(t0, 0)).unwrap();
+        grid.start();
+        let effects = grid.report(at(t0, 1));
+        let update = effects
+            .iter()
+            .find_map(|e| match e {
+                Effect::ToScheduler(SchedulerMsg::JobUpdate(r)) => Some(r),
+                _ => None,
+            })
+            .expect("a report");
+        assert_eq!(update.inputs, ["/data/a", "/data/b"]);
+        assert_eq!(
+            update.component_inputs,
+            [vec!["/data/own".to_owned()], Vec::new(), Vec::new()]
+        );
+        assert_eq!(update.inputs_by_component()[2], ["/data/a", "/data/b"]);
+        let progress = effects
+            .iter()
+            .find_map(|e| match e {
+                Effect::Event(gleaner_protocol::Event::Progress(r)) => Some(r),
+                _ => None,
+            })
+            .expect("progress");
+        assert!(progress.inputs.is_empty() && progress.component_inputs.is_empty());
+    }
+
     fn placed(t0: Instant) -> Job<Grid> {
         let mut grid = started(t0);
         grid.on_control(

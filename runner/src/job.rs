@@ -60,6 +60,18 @@ pub enum JobError {
     Refused(String),
 }
 
+impl JobError {
+    /// Why a message of the job's could not be sent for what it holds (over
+    /// the broker's bound), if that is the error: the job is stopped with
+    /// this reason, and the runner's session goes on.
+    pub fn unsendable(&self) -> Option<String> {
+        match self {
+            Self::Broker(e) if e.is_too_big() => Some(e.to_string()),
+            _ => None,
+        }
+    }
+}
+
 /// A submission's claim on its job's id, and what to do once the job's
 /// claim in the broker is found to be it (the runner's session hears so).
 pub struct Claim<F> {
@@ -549,7 +561,14 @@ impl<K: Kind> Shell<K> {
         };
         if *next < first.chunk_count(PUBLISH_BATCH) {
             let chunk = first.chunk(*next, PUBLISH_BATCH);
-            self.publisher.send_all(&self.queues.tasks, &chunk).await?;
+            let sent = self.publisher.send_all(&self.queues.tasks, &chunk).await;
+            if let Err(e) = sent.map_err(JobError::from) {
+                let problem = e.unsendable().ok_or(e)?;
+                self.publishing.clear();
+                return self
+                    .handle(JobEvent::Unsendable { problem }, Now::read())
+                    .await;
+            }
             *next += 1;
         }
         if *next < first.chunk_count(PUBLISH_BATCH) {
@@ -575,7 +594,13 @@ impl<K: Kind> Shell<K> {
         let control = matches!(event, JobEvent::Control { .. });
         self.machine.handle(event, now);
         while let Some(effect) = self.machine.poll_effect(now) {
-            self.carry_out(effect, now).await?;
+            // Too big is what the job holds: the job stops with the
+            // reason; the runner's session, and its other jobs, go on.
+            if let Err(e) = self.carry_out(effect, now).await {
+                let problem = e.unsendable().ok_or(e)?;
+                self.publishing.clear();
+                self.machine.handle(JobEvent::Unsendable { problem }, now);
+            }
         }
         if !control {
             self.settle().await?;
@@ -711,5 +736,29 @@ fn delivered<M>(
     match delivery {
         Some(result) => result,
         None => Err(BrokerError::NoQueue("job queue deleted".to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_message_too_big_stops_the_job_rather_than_the_session() {
+        let too_big = JobError::Broker(BrokerError::TooBig {
+            kind: "job_update",
+            bytes: 20 << 20,
+        });
+        assert_eq!(
+            too_big.unsendable().as_deref(),
+            Some("a job_update message of 20.0 MiB is more than the 16 MiB a message may hold")
+        );
+        for other in [
+            JobError::Broker(BrokerError::NoQueue("q".into())),
+            JobError::Broker(BrokerError::Nacked("q".into())),
+            JobError::Shutdown,
+        ] {
+            assert!(other.unsendable().is_none(), "{other}");
+        }
     }
 }

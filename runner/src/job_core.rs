@@ -19,7 +19,7 @@ use gleaner_protocol::{
     SchedulerMsg, Submission, TaskCounts,
 };
 use indexmap::IndexMap;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     book::{FinalStatus, TaskBook},
@@ -303,6 +303,7 @@ impl Ledger {
             closed: false,
             additions_published: 0,
             gathering: None,
+            problem: None,
         });
         // A job.json from before owners were recorded names none.
         file.owner.clone_from(&opening.owner);
@@ -399,7 +400,7 @@ impl Ledger {
                 false => Vec::new(),
             },
             max_slots: self.manifest.max_launchers,
-            problem: None,
+            problem: self.file.problem.clone(),
             weight: self.manifest.weight,
             task_slots: self.current_shape().slots,
             task_needs: self.current_shape().needs,
@@ -412,14 +413,14 @@ impl Ledger {
                     .map(|since| now.wall_ms.saturating_sub(since) as f64 / 1000.0),
                 ..g.figures.clone()
             }),
-            component_inputs: match self.manifest.inputs.is_empty()
-                && self.manifest.components.iter().all(|c| c.inputs.is_empty())
-            {
+            // The job's inputs once, however many components read them.
+            inputs: match self.unplaced().next() {
+                Some(_) => self.manifest.inputs.clone(),
+                None => Vec::new(),
+            },
+            component_inputs: match self.manifest.components.iter().all(|c| c.inputs.is_empty()) {
                 true => Vec::new(),
-                false => self
-                    .unplaced()
-                    .map(|(i, _)| self.manifest.component_inputs(i))
-                    .collect(),
+                false => self.unplaced().map(|(_, c)| c.inputs.clone()).collect(),
             },
             avoid: self
                 .file
@@ -459,7 +460,8 @@ impl Ledger {
         let progress = (report.tasks.finished(), report.tasks.running);
         if self.reported != Some(progress) {
             self.reported = Some(progress);
-            effects.push(Effect::Event(Event::Progress(report)));
+            // Inputs are for placement: watchers need none.
+            effects.push(Effect::Event(Event::Progress(report.without_inputs())));
             effects.push(Effect::SaveJobFile);
         }
         effects
@@ -664,6 +666,24 @@ impl<K: Kind> Job<K> {
         cancel(&self.kind, &mut self.ledger, reason)
     }
 
+    /// Something of the job's could not be sent (`problem`: a message
+    /// over the broker's bound, made of what its owner gave): the job is
+    /// stopped as a cancel stops it, its kind's own way, with the reason
+    /// in `job.json` and its reports; its runner's other jobs go on. Once.
+    pub fn fail(&mut self, problem: String, now: Now) -> Vec<Effect> {
+        if self.ledger.file.problem.is_some() || self.ledger.has_ended() {
+            return Vec::new();
+        }
+        warn!(problem, "the job is stopped");
+        let reason = format!("stopped: {problem}");
+        self.ledger.file.problem = Some(problem);
+        let mut effects =
+            self.kind
+                .on_control(&mut self.ledger, ControlMsg::Cancel { reason }, now);
+        effects.push(Effect::SaveJobFile);
+        effects
+    }
+
     /// The job is over, and how: cancelled, or done once every task has a
     /// final state.
     pub fn ending(&self) -> Option<JobState> {
@@ -706,10 +726,12 @@ impl<K: Kind> Job<K> {
     /// queue can take seconds, and nobody should wait for that.
     pub fn wind_up(&mut self, now: Now) -> Vec<Effect> {
         let clusters = self.clusters();
-        let mut report = self.standing(now);
+        // Watchers and the history keep no inputs: nothing is placed now.
+        let mut report = self.standing(now).without_inputs();
         // A final step that failed fails the job, tasks' success or not.
         if let Some(outcome) = &self.ledger.file.final_step
             && matches!(outcome.status.as_str(), "failed" | "timed_out" | "lost")
+            && report.problem.is_none()
         {
             report.problem = Some(format!(
                 "the final step {} (exit code {}) after {} attempts; its output is in {}/final",

@@ -305,6 +305,12 @@ async fn supervise(
                 error!(error = %e, "the job's queues were deleted under it; giving the job up");
                 manifest.ack().await
             }
+            // The job stops itself when a message of its is too big; one
+            // that still gets here ends the job, never the session.
+            Err(e) if e.unsendable().is_some() => {
+                error!(error = %e, "a message of the job's is too big to send; giving the job up");
+                manifest.ack().await
+            }
             Err(JobError::Broker(e)) => Err(e),
             Err(e @ JobError::Results { .. }) => {
                 error!(error = %e, "cannot write results; they wait in the broker, retrying in 10 s");

@@ -41,6 +41,10 @@ pub enum JobEvent {
     Delivered { followup: Followup, arrived: bool },
     /// Answers [`Effect::PublishFirst`]: all of it is with the broker.
     Published(Publication),
+    /// Answers an effect whose message could not be sent for what it
+    /// holds (over the broker's bound): the job is stopped with this
+    /// `problem`, and the effect is not carried out.
+    Unsendable { problem: String },
 }
 
 /// A queued effect, or the second half of a report.
@@ -173,6 +177,13 @@ impl<K: Kind> Core for JobMachine<K> {
                 let effects = self.job.on_published(publication);
                 self.push_front(effects);
             }
+            JobEvent::Unsendable { problem } if self.ended => {
+                warn!(problem, "a message of the job's end could not be sent");
+            }
+            JobEvent::Unsendable { problem } => {
+                let effects = self.job.fail(problem, now);
+                self.push(effects);
+            }
         }
     }
 
@@ -280,6 +291,44 @@ mod tests {
         let mut machine = JobMachine::new(job);
         machine.handle(JobEvent::Start, at(t0, 0));
         machine
+    }
+
+    #[test]
+    fn a_message_too_big_to_send_stops_its_job_with_the_reason_and_nothing_else() {
+        let t0 = Instant::now();
+        let mut machine = machine(TWO, None, |_| {}, t0);
+        drain(&mut machine, at(t0, 0));
+        let problem = "a job_update message of 19.1 MiB is more than the 16 MiB a message may hold";
+        machine.handle(
+            JobEvent::Unsendable {
+                problem: problem.into(),
+            },
+            at(t0, 1),
+        );
+        let effects = drain(&mut machine, at(t0, 1));
+        assert!(machine.is_over(), "{effects:?}");
+        let file = machine.job().job_file();
+        assert_eq!(file.state, JobState::Cancelled);
+        assert_eq!(file.problem.as_deref(), Some(problem));
+        assert_eq!(file.tasks.cancelled, 2);
+        let done = effects.iter().find_map(|e| match e {
+            Effect::Event(gleaner_protocol::Event::Done(report)) => Some(report),
+            _ => None,
+        });
+        assert_eq!(
+            done.and_then(|r| r.problem.as_deref()),
+            Some(problem),
+            "the owner's wait hears why: {effects:?}"
+        );
+        // One of the end's own messages too big changes nothing more.
+        machine.handle(
+            JobEvent::Unsendable {
+                problem: "again".into(),
+            },
+            at(t0, 2),
+        );
+        assert!(drain(&mut machine, at(t0, 2)).is_empty());
+        assert_eq!(machine.job().job_file().problem.as_deref(), Some(problem));
     }
 
     /// Users kept apart: the job's launchers have an account of their own.

@@ -122,6 +122,10 @@ pub struct JobFile {
     /// Grid jobs: how the components gather at their start barrier.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub gathering: Option<Gather>,
+    /// Why the job was stopped, if something it holds could not be sent
+    /// (a message over the broker's bound): its owner's to change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
 }
 
 /// A grid job's gathering (KOALA's claiming), in `job.json` so that a

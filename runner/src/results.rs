@@ -1024,6 +1024,7 @@ mod tests {
             final_step: None,
             closed: false,
             additions_published: 0,
+            problem: None,
             gathering: Some(crate::records::Gather {
                 figures: gleaner_protocol::Gathering {
                     at_barrier: 1,

@@ -303,6 +303,11 @@ impl Sweep {
                 "the job would have more than {MAX_TASKS} tasks ({first} and {count} more)"
             ));
         }
+        // Checked alone at its sender's; here with what every task of
+        // this job carries (its environment, outputs, directory).
+        if let Err(e) = ledger.manifest().check_task_bytes(&list, first) {
+            return refuse(format!("the tasks are not valid: {e}"));
+        }
         info!(first, count, "tasks added");
         self.tasks = Arc::new(self.tasks.with(first, list));
         ledger.add_tasks(count);
@@ -997,6 +1002,7 @@ mod tests {
         },
         records::read_index,
     };
+    use gleaner_manifest::MAX_TASK_BYTES;
 
     /// A sweep of `tasks` tasks (`echo 0` … ), retried up to `max_attempts`.
     fn manifest(tasks: u64, max_attempts: u32) -> String {
@@ -2272,6 +2278,51 @@ mod tests {
         }
         sweep.on_results([result(3, 1, RunStatus::Succeeded)], at(t0, 7));
         assert_eq!(sweep.ending(), Some(JobState::Done));
+    }
+
+    #[test]
+    fn an_addition_too_heavy_with_its_jobs_environment_is_refused_with_its_number() {
+        let t0 = Instant::now();
+        let text = format!(
+            "name = \"open\"\nopen = true\nenv = {{ BIG = \"{}\" }}\n[[task]]\ncommand = \"echo 0\"\n",
+            "e".repeat(MAX_TASK_BYTES - 1000)
+        );
+        let (mut sweep, _) = new_sweep(&text, t0);
+        let heavy = addition(3, &["a", &"x".repeat(2000), "b"]);
+        heavy.task_list().expect("light enough alone");
+        match sweep
+            .on_control(ControlMsg::AddTasks(heavy), at(t0, 1))
+            .as_slice()
+        {
+            [Effect::Answer(ActionReply::Refused { reason }), ..] => {
+                assert!(reason.contains("task 2 would take"), "{reason}");
+            }
+            other => panic!("refused, and its sender told why: {other:?}"),
+        }
+        assert_eq!(sweep.ledger().counts().total, 1, "nothing added");
+    }
+
+    /// The manifest's measure of a task is what its message weighs, so
+    /// the bound checked at submit is the one publication meets.
+    #[test]
+    fn a_tasks_measure_at_submit_is_its_messages_weight() {
+        let text = "name = \"w\"\nenv = { A = \"1\", LONGER = \"two words\" }\n\
+            outputs = [\"*.png\"]\nworkdir = \"/scratch/w\"\n\
+            [[task]]\ncommand = \"echo fixed\"\n\
+            [sweep]\ncommand = \"run {n} {s} {n}\"\n\
+            params = { n = { from = -50, to = 100000, step = 3 }, s = [\"a\", \"long value\", 1.5] }\n";
+        let submission = submission(text);
+        let manifest = &submission.manifest;
+        let tasks = tasks_of(&submission);
+        let (index, bytes) = tasks.largest().unwrap();
+        let maker = TaskMaker::new(submission.job.clone(), manifest, tasks, "/r".into());
+        let heaviest = (0..maker.len())
+            .map(|t| maker.msg(t, 1, 0).unwrap().weight())
+            .max()
+            .unwrap();
+        let msg = maker.msg(index, 1, 0).unwrap();
+        assert_eq!(msg.weight(), heaviest);
+        assert_eq!(msg.weight(), manifest.task_base_bytes() + bytes);
     }
 
     #[test]

@@ -51,6 +51,9 @@ pub enum Event {
     /// Answers [`Effect::Forward`]: whether the job's control queue took
     /// the message.
     Forwarded { arrived: bool },
+    /// Answers [`Effect::Forward`]: the message could not be sent, for
+    /// what it holds (`reason`); its asker hears why.
+    Unforwardable { reason: String },
     /// [`SchedulerCore::poll_timeout`] has passed.
     RoundDue,
     /// A job's control queue is gone: it is over.
@@ -290,6 +293,12 @@ impl Core for SchedulerCore {
                 let reply = reply.map(|reply| Effect::Reply(Reply::Action(reply)));
                 self.outbox.push_front(reply);
             }
+            Event::Unforwardable { reason } => {
+                self.forwarding = None;
+                let refused = ActionReply::Refused { reason };
+                self.outbox
+                    .push_front(Some(Effect::Reply(Reply::Action(refused))));
+            }
             Event::RoundDue => self.round(now),
             Event::Gone(job) => self.state.on_job_done(&job),
         }
@@ -481,6 +490,39 @@ mod tests {
         );
         let replied = effects(&mut core, Event::Forwarded { arrived: true }, at(t0, 3));
         assert!(replied.is_empty(), "the runner answers: {replied:?}");
+    }
+
+    #[test]
+    fn an_order_too_big_to_pass_on_is_refused_to_its_asker_and_the_scheduler_goes_on() {
+        let t0 = Instant::now();
+        let mut core = core(t0);
+        let mut open = crate::state::tests::job_report("a", 10);
+        open.open = true;
+        let id = open.job.clone();
+        effects(
+            &mut core,
+            Event::Message(SchedulerMsg::JobUpdate(open)),
+            at(t0, 0),
+        );
+        effects(&mut core, Event::HandedOver(None), at(t0, 0));
+        let cancel = Event::Request {
+            user: Some("alice".into()),
+            request: RequestMsg::Cancel { job: id },
+        };
+        effects(&mut core, cancel, at(t0, 1));
+        let too_big = Event::Unforwardable {
+            reason: "a control message of 21.0 MiB is more than the 16 MiB a message may hold"
+                .into(),
+        };
+        let replied = effects(&mut core, too_big, at(t0, 1));
+        assert!(
+            matches!(
+                &replied[..],
+                [Effect::Reply(Reply::Action(ActionReply::Refused { reason }))] if reason.contains("21.0 MiB")
+            ),
+            "{replied:?}"
+        );
+        assert!(core.is_active());
     }
 
     #[test]

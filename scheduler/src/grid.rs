@@ -253,7 +253,7 @@ impl GridBook {
                     queue: e.queue,
                     components: e.report.components.clone(),
                     avoid: e.report.avoid.clone(),
-                    inputs: e.report.component_inputs.clone(),
+                    inputs: e.report.inputs_by_component(),
                     walltime_ms: e
                         .report
                         .gathering

@@ -28,7 +28,9 @@ use gleaner_broker::{
 };
 use gleaner_manifest::JobId;
 use gleaner_policy::access::Users;
-use gleaner_protocol::{Core, Event, GrantId, GridSnapshot, Now, RequestMsg, SchedulerMsg, now_ms};
+use gleaner_protocol::{
+    Core, Event, GrantId, GridSnapshot, Message, Now, RequestMsg, SchedulerMsg, codec, now_ms,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -369,11 +371,22 @@ impl Shell<'_> {
                         (true, Some(incoming)) => {
                             self.publisher
                                 .deliver_answerable(&control, &msg, &incoming.reply)
-                                .await?
+                                .await
                         }
-                        _ => self.publisher.deliver(&control, &msg).await?,
+                        _ => self.publisher.deliver(&control, &msg).await,
                     };
-                    core.handle(CoreEvent::Forwarded { arrived }, Now::read());
+                    // Too big is the asker's to hear, not the session's end.
+                    let answer = match arrived {
+                        Ok(arrived) => CoreEvent::Forwarded { arrived },
+                        Err(e) if e.is_too_big() => {
+                            warn!(job = %job, error = %e, "an order too big to pass on");
+                            CoreEvent::Unforwardable {
+                                reason: e.to_string(),
+                            }
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    core.handle(answer, Now::read());
                 }
                 Effect::Post(post) => {
                     if self.mail.send(post).await.is_err() {
@@ -402,6 +415,18 @@ async fn post(
     }) = mail.recv().await
     {
         for chunk in round.chunks(POST_CHUNK) {
+            // One decision too big to send (a placement of a job of very
+            // many components) is left out, not the end of the session.
+            let chunk: Vec<&(JobId, _)> = chunk
+                .iter()
+                .filter(|(job, message)| match codec::fits(message) {
+                    Ok(()) => true,
+                    Err(bytes) => {
+                        warn!(job = %job, kind = message.kind(), bytes, "a decision too big to send; left out");
+                        false
+                    }
+                })
+                .collect();
             let letters: Vec<_> = chunk
                 .iter()
                 .map(|(job, message)| (JobQueues::new(job).control, message.clone()))
@@ -417,7 +442,12 @@ async fn post(
             }
         }
         if let Some(grid) = grid {
-            publisher.send(SCHEDULER_GRID_QUEUE, &grid).await?;
+            match publisher.send(SCHEDULER_GRID_QUEUE, &grid).await {
+                Err(e) if e.is_too_big() => {
+                    warn!(error = %e, "the grid bookkeeping is too big to hand over");
+                }
+                sent => sent?,
+            }
         }
     }
     Ok(())

@@ -20,7 +20,8 @@ use gleaner_policy::{
 };
 use gleaner_protocol::{
     ActionReply, ClusterName, ClusterReport, ClusterView, ControlMsg, EndedJob, GrantId,
-    GridSnapshot, JobReport, Message, Now, RequestMsg, SchedulerMsg, StatusReply,
+    GridSnapshot, JobReport, MAX_MESSAGE_BYTES, Message, Now, RequestMsg, SchedulerMsg,
+    StatusReply, codec,
 };
 use tracing::{debug, info};
 
@@ -384,6 +385,12 @@ impl State {
                 }
                 let before = reply.jobs.len();
                 reply.jobs.retain(|j| users.may_act_on(user, &j.owner));
+                // Inputs are placement's: a user's many grid jobs would
+                // otherwise make a reply of all their paths.
+                reply.jobs = std::mem::take(&mut reply.jobs)
+                    .into_iter()
+                    .map(JobReport::without_inputs)
+                    .collect();
                 let visible: std::collections::BTreeSet<&JobId> =
                     reply.jobs.iter().map(|j| &j.job).collect();
                 reply.placements.retain(|p| visible.contains(&p.job));
@@ -458,6 +465,17 @@ impl State {
         }
         if !report.open && matches!(msg, ControlMsg::AddTasks(_) | ControlMsg::Close {}) {
             let reason = "the job is not open (tasks are added to jobs submitted with `open = true` or `--open`, until they are closed)".to_owned();
+            return Answer::Action(ActionReply::Refused { reason }, None);
+        }
+        // What the user sent fit a message; as the scheduler encodes it
+        // again (tasks sent as bare arrays get their field names) it may not.
+        if let Err(bytes) = codec::fits(&msg) {
+            info!(job = %job, user = user.unwrap_or("?"), what, bytes, "refused: too big to pass on");
+            let reason = format!(
+                "the tasks would make a message of {:.1} MiB for the job's runner, more than the {} MiB one may hold: add them in parts",
+                bytes as f64 / f64::from(1 << 20),
+                MAX_MESSAGE_BYTES >> 20
+            );
             return Answer::Action(ActionReply::Refused { reason }, None);
         }
         info!(job = %job, user = user.unwrap_or("an unnamed user"), what, "passed on to the job's runner");
@@ -1183,6 +1201,7 @@ pub(crate) mod tests {
             gathering: None,
             avoid: Vec::new(),
             moldable: Vec::new(),
+            inputs: Vec::new(),
             component_inputs: Vec::new(),
             weight: 1,
             task_slots: 1,
@@ -1687,6 +1706,105 @@ pub(crate) mod tests {
                 .any(|a| matches!(a, Action::Move { .. })),
             "reallocation off"
         );
+    }
+
+    /// Tasks sent as bare arrays (`["x"]`) fit a user's message; the
+    /// runner's would name each field (`{"command":"x"}`): 700,000 short
+    /// commands make 15 MiB, and 20 MiB once named.
+    #[test]
+    fn tasks_to_add_that_would_not_fit_the_runners_message_are_refused_with_the_reason() {
+        #[derive(serde::Serialize, serde::Deserialize)]
+        struct Compact {
+            r#type: String,
+            job: JobId,
+            addition: (u64, Vec<(String,)>, Option<u8>),
+        }
+        impl gleaner_protocol::Message for Compact {
+            fn kind(&self) -> &'static str {
+                "add_tasks"
+            }
+        }
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(GrantId::new(1));
+        let mut open = job_report("a", 10);
+        open.open = true;
+        state.on_job_update(open, now);
+        let sent = Compact {
+            r#type: "add_tasks".into(),
+            job: job("a"),
+            addition: (1, vec![("x".repeat(20),); 700_000], None),
+        };
+        let body = codec::encode("cli", &sent).unwrap();
+        assert!(body.len() < MAX_MESSAGE_BYTES, "{} bytes", body.len());
+        let request = codec::decode::<RequestMsg>(&body).unwrap().msg;
+        let users = Users::default();
+        match state.on_request(Some("alice"), request, now, &config, &users) {
+            Answer::Action(ActionReply::Refused { reason }, None) => {
+                assert!(reason.contains("a message of 20.0 MiB"), "{reason}");
+            }
+            other => panic!("refused, with the reason: {other:?}"),
+        }
+        let few = RequestMsg::AddTasks {
+            job: job("a"),
+            addition: gleaner_manifest::Addition {
+                id: 2,
+                tasks: vec![
+                    gleaner_manifest::TaskDef {
+                        command: "x".into()
+                    };
+                    1000
+                ],
+                sweep: None,
+            },
+        };
+        assert!(matches!(
+            state.on_request(Some("alice"), few, now, &config, &users),
+            Answer::Action(ActionReply::Accepted {}, Some(_))
+        ));
+    }
+
+    #[test]
+    fn a_grid_jobs_inputs_reported_once_are_read_by_every_component_and_shown_to_nobody() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(GrantId::new(1));
+        let mut report = grid_report("g", Priority::High, &[4, 4]);
+        report.inputs = vec!["/data/x".into()];
+        state.on_job_update(report, now);
+        let sees = |name: &str, shared: &[&str]| ClusterReport {
+            cluster: name.into(),
+            inputs: gleaner_protocol::InputAccess {
+                shared: shared.iter().map(|s| (*s).to_owned()).collect(),
+                ..Default::default()
+            },
+            ..cluster_report(8, &[], vec![])
+        };
+        state.on_cluster(sees("c1", &["/data"]), now, &config);
+        state.on_cluster(sees("c2", &[]), now, &config);
+        let actions = state.round(now, &config);
+        assert!(
+            actions.contains(&Action::Place {
+                job: job("g"),
+                clusters: vec!["c1".into(), "c1".into()],
+                stage_ms: 0,
+                start_ms: 0,
+                slots: Vec::new(),
+            }),
+            "both where the inputs are: {actions:?}"
+        );
+        let users = Users::default();
+        let Answer::Status(reply) = state.on_request(
+            Some("alice"),
+            RequestMsg::Status { job: None },
+            now,
+            &config,
+            &users,
+        ) else {
+            panic!("a status");
+        };
+        assert_eq!(reply.jobs.len(), 1);
+        assert!(reply.jobs[0].inputs.is_empty(), "placement's, not hers");
     }
 
     #[test]

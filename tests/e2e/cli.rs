@@ -8,8 +8,9 @@ use gleaner_testkit::{by_task, finish, sweep, terminal::Terminal, wait_for};
 use crate::{MINUTE, gleaner};
 
 /// A message holds 16 MiB at most, and a consumer its prefetch of them:
-/// a manifest too big for one is refused by `gleaner submit` before it is
-/// sent, saying how big it is and (for a table) what to do instead.
+/// a manifest too big for one, or whose tasks would each be too big, is
+/// refused by `gleaner submit` before it is sent, saying how big it is and
+/// (for a table, a task) what to do instead.
 #[test]
 fn a_manifest_too_big_for_a_message_is_refused_before_it_is_sent() {
     let g = gleaner("too-big");
@@ -26,9 +27,14 @@ fn a_manifest_too_big_for_a_message_is_refused_before_it_is_sent() {
             "x".repeat(17 << 20)
         ),
     );
+    let tasks: String = (0..200_000)
+        .map(|i| format!("[[task]]\ncommand = \"echo {i:0>80}\"\n"))
+        .collect();
+    let many = g.write("many.toml", &format!("name = \"many\"\n{tasks}"));
     for (manifest, says) in [
         (&table, "at most 12 MiB of rows travel with a manifest"),
-        (&env, "more than the 16 MiB a message may hold"),
+        (&env, "a task may take at most 1 MiB"),
+        (&many, "more than the 16 MiB a message may hold"),
     ] {
         let output = g.run(&["submit", manifest.to_str().unwrap()]);
         let stderr = String::from_utf8_lossy(&output.stderr);
