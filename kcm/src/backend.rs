@@ -533,8 +533,13 @@ impl LauncherCommand {
         for (key, value) in &self.env {
             script.push_str(&format!("export {key}={}\n", quote(value)));
         }
-        if let Ok(filter) = std::env::var("RUST_LOG") {
-            script.push_str(&format!("export RUST_LOG={}\n", quote(&filter)));
+        // What a launcher reads beside gleaner's settings, which the batch
+        // system does not pass on (`--export=NONE`, `qsub` without `-V`):
+        // its log filter and the certificates it trusts.
+        for key in ["RUST_LOG", "SSL_CERT_FILE", "SSL_CERT_DIR"] {
+            if let Ok(value) = std::env::var(key) {
+                script.push_str(&format!("export {key}={}\n", quote(&value)));
+            }
         }
         let mut line = format!("exec {}", quote(&self.program.to_string_lossy()));
         for arg in &self.args {
