@@ -572,7 +572,9 @@ impl EndedJob {
                     Ending::Done(Box::new(report)),
                 )
             }
-            Event::Rejected { job, owner, reason } => (
+            Event::Rejected {
+                job, owner, reason, ..
+            } => (
                 job.parse().ok()?,
                 owner.clone(),
                 Ending::Refused {
@@ -1473,6 +1475,11 @@ pub enum Event {
         #[serde(default)]
         owner: String,
         reason: String,
+        /// The refused submission's fingerprint (of its body, as its
+        /// sender can work out): one id may be submitted more than once,
+        /// and a refusal is news to the sender of that submission only.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        submission: Option<u64>,
     },
     /// `cluster.<name>.status`
     Cluster(ClusterReport),
@@ -1732,6 +1739,7 @@ mod tests {
                 job: "j-1".into(),
                 owner: "alice".into(),
                 reason: String::new(),
+                submission: Some(7),
             },
             Event::Cluster(ClusterReport::default()),
         ]);
@@ -1813,6 +1821,39 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_names_its_submission_and_one_that_does_not_still_reads() {
+        let named = Event::Rejected {
+            job: "j-1".into(),
+            owner: "alice".into(),
+            reason: "no".into(),
+            submission: Some(u64::MAX),
+        };
+        let body = crate::codec::encode("runner", &named).unwrap();
+        let read = crate::codec::decode::<Event>(&body).unwrap().msg;
+        assert!(matches!(
+            read,
+            Event::Rejected {
+                submission: Some(u64::MAX),
+                ..
+            }
+        ));
+        let before = serde_json::json!({
+            "v": crate::PROTOCOL_VERSION,
+            "from": "runner",
+            "msg": {"type": "rejected", "job": "j-1", "owner": "alice", "reason": "no"},
+        });
+        let body = rmp_serde::to_vec_named(&before).unwrap();
+        let read = crate::codec::decode::<Event>(&body).unwrap().msg;
+        assert!(matches!(
+            read,
+            Event::Rejected {
+                submission: None,
+                ..
+            }
+        ));
+    }
+
+    #[test]
     fn job_events_carry_their_owner() {
         assert_eq!(
             Event::Done(report()).routing_key(),
@@ -1822,6 +1863,7 @@ mod tests {
             job: "j-1".into(),
             owner: String::new(),
             reason: String::new(),
+            submission: None,
         };
         assert_eq!(anonymous.routing_key(), "job._.j-1.rejected");
     }

@@ -235,7 +235,9 @@ async fn session(
 
 /// A submission that may not run: to `gleaner.dead` with the reason, and a
 /// `rejected` event for its sender's `--wait` (routed by `owner`, the
-/// sender's name), then acked: refused, never dropped in silence.
+/// sender's name, and naming this submission by its fingerprint, as
+/// another of the same id may be running), then acked: refused, never
+/// dropped in silence.
 async fn refuse(
     publisher: &gleaner_broker::Publisher,
     incoming: &Incoming<IncomingSubmission>,
@@ -251,6 +253,7 @@ async fn refuse(
         job: submission.job.to_string(),
         owner: owner.to_owned(),
         reason: reason.to_owned(),
+        submission: Some(raw.fingerprint()),
     };
     if let Err(e) = publisher.event(&event).await {
         warn!(job = %submission.job, error = %e, "cannot publish the rejection");
