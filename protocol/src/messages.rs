@@ -980,6 +980,24 @@ pub struct HostSlots {
     pub slots: u32,
 }
 
+/// The most a grid job's host lists may take in a `Go`, which carries
+/// every component's to each: well within [`MAX_MESSAGE_BYTES`]. The
+/// lists come from files their owner writes, so a job whose lists would
+/// pass it fails rather than have a `Go` that cannot be sent.
+pub const MAX_GO_HOSTS_BYTES: usize = 8 << 20;
+
+impl HostSlots {
+    /// What `hosts` take in a message at most: each entry is a map of its
+    /// name and a `u32` under their field names (19 bytes beside the
+    /// name, 20 counted), the list a length.
+    pub fn listed_bytes(hosts: &[Self]) -> usize {
+        hosts
+            .iter()
+            .map(|h| h.host.len().saturating_add(20))
+            .fold(5, usize::saturating_add)
+    }
+}
+
 /// How a grid job gathered its components (KOALA's figures): what `job.json`,
 /// `gleaner status` and the metrics show.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -1851,6 +1869,28 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_host_lists_bytes_are_counted_at_least_as_sent() {
+        for name in ["a", &"n".repeat(31), &"n".repeat(253)] {
+            let hosts = vec![
+                HostSlots {
+                    host: name.to_owned(),
+                    slots: u32::MAX,
+                };
+                1000
+            ];
+            let go = KcmMsg::Go {
+                job: JobId::new("j", 1),
+                component: 0,
+                hosts: vec![hosts.clone()],
+            };
+            let sent = rmp_serde::to_vec_named(&go).unwrap().len();
+            let counted = HostSlots::listed_bytes(&hosts);
+            assert!(counted >= sent - 64, "{counted} < {sent}");
+            assert!(counted < sent + 2 * 1000, "close to it: {counted}, {sent}");
+        }
     }
 
     #[test]
