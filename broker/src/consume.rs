@@ -339,6 +339,7 @@ impl<M: Decode> Inbox<M> {
                             .map(|u| u.to_string())
                             .unwrap_or_default(),
                         reason: reason.to_owned(),
+                        submission: Some(crate::submission::fingerprint(&delivery.data)),
                     };
                     if let Err(e) = self.publisher.event(&event).await {
                         warn!(job = %job, error = %e, "cannot publish the rejection event");

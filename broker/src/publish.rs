@@ -92,6 +92,13 @@ impl Publisher {
             .with_timestamp(now_ms() / 1000)
     }
 
+    /// The fingerprint its receiver reads of `msg` sent by this publisher
+    /// ([`Raw::fingerprint`](crate::Raw::fingerprint)): how a sender
+    /// knows its own submission in a refusal.
+    pub fn fingerprint<M: Message>(&self, msg: &M) -> Result<u64, BrokerError> {
+        crate::submission::fingerprint_of(&self.identity, msg)
+    }
+
     async fn start<M: Message>(
         &self,
         exchange: &str,

@@ -24,7 +24,7 @@ impl Raw {
     /// A fingerprint of the body: the same for a redelivery of this
     /// message, another for any other submission.
     pub fn fingerprint(&self) -> u64 {
-        fnv1a(&self.data)
+        fingerprint(&self.data)
     }
 
     fn of(properties: &BasicProperties, data: &[u8]) -> Self {
@@ -123,6 +123,23 @@ fn job_id_for(properties: &BasicProperties, name: &str, data: &[u8]) -> JobId {
 
 const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
+/// The fingerprint of a message's body ([`Raw::fingerprint`], and what
+/// [`Publisher::fingerprint`](crate::Publisher::fingerprint) works out
+/// before sending).
+pub fn fingerprint(body: &[u8]) -> u64 {
+    fnv1a(body)
+}
+
+/// The fingerprint of `msg`'s body as sent by `from`.
+pub(crate) fn fingerprint_of<M: gleaner_protocol::Message>(
+    from: &str,
+    msg: &M,
+) -> Result<u64, crate::BrokerError> {
+    let body =
+        crate::codec::encode(from, msg).map_err(|e| crate::BrokerError::Encode(e.to_string()))?;
+    Ok(fingerprint(&body))
+}
+
 fn fnv1a(data: &[u8]) -> u64 {
     fnv1a_extend(FNV_OFFSET, data)
 }
@@ -181,9 +198,19 @@ mod tests {
             submitted_at: 1,
         };
         let body = encode("cli", &ok).unwrap();
-        let (from, IncomingSubmission(s, _)) =
+        let (from, IncomingSubmission(s, raw)) =
             IncomingSubmission::decode(&BasicProperties::default(), &body).unwrap();
         assert_eq!((from.as_str(), s.job), ("cli", job.clone()));
+        assert_eq!(
+            fingerprint_of("cli", &ok).unwrap(),
+            raw.fingerprint(),
+            "its sender knows it in a refusal"
+        );
+        let again = Submission {
+            submitted_at: 2,
+            ..ok.clone()
+        };
+        assert_ne!(fingerprint_of("cli", &again).unwrap(), raw.fingerprint());
         manifest.max_attempts = 0;
         let bad = Submission {
             job,

@@ -195,27 +195,31 @@ pub async fn submit(
 ) -> Result<(), CliError> {
     let job = JobId::new(&manifest.name, rand::random::<u64>());
     let connection = connect(settings).await?;
-    let watch = Watch::new(&job, connection.user());
-    let events = async {
+    let submission = Submission {
+        job: job.clone(),
+        manifest,
+        submitted_at: now_ms(),
+    };
+    let followed = async {
         topology::declare_core_if_allowed(connection.lapin()).await?;
         let publisher = connection.publisher().await?;
         // Follow before submitting, so that no event can be missed.
-        let events = match wait {
-            true => Some(watch.follow(&connection).await?),
+        let followed = match wait {
+            true => {
+                let watch =
+                    Watch::new(&job, connection.user(), publisher.fingerprint(&submission)?);
+                let events = watch.follow(&connection).await?;
+                Some((watch, events))
+            }
             false => None,
         };
-        let submission = Submission {
-            job: job.clone(),
-            manifest,
-            submitted_at: now_ms(),
-        };
         publisher.send_via(SUBMIT, &submission).await?;
-        Ok::<_, BrokerError>(events)
+        Ok::<_, BrokerError>(followed)
     }
     .await
     .map_err(|e| unless_missing(e, "a runner"))?;
     output.job_submitted(&job, wait);
-    let Some(events) = events else {
+    let Some((watch, events)) = followed else {
         return Ok(());
     };
     watch
@@ -373,14 +377,32 @@ struct Watch {
     /// The job's owner: the user submitting it.
     owner: String,
     queue: String,
+    /// The fingerprint of the submission waited for, if this client sent
+    /// it (`submit --wait`); `wait` of a running job knows none.
+    submission: Option<u64>,
+}
+
+/// Whether a `rejected` event naming `refused` (a submission's
+/// fingerprint) ends a wait for the submission `ours`: only its own
+/// refusal does. The same id may be submitted again while the job runs,
+/// and that refusal says nothing of the job; `wait` of a running job
+/// waits for it to end (a refusal of the running submission itself is
+/// found in the history after a silence). A refusal naming no
+/// submission (from a runner before they did) ends only a wait for a
+/// submission just sent.
+fn refusal_ends_wait(ours: Option<u64>, refused: Option<u64>) -> bool {
+    ours.is_some_and(|ours| refused.is_none_or(|refused| refused == ours))
 }
 
 impl Watch {
-    fn new(job: &JobId, owner: &str) -> Self {
+    /// The watch of `submit --wait`, of the submission whose fingerprint
+    /// is `submission`.
+    fn new(job: &JobId, owner: &str, submission: u64) -> Self {
         Self {
             job: job.clone(),
             owner: owner.to_owned(),
             queue: topology::watch_queue(owner, job),
+            submission: Some(submission),
         }
     }
 
@@ -395,6 +417,7 @@ impl Watch {
                 topology::watch_queue(user, job),
                 rand::random::<u32>()
             ),
+            submission: None,
         }
     }
 
@@ -468,7 +491,12 @@ impl Watch {
                         break ended;
                     }
                 }
-                Event::Rejected { reason, .. } => {
+                Event::Rejected {
+                    reason, submission, ..
+                } => {
+                    if !refusal_ends_wait(self.submission, submission) {
+                        continue;
+                    }
                     if let Some(ended) = Known::Refused(reason).settle(output, Some(&mut progress))
                     {
                         break ended;
@@ -751,5 +779,19 @@ mod tests {
             err.contains("more than the 16 MiB one may hold: add them in parts"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn only_its_own_submissions_refusal_ends_a_wait() {
+        // `submit --wait`: its own refusal ends it, another of its id's not.
+        assert!(refusal_ends_wait(Some(7), Some(7)));
+        assert!(
+            !refusal_ends_wait(Some(7), Some(8)),
+            "a second submission of the running job's id"
+        );
+        assert!(refusal_ends_wait(Some(7), None), "a runner that names none");
+        // `wait` of a running job: no refusal is its end.
+        assert!(!refusal_ends_wait(None, Some(8)));
+        assert!(!refusal_ends_wait(None, None));
     }
 }

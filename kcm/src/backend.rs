@@ -77,9 +77,21 @@ const TASKS_PER_NODE: &str = "tasks-per-node";
 /// The most hosts a started file may name; more is not a real component.
 const MAX_COMPONENT_HOSTS: usize = 65_536;
 
+/// The most of a started file read, a host list of thousands of nodes: one
+/// longer is refused, not cut (its last host would be half a name). Its
+/// hosts then take at most a few MiB of the runner's `Go`, whose whole
+/// bound ([`gleaner_protocol::MAX_GO_HOSTS_BYTES`]) the runner keeps.
+pub const MAX_STARTED_BYTES: usize = 1 << 20;
+
 /// The hosts a component's started file lists, or why they cannot be read:
 /// the file is its owner's to write, so nothing in it is trusted.
 pub fn parse_started(text: &str) -> Result<Vec<HostSlots>, String> {
+    if text.len() > MAX_STARTED_BYTES {
+        return Err(format!(
+            "more than {} KiB of hosts",
+            MAX_STARTED_BYTES >> 10
+        ));
+    }
     let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
     let per_node = match text.trim_start().starts_with(TASKS_PER_NODE) {
         true => {
@@ -533,8 +545,13 @@ impl LauncherCommand {
         for (key, value) in &self.env {
             script.push_str(&format!("export {key}={}\n", quote(value)));
         }
-        if let Ok(filter) = std::env::var("RUST_LOG") {
-            script.push_str(&format!("export RUST_LOG={}\n", quote(&filter)));
+        // What a launcher reads beside gleaner's settings, which the batch
+        // system does not pass on (`--export=NONE`, `qsub` without `-V`):
+        // its log filter and the certificates it trusts.
+        for key in ["RUST_LOG", "SSL_CERT_FILE", "SSL_CERT_DIR"] {
+            if let Ok(value) = std::env::var(key) {
+                script.push_str(&format!("export {key}={}\n", quote(&value)));
+            }
         }
         let mut line = format!("exec {}", quote(&self.program.to_string_lossy()));
         for arg in &self.args {
@@ -934,6 +951,22 @@ mod tests {
         ] {
             assert!(hosts(bad).is_err(), "{bad:?}");
         }
+        // Up to its bound in bytes, and refused whole past it.
+        let line = format!("{} 1\n", "n".repeat(253));
+        let many = line.repeat(MAX_STARTED_BYTES / line.len());
+        let listed = parse_started(&many).unwrap();
+        assert!(
+            HostSlots::listed_bytes(&listed) < gleaner_protocol::MAX_GO_HOSTS_BYTES / 4,
+            "one component's share of a go"
+        );
+        let over = format!("{many}{line}");
+        assert!(over.len() > MAX_STARTED_BYTES);
+        assert!(parse_started(&over).unwrap_err().contains("KiB"));
+        let short = "a 1\n".repeat(MAX_COMPONENT_HOSTS);
+        assert!(
+            HostSlots::listed_bytes(&parse_started(&short).unwrap())
+                < gleaner_protocol::MAX_GO_HOSTS_BYTES / 4
+        );
     }
 
     #[test]

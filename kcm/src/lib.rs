@@ -529,7 +529,8 @@ fn spooled(
             } else if let Some((job, component)) = ComponentFiles::parse_started(&name)
                 .filter(|(job, component)| theirs(job) && expects_start(job, *component))
             {
-                let hosts = read_head(&entry.path(), owner, STARTED_FILE)
+                // A byte more than may be read: one that long is refused.
+                let hosts = read_head(&entry.path(), owner, STARTED_FILE + 1)
                     .ok_or_else(|| "not a readable file of its owner's".to_owned())
                     .and_then(|text| backend::parse_started(&text));
                 starts.push(SpooledStart {
@@ -657,7 +658,7 @@ fn read_head(path: &Path, owner: Option<u32>, limit: u64) -> Option<String> {
 }
 
 /// The most of a started file read: a host list of thousands of nodes.
-const STARTED_FILE: u64 = 1 << 20;
+const STARTED_FILE: u64 = backend::MAX_STARTED_BYTES as u64;
 
 /// The most entries of a job's spool directory looked at in a poll: far
 /// more than its components' files.

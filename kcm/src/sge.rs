@@ -479,6 +479,10 @@ mod tests {
             Path::new("/tmp"),
         );
         assert_eq!(args[0], "-clear", "default request files say nothing");
+        assert!(
+            !args.iter().any(|a| a == "-V" || a == "-v"),
+            "none of the kcm's environment: {args:?}"
+        );
         let joined = args.join(" ");
         assert!(
             joined.contains("-N gl-sweep-0123456789abcdef -q c1.q -w e"),
@@ -550,6 +554,10 @@ mod tests {
         let one_host = component_args(&config, &spec(4, Some(1500)), true, Path::new("/tmp"));
         let joined = one_host.join(" ");
         assert_eq!(one_host[0], "-clear");
+        assert!(
+            !one_host.iter().any(|a| a == "-V" || a == "-v"),
+            "none of the kcm's environment: {one_host:?}"
+        );
         assert!(
             joined.contains("-N gg-grid-0123456789abcdef.2 -q c1.q"),
             "{joined}"

@@ -4,7 +4,9 @@
 //! cluster's partition (with its QOS, account and nice value when set),
 //! each on one node with `--cpus-per-task` of its slots, `--no-requeue`
 //! (gleaner, not Slurm, decides what runs again) and a USR1 before its time
-//! limit or at preemption. `sinfo` and `squeue` are read on every poll;
+//! limit or at preemption, and none of the kcm's environment
+//! (`--export=NONE`: the job script sets what the launcher needs). `sinfo`
+//! and `squeue` are read on every poll;
 //! placeholders and components are recognised by their name and their
 //! owner (the kcm's core judges: `core::KcmCore`), so a restarted kcm
 //! adopts what its predecessor left, and nobody else's job named like them.
@@ -99,14 +101,14 @@ impl SlurmBackend {
             &std::env::temp_dir(),
         );
         let launcher = c.launcher.for_run_as(run_as);
-        let script = launcher.script(
+        let script = exported_none(&launcher.script(
             &c.cluster,
             job,
             each,
             task,
             c.walltime,
             &format!("\"{SLURM_TASK_ID}\""),
-        );
+        ));
         let (program, args) = as_account("sbatch", &args, run_as.map(|r| r.account));
         let answer = self.run(&program, &args, Some(&script)).await?;
         parse_job_id(&answer)
@@ -119,11 +121,14 @@ impl SlurmBackend {
 }
 
 /// What every submission says: its name, partition and the site's QOS,
-/// account and nice value, the script on stdin, no requeue. Time limits
-/// differ: a placeholder's walltime, a component's own.
+/// account and nice value, the script on stdin, no requeue, and none of
+/// the submitting environment: by default sbatch hands the job all of
+/// its own, which is the kcm's (root's, but for what `runuser` changes).
+/// Time limits differ: a placeholder's walltime, a component's own.
 fn sbatch_args(c: &SlurmConfig, name: String, workdir: &Path) -> Vec<String> {
     let mut args = vec![
         "--parsable".to_owned(),
+        "--export=NONE".to_owned(),
         format!("--job-name={name}"),
         format!("--partition={}", c.partition),
         "--no-requeue".to_owned(),
@@ -222,6 +227,20 @@ fn component_args(
     args
 }
 
+/// `script` as a job submitted with `--export=NONE` must run it: Slurm
+/// hands it `SLURM_EXPORT_ENV=NONE`, which the steps it starts (a
+/// component's `srun`) would inherit and so run without its variables,
+/// and a `PATH` exported even where the owner's login environment, which
+/// Slurm loads in place of the submitter's, has none (the launcher looks
+/// tasks' programs up in it). Lines after the first, where Slurm reads no
+/// options.
+fn exported_none(script: &str) -> String {
+    let (first, rest) = script.split_once('\n').unwrap_or((script, ""));
+    format!(
+        "{first}\nexport SLURM_EXPORT_ENV=ALL\nexport PATH=\"${{PATH:-/usr/local/bin:/usr/bin:/bin}}\"\n{rest}"
+    )
+}
+
 /// A word nobody can guess, new each time, that starts each job's line of
 /// `squeue` output ([`squeue_format`]): the keys of std's hasher are
 /// random for each process, and each hasher's differ.
@@ -318,7 +337,7 @@ impl Backend for SlurmBackend {
         let args = component_args(&self.config, spec, one_host, &std::env::temp_dir());
         // Submitted as the owner, it runs as them: the script has no
         // account to switch to.
-        let script = files.script(spec, None, ComponentHosts::Slurm);
+        let script = exported_none(&files.script(spec, None, ComponentHosts::Slurm));
         let (program, args) = as_account("sbatch", &args, run_as);
         let answer = self.run(&program, &args, Some(&script)).await?;
         parse_job_id(&answer)
@@ -385,6 +404,7 @@ mod tests {
             args,
             [
                 "--parsable",
+                "--export=NONE",
                 "--job-name=gl-sweep-0123456789abcdef",
                 "--partition=debug",
                 "--no-requeue",
@@ -438,8 +458,9 @@ mod tests {
         let args = component_args(&config(), &spec, true, Path::new("/tmp"));
         let joined = args.join(" ");
         assert!(
-            joined
-                .starts_with("--parsable --job-name=gg-grid-0123456789abcdef.1 --partition=debug"),
+            joined.starts_with(
+                "--parsable --export=NONE --job-name=gg-grid-0123456789abcdef.1 --partition=debug"
+            ),
             "{joined}"
         );
         assert!(
@@ -467,6 +488,91 @@ mod tests {
         );
         let spread = component_args(&config(), &needing, false, Path::new("/tmp")).join(" ");
         assert!(spread.contains("--mem-per-cpu=1000M --gpus=2"), "{spread}");
+    }
+
+    #[test]
+    fn no_submission_hands_its_job_the_kcms_environment() {
+        let job: JobId = "sweep-0123456789abcdef".parse().unwrap();
+        let spec = ComponentSpec {
+            needs: Default::default(),
+            job: job.clone(),
+            component: 0,
+            slots: 2,
+            command: "srun ./app".into(),
+            env: Vec::new(),
+            walltime_ms: None,
+            workdir: None,
+            owner: "alice".into(),
+            checkpoint: None,
+            inputs: Vec::new(),
+        };
+        let alice = Account {
+            name: "alice".into(),
+            uid: nix::unistd::Uid::from_raw(4242),
+            gid: nix::unistd::Gid::from_raw(4242),
+            groups: Vec::new(),
+            home: "/home/alice".into(),
+        };
+        let tmp = Path::new("/tmp");
+        for args in [
+            placeholder_args(&config(), &job, 2, 1, Needs::default(), tmp),
+            component_args(&config(), &spec, true, tmp),
+        ] {
+            for run_as in [None, Some(&alice)] {
+                let (_, ran) = as_account("sbatch", &args, run_as);
+                let exports: Vec<&String> =
+                    ran.iter().filter(|a| a.starts_with("--export")).collect();
+                assert_eq!(exports, ["--export=NONE"], "{ran:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_script_run_without_the_kcms_environment_gives_its_steps_their_own() {
+        let files = ComponentFiles::new(
+            Path::new("/spool"),
+            &"j-0000000000000001".parse().unwrap(),
+            0,
+        );
+        let spec = ComponentSpec {
+            needs: Default::default(),
+            job: "j-0000000000000001".parse().unwrap(),
+            component: 0,
+            slots: 1,
+            command: "srun ./app".into(),
+            env: Vec::new(),
+            walltime_ms: None,
+            workdir: None,
+            owner: "alice".into(),
+            checkpoint: None,
+            inputs: Vec::new(),
+        };
+        let script = exported_none(&files.script(&spec, None, ComponentHosts::Slurm));
+        assert!(
+            script.starts_with("#!/bin/sh\nexport SLURM_EXPORT_ENV=ALL\n"),
+            "{script}"
+        );
+        let (head, _) = script.split_once("umask").expect("the script's own lines");
+        let out = std::process::Command::new("/bin/sh")
+            .args(["-c", &format!("{head}env")])
+            .env_clear()
+            .env("SLURM_EXPORT_ENV", "NONE")
+            .output()
+            .expect("sh");
+        let env = String::from_utf8_lossy(&out.stdout);
+        assert!(env.contains("SLURM_EXPORT_ENV=ALL\n"), "{env}");
+        assert!(env.lines().any(|l| l.starts_with("PATH=/")), "{env}");
+        let out = std::process::Command::new("/bin/sh")
+            .args(["-c", &format!("{head}echo \"$PATH\"")])
+            .env_clear()
+            .env("PATH", "/opt/alice/bin:/usr/bin")
+            .output()
+            .expect("sh");
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "/opt/alice/bin:/usr/bin\n",
+            "the owner's own kept"
+        );
     }
 
     #[test]

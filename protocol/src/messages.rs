@@ -599,7 +599,9 @@ impl EndedJob {
                     Ending::Done(Box::new(report)),
                 )
             }
-            Event::Rejected { job, owner, reason } => (
+            Event::Rejected {
+                job, owner, reason, ..
+            } => (
                 job.parse().ok()?,
                 owner.clone(),
                 Ending::Refused {
@@ -1003,6 +1005,24 @@ fn is_zero_u64(x: &u64) -> bool {
 pub struct HostSlots {
     pub host: String,
     pub slots: u32,
+}
+
+/// The most a grid job's host lists may take in a `Go`, which carries
+/// every component's to each: well within [`MAX_MESSAGE_BYTES`]. The
+/// lists come from files their owner writes, so a job whose lists would
+/// pass it fails rather than have a `Go` that cannot be sent.
+pub const MAX_GO_HOSTS_BYTES: usize = 8 << 20;
+
+impl HostSlots {
+    /// What `hosts` take in a message at most: each entry is a map of its
+    /// name and a `u32` under their field names (19 bytes beside the
+    /// name, 20 counted), the list a length.
+    pub fn listed_bytes(hosts: &[Self]) -> usize {
+        hosts
+            .iter()
+            .map(|h| h.host.len().saturating_add(20))
+            .fold(5, usize::saturating_add)
+    }
 }
 
 /// How a grid job gathered its components (KOALA's figures): what `job.json`,
@@ -1500,6 +1520,11 @@ pub enum Event {
         #[serde(default)]
         owner: String,
         reason: String,
+        /// The refused submission's fingerprint (of its body, as its
+        /// sender can work out): one id may be submitted more than once,
+        /// and a refusal is news to the sender of that submission only.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        submission: Option<u64>,
     },
     /// `cluster.<name>.status`
     Cluster(ClusterReport),
@@ -1794,6 +1819,7 @@ mod tests {
                 job: "j-1".into(),
                 owner: "alice".into(),
                 reason: String::new(),
+                submission: Some(7),
             },
             Event::Cluster(ClusterReport::default()),
         ]);
@@ -1875,6 +1901,61 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_names_its_submission_and_one_that_does_not_still_reads() {
+        let named = Event::Rejected {
+            job: "j-1".into(),
+            owner: "alice".into(),
+            reason: "no".into(),
+            submission: Some(u64::MAX),
+        };
+        let body = crate::codec::encode("runner", &named).unwrap();
+        let read = crate::codec::decode::<Event>(&body).unwrap().msg;
+        assert!(matches!(
+            read,
+            Event::Rejected {
+                submission: Some(u64::MAX),
+                ..
+            }
+        ));
+        let before = serde_json::json!({
+            "v": crate::PROTOCOL_VERSION,
+            "from": "runner",
+            "msg": {"type": "rejected", "job": "j-1", "owner": "alice", "reason": "no"},
+        });
+        let body = rmp_serde::to_vec_named(&before).unwrap();
+        let read = crate::codec::decode::<Event>(&body).unwrap().msg;
+        assert!(matches!(
+            read,
+            Event::Rejected {
+                submission: None,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn a_host_lists_bytes_are_counted_at_least_as_sent() {
+        for name in ["a", &"n".repeat(31), &"n".repeat(253)] {
+            let hosts = vec![
+                HostSlots {
+                    host: name.to_owned(),
+                    slots: u32::MAX,
+                };
+                1000
+            ];
+            let go = KcmMsg::Go {
+                job: JobId::new("j", 1),
+                component: 0,
+                hosts: vec![hosts.clone()],
+            };
+            let sent = rmp_serde::to_vec_named(&go).unwrap().len();
+            let counted = HostSlots::listed_bytes(&hosts);
+            assert!(counted >= sent - 64, "{counted} < {sent}");
+            assert!(counted < sent + 2 * 1000, "close to it: {counted}, {sent}");
+        }
+    }
+
+    #[test]
     fn job_events_carry_their_owner() {
         assert_eq!(
             Event::Done(report()).routing_key(),
@@ -1884,6 +1965,7 @@ mod tests {
             job: "j-1".into(),
             owner: String::new(),
             reason: String::new(),
+            submission: None,
         };
         assert_eq!(anonymous.routing_key(), "job._.j-1.rejected");
     }

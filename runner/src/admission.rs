@@ -12,8 +12,11 @@
 //! runner's jobs: the submit queue is one line for everybody, and a
 //! runner runs a bounded number of jobs, so without a limit one user's
 //! flood of long jobs would hold every place and the others' would wait
-//! behind it. A redelivered submission was accepted before (its runner
-//! lost its connection): it is never refused for the limit.
+//! behind it. A submission a runner accepted before (its runner lost its
+//! connection) is never refused for the limit; what says so is its job's
+//! claim in the broker, which only a runner stakes, not the broker's
+//! redelivered flag: every unacked submission has that after a runner's
+//! connection breaks, those it had not even looked at included.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -37,6 +40,26 @@ struct Held<P> {
     waiting: VecDeque<(JobClaim, P)>,
 }
 
+/// What is known of a submission's past when it arrives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Past {
+    /// The broker delivered it before: true of every submission a runner
+    /// held unacked when its connection broke, run or not.
+    pub redelivered: bool,
+    /// Its job's claim is in the broker, where only a runner stakes one
+    /// (the shell asks only of a redelivered submission whose owner is
+    /// [`Admissions::at_limit`], the one case where it matters).
+    pub claimed: bool,
+}
+
+impl Past {
+    /// A submission that came before and whose job a runner took on:
+    /// resumed, it is not one more of its owner's.
+    fn accepted_before(self) -> bool {
+        self.redelivered && self.claimed
+    }
+}
+
 /// What to do with a submission that arrived.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Arrival<P> {
@@ -57,14 +80,12 @@ impl<P> Admissions<P> {
         }
     }
 
-    /// `redelivered`: the broker delivered it before, so a runner accepted
-    /// it once.
     pub fn arrive(
         &mut self,
         job: &JobId,
         claim: JobClaim,
         submission: P,
-        redelivered: bool,
+        past: Past,
     ) -> Arrival<P> {
         if let Some(held) = self.jobs.get(job)
             && held.claimed
@@ -73,7 +94,7 @@ impl<P> Admissions<P> {
             return Arrival::Refuse(submission, reason);
         }
         if let Some(max) = self.max_per_owner
-            && !redelivered
+            && !past.accepted_before()
             && self.held_by(&claim.owner) >= max
         {
             let reason = format!(
@@ -99,6 +120,13 @@ impl<P> Admissions<P> {
                 Arrival::Wait
             }
         }
+    }
+
+    /// Whether `owner` holds as many submissions as one may: another is
+    /// refused unless it was accepted before.
+    pub fn at_limit(&self, owner: &str) -> bool {
+        self.max_per_owner
+            .is_some_and(|max| self.held_by(owner) >= max)
     }
 
     /// The submissions `owner` holds, running or waiting.
@@ -169,18 +197,18 @@ mod tests {
         let job = JobId::new("j", 1);
         let mut admissions = Admissions::new(None);
         assert_eq!(
-            admissions.arrive(&job, claim("bob", 2), "bob's", false),
+            admissions.arrive(&job, claim("bob", 2), "bob's", Past::default()),
             Arrival::Run("bob's")
         );
         assert_eq!(
-            admissions.arrive(&job, claim("alice", 1), "alice's", false),
+            admissions.arrive(&job, claim("alice", 1), "alice's", Past::default()),
             Arrival::Wait
         );
         // Bob's copy found the job claimed by Alice and was refused: hers runs.
         assert_eq!(admissions.ended(&job), Some((claim("alice", 1), "alice's")));
         assert!(admissions.claimed(&job).is_empty());
         // Now it is known for hers: another copy is refused at once.
-        match admissions.arrive(&job, claim("bob", 3), "bob's again", false) {
+        match admissions.arrive(&job, claim("bob", 3), "bob's again", Past::default()) {
             Arrival::Refuse("bob's again", reason) => {
                 assert!(reason.contains("another user"), "{reason}");
             }
@@ -188,7 +216,7 @@ mod tests {
         }
         assert_eq!(admissions.ended(&job), None);
         assert_eq!(
-            admissions.arrive(&job, claim("bob", 4), "new", false),
+            admissions.arrive(&job, claim("bob", 4), "new", Past::default()),
             Arrival::Run("new")
         );
     }
@@ -198,15 +226,15 @@ mod tests {
         let job = JobId::new("j", 1);
         let mut admissions = Admissions::new(None);
         assert_eq!(
-            admissions.arrive(&job, claim("alice", 1), 'a', false),
+            admissions.arrive(&job, claim("alice", 1), 'a', Past::default()),
             Arrival::Run('a')
         );
         assert_eq!(
-            admissions.arrive(&job, claim("alice", 2), 'b', false),
+            admissions.arrive(&job, claim("alice", 2), 'b', Past::default()),
             Arrival::Wait
         );
         assert_eq!(
-            admissions.arrive(&job, claim("bob", 3), 'c', false),
+            admissions.arrive(&job, claim("bob", 3), 'c', Past::default()),
             Arrival::Wait
         );
         let refused = admissions.claimed(&job);
@@ -221,7 +249,7 @@ mod tests {
     }
 
     #[test]
-    fn one_owner_holds_at_most_its_limit_and_a_redelivered_job_is_spared() {
+    fn one_owner_holds_at_most_its_limit_and_a_job_accepted_before_is_spared() {
         let mut admissions = Admissions::new(Some(2));
         let (a, b, c, d) = (
             JobId::new("a", 1),
@@ -230,29 +258,46 @@ mod tests {
             JobId::new("d", 4),
         );
         assert_eq!(
-            admissions.arrive(&a, claim("bob", 1), 'a', false),
+            admissions.arrive(&a, claim("bob", 1), 'a', Past::default()),
             Arrival::Run('a')
         );
         // A second submission of a held id waits, and counts.
         assert_eq!(
-            admissions.arrive(&a, claim("bob", 2), 'w', false),
+            admissions.arrive(&a, claim("bob", 2), 'w', Past::default()),
             Arrival::Wait
         );
-        match admissions.arrive(&b, claim("bob", 3), 'b', false) {
+        match admissions.arrive(&b, claim("bob", 3), 'b', Past::default()) {
             Arrival::Refuse('b', reason) => {
                 assert!(reason.contains("bob already has 2 jobs"), "{reason}");
                 assert!(reason.contains("runner.max_jobs_per_user"), "{reason}");
             }
             other => panic!("{other:?}"),
         }
+        assert!(admissions.at_limit("bob"));
         // Another user is not held back by bob's.
+        assert!(!admissions.at_limit("alice"));
         assert_eq!(
-            admissions.arrive(&c, claim("alice", 4), 'c', false),
+            admissions.arrive(&c, claim("alice", 4), 'c', Past::default()),
             Arrival::Run('c')
         );
-        // A job a runner accepted before comes back whatever the count.
+        // Delivered before is not accepted before: any submission a
+        // runner held, looked at or not, comes back redelivered.
+        let redelivered = Past {
+            redelivered: true,
+            claimed: false,
+        };
+        assert!(matches!(
+            admissions.arrive(&d, claim("bob", 5), 'd', redelivered),
+            Arrival::Refuse('d', _)
+        ));
+        // A job a runner accepted before (its claim is in the broker)
+        // comes back whatever the count.
+        let resumed = Past {
+            redelivered: true,
+            claimed: true,
+        };
         assert_eq!(
-            admissions.arrive(&d, claim("bob", 5), 'd', true),
+            admissions.arrive(&d, claim("bob", 5), 'd', resumed),
             Arrival::Run('d')
         );
         // Once bob's jobs end, he may submit again.
@@ -260,7 +305,7 @@ mod tests {
         assert_eq!(admissions.ended(&a), None);
         assert_eq!(admissions.ended(&d), None);
         assert_eq!(
-            admissions.arrive(&b, claim("bob", 6), 'b', false),
+            admissions.arrive(&b, claim("bob", 6), 'b', Past::default()),
             Arrival::Run('b')
         );
     }

@@ -28,8 +28,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_protocol::{
-    ActionReply, ClusterName, ComponentOutcome, ComponentSpec, ControlMsg, HostSlots, JobReport,
-    JobState, KcmMsg, LauncherId, Millis, ResultMsg, RunStatus, SchedulerMsg,
+    ActionReply, Captured, ClusterName, ComponentOutcome, ComponentSpec, ControlMsg, HostSlots,
+    JobReport, JobState, KcmMsg, LauncherId, MAX_GO_HOSTS_BYTES, Millis, ResultMsg, RunStatus,
+    SchedulerMsg,
 };
 use indexmap::IndexMap;
 use tracing::{debug, info, warn};
@@ -208,7 +209,24 @@ impl Grid {
             debug!(component, "start ignored: heard before");
             return Vec::new();
         }
-        info!(component, cluster = %cluster, hosts = ?hosts.iter().map(|h| &h.host).collect::<Vec<_>>(), started = run.started.len() + 1, of = components, "grid component started; waiting at the barrier");
+        // Every component's hosts go to each in its `Go`: lists their
+        // owner wrote may not make one too big to send.
+        let listed = run
+            .started
+            .values()
+            .map(|s| HostSlots::listed_bytes(&s.hosts))
+            .fold(HostSlots::listed_bytes(&hosts), usize::saturating_add);
+        if listed > MAX_GO_HOSTS_BYTES {
+            let reason = format!(
+                "its {} hosts, with the other components', take {} KiB, more than the {} KiB the go that lets them run may carry",
+                hosts.len(),
+                listed >> 10,
+                MAX_GO_HOSTS_BYTES >> 10
+            );
+            effects.extend(self.fail_at_start(ledger, component, cluster, reason));
+            return effects;
+        }
+        info!(component, cluster = %cluster, hosts = hosts.len(), first = ?hosts.first().map(|h| &h.host), started = run.started.len() + 1, of = components, "grid component started; waiting at the barrier");
         run.started.insert(
             component,
             StartedComponent {
@@ -690,6 +708,46 @@ impl Grid {
 }
 
 impl Grid {
+    /// A component that started but may not run, for `reason`: it fails,
+    /// with the reason in its result, and the others are stopped, as for
+    /// a component that failed (its kcm stops it with the job).
+    fn fail_at_start(
+        &mut self,
+        ledger: &mut Ledger,
+        component: u32,
+        cluster: ClusterName,
+        reason: String,
+    ) -> Vec<Effect> {
+        warn!(component, cluster = %cluster, reason, "grid component cannot be let go: it fails, the others are stopped");
+        let task = u64::from(component);
+        let result = ResultMsg {
+            job: ledger.id().clone(),
+            task,
+            attempt: 1,
+            preemptions: 0,
+            status: RunStatus::Failed,
+            exit_code: None,
+            signal: None,
+            runtime_ms: 0,
+            launcher: LauncherId::default(),
+            cluster,
+            host: String::new(),
+            stdout: Captured::default(),
+            stderr: Captured::default(),
+            outputs: Vec::new(),
+            error: Some(reason),
+            peak_memory_mb: None,
+            parted: None,
+        };
+        let entry = self.entry(ledger, task, FinalStatus::Failed, Some(&result));
+        ledger.finish(task, FinalStatus::Failed);
+        vec![
+            Effect::WriteOutputs(Box::new(result)),
+            Effect::Record(vec![entry]),
+            finish_unfinished(self, ledger, FinalStatus::Cancelled),
+        ]
+    }
+
     /// Ended without an exit status, and not at its walltime (where the
     /// batch system kills it and a rerun would be killed again).
     fn lost(&self, ledger: &Ledger, outcome: &ComponentOutcome) -> bool {
@@ -1649,6 +1707,87 @@ mod tests {
                 assert_eq!(grid.job_file().restarts, 2);
             }
         }
+    }
+
+    #[test]
+    fn host_lists_too_big_for_a_go_fail_the_component_that_brings_them() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        let many = |n: usize| {
+            let host = HostSlots {
+                host: "n".repeat(253),
+                slots: 1,
+            };
+            vec![host; n]
+        };
+        // Each within the bound, both beyond it.
+        let half = MAX_GO_HOSTS_BYTES / 2 / 273;
+        let effects = grid.on_control(
+            ControlMsg::ComponentStarted {
+                component: 1,
+                cluster: "c2".into(),
+                hosts: many(half),
+            },
+            at(t0, 2),
+        );
+        assert!(recorded(&effects).is_empty(), "waits for the other");
+        let effects = grid.on_control(
+            ControlMsg::ComponentStarted {
+                component: 0,
+                cluster: "c1".into(),
+                hosts: many(half + 10),
+            },
+            at(t0, 3),
+        );
+        assert!(
+            !effects.iter().any(|e| matches!(
+                e,
+                Effect::ToKcm {
+                    msg: KcmMsg::Go { .. },
+                    ..
+                }
+            )),
+            "no go that could not be sent"
+        );
+        let entries = recorded(&effects);
+        let statuses: Vec<(u64, FinalStatus)> =
+            entries.iter().map(|e| (e.task, e.status)).collect();
+        assert_eq!(
+            statuses,
+            [(0, FinalStatus::Failed), (1, FinalStatus::Cancelled)]
+        );
+        let error = entries[0].error.as_deref().unwrap_or_default();
+        assert!(error.contains("more than the 8192 KiB"), "{error}");
+        assert_eq!(grid.ending(), Some(JobState::Done));
+    }
+
+    #[test]
+    fn host_lists_within_a_go_are_read_back_from_job_json() {
+        let t0 = Instant::now();
+        let mut grid = placed(t0);
+        // The shortest names: the most JSON for their bytes in a message.
+        let each = MAX_GO_HOSTS_BYTES / 2 / 21 - 10;
+        let hosts = vec![
+            HostSlots {
+                host: "n".into(),
+                slots: u32::MAX,
+            };
+            each
+        ];
+        for (component, cluster) in [(0, "c1"), (1, "c2")] {
+            let started = ControlMsg::ComponentStarted {
+                component,
+                cluster: cluster.into(),
+                hosts: hosts.clone(),
+            };
+            assert!(recorded(&grid.on_control(started, at(t0, 2))).is_empty());
+        }
+        let file = serde_json::to_vec_pretty(&grid.job_file()).unwrap();
+        assert!(
+            file.len() as u64 <= crate::results::MAX_JOB_FILE,
+            "{} bytes",
+            file.len()
+        );
     }
 
     #[test]

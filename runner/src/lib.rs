@@ -23,7 +23,7 @@ mod sweep;
 
 use std::{sync::Arc, time::Duration};
 
-use admission::{Admissions, Arrival};
+use admission::{Admissions, Arrival, Past};
 
 use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, IncomingSubmission,
@@ -203,7 +203,17 @@ async fn session(
                     };
                     let claim = JobClaim { owner: owner.name.clone(), submission: raw.fingerprint() };
                     let redelivered = incoming.redelivered;
-                    match admissions.arrive(&job, claim.clone(), (incoming, owner), redelivered) {
+                    // Asked only where the answer matters: a claim takes a
+                    // channel to look for.
+                    let claimed = match redelivered && admissions.at_limit(&owner.name) {
+                        true => match claim_staked(&connection, &job).await {
+                            Ok(claimed) => claimed,
+                            Err(e) => break Err(e),
+                        },
+                        false => false,
+                    };
+                    let past = Past { redelivered, claimed };
+                    match admissions.arrive(&job, claim.clone(), (incoming, owner), past) {
                         Arrival::Run(submission) => start(&mut jobs, submission, claim),
                         Arrival::Wait => info!(job = %job, "another submission of this job id is being checked; this one waits for it"),
                         Arrival::Refuse((incoming, owner), reason) => refuse(&publisher, &incoming, &owner.name, &reason).await?,
@@ -238,9 +248,18 @@ async fn session(
     outcome
 }
 
+/// Whether a runner staked `job`'s claim: the job was accepted and has not
+/// ended. Only the services may make a `gleaner.job.*` queue, so this is
+/// the deployment's record, which no user can fake.
+async fn claim_staked(connection: &Connection, job: &JobId) -> Result<bool, BrokerError> {
+    topology::queue_exists(connection.lapin(), &topology::JobQueues::new(job).claim).await
+}
+
 /// A submission that may not run: to `gleaner.dead` with the reason, and a
 /// `rejected` event for its sender's `--wait` (routed by `owner`, the
-/// sender's name), then acked: refused, never dropped in silence.
+/// sender's name, and naming this submission by its fingerprint, as
+/// another of the same id may be running), then acked: refused, never
+/// dropped in silence.
 async fn refuse(
     publisher: &gleaner_broker::Publisher,
     incoming: &Incoming<IncomingSubmission>,
@@ -263,6 +282,7 @@ async fn refuse(
         job: submission.job.to_string(),
         owner: owner.to_owned(),
         reason: reason.to_owned(),
+        submission: Some(raw.fingerprint()),
     };
     if let Err(e) = publisher.event(&event).await {
         warn!(job = %submission.job, error = %e, "cannot publish the rejection");

@@ -3,8 +3,9 @@
 //! With many users, a job's results live in its owner's area
 //! (`results_root/<account>/…`, mode 0700) and every file there is written
 //! with the owner's filesystem identity (`setfsuid`/`setfsgid`, this thread
-//! only), so the files are theirs and a symlink they plant in their own
-//! area cannot lead the runner anywhere they could not write themselves.
+//! only) and none of root's capabilities, so the files are theirs, a
+//! symlink they plant in their own area cannot lead the runner anywhere
+//! they could not write themselves, and their quota holds.
 
 use std::{io, path::Path};
 
@@ -53,9 +54,13 @@ pub fn may_send_control(
 }
 
 /// Runs `f` with `account`'s filesystem identity on this thread (as the
-/// runner itself without one): its uid and gid for the file system, and
-/// its supplementary groups, not root's. `f` must not await: the identity
-/// belongs to the thread, not the task.
+/// runner itself without one): its uid and gid for the file system, its
+/// supplementary groups, not root's, and no effective capability. The
+/// kernel drops the file system's capabilities when the fsuid leaves
+/// root, but not the others, and `CAP_SYS_RESOURCE` alone writes past
+/// the owner's disk quota and into the blocks a file system keeps for
+/// root. `f` must not await: the identity belongs to the thread, not the
+/// task.
 pub fn as_account<T>(account: Option<&Account>, f: impl FnOnce() -> T) -> T {
     let Some(account) = account else {
         return f();
@@ -69,10 +74,14 @@ struct FsIdentity {
     uid: Uid,
     gid: Gid,
     groups: Option<Vec<Gid>>,
+    /// The thread's effective capabilities, if they were cleared.
+    effective: Option<caps::CapsHashSet>,
 }
 
 impl FsIdentity {
     fn assume(account: &Account) -> Self {
+        // Read before the fsuid leaves root, which clears some of them.
+        let effective = caps::read(None, caps::CapSet::Effective);
         // Groups first, while the fsuid is still root's.
         let groups = nix::unistd::getgroups().ok();
         let groups = match gleaner_contain::set_thread_groups(&account.groups) {
@@ -85,12 +94,34 @@ impl FsIdentity {
         // Group next: once the uid is not root, the gid cannot change.
         let gid = nix::unistd::setfsgid(account.gid);
         let uid = nix::unistd::setfsuid(account.uid);
-        Self { uid, gid, groups }
+        // Last, as the switches above need theirs. The permitted set
+        // stays, so they can be raised again.
+        let effective = match effective
+            .and_then(|effective| caps::clear(None, caps::CapSet::Effective).map(|()| effective))
+        {
+            Ok(effective) => Some(effective),
+            Err(e) => {
+                tracing::warn!(account = %account.name, error = %e, "cannot drop the runner's capabilities for writing results; writing with them");
+                None
+            }
+        };
+        Self {
+            uid,
+            gid,
+            groups,
+            effective,
+        }
     }
 }
 
 impl Drop for FsIdentity {
     fn drop(&mut self) {
+        // First: giving the groups back takes CAP_SETGID.
+        if let Some(effective) = &self.effective
+            && let Err(e) = caps::set(None, caps::CapSet::Effective, effective)
+        {
+            tracing::error!(error = %e, "cannot restore the runner's capabilities on this thread");
+        }
         nix::unistd::setfsuid(self.uid);
         nix::unistd::setfsgid(self.gid);
         if let Some(groups) = &self.groups
@@ -175,6 +206,45 @@ mod tests {
         assert!(!ok(&cancel, Some("gleaner-launcher-j")));
         assert!(!ok(&cancel, None), "the launcher account, nameless");
         assert!(ok(&cancel, Some("svc")));
+    }
+
+    /// This thread's effective capabilities, as the kernel shows them.
+    fn effective() -> u64 {
+        std::fs::read_to_string("/proc/thread-self/status")
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            .unwrap()
+    }
+
+    #[test]
+    fn the_owners_writes_have_none_of_roots_capabilities() {
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let owner = Account {
+            name: "owner".into(),
+            uid: Uid::from_raw(54_321),
+            gid: Gid::from_raw(54_321),
+            groups: vec![Gid::from_raw(54_321)],
+            home: "/nonexistent".into(),
+        };
+        const SYS_RESOURCE: u64 = 1 << 24;
+        std::thread::spawn(move || {
+            let before = effective();
+            let (inside, fsuid) = as_account(Some(&owner), || {
+                let fsuid = nix::unistd::setfsuid(Uid::from_raw(54_321));
+                (effective(), fsuid)
+            });
+            assert_eq!(fsuid, owner.uid, "written as the owner");
+            assert_eq!(inside & SYS_RESOURCE, 0, "no quota lifted");
+            assert_eq!(inside, 0, "no capability at all: {inside:x}");
+            assert_eq!(effective(), before, "the runner's own again");
+            assert!(nix::unistd::setfsuid(Uid::from_raw(0)).is_root());
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]

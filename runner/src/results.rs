@@ -390,8 +390,11 @@ impl ResultsDir {
     }
 }
 
-/// The largest `job.json` read: the runner writes a few kilobytes.
-const MAX_JOB_FILE: u64 = 1 << 20;
+/// The largest `job.json` read: the runner writes a few kilobytes, but
+/// for a grid job's started components' hosts, which may take up to
+/// [`gleaner_protocol::MAX_GO_HOSTS_BYTES`] in a message and four times
+/// that as indented JSON.
+pub(crate) const MAX_JOB_FILE: u64 = 64 << 20;
 /// The largest `additions.jsonl` read: far more than `MAX_TASKS` tasks of
 /// additions take.
 const MAX_ADDITIONS_FILE: u64 = 1 << 30;
