@@ -14,5 +14,5 @@ mod messages;
 pub mod naming;
 
 pub use core::{Core, Now, Outbox, now_ms};
-pub use ids::{ClusterName, GrantId, LauncherId, is_name};
+pub use ids::{ClusterName, GrantId, LauncherId, MAX_HELD_GPUS, is_device_name, is_name};
 pub use messages::*;
