@@ -6,8 +6,9 @@
 //! of the host's devices as its placeholder was granted, each by binding an
 //! abstract socket named after it. The kernel releases the name when the
 //! launcher dies, however it dies, and the name is the host's own (one per
-//! network namespace), so no file can be left stale or taken over by
-//! another account.
+//! network namespace), so no file can be left stale; but any process of the
+//! host may bind it first, so a launcher that finds devices the batch
+//! system counted free claimed says which, for its kcm to judge.
 
 use std::os::{linux::net::SocketAddrExt, unix::net::SocketAddr, unix::net::UnixListener};
 
@@ -28,8 +29,17 @@ pub struct Held {
     _claims: Vec<UnixListener>,
 }
 
+/// Why a launcher does not have the GPUs its tasks need.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Short {
+    pub reason: String,
+    /// The host's devices another process had claimed, where the launcher
+    /// claims its own: its kcm judges whether they are gleaner's.
+    pub claimed: Vec<String>,
+}
+
 /// The `count` devices this launcher may give its tasks.
-pub fn acquire(source: &GpuSource, count: u32) -> Result<Held, String> {
+pub fn acquire(source: &GpuSource, count: u32) -> Result<Held, Short> {
     if count == 0 {
         return Ok(Held::default());
     }
@@ -39,10 +49,13 @@ pub fn acquire(source: &GpuSource, count: u32) -> Result<Held, String> {
             let given = std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_default();
             let devices = device_list(&given);
             if devices.len() < wanted {
-                return Err(format!(
-                    "the batch system gave this placeholder {} GPUs ($CUDA_VISIBLE_DEVICES={given:?}); its tasks need {count}",
-                    devices.len()
-                ));
+                return Err(Short {
+                    reason: format!(
+                        "the batch system gave this placeholder {} GPUs ($CUDA_VISIBLE_DEVICES={given:?}); its tasks need {count}",
+                        devices.len()
+                    ),
+                    claimed: Vec::new(),
+                });
             }
             Ok(Held {
                 devices: devices.into_iter().take(wanted).collect(),
@@ -51,20 +64,27 @@ pub fn acquire(source: &GpuSource, count: u32) -> Result<Held, String> {
         }
         GpuSource::Claim(host) => {
             let mut held = Held::default();
+            let mut claimed = Vec::new();
             for device in host {
                 if held.devices.len() == wanted {
                     break;
                 }
-                if let Some(claim) = claim(device) {
-                    held.devices.push(device.clone());
-                    held._claims.push(claim);
+                match claim(device) {
+                    Some(claim) => {
+                        held.devices.push(device.clone());
+                        held._claims.push(claim);
+                    }
+                    None => claimed.push(device.clone()),
                 }
             }
             if held.devices.len() < wanted {
-                return Err(format!(
-                    "only {} of this host's GPUs {host:?} are free; its tasks need {count}",
-                    held.devices.len()
-                ));
+                return Err(Short {
+                    reason: format!(
+                        "only {} of this host's GPUs {host:?} are free (claimed: {claimed:?}); its tasks need {count}",
+                        held.devices.len()
+                    ),
+                    claimed,
+                });
             }
             Ok(held)
         }
@@ -150,7 +170,12 @@ mod tests {
         let first = acquire(&host, 1).unwrap();
         assert_eq!(first.devices, std::slice::from_ref(&device));
         let refused = acquire(&host, 1).unwrap_err();
-        assert!(refused.contains("only 0"), "{refused}");
+        assert!(refused.reason.contains("only 0"), "{refused:?}");
+        assert_eq!(
+            refused.claimed,
+            std::slice::from_ref(&device),
+            "for its kcm"
+        );
         drop(first);
         assert_eq!(acquire(&host, 1).unwrap().devices, [device]);
     }
