@@ -278,6 +278,17 @@ const HEARD_KEPT: Duration = Duration::from_secs(600);
 /// after a launcher last said so: then a launcher tries them again.
 const SQUAT_SHOWN: Duration = crate::failures::BARRED_FOR;
 
+/// A placeholder whose end was counted as a failed start.
+#[derive(Debug, Clone)]
+struct Counted {
+    job: JobId,
+    /// The account it was counted against.
+    owner: String,
+    /// Where it ran, if it did.
+    host: Option<String>,
+    at: Instant,
+}
+
 /// GPUs of one host that a launcher found claimed beyond what gleaner's
 /// launchers there hold.
 #[derive(Debug, Clone)]
@@ -338,11 +349,10 @@ struct StartHealth {
     /// Placeholders whose launcher found its GPUs held outside gleaner, and
     /// when: their end is a failure of no one's.
     excused: BTreeMap<String, Instant>,
-    /// Placeholders whose end was lately counted as a failed start: the
-    /// job, the account and when. Their launcher's word about GPUs held
-    /// outside gleaner may come after it (through its runner), and then
-    /// takes the failure back.
-    counted: BTreeMap<String, (JobId, String, Instant)>,
+    /// Placeholders whose end was lately counted as a failed start. Their
+    /// launcher's word about GPUs held outside gleaner may come after it
+    /// (through its runner), and then takes the failure back.
+    counted: BTreeMap<String, Counted>,
     /// Placeholders withdrawn for waiting too long since one last ran:
     /// failed starts too, cleared only by a placeholder that runs.
     stuck: u32,
@@ -1004,19 +1014,20 @@ impl KcmCore {
         let placeholder = self.last.placeholders.iter().find(|p| p.id == id);
         let counted = self.starts.counted.get(id);
         let up = self.starts.heard.contains_key(id) || self.starts.credited.contains(id);
-        if up
-            || placeholder.is_some_and(|p| p.job != job)
-            || counted.is_some_and(|(of, _, _)| *of != job)
+        if up || placeholder.is_some_and(|p| p.job != job) || counted.is_some_and(|c| c.job != job)
         {
             warn!(job = %job, launcher = %held.launcher, "GPUs said held for a placeholder that is not the job's, or whose launcher is up; ignored");
             return;
         }
-        let host = placeholder
+        // Where the batch system ran it; the launcher's word only for one
+        // the kcm has not seen run.
+        let ran_on = placeholder
             .and_then(|p| p.host.clone())
-            .unwrap_or(held.host);
+            .or_else(|| counted.and_then(|c| c.host.clone()));
+        let host = ran_on.clone().unwrap_or(held.host);
         let owner = placeholder
             .map(|p| p.owner.clone())
-            .or_else(|| counted.map(|(_, owner, _)| owner.clone()));
+            .or_else(|| counted.map(|c| c.owner.clone()));
         let mut devices = held.devices;
         devices.sort();
         devices.dedup();
@@ -1035,8 +1046,8 @@ impl KcmCore {
         }
         warn!(job = %job, placeholder = id, owner = ?owner, host, gpus, outside, "GPUs of this host are held outside gleaner (`ss -xlp | grep gleaner-gpu` there, as root, says by whom): its launcher could not start, a failure of no one's");
         self.starts.excused.insert(id.to_owned(), now.instant);
-        if let Some((_, owner, _)) = self.starts.counted.remove(id) {
-            self.starts.failures.forgive(&owner);
+        if let Some(counted) = self.starts.counted.remove(id) {
+            self.starts.failures.forgive(&counted.owner);
             let about = format!("placeholder {id} ");
             if self
                 .starts
@@ -1047,9 +1058,10 @@ impl KcmCore {
                 self.starts.error = None;
             }
         }
-        // Shown for the hosts the kcm knows only: a task's word names no
-        // other.
-        if self.last.hosts.iter().any(|h| h.name == host) {
+        // Shown, and not offered, where the batch system ran the
+        // placeholder only: a task could send this, naming any host.
+        if let Some(host) = ran_on.filter(|h| self.last.hosts.iter().any(|known| known.name == *h))
+        {
             let at = now.instant;
             self.squats.insert(
                 host,
@@ -1103,11 +1115,12 @@ impl KcmCore {
             let failures = self.starts.failures.failed(&placeholder.owner, now.instant);
             self.starts.counted.insert(
                 placeholder.id.clone(),
-                (
-                    placeholder.job.clone(),
-                    placeholder.owner.clone(),
-                    now.instant,
-                ),
+                Counted {
+                    job: placeholder.job.clone(),
+                    owner: placeholder.owner.clone(),
+                    host: placeholder.host.clone(),
+                    at: now.instant,
+                },
             );
             error!(job = %placeholder.job, placeholder = %placeholder.id, owner = %placeholder.owner, host, failures, "placeholder ended before its launcher reached the broker");
             self.starts.error = Some(format!(
@@ -1128,7 +1141,7 @@ impl KcmCore {
         self.starts
             .excused
             .retain(|id, at| still.contains(id.as_str()) || recent(at));
-        self.starts.counted.retain(|_, (_, _, at)| recent(at));
+        self.starts.counted.retain(|_, counted| recent(&counted.at));
         self.squats
             .retain(|_, squat| now.instant.saturating_duration_since(squat.at) < SQUAT_SHOWN);
     }
@@ -2502,6 +2515,24 @@ mod tests {
         // Said again, it takes nothing more back.
         message(&mut kcm, gpus_held(&a, "5.1", &["0"]), clock.at(2_200));
         assert_eq!(kcm.starts.failures.of("alice", clock.at(2_200).instant), 0);
+    }
+
+    #[test]
+    fn a_word_for_a_placeholder_not_seen_running_excuses_it_and_names_no_host() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let a = job("a");
+        poll(&mut kcm, gpu_cluster(Vec::new()), clock.at(0));
+        let waiting = gpu_placeholder("7.1", &a, "alice", 2, false);
+        poll(&mut kcm, gpu_cluster(vec![waiting]), clock.at(1_000));
+        // It ran, and its launcher spoke, between two readings; the host
+        // is its word only (a task could have sent it).
+        message(&mut kcm, gpus_held(&a, "7.1", &["0", "1"]), clock.at(1_500));
+        let r = report(&mut kcm, clock.at(1_500));
+        assert!(r.hosts[0].squatted_gpus.is_empty());
+        assert_eq!(r.free_gpus, Some(2));
+        poll(&mut kcm, gpu_cluster(Vec::new()), clock.at(2_000));
+        assert_eq!(kcm.starts.failures.of("alice", clock.at(2_000).instant), 0);
     }
 
     #[test]
