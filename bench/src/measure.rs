@@ -272,6 +272,7 @@ pub fn memory(exe: &Path, tasks: u32) -> anyhow::Result<()> {
             task_slots: 1,
             task_needs: Default::default(),
             gpu_devices: &[],
+            gpu_claims: &[],
             walltime: None,
         };
         [vec![LAUNCHER_SUBCOMMAND.to_owned()], args.to_vec()].concat()

@@ -179,6 +179,10 @@ pub struct LauncherArgs {
     /// batch system gave it in `$CUDA_VISIBLE_DEVICES`).
     #[arg(long, value_delimiter = ',')]
     pub gpu_devices: Vec<String>,
+    /// Open descriptors, each the kcm's claim on the device of
+    /// `--gpu-devices` in its place: then those are this launcher's.
+    #[arg(long, value_delimiter = ',')]
+    pub gpu_claims: Vec<i32>,
     /// The placeholder's walltime, from the launcher's start (`3600s`, `1h`).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub walltime: Option<Duration>,
@@ -208,9 +212,13 @@ pub async fn launcher(
             memory_mb: args.task_memory.unwrap_or(0),
             gpus: args.task_gpus,
         },
-        gpu_source: match args.gpu_devices.is_empty() {
-            true => GpuSource::BatchSystem,
-            false => GpuSource::Claim(args.gpu_devices),
+        gpu_source: match (args.gpu_devices.is_empty(), args.gpu_claims.is_empty()) {
+            (true, _) => GpuSource::BatchSystem,
+            (false, true) => GpuSource::Claim(args.gpu_devices),
+            (false, false) => GpuSource::Given {
+                devices: args.gpu_devices,
+                claims: args.gpu_claims,
+            },
         },
         idle_timeout: l.idle_timeout,
         heartbeat: l.heartbeat,
@@ -346,6 +354,7 @@ mod tests {
                 gpus: 1,
             },
             gpu_devices: &["0".to_owned(), "1".to_owned()],
+            gpu_claims: &[7, 9],
             walltime: Some(Duration::from_secs(3600)),
         };
         let argv = std::iter::once(naming::LAUNCHER_SUBCOMMAND.to_owned()).chain(written.to_vec());
@@ -359,6 +368,7 @@ mod tests {
         assert_eq!(read.task_memory, Some(3072));
         assert_eq!(read.task_gpus, 1);
         assert_eq!(read.gpu_devices, written.gpu_devices);
+        assert_eq!(read.gpu_claims, written.gpu_claims);
         assert_eq!(read.walltime, written.walltime);
     }
 }

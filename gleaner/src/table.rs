@@ -38,6 +38,10 @@ pub fn cluster_row(c: &ClusterView) -> Vec<String> {
             .as_ref()
             .map_or_else(|| "ok".to_owned(), |e| format!("error: {e}"))
     };
+    let state = match squatted(&r.hosts) {
+        Some(squatted) => format!("{state}; {squatted}"),
+        None => state,
+    };
     vec![
         r.cluster.to_string(),
         r.backend.clone(),
@@ -51,6 +55,17 @@ pub fn cluster_row(c: &ClusterView) -> Vec<String> {
         counted(r.free_gpus),
         state,
     ]
+}
+
+/// The GPUs a cluster's launchers found held outside gleaner, host by
+/// host: the admin's to look into, nobody's failure.
+fn squatted(hosts: &[HostReport]) -> Option<String> {
+    let held: Vec<String> = hosts
+        .iter()
+        .filter(|h| !h.squatted_gpus.is_empty())
+        .map(|h| format!("{}:{}", h.name, h.squatted_gpus.join(",")))
+        .collect();
+    (!held.is_empty()).then(|| format!("GPUs held outside gleaner {}", held.join(" ")))
 }
 
 /// Memory as manifests write it; `-` where it is not counted.
@@ -468,6 +483,25 @@ mod tests {
         assert!(
             clusters.contains("FREE GPUS") && clusters.contains("6G"),
             "{clusters}"
+        );
+    }
+
+    #[test]
+    fn gpus_held_outside_gleaner_are_shown_with_their_hosts() {
+        let mut squatted = host("g1", 4, 0, 0, 0);
+        squatted.squatted_gpus = vec!["0".into(), "1".into()];
+        let view = ClusterView {
+            report: ClusterReport {
+                cluster: "c1".into(),
+                hosts: vec![host("g0", 4, 0, 0, 0), squatted],
+                ..ClusterReport::default()
+            },
+            ..ClusterView::default()
+        };
+        let row = cluster_row(&view);
+        assert_eq!(
+            row.last().map(String::as_str),
+            Some("ok; GPUs held outside gleaner g1:0,1")
         );
     }
 }

@@ -570,6 +570,7 @@ impl LauncherCommand {
             task_slots: task.slots,
             task_needs: task.needs,
             gpu_devices: &gpu_devices,
+            gpu_claims: &[],
             walltime,
         };
         for arg in launcher.to_vec() {

@@ -42,7 +42,8 @@ use gleaner_policy::{
 };
 use gleaner_protocol::{
     Captured, ClusterName, ClusterReport, ComponentOutcome, ComponentSpec, ControlMsg, Credentials,
-    GrantId, Holding, HostSlots, InputAccess, KcmMsg, Outbox, SchedulerMsg, ShrinkMode, naming,
+    GpusHeld, GrantId, Holding, HostSlots, InputAccess, KcmMsg, Outbox, SchedulerMsg, ShrinkMode,
+    naming,
 };
 use tracing::{error, info, warn};
 
@@ -273,6 +274,33 @@ const RECENT_GRANTS: usize = 1024;
 /// How long a launcher's word is kept for a placeholder not seen yet.
 const HEARD_KEPT: Duration = Duration::from_secs(600);
 
+/// How long GPUs found held outside gleaner are reported (and not offered)
+/// after a launcher last said so: then a launcher tries them again.
+const SQUAT_SHOWN: Duration = crate::failures::BARRED_FOR;
+
+/// A placeholder whose end was counted as a failed start.
+#[derive(Debug, Clone)]
+struct Counted {
+    job: JobId,
+    /// The account it was counted against.
+    owner: String,
+    /// Where it ran, if it did.
+    host: Option<String>,
+    at: Instant,
+}
+
+/// GPUs of one host that a launcher found claimed beyond what gleaner's
+/// launchers there hold.
+#[derive(Debug, Clone)]
+struct Squat {
+    /// The devices it found claimed.
+    devices: Vec<String>,
+    /// How many of them no launcher of gleaner's accounts for.
+    outside: u32,
+    /// When a launcher last said so.
+    at: Instant,
+}
+
 /// The account a job's placeholders are submitted as (with many users).
 #[derive(Debug)]
 struct JobAccount {
@@ -318,6 +346,13 @@ struct StartHealth {
     heard: BTreeMap<String, (JobId, Instant)>,
     /// Placeholders whose start has been counted as working.
     credited: BTreeSet<String>,
+    /// Placeholders whose launcher found its GPUs held outside gleaner, and
+    /// when: their end is a failure of no one's.
+    excused: BTreeMap<String, Instant>,
+    /// Placeholders whose end was lately counted as a failed start. Their
+    /// launcher's word about GPUs held outside gleaner may come after it
+    /// (through its runner), and then takes the failure back.
+    counted: BTreeMap<String, Counted>,
     /// Placeholders withdrawn for waiting too long since one last ran:
     /// failed starts too, cleared only by a placeholder that runs.
     stuck: u32,
@@ -367,6 +402,8 @@ pub struct KcmCore {
     outbox: Outbox<Effect>,
     /// A poll was handled: its report goes once its effects are carried out.
     report_due: bool,
+    /// GPUs held outside gleaner, by host, as launchers last found them.
+    squats: BTreeMap<String, Squat>,
 }
 
 impl Core for KcmCore {
@@ -417,6 +454,8 @@ impl KcmCore {
                 error: None,
                 heard: BTreeMap::new(),
                 credited: BTreeSet::new(),
+                excused: BTreeMap::new(),
+                counted: BTreeMap::new(),
                 stuck: 0,
                 blocked: None,
             },
@@ -429,6 +468,7 @@ impl KcmCore {
             accounts: BTreeMap::new(),
             outbox: Outbox::default(),
             report_due: false,
+            squats: BTreeMap::new(),
         }
     }
 
@@ -620,6 +660,10 @@ impl KcmCore {
                 if let Some(owner) = owner {
                     self.credit(id, &owner);
                 }
+                Vec::new()
+            }
+            KcmMsg::GpusHeld { job, held } => {
+                self.on_gpus_held(job, held, now);
                 Vec::new()
             }
             KcmMsg::Go {
@@ -951,6 +995,85 @@ impl KcmCore {
         }
     }
 
+    /// A launcher of `job`'s could not claim its GPUs: `held.devices` of its
+    /// host were claimed, though the batch system counted them free.
+    /// Gleaner's launchers there hold what their placeholders asked for;
+    /// claims beyond that are held outside gleaner (a user's process took
+    /// them), and the placeholder's end is a failure of no one's: counted
+    /// against its owner it would bar them, and with another victim's it
+    /// would exclude the cluster, all for one squatter. Claims within
+    /// gleaner's count are the cluster's miscount (its `gpus` against the
+    /// batch system's), and the end counts as failed starts do. A task can
+    /// send this: it is taken for its own job's placeholders only, whose
+    /// launcher did not say it is up.
+    fn on_gpus_held(&mut self, job: JobId, held: GpusHeld, now: Now) {
+        let Some(id) = naming::batch_id(&self.config.cluster, &held.launcher) else {
+            warn!(launcher = %held.launcher, "a launcher of another cluster says its GPUs are held; ignored");
+            return;
+        };
+        let placeholder = self.last.placeholders.iter().find(|p| p.id == id);
+        let counted = self.starts.counted.get(id);
+        let up = self.starts.heard.contains_key(id) || self.starts.credited.contains(id);
+        if up || placeholder.is_some_and(|p| p.job != job) || counted.is_some_and(|c| c.job != job)
+        {
+            warn!(job = %job, launcher = %held.launcher, "GPUs said held for a placeholder that is not the job's, or whose launcher is up; ignored");
+            return;
+        }
+        // Where the batch system ran it; the launcher's word only for one
+        // the kcm has not seen run.
+        let ran_on = placeholder
+            .and_then(|p| p.host.clone())
+            .or_else(|| counted.and_then(|c| c.host.clone()));
+        let host = ran_on.clone().unwrap_or(held.host);
+        let owner = placeholder
+            .map(|p| p.owner.clone())
+            .or_else(|| counted.map(|c| c.owner.clone()));
+        let mut devices = held.devices;
+        devices.sort();
+        devices.dedup();
+        let gleaners = self
+            .last
+            .placeholders
+            .iter()
+            .filter(|p| p.id != id && p.host.as_deref() == Some(host.as_str()))
+            .fold(0, |sum: u32, p| sum.saturating_add(p.needs.gpus));
+        let claimed = u32::try_from(devices.len()).unwrap_or(u32::MAX);
+        let outside = claimed.saturating_sub(gleaners);
+        let gpus = devices.join(",");
+        if outside == 0 {
+            warn!(job = %job, placeholder = id, owner = ?owner, host, gpus, gleaners, "a launcher found GPUs claimed that the batch system counted free, no more than gleaner's launchers there hold: the cluster's `gpus` and the batch system's count disagree");
+            return;
+        }
+        warn!(job = %job, placeholder = id, owner = ?owner, host, gpus, outside, "GPUs of this host are held outside gleaner (`ss -xlp | grep gleaner-gpu` there, as root, says by whom): its launcher could not start, a failure of no one's");
+        self.starts.excused.insert(id.to_owned(), now.instant);
+        if let Some(counted) = self.starts.counted.remove(id) {
+            self.starts.failures.forgive(&counted.owner);
+            let about = format!("placeholder {id} ");
+            if self
+                .starts
+                .error
+                .as_deref()
+                .is_some_and(|e| e.starts_with(&about))
+            {
+                self.starts.error = None;
+            }
+        }
+        // Shown, and not offered, where the batch system ran the
+        // placeholder only: a task could send this, naming any host.
+        if let Some(host) = ran_on.filter(|h| self.last.hosts.iter().any(|known| known.name == *h))
+        {
+            let at = now.instant;
+            self.squats.insert(
+                host,
+                Squat {
+                    devices,
+                    outside,
+                    at,
+                },
+            );
+        }
+    }
+
     /// Placeholders that left the batch system without their launcher ever
     /// reaching the broker, and not because this kcm removed them: the
     /// launcher cannot run there (a wrong path, a missing library, no
@@ -984,8 +1107,21 @@ impl KcmCore {
             if self.withdrawn.remove(&placeholder.id) || heard {
                 continue;
             }
-            let failures = self.starts.failures.failed(&placeholder.owner, now.instant);
             let host = placeholder.host.as_deref().unwrap_or("before it ran");
+            if self.starts.excused.remove(&placeholder.id).is_some() {
+                info!(job = %placeholder.job, placeholder = %placeholder.id, owner = %placeholder.owner, host, "placeholder ended: its GPUs were held outside gleaner, a failure of no one's");
+                continue;
+            }
+            let failures = self.starts.failures.failed(&placeholder.owner, now.instant);
+            self.starts.counted.insert(
+                placeholder.id.clone(),
+                Counted {
+                    job: placeholder.job.clone(),
+                    owner: placeholder.owner.clone(),
+                    host: placeholder.host.clone(),
+                    at: now.instant,
+                },
+            );
             error!(job = %placeholder.job, placeholder = %placeholder.id, owner = %placeholder.owner, host, failures, "placeholder ended before its launcher reached the broker");
             self.starts.error = Some(format!(
                 "placeholder {} ({host}) ended before its launcher reached the broker; its output (log_dir) says why",
@@ -1001,6 +1137,13 @@ impl KcmCore {
         self.starts.heard.retain(|id, (_, at)| {
             still.contains(id.as_str()) || now.instant.saturating_duration_since(*at) < HEARD_KEPT
         });
+        let recent = |at: &Instant| now.instant.saturating_duration_since(*at) < HEARD_KEPT;
+        self.starts
+            .excused
+            .retain(|id, at| still.contains(id.as_str()) || recent(at));
+        self.starts.counted.retain(|_, counted| recent(&counted.at));
+        self.squats
+            .retain(|_, squat| now.instant.saturating_duration_since(squat.at) < SQUAT_SHOWN);
     }
 
     /// The components that left the batch system, to be reported to their
@@ -1512,6 +1655,23 @@ impl KcmCore {
             let holding = grid.entry(component.job.clone()).or_default();
             holding.add(component.running, component.slots);
         }
+        let mut hosts = snapshot.host_reports();
+        let mut squatted = 0u32;
+        for host in &mut hosts {
+            let Some(squat) = self
+                .squats
+                .get(&host.name)
+                .filter(|s| now.instant.saturating_duration_since(s.at) < SQUAT_SHOWN)
+            else {
+                continue;
+            };
+            host.squatted_gpus = squat.devices.clone();
+            if let Some(free) = &mut host.free_gpus {
+                let taken = squat.outside.min(*free);
+                *free -= taken;
+                squatted = squatted.saturating_add(taken);
+            }
+        }
         ClusterReport {
             cluster: self.config.cluster.clone(),
             grid,
@@ -1526,9 +1686,10 @@ impl KcmCore {
             local_slots: snapshot.local_running(),
             local_waiting: snapshot.local_waiting(),
             grid_slots: snapshot.grid_running(),
-            hosts: snapshot.host_reports(),
+            hosts,
             free_memory_mb: snapshot.free_memory_mb(),
-            free_gpus: snapshot.free_gpus(),
+            // GPUs held outside gleaner are free to no one.
+            free_gpus: snapshot.free_gpus().map(|f| f.saturating_sub(squatted)),
             foresight: Some(snapshot.foresight(now.wall_ms, self.config.speed)),
             jobs,
             applied_grants: std::mem::take(&mut self.grants.applied),
@@ -2241,6 +2402,162 @@ mod tests {
         let r = report(&mut kcm, clock.at(2_000));
         assert_eq!(r.failed_starts, 0, "seen: its start worked");
         assert_eq!(r.job_failures, [(b, 1)].into(), "bob's are still his");
+    }
+
+    /// Host `n1` with two GPUs the batch system counts free, and these
+    /// placeholders.
+    fn gpu_cluster(placeholders: Vec<Placeholder>) -> Snapshot {
+        Snapshot {
+            hosts: vec![Host {
+                free_gpus: Some(2),
+                ..Host::new("n1", 4)
+            }],
+            placeholders,
+            ..Snapshot::default()
+        }
+    }
+
+    /// A placeholder of `owner`'s for `job` needing `gpus`, running on `n1`
+    /// or waiting.
+    fn gpu_placeholder(
+        id: &str,
+        job: &JobId,
+        owner: &str,
+        gpus: u32,
+        running: bool,
+    ) -> Placeholder {
+        Placeholder {
+            owner: owner.into(),
+            needs: gleaner_manifest::Needs { memory_mb: 0, gpus },
+            ..placeholder(id, job, running)
+        }
+    }
+
+    /// What alice's launcher in placeholder `id` says: `devices` of `n1`
+    /// were claimed.
+    fn gpus_held(job: &JobId, id: &str, devices: &[&str]) -> KcmMsg {
+        KcmMsg::GpusHeld {
+            job: job.clone(),
+            held: GpusHeld {
+                launcher: naming::launcher_id(&"c1".into(), id),
+                cluster: "c1".into(),
+                host: "n1".into(),
+                devices: devices.iter().map(|d| d.to_string()).collect(),
+            },
+        }
+    }
+
+    #[test]
+    fn gpus_held_outside_gleaner_are_a_failure_of_no_ones() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let (a, b) = (job("a"), job("b"));
+        poll(&mut kcm, gpu_cluster(Vec::new()), clock.at(0));
+        // Bob squats both GPUs of n1; alice's placeholder runs there, and
+        // bob's own job's launchers are broken.
+        let alices = gpu_placeholder("5.1", &a, "alice", 2, true);
+        let bobs = gpu_placeholder("6.1", &b, "bob", 0, false);
+        poll(&mut kcm, gpu_cluster(vec![alices, bobs]), clock.at(1_000));
+        // Job b cannot speak for alice's placeholder.
+        message(&mut kcm, gpus_held(&b, "5.1", &["0", "1"]), clock.at(1_100));
+        assert!(
+            report(&mut kcm, clock.at(1_100)).hosts[0]
+                .squatted_gpus
+                .is_empty()
+        );
+        message(&mut kcm, gpus_held(&a, "5.1", &["1", "0"]), clock.at(1_200));
+        let r = report(&mut kcm, clock.at(1_200));
+        assert_eq!(r.hosts[0].squatted_gpus, ["0", "1"], "shown to the admin");
+        assert_eq!(r.hosts[0].free_gpus, Some(0), "free to no one");
+        assert_eq!(r.free_gpus, Some(0));
+        poll(&mut kcm, gpu_cluster(Vec::new()), clock.at(2_000));
+        let r = report(&mut kcm, clock.at(2_000));
+        assert_eq!(
+            kcm.starts.failures.of("alice", clock.at(2_000).instant),
+            0,
+            "not alice's"
+        );
+        assert_eq!(
+            kcm.starts.failures.of("bob", clock.at(2_000).instant),
+            1,
+            "bob's own"
+        );
+        assert_eq!(
+            r.failed_starts, 0,
+            "bob's squat and his own failures do not exclude the cluster"
+        );
+        assert_eq!(r.error, Some("placeholder 6.1 (before it ran) ended before its launcher reached the broker; its output (log_dir) says why".into()));
+        let later = clock.at(2_000 + SQUAT_SHOWN.as_millis() as u64);
+        poll(&mut kcm, gpu_cluster(Vec::new()), later);
+        let r = report(&mut kcm, later);
+        assert!(r.hosts[0].squatted_gpus.is_empty(), "then tried again");
+        assert_eq!(r.free_gpus, Some(2));
+    }
+
+    #[test]
+    fn a_word_of_gpus_held_outside_gleaner_after_the_end_takes_the_failure_back() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let a = job("a");
+        poll(&mut kcm, gpu_cluster(Vec::new()), clock.at(0));
+        let alices = gpu_placeholder("5.1", &a, "alice", 1, true);
+        poll(&mut kcm, gpu_cluster(vec![alices]), clock.at(1_000));
+        // Gone before its launcher's word, relayed by its runner, came.
+        poll(&mut kcm, gpu_cluster(Vec::new()), clock.at(2_000));
+        assert_eq!(kcm.starts.failures.of("alice", clock.at(2_000).instant), 1);
+        message(&mut kcm, gpus_held(&a, "5.1", &["0"]), clock.at(2_100));
+        assert_eq!(kcm.starts.failures.of("alice", clock.at(2_100).instant), 0);
+        let r = report(&mut kcm, clock.at(2_100));
+        assert_eq!(
+            (r.error, r.hosts[0].squatted_gpus.clone()),
+            (None, vec!["0".to_owned()])
+        );
+        // Said again, it takes nothing more back.
+        message(&mut kcm, gpus_held(&a, "5.1", &["0"]), clock.at(2_200));
+        assert_eq!(kcm.starts.failures.of("alice", clock.at(2_200).instant), 0);
+    }
+
+    #[test]
+    fn a_word_for_a_placeholder_not_seen_running_excuses_it_and_names_no_host() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let a = job("a");
+        poll(&mut kcm, gpu_cluster(Vec::new()), clock.at(0));
+        let waiting = gpu_placeholder("7.1", &a, "alice", 2, false);
+        poll(&mut kcm, gpu_cluster(vec![waiting]), clock.at(1_000));
+        // It ran, and its launcher spoke, between two readings; the host
+        // is its word only (a task could have sent it).
+        message(&mut kcm, gpus_held(&a, "7.1", &["0", "1"]), clock.at(1_500));
+        let r = report(&mut kcm, clock.at(1_500));
+        assert!(r.hosts[0].squatted_gpus.is_empty());
+        assert_eq!(r.free_gpus, Some(2));
+        poll(&mut kcm, gpu_cluster(Vec::new()), clock.at(2_000));
+        assert_eq!(kcm.starts.failures.of("alice", clock.at(2_000).instant), 0);
+    }
+
+    #[test]
+    fn gpus_claimed_within_gleaners_count_are_the_clusters_miscount() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let (a, c) = (job("a"), job("c"));
+        poll(&mut kcm, gpu_cluster(Vec::new()), clock.at(0));
+        // Carol's launcher holds both GPUs by right; alice's finds them
+        // claimed (the batch system counted more than the cluster lists).
+        let carols = gpu_placeholder("4.1", &c, "carol", 2, true);
+        let alices = gpu_placeholder("5.1", &a, "alice", 2, true);
+        poll(
+            &mut kcm,
+            gpu_cluster(vec![carols.clone(), alices]),
+            clock.at(1_000),
+        );
+        message(&mut kcm, gpus_held(&a, "5.1", &["0", "1"]), clock.at(1_100));
+        assert!(
+            report(&mut kcm, clock.at(1_100)).hosts[0]
+                .squatted_gpus
+                .is_empty()
+        );
+        poll(&mut kcm, gpu_cluster(vec![carols]), clock.at(2_000));
+        assert_eq!(kcm.starts.failures.of("alice", clock.at(2_000).instant), 1);
     }
 
     #[test]

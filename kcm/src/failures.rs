@@ -44,6 +44,25 @@ impl StartFailures {
         *count
     }
 
+    /// A failure of `account`'s counted before it was known to be no one's
+    /// (its launcher found its GPUs held outside gleaner): taken back, so
+    /// that it neither bars the account nor, with another account's,
+    /// excludes the cluster.
+    pub fn forgive(&mut self, account: &str) {
+        if let Some(n) = self.streak.get_mut(account) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.streak.remove(account);
+            }
+        }
+        if let Some((n, _)) = self.accounts.get_mut(account) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.accounts.remove(account);
+            }
+        }
+    }
+
     /// A launcher of `account`'s reached the broker: the cluster starts
     /// launchers, and this account's do.
     pub fn started(&mut self, account: Option<&str>) {
@@ -98,6 +117,21 @@ mod tests {
         assert_eq!(failures.of("bob", t0), 5);
         failures.started(Some("bob"));
         assert_eq!(failures.of("bob", t0), 0);
+    }
+
+    #[test]
+    fn a_failure_taken_back_counts_for_nothing() {
+        let t0 = Instant::now();
+        let mut failures = StartFailures::new(false);
+        failures.failed("bob", t0);
+        failures.failed("alice", t0);
+        assert_eq!(failures.cluster(), 2);
+        // Alice's was bob's squatting: only bob's are left, his own.
+        failures.forgive("alice");
+        assert_eq!(failures.cluster(), 0);
+        assert_eq!((failures.of("alice", t0), failures.of("bob", t0)), (0, 1));
+        failures.forgive("alice");
+        assert_eq!(failures.of("alice", t0), 0, "nothing more to take back");
     }
 
     #[test]

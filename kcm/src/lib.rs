@@ -9,6 +9,7 @@
 //! and publishing.
 
 mod backend;
+mod claims;
 mod config;
 mod contain;
 pub mod core;

@@ -1,7 +1,7 @@
 //! The embedded default: launchers are child processes of the kcm, within a
 //! fixed number of slots. Lets `gleaner up` work with nothing but RabbitMQ.
 
-use std::{process::Stdio, time::Duration};
+use std::{os::fd::AsRawFd, process::Stdio, time::Duration};
 
 use gleaner_manifest::{JobId, Needs, TaskShape};
 use nix::{
@@ -9,6 +9,7 @@ use nix::{
     unistd::Pid,
 };
 use tokio::process::{Child, Command};
+use tracing::{debug, warn};
 
 use gleaner_protocol::{
     ClusterName, ComponentSpec,
@@ -19,6 +20,7 @@ use crate::{
     backend::{
         Backend, BackendError, ComponentFiles, ComponentHosts, LauncherCommand, RunAs, kcm_only,
     },
+    claims::{Claim, GpuClaims},
     contain::{self, Account, Cgroups},
     snapshot::{ComponentRun, Host, Placeholder, Snapshot, Timing},
 };
@@ -60,6 +62,9 @@ pub struct LocalBackend {
     /// This kcm's account, which runs components (and launchers of no
     /// other account).
     account: String,
+    /// Where the kcm claims its launchers' GPUs; `None` where it cannot,
+    /// and launchers claim their own.
+    claims: Option<GpuClaims>,
 }
 
 /// The pid of the kcm that started a launcher, from its placeholder id
@@ -119,6 +124,36 @@ impl LocalBackend {
             next_id: 0,
             cgroups: Cgroups::new(cluster.as_str()),
             account: account_name(),
+            claims: None,
+        }
+        .with_claims()
+    }
+
+    /// Claims GPUs for its launchers if it has any to give: where it
+    /// cannot, each launcher claims its own, as on a batch system's host.
+    fn with_claims(mut self) -> Self {
+        if self.command.gpu_devices.is_empty() {
+            return self;
+        }
+        match GpuClaims::for_host() {
+            Ok(claims) => {
+                debug!(cluster = %self.cluster, claims = %claims.path().display(), "the kcm claims its launchers' GPUs");
+                self.claims = Some(claims);
+            }
+            Err(e) => {
+                warn!(cluster = %self.cluster, error = %e, "cannot keep GPU claims of the kcm's own: launchers claim their GPUs themselves, as any user's process could");
+            }
+        }
+        self
+    }
+
+    /// Claims for a launcher that needs `gpus`: the kcm's, to hand over;
+    /// none where launchers claim their own (or need none). `None` if too
+    /// few devices are free.
+    fn claim_gpus(&self, gpus: u32) -> Option<Vec<Claim>> {
+        match &self.claims {
+            Some(claims) if gpus > 0 => claims.claim_some(&self.command.gpu_devices, gpus),
+            _ => Some(Vec::new()),
         }
     }
 
@@ -260,6 +295,19 @@ impl LocalBackend {
     }
 }
 
+/// Keeps a claim's descriptor open across the launcher's `exec`, in the
+/// child between fork and exec.
+fn inherit(fd: i32) -> std::io::Result<()> {
+    // SAFETY: the kcm's claim, open until after the spawn.
+    let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+    nix::fcntl::fcntl(
+        fd,
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )
+    .map(drop)
+    .map_err(std::io::Error::from)
+}
+
 /// This machine's name, as the launchers it starts report it.
 pub fn hostname() -> String {
     nix::unistd::gethostname()
@@ -353,6 +401,12 @@ impl Backend for LocalBackend {
             let Some((slot, length)) = self.free_slots(want, task_slots) else {
                 break;
             };
+            let Some(claims) = self.claim_gpus(task.needs_of(length).gpus) else {
+                // Held by launchers an earlier kcm left: they are not free.
+                break;
+            };
+            let claimed: Vec<String> = claims.iter().map(|c| c.device.clone()).collect();
+            let claim_fds: Vec<i32> = claims.iter().map(|c| c.file.as_raw_fd()).collect();
             let id = local_launcher_batch_id(std::process::id(), self.next_id);
             self.next_id += 1;
             let args = launcher.arguments(&LauncherArgs {
@@ -363,7 +417,11 @@ impl Backend for LocalBackend {
                 slots: length,
                 task_slots,
                 task_needs: task.needs,
-                gpu_devices: &launcher.gpu_devices,
+                gpu_devices: match claims.is_empty() {
+                    true => &launcher.gpu_devices,
+                    false => &claimed,
+                },
+                gpu_claims: &claim_fds,
                 walltime: None,
             });
             let mut command = Command::new(&launcher.program);
@@ -389,13 +447,18 @@ impl Backend for LocalBackend {
                 command.envs(account.environment());
             }
             let account = run_as.clone();
-            // SAFETY: `join` only writes to an open descriptor, and
+            let inherited = claim_fds.clone();
+            // SAFETY: `join` only writes to an open descriptor, `inherit`
+            // only changes the flags of the claims' open descriptors, and
             // `become_it` only makes system calls on data looked up
             // before the fork. The cgroup is joined as the kcm, which may.
             unsafe {
                 command.pre_exec(move || {
                     if let Some(procs) = procs {
                         contain::join(procs)?;
+                    }
+                    for fd in &inherited {
+                        inherit(*fd)?;
                     }
                     match &account {
                         Some(account) => account.become_it(),
@@ -407,6 +470,8 @@ impl Backend for LocalBackend {
                 command: format!("{} {}", launcher.program.display(), args.join(" ")),
                 message: e.to_string(),
             })?;
+            // The launcher holds the claims now; the kcm's copies go.
+            drop(claims);
             self.launchers.push(Launcher {
                 id,
                 job: job.clone(),
@@ -486,6 +551,79 @@ impl Backend for LocalBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A local cluster of `devices` whose launcher is a script that
+    /// writes its arguments to `args` and waits.
+    fn gpu_backend(
+        devices: &[&str],
+        claims: &std::path::Path,
+        args: &std::path::Path,
+    ) -> LocalBackend {
+        let command = LauncherCommand {
+            program: "/bin/sh".into(),
+            args: vec![
+                "-c".into(),
+                format!("echo \"$@\" > {}; exec sleep 30", args.display()),
+                "launcher".into(),
+            ],
+            env: Vec::new(),
+            broker_urls: Vec::new(),
+            launcher_settings: String::new(),
+            gpu_devices: Vec::new(),
+        };
+        // Claiming in `claims`, not the host's directory.
+        let mut backend = LocalBackend::new(&"c1".into(), 4, None, 1, command);
+        backend.command.gpu_devices = devices.iter().map(|d| d.to_string()).collect();
+        backend.claims = Some(GpuClaims::open(claims, "gpus").unwrap());
+        backend
+    }
+
+    #[tokio::test]
+    async fn a_launcher_holds_the_gpus_its_kcm_claimed_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = dir.path().join("args");
+        let mut backend = gpu_backend(&["0", "1"], dir.path(), &args);
+        let claims = GpuClaims::open(dir.path(), "gpus").unwrap();
+        // A launcher an earlier kcm left holds device 0.
+        let leftover = claims.claim("0").unwrap();
+        let job: JobId = "gpu-0000000000000000".parse().unwrap();
+        let one_gpu = TaskShape {
+            slots: 1,
+            needs: Needs {
+                memory_mb: 0,
+                gpus: 1,
+            },
+        };
+        assert_eq!(backend.submit(&job, 2, one_gpu, None).await.unwrap(), 1);
+        let mut written = String::new();
+        for _ in 0..100 {
+            written = std::fs::read_to_string(&args).unwrap_or_default();
+            if !written.is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            written.contains("--gpu-devices 1 --gpu-claims "),
+            "{written}"
+        );
+        assert!(
+            claims.claim("1").is_none(),
+            "the launcher holds it, the kcm no longer"
+        );
+        let ids: Vec<String> = backend.launchers.iter().map(|l| l.id.clone()).collect();
+        backend.remove(&ids).await.unwrap();
+        drop(leftover);
+        let mut free = None;
+        for _ in 0..100 {
+            free = claims.claim("1");
+            if free.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(free.is_some(), "gone with the launcher");
+    }
 
     #[test]
     fn a_placeholder_names_its_kcm() {

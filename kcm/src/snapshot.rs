@@ -442,6 +442,7 @@ impl Snapshot {
                 free_memory_mb: host.free_memory_mb,
                 free_gpus: host.free_gpus,
                 scavenged_needs: needs.into_values().sum(),
+                squatted_gpus: Vec::new(),
             })
             .collect()
     }

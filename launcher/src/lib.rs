@@ -40,8 +40,9 @@ use gleaner_broker::{
 };
 use gleaner_manifest::JobId;
 use gleaner_protocol::{
-    Captured, ClusterName, ControlMsg, Core, LauncherId, LauncherInfo, LauncherMsg, LauncherStatus,
-    Now, OutputPiece, ResultBatch, ResultMsg, RunStatus, RunningTask, TaskBundle, TaskMsg, now_ms,
+    Captured, ClusterName, ControlMsg, Core, GpusHeld, LauncherId, LauncherInfo, LauncherMsg,
+    LauncherStatus, Now, OutputPiece, ResultBatch, ResultMsg, RunStatus, RunningTask, TaskBundle,
+    TaskMsg, now_ms,
 };
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
@@ -373,7 +374,15 @@ async fn launch(
         .task_needs
         .gpus
         .saturating_mul(config.tasks_at_once());
-    let held = gpus::acquire(&config.gpu_source, gpus).map_err(LauncherError::Gpus)?;
+    let held = match gpus::acquire(&config.gpu_source, gpus) {
+        Ok(held) => held,
+        Err(short) => {
+            if !short.claimed.is_empty() {
+                tell_gpus_held(broker, &config, short.claimed).await;
+            }
+            return Err(LauncherError::Gpus(short.reason));
+        }
+    };
     if !held.devices.is_empty() {
         info!(gpus = held.devices.join(","), "GPUs held");
     }
@@ -384,6 +393,47 @@ async fn launch(
         let _ = std::fs::remove_dir_all(checkpoints);
     }
     served
+}
+
+/// How long a launcher that cannot claim its GPUs tries to say so.
+const TELL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Tells the job's runner, for its kcm, which of the host's GPUs were
+/// claimed when this launcher looked: where more are than gleaner's
+/// launchers there hold, someone outside gleaner holds them, and this
+/// placeholder's end is counted against no one. Said in place of
+/// `LauncherUp`: a launcher that cannot run its tasks is not up.
+async fn tell_gpus_held(broker: &Broker, config: &LauncherConfig, mut devices: Vec<String>) {
+    devices.retain(|d| gleaner_protocol::is_device_name(d));
+    devices.truncate(gleaner_protocol::MAX_HELD_GPUS);
+    warn!(
+        gpus = devices.join(","),
+        "GPUs the batch system counted free are claimed by another process"
+    );
+    let held = ControlMsg::GpusHeld(GpusHeld {
+        launcher: config.id.clone(),
+        cluster: config.cluster.clone(),
+        host: config.host.clone(),
+        devices,
+    });
+    let told = async {
+        let connection = broker.connect().await?;
+        let sent = match connection.publisher().await {
+            Ok(publisher) => {
+                publisher
+                    .send_via(JobQueues::new(&config.job).to_control(), &held)
+                    .await
+            }
+            Err(e) => Err(e),
+        };
+        connection.close().await;
+        sent
+    };
+    match tokio::time::timeout(TELL_TIMEOUT, told).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => warn!(error = %e, "cannot tell the job which GPUs are claimed"),
+        Err(_) => warn!("cannot tell the job which GPUs are claimed: the broker did not answer"),
+    }
 }
 
 /// What a launcher holds once it is up.

@@ -74,6 +74,34 @@ pub fn host_name<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<St
     }
 }
 
+/// The most GPUs a launcher may say it found claimed on its host.
+pub const MAX_HELD_GPUS: usize = 64;
+/// The longest device name (`GPU-<uuid>` has 40 bytes).
+pub const MAX_DEVICE_NAME: usize = 64;
+
+/// Whether `device` may name a GPU in a message: at most
+/// [`MAX_DEVICE_NAME`] printable bytes.
+pub fn is_device_name(device: &str) -> bool {
+    device.len() <= MAX_DEVICE_NAME && device.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// Deserializes the devices a launcher says it found claimed: at most
+/// [`MAX_HELD_GPUS`] of at most [`MAX_DEVICE_NAME`] printable bytes, since
+/// they go into log lines and cluster reports as a task may have written
+/// them.
+pub fn device_names<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<String>, D::Error> {
+    let devices = Vec::<String>::deserialize(deserializer)?;
+    if devices.len() <= MAX_HELD_GPUS && devices.iter().all(|d| is_device_name(d)) {
+        Ok(devices)
+    } else {
+        Err(serde::de::Error::custom(
+            "GPU devices: too many, or not printable names",
+        ))
+    }
+}
+
 /// The start of a refused name, for the reason that names it.
 fn shorten(word: &str) -> String {
     word.chars().take(40).collect()
@@ -209,5 +237,16 @@ mod tests {
             "node1.example"
         );
         assert!(serde_json::from_str::<Host>("\"node1;rm\"").is_err());
+    }
+
+    #[test]
+    fn held_gpus_are_few_printable_names() {
+        #[derive(Deserialize)]
+        struct Held(#[serde(deserialize_with = "device_names")] Vec<String>);
+        let read = |json: &str| serde_json::from_str::<Held>(json).map(|h| h.0);
+        assert_eq!(read(r#"["0","GPU-1;x"]"#).unwrap(), ["0", "GPU-1;x"]);
+        assert!(read(r#"["0\u001b[2J"]"#).is_err());
+        let many = format!("[{}]", vec!["\"0\""; MAX_HELD_GPUS + 1].join(","));
+        assert!(read(&many).is_err());
     }
 }

@@ -508,6 +508,13 @@ pub struct HostReport {
     /// Memory and GPUs gleaner's launchers hold here.
     #[serde(default, skip_serializing_if = "Needs::is_none")]
     pub scavenged_needs: Needs,
+    /// GPUs a launcher here found claimed, lately, while the batch system
+    /// counted them free, when more were claimed than gleaner's launchers
+    /// here hold: a process outside gleaner holds them (all of them, or
+    /// those beyond gleaner's, where its launchers run too). Those are not
+    /// in `free_gpus`: for the admin to see, counted against no one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub squatted_gpus: Vec<String>,
 }
 
 impl HostReport {
@@ -747,6 +754,9 @@ pub enum KcmMsg {
     /// failed start. The job is its runner's, which relays it: a launcher
     /// speaks for its own job's placeholders only.
     LauncherUp { job: JobId, launcher: LauncherId },
+    /// A launcher of `job` could not claim its GPUs: others held them
+    /// ([`GpusHeld`], relayed by its runner as `LauncherUp` is).
+    GpusHeld { job: JobId, held: GpusHeld },
 }
 
 /// A broker account and its password.
@@ -806,6 +816,7 @@ impl Message for KcmMsg {
             Self::WithdrawComponent { .. } => "withdraw_component",
             Self::PreemptComponents { .. } => "preempt_components",
             Self::LauncherUp { .. } => "launcher_up",
+            Self::GpusHeld { .. } => "gpus_held",
         }
     }
 }
@@ -875,6 +886,10 @@ pub enum ControlMsg {
     },
     LauncherUp(LauncherInfo),
     LauncherStatus(LauncherStatus),
+    /// A launcher that cannot start because GPUs the batch system counted
+    /// free are claimed: said instead of [`ControlMsg::LauncherUp`], for
+    /// its kcm to judge.
+    GpusHeld(GpusHeld),
     LauncherGone {
         launcher: LauncherId,
         cluster: ClusterName,
@@ -1086,6 +1101,7 @@ impl Message for ControlMsg {
             Self::Shrink { .. } => "shrink",
             Self::LauncherUp(_) => "launcher_up",
             Self::LauncherStatus(_) => "launcher_status",
+            Self::GpusHeld(_) => "gpus_held",
             Self::LauncherGone { .. } => "launcher_gone",
             Self::Cancel { .. } => "cancel",
             Self::AddTasks(_) => "add_tasks",
@@ -1112,6 +1128,24 @@ pub enum ShrinkMode {
     Preempt,
     /// When the current task ends (fair-share rebalancing; no work is lost).
     Drain,
+}
+
+/// What a launcher that could not claim the GPUs its tasks need found,
+/// where the batch system counts GPUs but does not say which are whose
+/// (Grid Engine): the host's devices that another process had claimed.
+/// Its kcm knows how many of them gleaner's launchers there hold; more
+/// than that are held outside gleaner, a failure of nobody's. A task can
+/// send this (it holds its launcher's account): the kcm takes it for its
+/// job's own placeholders only.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpusHeld {
+    pub launcher: LauncherId,
+    pub cluster: ClusterName,
+    #[serde(deserialize_with = "crate::ids::host_name")]
+    pub host: String,
+    /// The devices it found claimed by another process.
+    #[serde(deserialize_with = "crate::ids::device_names")]
+    pub devices: Vec<String>,
 }
 
 /// A launcher announcing itself to its job's runner.

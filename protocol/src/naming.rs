@@ -115,6 +115,10 @@ pub struct LauncherArgs<'a> {
     /// The host's GPUs, for a launcher to claim its own from where the
     /// batch system does not assign them (empty: it does).
     pub gpu_devices: &'a [String],
+    /// Open descriptors the launcher inherits, each a claim the kcm took on
+    /// the device of `gpu_devices` in its place (the local backend):
+    /// then those are its devices, and nobody else's to claim.
+    pub gpu_claims: &'a [i32],
     /// The placeholder's walltime: the launcher drains before it ends.
     pub walltime: Option<Duration>,
 }
@@ -146,6 +150,10 @@ impl LauncherArgs<'_> {
             args.extend(["--task-gpus".to_owned(), self.task_needs.gpus.to_string()]);
             if !self.gpu_devices.is_empty() {
                 args.extend(["--gpu-devices".to_owned(), self.gpu_devices.join(",")]);
+            }
+            if !self.gpu_claims.is_empty() {
+                let fds: Vec<String> = self.gpu_claims.iter().map(i32::to_string).collect();
+                args.extend(["--gpu-claims".to_owned(), fds.join(",")]);
             }
         }
         if let Some(walltime) = self.walltime {
@@ -203,6 +211,7 @@ mod tests {
         let args = LauncherArgs {
             task_needs: Default::default(),
             gpu_devices: &[],
+            gpu_claims: &[],
             job: "j",
             cluster: "c1",
             id: "c1-7",

@@ -902,6 +902,7 @@ impl Kind for Grid {
             ControlMsg::Shrink { .. }
             | ControlMsg::LauncherUp(_)
             | ControlMsg::LauncherStatus(_)
+            | ControlMsg::GpusHeld(_)
             | ControlMsg::LauncherGone { .. }
             | ControlMsg::Output(_) => {
                 debug!("launcher message ignored: this job is a grid job");

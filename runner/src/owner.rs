@@ -47,6 +47,7 @@ pub fn may_send_control(
         msg,
         ControlMsg::LauncherUp(_)
             | ControlMsg::LauncherStatus(_)
+            | ControlMsg::GpusHeld(_)
             | ControlMsg::LauncherGone { .. }
             | ControlMsg::Output(_)
     );
@@ -203,6 +204,16 @@ mod tests {
         let ok = |msg, sender| may_send_control(msg, sender, "gleaner-launcher-j");
         assert!(ok(&gone, Some("gleaner-launcher-j")));
         assert!(ok(&gone, Some("svc")));
+        let held = ControlMsg::GpusHeld(gleaner_protocol::GpusHeld {
+            launcher: "c1-7.1".into(),
+            cluster: "c1".into(),
+            host: "n1".into(),
+            devices: vec!["0".into()],
+        });
+        assert!(
+            ok(&held, Some("gleaner-launcher-j")),
+            "a launcher's own word"
+        );
         assert!(!ok(&cancel, Some("gleaner-launcher-j")));
         assert!(!ok(&cancel, None), "the launcher account, nameless");
         assert!(ok(&cancel, Some("svc")));

@@ -816,6 +816,15 @@ impl Kind for Sweep {
                 self.launchers.status(status, now.instant);
                 Vec::new()
             }
+            // Its kcm judges whether the GPUs are held outside gleaner.
+            ControlMsg::GpusHeld(held) => {
+                debug!(launcher = %held.launcher, cluster = %held.cluster, host = %held.host, gpus = ?held.devices, "launcher found its GPUs claimed");
+                vec![Effect::ToKcm {
+                    cluster: held.cluster.clone(),
+                    msg: KcmMsg::GpusHeld { job, held },
+                    followup: Followup::Nothing,
+                }]
+            }
             ControlMsg::LauncherGone {
                 launcher, reason, ..
             } => {
@@ -1399,6 +1408,27 @@ mod tests {
                 effects.as_slice(),
                 [Effect::ToKcm { cluster, msg: KcmMsg::LauncherUp { job, launcher }, followup: Followup::Nothing }]
                     if cluster.as_str() == "c1" && launcher.as_str() == "a" && job == sweep.ledger().id()
+            ),
+            "{effects:?}"
+        );
+    }
+
+    #[test]
+    fn gpus_a_launcher_found_claimed_are_relayed_to_its_kcm() {
+        let t0 = Instant::now();
+        let mut sweep = started(10, 1, t0);
+        let held = gleaner_protocol::GpusHeld {
+            launcher: "c1-7.1".into(),
+            cluster: "c1".into(),
+            host: "n1".into(),
+            devices: vec!["0".into()],
+        };
+        let effects = sweep.on_control(ControlMsg::GpusHeld(held.clone()), at(t0, 1));
+        assert!(
+            matches!(
+                effects.as_slice(),
+                [Effect::ToKcm { cluster, msg: KcmMsg::GpusHeld { job, held: relayed }, followup: Followup::Nothing }]
+                    if cluster.as_str() == "c1" && *relayed == held && job == sweep.ledger().id()
             ),
             "{effects:?}"
         );
