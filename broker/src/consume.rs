@@ -340,6 +340,7 @@ impl<M: Decode> Inbox<M> {
                             .unwrap_or_default(),
                         reason: reason.to_owned(),
                         submission: Some(crate::submission::fingerprint(&delivery.data)),
+                        live_job: false,
                     };
                     if let Err(e) = self.publisher.event(&event).await {
                         warn!(job = %job, error = %e, "cannot publish the rejection event");

@@ -8,8 +8,8 @@
 
 use indexmap::IndexMap;
 
-use crate::{MAX_TASKS, Manifest, ManifestError, ParamSpec, ParamValue, Sweep, is_param_name,
-    table::Rows,
+use crate::{
+    MAX_TASKS, Manifest, ManifestError, ParamSpec, ParamValue, Sweep, is_param_name, table::Rows,
 };
 
 /// The most one task may weigh as a message (its command, environment,

@@ -606,6 +606,7 @@ impl EndedJob {
                     Ending::Done(Box::new(report)),
                 )
             }
+            Event::Rejected { live_job: true, .. } => return None,
             Event::Rejected {
                 job, owner, reason, ..
             } => (
@@ -1559,6 +1560,11 @@ pub enum Event {
         /// and a refusal is news to the sender of that submission only.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         submission: Option<u64>,
+        /// The refused submission reused the id of a job that runs: news
+        /// to its sender only, and no end of that job's (the history keeps
+        /// none, so nobody's `wait` or `status` takes it for one).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        live_job: bool,
     },
     /// `cluster.<name>.status`
     Cluster(ClusterReport),
@@ -1854,6 +1860,7 @@ mod tests {
                 owner: "alice".into(),
                 reason: String::new(),
                 submission: Some(7),
+                live_job: false,
             },
             Event::Cluster(ClusterReport::default()),
         ]);
@@ -1941,6 +1948,7 @@ mod tests {
             owner: "alice".into(),
             reason: "no".into(),
             submission: Some(u64::MAX),
+            live_job: false,
         };
         let body = crate::codec::encode("runner", &named).unwrap();
         let read = crate::codec::decode::<Event>(&body).unwrap().msg;
@@ -1965,6 +1973,19 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_refusal_of_a_live_jobs_id_is_no_end_the_history_keeps() {
+        let refusal = |live_job| Event::Rejected {
+            job: "j-0000000000000001".into(),
+            owner: "alice".into(),
+            reason: "job j-0000000000000001 was already submitted".into(),
+            submission: Some(8),
+            live_job,
+        };
+        assert!(EndedJob::of(&refusal(true), 1).is_none());
+        assert!(EndedJob::of(&refusal(false), 1).is_some());
     }
 
     #[test]
@@ -2000,6 +2021,7 @@ mod tests {
             owner: String::new(),
             reason: String::new(),
             submission: None,
+            live_job: false,
         };
         assert_eq!(anonymous.routing_key(), "job._.j-1.rejected");
     }

@@ -80,6 +80,12 @@ impl<P> Admissions<P> {
         }
     }
 
+    /// Whether a submission of `job` runs, its claim staked: another
+    /// submission of the id is then refused as one of a live job's.
+    pub fn is_claimed(&self, job: &JobId) -> bool {
+        self.jobs.get(job).is_some_and(|held| held.claimed)
+    }
+
     pub fn arrive(
         &mut self,
         job: &JobId,

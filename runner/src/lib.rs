@@ -197,7 +197,7 @@ async fn session(
                         Ok(owner) => owner,
                         Err(reason) => {
                             let sender = incoming.user.clone().unwrap_or_default();
-                            refuse(&publisher, &incoming, &sender, &reason).await?;
+                            refuse(&publisher, &incoming, &sender, (&reason, false)).await?;
                             continue;
                         }
                     };
@@ -213,10 +213,11 @@ async fn session(
                         false => false,
                     };
                     let past = Past { redelivered, claimed };
+                    let live_job = admissions.is_claimed(&job);
                     match admissions.arrive(&job, claim.clone(), (incoming, owner), past) {
                         Arrival::Run(submission) => start(&mut jobs, submission, claim),
                         Arrival::Wait => info!(job = %job, "another submission of this job id is being checked; this one waits for it"),
-                        Arrival::Refuse((incoming, owner), reason) => refuse(&publisher, &incoming, &owner.name, &reason).await?,
+                        Arrival::Refuse((incoming, owner), reason) => refuse(&publisher, &incoming, &owner.name, (&reason, live_job)).await?,
                     }
                 }
                 Some(Err(e)) => break Err(e),
@@ -224,7 +225,7 @@ async fn session(
             },
             Some(job) = claims.recv() => {
                 for ((incoming, owner), reason) in admissions.claimed(&job) {
-                    refuse(&publisher, &incoming, &owner.name, &reason).await?;
+                    refuse(&publisher, &incoming, &owner.name, (&reason, true)).await?;
                 }
             }
             Some(ended) = jobs.join_next() => match ended {
@@ -264,7 +265,7 @@ async fn refuse(
     publisher: &gleaner_broker::Publisher,
     incoming: &Incoming<IncomingSubmission>,
     owner: &str,
-    reason: &str,
+    (reason, live_job): (&str, bool),
 ) -> Result<(), BrokerError> {
     let IncomingSubmission(submission, raw) = &incoming.msg;
     let reason = gleaner_protocol::cut_reason(reason);
@@ -283,6 +284,7 @@ async fn refuse(
         owner: owner.to_owned(),
         reason: reason.to_owned(),
         submission: Some(raw.fingerprint()),
+        live_job,
     };
     if let Err(e) = publisher.event(&event).await {
         warn!(job = %submission.job, error = %e, "cannot publish the rejection");
@@ -318,7 +320,7 @@ async fn supervise(
             Ok(()) => manifest.ack().await,
             Err(JobError::Shutdown) => Ok(()),
             Err(JobError::Refused(reason)) => match connection.publisher().await {
-                Ok(publisher) => refuse(&publisher, &manifest, &owner.name, &reason).await,
+                Ok(publisher) => refuse(&publisher, &manifest, &owner.name, (&reason, false)).await,
                 Err(e) => Err(e),
             },
             Err(JobError::Broker(e)) if e.is_not_found() => {

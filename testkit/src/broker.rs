@@ -166,6 +166,17 @@ impl Vhost {
         if let Some(ct) = content_type {
             properties.insert("content_type".into(), ct.into());
         }
+        self.publish_raw_with(queue, payload, properties);
+    }
+
+    /// [`Vhost::publish_raw`] with the message's properties as given
+    /// (`content_type`, `message_id`, …).
+    pub fn publish_raw_with(
+        &self,
+        queue: &str,
+        payload: &str,
+        properties: serde_json::Map<String, Value>,
+    ) {
         let body = serde_json::json!({
             "properties": properties,
             "routing_key": queue,

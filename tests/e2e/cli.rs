@@ -120,6 +120,39 @@ fn readmes_first_command_runs_the_example_sweep_and_shows_its_results() {
     assert!(clone.join("results").is_dir(), "{said}");
 }
 
+/// With one user, a second submission of a running job's id is refused
+/// (to `gleaner.dead`, with its reason), and that refusal is not the
+/// running job's: its `wait` follows it to its end and exits 0.
+#[test]
+fn a_second_submission_of_a_running_jobs_id_leaves_its_wait_alone() {
+    let mut g = gleaner("second-id");
+    g.up(2);
+    let job = g.submit(&sweep("twice", 4, "sleep 2; echo {n}"));
+    let waiting = g.client(&["wait", &job]);
+    let mut properties = serde_json::Map::new();
+    properties.insert("content_type".into(), "application/json".into());
+    properties.insert("message_id".into(), job.as_str().into());
+    g.vhost.publish_raw_with(
+        "gleaner.submit",
+        r#"{"name":"twice","task":[{"command":"echo again"}]}"#,
+        properties,
+    );
+    let mut dead = Vec::new();
+    wait_for("the second submission in gleaner.dead", MINUTE, || {
+        dead.extend(g.vhost.get("gleaner.dead", 10));
+        !dead.is_empty()
+    });
+    let reason = dead[0]["properties"]["headers"]["x-gleaner-reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(reason.contains("already submitted"), "{reason}");
+    let waited = finish(waiting, 3 * MINUTE);
+    let said = String::from_utf8_lossy(&waited.stderr);
+    assert_eq!(waited.status.code(), Some(0), "{said}");
+    assert!(said.contains("4 of 4 tasks succeeded"), "{said}");
+}
+
 /// README's path, in order, as a new user takes it: `gleaner up` in a
 /// directory, then each command with no extra flag and no setting of the
 /// services' (the CLI is not told that `up` keeps one user), answering

@@ -405,7 +405,8 @@ fn envelope_of_type(kind: &str) -> Vec<u8> {
 /// Messages that cannot be read, made so that what a service says about
 /// them is big: a submission whose unknown field name is 200,000
 /// characters, one with sender headers of 100 kB, a request whose `type` is
-/// as long. Each is dead-lettered with its reason cut short and acked;
+/// as long, and a 100 kB manifest whose one task would be a 19 MiB message
+/// (refused on receipt for that, not failing the runner's publish). Each is dead-lettered with its reason cut short and acked;
 /// Bob's job runs to its end meanwhile, his `status` is answered, and no
 /// service restarts its session (a dead letter over the broker's frame
 /// size closed the service's connection, and the message came back).
@@ -433,7 +434,19 @@ fn a_users_messages_with_huge_names_leave_every_service_serving() {
         AMQPValue::LongString("n".repeat(100_000).as_str().into()),
     );
     let heavy = json.clone().with_headers(headers);
+    // A small manifest whose one task would be a 19 MiB message.
+    let expanding = format!(
+        r#"{{"name":"expands","sweep":{{"command":"{}","params":{{"x":["{}"]}}}}}}"#,
+        "{x}".repeat(200),
+        "v".repeat(100_000)
+    );
     let mine = alice.amqp();
+    mine.publish_with(
+        ("gleaner.user", "submit"),
+        expanding.as_bytes(),
+        json.clone(),
+    )
+    .expect("alice may submit");
     for _ in 0..3 {
         mine.publish_with(
             ("gleaner.user", "submit"),
@@ -451,10 +464,17 @@ fn a_users_messages_with_huge_names_leave_every_service_serving() {
         .expect("alice may ask");
     }
     let mut dead = Vec::new();
-    wait_for("her nine messages in gleaner.dead", 2 * MINUTE, || {
+    wait_for("her ten messages in gleaner.dead", 2 * MINUTE, || {
         dead.extend(g.vhost.get("gleaner.dead", 20));
-        dead.len() >= 9
+        dead.len() >= 10
     });
+    assert!(
+        dead.iter()
+            .any(|d| d["properties"]["headers"]["x-gleaner-reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("task 0 would take"))),
+        "the expanding manifest is refused for its task's size"
+    );
     for letter in &dead {
         let reason = letter["properties"]["headers"]["x-gleaner-reason"]
             .as_str()
