@@ -216,6 +216,51 @@ impl Amqp {
         })
     }
 
+    /// Fills a queue of this user's own (`gleaner.watch.<user>.flood`,
+    /// declared asking to hold a terabyte) through an exchange of their own:
+    /// `count` copies of `body`.
+    pub fn flood_own_queue(&self, body: &[u8], count: usize) -> Result<String, String> {
+        let user = self
+            .0
+            .split("://")
+            .nth(1)
+            .and_then(|r| r.split(':').next())
+            .unwrap_or_default();
+        let name = format!("gleaner.watch.{user}.flood");
+        self.run(async |connection| {
+            let channel = connection.create_channel().await?;
+            let mut args = FieldTable::default();
+            args.insert("x-max-length-bytes".into(), AMQPValue::LongLongInt(1 << 40));
+            let durable = QueueDeclareOptions {
+                durable: true,
+                ..QueueDeclareOptions::default()
+            };
+            channel
+                .queue_declare(name.as_str().into(), durable, args)
+                .await?;
+            channel
+                .exchange_declare(
+                    name.as_str().into(),
+                    lapin::ExchangeKind::Fanout,
+                    lapin::options::ExchangeDeclareOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            channel
+                .queue_bind(
+                    name.as_str().into(),
+                    name.as_str().into(),
+                    "".into(),
+                    QueueBindOptions::default(),
+                    FieldTable::default(),
+                )
+                .await?;
+            Ok(())
+        })?;
+        self.publish_copies((&name, ""), body, BasicProperties::default(), count)?;
+        Ok(name)
+    }
+
     /// Declares a watch queue of this user's and binds it to
     /// `gleaner.events` with `pattern`.
     pub fn watch(&self, pattern: &str) -> Result<(), String> {

@@ -511,6 +511,35 @@ fn a_users_messages_with_huge_names_leave_every_service_serving() {
     assert!(!log.contains("lost the broker; reconnecting"), "{log}");
 }
 
+/// A user may make queues and exchanges under their own prefix (their
+/// `--wait` clients' watch queues): one filled with 20 MiB through an
+/// exchange of theirs, declared asking to hold a terabyte, holds what the
+/// services' policy allows (`broker::admin::USER_QUEUE_BYTES`), the oldest
+/// messages pushed out.
+#[test]
+fn a_users_own_queues_hold_what_the_services_allow() {
+    let (g, alice, _bob) = many_users("users-own-queues");
+    let body = vec![b'q'; 100 << 10];
+    let queue = alice
+        .amqp()
+        .flood_own_queue(&body, 200)
+        .expect("alice may fill her own queue");
+    let mut held = serde_json::Value::Null;
+    wait_for("the queue's statistics", MINUTE, || {
+        held = g.vhost.queue(&queue).unwrap_or_default();
+        held["messages"].as_u64().is_some_and(|n| n > 0)
+    });
+    let bytes = held["message_bytes"].as_u64().unwrap_or(u64::MAX);
+    assert!(
+        bytes <= gleaner_broker::admin::USER_QUEUE_BYTES,
+        "{bytes} bytes held: {held}"
+    );
+    assert_eq!(
+        held["effective_policy_definition"]["max-length-bytes"],
+        gleaner_broker::admin::USER_QUEUE_BYTES
+    );
+}
+
 /// Everything in a user's results directory is theirs to make anything:
 /// Bob's job resumes from an index that is a sparse file of 2 GB with no
 /// newline (no disk used). The runner reads it in bounded memory and runs
