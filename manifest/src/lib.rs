@@ -7,6 +7,7 @@
 //! the runner and the tests share one definition.
 
 mod addition;
+mod bounded;
 mod compact;
 mod expand;
 mod job_id;

@@ -90,9 +90,17 @@ pub struct Manifest {
     pub walltime: Option<Duration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub results: Option<PathBuf>,
-    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::bounded::env",
+        skip_serializing_if = "IndexMap::is_empty"
+    )]
     pub env: IndexMap<String, String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::bounded::outputs",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub outputs: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workdir: Option<PathBuf>,
@@ -141,7 +149,12 @@ pub struct Manifest {
     pub tasks: Vec<TaskDef>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sweep: Option<Sweep>,
-    #[serde(default, rename = "component", skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        rename = "component",
+        deserialize_with = "crate::bounded::components",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub components: Vec<Component>,
     /// Run once after every task has a final state (a merge step).
     #[serde(default, rename = "final", skip_serializing_if = "Option::is_none")]
@@ -171,7 +184,11 @@ pub struct Manifest {
     /// component goes where they are (a cluster that shares their file
     /// system) or where its cluster's staging command can copy them
     /// before it starts (KOALA's Close-to-Files placement).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::bounded::inputs",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub inputs: Vec<String>,
     /// Some of another job's tasks run again (`gleaner resubmit`): the
     /// same sweep, only these task numbers.
@@ -268,7 +285,11 @@ pub struct TaskDef {
 #[serde(deny_unknown_fields)]
 pub struct Sweep {
     pub command: String,
-    #[serde(default, skip_serializing_if = "IndexMap::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::bounded::params",
+        skip_serializing_if = "IndexMap::is_empty"
+    )]
     pub params: IndexMap<String, ParamSpec>,
     /// A CSV file, relative to the manifest: its header names parameters,
     /// each row is a task.
@@ -279,7 +300,11 @@ pub struct Sweep {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lines: Option<String>,
     /// The rows of `csv` and `lines`, read by `gleaner submit`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "crate::bounded::tables",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub tables: Vec<Table>,
 }
 
@@ -1226,7 +1251,10 @@ params = { seed = { from = 1, to = 1000 }, size = [16, 32] }
         };
         assert!(grid(MAX_COMPONENTS).is_ok());
         let err = grid(MAX_COMPONENTS + 1).unwrap_err();
-        assert_eq!(err.field(), Some("component"), "{err}");
+        assert!(
+            err.to_string().contains("more than 1024 components"),
+            "{err}"
+        );
     }
 
     #[test]
