@@ -291,6 +291,36 @@ pub fn memory(exe: &Path, tasks: u32) -> anyhow::Result<()> {
     row(&format!("`gleaner up`, {tasks} pending tasks"), pending);
     row("launcher, idle", memory_kib(idle));
     row("launcher, running `sleep 60`", memory_kib(busy));
+
+    // A hostile user's submissions: each a list of 9.9 million one-byte
+    // items (9.9 MB as sent), held by the runner while they wait for slots.
+    let items = 9_900_000;
+    let hostile = format!(
+        "name = \"items\"\n[sweep]\ncommand = \"true {{x}}\"\nparams = {{ x = [{}] }}\n",
+        "1,".repeat(items)
+    );
+    let before = memory_kib(up);
+    let jobs: Vec<String> = (0..2).map(|_| g.submit(&hostile)).collect();
+    wait_for(
+        "the hostile submissions to run",
+        Duration::from_secs(300),
+        || {
+            jobs.iter()
+                .all(|job| g.job_state(job).as_deref() == Some("running"))
+        },
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let after = memory_kib(up);
+    row(
+        "`gleaner up`, two submissions of 9.9 M one-byte list items",
+        after,
+    );
+    let sent = 2.0 * items as f64 / 1024.0;
+    println!(
+        "| added, per byte sent | {:.2} | {:.2} |",
+        after.0.saturating_sub(before.0) as f64 / sent,
+        after.1.saturating_sub(before.1) as f64 / sent
+    );
     Ok(())
 }
 
