@@ -44,7 +44,7 @@ python_tests() {
         "$venv/bin/pip" install --quiet --disable-pip-version-check pytest cloudpickle maturin pandas
     fi
     cargo build --quiet -p gleaner
-    GLEANER_BIN="$PWD/target/debug/gleaner" PYTHONPATH="$PWD/python/src" \
+    GLEANER_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/gleaner" PYTHONPATH="$PWD/python/src" \
         "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
 }
 step "building and running every test (cargo shows its progress)"

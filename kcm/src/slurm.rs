@@ -490,14 +490,13 @@ mod tests {
         assert!(spread.contains("--mem-per-cpu=1000M --gpus=2"), "{spread}");
     }
 
-    #[test]
-    fn no_submission_hands_its_job_the_kcms_environment() {
-        let job: JobId = "sweep-0123456789abcdef".parse().unwrap();
-        let spec = ComponentSpec {
+    /// Alice's component 0 of `job`: `srun ./app` on `slots` slots.
+    fn srun_app(job: &JobId, slots: u32) -> ComponentSpec {
+        ComponentSpec {
             needs: Default::default(),
             job: job.clone(),
             component: 0,
-            slots: 2,
+            slots,
             command: "srun ./app".into(),
             env: Vec::new(),
             walltime_ms: None,
@@ -505,7 +504,13 @@ mod tests {
             owner: "alice".into(),
             checkpoint: None,
             inputs: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn no_submission_hands_its_job_the_kcms_environment() {
+        let job: JobId = "sweep-0123456789abcdef".parse().unwrap();
+        let spec = srun_app(&job, 2);
         let alice = Account {
             name: "alice".into(),
             uid: nix::unistd::Uid::from_raw(4242),
@@ -534,19 +539,7 @@ mod tests {
             &"j-0000000000000001".parse().unwrap(),
             0,
         );
-        let spec = ComponentSpec {
-            needs: Default::default(),
-            job: "j-0000000000000001".parse().unwrap(),
-            component: 0,
-            slots: 1,
-            command: "srun ./app".into(),
-            env: Vec::new(),
-            walltime_ms: None,
-            workdir: None,
-            owner: "alice".into(),
-            checkpoint: None,
-            inputs: Vec::new(),
-        };
+        let spec = srun_app(&"j-0000000000000001".parse().unwrap(), 1);
         let script = exported_none(&files.script(&spec, None, ComponentHosts::Slurm));
         assert!(
             script.starts_with("#!/bin/sh\nexport SLURM_EXPORT_ENV=ALL\n"),

@@ -216,16 +216,20 @@ impl Amqp {
         })
     }
 
+    /// The broker user of the URL.
+    fn user(&self) -> &str {
+        self.0
+            .split("://")
+            .nth(1)
+            .and_then(|r| r.split(':').next())
+            .unwrap_or_default()
+    }
+
     /// Fills a queue of this user's own (`gleaner.watch.<user>.flood`,
     /// declared asking to hold a terabyte) through an exchange of their own:
     /// `count` copies of `body`.
     pub fn flood_own_queue(&self, body: &[u8], count: usize) -> Result<String, String> {
-        let user = self
-            .0
-            .split("://")
-            .nth(1)
-            .and_then(|r| r.split(':').next())
-            .unwrap_or_default();
+        let user = self.user();
         let name = format!("gleaner.watch.{user}.flood");
         self.run(async |connection| {
             let channel = connection.create_channel().await?;
@@ -264,12 +268,7 @@ impl Amqp {
     /// Declares a watch queue of this user's and binds it to
     /// `gleaner.events` with `pattern`.
     pub fn watch(&self, pattern: &str) -> Result<(), String> {
-        let user = self
-            .0
-            .split("://")
-            .nth(1)
-            .and_then(|r| r.split(':').next())
-            .unwrap_or_default();
+        let user = self.user();
         let queue = format!("gleaner.watch.{user}.probe");
         self.run(async |connection| {
             let channel = connection.create_channel().await?;
