@@ -74,6 +74,45 @@ fn local_gpus_go_one_per_task() {
     );
 }
 
+/// Someone outside gleaner holds the names a launcher on another backend
+/// would claim its GPUs by (the abstract sockets `gleaner-gpu/<device>`):
+/// on the local backend the kcm claims devices where no other account
+/// reaches and hands them to its launchers, so the sweep runs on both
+/// devices all the same.
+#[test]
+fn gpus_squatted_by_name_do_not_stop_a_local_sweep() {
+    use std::os::linux::net::SocketAddrExt;
+
+    let mut g = gleaner("local-gpus-squatted");
+    let tag = std::process::id();
+    let squatted: Vec<std::os::unix::net::UnixListener> = ["a", "b"]
+        .iter()
+        .map(|d| {
+            let name = format!("gleaner-gpu/g{tag}{d}");
+            let address = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())
+                .expect("an abstract name");
+            std::os::unix::net::UnixListener::bind_addr(&address).expect("the name is free")
+        })
+        .collect();
+    g.write(
+        "gleaner.toml",
+        &format!(
+            "[[cluster]]\nname = \"local\"\nbackend = \"local\"\nslots = 4\ngpus = [\"g{tag}a\", \"g{tag}b\"]\n"
+        ),
+    );
+    g.start("up", &["up"]);
+    let job = g.submit(&gpu_sweep(&g, "squatted", 4, 1, ""));
+    assert_eq!(g.wait_for_end(&job, 2 * MINUTE), "done");
+    let used = assert_one_task_per_gpu(&g, &job, 4);
+    assert!(
+        used.values()
+            .flatten()
+            .all(|d| d.starts_with(&format!("g{tag}"))),
+        "{used:?}"
+    );
+    drop(squatted);
+}
+
 #[test]
 fn a_final_step_of_its_own_shape_runs_on_launchers_of_that_shape() {
     let mut g = gleaner("final-shape");
