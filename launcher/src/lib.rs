@@ -51,7 +51,7 @@ use tracing::{Instrument, debug, error, error_span, info, warn};
 use dirs::{Checkpoints, Sandboxes};
 pub use exec::Limits;
 pub use gpus::GpuSource;
-use state::{Effect, Event, State, Status};
+use state::{Effect, Event, State, Status, TaskEnd};
 
 /// Everything a launcher needs to know; the kcm passes most of it on the
 /// command line.
@@ -324,6 +324,16 @@ async fn send_parts(publisher: &Publisher, route: (&str, &str), o: Outgoing) -> 
         }
     }
     Some(Outgoing { result, settled })
+}
+
+/// A run that failed of a SIGTERM or SIGINT: the launcher kills its own
+/// tasks otherwise (and then has no outcome), so someone else sent it.
+fn signalled_from_outside(outcome: &exec::Outcome) -> bool {
+    use nix::sys::signal::Signal::{SIGINT, SIGTERM};
+    outcome.status == RunStatus::Failed
+        && outcome
+            .signal
+            .is_some_and(|signal| signal == SIGTERM as i32 || signal == SIGINT as i32)
 }
 
 /// What the batch system's signals ask of a launcher.
@@ -867,9 +877,13 @@ impl Shell {
         };
         match done {
             Done::Ran(held) => {
-                let killed = held.outcome.is_none();
+                let end = match &held.outcome {
+                    None => TaskEnd::Killed,
+                    Some(outcome) if signalled_from_outside(outcome) => TaskEnd::Signalled,
+                    Some(_) => TaskEnd::Itself,
+                };
                 self.held.insert(tag, *held);
-                vec![Event::Ended { tag, killed }]
+                vec![Event::Ended { tag, end }]
             }
             Done::Settled {
                 delivery,

@@ -70,9 +70,8 @@ pub enum Event<E> {
     /// The task consumer ended: cancelled by us, or by the broker because the
     /// job's task queue was deleted.
     TasksEnded,
-    /// A task's process is over: it ended by itself, or was `killed` after
-    /// [`Effect::StopTasks`].
-    Ended { tag: u64, killed: bool },
+    /// A task's process is over, as `end` says.
+    Ended { tag: u64, end: TaskEnd },
     /// The shell is done with a delivery: acked once its result, republish,
     /// give-back or refusal was confirmed by the broker (or lost with a failed
     /// supervisor, for the broker to redeliver).
@@ -88,6 +87,25 @@ pub enum Event<E> {
     /// The clock reached [`State::poll_timeout`].
     Tick,
 }
+
+/// How a task's process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskEnd {
+    /// By itself: an exit, or a failure of its own.
+    Itself,
+    /// Killed by the launcher after [`Effect::StopTasks`].
+    Killed,
+    /// Failed of a SIGTERM or SIGINT the launcher did not send. A batch
+    /// system that preempts a placeholder signals every process of it at
+    /// once (Slurm's preemption with a grace time): the launcher's own
+    /// signal may come a moment later, and the task was preempted, not
+    /// failed. Judged after [`SIGNALLED_GRACE`].
+    Signalled,
+}
+
+/// How long a task ended by an outside signal waits for the launcher's own
+/// before its failure is reported.
+pub const SIGNALLED_GRACE: Duration = Duration::from_secs(2);
 
 /// What the shell must do. Every effect naming a delivery but
 /// [`Effect::Run`] and [`Effect::Abandon`] ends with an [`Event::Settled`].
@@ -152,6 +170,9 @@ enum Phase {
     Waiting,
     /// Its process runs.
     Running,
+    /// Its process ended of an outside signal: a failure unless the
+    /// launcher is signalled too by then (`TaskEnd::Signalled`).
+    Signalled { until: Instant },
     /// Its result, republish, give-back or refusal is being sent.
     Settling,
 }
@@ -344,9 +365,14 @@ impl<E> State<E> {
         let walltime = self
             .stop_at
             .filter(|_| !self.walltime_reached && self.leaving != Some(Exit::Preempted));
+        let judged = self.held.values().filter_map(|held| match held.phase {
+            Phase::Signalled { until } => Some(until),
+            _ => None,
+        });
         [idle, walltime, self.next_heartbeat, self.next_tee]
             .into_iter()
             .flatten()
+            .chain(judged)
             .min()
     }
 
@@ -389,7 +415,7 @@ impl<E> State<E> {
                     self.abandon(Ok(Exit::JobOver), now, &mut effects);
                 }
             }
-            Event::Ended { tag, killed } => self.ended(tag, killed, now, &mut effects),
+            Event::Ended { tag, end } => self.ended(tag, end, now, &mut effects),
             Event::Settled { tag } => {
                 if let Some(ended) = self.held.get(&tag).and_then(|held| held.ended) {
                     let settle = now.saturating_duration_since(ended);
@@ -405,6 +431,13 @@ impl<E> State<E> {
                 info!("signalled: preempting own tasks");
                 self.stop_tasks(&mut effects);
                 self.leave(Exit::Preempted, &mut effects);
+                // Those the same signal ended a moment before were preempted.
+                for (tag, held) in &mut self.held {
+                    if let Phase::Signalled { .. } = held.phase {
+                        held.phase = Phase::Settling;
+                        effects.push(Effect::Republish { tag: *tag });
+                    }
+                }
             }
             Event::Tick if self.listening() => self.tick(now, &mut effects),
             Event::Message(_) | Event::Signal | Event::Tick => {}
@@ -498,7 +531,7 @@ impl<E> State<E> {
         }
     }
 
-    fn ended(&mut self, tag: u64, killed: bool, now: Instant, effects: &mut Vec<Effect<E>>) {
+    fn ended(&mut self, tag: u64, end: TaskEnd, now: Instant, effects: &mut Vec<Effect<E>>) {
         let Some(held) = self.held.get_mut(&tag) else {
             return;
         };
@@ -506,6 +539,24 @@ impl<E> State<E> {
         if ran {
             self.running -= 1;
         }
+        // Signalled after the launcher was, or while it is abandoning:
+        // as if it had killed the task itself.
+        let end = match end {
+            TaskEnd::Signalled
+                if self.leaving == Some(Exit::Preempted) || self.abandoned.is_some() =>
+            {
+                TaskEnd::Killed
+            }
+            end => end,
+        };
+        if end == TaskEnd::Signalled {
+            held.ended = Some(now);
+            held.phase = Phase::Signalled {
+                until: now + SIGNALLED_GRACE,
+            };
+            return;
+        }
+        let killed = end == TaskEnd::Killed;
         held.phase = Phase::Settling;
         let runtime = now.saturating_duration_since(held.started);
         if ran && !killed {
@@ -643,6 +694,21 @@ impl<E> State<E> {
             self.next_heartbeat = now.checked_add(self.heartbeat);
         }
         self.tee(now, effects);
+        // Ended of an outside signal, and the launcher was not signalled:
+        // the task's own failure.
+        let mut judged = false;
+        for (tag, held) in &mut self.held {
+            if let Phase::Signalled { until } = held.phase
+                && until <= now
+            {
+                held.phase = Phase::Settling;
+                effects.push(Effect::Report { tag: *tag });
+                judged = true;
+            }
+        }
+        if judged {
+            self.start_waiting(now, effects);
+        }
     }
 
     fn hold(
@@ -711,7 +777,16 @@ impl<E> State<E> {
         if self.abandoned.is_none() {
             self.abandoned = Some(ending);
             self.stop_tasks(effects);
-            for tag in std::mem::take(&mut self.waiting) {
+            let signalled = self
+                .held
+                .iter()
+                .filter(|(_, held)| matches!(held.phase, Phase::Signalled { .. }))
+                .map(|(tag, _)| *tag)
+                .collect::<Vec<_>>();
+            for tag in std::mem::take(&mut self.waiting)
+                .into_iter()
+                .chain(signalled)
+            {
                 self.forget(tag, now);
                 effects.push(Effect::Abandon { tag });
             }
@@ -890,15 +965,54 @@ mod tests {
     }
 
     fn ended(tag: u64) -> Event<&'static str> {
-        Event::Ended { tag, killed: false }
+        Event::Ended {
+            tag,
+            end: TaskEnd::Itself,
+        }
     }
 
     fn killed(tag: u64) -> Event<&'static str> {
-        Event::Ended { tag, killed: true }
+        Event::Ended {
+            tag,
+            end: TaskEnd::Killed,
+        }
+    }
+
+    fn signalled(tag: u64) -> Event<&'static str> {
+        Event::Ended {
+            tag,
+            end: TaskEnd::Signalled,
+        }
     }
 
     fn settled(tag: u64) -> Event<&'static str> {
         Event::Settled { tag }
+    }
+
+    /// A batch system's preemption signals the task and the launcher at
+    /// once: a task that ended of it just before the launcher heard its own
+    /// goes back with one more preemption; one that ended of a signal the
+    /// launcher never got is its own failure, reported once the grace is
+    /// over.
+    #[test]
+    fn a_task_ended_of_the_signal_that_preempts_its_launcher_is_preempted() {
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(l.at(2, signalled(1)), []);
+        let effects = l.at(2, Event::Signal);
+        assert!(
+            effects.contains(&Effect::Republish { tag: 1 }),
+            "{effects:?}"
+        );
+        assert!(!effects.contains(&Effect::Report { tag: 1 }), "{effects:?}");
+
+        let mut l = launcher(|_, _| {});
+        assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(l.at(2, signalled(1)), []);
+        let judged = l.state.poll_timeout().expect("a judgement due");
+        assert!(judged <= l.t0 + Duration::from_secs(2) + SIGNALLED_GRACE);
+        let effects = l.at(2 + SIGNALLED_GRACE.as_secs(), Event::Tick);
+        assert!(effects.contains(&Effect::Report { tag: 1 }), "{effects:?}");
     }
 
     #[test]
