@@ -726,7 +726,7 @@ pub async fn run(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -819,7 +819,7 @@ mod tests {
     }
 
     /// Component 0 of a job of alice's, running `command`.
-    fn component(command: &str) -> ComponentSpec {
+    pub(crate) fn component(command: &str) -> ComponentSpec {
         ComponentSpec {
             needs: Default::default(),
             job: "j-0000000000000001".parse().unwrap(),

@@ -493,17 +493,9 @@ mod tests {
     /// Alice's component 0 of `job`: `srun ./app` on `slots` slots.
     fn srun_app(job: &JobId, slots: u32) -> ComponentSpec {
         ComponentSpec {
-            needs: Default::default(),
             job: job.clone(),
-            component: 0,
             slots,
-            command: "srun ./app".into(),
-            env: Vec::new(),
-            walltime_ms: None,
-            workdir: None,
-            owner: "alice".into(),
-            checkpoint: None,
-            inputs: Vec::new(),
+            ..crate::backend::tests::component("srun ./app")
         }
     }
 
