@@ -274,6 +274,7 @@ pub fn memory(exe: &Path, tasks: u32) -> anyhow::Result<()> {
             gpu_devices: &[],
             gpu_claims: &[],
             walltime: None,
+            ends_at: None,
         };
         [vec![LAUNCHER_SUBCOMMAND.to_owned()], args.to_vec()].concat()
     };

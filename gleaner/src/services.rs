@@ -186,6 +186,25 @@ pub struct LauncherArgs {
     /// The placeholder's walltime, from the launcher's start (`3600s`, `1h`).
     #[arg(long, value_parser = humantime::parse_duration)]
     pub walltime: Option<Duration>,
+    /// The end the batch system gave the placeholder, in seconds since the
+    /// epoch, where it may be sooner than the walltime asked; anything
+    /// else (the batch system could not be read) leaves the walltime.
+    #[arg(long)]
+    pub ends_at: Option<String>,
+}
+
+/// When the placeholder ends, as far as the launcher can tell: at the end
+/// the batch system gave it, or its walltime from now, whichever is
+/// sooner.
+fn deadline(walltime: Option<Duration>, ends_at: Option<&str>, now_ms: u64) -> Option<Duration> {
+    let given = ends_at
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .filter(|&seconds| seconds > 0)
+        .map(|seconds| Duration::from_millis(seconds.saturating_mul(1000).saturating_sub(now_ms)));
+    match (walltime, given) {
+        (Some(walltime), Some(given)) => Some(walltime.min(given)),
+        (walltime, given) => walltime.or(given),
+    }
 }
 
 fn parse_memory(text: &str) -> Result<u64, String> {
@@ -222,9 +241,8 @@ pub async fn launcher(
         },
         idle_timeout: l.idle_timeout,
         heartbeat: l.heartbeat,
-        deadline: args
-            .walltime
-            .and_then(|w| std::time::Instant::now().checked_add(w)),
+        deadline: deadline(args.walltime, args.ends_at.as_deref(), now_ms())
+            .and_then(|left| std::time::Instant::now().checked_add(left)),
         deadline_margin: l.deadline_margin,
         scratch: scratch_dir(&l.scratch),
         checkpoints: scratch_dir(&l.checkpoints),
@@ -339,6 +357,32 @@ mod tests {
         args: LauncherArgs,
     }
 
+    #[test]
+    fn a_launcher_ends_at_the_end_its_batch_system_gave_or_its_walltime() {
+        let now_ms = 1_800_000_000_000;
+        let hour = Some(Duration::from_secs(3600));
+        let in_ten_minutes = "1800000600";
+        assert_eq!(
+            deadline(hour, Some(in_ten_minutes), now_ms),
+            Some(Duration::from_secs(600))
+        );
+        assert_eq!(
+            deadline(hour, Some("1800007200"), now_ms),
+            hour,
+            "never past the walltime"
+        );
+        for unread in ["", "N/A", "-5", "0"] {
+            assert_eq!(deadline(hour, Some(unread), now_ms), hour, "{unread:?}");
+        }
+        assert_eq!(deadline(None, Some(in_ten_minutes), now_ms), Some(Duration::from_secs(600)));
+        assert_eq!(deadline(None, None, now_ms), None);
+        assert_eq!(
+            deadline(hour, Some("1799999000"), now_ms),
+            Some(Duration::ZERO),
+            "an end passed leaves no time"
+        );
+    }
+
     /// What a kcm writes on a launcher's command line is what the launcher reads.
     #[test]
     fn launchers_read_the_arguments_kcms_write() {
@@ -356,6 +400,7 @@ mod tests {
             gpu_devices: &["0".to_owned(), "1".to_owned()],
             gpu_claims: &[7, 9],
             walltime: Some(Duration::from_secs(3600)),
+            ends_at: Some("1800000000"),
         };
         let argv = std::iter::once(naming::LAUNCHER_SUBCOMMAND.to_owned()).chain(written.to_vec());
         let read = Command::try_parse_from(argv).unwrap().args;
@@ -370,5 +415,6 @@ mod tests {
         assert_eq!(read.gpu_devices, written.gpu_devices);
         assert_eq!(read.gpu_claims, written.gpu_claims);
         assert_eq!(read.walltime, written.walltime);
+        assert_eq!(read.ends_at.as_deref(), written.ends_at);
     }
 }

@@ -251,6 +251,14 @@ impl Settings {
         }
         for cluster in &self.clusters {
             cluster.validate().map_err(anyhow::Error::msg)?;
+            // The scheduler gives a cluster it has not heard from for
+            // `stale_after` nothing: an idle kcm reports well within it.
+            if cluster.idle_poll().saturating_mul(2) > self.scheduler.state.stale_after {
+                bail!(
+                    "cluster {}: idle_poll_interval must be at most half of scheduler.stale_after",
+                    cluster.name
+                );
+            }
         }
         Ok(())
     }
@@ -373,7 +381,7 @@ h_rt = "1h"
         assert_eq!(settings.runner.job.heartbeat, Duration::from_secs(3));
         assert_eq!(settings.launcher.idle_timeout, Duration::from_secs(10));
         assert_eq!(
-            settings.cluster(&"c1".into()).unwrap().poll_interval,
+            settings.cluster(&"c1".into()).unwrap().busy_poll(),
             Duration::from_millis(250)
         );
         assert_eq!(

@@ -532,6 +532,10 @@ impl LauncherCommand {
     /// A placeholder's job script: one launcher of `slots` slots, named
     /// after its array task, whose id only the batch system knows when it
     /// runs; `batch_id` spells it for the shell (`"$JOB_ID.$SGE_TASK_ID"`).
+    /// Where the batch system may give the placeholder less time than its
+    /// `walltime`, `ends_at` is a command that prints the end it gave, in
+    /// seconds since the epoch, for the launcher to take only tasks that
+    /// end before it.
     pub fn script(
         &self,
         cluster: &ClusterName,
@@ -540,6 +544,7 @@ impl LauncherCommand {
         task: TaskShape,
         walltime: Option<Duration>,
         batch_id: &str,
+        ends_at: Option<&str>,
     ) -> String {
         let mut script = String::from("#!/bin/sh\n# gleaner placeholder: one launcher\n");
         for (key, value) in &self.env {
@@ -552,6 +557,9 @@ impl LauncherCommand {
             if let Ok(value) = std::env::var(key) {
                 script.push_str(&format!("export {key}={}\n", quote(&value)));
             }
+        }
+        if let Some(command) = ends_at {
+            script.push_str(&format!("gleaner_ends_at=$({command} 2>/dev/null)\n"));
         }
         let mut line = format!("exec {}", quote(&self.program.to_string_lossy()));
         for arg in &self.args {
@@ -572,6 +580,7 @@ impl LauncherCommand {
             gpu_devices: &gpu_devices,
             gpu_claims: &[],
             walltime,
+            ends_at: ends_at.map(|_| "\"$gleaner_ends_at\""),
         };
         for arg in launcher.to_vec() {
             line.push(' ');

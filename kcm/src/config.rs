@@ -33,8 +33,17 @@ pub struct ClusterConfig {
     /// Slots of each launcher: 1 is a launcher per core; more is one per node.
     #[serde(default = "one")]
     pub launcher_slots: u32,
-    #[serde(default = "default_poll_interval", with = "humantime_serde")]
-    pub poll_interval: Duration,
+    /// How often the batch system is read while gleaner holds or waits for
+    /// slots here: how soon a local job waiting behind a placeholder is
+    /// seen. By default half a second on the local backend, which costs
+    /// nobody, and 2 s on a batch system, whose master every user shares.
+    #[serde(default, with = "humantime_serde")]
+    pub poll_interval: Option<Duration>,
+    /// How often while gleaner has nothing here: the reading only keeps the
+    /// scheduler's view of the cluster fresh. By default `poll_interval`
+    /// on the local backend, 15 s on a batch system.
+    #[serde(default, with = "humantime_serde")]
+    pub idle_poll_interval: Option<Duration>,
     /// `sge`: the cluster queue placeholders go to.
     #[serde(default)]
     pub queue: Option<String>,
@@ -49,6 +58,12 @@ pub struct ClusterConfig {
     /// `sge`, `slurm`: walltime of each placeholder (`-l h_rt`, `--time`).
     #[serde(default, alias = "walltime", with = "humantime_serde")]
     pub h_rt: Option<Duration>,
+    /// `slurm`: the least time a placeholder may be started with
+    /// (`--time-min`), so that backfill starts it in a hole shorter than
+    /// its walltime; its launcher then takes only tasks that end in the
+    /// time given. 10 minutes by default, at most the walltime.
+    #[serde(default, with = "humantime_serde")]
+    pub min_walltime: Option<Duration>,
     /// `slurm`: the partition placeholders go to.
     #[serde(default)]
     pub partition: Option<String>,
@@ -163,11 +178,21 @@ fn default_stage_timeout() -> Duration {
 }
 
 /// How soon a waiting local job is seen is how long gleaner keeps it
-/// waiting before it starts giving back: half a second on average at
-/// this period, for one `qstat` (or `sinfo` and `squeue`) twice a second.
-fn default_poll_interval() -> Duration {
-    Duration::from_millis(500)
-}
+/// waiting before it starts giving back: a quarter of a second on average
+/// on the local backend, a second on a batch system, where one reading
+/// (`qstat`, or `squeue` and at times `sinfo`) every 2 s keeps gleaner's
+/// queries to the master under one a second.
+const LOCAL_POLL_INTERVAL: Duration = Duration::from_millis(500);
+const BATCH_POLL_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Idle, a batch system is read only to keep the scheduler's view of it
+/// fresh, well within the 30 s after which the scheduler gives a silent
+/// cluster nothing.
+const BATCH_IDLE_POLL_INTERVAL: Duration = Duration::from_secs(15);
+
+/// The least time a Slurm placeholder is started with by default: a few
+/// tasks of minutes, past the minute's warning before its end.
+const MIN_WALLTIME: Duration = Duration::from_secs(600);
 
 /// How long the launchers of an ended job have to leave by themselves
 /// before their placeholders are removed.
@@ -182,11 +207,13 @@ impl ClusterConfig {
             backend: BackendKind::Local,
             slots: Some(slots),
             launcher_slots: one(),
-            poll_interval: default_poll_interval(),
+            poll_interval: None,
+            idle_poll_interval: None,
             queue: None,
             pe_one_host: default_pe_one_host(),
             pe_spread: default_pe_spread(),
             h_rt: None,
+            min_walltime: None,
             partition: None,
             qos: None,
             account: None,
@@ -261,8 +288,14 @@ impl ClusterConfig {
                 self.name, self.speed
             ));
         }
-        if self.poll_interval.is_zero() {
+        if self.busy_poll().is_zero() {
             return Err("cluster.poll_interval must be longer than 0s".to_owned());
+        }
+        if self.idle_poll() < self.busy_poll() {
+            return Err(format!(
+                "cluster {}: idle_poll_interval must be at least poll_interval",
+                self.name
+            ));
         }
         match self.backend {
             BackendKind::Local if self.slots.is_none() => Err(format!(
@@ -281,6 +314,25 @@ impl ClusterConfig {
         }
     }
 
+    /// How often the batch system is read while gleaner holds or waits for
+    /// slots here.
+    pub fn busy_poll(&self) -> Duration {
+        self.poll_interval.unwrap_or(match self.backend {
+            BackendKind::Local => LOCAL_POLL_INTERVAL,
+            BackendKind::Sge | BackendKind::Slurm => BATCH_POLL_INTERVAL,
+        })
+    }
+
+    /// How often while gleaner has nothing here.
+    pub fn idle_poll(&self) -> Duration {
+        self.idle_poll_interval.unwrap_or(match self.backend {
+            BackendKind::Local => self.busy_poll(),
+            BackendKind::Sge | BackendKind::Slurm => {
+                BATCH_IDLE_POLL_INTERVAL.max(self.busy_poll())
+            }
+        })
+    }
+
     /// The kcm's settings. A shrink for waiting local jobs gets the
     /// runners' `preempt_grace` and two polls to take effect before the same
     /// jobs are answered again; components spool under `default_spool`
@@ -296,7 +348,9 @@ impl ClusterConfig {
                 cluster: self.name.clone(),
                 backend: backend.to_owned(),
                 job_end_grace: JOB_END_GRACE,
-                local_settle: preempt_grace.saturating_add(self.poll_interval.saturating_mul(2)),
+                local_settle: preempt_grace.saturating_add(self.busy_poll().saturating_mul(2)),
+                poll_interval: self.busy_poll(),
+                idle_poll_interval: self.idle_poll(),
                 max_pending: self.max_pending,
                 max_scavenged: self.max_scavenged,
                 reserve_hosts: self.reserve_hosts.clone(),
@@ -315,7 +369,6 @@ impl ClusterConfig {
             },
             stage_command: self.stage_command.clone(),
             stage_timeout: self.stage_timeout,
-            poll_interval: self.poll_interval,
             spool_dir: self.spool_dir.clone().unwrap_or(default_spool),
         }
     }
@@ -349,6 +402,9 @@ impl ClusterConfig {
             launcher_slots: self.launcher_slots.max(1),
             reserve_hosts: self.reserve_hosts.clone(),
             walltime: self.h_rt,
+            min_walltime: self
+                .h_rt
+                .map(|walltime| self.min_walltime.unwrap_or(MIN_WALLTIME).min(walltime)),
             log_dir: self.log_dir.clone(),
             gpu_resource: self.gpu_resource.clone(),
             command_timeout: self.command_timeout,

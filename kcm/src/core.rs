@@ -65,6 +65,10 @@ pub struct CoreConfig {
     /// How long a shrink for waiting local jobs gets to take effect before
     /// the same waiting jobs are answered again.
     pub local_settle: Duration,
+    /// How often the batch system is read while gleaner holds or waits for
+    /// slots here, and while it has nothing here.
+    pub poll_interval: Duration,
+    pub idle_poll_interval: Duration,
     /// How long a placeholder or component may wait in the batch queue
     /// before it is withdrawn.
     pub max_pending: Duration,
@@ -404,6 +408,8 @@ pub struct KcmCore {
     report_due: bool,
     /// GPUs held outside gleaner, by host, as launchers last found them.
     squats: BTreeMap<String, Squat>,
+    /// When the batch system was last read.
+    polled_at: Option<Instant>,
 }
 
 impl Core for KcmCore {
@@ -469,7 +475,27 @@ impl KcmCore {
             outbox: Outbox::default(),
             report_due: false,
             squats: BTreeMap::new(),
+            polled_at: None,
         }
+    }
+
+    /// When the batch system must be read next; `None`: at once (it was
+    /// never read). Soon while gleaner holds or waits for slots here, or
+    /// has removals to make: a local job may wait behind its placeholders.
+    /// Seldom otherwise: the reading only keeps the scheduler's view of
+    /// the cluster fresh, and each costs the batch master, which every
+    /// user shares. An order to start launchers asks for a reading at once
+    /// ([`Effect::PollNow`]).
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let busy = !self.last.placeholders.is_empty()
+            || !self.last.components.is_empty()
+            || !self.components.is_empty()
+            || !self.removals.is_empty();
+        let interval = match busy {
+            true => self.config.poll_interval,
+            false => self.config.idle_poll_interval,
+        };
+        self.polled_at.map(|at| at + interval)
     }
 
     fn decide(&mut self, event: Event, now: Now) -> Vec<Effect> {
@@ -481,6 +507,7 @@ impl KcmCore {
                 started,
             } => {
                 self.report_due = true;
+                self.polled_at = Some(now.instant);
                 self.on_poll(snapshot, &spooled, &started, now)
             }
             Event::LaunchersSubmitted {
@@ -1736,6 +1763,8 @@ mod tests {
     /// `preempt_grace` 3 s + 2 × a 1 s poll.
     const SETTLE: Duration = Duration::from_secs(5);
     const MAX_PENDING: Duration = Duration::from_secs(60);
+    const BUSY_POLL: Duration = Duration::from_secs(2);
+    const IDLE_POLL: Duration = Duration::from_secs(15);
 
     /// The account a job's launchers connect as, where users are kept apart.
     fn launcher_account() -> Credentials {
@@ -1752,6 +1781,8 @@ mod tests {
             backend: "sge".into(),
             job_end_grace: Duration::from_secs(10),
             local_settle: SETTLE,
+            poll_interval: BUSY_POLL,
+            idle_poll_interval: IDLE_POLL,
             max_pending: MAX_PENDING,
             max_scavenged: None,
             reserve_hosts: Vec::new(),
@@ -1836,6 +1867,24 @@ mod tests {
             placeholders,
             ..Snapshot::default()
         }
+    }
+
+    #[test]
+    fn the_batch_system_is_read_often_only_while_gleaner_holds_or_waits_for_slots() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        assert_eq!(kcm.poll_timeout(), None, "never read: at once");
+        poll(&mut kcm, cluster(4, Vec::new()), clock.at(0));
+        assert_eq!(kcm.poll_timeout(), Some(clock.at(15_000).instant));
+        let job: JobId = "sweep-0000000000000001".parse().unwrap();
+        let waiting = vec![placeholder("7.1", &job, false)];
+        poll(&mut kcm, cluster(4, waiting), clock.at(1_000));
+        assert_eq!(kcm.poll_timeout(), Some(clock.at(3_000).instant));
+        let running = vec![placeholder("7.1", &job, true)];
+        poll(&mut kcm, cluster(4, running), clock.at(3_000));
+        assert_eq!(kcm.poll_timeout(), Some(clock.at(5_000).instant));
+        poll(&mut kcm, cluster(4, Vec::new()), clock.at(5_000));
+        assert_eq!(kcm.poll_timeout(), Some(clock.at(20_000).instant));
     }
 
     #[test]

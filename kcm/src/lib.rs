@@ -51,8 +51,6 @@ use crate::core::{Core, CoreConfig, Effect, Event, KcmCore, Now, SpooledExit, Sp
 #[derive(Debug, Clone)]
 pub struct KcmConfig {
     pub core: CoreConfig,
-    /// How often the batch system is read and the cluster reported.
-    pub poll_interval: Duration,
     /// Where grid components leave their output and exit status; the
     /// cluster's nodes must see it at the same path.
     pub spool_dir: std::path::PathBuf,
@@ -143,13 +141,13 @@ impl<B: Backend> Kcm<B> {
             )
             .await?;
         info!(backend = self.backend.kind(), "kcm serving");
-        let mut poll = tokio::time::interval(self.config.poll_interval);
-        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // A reading before the first order: one that comes again (the
         // last kcm died before it acked it) finds what it already made.
-        poll.tick().await;
         self.poll(&publisher).await?;
+        let next_poll = tokio::time::sleep_until(self.next_poll());
+        tokio::pin!(next_poll);
         loop {
+            next_poll.as_mut().reset(self.next_poll());
             tokio::select! {
                 message = inbox.next() => match message {
                     Some(Ok(incoming)) => {
@@ -163,7 +161,7 @@ impl<B: Backend> Kcm<B> {
                     Some(Err(e)) => return Err(e),
                     None => return Err(BrokerError::NoQueue(kcm_queue(&self.config.core.cluster))),
                 },
-                _ = poll.tick() => self.poll(&publisher).await?,
+                () = &mut next_poll => self.poll(&publisher).await?,
                 Some(staged) = self.staging.join_next(), if !self.staging.is_empty() => {
                     if let Ok(event) = staged {
                         self.core.handle(event, Now::read());
@@ -173,6 +171,13 @@ impl<B: Backend> Kcm<B> {
                 () = shutdown.cancelled() => return Ok(()),
             }
         }
+    }
+
+    /// When the core wants the batch system read next.
+    fn next_poll(&self) -> tokio::time::Instant {
+        self.core
+            .poll_timeout()
+            .map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std)
     }
 
     /// Reads the batch system and the spool, and lets the core decide

@@ -423,6 +423,7 @@ impl Backend for LocalBackend {
                 },
                 gpu_claims: &claim_fds,
                 walltime: None,
+                ends_at: None,
             });
             let mut command = Command::new(&launcher.program);
             if run_as.is_some() {

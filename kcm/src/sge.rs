@@ -168,6 +168,7 @@ impl SgeBackend {
             task,
             c.h_rt,
             &format!("\"{SGE_TASK_ID}\""),
+            None,
         );
         let (program, args) = as_account("qsub", &args, run_as.map(|r| r.account));
         let answer = self.run(&program, &args, Some(&script)).await?;
@@ -592,7 +593,7 @@ mod tests {
                 gpus: 1,
             },
         };
-        let script = command.script(&"c1".into(), &job, 2, shape, None, "\"$JOB_ID\"");
+        let script = command.script(&"c1".into(), &job, 2, shape, None, "\"$JOB_ID\"", None);
         assert!(
             script.contains("--task-memory 2048M --task-gpus 1 --gpu-devices '0','GPU-1;x'"),
             "{script}"
@@ -611,6 +612,7 @@ mod tests {
             TaskShape::slots(1),
             None,
             "\"$JOB_ID.$SGE_TASK_ID\"",
+            None,
         );
         assert!(!script.contains("u:p"), "{script}");
         assert!(
@@ -658,6 +660,7 @@ mod tests {
             TaskShape::slots(1),
             c.h_rt,
             &format!("\"{SGE_TASK_ID}\""),
+            None,
         );
         assert!(script.starts_with("#!/bin/sh\n"));
         assert!(script.contains("export GLEANER_BROKER_URL='amqp://u:p@h/v?heartbeat=10'\n"));

@@ -5,15 +5,18 @@
 //! each on one node with `--cpus-per-task` of its slots, `--no-requeue`
 //! (gleaner, not Slurm, decides what runs again) and a USR1 before its time
 //! limit or at preemption, and none of the kcm's environment
-//! (`--export=NONE`: the job script sets what the launcher needs). `sinfo`
-//! and `squeue` are read on every poll;
+//! (`--export=NONE`: the job script sets what the launcher needs).
+//! `squeue` is read on every poll, `sinfo` only when where jobs run has
+//! changed since its last reading, or that reading is 30 s old: each is
+//! two RPCs to `slurmctld`, which every user of the cluster shares;
 //! placeholders and components are recognised by their name and their
 //! owner (the kcm's core judges: `core::KcmCore`), so a restarted kcm
 //! adopts what its predecessor left, and nobody else's job named like them.
 
 use std::{
+    collections::BTreeSet,
     path::{Path, PathBuf},
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use gleaner_manifest::{JobId, Needs, TaskShape};
@@ -32,6 +35,11 @@ use crate::{
     snapshot::Snapshot,
     squeue::{self, SINFO_FIELDS, squeue_format},
 };
+
+/// Prints, in a placeholder's script, the end Slurm gave it (seconds since
+/// the epoch): started in a hole, its limit may be anything from
+/// `--time-min` to `--time`.
+const ENDS_AT: &str = "SLURM_TIME_FORMAT=%s squeue -h -j \"$SLURM_JOB_ID\" -o %e";
 
 /// How long before a placeholder's time limit Slurm signals it (USR1): the
 /// launcher gives its tasks back before the limit kills it. A site that
@@ -54,6 +62,9 @@ pub struct SlurmConfig {
     pub reserve_hosts: Vec<String>,
     /// Time limit of each placeholder (`--time`); launchers drain before it.
     pub walltime: Option<Duration>,
+    /// The least time a placeholder may be started with (`--time-min`):
+    /// backfill gives it any limit between the two that fits a hole.
+    pub min_walltime: Option<Duration>,
     /// Where placeholders' stdout/stderr go; discarded when unset.
     pub log_dir: Option<PathBuf>,
     /// The generic resource that counts GPUs (`--gres=<name>:N`); Slurm
@@ -66,11 +77,49 @@ pub struct SlurmConfig {
 
 pub struct SlurmBackend {
     config: SlurmConfig,
+    hosts: Option<HostsReading>,
 }
+
+/// `sinfo` as last read, and where jobs ran then.
+struct HostsReading {
+    sinfo: String,
+    at: Instant,
+    allocations: BTreeSet<(String, String)>,
+}
+
+/// How old a reading of the nodes may be when no job has started or ended
+/// since: a node drained or back in service is seen within it.
+const HOSTS_MAX_AGE: Duration = Duration::from_secs(30);
 
 impl SlurmBackend {
     pub fn new(config: SlurmConfig) -> Self {
-        Self { config }
+        Self {
+            config,
+            hosts: None,
+        }
+    }
+
+    /// The nodes as `sinfo` shows them: read again only when where jobs
+    /// run differs from the last reading's `allocations`, or it is old.
+    async fn sinfo(
+        &mut self,
+        allocations: BTreeSet<(String, String)>,
+        args: &[String],
+    ) -> Result<String, BackendError> {
+        if let Some(hosts) = &self.hosts
+            && hosts.allocations == allocations
+            && hosts.at.elapsed() < HOSTS_MAX_AGE
+        {
+            return Ok(hosts.sinfo.clone());
+        }
+        let at = Instant::now();
+        let sinfo = self.run("sinfo", args, None).await?;
+        self.hosts = Some(HostsReading {
+            sinfo: sinfo.clone(),
+            at,
+            allocations,
+        });
+        Ok(sinfo)
     }
 
     async fn run(
@@ -108,6 +157,7 @@ impl SlurmBackend {
             task,
             c.walltime,
             &format!("\"{SLURM_TASK_ID}\""),
+            c.min_walltime.map(|_| ENDS_AT),
         ));
         let (program, args) = as_account("sbatch", &args, run_as.map(|r| r.account));
         let answer = self.run(&program, &args, Some(&script)).await?;
@@ -173,6 +223,9 @@ fn placeholder_args(
     }
     if let Some(walltime) = c.walltime {
         args.push(format!("--time={}", slurm_time(walltime)));
+    }
+    if let Some(least) = c.min_walltime {
+        args.push(format!("--time-min={}", slurm_time(least)));
     }
     // Before the time limit, and at preemption where the site has
     // `preempt_send_user_signal`.
@@ -276,7 +329,6 @@ impl Backend for SlurmBackend {
 
     async fn snapshot(&mut self) -> Result<Snapshot, BackendError> {
         let sinfo_args: Vec<String> = ["-h", "-N", "-O", SINFO_FIELDS].map(str::to_owned).to_vec();
-        let sinfo = self.run("sinfo", &sinfo_args, None).await?;
         let squeue_args: Vec<String> = ["-h", "-r", "-a"].map(str::to_owned).to_vec();
         // The format in squeue's environment, which only root can read.
         let marker = marker();
@@ -288,6 +340,12 @@ impl Backend for SlurmBackend {
         ];
         let timeout = self.config.command_timeout;
         let queue = run("squeue", &squeue_args, None, &env, timeout).await?;
+        let unexpected = |message| BackendError {
+            command: format!("squeue {}", squeue_args.join(" ")),
+            message,
+        };
+        let allocations = squeue::allocations(&queue, &marker).map_err(unexpected)?;
+        let sinfo = self.sinfo(allocations, &sinfo_args).await?;
         let partition = &self.config.partition;
         let gpus = &self.config.gpu_resource;
         squeue::snapshot(&sinfo, &queue, &marker, partition, gpus).map_err(|message| BackendError {
@@ -382,6 +440,7 @@ mod tests {
             launcher_slots: 1,
             reserve_hosts: vec!["n1".into(), "n2".into()],
             walltime: Some(Duration::from_secs(3600)),
+            min_walltime: Some(Duration::from_secs(600)),
             gpu_resource: "gpu".into(),
             log_dir: None,
             command_timeout: Duration::from_secs(10),
@@ -416,6 +475,7 @@ mod tests {
                 "--ntasks=1",
                 "--cpus-per-task=4",
                 "--time=60:00",
+                "--time-min=10:00",
                 "--signal=B:USR1@60",
                 "--exclude=n1,n2",
                 "--output=/dev/null",
@@ -578,8 +638,15 @@ mod tests {
             TaskShape::slots(1),
             Some(Duration::from_secs(600)),
             &format!("\"{SLURM_TASK_ID}\""),
+            Some(ENDS_AT),
         );
         assert!(script.contains("export GLEANER_BROKER_URL='amqp://h/v'"));
+        assert!(
+            script.contains(
+                "gleaner_ends_at=$(SLURM_TIME_FORMAT=%s squeue -h -j \"$SLURM_JOB_ID\" -o %e 2>/dev/null)\n"
+            ) && script.contains("--walltime 600s --ends-at \"$gleaner_ends_at\""),
+            "{script}"
+        );
         assert!(script.contains(
             "--id 'c1'-\"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\" --slot \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\" --slots 4"
         ), "{script}");

@@ -311,6 +311,17 @@ fn read_jobs<'a>(
     Ok(jobs)
 }
 
+/// Where jobs run, as `squeue` (in [`squeue_format`]`(marker)`) shows
+/// them: `sinfo`'s reading of the nodes' free slots, memory and GPUs
+/// changes only when this does, or when a node's state does.
+pub fn allocations(squeue: &str, marker: &str) -> Result<BTreeSet<(String, String)>, String> {
+    Ok(read_jobs(squeue, marker, "")?
+        .into_iter()
+        .filter(Job::running)
+        .map(|job| (job.id.to_owned(), job.nodes.join(",")))
+        .collect())
+}
+
 /// Reads `sinfo` and `squeue` output into the partition's snapshot: its
 /// nodes, the slots of jobs running there and the jobs waiting for them.
 /// Jobs in the partition named like gleaner's are left [`NamedJob`], with

@@ -121,6 +121,10 @@ pub struct LauncherArgs<'a> {
     pub gpu_claims: &'a [i32],
     /// The placeholder's walltime: the launcher drains before it ends.
     pub walltime: Option<Duration>,
+    /// A shell word for the end the batch system gave the placeholder, in
+    /// seconds since the epoch, where it may give less than the walltime
+    /// asked (Slurm's `--time-min`); empty when it could not be read.
+    pub ends_at: Option<&'a str>,
 }
 
 impl LauncherArgs<'_> {
@@ -158,6 +162,9 @@ impl LauncherArgs<'_> {
         }
         if let Some(walltime) = self.walltime {
             args.extend(["--walltime".to_owned(), format!("{}s", walltime.as_secs())]);
+        }
+        if let Some(ends_at) = self.ends_at {
+            args.extend(["--ends-at".to_owned(), ends_at.to_owned()]);
         }
         args
     }
@@ -219,15 +226,17 @@ mod tests {
             slots: 2,
             task_slots: 1,
             walltime: Some(Duration::from_secs(60)),
+            ends_at: Some("\"$ends_at\""),
         };
         assert_eq!(
             args.to_vec().join(" "),
-            "--job j --cluster c1 --id c1-7 --slot 0 --slots 2 --walltime 60s"
+            "--job j --cluster c1 --id c1-7 --slot 0 --slots 2 --walltime 60s --ends-at \"$ends_at\""
         );
         let threaded = LauncherArgs {
             slots: 4,
             task_slots: 2,
             walltime: None,
+            ends_at: None,
             ..args
         };
         assert_eq!(

@@ -195,8 +195,7 @@ pub fn simulate(scenario: &Scenario, policy: Option<CsPolicy>) -> Run {
     let dt = timing.step.as_secs_f64();
     let end = scenario.duration.as_secs_f64();
     let every = |interval: Duration| (interval.as_secs_f64() / dt).round().max(1.0) as u64;
-    let (poll, report, round, sample) = (
-        every(timing.kcm_poll),
+    let (report, round, sample) = (
         every(timing.job_report),
         every(timing.scheduler_round),
         every(timing.sample),
@@ -210,8 +209,10 @@ pub fn simulate(scenario: &Scenario, policy: Option<CsPolicy>) -> Run {
         sim.progress(dt);
         sim.arrivals();
         sim.dispatch();
-        if step.is_multiple_of(poll) {
-            for c in 0..sim.clusters.len() {
+        // Each kcm reads its batch system when its core asks.
+        let now = sim.clock.now().instant;
+        for c in 0..sim.clusters.len() {
+            if sim.clusters[c].kcm.poll_timeout().is_none_or(|due| due <= now) {
                 let mail = sim.poll(c);
                 sim.deliver(mail);
             }

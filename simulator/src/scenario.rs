@@ -110,7 +110,7 @@ impl Timing {
     /// The settings of the kcm of `cluster`, derived as the kcm derives them.
     pub fn kcm(&self, cluster: &ClusterSpec) -> KcmConfig {
         let config = ClusterConfig {
-            poll_interval: self.kcm_poll,
+            poll_interval: Some(self.kcm_poll),
             speed: cluster.speed,
             ..ClusterConfig::local(cluster.name.as_str(), cluster.nodes)
         };

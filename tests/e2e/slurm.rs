@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_protocol::naming::placeholder_name;
 use gleaner_testkit::{
-    SgeQueues, SlurmCluster, assert_one_task_per_gpu, by_task, finish, gpu_sweep, most_on_one_host,
+    Gleaner, SgeQueues, SlurmCluster, assert_one_task_per_gpu, by_task, finish, gpu_sweep, most_on_one_host,
     sbatch, sweep, wait_for,
 };
 use nix::sys::signal::Signal;
@@ -45,6 +45,18 @@ fn node_of(slurm: &SlurmCluster, id: &str) -> Option<String> {
         .into_iter()
         .find(|j| j.id == id && j.state == "RUNNING")
         .map(|j| j.node)
+}
+
+/// A task command that waits for the file `go` in `g`'s directory, so that
+/// a sweep cannot end before the test has seen what it waits for, however
+/// slowly a busy machine goes; the file's path and the command.
+fn gated(g: &Gleaner) -> (std::path::PathBuf, String) {
+    let go = g.path().join("go");
+    let command = format!(
+        "while [ ! -e {} ]; do sleep 0.2; done; echo {{n}}",
+        go.display()
+    );
+    (go, command)
 }
 
 /// The job's placeholders once they run on every CPU of the partition.
@@ -123,7 +135,8 @@ fn local_jobs_start_while_the_sweep_runs_and_only_the_launchers_needed_go() {
     let mut g = gleaner("slurm-local");
     g.write("gleaner.toml", &config());
     g.start("up", &["up"]);
-    let job = g.submit(&sweep("fill", 240, "sleep 2; echo {n}"));
+    let (go, command) = gated(&g);
+    let job = g.submit(&sweep("fill", 240, &command));
     let before = filled(&slurm, &job);
     let mut gone = BTreeSet::new();
     let one = sbatch(&["-p", SlurmCluster::LOCAL, "-n1", "--wrap", "sleep 120"]);
@@ -152,6 +165,7 @@ fn local_jobs_start_while_the_sweep_runs_and_only_the_launchers_needed_go() {
         "the whole node's launchers went: {gone:?} of {before:?}"
     );
     assert_eq!(gone.len(), NODE_CPUS + 1, "and no others: {gone:?}");
+    std::fs::write(&go, "").unwrap();
     g.assert_all_done_once(&job, 240);
 }
 
@@ -190,7 +204,8 @@ fn slurm_preempting_a_placeholder_itself_loses_nothing_and_requeues_nothing() {
     g.start("scheduler", &["scheduler"]);
     g.start("runner", &["runner"]);
     let kcm = g.start("kcm", &["kcm", "--cluster", "s1"]);
-    let job = g.submit(&sweep("scavenging", 120, "sleep 2; echo {n}"));
+    let (go, command) = gated(&g);
+    let job = g.submit(&sweep("scavenging", 120, &command));
     let before = filled(&slurm, &job);
     // Without its kcm gleaner does not see the site's job: Slurm alone
     // makes room for it, by preempting placeholders.
@@ -224,6 +239,7 @@ fn slurm_preempting_a_placeholder_itself_loses_nothing_and_requeues_nothing() {
             .any(|j| j.name == placeholder_name(&job) && j.state != "RUNNING"),
         "no placeholder requeued"
     );
+    std::fs::write(&go, "").unwrap();
     g.start("kcm2", &["kcm", "--cluster", "s1"]);
     g.assert_all_done_once(&job, 120);
 }
@@ -308,10 +324,11 @@ fn a_local_job_wanting_most_of_a_nodes_memory_empties_that_node_only() {
     let mut g = gleaner("slurm-memory");
     g.write("gleaner.toml", &config());
     g.start("up", &["up"]);
+    let (go, command) = gated(&g);
     // Launchers of 900M tasks (964M with their own) hold nearly all of every node's 4000M.
     let manifest = format!(
         "memory = \"900M\"\n{}",
-        sweep("fill", 240, "sleep 2; echo {n}")
+        sweep("fill", 240, &command)
     );
     let job = g.submit(&manifest);
     let before = filled(&slurm, &job);
@@ -328,5 +345,6 @@ fn a_local_job_wanting_most_of_a_nodes_memory_empties_that_node_only() {
     let hit: BTreeSet<&String> = gone.iter().map(|id| &before[id]).collect();
     assert_eq!(hit, BTreeSet::from([&node]), "{gone:?} of {before:?}");
     assert!(gone.len() >= 3, "3000M of 964M launchers: {gone:?}");
+    std::fs::write(&go, "").unwrap();
     g.assert_all_done_once(&job, 240);
 }
