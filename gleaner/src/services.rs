@@ -243,6 +243,7 @@ pub async fn launcher(
         heartbeat: l.heartbeat,
         deadline: deadline(args.walltime, args.ends_at.as_deref(), now_ms())
             .and_then(|left| std::time::Instant::now().checked_add(left)),
+        walltime: args.walltime,
         deadline_margin: l.deadline_margin,
         scratch: scratch_dir(&l.scratch),
         checkpoints: scratch_dir(&l.checkpoints),
@@ -374,7 +375,10 @@ mod tests {
         for unread in ["", "N/A", "-5", "0"] {
             assert_eq!(deadline(hour, Some(unread), now_ms), hour, "{unread:?}");
         }
-        assert_eq!(deadline(None, Some(in_ten_minutes), now_ms), Some(Duration::from_secs(600)));
+        assert_eq!(
+            deadline(None, Some(in_ten_minutes), now_ms),
+            Some(Duration::from_secs(600))
+        );
         assert_eq!(deadline(None, None, now_ms), None);
         assert_eq!(
             deadline(hour, Some("1799999000"), now_ms),

@@ -532,20 +532,16 @@ impl LauncherCommand {
     /// A placeholder's job script: one launcher of `slots` slots, named
     /// after its array task, whose id only the batch system knows when it
     /// runs; `batch_id` spells it for the shell (`"$JOB_ID.$SGE_TASK_ID"`).
-    /// Where the batch system may give the placeholder less time than its
-    /// `walltime`, `ends_at` is a command that prints the end it gave, in
-    /// seconds since the epoch, for the launcher to take only tasks that
-    /// end before it.
     pub fn script(
         &self,
         cluster: &ClusterName,
         job: &JobId,
         slots: u32,
         task: TaskShape,
-        walltime: Option<Duration>,
+        time: PlaceholderTime<'_>,
         batch_id: &str,
-        ends_at: Option<&str>,
     ) -> String {
+        let PlaceholderTime { walltime, ends_at } = time;
         let mut script = String::from("#!/bin/sh\n# gleaner placeholder: one launcher\n");
         for (key, value) in &self.env {
             script.push_str(&format!("export {key}={}\n", quote(value)));
@@ -590,6 +586,17 @@ impl LauncherCommand {
         script.push('\n');
         script
     }
+}
+
+/// The time a placeholder asks for, and how its launcher learns the time
+/// it was given.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PlaceholderTime<'a> {
+    pub walltime: Option<Duration>,
+    /// Where the batch system may give a placeholder less than `walltime`,
+    /// a command that prints the end it gave, in seconds since the epoch,
+    /// for the launcher to take only tasks that end before it.
+    pub ends_at: Option<&'a str>,
 }
 
 /// Memory a launcher holds itself, asked beside its tasks' where they ask

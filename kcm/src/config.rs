@@ -327,9 +327,7 @@ impl ClusterConfig {
     pub fn idle_poll(&self) -> Duration {
         self.idle_poll_interval.unwrap_or(match self.backend {
             BackendKind::Local => self.busy_poll(),
-            BackendKind::Sge | BackendKind::Slurm => {
-                BATCH_IDLE_POLL_INTERVAL.max(self.busy_poll())
-            }
+            BackendKind::Sge | BackendKind::Slurm => BATCH_IDLE_POLL_INTERVAL.max(self.busy_poll()),
         })
     }
 

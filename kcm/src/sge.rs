@@ -20,8 +20,8 @@ use tracing::warn;
 use crate::{
     backend::RunAs,
     backend::{
-        Backend, BackendError, ComponentFiles, ComponentHosts, LauncherCommand, as_account,
-        placeholder_needs, remove_all, run, submit_arrays,
+        Backend, BackendError, ComponentFiles, ComponentHosts, LauncherCommand, PlaceholderTime,
+        as_account, placeholder_needs, remove_all, run, submit_arrays,
     },
     contain::Account,
     qstat::{self, AllocationRule, Consumables, allocation_rule},
@@ -166,9 +166,11 @@ impl SgeBackend {
             job,
             each,
             task,
-            c.h_rt,
+            PlaceholderTime {
+                walltime: c.h_rt,
+                ends_at: None,
+            },
             &format!("\"{SGE_TASK_ID}\""),
-            None,
         );
         let (program, args) = as_account("qsub", &args, run_as.map(|r| r.account));
         let answer = self.run(&program, &args, Some(&script)).await?;
@@ -593,7 +595,14 @@ mod tests {
                 gpus: 1,
             },
         };
-        let script = command.script(&"c1".into(), &job, 2, shape, None, "\"$JOB_ID\"", None);
+        let script = command.script(
+            &"c1".into(),
+            &job,
+            2,
+            shape,
+            PlaceholderTime::default(),
+            "\"$JOB_ID\"",
+        );
         assert!(
             script.contains("--task-memory 2048M --task-gpus 1 --gpu-devices '0','GPU-1;x'"),
             "{script}"
@@ -610,9 +619,8 @@ mod tests {
             &job,
             1,
             TaskShape::slots(1),
-            None,
+            PlaceholderTime::default(),
             "\"$JOB_ID.$SGE_TASK_ID\"",
-            None,
         );
         assert!(!script.contains("u:p"), "{script}");
         assert!(
@@ -658,9 +666,11 @@ mod tests {
             &job,
             1,
             TaskShape::slots(1),
-            c.h_rt,
+            PlaceholderTime {
+                walltime: c.h_rt,
+                ends_at: None,
+            },
             &format!("\"{SGE_TASK_ID}\""),
-            None,
         );
         assert!(script.starts_with("#!/bin/sh\n"));
         assert!(script.contains("export GLEANER_BROKER_URL='amqp://u:p@h/v?heartbeat=10'\n"));

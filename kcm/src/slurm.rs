@@ -28,8 +28,8 @@ use gleaner_protocol::{
 use crate::{
     backend::RunAs,
     backend::{
-        Backend, BackendError, ComponentFiles, ComponentHosts, LauncherCommand, as_account,
-        placeholder_needs, remove_all, run, submit_arrays,
+        Backend, BackendError, ComponentFiles, ComponentHosts, LauncherCommand, PlaceholderTime,
+        as_account, placeholder_needs, remove_all, run, submit_arrays,
     },
     contain::Account,
     snapshot::Snapshot,
@@ -155,9 +155,11 @@ impl SlurmBackend {
             job,
             each,
             task,
-            c.walltime,
+            PlaceholderTime {
+                walltime: c.walltime,
+                ends_at: c.min_walltime.map(|_| ENDS_AT),
+            },
             &format!("\"{SLURM_TASK_ID}\""),
-            c.min_walltime.map(|_| ENDS_AT),
         ));
         let (program, args) = as_account("sbatch", &args, run_as.map(|r| r.account));
         let answer = self.run(&program, &args, Some(&script)).await?;
@@ -636,9 +638,11 @@ mod tests {
             &job,
             4,
             TaskShape::slots(1),
-            Some(Duration::from_secs(600)),
+            PlaceholderTime {
+                walltime: Some(Duration::from_secs(600)),
+                ends_at: Some(ENDS_AT),
+            },
             &format!("\"{SLURM_TASK_ID}\""),
-            Some(ENDS_AT),
         );
         assert!(script.contains("export GLEANER_BROKER_URL='amqp://h/v'"));
         assert!(

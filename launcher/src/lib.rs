@@ -78,6 +78,10 @@ pub struct LauncherConfig {
     pub heartbeat: Duration,
     /// When the placeholder's walltime ends, if it has one.
     pub deadline: Option<Instant>,
+    /// The walltime its cluster's placeholders ask for: the longest a task
+    /// may take there, though the batch system may have given this one
+    /// less (`deadline`).
+    pub walltime: Option<Duration>,
     /// Running tasks are preempted this long before `deadline`, so that the
     /// batch system's kill never costs a task its retry budget.
     pub deadline_margin: Duration,

@@ -199,7 +199,9 @@ pub struct State<E> {
     /// placeholder's deadline, so the batch system's kill never costs a task
     /// its retry budget.
     stop_at: Option<Instant>,
-    /// What a fresh placeholder like this one offers a task, start to stop.
+    /// What a fresh placeholder like this one offers a task, start to stop,
+    /// at most: a task that needs more is refused, one that only needs
+    /// more than this one has left is passed on.
     window: Option<Duration>,
     /// Tasks run at once.
     capacity: usize,
@@ -277,7 +279,10 @@ impl<E> State<E> {
             idle_timeout: config.idle_timeout,
             heartbeat: config.heartbeat,
             stop_at,
-            window: stop_at.map(|stop| stop.saturating_duration_since(now)),
+            window: match config.walltime {
+                Some(walltime) => Some(walltime.saturating_sub(config.deadline_margin)),
+                None => stop_at.map(|stop| stop.saturating_duration_since(now)),
+            },
             capacity: config.tasks_at_once() as usize,
             shape: TaskShape {
                 slots: config.task_slots,
@@ -872,6 +877,7 @@ mod tests {
             idle_timeout: Duration::from_secs(60),
             heartbeat: Duration::from_secs(1000),
             deadline: None,
+            walltime: None,
             deadline_margin: Duration::from_secs(10),
             scratch: PathBuf::from("/nonexistent"),
             checkpoints: PathBuf::from("/nonexistent"),
@@ -1122,6 +1128,28 @@ mod tests {
         assert_eq!(l.at(1, settled(1)), []);
         // The launcher goes on taking tasks.
         assert_eq!(l.at(2, deliver(2, Some(10))), [Effect::Run { tag: 2 }]);
+    }
+
+    #[test]
+    fn a_task_longer_than_what_its_placeholder_was_given_is_passed_on_not_refused() {
+        // Placeholders ask for an hour; the batch system gave this one 200 s.
+        let mut l = launcher(|config, t0| {
+            config.deadline = Some(t0 + Duration::from_secs(200));
+            config.walltime = Some(Duration::from_secs(3600));
+        });
+        assert_eq!(
+            l.at(0, deliver(1, Some(600))),
+            [Effect::GiveBack { tag: 1 }, Effect::StopConsuming]
+        );
+        let mut l = launcher(|config, t0| {
+            config.deadline = Some(t0 + Duration::from_secs(200));
+            config.walltime = Some(Duration::from_secs(3600));
+        });
+        assert!(matches!(
+            l.at(0, deliver(1, Some(3591)))[..],
+            [Effect::Refuse { tag: 1, .. }]
+        ));
+        assert_eq!(l.at(1, deliver(2, Some(60))), [Effect::Run { tag: 2 }]);
     }
 
     #[test]

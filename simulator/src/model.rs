@@ -212,7 +212,11 @@ pub fn simulate(scenario: &Scenario, policy: Option<CsPolicy>) -> Run {
         // Each kcm reads its batch system when its core asks.
         let now = sim.clock.now().instant;
         for c in 0..sim.clusters.len() {
-            if sim.clusters[c].kcm.poll_timeout().is_none_or(|due| due <= now) {
+            if sim.clusters[c]
+                .kcm
+                .poll_timeout()
+                .is_none_or(|due| due <= now)
+            {
                 let mail = sim.poll(c);
                 sim.deliver(mail);
             }

@@ -70,9 +70,33 @@ impl SlurmCluster {
         PartitionHeld { _cluster: self }
     }
 
+    /// Every node reserved from `from_now` on for half an hour, as a site
+    /// reserves them for maintenance, until the returned guard is dropped:
+    /// before it, jobs start only if their time limit ends in time.
+    pub fn reserve_nodes_in(&self, from_now: Duration) -> Reserved<'_> {
+        slurm(
+            "scontrol",
+            &[
+                "create",
+                "reservation",
+                &format!("reservationname={RESERVATION}"),
+                &format!("starttime=now+{}minutes", from_now.as_secs().div_ceil(60)),
+                "duration=30",
+                "nodes=ALL",
+                // Nobody's: a reservation of the jobs' own account lets
+                // them in whatever their limit.
+                "users=nobody",
+                "flags=ignore_jobs",
+            ],
+        );
+        Reserved { _cluster: self }
+    }
+
     fn clear(&self) {
-        // A test killed while it held the partition left it down.
+        // A test killed while it held the partition left it down, or
+        // the nodes reserved.
         set_partition(Self::PARTITION, "UP");
+        delete_reservation();
         cancel_tests_jobs();
         wait_for("the Slurm queue to empty", Duration::from_secs(60), || {
             self.jobs().is_empty()
@@ -96,6 +120,26 @@ impl Drop for PartitionHeld<'_> {
     fn drop(&mut self) {
         set_partition(SlurmCluster::PARTITION, "UP");
     }
+}
+
+/// The nodes reserved by [`SlurmCluster::reserve_nodes_in`]; free again
+/// when dropped.
+pub struct Reserved<'a> {
+    _cluster: &'a SlurmCluster,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        delete_reservation();
+    }
+}
+
+const RESERVATION: &str = "gleaner-tests-maintenance";
+
+fn delete_reservation() {
+    let _ = Command::new("scontrol")
+        .args(["delete", &format!("reservation={RESERVATION}")])
+        .output();
 }
 
 fn set_partition(partition: &str, state: &str) {

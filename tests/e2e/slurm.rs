@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_protocol::naming::placeholder_name;
 use gleaner_testkit::{
-    Gleaner, SgeQueues, SlurmCluster, assert_one_task_per_gpu, by_task, finish, gpu_sweep, most_on_one_host,
-    sbatch, sweep, wait_for,
+    Gleaner, SgeQueues, SlurmCluster, assert_one_task_per_gpu, by_task, finish, gpu_sweep,
+    most_on_one_host, sbatch, sweep, wait_for,
 };
 use nix::sys::signal::Signal;
 
@@ -245,6 +245,65 @@ fn slurm_preempting_a_placeholder_itself_loses_nothing_and_requeues_nothing() {
 }
 
 #[test]
+fn a_placeholder_started_before_a_reservation_takes_only_tasks_that_end_before_it() {
+    let slurm = SlurmCluster::lock();
+    // An hour's placeholders fit before the reservation only with their
+    // least time, 5 minutes, which Slurm then gives them.
+    let _maintenance = slurm.reserve_nodes_in(std::time::Duration::from_secs(12 * 60));
+    let mut g = gleaner("slurm-hole");
+    let logs = g.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    g.write(
+        "gleaner.toml",
+        &format!(
+            "{}h_rt = \"1h\"\nmin_walltime = \"5m\"\nlog_dir = {:?}\n",
+            config(),
+            logs.display().to_string()
+        ),
+    );
+    g.start("up", &["up"]);
+    let job = |name: &str, walltime: &str| {
+        format!(
+            "name = \"{name}\"\nwalltime = \"{walltime}\"\n[sweep]\ncommand = \"echo {{n}}\"\nparams = {{ n = {{ from = 1, to = 4 }} }}\n"
+        )
+    };
+    let short = g.submit(&job("short", "1m"));
+    let long = g.submit(&job("long", "6m"));
+    let names = [placeholder_name(&short), placeholder_name(&long)];
+    let mut limits = BTreeSet::new();
+    let mut gave_back = false;
+    wait_for(
+        "the short job to end, a 6-minute task given back",
+        2 * MINUTE,
+        || {
+            for placeholder in slurm.jobs() {
+                if names.contains(&placeholder.name) && placeholder.state == "RUNNING" {
+                    let state = slurm.state(&placeholder.id);
+                    let limit = state
+                        .split_whitespace()
+                        .find(|f| f.starts_with("TimeLimit="));
+                    limits.extend(limit.map(str::to_owned));
+                }
+            }
+            gave_back = gave_back
+                || std::fs::read_dir(&logs).unwrap().flatten().any(|e| {
+                    std::fs::read_to_string(e.path())
+                        .unwrap_or_default()
+                        .contains("would outlast the placeholder")
+                });
+            gave_back && g.job_state(&short).as_deref() == Some("done")
+        },
+    );
+    assert_eq!(
+        limits,
+        BTreeSet::from(["TimeLimit=00:05:00".to_owned()]),
+        "placeholders got their least time"
+    );
+    g.assert_all_done_once(&short, 4);
+    assert!(g.index(&long).is_empty(), "no 6-minute task ran");
+}
+
+#[test]
 fn a_grid_component_runs_as_an_ordinary_slurm_job_on_one_node() {
     let _slurm = SlurmCluster::lock();
     let mut g = gleaner("slurm-grid");
@@ -326,10 +385,7 @@ fn a_local_job_wanting_most_of_a_nodes_memory_empties_that_node_only() {
     g.start("up", &["up"]);
     let (go, command) = gated(&g);
     // Launchers of 900M tasks (964M with their own) hold nearly all of every node's 4000M.
-    let manifest = format!(
-        "memory = \"900M\"\n{}",
-        sweep("fill", 240, &command)
-    );
+    let manifest = format!("memory = \"900M\"\n{}", sweep("fill", 240, &command));
     let job = g.submit(&manifest);
     let before = filled(&slurm, &job);
     let mut gone = BTreeSet::new();
