@@ -16,6 +16,7 @@ mod seed000;
 mod seed004;
 mod sge;
 mod slurm;
+mod trace;
 
 use std::{path::PathBuf, time::Duration};
 
@@ -237,6 +238,34 @@ enum Bench {
     },
     /// Slurm: how long local jobs wait with and without gleaner's load.
     SlurmLocalDelay,
+    /// A production trace's window on the dev grid's Slurm, three times
+    /// side by side: alone, with a sweep through gleaner, and with the
+    /// same sweep as a job array in the scavenger partition.
+    TraceSlurm {
+        /// A Standard Workload Format trace, gzipped or not.
+        #[arg(long, default_value = "bench/traces/NASA-iPSC-1993-3.1-cln.swf.gz")]
+        trace: PathBuf,
+        /// Where the window starts in the trace, hours.
+        #[arg(long, default_value_t = 177.0)]
+        from_hours: f64,
+        /// The window's length in the trace, hours.
+        #[arg(long, default_value_t = 3.0)]
+        hours: f64,
+        /// Trace seconds per second of the run.
+        #[arg(long, default_value_t = 30.0)]
+        compress: f64,
+        /// Tasks of the sweep.
+        #[arg(long, default_value_t = 2000)]
+        tasks: u32,
+        /// The shortest and longest task, seconds.
+        #[arg(long, default_value_t = 5)]
+        task_min: u32,
+        #[arg(long, default_value_t = 60)]
+        task_max: u32,
+        /// Where the plots go.
+        #[arg(long, default_value = "target/bench")]
+        out: PathBuf,
+    },
     /// Multi-host Grid Engine: how long one-host local jobs wait with and
     /// without gleaner's load.
     SgeHostsLocalDelay {
@@ -415,6 +444,30 @@ fn main() -> anyhow::Result<()> {
             slurm::launchers_vs_direct(&gleaner_binary()?, tasks, seconds)
         }
         Bench::SlurmLocalDelay => slurm::local_delay(&gleaner_binary()?),
+        Bench::TraceSlurm {
+            trace,
+            from_hours,
+            hours,
+            compress,
+            tasks,
+            task_min,
+            task_max,
+            out,
+        } => trace::replay_slurm(
+            &gleaner_binary()?,
+            &trace::Window {
+                trace,
+                from_s: from_hours * 3600.0,
+                length_s: hours * 3600.0,
+                compress,
+            },
+            trace::SweepShape {
+                tasks,
+                min_s: task_min,
+                max_s: task_max.max(task_min),
+            },
+            &out,
+        ),
         Bench::SgeResourceDelay => sge::resource_delay(&gleaner_binary()?),
         Bench::SgeGpuUtilisation { tasks, seconds } => {
             sge::gpu_utilisation(&gleaner_binary()?, tasks, seconds)

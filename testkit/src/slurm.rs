@@ -92,7 +92,19 @@ impl SlurmCluster {
         Reserved { _cluster: self }
     }
 
-    fn clear(&self) {
+    /// CPUs of the nodes of `partition`.
+    pub fn cores(&self, partition: &str) -> u32 {
+        slurm("sinfo", &["-h", "-p", partition, "-o", "%C"])
+            .trim()
+            .rsplit('/')
+            .next()
+            .and_then(|total| total.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Cancels every job the tests submit, and waits until the queue is
+    /// empty.
+    pub fn clear(&self) {
         // A test killed while it held the partition left it down, or
         // the nodes reserved.
         set_partition(Self::PARTITION, "UP");

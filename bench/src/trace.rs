@@ -1,0 +1,647 @@
+//! A production trace replayed on the dev grid's Slurm, side by side in one
+//! run: the trace alone (the baseline), the trace with a sweep through
+//! gleaner, and the trace with the same sweep as Slurm's own scavenging
+//! does it (a job array in the `scavenger` partition, which the trace's
+//! jobs preempt and requeue).
+//!
+//! The trace's jobs are submitted as the cluster's users would, to the
+//! `batch` partition (`sbatch -n P --time T --wrap "sleep R"`), each at
+//! its submit time in the trace's window divided by the compression, with
+//! its run time and requested time divided by it too, and its processors
+//! scaled from the traced machine's to the grid's cores. Each job stamps
+//! its start and end into a directory, and each run of a sweep task its
+//! start, end and whether it completed, so that every figure is read off
+//! what ran, the same way for every arm; `slurmctld`'s RPCs come from
+//! `sdiag`, its CPU time from `/proc`.
+
+use std::{
+    collections::BTreeMap,
+    io::Read,
+    os::unix::fs::PermissionsExt,
+    path::{Path, PathBuf},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{Context, bail, ensure};
+use gleaner_simulator::workload::{Swf, WorkloadJob, parse_swf};
+use gleaner_testkit::{Gleaner, SlurmCluster, sbatch, slurm};
+
+use crate::measure::wait_until_serving;
+
+/// The partition of the cluster's own users: a higher `PriorityTier` than
+/// `scavenger`'s, whose jobs it preempts, and than gleaner's, which
+/// yields to it through its kcm.
+const SITE_PARTITION: &str = SlurmCluster::SITE;
+
+/// A job of the trace's window, as submitted to the grid.
+#[derive(Debug, Clone)]
+struct TraceJob {
+    id: u64,
+    /// When it is submitted, seconds after the run's start.
+    at_s: f64,
+    run_s: u64,
+    limit_s: u64,
+    procs: u32,
+}
+
+/// Where the trace's window comes from and how it is shrunk to the grid.
+#[derive(Debug, Clone)]
+pub struct Window {
+    pub trace: PathBuf,
+    /// Its start and length in the trace, seconds.
+    pub from_s: f64,
+    pub length_s: f64,
+    /// Trace seconds per second of the run.
+    pub compress: f64,
+}
+
+/// The sweep run beside the trace: `tasks` tasks of `min_s` to `max_s`.
+#[derive(Debug, Clone, Copy)]
+pub struct SweepShape {
+    pub tasks: u32,
+    pub min_s: u32,
+    pub max_s: u32,
+}
+
+/// How the sweep is run beside the trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Arm {
+    Baseline,
+    Gleaner,
+    Scavenger,
+}
+
+impl Arm {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Baseline => "trace alone",
+            Self::Gleaner => "trace + sweep through gleaner",
+            Self::Scavenger => "trace + sweep as a scavenger job array",
+        }
+    }
+
+    fn stem(self) -> &'static str {
+        match self {
+            Self::Baseline => "baseline",
+            Self::Gleaner => "gleaner",
+            Self::Scavenger => "scavenger",
+        }
+    }
+}
+
+/// Reads a trace, gzipped or not.
+fn read_trace(path: &Path) -> anyhow::Result<Swf> {
+    let file = std::fs::File::open(path).with_context(|| format!("{}", path.display()))?;
+    let mut text = String::new();
+    if path.extension().is_some_and(|e| e == "gz") {
+        flate2::read::GzDecoder::new(file).read_to_string(&mut text)
+    } else {
+        std::io::BufReader::new(file).read_to_string(&mut text)
+    }
+    .with_context(|| format!("{}", path.display()))?;
+    parse_swf(&text).with_context(|| format!("{}", path.display()))
+}
+
+/// The window's jobs, shrunk to `cores`: when each is submitted, how long
+/// it runs and asks for (at least a second, and its limit at least a
+/// minute past its run, Slurm's granularity), and its processors scaled
+/// from the traced machine's `machine` (rounded up). Jobs wider than the
+/// grid even so are left out; their count is returned.
+fn window_jobs(
+    jobs: &[WorkloadJob],
+    machine: u32,
+    window: &Window,
+    cores: u32,
+) -> (Vec<TraceJob>, usize) {
+    let mut kept = Vec::new();
+    let mut skipped = 0;
+    let end = window.from_s + window.length_s;
+    for job in jobs
+        .iter()
+        .filter(|j| (window.from_s..end).contains(&j.submit_s))
+    {
+        let procs = (u64::from(job.procs) * u64::from(cores)).div_ceil(u64::from(machine.max(1)));
+        let Ok(procs) = u32::try_from(procs.max(1)) else {
+            skipped += 1;
+            continue;
+        };
+        if procs > cores {
+            skipped += 1;
+            continue;
+        }
+        let run_s = (job.run_s / window.compress).ceil().max(1.0) as u64;
+        let asked_s = (job.requested_s.max(job.run_s) / window.compress).ceil() as u64;
+        kept.push(TraceJob {
+            id: job.id,
+            at_s: (job.submit_s - window.from_s) / window.compress,
+            run_s,
+            limit_s: asked_s.max(run_s + 60).div_ceil(60) * 60,
+            procs,
+        });
+    }
+    (kept, skipped)
+}
+
+/// Seconds since the epoch, as the stamps have them.
+fn epoch_s() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or_default()
+}
+
+/// The script each sweep task runs, with its number as `$1`: a sleep of
+/// its length, stamped into `dir/<n>` as `start end done|killed`. Every
+/// arm runs the same.
+fn task_script(dir: &Path, shape: SweepShape) -> String {
+    let span = shape.max_s.saturating_sub(shape.min_s) + 1;
+    format!(
+        "#!/bin/sh\nn=$1\nd=$(( {min} + (n * 7919) % {span} ))\ns=$(date +%s.%N)\n\
+         trap 'echo \"$s $(date +%s.%N) killed\" >> {dir}/$n; exit 143' TERM INT\n\
+         sleep \"$d\" & wait $!\necho \"$s $(date +%s.%N) done\" >> {dir}/$n\n",
+        min = shape.min_s,
+        dir = dir.display(),
+    )
+}
+
+/// What one arm's run left: the trace jobs' submit, start and end times
+/// (seconds since the epoch) and processors; the sweep's runs; the
+/// run's bounds; `slurmctld`'s RPCs and CPU seconds during it.
+struct RunRecord {
+    arm: Arm,
+    started: f64,
+    window_end: f64,
+    trace: Vec<(f64, f64, f64, u32)>,
+    /// `(start, end, completed)` of every run of a sweep task.
+    sweep: Vec<(f64, f64, bool)>,
+    rpcs: u64,
+    ctld_cpu_s: f64,
+    took_s: f64,
+}
+
+/// `sdiag`'s count of RPCs by message type, summed.
+fn rpc_total() -> u64 {
+    let text = slurm("sdiag", &[]);
+    text.lines()
+        .skip_while(|l| !l.contains("by message type"))
+        .filter_map(|l| {
+            let count = l.split("count:").nth(1)?;
+            count.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// `slurmctld`'s CPU time so far, seconds.
+fn ctld_cpu_s() -> f64 {
+    let Ok(processes) = procfs::process::all_processes() else {
+        return 0.0;
+    };
+    let ticks = procfs::ticks_per_second() as f64;
+    processes
+        .flatten()
+        .filter_map(|p| p.stat().ok())
+        .filter(|s| s.comm == "slurmctld")
+        .map(|s| (s.utime + s.stime) as f64 / ticks)
+        .sum()
+}
+
+fn read_stamp(path: &Path) -> Option<f64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Runs the trace with `arm`'s sweep beside it; the sweep is stopped at
+/// the window's end, the run ends when the trace's last job has.
+fn run_arm(
+    exe: &Path,
+    cluster: &SlurmCluster,
+    jobs: &[TraceJob],
+    window: &Window,
+    shape: SweepShape,
+    arm: Arm,
+) -> anyhow::Result<RunRecord> {
+    let dir = tempfile::Builder::new()
+        .prefix("gleaner-trace-")
+        .tempdir()?;
+    let stamps = dir.path().join("trace");
+    let runs = dir.path().join("runs");
+    std::fs::create_dir_all(&stamps)?;
+    std::fs::create_dir_all(&runs)?;
+    let script = dir.path().join("task.sh");
+    std::fs::write(&script, task_script(&runs, shape))?;
+    // Every account may write the stamps: nothing here is secret.
+    for path in [dir.path(), &stamps, &runs] {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777))?;
+    }
+    let length = Duration::from_secs_f64(window.length_s / window.compress);
+
+    let mut g = None;
+    if arm == Arm::Gleaner {
+        let mut gleaner = Gleaner::new(&format!("bench-trace-{}", arm.stem()), exe);
+        gleaner.write(
+            "gleaner.toml",
+            &format!(
+                "[[cluster]]\nname = \"trace\"\nbackend = \"slurm\"\npartition = \"{}\"\n",
+                SlurmCluster::PARTITION
+            ),
+        );
+        gleaner.start("up", &["up"]);
+        wait_until_serving(&gleaner);
+        g = Some(gleaner);
+    }
+
+    let rpcs_before = rpc_total();
+    let cpu_before = ctld_cpu_s();
+    let started = epoch_s();
+    let clock = Instant::now();
+    let mut job = None;
+    let mut array = None;
+    match (arm, &g) {
+        (Arm::Gleaner, Some(g)) => {
+            job = Some(g.submit(&format!(
+                "name = \"harvest\"\n[sweep]\ncommand = \"sh {} {{n}}\"\nparams = {{ n = {{ from = 1, to = {} }} }}\n",
+                script.display(),
+                shape.tasks
+            )));
+        }
+        (Arm::Scavenger, _) => {
+            array = Some(sbatch(&[
+                "-p",
+                SlurmCluster::SCAVENGER,
+                "-n1",
+                "--requeue",
+                &format!("--array=1-{}", shape.tasks),
+                "--wrap",
+                &format!("sh {} $SLURM_ARRAY_TASK_ID", script.display()),
+            ]));
+        }
+        _ => {}
+    }
+    let mut submitted = BTreeMap::new();
+    for trace_job in jobs {
+        let due = Duration::from_secs_f64(trace_job.at_s.max(0.0));
+        if let Some(wait) = due.checked_sub(clock.elapsed()) {
+            std::thread::sleep(wait);
+        }
+        let start = stamps.join(format!("{}.start", trace_job.id));
+        let end = stamps.join(format!("{}.end", trace_job.id));
+        let wrap = format!(
+            "date +%s.%N > {}; sleep {}; date +%s.%N > {}",
+            start.display(),
+            trace_job.run_s,
+            end.display()
+        );
+        let at = epoch_s();
+        sbatch(&[
+            "-p",
+            SITE_PARTITION,
+            &format!("-n{}", trace_job.procs),
+            &format!("--time={}", trace_job.limit_s / 60),
+            &format!("--job-name=trace-{}", trace_job.id),
+            "--wrap",
+            &wrap,
+        ]);
+        submitted.insert(trace_job.id, (at, trace_job.procs));
+    }
+    if let Some(wait) = length.checked_sub(clock.elapsed()) {
+        std::thread::sleep(wait);
+    }
+    // The window is over: the sweep stops.
+    let window_end = epoch_s();
+    if let (Some(g), Some(job)) = (&g, &job) {
+        let _ = g.run(&["cancel", job]);
+    }
+    if let Some(array) = &array {
+        slurm("scancel", &[array]);
+    }
+    let deadline = Instant::now() + Duration::from_secs(1800);
+    while !submitted
+        .keys()
+        .all(|id| stamps.join(format!("{id}.end")).exists())
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the trace's jobs did not all end"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let took_s = epoch_s() - started;
+    let rpcs = rpc_total().saturating_sub(rpcs_before);
+    let ctld_cpu_s = ctld_cpu_s() - cpu_before;
+    drop(g);
+    // What gleaner or the array left goes before the next arm.
+    cluster.clear();
+    let mut trace = Vec::new();
+    for (id, (at, procs)) in &submitted {
+        let start = read_stamp(&stamps.join(format!("{id}.start")));
+        let end = read_stamp(&stamps.join(format!("{id}.end")));
+        let (Some(start), Some(end)) = (start, end) else {
+            bail!("trace job {id} left no stamps");
+        };
+        trace.push((*at, start, end, *procs));
+    }
+    let mut sweep = Vec::new();
+    for entry in std::fs::read_dir(&runs)?.flatten() {
+        for line in std::fs::read_to_string(entry.path())?.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if let [start, end, how] = fields[..]
+                && let (Ok(start), Ok(end)) = (start.parse::<f64>(), end.parse::<f64>())
+            {
+                sweep.push((start, end, how == "done"));
+            }
+        }
+    }
+    Ok(RunRecord {
+        arm,
+        started,
+        window_end,
+        trace,
+        sweep,
+        rpcs,
+        ctld_cpu_s,
+        took_s,
+    })
+}
+
+/// Seconds of `[a, b]` within `[from, to]`.
+fn overlap(a: f64, b: f64, from: f64, to: f64) -> f64 {
+    (b.min(to) - a.max(from)).max(0.0)
+}
+
+fn mean(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.iter().sum::<f64>() / values.len() as f64
+}
+
+fn percentile(values: &[f64], p: f64) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted.len() {
+        0 => 0.0,
+        n => sorted[((n as f64 * p).ceil() as usize).clamp(1, n) - 1],
+    }
+}
+
+/// What a run's figures are made of.
+struct Figures {
+    busy_core_s: f64,
+    harvested_core_s: f64,
+    lost_core_s: f64,
+    tasks_done: usize,
+    waits: Vec<f64>,
+    slowdowns: Vec<f64>,
+}
+
+/// A job's bounded slowdown: its response over its run, runs shorter
+/// than 10 s counted as 10 s.
+const SLOWDOWN_BOUND_S: f64 = 10.0;
+
+fn figures(run: &RunRecord) -> Figures {
+    let (from, to) = (run.started, run.window_end);
+    let busy_core_s = run
+        .trace
+        .iter()
+        .map(|(_, start, end, procs)| overlap(*start, *end, from, to) * f64::from(*procs))
+        .sum();
+    // A run killed at the window's end was cut by the measurement, not
+    // lost to the trace's jobs.
+    let cut = to - 1.0;
+    let harvested_core_s = run
+        .sweep
+        .iter()
+        .filter(|(_, _, done)| *done)
+        .map(|(start, end, _)| overlap(*start, *end, from, to))
+        .sum();
+    let lost_core_s = run
+        .sweep
+        .iter()
+        .filter(|(_, end, done)| !done && *end < cut)
+        .map(|(start, end, _)| overlap(*start, *end, from, to))
+        .sum();
+    let tasks_done = run
+        .sweep
+        .iter()
+        .filter(|(_, end, done)| *done && *end <= to)
+        .count();
+    let waits: Vec<f64> = run
+        .trace
+        .iter()
+        .map(|(at, start, _, _)| (start - at).max(0.0))
+        .collect();
+    let slowdowns = run
+        .trace
+        .iter()
+        .map(|(at, start, end, _)| {
+            let ran = end - start;
+            ((end - at) / ran.max(SLOWDOWN_BOUND_S)).max(1.0)
+        })
+        .collect();
+    Figures {
+        busy_core_s,
+        harvested_core_s,
+        lost_core_s,
+        tasks_done,
+        waits,
+        slowdowns,
+    }
+}
+
+/// Cores of the trace's jobs and of the sweep over the run, a point a
+/// second, as a PNG at `path`.
+fn plot_cores(run: &RunRecord, cores: u32, path: &Path) -> anyhow::Result<()> {
+    let seconds = (run.window_end - run.started).ceil().max(1.0) as usize;
+    let mut trace = vec![0.0; seconds];
+    let mut sweep = vec![0.0; seconds];
+    for (second, (t, s)) in trace.iter_mut().zip(sweep.iter_mut()).enumerate() {
+        let (a, b) = (
+            run.started + second as f64,
+            run.started + second as f64 + 1.0,
+        );
+        *t = run
+            .trace
+            .iter()
+            .map(|(_, start, end, procs)| overlap(*start, *end, a, b) * f64::from(*procs))
+            .sum();
+        *s = run
+            .sweep
+            .iter()
+            .map(|(start, end, _)| overlap(*start, *end, a, b))
+            .sum();
+    }
+    let points = |values: &[f64]| -> Vec<(f64, f64)> {
+        values
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (i as f64, *v))
+            .collect()
+    };
+    let idle: Vec<f64> = trace
+        .iter()
+        .zip(&sweep)
+        .map(|(t, s)| (f64::from(cores) - t - s).max(0.0))
+        .collect();
+    let mut series = vec![("trace jobs".to_owned(), points(&trace))];
+    if run.arm != Arm::Baseline {
+        series.push(("sweep".to_owned(), points(&sweep)));
+    }
+    series.push(("idle".to_owned(), points(&idle)));
+    gleaner_simulator::plot::lines(
+        &format!("cores over time: {}", run.arm.label()),
+        ("seconds", "cores"),
+        &series,
+        path,
+    )
+    .map_err(anyhow::Error::msg)
+}
+
+/// Replays the window three times on the dev grid's Slurm, side by side,
+/// and prints a Markdown row per run (and the plots under `out`).
+pub fn replay_slurm(
+    exe: &Path,
+    window: &Window,
+    shape: SweepShape,
+    out: &Path,
+) -> anyhow::Result<()> {
+    let swf = read_trace(&window.trace)?;
+    let Some(machine) = swf.max_procs else {
+        bail!(
+            "{}: the trace's header gives no MaxProcs or MaxNodes",
+            window.trace.display()
+        );
+    };
+    let cluster = SlurmCluster::lock();
+    let cores = cluster.cores(SITE_PARTITION);
+    ensure!(cores > 0, "no cores in partition {SITE_PARTITION}");
+    let (jobs, skipped) = window_jobs(&swf.jobs, machine, window, cores);
+    ensure!(!jobs.is_empty(), "no job of the trace in its window");
+    eprintln!(
+        "trace: {} jobs in the window ({skipped} wider than the grid left out), {machine} processors → {cores} cores, {}× faster",
+        jobs.len(),
+        window.compress
+    );
+    std::fs::create_dir_all(out)?;
+    let mut records = Vec::new();
+    for arm in [Arm::Baseline, Arm::Gleaner, Arm::Scavenger] {
+        let record = run_arm(exe, &cluster, &jobs, window, shape, arm)?;
+        plot_cores(
+            &record,
+            cores,
+            &out.join(format!("trace-{}.png", arm.stem())),
+        )?;
+        records.push(record);
+    }
+    let base = figures(&records[0]);
+    let length = records[0].window_end - records[0].started;
+    let idle = f64::from(cores) * length - base.busy_core_s;
+    for run in &records {
+        let f = figures(run);
+        let minutes = run.took_s / 60.0;
+        println!(
+            "| {} | {} | {:.0} | {:.0} ({:.1} %) | {:.0} | {} | {:.1} ({:+.1} %) | {:.1} ({:+.1} %) | {:.2} ({:+.1} %) | {:.0} | {:.0} ({:+.0}) | {:.2} |",
+            run.arm.label(),
+            jobs.len(),
+            idle,
+            f.harvested_core_s,
+            100.0 * f.harvested_core_s / idle.max(1.0),
+            f.lost_core_s,
+            f.tasks_done,
+            mean(&f.waits),
+            relative(mean(&f.waits), mean(&base.waits)),
+            percentile(&f.waits, 0.95),
+            relative(percentile(&f.waits, 0.95), percentile(&base.waits, 0.95)),
+            mean(&f.slowdowns),
+            relative(mean(&f.slowdowns), mean(&base.slowdowns)),
+            run.took_s,
+            run.rpcs as f64 / minutes,
+            run.rpcs as f64 / minutes - records[0].rpcs as f64 / (records[0].took_s / 60.0),
+            run.ctld_cpu_s,
+        );
+    }
+    Ok(())
+}
+
+/// `value` against `base`, in percent.
+fn relative(value: f64, base: f64) -> f64 {
+    if base <= 0.0 {
+        return 0.0;
+    }
+    100.0 * (value - base) / base
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn job(id: u64, submit_s: f64, run_s: f64, procs: u32) -> WorkloadJob {
+        WorkloadJob {
+            id,
+            submit_s,
+            run_s,
+            procs,
+            requested_s: run_s,
+            user: None,
+        }
+    }
+
+    #[test]
+    fn a_window_is_shrunk_to_the_grid_and_its_time_compressed() {
+        let window = Window {
+            trace: PathBuf::new(),
+            from_s: 1000.0,
+            length_s: 3000.0,
+            compress: 10.0,
+        };
+        let jobs = [
+            job(1, 999.0, 100.0, 1),
+            job(2, 1000.0, 95.0, 128),
+            job(3, 2000.0, 5.0, 1),
+            job(4, 3999.0, 600.0, 11),
+            job(5, 4000.0, 100.0, 1),
+            job(6, 1500.0, 100.0, 256),
+        ];
+        let (kept, skipped) = window_jobs(&jobs, 128, &window, 12);
+        let shapes: Vec<(u64, f64, u64, u64, u32)> = kept
+            .iter()
+            .map(|j| (j.id, j.at_s, j.run_s, j.limit_s, j.procs))
+            .collect();
+        assert_eq!(
+            shapes,
+            [
+                (2, 0.0, 10, 120, 12),
+                (3, 100.0, 1, 120, 1),
+                (4, 299.9, 60, 120, 2),
+            ]
+        );
+        assert_eq!(skipped, 1, "a job wider than the traced machine");
+    }
+
+    #[test]
+    fn figures_count_only_the_window_and_what_completed() {
+        let run = RunRecord {
+            arm: Arm::Gleaner,
+            started: 100.0,
+            window_end: 200.0,
+            trace: vec![(100.0, 110.0, 150.0, 2), (120.0, 120.0, 260.0, 1)],
+            sweep: vec![
+                (100.0, 110.0, true),
+                (150.0, 170.0, false),
+                (190.0, 199.5, false),
+                (195.0, 205.0, true),
+            ],
+            rpcs: 0,
+            ctld_cpu_s: 0.0,
+            took_s: 160.0,
+        };
+        let f = figures(&run);
+        assert_eq!(f.busy_core_s, 2.0 * 40.0 + 80.0);
+        assert_eq!(f.harvested_core_s, 10.0 + 5.0);
+        assert_eq!(
+            f.lost_core_s, 20.0,
+            "the run cut at the window's end is not lost"
+        );
+        assert_eq!(f.tasks_done, 1);
+        assert_eq!(f.waits, [10.0, 0.0]);
+        assert_eq!(f.slowdowns, [50.0 / 40.0, 1.0]);
+    }
+}
