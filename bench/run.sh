@@ -77,6 +77,14 @@ exp_seed004_figure_4_4() {
     default_grid
 }
 
+exp_slurm_master_load() {
+    echo "## what gleaner costs slurmctld, with 10,000 held jobs of the cluster's own users in the queue, a minute each"
+    echo "| jobs in the queue | gleaner | slurmctld RPCs a minute | gleaner's | slurmctld CPU s a minute | more than without gleaner |"
+    echo "|---|---|---|---|---|---|"
+    default_grid
+    "$bench" slurm-master-load
+}
+
 exp_trace_slurm() {
     echo "## a production trace on Slurm: alone, with a sweep through gleaner, with the same sweep as a scavenger job array"
     echo "| run | trace jobs | idle core-s of the baseline | harvested core-s (of idle) | lost core-s | sweep tasks done | trace jobs' mean wait s (vs alone) | 95th percentile wait s (vs alone) | mean bounded slowdown (vs alone) | run s | slurmctld RPCs a minute (more than alone) | slurmctld CPU s |"
@@ -273,7 +281,7 @@ exp_fairness() {
 }
 
 experiments=(seed000_table_4_1 seed000_table_4_2 handover seed000_table_4_3 seed004_figure_4_4
-    makespan makespan_million throughput hyperqueue scale follow executor launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_resource_delay sge_gpu_utilisation sge_throughput slurm_launchers slurm_local_delay trace_slurm sge_grid_delay decide inbox chaos fairness simulator plots)
+    makespan makespan_million throughput hyperqueue scale follow executor launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_resource_delay sge_gpu_utilisation sge_throughput slurm_launchers slurm_local_delay slurm_master_load trace_slurm sge_grid_delay decide inbox chaos fairness simulator plots)
 
 if [ "${1:-}" = --list ]; then
     printf '%s\n' "${experiments[@]//_/-}"

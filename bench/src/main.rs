@@ -238,6 +238,17 @@ enum Bench {
     },
     /// Slurm: how long local jobs wait with and without gleaner's load.
     SlurmLocalDelay,
+    /// What gleaner costs `slurmctld` with the queue full of the
+    /// cluster's own jobs: RPCs a minute and CPU, without gleaner, idle
+    /// and busy.
+    SlurmMasterLoad {
+        /// Held jobs in the queue.
+        #[arg(long, default_value_t = 10_000)]
+        queued: u32,
+        /// How long each is measured.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        span: Duration,
+    },
     /// A production trace's window on the dev grid's Slurm, three times
     /// side by side: alone, with a sweep through gleaner, and with the
     /// same sweep as a job array in the scavenger partition.
@@ -444,6 +455,9 @@ fn main() -> anyhow::Result<()> {
             slurm::launchers_vs_direct(&gleaner_binary()?, tasks, seconds)
         }
         Bench::SlurmLocalDelay => slurm::local_delay(&gleaner_binary()?),
+        Bench::SlurmMasterLoad { queued, span } => {
+            slurm::master_load(&gleaner_binary()?, queued, span)
+        }
         Bench::TraceSlurm {
             trace,
             from_hours,

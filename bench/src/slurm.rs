@@ -215,3 +215,114 @@ fn local_waits(cluster: &SlurmCluster, shape: &Shape) -> anyhow::Result<Vec<f64>
     });
     Ok(waits)
 }
+
+/// `sdiag`'s count of RPCs by message type, summed.
+pub fn rpc_total() -> u64 {
+    slurm("sdiag", &[])
+        .lines()
+        .skip_while(|l| !l.contains("by message type"))
+        .filter_map(|l| {
+            let count = l.split("count:").nth(1)?;
+            count.split_whitespace().next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
+/// `slurmctld`'s CPU time so far, seconds.
+pub fn ctld_cpu_s() -> f64 {
+    let Ok(processes) = procfs::process::all_processes() else {
+        return 0.0;
+    };
+    let ticks = procfs::ticks_per_second() as f64;
+    processes
+        .flatten()
+        .filter_map(|p| p.stat().ok())
+        .filter(|s| s.comm == "slurmctld")
+        .map(|s| (s.utime + s.stime) as f64 / ticks)
+        .sum()
+}
+
+/// RPCs `slurmctld` served and the CPU seconds it took over `span`,
+/// each a minute's worth.
+fn master_minute(span: Duration) -> (f64, f64) {
+    let (rpcs, cpu) = (rpc_total(), ctld_cpu_s());
+    std::thread::sleep(span);
+    let minutes = span.as_secs_f64() / 60.0;
+    (
+        rpc_total().saturating_sub(rpcs) as f64 / minutes,
+        (ctld_cpu_s() - cpu) / minutes,
+    )
+}
+
+/// What gleaner costs `slurmctld` with `queued` jobs of the cluster's own
+/// users held in the queue: RPCs a minute and its CPU, over `span` each,
+/// without gleaner, with an idle gleaner (reading every 500 ms as it
+/// used to, then as it does), and with a gleaner whose sweep fills the
+/// partition.
+pub fn master_load(exe: &std::path::Path, queued: u32, span: Duration) -> anyhow::Result<()> {
+    let cluster = SlurmCluster::lock();
+    let submitters = 4;
+    std::thread::scope(|scope| {
+        for part in 0..submitters {
+            scope.spawn(move || {
+                for _ in (part..queued).step_by(submitters as usize) {
+                    sbatch(&[
+                        "--hold",
+                        "-p",
+                        SlurmCluster::LOCAL,
+                        "-n1",
+                        "--wrap",
+                        "sleep 1",
+                    ]);
+                }
+            });
+        }
+    });
+    let held = cluster.jobs().len();
+    ensure!(held >= queued as usize, "{held} of {queued} jobs queued");
+    let row = |what: &str, (rpcs, cpu): (f64, f64), alone: (f64, f64)| {
+        println!(
+            "| {held} | {what} | {rpcs:.0} | {:+.0} | {cpu:.2} | {:+.1} % |",
+            rpcs - alone.0,
+            100.0 * (cpu - alone.1) / alone.1.max(f64::EPSILON)
+        );
+    };
+    let alone = master_minute(span);
+    row("no gleaner", alone, alone);
+    for (what, intervals) in [
+        (
+            "an idle gleaner, reading every 500 ms (as before)",
+            "poll_interval = \"500ms\"\nidle_poll_interval = \"500ms\"\n",
+        ),
+        ("an idle gleaner", ""),
+    ] {
+        let mut g = Gleaner::new("bench-slurm-master", exe);
+        g.write(
+            "gleaner.toml",
+            &format!("{}{intervals}", config(SlurmCluster::PARTITION)),
+        );
+        g.start("up", &["up"]);
+        wait_until_serving(&g);
+        row(what, master_minute(span), alone);
+        if intervals.is_empty() {
+            let job = g.submit(&sweep("load", 10_000, "sleep 600"));
+            let full = || {
+                cluster
+                    .jobs()
+                    .iter()
+                    .filter(|j| j.name == placeholder_name(&job) && j.state == "RUNNING")
+                    .count()
+                    == 12
+            };
+            wait_for("gleaner to fill the partition", TIMEOUT, full);
+            row(
+                "a gleaner whose sweep fills the partition",
+                master_minute(span),
+                alone,
+            );
+            g.run(&["cancel", &job]);
+        }
+    }
+    cluster.clear();
+    Ok(())
+}

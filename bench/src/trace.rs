@@ -26,7 +26,10 @@ use anyhow::{Context, bail, ensure};
 use gleaner_simulator::workload::{Swf, WorkloadJob, parse_swf};
 use gleaner_testkit::{Gleaner, SlurmCluster, sbatch, slurm};
 
-use crate::measure::wait_until_serving;
+use crate::{
+    measure::wait_until_serving,
+    slurm::{ctld_cpu_s, rpc_total},
+};
 
 /// The partition of the cluster's own users: a higher `PriorityTier` than
 /// `scavenger`'s, whose jobs it preempts, and than gleaner's, which
@@ -177,32 +180,6 @@ struct RunRecord {
     rpcs: u64,
     ctld_cpu_s: f64,
     took_s: f64,
-}
-
-/// `sdiag`'s count of RPCs by message type, summed.
-fn rpc_total() -> u64 {
-    let text = slurm("sdiag", &[]);
-    text.lines()
-        .skip_while(|l| !l.contains("by message type"))
-        .filter_map(|l| {
-            let count = l.split("count:").nth(1)?;
-            count.split_whitespace().next()?.parse::<u64>().ok()
-        })
-        .sum()
-}
-
-/// `slurmctld`'s CPU time so far, seconds.
-fn ctld_cpu_s() -> f64 {
-    let Ok(processes) = procfs::process::all_processes() else {
-        return 0.0;
-    };
-    let ticks = procfs::ticks_per_second() as f64;
-    processes
-        .flatten()
-        .filter_map(|p| p.stat().ok())
-        .filter(|s| s.comm == "slurmctld")
-        .map(|s| (s.utime + s.stime) as f64 / ticks)
-        .sum()
 }
 
 fn read_stamp(path: &Path) -> Option<f64> {

@@ -137,6 +137,8 @@ SelectTypeParameters=CR_CPU_Memory
 DefMemPerCPU=500
 GresTypes=gpu
 MinJobAge=60
+# Room for a busy site's queue (the benchmarks hold 10,000 jobs in it).
+MaxJobCount=50000
 KillWait=5
 InactiveLimit=0
 # Jobs of a higher PriorityTier preempt those of partitions that allow it
