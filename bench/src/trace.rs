@@ -472,6 +472,60 @@ fn plot_cores(run: &RunRecord, cores: u32, path: &Path) -> anyhow::Result<()> {
     .map_err(anyhow::Error::msg)
 }
 
+/// The same window through `gleaner simulate`: one cluster of `cores`
+/// nodes whose batch system backfills conservatively, the trace's jobs
+/// to its own queue, the sweep's tasks each of the sweep's mean length;
+/// the run alone and with the sweep through gleaner.
+fn simulate_window(
+    jobs: &[TraceJob],
+    cores: u32,
+    shape: SweepShape,
+    length_s: f64,
+) -> anyhow::Result<[Figures; 2]> {
+    let dir = tempfile::tempdir()?;
+    let swf = dir.path().join("window.swf");
+    let workload: Vec<WorkloadJob> = jobs
+        .iter()
+        .map(|j| WorkloadJob {
+            id: j.id,
+            submit_s: j.at_s,
+            run_s: j.run_s as f64,
+            procs: j.procs,
+            requested_s: j.limit_s as f64,
+            user: None,
+        })
+        .collect();
+    std::fs::write(&swf, gleaner_simulator::workload::to_swf(&workload, cores))?;
+    let task_s = f64::from(shape.min_s + shape.max_s) / 2.0;
+    let scenario = format!(
+        "name = \"trace window\"\nduration = \"{length}s\"\nseed = 1\n\n[timing]\nkcm_poll = \"2s\"\nsample = \"1s\"\n\n\
+         [[cluster]]\nname = \"trace\"\nnodes = {cores}\nbatch_scheduler = \"conservative\"\n\n\
+         [grid_jobs]\nworkload = \"trace\"\ntrace = {{ swf = {swf:?}, through_gleaner = 0.0 }}\n\n\
+         [[job]]\nname = \"harvest\"\ntasks = {tasks}\ntask_duration = \"{task_s}s\"\n",
+        length = length_s.ceil(),
+        swf = swf.display().to_string(),
+        tasks = shape.tasks,
+    );
+    let scenario = gleaner_simulator::Scenario::from_toml(&scenario)?;
+    let figures = |run: &gleaner_simulator::Run| {
+        let waits: Vec<f64> = run.local_waits.values().copied().collect();
+        let busy: f64 = run.samples.iter().map(|s| f64::from(s.local)).sum();
+        let done = run.jobs.iter().map(|j| j.done).sum::<u64>() as f64;
+        Figures {
+            busy_core_s: busy,
+            harvested_core_s: done * task_s,
+            lost_core_s: run.jobs.iter().map(|j| j.lost_hours * 3600.0).sum(),
+            tasks_done: done as usize,
+            slowdowns: Vec::new(),
+            waits,
+        }
+    };
+    let alone = gleaner_simulator::simulate(&scenario, None);
+    let with =
+        gleaner_simulator::simulate(&scenario, Some(gleaner_policy::share::CsPolicy::default()));
+    Ok([figures(&alone), figures(&with)])
+}
+
 /// Replays the window three times on the dev grid's Slurm, side by side,
 /// and prints a Markdown row per run (and the plots under `out`).
 pub fn replay_slurm(
@@ -535,6 +589,35 @@ pub fn replay_slurm(
             run.ctld_cpu_s,
         );
     }
+    // The simulator on the same window, and how far its figures are from
+    // the grid's.
+    let [alone, with] = simulate_window(&jobs, cores, shape, length)?;
+    let sim_idle = f64::from(cores) * length - alone.busy_core_s;
+    let real = figures(&records[1]);
+    for (label, f) in [
+        ("simulated: trace alone", &alone),
+        ("simulated: trace + sweep through gleaner", &with),
+    ] {
+        println!(
+            "| {label} | {} | {sim_idle:.0} | {:.0} ({:.1} %) | {:.0} | {} | {:.1} ({:+.1} %) | {:.1} ({:+.1} %) | | | | |",
+            jobs.len(),
+            f.harvested_core_s,
+            100.0 * f.harvested_core_s / sim_idle.max(1.0),
+            f.lost_core_s,
+            f.tasks_done,
+            mean(&f.waits),
+            relative(mean(&f.waits), mean(&alone.waits)),
+            percentile(&f.waits, 0.95),
+            relative(percentile(&f.waits, 0.95), percentile(&alone.waits, 0.95)),
+        );
+    }
+    eprintln!(
+        "simulator against the grid: idle {:+.1} %, harvested {:+.1} %, trace jobs' mean wait alone {:+.1} %, with the sweep {:+.1} %",
+        relative(sim_idle, idle),
+        relative(with.harvested_core_s, real.harvested_core_s),
+        relative(mean(&alone.waits), mean(&base.waits)),
+        relative(mean(&with.waits), mean(&real.waits)),
+    );
     Ok(())
 }
 
@@ -591,6 +674,30 @@ mod tests {
             ]
         );
         assert_eq!(skipped, 1, "a job wider than the traced machine");
+    }
+
+    #[test]
+    fn the_simulator_runs_the_window_with_and_without_the_sweep() {
+        let jobs: Vec<TraceJob> = (0..6)
+            .map(|i| TraceJob {
+                id: i,
+                at_s: 20.0 * i as f64,
+                run_s: 30,
+                limit_s: 60,
+                procs: 4,
+            })
+            .collect();
+        let shape = SweepShape {
+            tasks: 500,
+            min_s: 5,
+            max_s: 15,
+        };
+        let [alone, with] = simulate_window(&jobs, 12, shape, 200.0).unwrap();
+        assert_eq!(alone.waits.len(), 6, "every trace job started");
+        assert_eq!(with.waits.len(), 6);
+        assert_eq!(alone.tasks_done, 0, "no sweep alone");
+        assert!(with.tasks_done > 0, "the sweep harvested the idle nodes");
+        assert!(with.harvested_core_s <= 12.0 * 200.0 - alone.busy_core_s);
     }
 
     #[test]
