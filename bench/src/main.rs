@@ -257,13 +257,13 @@ enum Bench {
         #[arg(long, default_value = "bench/traces/NASA-iPSC-1993-3.1-cln.swf.gz")]
         trace: PathBuf,
         /// Where the window starts in the trace, hours.
-        #[arg(long, default_value_t = 177.0)]
+        #[arg(long, default_value_t = 537.0)]
         from_hours: f64,
         /// The window's length in the trace, hours.
-        #[arg(long, default_value_t = 3.0)]
+        #[arg(long, default_value_t = 2.0)]
         hours: f64,
         /// Trace seconds per second of the run.
-        #[arg(long, default_value_t = 30.0)]
+        #[arg(long, default_value_t = 20.0)]
         compress: f64,
         /// Tasks of the sweep.
         #[arg(long, default_value_t = 2000)]
