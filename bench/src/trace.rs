@@ -552,20 +552,14 @@ pub fn replay_slurm(
         window.compress
     );
     std::fs::create_dir_all(out)?;
-    let mut records = Vec::new();
+    let mut records: Vec<RunRecord> = Vec::new();
     for arm in [Arm::Baseline, Arm::Gleaner, Arm::Scavenger] {
-        let record = run_arm(exe, &cluster, &jobs, window, shape, arm)?;
-        plot_cores(
-            &record,
-            cores,
-            &out.join(format!("trace-{}.png", arm.stem())),
-        )?;
-        records.push(record);
-    }
-    let base = figures(&records[0]);
-    let length = records[0].window_end - records[0].started;
-    let idle = f64::from(cores) * length - base.busy_core_s;
-    for run in &records {
+        let run = run_arm(exe, &cluster, &jobs, window, shape, arm)?;
+        plot_cores(&run, cores, &out.join(format!("trace-{}.png", arm.stem())))?;
+        records.push(run);
+        let (first, run) = (&records[0], &records[records.len() - 1]);
+        let base = figures(first);
+        let idle = f64::from(cores) * (first.window_end - first.started) - base.busy_core_s;
         let f = figures(run);
         let minutes = run.took_s / 60.0;
         println!(
@@ -585,10 +579,13 @@ pub fn replay_slurm(
             relative(mean(&f.slowdowns), mean(&base.slowdowns)),
             run.took_s,
             run.rpcs as f64 / minutes,
-            run.rpcs as f64 / minutes - records[0].rpcs as f64 / (records[0].took_s / 60.0),
+            run.rpcs as f64 / minutes - first.rpcs as f64 / (first.took_s / 60.0),
             run.ctld_cpu_s,
         );
     }
+    let base = figures(&records[0]);
+    let length = records[0].window_end - records[0].started;
+    let idle = f64::from(cores) * length - base.busy_core_s;
     // The simulator on the same window, and how far its figures are from
     // the grid's.
     let [alone, with] = simulate_window(&jobs, cores, shape, length)?;

@@ -137,8 +137,10 @@ SelectTypeParameters=CR_CPU_Memory
 DefMemPerCPU=500
 GresTypes=gpu
 MinJobAge=60
-# Room for a busy site's queue (the benchmarks hold 10,000 jobs in it).
+# Room for a busy site's queue (the benchmarks hold 10,000 jobs in it)
+# and for a sweep as one job array.
 MaxJobCount=50000
+MaxArraySize=100001
 KillWait=5
 InactiveLimit=0
 # Jobs of a higher PriorityTier preempt those of partitions that allow it

@@ -185,7 +185,10 @@ pub fn sbatch(args: &[&str]) -> String {
         .concat(),
     );
     let id = answer.trim().split(';').next().unwrap_or("").to_owned();
-    assert!(id.parse::<u64>().is_ok(), "sbatch answered {answer:?}");
+    assert!(
+        id.parse::<u64>().is_ok(),
+        "sbatch {args:?} answered {answer:?}"
+    );
     id
 }
 
