@@ -389,13 +389,17 @@ fn figures(run: &RunRecord) -> Figures {
         .iter()
         .filter(|(_, _, done)| *done)
         .map(|(start, end, _)| overlap(*start, *end, from, to))
-        .sum();
+        .sum::<f64>()
+        // An empty sum is -0.
+        .abs();
     let lost_core_s = run
         .sweep
         .iter()
         .filter(|(_, end, done)| !done && *end < cut)
         .map(|(start, end, _)| overlap(*start, *end, from, to))
-        .sum();
+        .sum::<f64>()
+        // An empty sum is -0.
+        .abs();
     let tasks_done = run
         .sweep
         .iter()
