@@ -150,14 +150,7 @@ pub fn local_delay(exe: &std::path::Path) -> anyhow::Result<()> {
     g.start("up", &["up"]);
     wait_until_serving(&g);
     let job = g.submit(&sweep("load", 100_000, "sleep 60"));
-    let full = || {
-        cluster
-            .jobs()
-            .iter()
-            .filter(|j| j.name == placeholder_name(&job) && j.state == "RUNNING")
-            .count()
-            == 12
-    };
+    let full = || running_placeholders(&cluster, &job) == 12;
     for (shape, alone) in shapes.iter().zip(&alone) {
         wait_for(
             "gleaner to fill the partition",
@@ -214,6 +207,15 @@ fn local_waits(cluster: &SlurmCluster, shape: &Shape) -> anyhow::Result<Vec<f64>
         cluster.jobs().iter().all(|j| !ids.contains(&j.id.as_str()))
     });
     Ok(waits)
+}
+
+/// Placeholders of `job` running.
+fn running_placeholders(cluster: &SlurmCluster, job: &str) -> usize {
+    cluster
+        .jobs()
+        .iter()
+        .filter(|j| j.name == placeholder_name(job) && j.state == "RUNNING")
+        .count()
 }
 
 /// `sdiag`'s count of RPCs by message type, summed.
@@ -306,14 +308,7 @@ pub fn master_load(exe: &std::path::Path, queued: u32, span: Duration) -> anyhow
         row(what, master_minute(span), alone);
         if intervals.is_empty() {
             let job = g.submit(&sweep("load", 10_000, "sleep 600"));
-            let full = || {
-                cluster
-                    .jobs()
-                    .iter()
-                    .filter(|j| j.name == placeholder_name(&job) && j.state == "RUNNING")
-                    .count()
-                    == 12
-            };
+            let full = || running_placeholders(&cluster, &job) == 12;
             wait_for("gleaner to fill the partition", TIMEOUT, full);
             // The nodes' own RPCs for starting 12 jobs are Slurm's cost of
             // any 12 jobs: they pass before the minute measured.

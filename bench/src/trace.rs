@@ -567,18 +567,9 @@ pub fn replay_slurm(
         let f = figures(run);
         let minutes = run.took_s / 60.0;
         println!(
-            "| {} | {} | {:.0} | {:.0} ({:.1} %) | {:.0} | {} | {:.1} ({:+.1} %) | {:.1} ({:+.1} %) | {:.2} ({:+.1} %) | {:.0} | {:.0} ({:+.0}) | {:.2} |",
+            "| {} | {} | {:.2} ({:+.1} %) | {:.0} | {:.0} ({:+.0}) | {:.2} |",
             run.arm.label(),
-            jobs.len(),
-            idle,
-            f.harvested_core_s,
-            100.0 * f.harvested_core_s / idle.max(1.0),
-            f.lost_core_s,
-            f.tasks_done,
-            mean(&f.waits),
-            relative(mean(&f.waits), mean(&base.waits)),
-            percentile(&f.waits, 0.95),
-            relative(percentile(&f.waits, 0.95), percentile(&base.waits, 0.95)),
+            columns(&f, &base, idle, jobs.len()),
             mean(&f.slowdowns),
             relative(mean(&f.slowdowns), mean(&base.slowdowns)),
             run.took_s,
@@ -600,16 +591,8 @@ pub fn replay_slurm(
         ("simulated: trace + sweep through gleaner", &with),
     ] {
         println!(
-            "| {label} | {} | {sim_idle:.0} | {:.0} ({:.1} %) | {:.0} | {} | {:.1} ({:+.1} %) | {:.1} ({:+.1} %) | | | | |",
-            jobs.len(),
-            f.harvested_core_s,
-            100.0 * f.harvested_core_s / sim_idle.max(1.0),
-            f.lost_core_s,
-            f.tasks_done,
-            mean(&f.waits),
-            relative(mean(&f.waits), mean(&alone.waits)),
-            percentile(&f.waits, 0.95),
-            relative(percentile(&f.waits, 0.95), percentile(&alone.waits, 0.95)),
+            "| {label} | {} | | | | |",
+            columns(f, &alone, sim_idle, jobs.len())
         );
     }
     eprintln!(
@@ -620,6 +603,23 @@ pub fn replay_slurm(
         relative(mean(&with.waits), mean(&real.waits)),
     );
     Ok(())
+}
+
+/// A row's columns from the trace's jobs to the 95th percentile of their
+/// waits: `f` of a run against `base`, the same window's run alone, which
+/// left `idle` core-seconds.
+fn columns(f: &Figures, base: &Figures, idle: f64, jobs: usize) -> String {
+    format!(
+        "{jobs} | {idle:.0} | {:.0} ({:.1} %) | {:.0} | {} | {:.1} ({:+.1} %) | {:.1} ({:+.1} %)",
+        f.harvested_core_s,
+        100.0 * f.harvested_core_s / idle.max(1.0),
+        f.lost_core_s,
+        f.tasks_done,
+        mean(&f.waits),
+        relative(mean(&f.waits), mean(&base.waits)),
+        percentile(&f.waits, 0.95),
+        relative(percentile(&f.waits, 0.95), percentile(&base.waits, 0.95)),
+    )
 }
 
 /// `value` against `base`, in percent.

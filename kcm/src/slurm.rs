@@ -91,6 +91,15 @@ struct HostsReading {
 /// since: a node drained or back in service is seen within it.
 const HOSTS_MAX_AGE: Duration = Duration::from_secs(30);
 
+impl HostsReading {
+    /// Whether the nodes are as read, `now`, where jobs run as `allocations`
+    /// says: their free CPUs, memory and GPUs change only when jobs start,
+    /// end or move, their states within [`HOSTS_MAX_AGE`].
+    fn still_true(&self, allocations: &BTreeSet<(String, String)>, now: Instant) -> bool {
+        self.allocations == *allocations && now.saturating_duration_since(self.at) < HOSTS_MAX_AGE
+    }
+}
+
 impl SlurmBackend {
     pub fn new(config: SlurmConfig) -> Self {
         Self {
@@ -106,13 +115,12 @@ impl SlurmBackend {
         allocations: BTreeSet<(String, String)>,
         args: &[String],
     ) -> Result<String, BackendError> {
+        let at = Instant::now();
         if let Some(hosts) = &self.hosts
-            && hosts.allocations == allocations
-            && hosts.at.elapsed() < HOSTS_MAX_AGE
+            && hosts.still_true(&allocations, at)
         {
             return Ok(hosts.sinfo.clone());
         }
-        let at = Instant::now();
         let sinfo = self.run("sinfo", args, None).await?;
         self.hosts = Some(HostsReading {
             sinfo: sinfo.clone(),
@@ -455,6 +463,36 @@ mod tests {
                 launcher_settings: String::new(),
             },
         }
+    }
+
+    #[test]
+    fn the_nodes_are_read_again_when_jobs_moved_or_the_reading_is_old() {
+        let at = Instant::now();
+        let running = |jobs: &[(&str, &str)]| -> BTreeSet<(String, String)> {
+            jobs.iter()
+                .map(|(id, nodes)| (id.to_string(), nodes.to_string()))
+                .collect()
+        };
+        let hosts = HostsReading {
+            sinfo: String::new(),
+            at,
+            allocations: running(&[("7_1", "node1")]),
+        };
+        let soon = at + Duration::from_secs(5);
+        assert!(hosts.still_true(&running(&[("7_1", "node1")]), soon));
+        assert!(
+            !hosts.still_true(&running(&[("7_1", "node2")]), soon),
+            "moved"
+        );
+        assert!(!hosts.still_true(&running(&[]), soon), "ended");
+        assert!(
+            !hosts.still_true(&running(&[("7_1", "node1"), ("8", "node2")]), soon),
+            "started"
+        );
+        assert!(
+            !hosts.still_true(&running(&[("7_1", "node1")]), at + HOSTS_MAX_AGE),
+            "old"
+        );
     }
 
     #[test]
