@@ -1394,15 +1394,17 @@ impl KcmCore {
         effects
     }
 
-    /// Local jobs wait: withdraw pending placeholders, then order the
-    /// scavenging jobs here to give back what is still missing, where the
-    /// waiting jobs can use it.
+    /// Local jobs wait: withdraw pending placeholders (but those the batch
+    /// system keeps behind them anyway: they fill the holes its backfill
+    /// finds), then order the scavenging jobs here to give back what is
+    /// still missing, where the waiting jobs can use it.
     fn make_room(&mut self, now: Now) -> Vec<Effect> {
         let snapshot = &self.last;
+        let yielding = snapshot.yielding();
         let pending: Vec<String> = snapshot
             .placeholders
             .iter()
-            .filter(|p| !p.running())
+            .filter(|p| !p.running() && !yielding.contains(p.id.as_str()))
             .map(|p| p.id.clone())
             .collect();
         let hosts = snapshot.host_loads();
@@ -1454,19 +1456,21 @@ impl KcmCore {
     }
 
     /// Placeholders and components waiting in the batch queue for longer
-    /// than `max_pending` (not for local jobs: those withdraw them at once;
-    /// nor components whose turn is still to come by the estimates) wait
+    /// than `max_pending` (not for local jobs: those withdraw them at once,
+    /// or the batch system keeps them behind; nor components whose turn is
+    /// still to come by the estimates) wait
     /// for something gleaner cannot see; they are withdrawn. Both
     /// count as failed starts, and their slots are not reported idle for a
     /// while, so that the scheduler offers or places them elsewhere and, if
     /// it keeps happening, stops using this cluster; a withdrawn component
     /// is told to its job, to be placed again.
     fn withdraw_stuck(&mut self, now: Now) -> Vec<Effect> {
+        let yielding = self.last.yielding();
         let waiting: BTreeSet<&str> = self
             .last
             .placeholders
             .iter()
-            .filter(|p| !p.running())
+            .filter(|p| !p.running() && !yielding.contains(p.id.as_str()))
             .map(|p| p.id.as_str())
             .chain(
                 self.last
@@ -1755,6 +1759,7 @@ mod tests {
     use gleaner_protocol::Event as Published;
 
     use super::*;
+    use crate::snapshot::Standing;
 
     fn job(name: &str) -> JobId {
         format!("{name}-0000000000000000").parse().unwrap()
@@ -2185,6 +2190,49 @@ mod tests {
             clock.at(5_000),
         );
         assert_eq!(shrinks(&effects), [(a, 2), (b, 2)]);
+    }
+
+    #[test]
+    fn placeholders_the_queue_keeps_behind_waiting_local_jobs_wait_there() {
+        let clock = Clock::new();
+        let mut kcm = core();
+        let a = job("a");
+        let standing = |tier, priority| Standing { tier, priority };
+        let queue = |waits: &[(&str, u32)], local_standing: Standing| Snapshot {
+            waiting: waiting(waits),
+            standings: BTreeMap::from([
+                ("1.1".to_owned(), standing(1, 500)),
+                ("9".to_owned(), local_standing),
+            ]),
+            ..busy(4, 4, 0, vec![placeholder("1.1", &a, false)])
+        };
+        let behind = || queue(&[("9", 4)], standing(10, 100));
+        // Behind the waiting job in the queue: left to the batch system's
+        // backfill, however long it waits.
+        for at in [0, 1_000, MAX_PENDING.as_millis() as u64 * 3] {
+            let effects = poll(&mut kcm, behind(), clock.at(at));
+            assert!(removed(&effects).is_empty(), "{effects:?}");
+        }
+        // Ahead of it: withdrawn at once.
+        let effects = poll(
+            &mut kcm,
+            queue(&[("9", 4)], standing(1, 400)),
+            clock.at(200_000),
+        );
+        assert_eq!(removed(&effects), [["1.1"]]);
+        // Once nothing waits, a placeholder still waiting is stuck after
+        // `max_pending` counted from then.
+        let mut kcm = core();
+        poll(&mut kcm, behind(), clock.at(0));
+        let alone = || queue(&[], standing(10, 100));
+        let effects = poll(&mut kcm, alone(), clock.at(100_000));
+        assert!(removed(&effects).is_empty(), "{effects:?}");
+        let effects = poll(
+            &mut kcm,
+            alone(),
+            clock.at(100_000 + MAX_PENDING.as_millis() as u64 + 1),
+        );
+        assert_eq!(removed(&effects), [["1.1"]]);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The batch system at one moment, as plain data: what a backend reads and
 //! the kcm's core decides on (a simulator builds it by hand).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_manifest::{JobId, Needs};
 use gleaner_policy::{
@@ -163,6 +163,17 @@ impl Host {
     }
 }
 
+/// Where a waiting job stands in the batch system's queue: its
+/// partition's priority tier, then its priority. The batch system starts a
+/// job only after every waiting job of a higher standing that wants the
+/// same slots, its backfill included: that starts a job early only where
+/// it delays none of them by their time limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Standing {
+    pub tier: u32,
+    pub priority: u64,
+}
+
 /// The cluster's state at one moment.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Snapshot {
@@ -184,6 +195,10 @@ pub struct Snapshot {
     /// of completion times start from. Empty from a backend that does not
     /// read them.
     pub timing: Vec<Timing>,
+    /// Standings of the jobs waiting for this cluster's slots, gleaner's
+    /// and others', by batch id; empty from a backend that does not read
+    /// them.
+    pub standings: BTreeMap<String, Standing>,
 }
 
 impl Snapshot {
@@ -250,6 +265,29 @@ impl Snapshot {
         }
         self.problem = (!problems.is_empty()).then(|| problems.join("; "));
         self
+    }
+
+    /// Waiting placeholders the batch system itself keeps behind every
+    /// local job that waits here: they need not be withdrawn to let those
+    /// start, and they wait their turn, not for something unseen. None
+    /// while no local job waits, nor when a standing is unknown.
+    pub fn yielding(&self) -> BTreeSet<&str> {
+        let mut lowest_local = None::<Standing>;
+        for job in &self.waiting {
+            let Some(standing) = self.standings.get(&job.id) else {
+                return BTreeSet::new();
+            };
+            lowest_local = Some(lowest_local.map_or(*standing, |s| s.min(*standing)));
+        }
+        let Some(lowest_local) = lowest_local else {
+            return BTreeSet::new();
+        };
+        self.placeholders
+            .iter()
+            .filter(|p| !p.running())
+            .filter(|p| self.standings.get(&p.id).is_some_and(|s| *s < lowest_local))
+            .map(|p| p.id.as_str())
+            .collect()
     }
 
     /// What the cluster foresees at `now` (wall clock, ms) for a cluster

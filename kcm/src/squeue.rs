@@ -9,21 +9,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use gleaner_manifest::{Memory, Needs};
 use gleaner_policy::local::WaitingJob;
 
-use crate::snapshot::{Host, NamedJob, Snapshot, Timing, named_after};
+use crate::snapshot::{Host, NamedJob, Snapshot, Standing, Timing, named_after};
 
 /// `sinfo -h -N -O`: node, partition, CPUs, allocated/idle/other/total
 /// CPUs, state, generic resources configured and in use (`gpu:2`,
-/// `gpu:1(IDX:0)`), memory allocated and in all (MB).
-pub const SINFO_FIELDS: &str =
-    "NodeList:|,Partition:|,CPUs:|,CPUsState:|,StateLong:|,Gres:|,GresUsed:|,AllocMem:|,Memory:|";
+/// `gpu:1(IDX:0)`), memory allocated and in all (MB), the partition's
+/// priority tier.
+pub const SINFO_FIELDS: &str = "NodeList:|,Partition:|,CPUs:|,CPUsState:|,StateLong:|,Gres:|,GresUsed:|,AllocMem:|,Memory:|,PriorityTier:|";
 
 /// `squeue -h -r`'s fields: job id (`123_4` for an array task), owner's
 /// user name, state, nodes, CPUs, node count, whether it shares nodes
 /// (`NO`: exclusive), partitions, pending reason, memory per node,
 /// generic resources per node (`gres:gpu:1`), time limit, start time
 /// (expected, while it waits; seconds since the epoch:
-/// `SLURM_TIME_FORMAT=%s` in squeue's environment), name.
-const SQUEUE_FIELDS: &str = "%i|%u|%T|%N|%C|%D|%h|%P|%r|%m|%b|%l|%S|%j";
+/// `SLURM_TIME_FORMAT=%s` in squeue's environment), priority, name.
+const SQUEUE_FIELDS: &str = "%i|%u|%T|%N|%C|%D|%h|%P|%r|%m|%b|%l|%S|%Q|%j";
 
 /// The format `squeue` prints jobs in: each job's [`SQUEUE_FIELDS`] after
 /// `marker`, on a line of its own. A job's name is anybody's to choose,
@@ -74,6 +74,7 @@ struct Job<'a> {
     limit_ms: Option<u64>,
     /// When it started or, waiting, is expected to (ms since the epoch).
     start: Option<u64>,
+    priority: u64,
 }
 
 impl Job<'_> {
@@ -88,6 +89,25 @@ impl Job<'_> {
         !self.running()
             && WAITING_FOR_SLOTS.contains(&self.reason)
             && self.partitions.iter().any(|p| sharing.contains(*p))
+    }
+
+    /// Where it stands in the queue for the nodes of the partitions in
+    /// `sharing`: its lowest tier among them (Slurm weighs a job in each of
+    /// its partitions), then its priority; `None` when a tier is unknown.
+    fn standing(
+        &self,
+        tiers: &BTreeMap<String, u32>,
+        sharing: &BTreeSet<String>,
+    ) -> Option<Standing> {
+        let mut tier = None::<u32>;
+        for partition in self.partitions.iter().filter(|p| sharing.contains(**p)) {
+            let this = *tiers.get(*partition)?;
+            tier = Some(tier.map_or(this, |t| t.min(this)));
+        }
+        Some(Standing {
+            tier: tier?,
+            priority: self.priority,
+        })
     }
 
     /// Its slots and times, for estimates.
@@ -156,17 +176,23 @@ fn slurm_memory(text: &str) -> Option<u64> {
     }
 }
 
-/// The partition's nodes from `sinfo`, and the other partitions sharing
-/// them (whose waiting jobs want the same slots). GPUs are those of
+/// The partition's nodes from `sinfo`, the other partitions sharing
+/// them (whose waiting jobs want the same slots), and the priority tier
+/// of each partition, where `sinfo` gave it. GPUs are those of
 /// `gpu_resource`.
 fn read_nodes(
     sinfo: &str,
     partition: &str,
     gpu_resource: &str,
-) -> Result<(Vec<Node>, BTreeSet<String>), String> {
+) -> Result<(Vec<Node>, BTreeSet<String>, BTreeMap<String, u32>), String> {
     let mut rows = Vec::new();
+    let mut tiers = BTreeMap::new();
     for line in sinfo.lines().filter(|l| !l.trim().is_empty()) {
-        let fields: Vec<&str> = line.trim_end_matches('|').split('|').collect();
+        let mut fields: Vec<&str> = line.trim_end_matches('|').split('|').collect();
+        let tier = match fields.len() {
+            10 => fields.pop(),
+            _ => None,
+        };
         let (name, part, cpus, usage, state, resources) = match fields[..] {
             [name, part, cpus, usage, state] => (name, part, cpus, usage, state, None),
             [
@@ -206,6 +232,9 @@ fn read_nodes(
         let allocated = usage.split('/').next().map_or(Ok(0), number)?;
         // The default partition is starred.
         let part = part.trim_end_matches('*');
+        if let Some(tier) = tier {
+            tiers.insert(part.to_owned(), number(tier)?);
+        }
         rows.push((
             part.to_owned(),
             Node {
@@ -235,7 +264,7 @@ fn read_nodes(
         .filter(|(_, node)| names.contains(node.name.as_str()))
         .map(|(part, _)| part.clone())
         .collect();
-    Ok((nodes, sharing))
+    Ok((nodes, sharing, tiers))
 }
 
 /// The jobs of `squeue` output in [`squeue_format`]`(marker)`, GPUs
@@ -259,7 +288,7 @@ fn read_jobs<'a>(
     for line in first.split(&format!("\n{start}")) {
         let line = line.strip_suffix('\n').unwrap_or(line);
         // The name, last, keeps whatever `|` and lines it has.
-        let fields: Vec<&str> = line.splitn(14, '|').collect();
+        let fields: Vec<&str> = line.splitn(15, '|').collect();
         let [
             id,
             user,
@@ -274,6 +303,7 @@ fn read_jobs<'a>(
             gres,
             limit,
             start,
+            priority,
             name,
         ] = fields[..]
         else {
@@ -306,6 +336,10 @@ fn read_jobs<'a>(
                 .ok()
                 .filter(|s| *s > 0)
                 .and_then(|s| s.checked_mul(1000)),
+            priority: priority
+                .trim()
+                .parse()
+                .map_err(|_| format!("unexpected squeue line {line:?}"))?,
         });
     }
     Ok(jobs)
@@ -336,13 +370,18 @@ pub fn snapshot(
     partition: &str,
     gpu_resource: &str,
 ) -> Result<Snapshot, String> {
-    let (nodes, sharing) = read_nodes(sinfo, partition, gpu_resource)?;
+    let (nodes, sharing, tiers) = read_nodes(sinfo, partition, gpu_resource)?;
     let jobs = read_jobs(squeue, marker, gpu_resource)?;
     let ours = |job: &Job| job.partitions.contains(&partition);
     let node_names: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
     let mut snapshot = Snapshot::default();
     // CPUs of named jobs running per node, to tell the others' apart.
     let mut named_cpus: BTreeMap<&str, u32> = BTreeMap::new();
+    for job in jobs.iter().filter(|j| j.waits_for_slots(&sharing)) {
+        if let Some(standing) = job.standing(&tiers, &sharing) {
+            snapshot.standings.insert(job.id.to_owned(), standing);
+        }
+    }
     for job in &jobs {
         let Some((named, component)) = named_after(job.name).filter(|_| ours(job)) else {
             if job.waits_for_slots(&sharing) {
@@ -486,17 +525,17 @@ mod tests {
         node3|local|4|3/1/0/4|mixed\n\
         vm|solo|4|0/4/0/4|idle\n";
 
-    const SQUEUE: &str = "M|10_1|root|RUNNING|node1|1|1|OK|gleaner|None|0|N/A|2:00:00|N/A|gl-sweep-00000000000beef0\n\
-        M|10_2|root|RUNNING|node1|1|1|OK|gleaner|None|0|N/A|2:00:00|N/A|gl-sweep-00000000000beef0\n\
-        M|10_3|root|PENDING||1|1|OK|gleaner|Priority|0|N/A|2:00:00|N/A|gl-sweep-00000000000beef0\n\
-        M|11|root|RUNNING|node[2-3]|6|2|OK|gleaner|None|0|N/A|2:00:00|N/A|gg-mpi-00000000000beef0.0\n\
-        M|12|carol|RUNNING|node1|2|1|OK|local|None|0|N/A|2:00:00|N/A|wrap\n\
-        M|13|carol|PENDING||4|1|OK|local|Resources|0|N/A|2:00:00|N/A|whole\n\
-        M|14|carol|PENDING||6|2|OK|local|Priority|0|N/A|2:00:00|N/A|spread\n\
-        M|15|carol|PENDING||1|1|NO|local|Priority|0|N/A|2:00:00|N/A|alone\n\
-        M|16|carol|PENDING||1|1|OK|local|JobHeldUser|0|N/A|2:00:00|N/A|held\n\
-        M|17|carol|PENDING||1|1|OK|solo|Resources|0|N/A|2:00:00|N/A|elsewhere\n\
-        M|18|root|PENDING||1|1|OK|solo|Priority|0|N/A|2:00:00|N/A|gl-other-00000000000beef0\n";
+    const SQUEUE: &str = "M|10_1|root|RUNNING|node1|1|1|OK|gleaner|None|0|N/A|2:00:00|N/A|1000|gl-sweep-00000000000beef0\n\
+        M|10_2|root|RUNNING|node1|1|1|OK|gleaner|None|0|N/A|2:00:00|N/A|1000|gl-sweep-00000000000beef0\n\
+        M|10_3|root|PENDING||1|1|OK|gleaner|Priority|0|N/A|2:00:00|N/A|1000|gl-sweep-00000000000beef0\n\
+        M|11|root|RUNNING|node[2-3]|6|2|OK|gleaner|None|0|N/A|2:00:00|N/A|1000|gg-mpi-00000000000beef0.0\n\
+        M|12|carol|RUNNING|node1|2|1|OK|local|None|0|N/A|2:00:00|N/A|1000|wrap\n\
+        M|13|carol|PENDING||4|1|OK|local|Resources|0|N/A|2:00:00|N/A|1000|whole\n\
+        M|14|carol|PENDING||6|2|OK|local|Priority|0|N/A|2:00:00|N/A|1000|spread\n\
+        M|15|carol|PENDING||1|1|NO|local|Priority|0|N/A|2:00:00|N/A|1000|alone\n\
+        M|16|carol|PENDING||1|1|OK|local|JobHeldUser|0|N/A|2:00:00|N/A|1000|held\n\
+        M|17|carol|PENDING||1|1|OK|solo|Resources|0|N/A|2:00:00|N/A|1000|elsewhere\n\
+        M|18|root|PENDING||1|1|OK|solo|Priority|0|N/A|2:00:00|N/A|1000|gl-other-00000000000beef0\n";
 
     /// The snapshot as a kcm running as root with one user judges it.
     fn judged(sinfo: &str, squeue: &str, partition: &str) -> Result<Snapshot, String> {
@@ -516,11 +555,11 @@ mod tests {
         ] {
             assert_eq!(slurm_duration_ms(text), ms, "{text}");
         }
-        let squeue = "M|12|carol|RUNNING|node1|2|1|OK|local|None|0|N/A|1:00:00|1796295600|wrap\n\
-            M|13|carol|PENDING||4|1|OK|local|Resources|0|N/A|30:00|1796299200|whole\n\
-            M|14|carol|PENDING||4|1|OK|local|Priority|0|N/A|UNLIMITED|N/A|later\n\
-            M|15|carol|RUNNING|vm|4|1|OK|solo|None|0|N/A|1:00:00|1796295600|elsewhere\n\
-            M|11|root|PENDING||6|2|OK|gleaner|Priority|0|N/A|10:00|1796300000|gg-mpi-00000000000beef0.0\n";
+        let squeue = "M|12|carol|RUNNING|node1|2|1|OK|local|None|0|N/A|1:00:00|1796295600|1000|wrap\n\
+            M|13|carol|PENDING||4|1|OK|local|Resources|0|N/A|30:00|1796299200|1000|whole\n\
+            M|14|carol|PENDING||4|1|OK|local|Priority|0|N/A|UNLIMITED|N/A|1000|later\n\
+            M|15|carol|RUNNING|vm|4|1|OK|solo|None|0|N/A|1:00:00|1796295600|1000|elsewhere\n\
+            M|11|root|PENDING||6|2|OK|gleaner|Priority|0|N/A|10:00|1796300000|1000|gg-mpi-00000000000beef0.0\n";
         let s = judged(SINFO, squeue, "gleaner").unwrap();
         let timing: Vec<(u32, bool, Option<u64>, Option<u64>)> = s
             .timing
@@ -552,6 +591,48 @@ mod tests {
         assert_eq!(expand_hostlist("n[08-10]"), ["n08", "n09", "n10"]);
         assert_eq!(expand_hostlist(""), Vec::<String>::new());
         assert_eq!(expand_hostlist("a,b"), ["a", "b"]);
+    }
+
+    #[test]
+    fn placeholders_the_queue_keeps_behind_every_waiting_local_job_yield() {
+        let sinfo = "node1|gleaner*|4|4/0/0/4|allocated|(null)|(null)|0|4000|1|\n\
+            node1|local|4|4/0/0/4|allocated|(null)|(null)|0|4000|1|\n\
+            node1|batch|4|4/0/0/4|allocated|(null)|(null)|0|4000|10|\n";
+        let squeue = |small: u64| {
+            format!(
+                "M|20_1|root|PENDING||1|1|OK|gleaner|Priority|0|N/A|10:00|N/A|500|gl-sweep-00000000000beef0\n\
+                 M|20_2|root|RUNNING|node1|1|1|OK|gleaner|None|0|N/A|10:00|N/A|500|gl-sweep-00000000000beef0\n\
+                 M|21|carol|PENDING||4|1|OK|batch|Resources|0|N/A|30:00|N/A|100|wide\n\
+                 M|22|carol|PENDING||1|1|OK|local|Priority|0|N/A|30:00|N/A|{small}|small\n"
+            )
+        };
+        // A higher tier is ahead whatever its priority; in the same tier,
+        // the priority decides.
+        let behind = judged(sinfo, &squeue(600), "gleaner").unwrap();
+        assert_eq!(behind.yielding(), BTreeSet::from(["20_1"]));
+        let level = judged(sinfo, &squeue(500), "gleaner").unwrap();
+        assert!(level.yielding().is_empty(), "a tie is not behind");
+        let ahead = judged(sinfo, &squeue(400), "gleaner").unwrap();
+        assert!(ahead.yielding().is_empty());
+        // Nothing to yield to, or an `sinfo` without tiers: none yields.
+        let alone = judged(
+            sinfo,
+            &squeue(600).lines().take(2).collect::<Vec<_>>().join("\n"),
+            "gleaner",
+        )
+        .unwrap();
+        assert!(alone.yielding().is_empty());
+        let untiered = sinfo.replace("|1|\n", "|\n").replace("|10|\n", "|\n");
+        let unknown = judged(&untiered, &squeue(600), "gleaner").unwrap();
+        assert!(unknown.yielding().is_empty());
+        // A stranger's job named like gleaner's, waiting, is a local job
+        // like any other: behind it, a placeholder is not behind them all.
+        let impostor = format!(
+            "{}M|23|mallory|PENDING||1|1|OK|gleaner|Priority|0|N/A|10:00|N/A|450|gl-sweep-00000000000beef0\n",
+            squeue(600)
+        );
+        let judged_impostor = judged(sinfo, &impostor, "gleaner").unwrap();
+        assert!(judged_impostor.yielding().is_empty());
     }
 
     #[test]
@@ -631,8 +712,8 @@ mod tests {
         let sinfo = "node1|gleaner*|4|2/2/0/4|mixed|gpu:2|gpu:1(IDX:0)|1500|4000|\n\
             node2|gleaner*|4|0/4/0/4|idle|gpu:tesla:2(S:0-1)|gpu:tesla:0|0|4000|\n\
             node3|gleaner*|4|0/4/0/4|idle|(null)|(null)|0|4000|\n";
-        let squeue = "M|7_1|root|RUNNING|node1|1|1|OK|gleaner|None|1500M|gres:gpu:1|2:00:00|N/A|gl-sweep-00000000000beef0\n\
-            M|8|carol|PENDING||2|1|OK|gleaner|Resources|3G|gres/gpu:2,shard:1|2:00:00|N/A|big\n";
+        let squeue = "M|7_1|root|RUNNING|node1|1|1|OK|gleaner|None|1500M|gres:gpu:1|2:00:00|N/A|1000|gl-sweep-00000000000beef0\n\
+            M|8|carol|PENDING||2|1|OK|gleaner|Resources|3G|gres/gpu:2,shard:1|2:00:00|N/A|1000|big\n";
         let s = snapshot(sinfo, squeue, "M", "gleaner", "gpu").unwrap();
         let free: Vec<(Option<u64>, Option<u32>)> = s
             .hosts
@@ -718,9 +799,9 @@ mod tests {
 
     #[test]
     fn someone_elses_waiting_placeholder_is_a_waiting_local_job() {
-        let squeue = "M|20|bob|PENDING||4|1|OK|gleaner|Resources|0|N/A|2:00:00|N/A|gl-sweep-00000000000beef0\n\
-            M|21|bob|PENDING||2|2|NO|gleaner|Priority|0|N/A|2:00:00|N/A|gg-mpi-00000000000beef0.0\n\
-            M|22|root|PENDING||1|1|OK|gleaner|Priority|0|N/A|2:00:00|N/A|gg-mpi-00000000000beef0.0\n";
+        let squeue = "M|20|bob|PENDING||4|1|OK|gleaner|Resources|0|N/A|2:00:00|N/A|1000|gl-sweep-00000000000beef0\n\
+            M|21|bob|PENDING||2|2|NO|gleaner|Priority|0|N/A|2:00:00|N/A|1000|gg-mpi-00000000000beef0.0\n\
+            M|22|root|PENDING||1|1|OK|gleaner|Priority|0|N/A|2:00:00|N/A|1000|gg-mpi-00000000000beef0.0\n";
         let s = judged(SINFO, squeue, "gleaner").unwrap();
         let waiting: Vec<(&str, u32, u32, bool)> = s
             .waiting
