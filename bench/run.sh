@@ -90,7 +90,15 @@ exp_trace_slurm() {
     echo "| run | trace jobs | idle core-s of the baseline | harvested core-s (of idle) | lost core-s | sweep tasks done | trace jobs' mean wait s (vs alone) | 95th percentile wait s (vs alone) | mean bounded slowdown (vs alone) | run s | slurmctld RPCs a minute (more than alone) | slurmctld CPU s |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
     default_grid
-    "$bench" trace-slurm --out "$out"
+    "$bench" trace --batch slurm --out "$out"
+}
+
+exp_trace_sge() {
+    echo "## a production trace on Grid Engine: alone, with a sweep through gleaner, with the same sweep as an array job in a subordinated queue"
+    echo "| run | trace jobs | idle core-s of the baseline | harvested core-s (of idle) | lost core-s | sweep tasks done | trace jobs' mean wait s (vs alone) | 95th percentile wait s (vs alone) | mean bounded slowdown (vs alone) | run s | RPCs | sge_qmaster CPU s |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    default_grid
+    "$bench" trace --batch sge --out "$out"
 }
 
 exp_simulator() {
@@ -281,7 +289,7 @@ exp_fairness() {
 }
 
 experiments=(seed000_table_4_1 seed000_table_4_2 handover seed000_table_4_3 seed004_figure_4_4
-    makespan makespan_million throughput hyperqueue scale follow executor launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_resource_delay sge_gpu_utilisation sge_throughput slurm_launchers slurm_local_delay slurm_master_load trace_slurm sge_grid_delay decide inbox chaos fairness simulator plots)
+    makespan makespan_million throughput hyperqueue scale follow executor launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_resource_delay sge_gpu_utilisation sge_throughput slurm_launchers slurm_local_delay slurm_master_load trace_slurm trace_sge sge_grid_delay decide inbox chaos fairness simulator plots)
 
 if [ "${1:-}" = --list ]; then
     printf '%s\n' "${experiments[@]//_/-}"

@@ -249,10 +249,13 @@ enum Bench {
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         span: Duration,
     },
-    /// A production trace's window on the dev grid's Slurm, three times
-    /// side by side: alone, with a sweep through gleaner, and with the
-    /// same sweep as a job array in the scavenger partition.
-    TraceSlurm {
+    /// A production trace's window on the dev grid's Slurm or Grid
+    /// Engine, three times side by side: alone, with a sweep through
+    /// gleaner, and with the same sweep as the batch system's own
+    /// scavenging (an array job in its scavenger partition or queue).
+    Trace {
+        #[arg(long, value_enum, default_value = "slurm")]
+        batch: trace::Batch,
         /// A Standard Workload Format trace, gzipped or not.
         #[arg(long, default_value = "bench/traces/NASA-iPSC-1993-3.1-cln.swf.gz")]
         trace: PathBuf,
@@ -273,6 +276,15 @@ enum Bench {
         task_min: u32,
         #[arg(long, default_value_t = 60)]
         task_max: u32,
+        /// Walltime of gleaner's placeholders, and the least they may be
+        /// started with (`--time-min`).
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        walltime: Duration,
+        #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
+        min_walltime: Duration,
+        /// The arms run beside the trace alone.
+        #[arg(long, value_delimiter = ',', default_values = ["gleaner", "scavenger"])]
+        arms: Vec<trace::Arm>,
         /// Where the plots go.
         #[arg(long, default_value = "target/bench")]
         out: PathBuf,
@@ -458,7 +470,8 @@ fn main() -> anyhow::Result<()> {
         Bench::SlurmMasterLoad { queued, span } => {
             slurm::master_load(&gleaner_binary()?, queued, span)
         }
-        Bench::TraceSlurm {
+        Bench::Trace {
+            batch,
             trace,
             from_hours,
             hours,
@@ -466,9 +479,13 @@ fn main() -> anyhow::Result<()> {
             tasks,
             task_min,
             task_max,
+            walltime,
+            min_walltime,
+            arms,
             out,
-        } => trace::replay_slurm(
+        } => trace::replay(
             &gleaner_binary()?,
+            batch,
             &trace::Window {
                 trace,
                 from_s: from_hours * 3600.0,
@@ -480,6 +497,11 @@ fn main() -> anyhow::Result<()> {
                 min_s: task_min,
                 max_s: task_max.max(task_min),
             },
+            &trace::Placeholders {
+                walltime,
+                min_walltime,
+            },
+            &arms,
             &out,
         ),
         Bench::SgeResourceDelay => sge::resource_delay(&gleaner_binary()?),

@@ -231,7 +231,12 @@ pub fn rpc_total() -> u64 {
 }
 
 /// `slurmctld`'s CPU time so far, seconds.
-pub fn ctld_cpu_s() -> f64 {
+fn ctld_cpu_s() -> f64 {
+    daemon_cpu_s("slurmctld")
+}
+
+/// The CPU time so far of the processes called `daemon`, seconds.
+pub fn daemon_cpu_s(daemon: &str) -> f64 {
     let Ok(processes) = procfs::process::all_processes() else {
         return 0.0;
     };
@@ -239,7 +244,7 @@ pub fn ctld_cpu_s() -> f64 {
     processes
         .flatten()
         .filter_map(|p| p.stat().ok())
-        .filter(|s| s.comm == "slurmctld")
+        .filter(|s| s.comm == daemon)
         .map(|s| (s.utime + s.stime) as f64 / ticks)
         .sum()
 }

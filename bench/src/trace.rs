@@ -1,18 +1,21 @@
-//! A production trace replayed on the dev grid's Slurm, side by side in one
-//! run: the trace alone (the baseline), the trace with a sweep through
-//! gleaner, and the trace with the same sweep as Slurm's own scavenging
-//! does it (a job array in the `scavenger` partition, which the trace's
-//! jobs preempt and requeue).
+//! A production trace replayed on the dev grid's Slurm or Grid Engine,
+//! side by side in one run: the trace alone (the baseline), the trace with
+//! a sweep through gleaner, and the trace with the same sweep as the batch
+//! system's own scavenging does it (on Slurm a job array in the
+//! `scavenger` partition, which the trace's jobs preempt and requeue; on
+//! Grid Engine an array job in `scavenger.q`, subordinated to the trace's
+//! queue, so suspended where that is full).
 //!
-//! The trace's jobs are submitted as the cluster's users would, to the
-//! `batch` partition (`sbatch -n P --time T --wrap "sleep R"`), each at
-//! its submit time in the trace's window divided by the compression, with
-//! its run time and requested time divided by it too, and its processors
-//! scaled from the traced machine's to the grid's cores. Each job stamps
-//! its start and end into a directory, and each run of a sweep task its
-//! start, end and whether it completed, so that every figure is read off
-//! what ran, the same way for every arm; `slurmctld`'s RPCs come from
-//! `sdiag`, its CPU time from `/proc`.
+//! The trace's jobs are submitted as the cluster's users would (`sbatch
+//! -p batch -n P --time T`, `qsub -q g1.q -pe make P -l h_rt=T`), each a
+//! `sleep` at its submit time in the trace's window divided by the
+//! compression, with its run time and requested time divided by it too,
+//! and its processors scaled from the traced machine's to the grid's
+//! cores. Each job stamps its start and end into a directory, and each run
+//! of a sweep task its start, end, the seconds of work it did (a task
+//! suspended does none) and whether it completed, so that every figure is
+//! read off what ran, the same way for every arm; `slurmctld`'s RPCs come
+//! from `sdiag`, the batch master's CPU time from `/proc`.
 
 use std::{
     collections::BTreeMap,
@@ -24,17 +27,205 @@ use std::{
 
 use anyhow::{Context, bail, ensure};
 use gleaner_simulator::workload::{Swf, WorkloadJob, parse_swf};
-use gleaner_testkit::{Gleaner, SlurmCluster, sbatch, slurm};
+use gleaner_testkit::{Gleaner, SlurmCluster, qsub, sbatch, sge, slurm};
 
 use crate::{
     measure::wait_until_serving,
-    slurm::{ctld_cpu_s, rpc_total},
+    slurm::{daemon_cpu_s, rpc_total},
 };
 
 /// The partition of the cluster's own users: a higher `PriorityTier` than
 /// `scavenger`'s, whose jobs it preempts, and than gleaner's, which
 /// yields to it through its kcm.
 const SITE_PARTITION: &str = SlurmCluster::SITE;
+
+/// Grid Engine's queues on the dev grid's hosts (`deploy/sge/hosts.sh`):
+/// the cluster's own users' (gleaner's placeholders go there too, at the
+/// lowest priority) and the one subordinated to it.
+const SGE_SITE_QUEUE: &str = "g1.q";
+const SGE_SCAVENGER_QUEUE: &str = "scavenger.q";
+
+/// The batch system a window is replayed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Batch {
+    Slurm,
+    Sge,
+}
+
+impl Batch {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Slurm => "slurm",
+            Self::Sge => "sge",
+        }
+    }
+
+    /// The batch master's daemon.
+    fn master(self) -> &'static str {
+        match self {
+            Self::Slurm => "slurmctld",
+            Self::Sge => "sge_qmaster",
+        }
+    }
+
+    /// Slots of the cluster's own users' partition or queue.
+    fn cores(self, cluster: &SlurmCluster) -> u32 {
+        match self {
+            Self::Slurm => cluster.cores(SITE_PARTITION),
+            // `qstat -f`: `queue@host BIP resv/used/tot. …`.
+            Self::Sge => sge("qstat", &["-f", "-q", SGE_SITE_QUEUE])
+                .lines()
+                .filter(|l| l.starts_with(&format!("{SGE_SITE_QUEUE}@")))
+                .filter_map(|l| {
+                    l.split_whitespace()
+                        .nth(2)?
+                        .rsplit('/')
+                        .next()?
+                        .parse::<u32>()
+                        .ok()
+                })
+                .sum(),
+        }
+    }
+
+    /// gleaner's cluster, its placeholders' walltimes as `placeholders`
+    /// says (on Grid Engine `-l h_rt`; it has no time range), its kcm
+    /// reading the batch system as often in the trace's time as it does
+    /// by default at a site (every 2 s busy, 15 s idle), `compress` times
+    /// faster.
+    fn gleaner_cluster(self, placeholders: &Placeholders, compress: f64) -> String {
+        let walltime = humantime::format_duration(placeholders.walltime);
+        let every = |site_s: f64| {
+            let ms = (1000.0 * site_s / compress.max(1.0)).max(100.0);
+            humantime::format_duration(Duration::from_millis(ms as u64))
+        };
+        let polls = format!(
+            "poll_interval = \"{}\"\nidle_poll_interval = \"{}\"\n",
+            every(2.0),
+            every(15.0)
+        );
+        match self {
+            Self::Slurm => format!(
+                "[[cluster]]\nname = \"trace\"\nbackend = \"slurm\"\npartition = \"{}\"\n\
+                 walltime = \"{walltime}\"\nmin_walltime = \"{}\"\n{polls}",
+                SlurmCluster::PARTITION,
+                humantime::format_duration(placeholders.min_walltime),
+            ),
+            Self::Sge => format!(
+                "[[cluster]]\nname = \"trace\"\nbackend = \"sge\"\nqueue = \"{SGE_SITE_QUEUE}\"\n\
+                 walltime = \"{walltime}\"\n{polls}"
+            ),
+        }
+    }
+
+    /// Submits a trace job: `script` with its stamps, as its user would.
+    fn submit_trace(self, job: &TraceJob, script: &Path, start: &Path, end: &Path) {
+        let run = job.run_s.to_string();
+        let name = format!("trace-{}", job.id);
+        let (script, start, end) = (
+            script.display().to_string(),
+            start.display().to_string(),
+            end.display().to_string(),
+        );
+        match self {
+            Self::Slurm => {
+                sbatch(&[
+                    "-p",
+                    SITE_PARTITION,
+                    &format!("-n{}", job.procs),
+                    &format!("--time={}", job.limit_s / 60),
+                    &format!("--job-name={name}"),
+                    &script,
+                    &start,
+                    &run,
+                    &end,
+                ]);
+            }
+            Self::Sge => {
+                let procs = job.procs.to_string();
+                let mut args = vec!["-q", SGE_SITE_QUEUE, "-N", &name, "-l"];
+                let limit = format!("h_rt={}", job.limit_s);
+                args.push(&limit);
+                if job.procs > 1 {
+                    args.extend(["-pe", "make", &procs]);
+                }
+                args.extend([script.as_str(), &start, &run, &end]);
+                qsub(&args);
+            }
+        }
+    }
+
+    /// Submits the sweep as the batch system's own scavenging: one array
+    /// job of `tasks` tasks, each running `script` with its number.
+    fn submit_scavenger(self, tasks: u32, script: &Path) -> String {
+        let script = script.display().to_string();
+        let range = format!("1-{tasks}");
+        match self {
+            Self::Slurm => sbatch(&[
+                "-p",
+                SlurmCluster::SCAVENGER,
+                "-n1",
+                "--requeue",
+                &format!("--array={range}"),
+                &script,
+            ]),
+            Self::Sge => qsub(&["-q", SGE_SCAVENGER_QUEUE, "-t", &range, &script]),
+        }
+    }
+
+    fn cancel(self, id: &str) {
+        match self {
+            Self::Slurm => {
+                slurm("scancel", &[id]);
+            }
+            Self::Sge => {
+                sge("qdel", &["-f", id]);
+            }
+        }
+    }
+
+    /// What gleaner or the scavenging left goes before the next arm.
+    fn clear(self, cluster: &SlurmCluster) -> anyhow::Result<()> {
+        match self {
+            Self::Slurm => cluster.clear(),
+            Self::Sge => {
+                let deadline = Instant::now() + Duration::from_secs(120);
+                loop {
+                    let jobs: Vec<String> = sge(
+                        "qstat",
+                        &[
+                            "-u",
+                            "*",
+                            "-q",
+                            &format!("{SGE_SITE_QUEUE},{SGE_SCAVENGER_QUEUE}"),
+                        ],
+                    )
+                    .lines()
+                    .skip(2)
+                    .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+                    .collect();
+                    if jobs.is_empty() {
+                        break;
+                    }
+                    ensure!(
+                        Instant::now() < deadline,
+                        "jobs {jobs:?} stay in Grid Engine's queues"
+                    );
+                    let mut args = vec!["-f"];
+                    args.extend(jobs.iter().map(String::as_str));
+                    let _ = std::process::Command::new("qdel").args(&args).output();
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// RPCs the batch master served so far, where it counts them.
+    fn rpcs(self) -> Option<u64> {
+        (self == Self::Slurm).then(rpc_total)
+    }
+}
 
 /// A job of the trace's window, as submitted to the grid.
 #[derive(Debug, Clone)]
@@ -66,9 +257,16 @@ pub struct SweepShape {
     pub max_s: u32,
 }
 
+/// What gleaner's placeholders ask for: `--time` and `--time-min`.
+#[derive(Debug, Clone, Copy)]
+pub struct Placeholders {
+    pub walltime: Duration,
+    pub min_walltime: Duration,
+}
+
 /// How the sweep is run beside the trace.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Arm {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Arm {
     Baseline,
     Gleaner,
     Scavenger,
@@ -153,33 +351,71 @@ fn epoch_s() -> f64 {
         .unwrap_or_default()
 }
 
-/// The script each sweep task runs, with its number as `$1`: a sleep of
-/// its length, stamped into `dir/<n>` as `start end done|killed`. Every
-/// arm runs the same.
+/// The script each sweep task runs, with its number as `$1`: its length
+/// in seconds of sleep, a second at a time (so that a task suspended
+/// counts no work while it is), stamped into `dir/<n>` as `start end
+/// done|killed seconds-of-work`. Every arm runs the same.
 fn task_script(dir: &Path, shape: SweepShape) -> String {
     let span = shape.max_s.saturating_sub(shape.min_s) + 1;
     format!(
-        "#!/bin/sh\nn=$1\nd=$(( {min} + (n * 7919) % {span} ))\ns=$(date +%s.%N)\n\
-         trap 'echo \"$s $(date +%s.%N) killed\" >> {dir}/$n; exit 143' TERM INT\n\
-         sleep \"$d\" & wait $!\necho \"$s $(date +%s.%N) done\" >> {dir}/$n\n",
+        "#!/bin/sh\nn=$1\nd=$(( {min} + (n * 7919) % {span} ))\ns=$(date +%s.%N)\ni=0\n\
+         trap 'echo \"$s $(date +%s.%N) killed $i\" >> {dir}/$n; exit 143' TERM INT USR1\n\
+         while [ \"$i\" -lt \"$d\" ]; do sleep 1 & wait $!; i=$((i + 1)); done\n\
+         echo \"$s $(date +%s.%N) done $i\" >> {dir}/$n\n",
         min = shape.min_s,
         dir = dir.display(),
     )
 }
 
+/// A trace job's script: its start stamp into `$1`, a sleep of `$2`
+/// seconds, its end stamp into `$3`.
+const TRACE_JOB_SCRIPT: &str =
+    "#!/bin/sh\ndate +%s.%N > \"$1\"\nsleep \"$2\"\ndate +%s.%N > \"$3\"\n";
+
+/// An array task of the scavenging arm: the sweep's task of its number.
+fn array_task_script(task: &Path) -> String {
+    format!(
+        "#!/bin/sh\nexec sh {} \"${{SLURM_ARRAY_TASK_ID:-$SGE_TASK_ID}}\"\n",
+        task.display()
+    )
+}
+
 /// What one arm's run left: the trace jobs' submit, start and end times
 /// (seconds since the epoch) and processors; the sweep's runs; the
-/// run's bounds; `slurmctld`'s RPCs and CPU seconds during it.
+/// run's bounds; the batch master's RPCs and CPU seconds during it.
 struct RunRecord {
     arm: Arm,
     started: f64,
     window_end: f64,
     trace: Vec<(f64, f64, f64, u32)>,
-    /// `(start, end, completed)` of every run of a sweep task.
-    sweep: Vec<(f64, f64, bool)>,
-    rpcs: u64,
-    ctld_cpu_s: f64,
+    /// Every run of a sweep task.
+    sweep: Vec<TaskRun>,
+    /// The batch master's RPCs, where it counts them, and CPU seconds.
+    rpcs: Option<u64>,
+    master_cpu_s: f64,
     took_s: f64,
+}
+
+/// One run of a sweep task: when it started and ended, whether it
+/// completed, and the seconds of work it did.
+#[derive(Debug, Clone, Copy)]
+struct TaskRun {
+    start: f64,
+    end: f64,
+    done: bool,
+    work_s: f64,
+}
+
+impl TaskRun {
+    /// Its work within `[from, to]`: its time there, in the share of its
+    /// time it worked (it may have been suspended for the rest).
+    fn work_within(&self, from: f64, to: f64) -> f64 {
+        let share = match self.end - self.start {
+            ran if ran > 0.0 => (self.work_s / ran).min(1.0),
+            _ => 0.0,
+        };
+        overlap(self.start, self.end, from, to) * share
+    }
 }
 
 fn read_stamp(path: &Path) -> Option<f64> {
@@ -188,12 +424,15 @@ fn read_stamp(path: &Path) -> Option<f64> {
 
 /// Runs the trace with `arm`'s sweep beside it; the sweep is stopped at
 /// the window's end, the run ends when the trace's last job has.
+#[allow(clippy::too_many_arguments)]
 fn run_arm(
     exe: &Path,
+    batch: Batch,
     cluster: &SlurmCluster,
     jobs: &[TraceJob],
     window: &Window,
     shape: SweepShape,
+    placeholders: &Placeholders,
     arm: Arm,
 ) -> anyhow::Result<RunRecord> {
     let dir = tempfile::Builder::new()
@@ -205,6 +444,13 @@ fn run_arm(
     std::fs::create_dir_all(&runs)?;
     let script = dir.path().join("task.sh");
     std::fs::write(&script, task_script(&runs, shape))?;
+    let array_script = dir.path().join("array-task.sh");
+    std::fs::write(&array_script, array_task_script(&script))?;
+    let trace_script = dir.path().join("trace-job.sh");
+    std::fs::write(&trace_script, TRACE_JOB_SCRIPT)?;
+    for script in [&script, &array_script, &trace_script] {
+        std::fs::set_permissions(script, std::fs::Permissions::from_mode(0o755))?;
+    }
     // Every account may write the stamps: nothing here is secret.
     for path in [dir.path(), &stamps, &runs] {
         std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o777))?;
@@ -213,21 +459,19 @@ fn run_arm(
 
     let mut g = None;
     if arm == Arm::Gleaner {
-        let mut gleaner = Gleaner::new(&format!("bench-trace-{}", arm.stem()), exe);
+        let mut gleaner =
+            Gleaner::new(&format!("bench-trace-{}-{}", batch.name(), arm.stem()), exe);
         gleaner.write(
             "gleaner.toml",
-            &format!(
-                "[[cluster]]\nname = \"trace\"\nbackend = \"slurm\"\npartition = \"{}\"\n",
-                SlurmCluster::PARTITION
-            ),
+            &batch.gleaner_cluster(placeholders, window.compress),
         );
         gleaner.start("up", &["up"]);
         wait_until_serving(&gleaner);
         g = Some(gleaner);
     }
 
-    let rpcs_before = rpc_total();
-    let cpu_before = ctld_cpu_s();
+    let rpcs_before = batch.rpcs();
+    let cpu_before = daemon_cpu_s(batch.master());
     let started = epoch_s();
     let clock = Instant::now();
     let mut job = None;
@@ -241,15 +485,7 @@ fn run_arm(
             )));
         }
         (Arm::Scavenger, _) => {
-            array = Some(sbatch(&[
-                "-p",
-                SlurmCluster::SCAVENGER,
-                "-n1",
-                "--requeue",
-                &format!("--array=1-{}", shape.tasks),
-                "--wrap",
-                &format!("sh {} $SLURM_ARRAY_TASK_ID", script.display()),
-            ]));
+            array = Some(batch.submit_scavenger(shape.tasks, &array_script));
         }
         _ => {}
     }
@@ -261,22 +497,8 @@ fn run_arm(
         }
         let start = stamps.join(format!("{}.start", trace_job.id));
         let end = stamps.join(format!("{}.end", trace_job.id));
-        let wrap = format!(
-            "date +%s.%N > {}; sleep {}; date +%s.%N > {}",
-            start.display(),
-            trace_job.run_s,
-            end.display()
-        );
         let at = epoch_s();
-        sbatch(&[
-            "-p",
-            SITE_PARTITION,
-            &format!("-n{}", trace_job.procs),
-            &format!("--time={}", trace_job.limit_s / 60),
-            &format!("--job-name=trace-{}", trace_job.id),
-            "--wrap",
-            &wrap,
-        ]);
+        batch.submit_trace(trace_job, &trace_script, &start, &end);
         submitted.insert(trace_job.id, (at, trace_job.procs));
     }
     if let Some(wait) = length.checked_sub(clock.elapsed()) {
@@ -288,7 +510,7 @@ fn run_arm(
         let _ = g.run(&["cancel", job]);
     }
     if let Some(array) = &array {
-        slurm("scancel", &[array]);
+        batch.cancel(array);
     }
     let deadline = Instant::now() + Duration::from_secs(1800);
     while !submitted
@@ -302,11 +524,14 @@ fn run_arm(
         std::thread::sleep(Duration::from_millis(500));
     }
     let took_s = epoch_s() - started;
-    let rpcs = rpc_total().saturating_sub(rpcs_before);
-    let ctld_cpu_s = ctld_cpu_s() - cpu_before;
+    let rpcs = batch
+        .rpcs()
+        .zip(rpcs_before)
+        .map(|(after, before)| after.saturating_sub(before));
+    let master_cpu_s = daemon_cpu_s(batch.master()) - cpu_before;
     drop(g);
     // What gleaner or the array left goes before the next arm.
-    cluster.clear();
+    batch.clear(cluster)?;
     let mut trace = Vec::new();
     for (id, (at, procs)) in &submitted {
         let start = read_stamp(&stamps.join(format!("{id}.start")));
@@ -320,10 +545,19 @@ fn run_arm(
     for entry in std::fs::read_dir(&runs)?.flatten() {
         for line in std::fs::read_to_string(entry.path())?.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            if let [start, end, how] = fields[..]
-                && let (Ok(start), Ok(end)) = (start.parse::<f64>(), end.parse::<f64>())
+            if let [start, end, how, work] = fields[..]
+                && let (Ok(start), Ok(end), Ok(work_s)) = (
+                    start.parse::<f64>(),
+                    end.parse::<f64>(),
+                    work.parse::<f64>(),
+                )
             {
-                sweep.push((start, end, how == "done"));
+                sweep.push(TaskRun {
+                    start,
+                    end,
+                    done: how == "done",
+                    work_s,
+                });
             }
         }
     }
@@ -334,7 +568,7 @@ fn run_arm(
         trace,
         sweep,
         rpcs,
-        ctld_cpu_s,
+        master_cpu_s,
         took_s,
     })
 }
@@ -387,24 +621,20 @@ fn figures(run: &RunRecord) -> Figures {
     let harvested_core_s = run
         .sweep
         .iter()
-        .filter(|(_, _, done)| *done)
-        .map(|(start, end, _)| overlap(*start, *end, from, to))
+        .filter(|r| r.done)
+        .map(|r| r.work_within(from, to))
         .sum::<f64>()
         // An empty sum is -0.
         .abs();
     let lost_core_s = run
         .sweep
         .iter()
-        .filter(|(_, end, done)| !done && *end < cut)
-        .map(|(start, end, _)| overlap(*start, *end, from, to))
+        .filter(|r| !r.done && r.end < cut)
+        .map(|r| r.work_within(from, to))
         .sum::<f64>()
         // An empty sum is -0.
         .abs();
-    let tasks_done = run
-        .sweep
-        .iter()
-        .filter(|(_, end, done)| *done && *end <= to)
-        .count();
+    let tasks_done = run.sweep.iter().filter(|r| r.done && r.end <= to).count();
     let waits: Vec<f64> = run
         .trace
         .iter()
@@ -444,11 +674,7 @@ fn plot_cores(run: &RunRecord, cores: u32, path: &Path) -> anyhow::Result<()> {
             .iter()
             .map(|(_, start, end, procs)| overlap(*start, *end, a, b) * f64::from(*procs))
             .sum();
-        *s = run
-            .sweep
-            .iter()
-            .map(|(start, end, _)| overlap(*start, *end, a, b))
-            .sum();
+        *s = run.sweep.iter().map(|r| r.work_within(a, b)).sum();
     }
     let points = |values: &[f64]| -> Vec<(f64, f64)> {
         values
@@ -530,12 +756,16 @@ fn simulate_window(
     Ok([figures(&alone), figures(&with)])
 }
 
-/// Replays the window three times on the dev grid's Slurm, side by side,
-/// and prints a Markdown row per run (and the plots under `out`).
-pub fn replay_slurm(
+/// Replays the window on the dev grid's `batch` alone and beside each of
+/// `arms`, one after the other, and prints a Markdown row per run (and
+/// the plots under `out`).
+pub fn replay(
     exe: &Path,
+    batch: Batch,
     window: &Window,
     shape: SweepShape,
+    placeholders: &Placeholders,
+    arms: &[Arm],
     out: &Path,
 ) -> anyhow::Result<()> {
     let swf = read_trace(&window.trace)?;
@@ -545,9 +775,14 @@ pub fn replay_slurm(
             window.trace.display()
         );
     };
+    // Held on Grid Engine too: Slurm's nodes are the same test hosts.
     let cluster = SlurmCluster::lock();
-    let cores = cluster.cores(SITE_PARTITION);
-    ensure!(cores > 0, "no cores in partition {SITE_PARTITION}");
+    let cores = batch.cores(&cluster);
+    ensure!(
+        cores > 0,
+        "no cores for the cluster's own jobs on {}",
+        batch.name()
+    );
     let (jobs, skipped) = window_jobs(&swf.jobs, machine, window, cores);
     ensure!(!jobs.is_empty(), "no job of the trace in its window");
     eprintln!(
@@ -557,25 +792,39 @@ pub fn replay_slurm(
     );
     std::fs::create_dir_all(out)?;
     let mut records: Vec<RunRecord> = Vec::new();
-    for arm in [Arm::Baseline, Arm::Gleaner, Arm::Scavenger] {
-        let run = run_arm(exe, &cluster, &jobs, window, shape, arm)?;
-        plot_cores(&run, cores, &out.join(format!("trace-{}.png", arm.stem())))?;
+    let arms =
+        std::iter::once(Arm::Baseline).chain(arms.iter().copied().filter(|a| *a != Arm::Baseline));
+    for arm in arms {
+        let run = run_arm(
+            exe,
+            batch,
+            &cluster,
+            &jobs,
+            window,
+            shape,
+            placeholders,
+            arm,
+        )?;
+        let plot = format!("trace-{}-{}.png", batch.name(), arm.stem());
+        plot_cores(&run, cores, &out.join(plot))?;
         records.push(run);
         let (first, run) = (&records[0], &records[records.len() - 1]);
         let base = figures(first);
         let idle = f64::from(cores) * (first.window_end - first.started) - base.busy_core_s;
         let f = figures(run);
-        let minutes = run.took_s / 60.0;
+        let per_minute = |r: &RunRecord| r.rpcs.map(|n| n as f64 / (r.took_s / 60.0));
+        let rpcs = match (per_minute(run), per_minute(first)) {
+            (Some(run), Some(alone)) => format!("{run:.0} ({:+.0})", run - alone),
+            _ => "—".to_owned(),
+        };
         println!(
-            "| {} | {} | {:.2} ({:+.1} %) | {:.0} | {:.0} ({:+.0}) | {:.2} |",
+            "| {} | {} | {:.2} ({:+.1} %) | {:.0} | {rpcs} | {:.2} |",
             run.arm.label(),
             columns(&f, &base, idle, jobs.len()),
             mean(&f.slowdowns),
             relative(mean(&f.slowdowns), mean(&base.slowdowns)),
             run.took_s,
-            run.rpcs as f64 / minutes,
-            run.rpcs as f64 / minutes - first.rpcs as f64 / (first.took_s / 60.0),
-            run.ctld_cpu_s,
+            run.master_cpu_s,
         );
     }
     let base = figures(&records[0]);
@@ -585,7 +834,6 @@ pub fn replay_slurm(
     // the grid's.
     let [alone, with] = simulate_window(&jobs, cores, shape, length)?;
     let sim_idle = f64::from(cores) * length - alone.busy_core_s;
-    let real = figures(&records[1]);
     for (label, f) in [
         ("simulated: trace alone", &alone),
         ("simulated: trace + sweep through gleaner", &with),
@@ -596,12 +844,17 @@ pub fn replay_slurm(
         );
     }
     eprintln!(
-        "simulator against the grid: idle {:+.1} %, harvested {:+.1} %, trace jobs' mean wait alone {:+.1} %, with the sweep {:+.1} %",
+        "simulator against the grid: idle {:+.1} %, trace jobs' mean wait alone {:+.1} %",
         relative(sim_idle, idle),
-        relative(with.harvested_core_s, real.harvested_core_s),
         relative(mean(&alone.waits), mean(&base.waits)),
-        relative(mean(&with.waits), mean(&real.waits)),
     );
+    if let Some(real) = records.iter().find(|r| r.arm == Arm::Gleaner).map(figures) {
+        eprintln!(
+            "simulator against the grid with gleaner: harvested {:+.1} %, trace jobs' mean wait {:+.1} %",
+            relative(with.harvested_core_s, real.harvested_core_s),
+            relative(mean(&with.waits), mean(&real.waits)),
+        );
+    }
     Ok(())
 }
 
@@ -708,24 +961,33 @@ mod tests {
             started: 100.0,
             window_end: 200.0,
             trace: vec![(100.0, 110.0, 150.0, 2), (120.0, 120.0, 260.0, 1)],
-            sweep: vec![
-                (100.0, 110.0, true),
-                (150.0, 170.0, false),
-                (190.0, 199.5, false),
-                (195.0, 205.0, true),
-            ],
-            rpcs: 0,
-            ctld_cpu_s: 0.0,
+            sweep: [
+                (100.0, 110.0, true, 10.0),
+                (150.0, 170.0, false, 20.0),
+                (190.0, 199.5, false, 9.0),
+                (195.0, 205.0, true, 10.0),
+                // Suspended for half of its run.
+                (120.0, 140.0, true, 10.0),
+            ]
+            .map(|(start, end, done, work_s)| TaskRun {
+                start,
+                end,
+                done,
+                work_s,
+            })
+            .to_vec(),
+            rpcs: None,
+            master_cpu_s: 0.0,
             took_s: 160.0,
         };
         let f = figures(&run);
         assert_eq!(f.busy_core_s, 2.0 * 40.0 + 80.0);
-        assert_eq!(f.harvested_core_s, 10.0 + 5.0);
+        assert_eq!(f.harvested_core_s, 10.0 + 5.0 + 10.0);
         assert_eq!(
             f.lost_core_s, 20.0,
             "the run cut at the window's end is not lost"
         );
-        assert_eq!(f.tasks_done, 1);
+        assert_eq!(f.tasks_done, 2);
         assert_eq!(f.waits, [10.0, 0.0]);
         assert_eq!(f.slowdowns, [50.0 / 40.0, 1.0]);
     }

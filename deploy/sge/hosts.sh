@@ -4,6 +4,9 @@
 # deploy/grid/hosts.sh) each run an sge_execd of their own, in the host group
 # @nodes, served by the queue g1.q of S slots per host. Parallel jobs ask for
 # `-pe smp K` (K slots on one host) or `-pe make K` (spread round robin).
+# Beside it, scavenger.q on the same hosts and slots is subordinated to
+# g1.q (suspended where g1.q is full): a Grid Engine user's way of
+# scavenging idle slots.
 # Each test host has 4000M of memory (`mem_free`, consumable per slot) and two
 # stand-in GPUs (`gpu`, consumable per job), as a real cell counts them.
 # The cell's own queues c1.q … on this host are left as they are.
@@ -17,6 +20,7 @@ export SGE_ROOT=/var/lib/gridengine SGE_CELL=default
 dir=$(cd "$(dirname "$0")" && pwd)
 grid=$dir/../grid/hosts.sh
 queue=g1.q
+scavenger=scavenger.q
 group=@nodes
 log() { printf 'sge-hosts: %s\n' "$*" >&2; }
 # shellcheck source=deploy/sge/common.sh
@@ -60,7 +64,8 @@ down() {
         local q jobs
         jobs=$(qstat -u '*' -q "$queue" 2>/dev/null | awk 'NR > 2 { print $1 }' | sort -u || true)
         [ -z "$jobs" ] || qdel -f $jobs >/dev/null 2>&1 || true
-        "$dir/queue.sh" delete "$queue"
+        qconf -mattr queue subordinate_list NONE "$queue" >/dev/null 2>&1 || true
+        "$dir/queue.sh" delete "$scavenger" "$queue"
         # Other queues (tests' own) spanning the group let go of it.
         for q in $(qconf -sql 2>/dev/null); do
             if qconf -sq "$q" | grep -Eq "^hostlist .*$group( |,|$)"; then
@@ -113,6 +118,17 @@ up() {
     # 5. The queue over the group (queue.sh also makes the `smp` and `make`
     #    parallel environments every queue offers).
     "$dir/queue.sh" add --hosts "$group" "$queue" "$slots"
+
+    # 5b. The queue a Grid Engine user scavenges in: the same hosts and
+    #     slots, subordinated to the normal queue (on a host where the
+    #     normal queue's slots are all taken, its jobs are suspended until
+    #     some leave). Slot-wise subordination (`slots=N(...)`) would
+    #     suspend one task for a parallel job of any width.
+    "$dir/queue.sh" add --hosts "$group" "$scavenger" "$slots"
+    local subordinate="$scavenger=$slots"
+    if [ "$(qconf -sq "$queue" | awk '$1 == "subordinate_list" { print $2 }')" != "$subordinate" ]; then
+        qconf -mattr queue subordinate_list "$subordinate" "$queue" >/dev/null
+    fi
 
     # 6. Ready when every host's queue instance takes jobs (not a, u or E).
     for _ in $(seq 1 60); do

@@ -1716,6 +1716,7 @@ impl KcmCore {
             },
             local_slots: snapshot.local_running(),
             local_waiting: snapshot.local_waiting(),
+            local_waiting_first: snapshot.local_waiting_first(),
             grid_slots: snapshot.grid_running(),
             hosts,
             free_memory_mb: snapshot.free_memory_mb(),

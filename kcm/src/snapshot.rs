@@ -199,6 +199,9 @@ pub struct Snapshot {
     /// and others', by batch id; empty from a backend that does not read
     /// them.
     pub standings: BTreeMap<String, Standing>,
+    /// The priority tier of the partition placeholders go to, where the
+    /// batch system tells it.
+    pub placeholder_tier: Option<u32>,
 }
 
 impl Snapshot {
@@ -395,6 +398,21 @@ impl Snapshot {
     /// Slots asked for by the waiting local jobs.
     pub fn local_waiting(&self) -> u32 {
         saturating_sum(self.waiting.iter().map(|w| w.slots))
+    }
+
+    /// Slots asked for by the waiting local jobs that stand in a higher
+    /// tier than placeholders: the batch system starts them before any
+    /// placeholder, whenever it was submitted.
+    pub fn local_waiting_first(&self) -> u32 {
+        let Some(ours) = self.placeholder_tier else {
+            return 0;
+        };
+        saturating_sum(
+            self.waiting
+                .iter()
+                .filter(|w| self.standings.get(&w.id).is_some_and(|s| s.tier > ours))
+                .map(|w| w.slots),
+        )
     }
 
     /// Each host's place in `hosts`, by its name without a domain.

@@ -374,7 +374,10 @@ pub fn snapshot(
     let jobs = read_jobs(squeue, marker, gpu_resource)?;
     let ours = |job: &Job| job.partitions.contains(&partition);
     let node_names: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
-    let mut snapshot = Snapshot::default();
+    let mut snapshot = Snapshot {
+        placeholder_tier: tiers.get(partition).copied(),
+        ..Snapshot::default()
+    };
     // CPUs of named jobs running per node, to tell the others' apart.
     let mut named_cpus: BTreeMap<&str, u32> = BTreeMap::new();
     for job in jobs.iter().filter(|j| j.waits_for_slots(&sharing)) {
@@ -610,6 +613,11 @@ mod tests {
         // the priority decides.
         let behind = judged(sinfo, &squeue(600), "gleaner").unwrap();
         assert_eq!(behind.yielding(), BTreeSet::from(["20_1"]));
+        assert_eq!(
+            (behind.local_waiting(), behind.local_waiting_first()),
+            (5, 4),
+            "only the higher tier's job starts before any placeholder"
+        );
         let level = judged(sinfo, &squeue(500), "gleaner").unwrap();
         assert!(level.yielding().is_empty(), "a tie is not behind");
         let ahead = judged(sinfo, &squeue(400), "gleaner").unwrap();
@@ -625,6 +633,7 @@ mod tests {
         let untiered = sinfo.replace("|1|\n", "|\n").replace("|10|\n", "|\n");
         let unknown = judged(&untiered, &squeue(600), "gleaner").unwrap();
         assert!(unknown.yielding().is_empty());
+        assert_eq!(unknown.local_waiting_first(), 0);
         // A stranger's job named like gleaner's, waiting, is a local job
         // like any other: behind it, a placeholder is not behind them all.
         let impostor = format!(

@@ -7,7 +7,8 @@
 //! slots scattered over many hosts: the host that can give them at the
 //! least cost in scavenged slots is chosen, and only launchers there are
 //! preempted; a job that could not start on any host even then costs
-//! nothing. A job that asks for memory or GPUs gets them where its slots
+//! nothing, and one that could start anywhere costs nothing until the
+//! cluster's own jobs have left it enough room that gleaner's would do. A job that asks for memory or GPUs gets them where its slots
 //! are: the host chosen is the one that frees every resource it waits for
 //! with the fewest launcher slots preempted, GPU launchers for GPUs and
 //! memory-heavy ones for memory. Slots any host can give are split between the scavenging jobs
@@ -294,6 +295,8 @@ struct Room {
     /// Slots of each job to preempt per host (index into `hosts`).
     needed: BTreeMap<usize, BTreeMap<JobId, u32>>,
     needed_anywhere: u32,
+    /// Slots gleaner's launchers hold on all hosts.
+    scavenged: u32,
 }
 
 impl Room {
@@ -323,18 +326,33 @@ impl Room {
         let free = hosts.iter().fold(0, |a: u32, h| a.saturating_add(h.free));
         Self {
             free_anywhere: free.saturating_sub(answered.promised(None)),
+            scavenged: hosts
+                .iter()
+                .fold(0, |a: u32, h| a.saturating_add(h.scavenged())),
             hosts,
             needed: BTreeMap::new(),
             needed_anywhere: 0,
         }
     }
 
-    /// Promises the slots of a job that may spread anywhere.
-    fn spread(&mut self, job: &WaitingJob) -> Vec<(Option<String>, u32)> {
+    /// Promises the slots of a job that may spread anywhere, if the free
+    /// slots and gleaner's together let it start now; `None` while it
+    /// waits for the cluster's own jobs too (gleaner leaving before they
+    /// do would only leave a hole).
+    fn spread(&mut self, job: &WaitingJob) -> Option<Vec<(Option<String>, u32)>> {
         let from_free = job.slots.min(self.free_anywhere);
+        let missing = job.slots - from_free;
+        let needed = self
+            .needed
+            .values()
+            .flat_map(BTreeMap::values)
+            .fold(self.needed_anywhere, |a, n| a.saturating_add(*n));
+        if missing > self.scavenged.saturating_sub(needed) {
+            return None;
+        }
         self.free_anywhere -= from_free;
-        self.needed_anywhere = self.needed_anywhere.saturating_add(job.slots - from_free);
-        vec![(None, job.slots)]
+        self.needed_anywhere = self.needed_anywhere.saturating_add(missing);
+        Some(vec![(None, job.slots)])
     }
 
     /// Picks a host for each of the job's chunks (each a different host):
@@ -482,7 +500,11 @@ pub fn on_local_wait(
     let mut promised = Vec::new();
     for job in fresh {
         let slots = if job.spreads() {
-            room.spread(job)
+            // One that cannot start yet is answered when it can.
+            let Some(slots) = room.spread(job) else {
+                continue;
+            };
+            slots
         } else {
             room.place(job).unwrap_or_else(|| {
                 unplaceable.push(job.id.clone());
@@ -632,12 +654,22 @@ mod tests {
     }
 
     #[test]
-    fn never_more_than_gleaner_holds() {
-        let hosts = [host("n1", 8, 0, &[("a", 1)])];
+    fn a_job_that_waits_for_the_clusters_own_jobs_too_costs_nothing_until_they_leave() {
+        let mut answered = Answered::default();
         let w = [WaitingJob::anywhere("7", 8)];
+        // 7 slots held by the cluster's own jobs, 1 by gleaner: gleaner
+        // leaving would only leave a hole.
+        let busy = [host("n1", 8, 0, &[("a", 1)])];
+        let early = plan(&w, &busy, &mut answered, 0);
+        assert!(
+            early.shrink.is_empty() && early.unplaceable.is_empty(),
+            "{early:?}"
+        );
+        // They left 4 free: gleaner's 4 are what is missing, at once.
+        let left = [host("n1", 8, 4, &[("a", 4)])];
         assert_eq!(
-            plan(&w, &hosts, &mut Answered::default(), 0).shrink,
-            [order("a", 1, &[])]
+            plan(&w, &left, &mut answered, 100).shrink,
+            [order("a", 4, &[])]
         );
     }
 

@@ -408,6 +408,12 @@ pub struct ClusterReport {
     pub local_slots: u32,
     /// Slots that waiting local jobs ask for.
     pub local_waiting: u32,
+    /// Of those, the slots of jobs the batch system starts before any
+    /// placeholder submitted now, backfilling placeholders only around
+    /// them (Slurm, gleaner's partition in a lower priority tier): they
+    /// need not hold back offers.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub local_waiting_first: u32,
     /// Slots running grid job components.
     pub grid_slots: u32,
     /// Slots held by each scavenging job's placeholders.
@@ -442,6 +448,14 @@ pub struct ClusterReport {
     /// When grid components would complete here (seed 002's ECT).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub foresight: Option<Foresight>,
+}
+
+impl ClusterReport {
+    /// Slots of waiting local jobs that a placeholder submitted now could
+    /// hold up: gleaner makes room for them, and offers none of theirs.
+    pub fn local_waiting_ahead(&self) -> u32 {
+        self.local_waiting.saturating_sub(self.local_waiting_first)
+    }
 }
 
 /// How an estimate was made.

@@ -531,7 +531,7 @@ impl State {
                 probed: None,
             });
         entry.idle_history.push_back((now, report.idle_slots));
-        if report.local_waiting > 0 {
+        if report.local_waiting_ahead() > 0 {
             entry.local_waited = Some(now);
         }
         let longest = config.idle_settle.max(config.local_wait_settle);
@@ -997,7 +997,7 @@ impl State {
         uncapped
             .saturating_sub(granted)
             .saturating_sub(self.grid.reserved(name))
-            .saturating_sub(cluster.report.local_waiting)
+            .saturating_sub(cluster.report.local_waiting_ahead())
     }
 
     fn held(&self, cluster: &ClusterName, job: &JobId) -> u32 {
@@ -1052,7 +1052,7 @@ impl State {
                         .unwrap_or(0)
                         .saturating_sub(promised)
                         .saturating_sub(self.grid.reserved(name))
-                        .saturating_sub(report.local_waiting),
+                        .saturating_sub(report.local_waiting_ahead()),
                     others: report.local_slots + report.grid_slots,
                     held,
                     excluded: growable.is_none(),
@@ -1512,6 +1512,30 @@ pub(crate) mod tests {
         state.on_cluster(report, later, &config);
         state.on_job_update(job_report("a", 100), later);
         assert_eq!(offers(&state.round(later, &config)), [("a".into(), 1)]);
+    }
+
+    #[test]
+    fn slots_of_local_jobs_the_batch_system_starts_first_are_offered_at_once() {
+        let config = StateConfig::default();
+        let now = Instant::now();
+        let mut state = State::new(GrantId::new(1));
+        state.on_job_update(job_report("a", 100), now);
+        let mut report = cluster_report(4, &[("a", 4)], vec![]);
+        report.local_waiting = 12;
+        report.local_waiting_first = 12;
+        state.on_cluster(report.clone(), now, &config);
+        assert_eq!(
+            offers(&state.round(now, &config)),
+            [("a".into(), 4)],
+            "placeholders wait behind those jobs, in the holes backfill finds"
+        );
+        // One more waits that a placeholder could hold up.
+        let mut also = report;
+        also.local_waiting = 13;
+        let later = now + Duration::from_millis(100);
+        state.on_cluster(also, later, &config);
+        state.on_job_update(job_report("a", 100), later);
+        assert!(offers(&state.round(later, &config)).is_empty());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! components, and gleaner's placeholders with the launchers in them. It
 //! runs what it is given and decides nothing for gleaner.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use gleaner_kcm::{
     ComponentRun, Host, Placeholder, Snapshot, Timing,
@@ -870,6 +870,11 @@ impl Batch {
             // The simulated batch system knows gleaner's jobs as its own.
             named: Vec::new(),
             problem: None,
+            // Its placeholders start only while nothing else waits, never
+            // by backfill: no standings, so the kcm withdraws them for
+            // waiting jobs.
+            standings: BTreeMap::new(),
+            placeholder_tier: None,
             // What the batch scheduler plans by, where it orders its queue.
             timing: match self.discipline {
                 Some(_) => self
