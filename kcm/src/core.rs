@@ -1408,10 +1408,12 @@ impl KcmCore {
             .map(|p| p.id.clone())
             .collect();
         let hosts = snapshot.host_loads();
+        let planned = snapshot.starting_first();
         let state = LocalState {
             waiting: &snapshot.waiting,
             hosts: &hosts,
             pending_placeholders: &pending,
+            planned: &planned,
         };
         let plan = on_local_wait(
             state,

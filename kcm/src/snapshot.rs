@@ -400,17 +400,28 @@ impl Snapshot {
         saturating_sum(self.waiting.iter().map(|w| w.slots))
     }
 
-    /// Slots asked for by the waiting local jobs that stand in a higher
-    /// tier than placeholders: the batch system starts them before any
-    /// placeholder, whenever it was submitted.
-    pub fn local_waiting_first(&self) -> u32 {
+    /// The waiting local jobs that stand in a higher tier than
+    /// placeholders: the batch system starts them before any placeholder,
+    /// whenever it was submitted, and backfills placeholders around their
+    /// planned starts.
+    pub fn starting_first(&self) -> BTreeSet<&str> {
         let Some(ours) = self.placeholder_tier else {
-            return 0;
+            return BTreeSet::new();
         };
+        self.waiting
+            .iter()
+            .filter(|w| self.standings.get(&w.id).is_some_and(|s| s.tier > ours))
+            .map(|w| w.id.as_str())
+            .collect()
+    }
+
+    /// Slots asked for by the jobs [`Snapshot::starting_first`].
+    pub fn local_waiting_first(&self) -> u32 {
+        let first = self.starting_first();
         saturating_sum(
             self.waiting
                 .iter()
-                .filter(|w| self.standings.get(&w.id).is_some_and(|s| s.tier > ours))
+                .filter(|w| first.contains(w.id.as_str()))
                 .map(|w| w.slots),
         )
     }

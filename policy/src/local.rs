@@ -7,15 +7,18 @@
 //! slots scattered over many hosts: the host that can give them at the
 //! least cost in scavenged slots is chosen, and only launchers there are
 //! preempted; a job that could not start on any host even then costs
-//! nothing, and one that could start anywhere costs nothing until the
-//! cluster's own jobs have left it enough room that gleaner's would do. A job that asks for memory or GPUs gets them where its slots
+//! nothing. Where the batch system plans a waiting job's start and fits
+//! placeholders around it by their time limits (Slurm's backfill), one
+//! that could start anywhere costs nothing until the cluster's own jobs
+//! have left it enough room that gleaner's would do; elsewhere room is
+//! made at once, ready for when they leave. A job that asks for memory or GPUs gets them where its slots
 //! are: the host chosen is the one that frees every resource it waits for
 //! with the fewest launcher slots preempted, GPU launchers for GPUs and
 //! memory-heavy ones for memory. Slots any host can give are split between the scavenging jobs
 //! once (together covering the need, not each job the full amount). Each
 //! waiting job is answered once, until the answer has had time to work.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use gleaner_manifest::{JobId, Needs};
 
@@ -239,6 +242,11 @@ pub struct LocalState<'a> {
     pub hosts: &'a [HostLoad],
     /// gleaner's placeholders that wait in the batch system.
     pub pending_placeholders: &'a [String],
+    /// Waiting jobs whose starts the batch system plans, fitting
+    /// placeholders only around them by their time limits: room is made
+    /// for one when it could start, not before (that would only leave
+    /// the hole backfill gave gleaner).
+    pub planned: &'a BTreeSet<&'a str>,
 }
 
 /// An order to one scavenging job: give back `slots`, from launchers on
@@ -335,11 +343,10 @@ impl Room {
         }
     }
 
-    /// Promises the slots of a job that may spread anywhere, if the free
-    /// slots and gleaner's together let it start now; `None` while it
-    /// waits for the cluster's own jobs too (gleaner leaving before they
-    /// do would only leave a hole).
-    fn spread(&mut self, job: &WaitingJob) -> Option<Vec<(Option<String>, u32)>> {
+    /// Promises the slots of a job that may spread anywhere; if `planned`,
+    /// only once the free slots and gleaner's together let it start, `None`
+    /// while it waits for the cluster's own jobs too.
+    fn spread(&mut self, job: &WaitingJob, planned: bool) -> Option<Vec<(Option<String>, u32)>> {
         let from_free = job.slots.min(self.free_anywhere);
         let missing = job.slots - from_free;
         let needed = self
@@ -347,7 +354,7 @@ impl Room {
             .values()
             .flat_map(BTreeMap::values)
             .fold(self.needed_anywhere, |a, n| a.saturating_add(*n));
-        if missing > self.scavenged.saturating_sub(needed) {
+        if planned && missing > self.scavenged.saturating_sub(needed) {
             return None;
         }
         self.free_anywhere -= from_free;
@@ -501,7 +508,7 @@ pub fn on_local_wait(
     for job in fresh {
         let slots = if job.spreads() {
             // One that cannot start yet is answered when it can.
-            let Some(slots) = room.spread(job) else {
+            let Some(slots) = room.spread(job, state.planned.contains(job.id.as_str())) else {
                 continue;
             };
             slots
@@ -569,6 +576,7 @@ mod tests {
             waiting,
             hosts,
             pending_placeholders: &[],
+            planned: &BTreeSet::new(),
         };
         on_local_wait(state, answered, now, 5000)
     }
@@ -580,6 +588,7 @@ mod tests {
             waiting: &[],
             hosts: &hosts,
             pending_placeholders: &["1.2".into()],
+            planned: &BTreeSet::new(),
         };
         assert_eq!(
             on_local_wait(state, &mut Answered::default(), 0, 5000),
@@ -596,6 +605,7 @@ mod tests {
             waiting: &waiting,
             hosts: &hosts,
             pending_placeholders: &pending,
+            planned: &BTreeSet::new(),
         };
         let plan = on_local_wait(state, &mut Answered::default(), 0, 5000);
         assert_eq!(plan.withdraw, pending);
@@ -654,23 +664,38 @@ mod tests {
     }
 
     #[test]
-    fn a_job_that_waits_for_the_clusters_own_jobs_too_costs_nothing_until_they_leave() {
-        let mut answered = Answered::default();
+    fn a_planned_job_that_waits_for_the_clusters_own_jobs_too_costs_nothing_until_they_leave() {
         let w = [WaitingJob::anywhere("7", 8)];
+        let planned = BTreeSet::from(["7"]);
+        let plan_for =
+            |hosts: &[HostLoad], planned: &BTreeSet<&str>, answered: &mut Answered, now| {
+                let state = LocalState {
+                    waiting: &w,
+                    hosts,
+                    pending_placeholders: &[],
+                    planned,
+                };
+                on_local_wait(state, answered, now, 5000)
+            };
         // 7 slots held by the cluster's own jobs, 1 by gleaner: gleaner
-        // leaving would only leave a hole.
+        // leaving would only leave a hole in the batch system's plan…
         let busy = [host("n1", 8, 0, &[("a", 1)])];
-        let early = plan(&w, &busy, &mut answered, 0);
+        let mut answered = Answered::default();
+        let early = plan_for(&busy, &planned, &mut answered, 0);
         assert!(
             early.shrink.is_empty() && early.unplaceable.is_empty(),
             "{early:?}"
         );
-        // They left 4 free: gleaner's 4 are what is missing, at once.
+        // …until they left 4 free: gleaner's 4 are what is missing, at once.
         let left = [host("n1", 8, 4, &[("a", 4)])];
         assert_eq!(
-            plan(&w, &left, &mut answered, 100).shrink,
+            plan_for(&left, &planned, &mut answered, 100).shrink,
             [order("a", 4, &[])]
         );
+        // A job whose start nothing plans gets room at once, never more
+        // than gleaner holds.
+        let unplanned = plan_for(&busy, &BTreeSet::new(), &mut Answered::default(), 0);
+        assert_eq!(unplanned.shrink, [order("a", 1, &[])]);
     }
 
     #[test]

@@ -302,6 +302,57 @@ fn a_placeholder_started_before_a_reservation_takes_only_tasks_that_end_before_i
     g.assert_all_done_once(&short, 4);
 }
 
+/// A site's job waits for the whole partition, Slurm reserving its start
+/// for when the job holding two thirds of it ends; the third left idle
+/// until then is a hole Slurm's backfill fills with the placeholders of a
+/// sweep with a time range, while the waiting job keeps its start.
+#[test]
+fn a_sweep_fills_the_hole_slurm_keeps_before_a_wide_jobs_reserved_start() {
+    let slurm = SlurmCluster::lock();
+    let cores = slurm.cores(SlurmCluster::SITE);
+    let site = |cpus: u32, minutes: u32, command: &str| {
+        sbatch(&[
+            "-p",
+            SlurmCluster::SITE,
+            &format!("-n{cpus}"),
+            &format!("--time={minutes}"),
+            "--wrap",
+            command,
+        ])
+    };
+    let holder = site(cores * 2 / 3, 10, "sleep 600");
+    wait_for("the site's first job to run", MINUTE, || {
+        slurm.state(&holder).contains("JobState=RUNNING")
+    });
+    let wide = site(cores, 5, "sleep 1");
+    wait_for("the wide job's start to be reserved", MINUTE, || {
+        let state = slurm.state(&wide);
+        state.contains("JobState=PENDING") && state.contains("Reason=Resources")
+    });
+    let mut g = gleaner("slurm-backfill");
+    g.write(
+        "gleaner.toml",
+        &format!("{}walltime = \"5m\"\nmin_walltime = \"1m\"\n", config()),
+    );
+    g.start("up", &["up"]);
+    let job = g.submit(
+        "name = \"holes\"\nwalltime = \"30s\"\n[sweep]\ncommand = \"sleep 1\"\nparams = { n = { from = 1, to = 8 } }\n",
+    );
+    wait_for("the sweep to run in the hole", 3 * MINUTE, || {
+        g.job_state(&job).as_deref() == Some("done")
+    });
+    g.assert_all_done_once(&job, 8);
+    assert!(
+        slurm.state(&wide).contains("JobState=PENDING"),
+        "the wide job waits for the site's first job, not for gleaner"
+    );
+    // Its holder ends: it starts, nothing of gleaner's in its way.
+    gleaner_testkit::slurm("scancel", &[&holder]);
+    wait_for("the wide job to start", MINUTE, || {
+        !slurm.state(&wide).contains("JobState=PENDING")
+    });
+}
+
 #[test]
 fn a_grid_component_runs_as_an_ordinary_slurm_job_on_one_node() {
     let _slurm = SlurmCluster::lock();
