@@ -101,6 +101,13 @@ exp_trace_sge() {
     "$bench" trace --batch sge --out "$out"
 }
 
+exp_trace_simulated() {
+    echo "## the simulator on a week of the production trace at its own size"
+    echo "| run | trace jobs | idle core-s of the baseline | harvested core-s (of idle) | lost core-s | sweep tasks done | trace jobs' mean wait s (vs alone) | 95th percentile wait s (vs alone) |"
+    echo "|---|---|---|---|---|---|---|---|"
+    "$bench" trace-simulated
+}
+
 exp_simulator() {
     echo "## the simulator's other experiments: GPUs, checkpoints, seed 001 (KOALA), seed 003 (GRADS), seed 002 (reallocation)"
     for scenario in gpus checkpoints koala-low-load koala-high-load koala-no-priorities koala-incremental \
@@ -289,7 +296,7 @@ exp_fairness() {
 }
 
 experiments=(seed000_table_4_1 seed000_table_4_2 handover seed000_table_4_3 seed004_figure_4_4
-    makespan makespan_million throughput hyperqueue scale follow executor launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_resource_delay sge_gpu_utilisation sge_throughput slurm_launchers slurm_local_delay slurm_master_load trace_slurm trace_sge sge_grid_delay decide inbox chaos fairness simulator plots)
+    makespan makespan_million throughput hyperqueue scale follow executor launcher_scale memory sge_launchers sge_local_delay sge_hosts_local_delay sge_resource_delay sge_gpu_utilisation sge_throughput slurm_launchers slurm_local_delay slurm_master_load trace_slurm trace_sge trace_simulated sge_grid_delay decide inbox chaos fairness simulator plots)
 
 if [ "${1:-}" = --list ]; then
     printf '%s\n' "${experiments[@]//_/-}"

@@ -289,6 +289,26 @@ enum Bench {
         #[arg(long, default_value = "target/bench")]
         out: PathBuf,
     },
+    /// The simulator alone on a production trace at its own size: the
+    /// whole traced machine, the trace's own time, a sweep beside it.
+    TraceSimulated {
+        /// A Standard Workload Format trace, gzipped or not.
+        #[arg(long, default_value = "bench/traces/NASA-iPSC-1993-3.1-cln.swf.gz")]
+        trace: PathBuf,
+        /// Where the window starts in the trace, hours.
+        #[arg(long, default_value_t = 504.0)]
+        from_hours: f64,
+        /// The window's length, days.
+        #[arg(long, default_value_t = 7.0)]
+        days: f64,
+        /// Tasks of the sweep, and the shortest and longest, seconds.
+        #[arg(long, default_value_t = 1_000_000)]
+        tasks: u32,
+        #[arg(long, default_value_t = 5)]
+        task_min: u32,
+        #[arg(long, default_value_t = 60)]
+        task_max: u32,
+    },
     /// Multi-host Grid Engine: how long one-host local jobs wait with and
     /// without gleaner's load.
     SgeHostsLocalDelay {
@@ -503,6 +523,26 @@ fn main() -> anyhow::Result<()> {
             },
             &arms,
             &out,
+        ),
+        Bench::TraceSimulated {
+            trace,
+            from_hours,
+            days,
+            tasks,
+            task_min,
+            task_max,
+        } => trace::simulate_full(
+            &trace::Window {
+                trace,
+                from_s: from_hours * 3600.0,
+                length_s: days * 86_400.0,
+                compress: 1.0,
+            },
+            trace::SweepShape {
+                tasks,
+                min_s: task_min,
+                max_s: task_max.max(task_min),
+            },
         ),
         Bench::SgeResourceDelay => sge::resource_delay(&gleaner_binary()?),
         Bench::SgeGpuUtilisation { tasks, seconds } => {

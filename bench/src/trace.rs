@@ -858,6 +858,38 @@ pub fn replay(
     Ok(())
 }
 
+/// The simulator alone on the trace at its own size: the window's jobs on
+/// the whole traced machine, in the trace's own time, beside a sweep of
+/// `shape`; a Markdown row alone and one with the sweep through gleaner.
+pub fn simulate_full(window: &Window, shape: SweepShape) -> anyhow::Result<()> {
+    let swf = read_trace(&window.trace)?;
+    let Some(machine) = swf.max_procs else {
+        bail!(
+            "{}: the trace's header gives no MaxProcs or MaxNodes",
+            window.trace.display()
+        );
+    };
+    let (jobs, skipped) = window_jobs(&swf.jobs, machine, window, machine);
+    ensure!(!jobs.is_empty(), "no job of the trace in its window");
+    eprintln!(
+        "trace: {} jobs in the window ({skipped} wider than the machine left out), {machine} processors",
+        jobs.len()
+    );
+    let length = window.length_s / window.compress;
+    let [alone, with] = simulate_window(&jobs, machine, shape, length)?;
+    let idle = f64::from(machine) * length - alone.busy_core_s;
+    for (label, f) in [
+        ("simulated at full size: trace alone", &alone),
+        (
+            "simulated at full size: trace + sweep through gleaner",
+            &with,
+        ),
+    ] {
+        println!("| {label} | {} |", columns(f, &alone, idle, jobs.len()));
+    }
+    Ok(())
+}
+
 /// A row's columns from the trace's jobs to the 95th percentile of their
 /// waits: `f` of a run against `base`, the same window's run alone, which
 /// left `idle` core-seconds.

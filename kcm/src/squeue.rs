@@ -176,15 +176,19 @@ fn slurm_memory(text: &str) -> Option<u64> {
     }
 }
 
+/// What `sinfo` says of a partition: its nodes, the partitions sharing
+/// them, and each partition's priority tier where it gave them.
+struct NodesReading {
+    nodes: Vec<Node>,
+    sharing: BTreeSet<String>,
+    tiers: BTreeMap<String, u32>,
+}
+
 /// The partition's nodes from `sinfo`, the other partitions sharing
 /// them (whose waiting jobs want the same slots), and the priority tier
 /// of each partition, where `sinfo` gave it. GPUs are those of
 /// `gpu_resource`.
-fn read_nodes(
-    sinfo: &str,
-    partition: &str,
-    gpu_resource: &str,
-) -> Result<(Vec<Node>, BTreeSet<String>, BTreeMap<String, u32>), String> {
+fn read_nodes(sinfo: &str, partition: &str, gpu_resource: &str) -> Result<NodesReading, String> {
     let mut rows = Vec::new();
     let mut tiers = BTreeMap::new();
     for line in sinfo.lines().filter(|l| !l.trim().is_empty()) {
@@ -264,7 +268,11 @@ fn read_nodes(
         .filter(|(_, node)| names.contains(node.name.as_str()))
         .map(|(part, _)| part.clone())
         .collect();
-    Ok((nodes, sharing, tiers))
+    Ok(NodesReading {
+        nodes,
+        sharing,
+        tiers,
+    })
 }
 
 /// The jobs of `squeue` output in [`squeue_format`]`(marker)`, GPUs
@@ -370,7 +378,11 @@ pub fn snapshot(
     partition: &str,
     gpu_resource: &str,
 ) -> Result<Snapshot, String> {
-    let (nodes, sharing, tiers) = read_nodes(sinfo, partition, gpu_resource)?;
+    let NodesReading {
+        nodes,
+        sharing,
+        tiers,
+    } = read_nodes(sinfo, partition, gpu_resource)?;
     let jobs = read_jobs(squeue, marker, gpu_resource)?;
     let ours = |job: &Job| job.partitions.contains(&partition);
     let node_names: BTreeSet<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
