@@ -154,7 +154,25 @@ fn two_one_host_local_jobs_empty_two_hosts() {
 
 #[test]
 fn a_grid_component_of_one_host_takes_back_one_host() {
-    let (queues, g, job, before) = full_grid("mh-grid", "", 150, 12);
+    // The sweep's tasks wait for the test's word: a busy machine placing
+    // the grid job slowly must not see the sweep end and every launcher
+    // leave of itself.
+    let (queues, g, job, before) = full_grid_of(
+        "mh-grid",
+        "",
+        |g| {
+            let go = g.path().join("go");
+            sweep(
+                "fill",
+                150,
+                &format!(
+                    "while [ ! -e {} ]; do sleep 0.2; done; echo {{n}}",
+                    go.display()
+                ),
+            )
+        },
+        12,
+    );
     let mut grid = g.submit_waiting(&format!(
         "name = \"rigid\"\nkind = \"grid\"\npriority = \"high\"\n[[component]]\nslots = {HOST_SLOTS}\ncommand = \"echo $NSLOTS $(hostname); sleep 3\"\n"
     ));
@@ -182,6 +200,7 @@ fn a_grid_component_of_one_host_takes_back_one_host() {
         BTreeSet::from([host]),
         "only launchers of the host it ran on were stopped; gone: {gone:?} of {before:?}"
     );
+    std::fs::write(g.path().join("go"), "").unwrap();
     g.assert_all_done_once(&job, 150);
 }
 

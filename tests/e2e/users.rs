@@ -525,9 +525,11 @@ fn a_users_own_queues_hold_what_the_services_allow() {
         .flood_own_queue(&body, 200)
         .expect("alice may fill her own queue");
     let mut held = serde_json::Value::Null;
+    // The management API may answer with counts before the rest of a
+    // queue's statistics (its bytes, its policy): wait for them all.
     wait_for("the queue's statistics", MINUTE, || {
         held = g.vhost.queue(&queue).unwrap_or_default();
-        held["messages"].as_u64().is_some_and(|n| n > 0)
+        held["messages"].as_u64().is_some_and(|n| n > 0) && held["message_bytes"].is_u64()
     });
     let bytes = held["message_bytes"].as_u64().unwrap_or(u64::MAX);
     assert!(
