@@ -302,7 +302,7 @@ enum Bench {
         #[arg(long, default_value_t = 7.0)]
         days: f64,
         /// Tasks of the sweep, and the shortest and longest, seconds.
-        #[arg(long, default_value_t = 1_000_000)]
+        #[arg(long, default_value_t = 2_000_000)]
         tasks: u32,
         #[arg(long, default_value_t = 5)]
         task_min: u32,
