@@ -366,9 +366,16 @@ fn placeholders_whose_launcher_cannot_start_exclude_their_cluster() {
 #[test]
 fn a_grid_job_that_loses_a_component_runs_again_whole() {
     let (queues, g) = two_clusters_up("sge-lost-component", "");
-    // The first run's components wait until stopped; the second's end at once.
+    // The first run's components wait until stopped; the second's end at
+    // once. Each run of a component leaves a file when its command starts.
     let again = g.path().join("again");
-    let command = format!("test -e {} || sleep 300; echo ran", again.display());
+    let started = g.path().join("started");
+    std::fs::create_dir(&started).expect("started dir");
+    let command = format!(
+        "mktemp {}/XXXXXX >/dev/null; test -e {} || sleep 300; echo ran",
+        started.display(),
+        again.display()
+    );
     let job = g.submit(&format!(
         "name = \"rigid\"\nkind = \"grid\"\n\
          [[component]]\nslots = 3\ncommand = \"{command}\"\n\
@@ -386,9 +393,9 @@ fn a_grid_job_that_loses_a_component_runs_again_whole() {
         let running = components();
         running.len() == 2 && running.iter().all(|(_, j)| j.state.contains('r'))
     });
-    // Past the barrier: their commands run (and wait for the marker).
-    wait_for("the components to be let go", MINUTE, || {
-        g.job_file(&job).unwrap_or_default()["gathering"]["running_since"].is_u64()
+    // Past the barrier: both commands run, and wait for the marker.
+    wait_for("both components' commands to start", MINUTE, || {
+        std::fs::read_dir(&started).map_or(0, |d| d.count()) == 2
     });
     // One component vanishes without an exit status, as with its host.
     std::fs::write(&again, "").expect("marker");
