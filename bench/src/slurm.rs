@@ -1,6 +1,7 @@
 //! Benchmarks on the dev grid's Slurm (`deploy/slurm/setup.sh`: three
 //! 4-CPU test hosts).
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::ensure;
@@ -220,14 +221,23 @@ fn running_placeholders(cluster: &SlurmCluster, job: &str) -> usize {
 
 /// `sdiag`'s count of RPCs by message type, summed.
 pub fn rpc_total() -> u64 {
+    rpc_counts().values().sum()
+}
+
+/// `sdiag`'s count of RPCs for each message type.
+fn rpc_counts() -> BTreeMap<String, u64> {
     slurm("sdiag", &[])
         .lines()
         .skip_while(|l| !l.contains("by message type"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
         .filter_map(|l| {
+            let kind = l.split_whitespace().next()?;
             let count = l.split("count:").nth(1)?;
-            count.split_whitespace().next()?.parse::<u64>().ok()
+            let count = count.split_whitespace().next()?.parse::<u64>().ok()?;
+            Some((kind.to_owned(), count))
         })
-        .sum()
+        .collect()
 }
 
 /// `slurmctld`'s CPU time so far, seconds.
@@ -249,16 +259,53 @@ pub fn daemon_cpu_s(daemon: &str) -> f64 {
         .sum()
 }
 
-/// RPCs `slurmctld` served and the CPU seconds it took over `span`,
-/// each a minute's worth.
-fn master_minute(span: Duration) -> (f64, f64) {
-    let (rpcs, cpu) = (rpc_total(), ctld_cpu_s());
-    std::thread::sleep(span);
-    let minutes = span.as_secs_f64() / 60.0;
-    (
-        rpc_total().saturating_sub(rpcs) as f64 / minutes,
-        (ctld_cpu_s() - cpu) / minutes,
-    )
+/// What `slurmctld` served over a span, each a minute's worth: RPCs, by
+/// message type, and the CPU seconds it took.
+struct MasterMinute {
+    rpcs: f64,
+    by_type: BTreeMap<String, f64>,
+    cpu_s: f64,
+}
+
+impl MasterMinute {
+    fn over(span: Duration) -> Self {
+        let (before, cpu) = (rpc_counts(), ctld_cpu_s());
+        std::thread::sleep(span);
+        let minutes = span.as_secs_f64() / 60.0;
+        let by_type: BTreeMap<String, f64> = rpc_counts()
+            .into_iter()
+            .map(|(kind, count)| {
+                let earlier = before.get(&kind).copied().unwrap_or(0);
+                (kind, count.saturating_sub(earlier) as f64 / minutes)
+            })
+            .filter(|(_, count)| *count > 0.0)
+            .collect();
+        Self {
+            rpcs: by_type.values().sum(),
+            by_type,
+            cpu_s: (ctld_cpu_s() - cpu) / minutes,
+        }
+    }
+
+    /// The message types beyond `alone`'s, most first.
+    fn beyond(&self, alone: &Self) -> String {
+        let mut more: Vec<(&String, f64)> = self
+            .by_type
+            .iter()
+            .map(|(kind, count)| {
+                (
+                    kind,
+                    count - alone.by_type.get(kind).copied().unwrap_or(0.0),
+                )
+            })
+            .filter(|(_, more)| *more >= 0.5)
+            .collect();
+        more.sort_by(|a, b| b.1.total_cmp(&a.1));
+        more.iter()
+            .map(|(kind, count)| format!("{kind} {count:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// What gleaner costs `slurmctld` with `queued` jobs of the cluster's own
@@ -287,15 +334,19 @@ pub fn master_load(exe: &std::path::Path, queued: u32, span: Duration) -> anyhow
     });
     let held = cluster.jobs().len();
     ensure!(held >= queued as usize, "{held} of {queued} jobs queued");
-    let row = |what: &str, (rpcs, cpu): (f64, f64), alone: (f64, f64)| {
+    let mut breakdown = Vec::new();
+    let mut row = |what: &str, minute: &MasterMinute, alone: &MasterMinute| {
         println!(
-            "| {held} | {what} | {rpcs:.0} | {:+.0} | {cpu:.2} | {:+.1} % |",
-            rpcs - alone.0,
-            100.0 * (cpu - alone.1) / alone.1.max(f64::EPSILON)
+            "| {held} | {what} | {:.0} | {:+.0} | {:.2} | {:+.1} % |",
+            minute.rpcs,
+            minute.rpcs - alone.rpcs,
+            minute.cpu_s,
+            100.0 * (minute.cpu_s - alone.cpu_s) / alone.cpu_s.max(f64::EPSILON)
         );
+        breakdown.push(format!("{what}: {}", minute.beyond(alone)));
     };
-    let alone = master_minute(span);
-    row("no gleaner", alone, alone);
+    let alone = MasterMinute::over(span);
+    row("no gleaner", &alone, &alone);
     for (what, intervals) in [
         (
             "an idle gleaner, reading every 500 ms (as before)",
@@ -310,7 +361,7 @@ pub fn master_load(exe: &std::path::Path, queued: u32, span: Duration) -> anyhow
         );
         g.start("up", &["up"]);
         wait_until_serving(&g);
-        row(what, master_minute(span), alone);
+        row(what, &MasterMinute::over(span), &alone);
         if intervals.is_empty() {
             let job = g.submit(&sweep("load", 10_000, "sleep 600"));
             let full = || running_placeholders(&cluster, &job) == 12;
@@ -320,11 +371,15 @@ pub fn master_load(exe: &std::path::Path, queued: u32, span: Duration) -> anyhow
             std::thread::sleep(Duration::from_secs(30));
             row(
                 "a gleaner whose sweep fills the partition",
-                master_minute(span),
-                alone,
+                &MasterMinute::over(span),
+                &alone,
             );
             g.run(&["cancel", &job]);
         }
+    }
+    println!("\nRPCs a minute beyond those without gleaner, by message type:");
+    for line in breakdown.iter().skip(1) {
+        println!("- {line}");
     }
     cluster.clear();
     Ok(())
