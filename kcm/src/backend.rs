@@ -10,6 +10,8 @@ use gleaner_protocol::{
 use tokio::{io::AsyncWriteExt, process::Command};
 use tracing::warn;
 
+pub use gleaner_kcm_core::BackendError;
+
 use crate::{contain::Account, snapshot::Snapshot};
 
 /// Where a component's wrapper leaves its output and exit status, in the
@@ -199,30 +201,6 @@ impl ComponentFiles {
         Some((job.parse().ok()?, component.parse().ok()?))
     }
 
-    /// What the kcm writes to `go` for a component whose first rank is
-    /// `rank` of the job's `ranks`, of `components` components: the
-    /// wrapper reads it into `GLEANER_RANK`, `GLEANER_RANKS` and
-    /// `GLEANER_COMPONENTS`.
-    pub fn go_text(rank: u32, ranks: u32, components: u32) -> String {
-        format!("{rank} {ranks} {components}\n")
-    }
-
-    /// What the kcm writes to `hosts`: an MPI host file of every
-    /// component's hosts in component order, `host slots=N`, with the
-    /// component each line belongs to after a `#`.
-    pub fn hosts_text(hosts: &[Vec<HostSlots>]) -> String {
-        let mut text = String::new();
-        for (component, hosts) in hosts.iter().enumerate() {
-            for h in hosts {
-                text.push_str(&format!(
-                    "{} slots={} # component {component}\n",
-                    h.host, h.slots
-                ));
-            }
-        }
-        text
-    }
-
     /// The shell script that runs a component and records how it ended.
     ///
     /// No line of it comes from the job: Grid Engine reads every `#$` line
@@ -382,15 +360,6 @@ pub fn as_account(
 /// Quotes for `/bin/sh`.
 pub fn quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
-}
-
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{command}: {message}")]
-pub struct BackendError {
-    /// The batch-system command that failed, as run.
-    pub command: String,
-    /// What went wrong, with the command's own output.
-    pub message: String,
 }
 
 /// One batch system. Implementations log nothing themselves: the kcm logs
@@ -802,7 +771,7 @@ pub(crate) mod tests {
     fn expand(spec: &ComponentSpec, words: &str) -> String {
         let spool = tempfile::tempdir().expect("a spool");
         let files = ComponentFiles::new(spool.path(), &spec.job, spec.component);
-        std::fs::write(&files.go, ComponentFiles::go_text(0, 1, 1)).expect("go");
+        std::fs::write(&files.go, gleaner_kcm_core::barrier::go_text(0, 1, 1)).expect("go");
         let script = files.script(spec, None, ComponentHosts::ThisHost);
         let (head, _) = script.split_once("/bin/sh -c").expect("the command");
         let probe = format!("{head}printf '%s|%s' {words}");
@@ -894,8 +863,8 @@ pub(crate) mod tests {
             }],
             hosts,
         ];
-        std::fs::write(&files.hosts, ComponentFiles::hosts_text(&all)).unwrap();
-        std::fs::write(&files.go, ComponentFiles::go_text(2, 5, 2)).unwrap();
+        std::fs::write(&files.hosts, gleaner_kcm_core::barrier::hosts_text(&all)).unwrap();
+        std::fs::write(&files.go, gleaner_kcm_core::barrier::go_text(2, 5, 2)).unwrap();
         assert!(wrapper.wait().unwrap().success());
         assert_eq!(
             std::fs::read_to_string(&files.stdout).unwrap(),
@@ -915,7 +884,7 @@ pub(crate) mod tests {
             )
         };
         let files = ComponentFiles::new(spool.path(), &spec.job, 0);
-        std::fs::write(&files.go, ComponentFiles::go_text(0, 1, 1)).unwrap();
+        std::fs::write(&files.go, gleaner_kcm_core::barrier::go_text(0, 1, 1)).unwrap();
         let script = files.script(&spec, None, ComponentHosts::ThisHost);
         let mut wrapper = std::process::Command::new("/bin/sh")
             .args(["-c", &script])

@@ -12,13 +12,12 @@ mod backend;
 mod claims;
 mod config;
 mod contain;
-pub mod core;
-mod failures;
+pub use gleaner_kcm_core::core;
 mod local;
 mod qstat;
 mod sge;
 mod slurm;
-mod snapshot;
+use gleaner_kcm_core::snapshot;
 mod squeue;
 
 use std::{
@@ -38,7 +37,8 @@ use tracing::{Instrument, error_span, info};
 use crate::contain::Account;
 
 pub use backend::{Backend, BackendError, ComponentFiles, LauncherCommand, RunAs};
-pub use config::{BackendKind, Cap, ClusterConfig};
+pub use config::{BackendKind, ClusterConfig};
+pub use gleaner_kcm_core::Cap;
 pub use local::{LocalBackend, hostname};
 pub use sge::{SgeBackend, SgeConfig};
 pub use slurm::{SlurmBackend, SlurmConfig};

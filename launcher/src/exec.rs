@@ -22,48 +22,7 @@ use tokio::{
 };
 use tracing::debug;
 
-use crate::orphans;
-
-/// Size bounds on what a task sends back (keys of `[launcher]`).
-#[derive(Debug, Clone, Copy, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct Limits {
-    /// Bytes kept of stdout and of stderr each (the tail).
-    #[serde(rename = "max_stream_bytes")]
-    pub stream_bytes: usize,
-    /// Bytes kept of each declared output file (the head).
-    #[serde(rename = "max_file_bytes")]
-    pub file_bytes: usize,
-    /// Bytes of output files per task in all.
-    #[serde(rename = "max_outputs_bytes")]
-    pub outputs_bytes: usize,
-    /// Between SIGTERM and SIGKILL when a walltime ends.
-    #[serde(with = "humantime_serde")]
-    pub kill_grace: Duration,
-    /// Bytes a task's `$GLEANER_CHECKPOINT` may hold after a run that did
-    /// not succeed; a bigger one is removed, and the next run starts over.
-    #[serde(rename = "max_checkpoint_bytes")]
-    pub checkpoint_bytes: u64,
-    /// Added to the launcher's niceness for its tasks (0 to 19): a
-    /// launcher serves all its slots from one thread, and a task that ends
-    /// waits for it to start the next; behind its own busy tasks it would
-    /// come last.
-    #[serde(rename = "task_nice")]
-    pub nice: i32,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Self {
-            stream_bytes: 1 << 20,
-            file_bytes: 16 << 20,
-            outputs_bytes: 64 << 20,
-            kill_grace: Duration::from_secs(2),
-            checkpoint_bytes: 1 << 30,
-            nice: 10,
-        }
-    }
-}
+use crate::{Limits, orphans};
 
 /// What to run.
 #[derive(Debug, Clone)]

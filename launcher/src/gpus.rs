@@ -19,20 +19,7 @@ use std::os::{
     unix::net::UnixListener,
 };
 
-/// Where a launcher's devices come from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum GpuSource {
-    /// The batch system set `$CUDA_VISIBLE_DEVICES` for the placeholder.
-    BatchSystem,
-    /// The host's devices, to claim from.
-    Claim(Vec<String>),
-    /// Devices the kcm claimed for this launcher, each claim an open file
-    /// it inherited (by descriptor number).
-    Given {
-        devices: Vec<String>,
-        claims: Vec<i32>,
-    },
-}
+use crate::GpuSource;
 
 /// Devices a launcher holds for its lifetime.
 #[derive(Debug, Default)]

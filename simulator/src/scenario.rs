@@ -3,7 +3,7 @@
 use std::{path::PathBuf, time::Duration};
 
 use gleaner_kcm::{ClusterConfig, KcmConfig};
-use gleaner_launcher::LauncherSettings;
+use gleaner_launcher_core::LauncherSettings;
 use gleaner_manifest::{Manifest, TaskList};
 use gleaner_policy::share::CsPolicy;
 use gleaner_protocol::ClusterName;

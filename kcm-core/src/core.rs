@@ -48,10 +48,10 @@ use gleaner_protocol::{
 use tracing::{error, info, warn};
 
 pub use crate::{
-    backend::BackendError,
+    BackendError,
     snapshot::{ComponentRun, Host, NamedJob, Placeholder, Snapshot},
 };
-use crate::{backend::ComponentFiles, failures::StartFailures};
+use crate::{barrier, failures::StartFailures};
 pub use gleaner_policy::local::WaitingJob;
 
 /// What the core knows of its cluster.
@@ -201,7 +201,7 @@ pub enum Effect {
     },
     /// Let a component waiting at its start barrier run its command:
     /// write `hosts` to its spool entry's hosts file, then `go` to its go
-    /// file (`ComponentFiles::go_text`, `ComponentFiles::hosts_text`).
+    /// file (`barrier::go_text`, `barrier::hosts_text`).
     ReleaseComponent {
         job: JobId,
         component: u32,
@@ -1345,8 +1345,8 @@ impl KcmCore {
         vec![Effect::ReleaseComponent {
             job,
             component,
-            go: ComponentFiles::go_text(rank, ranks, hosts.len() as u32),
-            hosts: ComponentFiles::hosts_text(hosts),
+            go: barrier::go_text(rank, ranks, hosts.len() as u32),
+            hosts: barrier::hosts_text(hosts),
         }]
     }
 
