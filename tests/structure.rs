@@ -15,7 +15,7 @@ const PURE: [&str; 5] = [
 ];
 
 /// Crates that do I/O: a runtime, the broker, processes and the system.
-const IO: [&str; 13] = [
+const IO: [&str; 14] = [
     "tokio",
     "tokio-util",
     "mio",
@@ -29,6 +29,7 @@ const IO: [&str; 13] = [
     "gleaner-kcm",
     "gleaner-launcher",
     "gleaner-runner",
+    "gleaner-scheduler",
 ];
 
 /// Every crate `package` depends on, as `cargo tree` resolves them.

@@ -12,6 +12,8 @@ pub mod snapshot;
 
 use serde::{Deserialize, Serialize};
 
+/// A batch-system command that failed, as the shell ran it: the core
+/// reports it with its cluster's name and judges whose failure it was.
 #[derive(Debug, Clone, thiserror::Error)]
 #[error("{command}: {message}")]
 pub struct BackendError {
