@@ -6,16 +6,18 @@
 use std::process::Command;
 
 /// Crates that hold decisions only.
-const PURE: [&str; 5] = [
+const PURE: [&str; 7] = [
     "gleaner-manifest",
     "gleaner-protocol",
     "gleaner-policy",
+    "gleaner-scheduler-core",
+    "gleaner-runner-core",
     "gleaner-kcm-core",
     "gleaner-launcher-core",
 ];
 
 /// Crates that do I/O: a runtime, the broker, processes and the system.
-const IO: [&str; 14] = [
+const IO: [&str; 15] = [
     "tokio",
     "tokio-util",
     "mio",
@@ -30,6 +32,7 @@ const IO: [&str; 14] = [
     "gleaner-launcher",
     "gleaner-runner",
     "gleaner-scheduler",
+    "tiny_http",
 ];
 
 /// Every crate `package` depends on, as `cargo tree` resolves them.

@@ -9,7 +9,7 @@ use std::{
 use gleaner_manifest::{JobId, JobKind, Priority};
 use gleaner_policy::share::{CsPolicy, PolicyConfig};
 use gleaner_protocol::{ClusterReport, GrantId, Holding, JobReport, JobState, TaskCounts};
-use gleaner_scheduler::state::{Action, State, StateConfig};
+use gleaner_scheduler_core::state::{Action, State, StateConfig};
 
 /// A grid of `clusters` clusters of 100 slots (20 used by local jobs, 60 by
 /// scavenging jobs, 20 idle), `jobs` hungry scavenging jobs and `grid` grid

@@ -135,7 +135,7 @@ pub fn figure_4_4(exe: &Path, batch: Batch, counts: &[u32], runs: u32) -> anyhow
     g.start_with(
         "up",
         &["up"],
-        &[("RUST_LOG", "info,gleaner_runner::sweep=debug")],
+        &[("RUST_LOG", "info,gleaner_runner_core::sweep=debug")],
     );
     wait_until_serving(&g);
     for &launchers in counts {

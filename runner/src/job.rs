@@ -28,16 +28,14 @@ use gleaner_protocol::{
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use gleaner_runner_core::{
+    DeadLetter, Effect, FirstAttempts, Grid, Job, JobEvent, JobMachine, JobSettings, Kind, Now,
+    Opening, Refusal, Sweep,
+};
+
 use crate::{
-    effect::{Effect, Now},
-    grid::Grid,
-    job_core::{Job, JobSettings, Kind, Opening, Refusal},
-    machine::{JobEvent, JobMachine},
     owner::{Owner, as_account, prepare_area, symlink_on_the_way},
-    publication::FirstAttempts,
     results::{ResultsDir, StagedFiles, is_disk_failure},
-    returns::DeadLetter,
-    sweep::Sweep,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -5,25 +5,13 @@
 //! hands its jobs to another runner (or to itself, restarted), which resumes
 //! them from their queues and results directories.
 
-mod admission;
-mod book;
-mod effect;
-mod follow;
-mod grid;
 mod job;
-mod job_core;
-mod launchers;
-mod machine;
 mod owner;
-mod publication;
-mod records;
 mod results;
-mod returns;
-mod sweep;
 
 use std::{sync::Arc, time::Duration};
 
-use admission::{Admissions, Arrival, Past};
+use gleaner_runner_core::admission::{Admissions, Arrival, Past};
 
 use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, IncomingSubmission,
@@ -37,19 +25,14 @@ use tokio::{sync::mpsc, task::JoinSet};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error, error_span, info, warn};
 
-pub use book::{FinalStatus, TaskBook, Verdict};
-/// Public, with what it takes to drive it, so that the simulator's
-/// scavenging jobs are run by the runner's own core.
-pub use effect::{Effect, Followup, Now};
-pub use grid::Grid;
+pub use gleaner_runner_core::{
+    Effect, FinalStatus, FirstAttempts, Followup, Grid, IndexEntry, Job, JobEvent, JobFile,
+    JobMachine, JobSettings, Kind, Ledger, Now, Opening, Publication, Refusal, Sweep, TaskBook,
+    Verdict,
+};
 use job::Claim;
 pub use job::JobError;
-pub use job_core::{Job, JobSettings, Kind, Ledger, Opening, Refusal};
-pub use machine::{JobEvent, JobMachine};
 pub use owner::{Account, Owner};
-pub use publication::{FirstAttempts, Publication};
-pub use records::{IndexEntry, JobFile};
-pub use sweep::Sweep;
 
 /// `[runner]` of the configuration.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]

@@ -29,31 +29,6 @@ impl Owner {
     }
 }
 
-/// Whether a control message may come from `sender` (its broker-checked
-/// `user_id`) when the job's launchers have an account of their own
-/// (`launchers`). Only the services and that account may write to the
-/// job's control queue at all; launchers speak of themselves only, and
-/// offers, shrinks, cancels and placements come from the services, whom a
-/// task holding its launcher's account must not be able to play. The
-/// services always name themselves; the launcher account could leave
-/// `user_id` out.
-pub fn may_send_control(
-    msg: &gleaner_protocol::ControlMsg,
-    sender: Option<&str>,
-    launchers: &str,
-) -> bool {
-    use gleaner_protocol::ControlMsg;
-    let from_launcher = matches!(
-        msg,
-        ControlMsg::LauncherUp(_)
-            | ControlMsg::LauncherStatus(_)
-            | ControlMsg::GpusHeld(_)
-            | ControlMsg::LauncherGone { .. }
-            | ControlMsg::Output(_)
-    );
-    from_launcher || sender.is_some_and(|sender| sender != launchers)
-}
-
 /// Runs `f` with `account`'s filesystem identity on this thread (as the
 /// runner itself without one): its uid and gid for the file system, its
 /// supplementary groups, not root's, and no effective capability. The
@@ -190,33 +165,6 @@ mod tests {
             symlink_on_the_way(dir.path(), Path::new("a/l/c")),
             Some(dir.path().join("a/l"))
         );
-    }
-
-    #[test]
-    fn a_launchers_account_cannot_play_the_services() {
-        use gleaner_protocol::ControlMsg;
-        let gone = ControlMsg::LauncherGone {
-            launcher: "l1".into(),
-            cluster: "c1".into(),
-            reason: "idle".into(),
-        };
-        let cancel = ControlMsg::Cancel { reason: "x".into() };
-        let ok = |msg, sender| may_send_control(msg, sender, "gleaner-launcher-j");
-        assert!(ok(&gone, Some("gleaner-launcher-j")));
-        assert!(ok(&gone, Some("svc")));
-        let held = ControlMsg::GpusHeld(gleaner_protocol::GpusHeld {
-            launcher: "c1-7.1".into(),
-            cluster: "c1".into(),
-            host: "n1".into(),
-            devices: vec!["0".into()],
-        });
-        assert!(
-            ok(&held, Some("gleaner-launcher-j")),
-            "a launcher's own word"
-        );
-        assert!(!ok(&cancel, Some("gleaner-launcher-j")));
-        assert!(!ok(&cancel, None), "the launcher account, nameless");
-        assert!(ok(&cancel, Some("svc")));
     }
 
     /// This thread's effective capabilities, as the kernel shows them.

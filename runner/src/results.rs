@@ -22,13 +22,15 @@ use gleaner_protocol::{
 };
 use tracing::warn;
 
-use crate::{
-    book::FinalStatus,
-    owner::{Account, as_account},
+use gleaner_runner_core::{
+    FinalStatus,
     records::{
-        AddedTasks, AttemptEntry, IndexEntry, JobFile, Span, Streams, read_additions, read_index,
+        AddedTasks, AttemptEntry, IndexEntry, JobFile, MAX_JOB_FILE, Span, Streams, read_additions,
+        read_index,
     },
 };
+
+use crate::owner::{Account, as_account};
 
 /// The manifest a job ran, in its results directory.
 pub const MANIFEST_FILE: &str = "manifest.json";
@@ -390,11 +392,6 @@ impl ResultsDir {
     }
 }
 
-/// The largest `job.json` read: the runner writes a few kilobytes, but
-/// for a grid job's started components' hosts, which may take up to
-/// [`gleaner_protocol::MAX_GO_HOSTS_BYTES`] in a message and four times
-/// that as indented JSON.
-pub(crate) const MAX_JOB_FILE: u64 = 64 << 20;
 /// The largest `additions.jsonl` read: far more than `MAX_TASKS` tasks of
 /// additions take.
 const MAX_ADDITIONS_FILE: u64 = 1 << 30;
@@ -1028,7 +1025,7 @@ mod tests {
             closed: false,
             additions_published: 0,
             problem: None,
-            gathering: Some(crate::records::Gather {
+            gathering: Some(gleaner_runner_core::records::Gather {
                 figures: gleaner_protocol::Gathering {
                     at_barrier: 1,
                     claiming_tries: 2,
@@ -1039,13 +1036,13 @@ mod tests {
                 },
                 level: 0.625,
                 waiting_since: 1,
-                run: Some(crate::records::Claim {
+                run: Some(gleaner_runner_core::records::Claim {
                     placed_at: 3,
                     start_by: 600_003,
                     next_try: 450_003,
                     started: [(
                         0,
-                        crate::records::StartedComponent {
+                        gleaner_runner_core::records::StartedComponent {
                             cluster: "c1".into(),
                             hosts: vec![gleaner_protocol::HostSlots {
                                 host: "n1".into(),

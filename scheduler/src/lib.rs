@@ -2,18 +2,11 @@
 //! single-active-consumer inbox), holding the picture of clusters and jobs
 //! and deciding who gets idle slots.
 //!
-//! The policies (crate `gleaner-policy`) are pure and decide; [`state`]
-//! keeps the picture and the promises in flight; this module only moves
-//! messages.
+//! The policies (crate `gleaner-policy`) are pure and decide; the core
+//! (crate `gleaner-scheduler-core`) keeps the picture and the promises in
+//! flight; this crate only moves messages and serves the metrics page.
 
-pub mod core;
-mod grid;
-mod history;
-pub mod metrics;
-pub mod outbox;
-pub mod state;
-
-pub use grid::GridConfig;
+pub use gleaner_scheduler_core::{GridConfig, SchedulerConfig, core, metrics, outbox, state};
 
 use std::{
     sync::{Arc, Mutex},
@@ -31,14 +24,13 @@ use gleaner_policy::access::Users;
 use gleaner_protocol::{
     Core, Event, GrantId, GridSnapshot, Message, Now, RequestMsg, SchedulerMsg, codec, now_ms,
 };
-use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
-    core::{Effect, Event as CoreEvent, Post, Reply, Rounds, SchedulerCore},
-    state::{State, StateConfig},
+    core::{Effect, Event as CoreEvent, Post, Reply, SchedulerCore},
+    state::State,
 };
 
 /// Inbox messages acknowledged at once under load.
@@ -50,43 +42,6 @@ const ACK_IDLE: Duration = Duration::from_millis(5);
 /// 10,000 messages a second, so that the broker has room for the inbox.
 const POST_CHUNK: usize = 500;
 const POST_PAUSE: Duration = Duration::from_millis(50);
-
-/// `[scheduler]` of the configuration.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default)]
-pub struct SchedulerConfig {
-    #[serde(flatten)]
-    pub state: StateConfig,
-    /// How often a round runs even without news.
-    #[serde(with = "humantime_serde")]
-    pub round_interval: Duration,
-    /// The least time between two rounds when news (a new job) calls for
-    /// one before the timer.
-    #[serde(with = "humantime_serde")]
-    pub round_min_gap: Duration,
-    /// Where Prometheus metrics are served (`/metrics`), if anywhere.
-    pub metrics: Option<std::net::SocketAddr>,
-}
-
-impl SchedulerConfig {
-    pub fn rounds(&self) -> Rounds {
-        Rounds {
-            interval: self.round_interval,
-            min_gap: self.round_min_gap,
-        }
-    }
-}
-
-impl Default for SchedulerConfig {
-    fn default() -> Self {
-        Self {
-            state: StateConfig::default(),
-            round_interval: Duration::from_secs(1),
-            round_min_gap: Duration::from_millis(200),
-            metrics: None,
-        }
-    }
-}
 
 /// Serves `gleaner.scheduler`, and users' requests on `gleaner.requests`,
 /// until `shutdown`, reconnecting after outages.

@@ -3,11 +3,11 @@
 //! The services' own cores run here on a simulated clock, driven with the
 //! loop their shells drive them with (events in, `poll_effect` until there
 //! is none, answers handed back at once): the scheduler's
-//! [`gleaner_scheduler::core::SchedulerCore`] (a round at the simulation's
+//! [`gleaner_scheduler_core::core::SchedulerCore`] (a round at the simulation's
 //! interval and whenever the core hurries one), one kcm core
 //! ([`gleaner_kcm::core::KcmCore`]) per cluster, whose commands act on the
 //! simulated batch system, and the runner's own machine
-//! ([`gleaner_runner::JobMachine`] around [`gleaner_runner::Sweep`]) per
+//! ([`gleaner_runner_core::JobMachine`] around [`gleaner_runner_core::Sweep`]) per
 //! scavenging job, which publishes its tasks to a simulated task queue and
 //! hears from simulated launchers as from real ones. The batch systems and what runs in them are simulated
 //! and decide nothing for gleaner. A scenario runs once without scavenging jobs (the baseline) and
@@ -696,7 +696,7 @@ mod tests {
         assert_eq!(config.grid.upgrade_after, 3);
         assert_eq!(
             config.grant_timeout,
-            gleaner_scheduler::state::StateConfig::default().grant_timeout
+            gleaner_scheduler_core::state::StateConfig::default().grant_timeout
         );
         for refused in [
             "idle_setle = \"5s\"",

@@ -15,8 +15,8 @@ use gleaner_policy::{access::Users, share::CsPolicy};
 use gleaner_protocol::{
     ClusterName, ControlMsg, GrantId, KcmMsg, LauncherId, LauncherMsg, ResultMsg, SchedulerMsg,
 };
-use gleaner_runner::{JobEvent, JobFile};
-use gleaner_scheduler::{
+use gleaner_runner_core::{JobEvent, JobFile};
+use gleaner_scheduler_core::{
     core::{Effect as SchedulerEffect, Event as SchedulerEvent, Rounds, SchedulerCore},
     state::State,
 };
@@ -179,7 +179,7 @@ struct Sim<'a> {
     grid: Vec<GridSim>,
     grid_index: BTreeMap<JobId, usize>,
     grid_runners: BTreeMap<JobId, GridRunner>,
-    runner_settings: gleaner_runner::JobSettings,
+    runner_settings: gleaner_runner_core::JobSettings,
     local_waits: BTreeMap<String, f64>,
     samples: Vec<Sample>,
     /// A trace's jobs for the clusters' own queues: when, which cluster.
@@ -432,7 +432,7 @@ impl<'a> Sim<'a> {
             if self.times[j].started.is_some() || spec.start_after.as_secs_f64() > t {
                 continue;
             }
-            let settings = gleaner_runner::JobSettings {
+            let settings = gleaner_runner_core::JobSettings {
                 victims: scenario.choices.victims(scenario.seed, j),
                 ..self.runner_settings.clone()
             };
@@ -451,7 +451,7 @@ impl<'a> Sim<'a> {
     fn at_sweep(
         &mut self,
         j: usize,
-        event: impl FnOnce(&mut SweepRunner, gleaner_runner::Now, &mut Reach<'_>) -> Vec<Mail>,
+        event: impl FnOnce(&mut SweepRunner, gleaner_runner_core::Now, &mut Reach<'_>) -> Vec<Mail>,
     ) -> Vec<Mail> {
         let now = self.clock.now();
         let Some(runner) = self.sweeps[j].as_mut() else {

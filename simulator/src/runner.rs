@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 
 use gleaner_manifest::{JobId, Manifest};
 use gleaner_protocol::{ClusterName, Core, LauncherId, Submission, TaskMsg};
-use gleaner_runner::{
+use gleaner_runner_core::{
     Effect, Grid, JobEvent, JobFile, JobMachine, JobSettings, Kind, Now, Opening, Sweep,
 };
 

@@ -7,8 +7,8 @@ use gleaner_launcher_core::LauncherSettings;
 use gleaner_manifest::{Manifest, TaskList};
 use gleaner_policy::share::CsPolicy;
 use gleaner_protocol::ClusterName;
-use gleaner_runner::JobSettings;
-use gleaner_scheduler::{SchedulerConfig, state::StateConfig};
+use gleaner_runner_core::JobSettings;
+use gleaner_scheduler_core::{SchedulerConfig, state::StateConfig};
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Deserialize)]

@@ -12,7 +12,6 @@ use tracing::{debug, info, warn};
 use crate::{
     effect::{Effect, Followup, Now},
     job_core::{Job, Kind},
-    owner::may_send_control,
     publication::Publication,
     returns::DeadLetter,
 };
@@ -213,9 +212,61 @@ impl<K: Kind> Core for JobMachine<K> {
     }
 }
 
+/// Whether a control message may come from `sender` (its broker-checked
+/// `user_id`) when the job's launchers have an account of their own
+/// (`launchers`). Only the services and that account may write to the
+/// job's control queue at all; launchers speak of themselves only, and
+/// offers, shrinks, cancels and placements come from the services, whom a
+/// task holding its launcher's account must not be able to play. The
+/// services always name themselves; the launcher account could leave
+/// `user_id` out.
+pub fn may_send_control(
+    msg: &gleaner_protocol::ControlMsg,
+    sender: Option<&str>,
+    launchers: &str,
+) -> bool {
+    use gleaner_protocol::ControlMsg;
+    let from_launcher = matches!(
+        msg,
+        ControlMsg::LauncherUp(_)
+            | ControlMsg::LauncherStatus(_)
+            | ControlMsg::GpusHeld(_)
+            | ControlMsg::LauncherGone { .. }
+            | ControlMsg::Output(_)
+    );
+    from_launcher || sender.is_some_and(|sender| sender != launchers)
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Instant;
+
+    #[test]
+    fn a_launchers_account_cannot_play_the_services() {
+        use gleaner_protocol::ControlMsg;
+        let gone = ControlMsg::LauncherGone {
+            launcher: "l1".into(),
+            cluster: "c1".into(),
+            reason: "idle".into(),
+        };
+        let cancel = ControlMsg::Cancel { reason: "x".into() };
+        let ok = |msg, sender| may_send_control(msg, sender, "gleaner-launcher-j");
+        assert!(ok(&gone, Some("gleaner-launcher-j")));
+        assert!(ok(&gone, Some("svc")));
+        let held = ControlMsg::GpusHeld(gleaner_protocol::GpusHeld {
+            launcher: "c1-7.1".into(),
+            cluster: "c1".into(),
+            host: "n1".into(),
+            devices: vec!["0".into()],
+        });
+        assert!(
+            ok(&held, Some("gleaner-launcher-j")),
+            "a launcher's own word"
+        );
+        assert!(!ok(&cancel, Some("gleaner-launcher-j")));
+        assert!(!ok(&cancel, None), "the launcher account, nameless");
+        assert!(ok(&cancel, Some("svc")));
+    }
 
     use gleaner_manifest::Addition;
     use gleaner_protocol::{JobState, RunStatus};

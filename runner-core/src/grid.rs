@@ -1785,7 +1785,7 @@ mod tests {
         }
         let file = serde_json::to_vec_pretty(&grid.job_file()).unwrap();
         assert!(
-            file.len() as u64 <= crate::results::MAX_JOB_FILE,
+            file.len() as u64 <= crate::records::MAX_JOB_FILE,
             "{} bytes",
             file.len()
         );

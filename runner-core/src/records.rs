@@ -381,6 +381,12 @@ fn skip_line(index: &mut impl BufRead) -> io::Result<Option<usize>> {
     }
 }
 
+/// The largest `job.json` read: the runner writes a few kilobytes, but
+/// for a grid job's started components' hosts, which may take up to
+/// [`gleaner_protocol::MAX_GO_HOSTS_BYTES`] in a message and four times
+/// that as indented JSON.
+pub const MAX_JOB_FILE: u64 = 64 << 20;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,32 @@
+//! A runner's core: what it decides for each job (tasks to publish,
+//! results to judge, retries, preemptions, a grid job's gathering and
+//! restarts, when the job ends) and which submissions it takes, as state
+//! machines of events and time ([`JobMachine`] around a [`Job`]: a
+//! [`Sweep`] or a [`Grid`]). Nothing here does I/O: the shell
+//! (`gleaner-runner`) talks to the broker, writes the results directory
+//! and carries out the effects.
+
+pub mod admission;
+mod book;
+mod effect;
+mod follow;
+mod grid;
+mod job_core;
+mod launchers;
+mod machine;
+mod publication;
+pub mod records;
+mod returns;
+mod sweep;
+
+pub use book::{FinalStatus, TaskBook, Verdict};
+/// Public, with what it takes to drive it, so that the simulator's
+/// scavenging jobs are run by the runner's own core.
+pub use effect::{Effect, Followup, Now};
+pub use grid::Grid;
+pub use job_core::{Job, JobSettings, Kind, Ledger, Opening, Refusal};
+pub use machine::{JobEvent, JobMachine};
+pub use publication::{FirstAttempts, Publication};
+pub use records::{IndexEntry, JobFile};
+pub use returns::DeadLetter;
+pub use sweep::Sweep;
