@@ -24,3 +24,12 @@ pub use lapin::Channel;
 pub use publish::{Publisher, Reply};
 pub use submission::{IncomingSubmission, Raw};
 pub use watch::Conversation;
+
+/// Sleeps until a core's next wake-up ([`gleaner_protocol::Core::poll_timeout`]),
+/// or for ever when it has none: the only clock a service's shell keeps.
+pub async fn sleep_until(deadline: Option<std::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
+}

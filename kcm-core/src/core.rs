@@ -11,8 +11,10 @@
 //!
 //! How a shell drives it:
 //!
-//! - every message: `Event::Message`, then its effects; [`Effect::PollNow`]
-//!   asks for a poll once the message is acknowledged;
+//! - a new broker session: `Event::Connected`; every message:
+//!   `Event::Message`; when [`Core::poll_timeout`] comes: the time event;
+//!   then their effects, where [`Effect::PollNow`] asks for a poll once
+//!   the message at hand is acknowledged;
 //! - every poll: read the batch system and the spool, `Event::Polled`, then
 //!   its effects, which end with the report (after the answers to the
 //!   poll's own commands, so that it carries their failures);
@@ -135,6 +137,10 @@ pub struct SpooledStart {
 
 #[derive(Debug, Clone)]
 pub enum Event {
+    /// A session with the broker began: the batch system is read before
+    /// the first order, so that an order that comes again (the last kcm
+    /// died before acknowledging it) finds what it already made.
+    Connected,
     /// A message on the kcm's queue.
     Message(KcmMsg),
     /// The batch system was read, or could not be; with the exits waiting
@@ -240,8 +246,9 @@ pub enum Effect {
     ToScheduler(SchedulerMsg),
     /// Publish on the events exchange.
     Announce(gleaner_protocol::Event),
-    /// The scheduler should hear at once: poll (and report) as soon as the
-    /// message at hand is acknowledged.
+    /// Read the batch system and the spool (then report), as soon as the
+    /// message at hand is acknowledged: the reading is due
+    /// ([`Core::poll_timeout`]), or the scheduler should hear at once.
     PollNow,
     /// A job ended: the settings file its launchers started with goes.
     ForgetLauncherSettings { job: JobId },
@@ -417,7 +424,10 @@ impl Core for KcmCore {
     type Effect = Effect;
 
     fn handle(&mut self, event: Event, now: Now) {
-        let answer = !matches!(event, Event::Message(_) | Event::Polled { .. });
+        let answer = !matches!(
+            event,
+            Event::Connected | Event::Message(_) | Event::Polled { .. }
+        );
         let effects = self.decide(event, now);
         for effect in &effects {
             if let Effect::Remove { ids } = effect {
@@ -440,6 +450,31 @@ impl Core for KcmCore {
             ]);
         }
         self.outbox.pop()
+    }
+
+    /// When the batch system must be read next; `None` before the first
+    /// reading, which [`Event::Connected`] asks for. Soon while gleaner
+    /// holds or waits for slots here, or has removals to make: a local job
+    /// may wait behind its placeholders. Seldom otherwise: the reading only
+    /// keeps the scheduler's view of the cluster fresh, and each costs the
+    /// batch master, which every user shares. An order to start launchers
+    /// asks for a reading at once ([`Effect::PollNow`]).
+    fn poll_timeout(&self) -> Option<Instant> {
+        let busy = !self.last.placeholders.is_empty()
+            || !self.last.components.is_empty()
+            || !self.components.is_empty()
+            || !self.removals.is_empty();
+        let interval = match busy {
+            true => self.config.poll_interval,
+            false => self.config.idle_poll_interval,
+        };
+        self.polled_at.map(|at| at + interval)
+    }
+
+    fn handle_timeout(&mut self, now: Now) {
+        if gleaner_protocol::is_due(self, now) {
+            self.outbox.push([Effect::PollNow]);
+        }
     }
 }
 
@@ -479,27 +514,9 @@ impl KcmCore {
         }
     }
 
-    /// When the batch system must be read next; `None`: at once (it was
-    /// never read). Soon while gleaner holds or waits for slots here, or
-    /// has removals to make: a local job may wait behind its placeholders.
-    /// Seldom otherwise: the reading only keeps the scheduler's view of
-    /// the cluster fresh, and each costs the batch master, which every
-    /// user shares. An order to start launchers asks for a reading at once
-    /// ([`Effect::PollNow`]).
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        let busy = !self.last.placeholders.is_empty()
-            || !self.last.components.is_empty()
-            || !self.components.is_empty()
-            || !self.removals.is_empty();
-        let interval = match busy {
-            true => self.config.poll_interval,
-            false => self.config.idle_poll_interval,
-        };
-        self.polled_at.map(|at| at + interval)
-    }
-
     fn decide(&mut self, event: Event, now: Now) -> Vec<Effect> {
         match event {
+            Event::Connected => vec![Effect::PollNow],
             Event::Message(message) => self.on_message(message, now),
             Event::Polled {
                 snapshot,
@@ -1759,7 +1776,7 @@ impl KcmCore {
 
 #[cfg(test)]
 mod tests {
-    use gleaner_protocol::Event as Published;
+    use gleaner_protocol::{Event as Published, advance, drain};
 
     use super::*;
     use crate::snapshot::Standing;
@@ -1881,9 +1898,26 @@ mod tests {
     fn the_batch_system_is_read_often_only_while_gleaner_holds_or_waits_for_slots() {
         let clock = Clock::new();
         let mut kcm = core();
-        assert_eq!(kcm.poll_timeout(), None, "never read: at once");
+        assert_eq!(
+            kcm.poll_timeout(),
+            None,
+            "no timer before the first reading"
+        );
+        kcm.handle(Event::Connected, clock.at(0));
+        assert!(matches!(
+            drain(&mut kcm, clock.at(0))[..],
+            [Effect::PollNow]
+        ));
         poll(&mut kcm, cluster(4, Vec::new()), clock.at(0));
         assert_eq!(kcm.poll_timeout(), Some(clock.at(15_000).instant));
+        assert!(
+            advance(&mut kcm, clock.at(14_999)).is_empty(),
+            "not yet due"
+        );
+        assert!(matches!(
+            advance(&mut kcm, clock.at(15_000))[..],
+            [Effect::PollNow]
+        ));
         let job: JobId = "sweep-0000000000000001".parse().unwrap();
         let waiting = vec![placeholder("7.1", &job, false)];
         poll(&mut kcm, cluster(4, waiting), clock.at(1_000));

@@ -26,7 +26,7 @@ use std::{
 };
 
 use gleaner_broker::{
-    Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher,
+    Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher, sleep_until,
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue},
 };
 use gleaner_manifest::JobId;
@@ -141,13 +141,11 @@ impl<B: Backend> Kcm<B> {
             )
             .await?;
         info!(backend = self.backend.kind(), "kcm serving");
-        // A reading before the first order: one that comes again (the
-        // last kcm died before it acked it) finds what it already made.
-        self.poll(&publisher).await?;
-        let next_poll = tokio::time::sleep_until(self.next_poll());
-        tokio::pin!(next_poll);
+        self.core.handle(Event::Connected, Now::read());
+        if self.apply(&publisher).await? {
+            self.poll(&publisher).await?;
+        }
         loop {
-            next_poll.as_mut().reset(self.next_poll());
             tokio::select! {
                 message = inbox.next() => match message {
                     Some(Ok(incoming)) => {
@@ -161,7 +159,12 @@ impl<B: Backend> Kcm<B> {
                     Some(Err(e)) => return Err(e),
                     None => return Err(BrokerError::NoQueue(kcm_queue(&self.config.core.cluster))),
                 },
-                () = &mut next_poll => self.poll(&publisher).await?,
+                () = sleep_until(self.core.poll_timeout()) => {
+                    self.core.handle_timeout(Now::read());
+                    if self.apply(&publisher).await? {
+                        self.poll(&publisher).await?;
+                    }
+                }
                 Some(staged) = self.staging.join_next(), if !self.staging.is_empty() => {
                     if let Ok(event) = staged {
                         self.core.handle(event, Now::read());
@@ -171,13 +174,6 @@ impl<B: Backend> Kcm<B> {
                 () = shutdown.cancelled() => return Ok(()),
             }
         }
-    }
-
-    /// When the core wants the batch system read next.
-    fn next_poll(&self) -> tokio::time::Instant {
-        self.core
-            .poll_timeout()
-            .map_or_else(tokio::time::Instant::now, tokio::time::Instant::from_std)
     }
 
     /// Reads the batch system and the spool, and lets the core decide

@@ -2,7 +2,7 @@
 //!
 //! [`State`] is told what happened — a task delivered, a task's process
 //! over, a delivery settled with the broker, a message on the launcher's own
-//! queue, a signal, the clock reaching [`State::poll_timeout`] — together
+//! queue, a signal, the clock reaching [`Core::poll_timeout`] — together
 //! with the time, and keeps the [`Effect`]s the shell (`lib.rs`) must apply
 //! until it polls them ([`Core`]).
 //! It decides which tasks to run, refuse or give back, how many to hold
@@ -84,8 +84,6 @@ pub enum Event<E> {
     Message(LauncherMsg),
     /// SIGTERM, SIGINT or the batch system's kill warning.
     Signal,
-    /// The clock reached [`State::poll_timeout`].
-    Tick,
 }
 
 /// How a task's process ended.
@@ -264,6 +262,24 @@ impl<E> Core for State<E> {
     fn poll_effect(&mut self, _now: Now) -> Option<Effect<E>> {
         self.outbox.pop()
     }
+
+    /// The next of the idle timeout, the walltime stop, the heartbeat, a
+    /// followed task's output and a signalled task's grace.
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.next_wake_up()
+    }
+
+    fn handle_timeout(&mut self, now: Now) {
+        let mut effects = Vec::new();
+        if self.left {
+            return;
+        }
+        if self.listening() {
+            self.tick(now.instant, &mut effects);
+        }
+        self.leave_if_done(&mut effects);
+        self.outbox.push(effects);
+    }
 }
 
 impl<E> State<E> {
@@ -357,9 +373,7 @@ impl<E> State<E> {
         self.abandoned.is_none()
     }
 
-    /// When the shell should send [`Event::Tick`]: the next of the idle
-    /// timeout, the walltime stop, the heartbeat and a followed task's output.
-    pub fn poll_timeout(&self) -> Option<Instant> {
+    fn next_wake_up(&self) -> Option<Instant> {
         if self.left || self.abandoned.is_some() {
             return None;
         }
@@ -444,8 +458,7 @@ impl<E> State<E> {
                     }
                 }
             }
-            Event::Tick if self.listening() => self.tick(now, &mut effects),
-            Event::Message(_) | Event::Signal | Event::Tick => {}
+            Event::Message(_) | Event::Signal => {}
         }
         self.leave_if_done(&mut effects);
         effects
@@ -850,6 +863,8 @@ fn moving_average(average: Option<Duration>, sample: Duration) -> Duration {
 mod tests {
     use std::path::PathBuf;
 
+    use gleaner_protocol::drain as effects_of;
+
     use super::*;
     use crate::Limits;
 
@@ -907,12 +922,29 @@ mod tests {
         }
 
         fn at_ms(&mut self, ms: u64, event: Event<&'static str>) -> Effects {
-            let now = Now {
+            let now = self.now(ms);
+            self.state.handle(event, now);
+            effects_of(&mut self.state, now)
+        }
+
+        /// The time event at `secs`, as the shell sends it once
+        /// [`Core::poll_timeout`] has passed (or earlier: it must be
+        /// harmless).
+        fn timeout(&mut self, secs: u64) -> Effects {
+            self.timeout_ms(secs * 1000)
+        }
+
+        fn timeout_ms(&mut self, ms: u64) -> Effects {
+            let now = self.now(ms);
+            self.state.handle_timeout(now);
+            effects_of(&mut self.state, now)
+        }
+
+        fn now(&self, ms: u64) -> Now {
+            Now {
                 instant: self.t0 + Duration::from_millis(ms),
                 wall_ms: ms,
-            };
-            self.state.handle(event, now);
-            std::iter::from_fn(|| self.state.poll_effect(now)).collect()
+            }
         }
 
         fn wakeup(&self) -> Option<Duration> {
@@ -1017,7 +1049,7 @@ mod tests {
         assert_eq!(l.at(2, signalled(1)), []);
         let judged = l.state.poll_timeout().expect("a judgement due");
         assert!(judged <= l.t0 + Duration::from_secs(2) + SIGNALLED_GRACE);
-        let effects = l.at(2 + SIGNALLED_GRACE.as_secs(), Event::Tick);
+        let effects = l.timeout(2 + SIGNALLED_GRACE.as_secs());
         assert!(effects.contains(&Effect::Report { tag: 1 }), "{effects:?}");
     }
 
@@ -1081,13 +1113,10 @@ mod tests {
     fn walltime_preempts_tasks_deadline_margin_before_the_deadline() {
         let mut l = placeholder();
         assert_eq!(l.at(0, deliver(1, None)), [Effect::Run { tag: 1 }]);
-        assert!(matches!(l.at(0, Event::Tick)[..], [Effect::SendStatus(_)]));
+        assert!(matches!(l.timeout(0)[..], [Effect::SendStatus(_)]));
         assert_eq!(l.wakeup(), Some(Duration::from_secs(190)));
-        assert_eq!(l.at(189, Event::Tick), []);
-        assert_eq!(
-            l.at(190, Event::Tick),
-            [Effect::StopTasks, Effect::StopConsuming]
-        );
+        assert_eq!(l.timeout(189), []);
+        assert_eq!(l.timeout(190), [Effect::StopTasks, Effect::StopConsuming]);
         assert_eq!(l.at(190, killed(1)), [Effect::Republish { tag: 1 }]);
         assert_eq!(l.at(191, Event::TasksEnded), []);
         assert_eq!(l.at(191, settled(1)), [Effect::Leave(Ok(Exit::Walltime))]);
@@ -1105,10 +1134,7 @@ mod tests {
         assert_eq!(l.at(102, settled(2)), []);
         assert_eq!(l.at(102, Event::TasksEnded), []);
         // The running task is left to finish (and told of: the first since idle).
-        assert!(matches!(
-            l.at(150, Event::Tick)[..],
-            [Effect::SendStatus(_)]
-        ));
+        assert!(matches!(l.timeout(150)[..], [Effect::SendStatus(_)]));
         assert_eq!(l.at(160, ended(1)), [Effect::Report { tag: 1 }]);
         assert_eq!(l.at(161, settled(1)), [Effect::Leave(Ok(Exit::Walltime))]);
     }
@@ -1156,8 +1182,8 @@ mod tests {
     fn an_idle_launcher_leaves_after_idle_timeout() {
         let mut l = launcher(|_, _| {});
         assert_eq!(l.wakeup(), Some(Duration::from_secs(60)));
-        assert_eq!(l.at(59, Event::Tick), []);
-        assert_eq!(l.at(60, Event::Tick), [Effect::StopConsuming]);
+        assert_eq!(l.timeout(59), []);
+        assert_eq!(l.timeout(60), [Effect::StopConsuming]);
         assert_eq!(l.at(60, Event::TasksEnded), [Effect::Leave(Ok(Exit::Idle))]);
     }
 
@@ -1166,14 +1192,14 @@ mod tests {
         let mut l = launcher(|_, _| {});
         assert_eq!(l.at(10, deliver(1, None)), [Effect::Run { tag: 1 }]);
         assert_eq!(l.wakeup(), Some(Duration::from_secs(10)), "told at once");
-        assert!(matches!(l.at(10, Event::Tick)[..], [Effect::SendStatus(_)]));
+        assert!(matches!(l.timeout(10)[..], [Effect::SendStatus(_)]));
         assert_eq!(l.wakeup(), Some(Duration::from_secs(1010)));
-        assert_eq!(l.at(500, Event::Tick), []);
+        assert_eq!(l.timeout(500), []);
         assert_eq!(l.at(600, ended(1)), [Effect::Report { tag: 1 }]);
         assert_eq!(l.at(600, settled(1)), []);
         assert_eq!(l.wakeup(), Some(Duration::from_secs(660)));
-        assert_eq!(l.at(659, Event::Tick), []);
-        assert_eq!(l.at(660, Event::Tick), [Effect::StopConsuming]);
+        assert_eq!(l.timeout(659), []);
+        assert_eq!(l.timeout(660), [Effect::StopConsuming]);
     }
 
     #[test]
@@ -1249,16 +1275,16 @@ mod tests {
         assert_eq!(l.wakeup(), Some(Duration::from_millis(1250)));
         assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
         assert_eq!(l.at(1, deliver(2, None)), [Effect::Run { tag: 2 }]);
-        let effects = l.at_ms(1250, Event::Tick);
+        let effects = l.timeout_ms(1250);
         assert!(effects.contains(&tee(1)), "{effects:?}");
         assert!(
             !effects.contains(&tee(2)),
             "task 102 is not followed: {effects:?}"
         );
         assert_eq!(l.wakeup(), Some(Duration::from_millis(1500)));
-        assert_eq!(l.at_ms(1500, Event::Tick), [tee(1)]);
+        assert_eq!(l.timeout_ms(1500), [tee(1)]);
         // Not renewed: it lapses, and nothing wakes the launcher for it.
-        assert_eq!(l.at(11, Event::Tick), []);
+        assert_eq!(l.timeout(11), []);
         assert_eq!(
             l.wakeup(),
             Some(Duration::from_millis(1_001_250)),
@@ -1267,12 +1293,12 @@ mod tests {
         // Followed again while it runs: at once, for 30 s at most.
         assert_eq!(l.at(12, follow(101, u64::MAX)), []);
         assert_eq!(l.wakeup(), Some(Duration::from_secs(12)));
-        assert_eq!(l.at(12, Event::Tick), [tee(1)]);
-        assert_eq!(l.at(41, Event::Tick), [tee(1)]);
+        assert_eq!(l.timeout(12), [tee(1)]);
+        assert_eq!(l.timeout(41), [tee(1)]);
         // The rest goes with the result.
         assert_eq!(l.at(41, ended(1)), [Effect::Report { tag: 1 }]);
         assert_eq!(l.at(41, ended(2)), [Effect::Report { tag: 2 }]);
-        assert_eq!(l.at(43, Event::Tick), []);
+        assert_eq!(l.timeout(43), []);
     }
 
     #[test]
@@ -1303,7 +1329,7 @@ mod tests {
     fn status_on_poll_and_on_heartbeat() {
         let mut l = launcher(|config, _| config.heartbeat = Duration::from_secs(30));
         assert_eq!(l.at(5, deliver(1, None)), [Effect::Run { tag: 1 }]);
-        assert!(matches!(l.at(5, Event::Tick)[..], [Effect::SendStatus(_)]));
+        assert!(matches!(l.timeout(5)[..], [Effect::SendStatus(_)]));
         assert_eq!(l.at(6, deliver(2, None)), [Effect::Run { tag: 2 }]);
         assert_eq!(l.at(10, ended(1)), [Effect::Report { tag: 1 }]);
         assert_eq!(l.at(11, settled(1)), []);
@@ -1320,8 +1346,8 @@ mod tests {
             [Effect::SendStatus(status.clone())]
         );
         assert_eq!(l.wakeup(), Some(Duration::from_secs(35)));
-        assert_eq!(l.at(34, Event::Tick), []);
-        assert_eq!(l.at(35, Event::Tick), [Effect::SendStatus(status)]);
+        assert_eq!(l.timeout(34), []);
+        assert_eq!(l.timeout(35), [Effect::SendStatus(status)]);
         assert_eq!(l.wakeup(), Some(Duration::from_secs(65)));
     }
 
@@ -1350,7 +1376,7 @@ mod tests {
         let mut l = launcher(|_, _| {});
         assert!(l.at(1, deliver(1, None)).contains(&Effect::Run { tag: 1 }));
         assert_eq!(l.wakeup(), Some(Duration::from_secs(1)), "a status now");
-        let sent = l.at(1, Event::Tick);
+        let sent = l.timeout(1);
         assert!(
             matches!(&sent[..], [Effect::SendStatus(s)] if s.running.len() == 1),
             "{sent:?}"

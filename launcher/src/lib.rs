@@ -32,7 +32,7 @@ use std::{
 };
 
 use gleaner_broker::{
-    Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher,
+    Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher, sleep_until,
     topology::{JobQueues, declare_launcher},
 };
 use gleaner_protocol::{
@@ -601,11 +601,14 @@ impl Shell {
             let mut events = VecDeque::from(self.next_events(&state).await);
             while let Some(event) = events.pop_front() {
                 let now = Now::read();
-                state.handle(event, now);
+                match event {
+                    Some(event) => state.handle(event, now),
+                    None => state.handle_timeout(now),
+                }
                 while let Some(effect) = state.poll_effect(now) {
                     match self.apply(effect).await {
                         ControlFlow::Break(exit) => return exit,
-                        ControlFlow::Continue(failure) => events.extend(failure),
+                        ControlFlow::Continue(failure) => events.extend(failure.map(Some)),
                     }
                 }
             }
@@ -615,9 +618,12 @@ impl Shell {
     /// Waits for what happens next, looking in order: a replaced
     /// consumer's last deliveries come before the new one's, which the
     /// broker sent after them, so that tasks start in the order they were
-    /// queued.
-    async fn next_events(&mut self, state: &State<LauncherError>) -> Vec<Event<LauncherError>> {
-        tokio::select! {
+    /// queued. `None` is the state's time event.
+    async fn next_events(
+        &mut self,
+        state: &State<LauncherError>,
+    ) -> Vec<Option<Event<LauncherError>>> {
+        let events = tokio::select! {
             biased;
             delivery = next_retiring(&mut self.retiring), if !self.retiring.is_empty() && state.listening() => match delivery {
                 Some(Ok(incoming)) => self.delivered(incoming).await,
@@ -660,8 +666,9 @@ impl Shell {
                 }
             },
             Some(joined) = self.work.join_next_with_id() => self.joined(joined).await,
-            () = sleep_until(state.poll_timeout()) => vec![Event::Tick],
-        }
+            () = sleep_until(state.poll_timeout()) => return vec![None],
+        };
+        events.into_iter().map(Some).collect()
     }
 
     /// Each task of a message becomes a delivery of its own for the state.
@@ -979,13 +986,6 @@ async fn next_retiring(
 ) -> Option<Result<Incoming<TaskBundle>, BrokerError>> {
     match retiring.first_mut() {
         Some(inbox) => inbox.next().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
         None => std::future::pending().await,
     }
 }

@@ -6,7 +6,7 @@
 //! in the core, so that a service and the simulator drive a core with the
 //! same loop.
 
-use std::collections::VecDeque;
+use std::{collections::VecDeque, time::Instant};
 
 use crate::Millis;
 
@@ -16,7 +16,7 @@ use crate::Millis;
 /// simulator sets both from its own clock; cores never read a clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Now {
-    pub instant: std::time::Instant,
+    pub instant: Instant,
     pub wall_ms: Millis,
 }
 
@@ -24,7 +24,7 @@ impl Now {
     /// The time now, for a shell.
     pub fn read() -> Self {
         Self {
-            instant: std::time::Instant::now(),
+            instant: Instant::now(),
             wall_ms: now_ms(),
         }
     }
@@ -39,7 +39,11 @@ pub fn now_ms() -> Millis {
 
 /// A service's decisions. A shell feeds it events with the time, then
 /// carries out [`Core::poll_effect`]'s effects until there are none, each
-/// before the next event.
+/// before the next event; between events it sleeps until the next message
+/// or [`Core::poll_timeout`], whichever comes first. Every timer a service
+/// has (a round, a heartbeat, a reading of the batch system, a grace that
+/// runs out) is the core's: a shell keeps no clock of its own, and a
+/// simulator jumps from one core's wake-up to the next.
 pub trait Core {
     type Event;
     type Effect;
@@ -49,6 +53,34 @@ pub trait Core {
     fn handle(&mut self, event: Self::Event, now: Now);
     /// The next effect to carry out, or `None` until the next event.
     fn poll_effect(&mut self, now: Now) -> Option<Self::Effect>;
+    /// When the core next wants [`Core::handle_timeout`], or `None` if
+    /// only an event can give it something to do. A deadline is on the
+    /// monotonic clock: the wall clock is read when the time comes.
+    fn poll_timeout(&self) -> Option<Instant>;
+    /// The time event: [`Core::poll_timeout`]'s deadline has come, or a
+    /// shell woke early. A core does what is due at `now` and nothing
+    /// else, so a spurious call is harmless.
+    fn handle_timeout(&mut self, now: Now);
+}
+
+/// Every effect `core` has decided, in order: what a test, or a shell with
+/// nothing to answer, takes after an event.
+pub fn drain<C: Core>(core: &mut C, now: Now) -> Vec<C::Effect> {
+    std::iter::from_fn(|| core.poll_effect(now)).collect()
+}
+
+/// Whether `core`'s wake-up has come by `now`.
+pub fn is_due<C: Core>(core: &C, now: Now) -> bool {
+    core.poll_timeout().is_some_and(|due| due <= now.instant)
+}
+
+/// The time event at `now` if `core` wants it by then, and the effects it
+/// leads to; nothing if its deadline is later (or it has none).
+pub fn advance<C: Core>(core: &mut C, now: Now) -> Vec<C::Effect> {
+    if is_due(core, now) {
+        core.handle_timeout(now);
+    }
+    drain(core, now)
 }
 
 /// Effects a core has decided and its shell has yet to carry out, in order.

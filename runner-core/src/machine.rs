@@ -6,6 +6,8 @@
 //! and a job whose tasks are all over is finished and wound up, after which
 //! tasks sent to it are refused.
 
+use std::time::Instant;
+
 use gleaner_protocol::{ActionReply, ControlMsg, Core, Message, Outbox, ResultMsg};
 use tracing::{debug, info, warn};
 
@@ -33,8 +35,6 @@ pub enum JobEvent {
         msg: ControlMsg,
         sender: Option<String>,
     },
-    /// Time to report where the job stands.
-    Heartbeat,
     /// Answers [`Effect::ToKcm`] and [`Effect::ToLauncher`]: whether the
     /// message arrived (its queue may be gone).
     Delivered { followup: Followup, arrived: bool },
@@ -68,6 +68,9 @@ pub struct JobMachine<K> {
     outbox: Outbox<Step>,
     /// The end is decided (finished and wound up, or only wound up).
     ended: bool,
+    /// When the job next reports where it stands (polling silent
+    /// launchers first): at once when it starts, then every heartbeat.
+    next_report: Option<Instant>,
 }
 
 impl<K: Kind> JobMachine<K> {
@@ -76,6 +79,7 @@ impl<K: Kind> JobMachine<K> {
             job,
             outbox: Outbox::default(),
             ended: false,
+            next_report: None,
         }
     }
 
@@ -135,6 +139,7 @@ impl<K: Kind> Core for JobMachine<K> {
                 self.push(wind_up);
             }
             JobEvent::Start => {
+                self.next_report = Some(now.instant);
                 let start = self.job.start();
                 self.push(vec![Effect::DeclareQueues]);
                 self.push(start);
@@ -152,7 +157,7 @@ impl<K: Kind> Core for JobMachine<K> {
             JobEvent::Lost(letter) if self.ended => {
                 self.push(vec![Effect::SettleLost(letter.receipt)]);
             }
-            JobEvent::Results(_) | JobEvent::Heartbeat if self.ended => {
+            JobEvent::Results(_) if self.ended => {
                 debug!("the job has ended; ignored");
             }
             JobEvent::Results(batch) => {
@@ -167,7 +172,6 @@ impl<K: Kind> Core for JobMachine<K> {
                 let effects = self.job.on_control(msg, now);
                 self.push(effects);
             }
-            JobEvent::Heartbeat => self.push(vec![Effect::Report]),
             JobEvent::Delivered { followup, arrived } => {
                 let effects = self.job.on_delivery(followup, arrived, now);
                 self.push_front(effects);
@@ -208,6 +212,19 @@ impl<K: Kind> Core for JobMachine<K> {
                     self.push(end);
                 }
             }
+        }
+    }
+
+    /// The next report; none once the job has ended.
+    fn poll_timeout(&self) -> Option<Instant> {
+        self.next_report.filter(|_| !self.ended)
+    }
+
+    fn handle_timeout(&mut self, now: Now) {
+        if gleaner_protocol::is_due(self, now) {
+            let heartbeat = self.job.ledger().settings().heartbeat;
+            self.next_report = Some(now.instant + heartbeat);
+            self.push(vec![Effect::Report]);
         }
     }
 }
@@ -405,7 +422,7 @@ mod tests {
             drain(&mut machine, at(t0, 0));
         }
         // Both are silent by now: each is polled, and `a` is found gone.
-        machine.handle(JobEvent::Heartbeat, at(t0, 11));
+        machine.handle_timeout(at(t0, 11));
         let effects = drain_without(&mut machine, "a", at(t0, 11));
         let polls = effects
             .iter()
@@ -422,6 +439,12 @@ mod tests {
             reported.and_then(|l| l.get("c1").copied()),
             Some(1),
             "the report comes after the polls' answers: {effects:?}"
+        );
+        let heartbeat = machine.job().ledger().settings().heartbeat;
+        assert_eq!(
+            machine.poll_timeout(),
+            Some(at(t0, 11).instant + heartbeat),
+            "the next report a heartbeat later"
         );
     }
 
@@ -459,7 +482,7 @@ mod tests {
             matches!(&effects[..], [Effect::Answer(ActionReply::Refused { .. })]),
             "{effects:?}"
         );
-        machine.handle(JobEvent::Heartbeat, at(t0, 4));
+        machine.handle_timeout(at(t0, 4));
         assert!(
             drain(&mut machine, at(t0, 4)).is_empty(),
             "nothing after the end"

@@ -17,7 +17,7 @@ use futures_util::FutureExt;
 use gleaner_broker::{
     BrokerError, Connection, ConsumeOptions, Inbox, Incoming, Publisher, Receipt, Reply,
     admin::Admin,
-    peek, take_all,
+    peek, sleep_until, take_all,
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue, launcher_queue},
 };
 use gleaner_manifest::{JobKind, TaskList};
@@ -403,7 +403,6 @@ impl<K: Kind> Shell<K> {
         let mut control: Inbox<ControlMsg> = connection
             .inbox(publisher, &self.queues.control, options(CONTROL_PREFETCH))
             .await?;
-        let mut heartbeat = tokio::time::interval(self.machine.job().ledger().settings().heartbeat);
         // The first control message of a batch, held while the rest gather.
         let mut first_control = None;
         let gathered = tokio::time::sleep(Duration::ZERO);
@@ -501,7 +500,11 @@ impl<K: Kind> Shell<K> {
                     }
                     self.settle().await?;
                 }
-                _ = heartbeat.tick() => self.handle(JobEvent::Heartbeat, Now::read()).await?,
+                () = sleep_until(self.machine.poll_timeout()) => {
+                    let now = Now::read();
+                    self.machine.handle_timeout(now);
+                    self.apply(now, true).await?;
+                }
                 () = shutdown.cancelled() => return Err(JobError::Shutdown),
                 () = std::future::ready(()), if !self.publishing.is_empty() => self.publish_chunk().await?,
             }
@@ -591,6 +594,12 @@ impl<K: Kind> Shell<K> {
     async fn handle(&mut self, event: JobEvent, now: Now) -> Result<(), JobError> {
         let control = matches!(event, JobEvent::Control { .. });
         self.machine.handle(event, now);
+        self.apply(now, !control).await
+    }
+
+    /// Carries out the machine's effects, then (`settle`) acknowledges
+    /// what the last event came with; a control batch settles on its own.
+    async fn apply(&mut self, now: Now, settle: bool) -> Result<(), JobError> {
         while let Some(effect) = self.machine.poll_effect(now) {
             // Too big is what the job holds: the job stops with the
             // reason; the runner's session, and its other jobs, go on.
@@ -600,7 +609,7 @@ impl<K: Kind> Shell<K> {
                 self.machine.handle(JobEvent::Unsendable { problem }, now);
             }
         }
-        if !control {
+        if settle {
             self.settle().await?;
         }
         Ok(())

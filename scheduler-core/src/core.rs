@@ -54,8 +54,6 @@ pub enum Event {
     /// Answers [`Effect::Forward`]: the message could not be sent, for
     /// what it holds (`reason`); its asker hears why.
     Unforwardable { reason: String },
-    /// [`SchedulerCore::poll_timeout`] has passed.
-    RoundDue,
     /// A job's control queue is gone: it is over.
     Gone(JobId),
 }
@@ -147,11 +145,6 @@ impl SchedulerCore {
             forwarding: None,
             outbox: Outbox::default(),
         }
-    }
-
-    /// When the next round is due.
-    pub fn poll_timeout(&self) -> Instant {
-        self.clock.next()
     }
 
     /// Whether this scheduler is the active one.
@@ -299,7 +292,6 @@ impl Core for SchedulerCore {
                 self.outbox
                     .push_front(Some(Effect::Reply(Reply::Action(refused))));
             }
-            Event::RoundDue => self.round(now),
             Event::Gone(job) => self.state.on_job_done(&job),
         }
     }
@@ -307,11 +299,23 @@ impl Core for SchedulerCore {
     fn poll_effect(&mut self, _now: Now) -> Option<Effect> {
         self.outbox.pop()
     }
+
+    /// The next round: an interval after the last, or sooner (as soon as
+    /// `min_gap` allows) once a message calls for one.
+    fn poll_timeout(&self) -> Option<Instant> {
+        Some(self.clock.next())
+    }
+
+    fn handle_timeout(&mut self, now: Now) {
+        if now.instant >= self.clock.next() {
+            self.round(now);
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use gleaner_protocol::{ClusterReport, GrantId};
+    use gleaner_protocol::{ClusterReport, GrantId, advance, drain};
 
     use super::*;
 
@@ -339,7 +343,7 @@ mod tests {
 
     fn effects(core: &mut SchedulerCore, event: Event, now: Now) -> Vec<Effect> {
         core.handle(event, now);
-        std::iter::from_fn(|| core.poll_effect(now)).collect()
+        drain(core, now)
     }
 
     fn cluster(name: &str, idle: u32) -> SchedulerMsg {
@@ -360,7 +364,7 @@ mod tests {
         let t0 = Instant::now();
         let mut core = core(t0);
         assert!(
-            effects(&mut core, Event::RoundDue, at(t0, 1000)).is_empty(),
+            advance(&mut core, at(t0, 1000)).is_empty(),
             "a standby decides nothing"
         );
         let taken = effects(&mut core, Event::Message(cluster("c1", 4)), at(t0, 1100));
@@ -368,7 +372,7 @@ mod tests {
         assert!(core.is_active());
         effects(&mut core, Event::HandedOver(None), at(t0, 1100));
         effects(&mut core, Event::Message(job("a")), at(t0, 1150));
-        let round = effects(&mut core, Event::RoundDue, at(t0, 1300));
+        let round = advance(&mut core, at(t0, 1300));
         let offered: Vec<_> = round
             .iter()
             .flat_map(|e| match e {
@@ -388,16 +392,18 @@ mod tests {
         let mut core = core(t0);
         effects(&mut core, Event::Message(cluster("c1", 4)), at(t0, 0));
         effects(&mut core, Event::HandedOver(None), at(t0, 0));
-        effects(&mut core, Event::RoundDue, at(t0, 100));
-        assert_eq!(core.poll_timeout(), at(t0, 1100).instant);
-        effects(&mut core, Event::Message(job("a")), at(t0, 150));
+        assert_eq!(core.poll_timeout(), Some(at(t0, 1000).instant));
+        assert!(advance(&mut core, at(t0, 999)).is_empty(), "not yet due");
+        advance(&mut core, at(t0, 1000));
+        assert_eq!(core.poll_timeout(), Some(at(t0, 2000).instant));
+        effects(&mut core, Event::Message(job("a")), at(t0, 1050));
         assert_eq!(
             core.poll_timeout(),
-            at(t0, 300).instant,
+            Some(at(t0, 1200).instant),
             "hurried, 200 ms after the last"
         );
-        effects(&mut core, Event::Message(cluster("c1", 4)), at(t0, 160));
-        assert_eq!(core.poll_timeout(), at(t0, 300).instant);
+        effects(&mut core, Event::Message(cluster("c1", 4)), at(t0, 1060));
+        assert_eq!(core.poll_timeout(), Some(at(t0, 1200).instant));
     }
 
     #[test]

@@ -15,6 +15,7 @@ use std::{
 
 use gleaner_broker::{
     Broker, BrokerError, Channel, Connection, ConsumeOptions, Inbox, Incoming, Publisher, peek,
+    sleep_until,
     topology::{
         self, HISTORY_QUEUE, JobQueues, REQUESTS_QUEUE, SCHEDULER_GRID_QUEUE, SCHEDULER_QUEUE,
     },
@@ -243,8 +244,9 @@ async fn session(
                 }
                 unacked = 0;
             }
-            () = tokio::time::sleep_until(core.poll_timeout().into()) => {
-                if !shell.handle(core, CoreEvent::RoundDue, None).await? {
+            () = sleep_until(core.poll_timeout()) => {
+                core.handle_timeout(Now::read());
+                if !shell.carry_out(core, None).await? {
                     return postman.await.unwrap_or_else(|e| Err(BrokerError::Connect(e.to_string())));
                 }
             }
@@ -285,6 +287,16 @@ impl Shell<'_> {
         request: Option<&Incoming<RequestMsg>>,
     ) -> Result<bool, BrokerError> {
         core.handle(event, Now::read());
+        self.carry_out(core, request).await
+    }
+
+    /// Carries out the core's effects, handing it their answers; `false`
+    /// once the postman is gone (the session is over).
+    async fn carry_out(
+        &mut self,
+        core: &mut SchedulerCore,
+        request: Option<&Incoming<RequestMsg>>,
+    ) -> Result<bool, BrokerError> {
         while let Some(effect) = core.poll_effect(Now::read()) {
             match effect {
                 Effect::TakeOver => {

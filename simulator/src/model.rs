@@ -17,6 +17,7 @@ use gleaner_protocol::{
 };
 use gleaner_runner_core::{JobEvent, JobFile};
 use gleaner_scheduler_core::{
+    SchedulerConfig,
     core::{Effect as SchedulerEffect, Event as SchedulerEvent, Rounds, SchedulerCore},
     state::State,
 };
@@ -194,12 +195,12 @@ pub fn simulate(scenario: &Scenario, policy: Option<CsPolicy>) -> Run {
     let timing = &scenario.timing;
     let dt = timing.step.as_secs_f64();
     let end = scenario.duration.as_secs_f64();
-    let every = |interval: Duration| (interval.as_secs_f64() / dt).round().max(1.0) as u64;
-    let (report, round, sample) = (
-        every(timing.job_report),
-        every(timing.scheduler_round),
-        every(timing.sample),
-    );
+    let sample = (timing.sample.as_secs_f64() / dt).round().max(1.0) as u64;
+    // Each kcm connects, and reads its batch system before any order.
+    for c in 0..sim.clusters.len() {
+        let mail = sim.at_kcm(c, Event::Connected);
+        sim.deliver(mail);
+    }
     // Those submitted at once start before the first step.
     sim.submit_sweeps();
     let mut step = 0u64;
@@ -209,25 +210,9 @@ pub fn simulate(scenario: &Scenario, policy: Option<CsPolicy>) -> Run {
         sim.progress(dt);
         sim.arrivals();
         sim.dispatch();
-        // Each kcm reads its batch system when its core asks.
-        let now = sim.clock.now().instant;
-        for c in 0..sim.clusters.len() {
-            if sim.clusters[c]
-                .kcm
-                .poll_timeout()
-                .is_none_or(|due| due <= now)
-            {
-                let mail = sim.poll(c);
-                sim.deliver(mail);
-            }
-        }
-        if step.is_multiple_of(report) {
-            sim.reports();
-        }
-        if step.is_multiple_of(round) {
-            let mail = sim.round();
-            sim.deliver(mail);
-        }
+        // Every core whose time has come: each kcm's reading, each
+        // runner's report, the scheduler's round.
+        sim.timeouts();
         if step.is_multiple_of(sample) {
             sim.sample();
         }
@@ -320,11 +305,11 @@ impl<'a> Sim<'a> {
                 scenario.state_config(policy.unwrap_or_default()),
                 Users::default(),
                 "simulated".to_owned(),
-                // Rounds run at the simulation's interval, and at once
-                // when the core hurries one.
+                // Rounds when the core's clock says, as in the service:
+                // every interval, sooner when a message hurries one.
                 Rounds {
-                    interval: scenario.duration + Duration::from_secs(3600),
-                    min_gap: Duration::ZERO,
+                    interval: scenario.timing.scheduler_round,
+                    min_gap: SchedulerConfig::default().round_min_gap,
                 },
                 false,
                 start,
@@ -353,7 +338,7 @@ impl<'a> Sim<'a> {
                 Mail::Scheduler(message) => self.at_scheduler(*message),
                 Mail::Runner(job, message) => self.at_runner(&job, message),
                 Mail::Kcm(cluster, message) => match self.cluster_index.get(&cluster) {
-                    Some(&c) => self.at_kcm(c, message),
+                    Some(&c) => self.at_kcm(c, Event::Message(message)),
                     None => Vec::new(),
                 },
                 Mail::Launcher(launcher, message) => self.at_launcher(&launcher, message),
@@ -373,26 +358,28 @@ impl<'a> Sim<'a> {
     /// runs when the core says one is due.
     fn at_scheduler(&mut self, message: SchedulerMsg) -> Vec<Mail> {
         let now = self.clock.now();
-        let mut mail = self.at_core(SchedulerEvent::Message(message), now);
-        if self.scheduler.poll_timeout() <= now.instant {
-            mail.extend(self.at_core(SchedulerEvent::RoundDue, now));
-        }
+        self.scheduler.handle(SchedulerEvent::Message(message), now);
+        let mut mail = self.at_core(now);
+        mail.extend(self.scheduler_timeout());
         mail
     }
 
-    /// A scheduling round at the simulation's own interval.
-    fn round(&mut self) -> Vec<Mail> {
+    /// The scheduler's round, if its core says one is due.
+    fn scheduler_timeout(&mut self) -> Vec<Mail> {
         let now = self.clock.now();
-        self.at_core(SchedulerEvent::RoundDue, now)
+        if !gleaner_protocol::is_due(&self.scheduler, now) {
+            return Vec::new();
+        }
+        self.scheduler.handle_timeout(now);
+        self.at_core(now)
     }
 
-    /// Hands the scheduler's core an event and carries out its effects as
-    /// its service does: what it sends goes to the jobs' runners, a job
-    /// whose control queue is gone is forgotten, and nothing was handed
-    /// over before it became active.
-    fn at_core(&mut self, event: SchedulerEvent, now: gleaner_protocol::Now) -> Vec<Mail> {
+    /// Carries out the scheduler core's effects as its service does: what
+    /// it sends goes to the jobs' runners, a job whose control queue is
+    /// gone is forgotten, and nothing was handed over before it became
+    /// active.
+    fn at_core(&mut self, now: gleaner_protocol::Now) -> Vec<Mail> {
         let mut mail = Vec::new();
-        self.scheduler.handle(event, now);
         while let Some(effect) = self.scheduler.poll_effect(now) {
             match effect {
                 SchedulerEffect::TakeOver => {
@@ -486,18 +473,25 @@ impl<'a> Sim<'a> {
                 )
             });
         }
-        self.at_grid(
-            job,
-            JobEvent::Control {
-                msg: message,
-                sender: Some(crate::runner::SENDER.to_owned()),
-            },
-        )
+        self.at_grid(job, |runner, now, reach| {
+            runner.handle(
+                JobEvent::Control {
+                    msg: message,
+                    sender: Some(crate::runner::SENDER.to_owned()),
+                },
+                now,
+                reach,
+            )
+        })
     }
 
     /// Hands a grid job's runner an event; a runner done is forgotten, its
     /// `job.json` kept for the figures.
-    fn at_grid(&mut self, job: &JobId, event: JobEvent) -> Vec<Mail> {
+    fn at_grid(
+        &mut self,
+        job: &JobId,
+        event: impl FnOnce(&mut GridRunner, gleaner_runner_core::Now, &mut Reach<'_>) -> Vec<Mail>,
+    ) -> Vec<Mail> {
         let now = self.clock.now();
         let Some(runner) = self.grid_runners.get_mut(job) else {
             return Vec::new();
@@ -510,7 +504,7 @@ impl<'a> Sim<'a> {
             kcm: &kcm,
             launcher: &|_| false,
         };
-        let mail = runner.handle(event, now, &mut reach);
+        let mail = event(runner, now, &mut reach);
         if !runner.is_live() {
             if let Some(&g) = self.grid_index.get(job) {
                 self.grid[g].file = Some(runner.job_file());
@@ -552,12 +546,15 @@ impl<'a> Sim<'a> {
 
     /// Hands the kcm of cluster `c` a message, as the kcm's shell does:
     /// its effects, then a poll if it asked for one.
-    fn at_kcm(&mut self, c: usize, message: KcmMsg) -> Vec<Mail> {
+    fn at_kcm(&mut self, c: usize, event: Event) -> Vec<Mail> {
         let span = self.kcm_span(c);
         let _in_kcm = span.enter();
-        self.clusters[c]
-            .kcm
-            .handle(Event::Message(message), self.clock.now());
+        self.clusters[c].kcm.handle(event, self.clock.now());
+        self.kcm_effects(c)
+    }
+
+    /// The kcm's effects, and the reading they ask for.
+    fn kcm_effects(&mut self, c: usize) -> Vec<Mail> {
         let (mut mail, poll_now) = self.apply(c);
         if poll_now {
             mail.extend(self.poll(c));
@@ -752,7 +749,9 @@ impl<'a> Sim<'a> {
                 self.clock.now(),
             );
             self.grid_runners.insert(job.clone(), runner);
-            let mail = self.at_grid(&job, JobEvent::Start);
+            let mail = self.at_grid(&job, |runner, now, reach| {
+                runner.handle(JobEvent::Start, now, reach)
+            });
             self.deliver(mail);
         }
         self.submit_sweeps();
@@ -775,20 +774,31 @@ impl<'a> Sim<'a> {
         self.deliver(mail);
     }
 
-    /// Every runner's heartbeat.
-    fn reports(&mut self) {
+    /// The time event of every core whose wake-up has come: each kcm's
+    /// reading, each runner's report, then the scheduler's round.
+    fn timeouts(&mut self) {
+        let now = self.clock.now();
+        for c in 0..self.clusters.len() {
+            if gleaner_protocol::is_due(&self.clusters[c].kcm, now) {
+                let span = self.kcm_span(c);
+                let _in_kcm = span.enter();
+                self.clusters[c].kcm.handle_timeout(now);
+                let mail = self.kcm_effects(c);
+                self.deliver(mail);
+            }
+        }
         let mut mail = Vec::new();
         for j in 0..self.sweeps.len() {
             if self.sweeps[j].as_ref().is_some_and(SweepRunner::is_live) {
-                mail.extend(self.at_sweep(j, |runner, now, reach| {
-                    runner.handle(JobEvent::Heartbeat, now, reach)
-                }));
+                mail.extend(self.at_sweep(j, SweepRunner::handle_timeout));
             }
         }
         let grid: Vec<JobId> = self.grid_runners.keys().cloned().collect();
         for job in grid {
-            mail.extend(self.at_grid(&job, JobEvent::Heartbeat));
+            mail.extend(self.at_grid(&job, GridRunner::handle_timeout));
         }
+        self.deliver(mail);
+        let mail = self.scheduler_timeout();
         self.deliver(mail);
     }
 

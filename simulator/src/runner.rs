@@ -126,8 +126,23 @@ impl<K: Kind> Runner<K> {
     pub fn handle(&mut self, event: JobEvent, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
         let span = tracing::error_span!("job", job = %self.machine.job().ledger().id());
         let _in_job = span.enter();
-        let mut mail = Vec::new();
         self.machine.handle(event, now);
+        self.carry_out(now, reach)
+    }
+
+    /// The machine's time event (its report), if due at `now`.
+    pub fn handle_timeout(&mut self, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
+        if !gleaner_protocol::is_due(&self.machine, now) {
+            return Vec::new();
+        }
+        let span = tracing::error_span!("job", job = %self.machine.job().ledger().id());
+        let _in_job = span.enter();
+        self.machine.handle_timeout(now);
+        self.carry_out(now, reach)
+    }
+
+    fn carry_out(&mut self, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
+        let mut mail = Vec::new();
         while let Some(effect) = self.machine.poll_effect(now) {
             match effect {
                 Effect::ToScheduler(msg) => mail.push(Mail::Scheduler(Box::new(msg))),
