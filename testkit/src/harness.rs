@@ -249,9 +249,12 @@ impl Gleaner {
         );
     }
 
+    /// Its complete lines: a runner may be writing the last one.
     pub fn index(&self, job: &str) -> Vec<Value> {
-        std::fs::read_to_string(self.results_dir(job).join("index.jsonl"))
-            .unwrap_or_default()
+        let text =
+            std::fs::read_to_string(self.results_dir(job).join("index.jsonl")).unwrap_or_default();
+        let complete = text.rfind('\n').map_or("", |end| &text[..end]);
+        complete
             .lines()
             .map(|l| serde_json::from_str(l).expect("index line is JSON"))
             .collect()
