@@ -74,3 +74,46 @@ fn cores_and_shared_crates_depend_on_nothing_that_does_io() {
         assert!(io.is_empty(), "{package} depends on {io:?}");
     }
 }
+
+/// Source files under `dir`, at any depth, but build output.
+fn rust_files(dir: &std::path::Path, found: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        if path.is_dir() && name != "target" && !name.to_string_lossy().starts_with('.') {
+            rust_files(&path, found);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            found.push(path);
+        }
+    }
+}
+
+/// A module a reader can hold: its code, before its unit tests (which sit
+/// in a `tests` submodule file of their own when they are many), is at
+/// most 1,000 lines. Integration tests are tests throughout.
+#[test]
+fn no_module_has_more_than_a_thousand_lines_of_code() {
+    const MOST: usize = 1000;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the gleaner crate sits in the workspace");
+    let mut files = Vec::new();
+    rust_files(root, &mut files);
+    let mut big: Vec<String> = files
+        .iter()
+        .filter(|path| !path.starts_with(root.join("tests")) && !path.ends_with("tests.rs"))
+        .filter_map(|path| {
+            let text = std::fs::read_to_string(path).ok()?;
+            let code = text
+                .lines()
+                .take_while(|line| *line != "#[cfg(test)]")
+                .count();
+            (code > MOST).then(|| format!("{}: {code} lines", path.display()))
+        })
+        .collect();
+    big.sort();
+    assert!(big.is_empty(), "modules over {MOST} lines of code: {big:#?}");
+}
