@@ -2,7 +2,7 @@
 # Sets up what the tests need (idempotently: RabbitMQ, a single-host Grid
 # Engine cell, beside it the multi-host dev grid of test hosts in network
 # namespaces, Slurm, a 3-node replicated RabbitMQ on those hosts, the
-# Unix accounts alice and bob, tmux, cargo-deb and a clean Debian root)
+# Unix accounts alice and bob, tmux, cargo-deb, mdBook and a clean Debian root)
 # and runs every test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +33,12 @@ if ! cargo deb --version >/dev/null 2>&1; then
     step "cargo-deb"
     cargo install --quiet --locked --no-default-features cargo-deb
 fi
+# The book under docs/ is built with mdBook (its links are checked by
+# tests/docs.rs).
+if ! mdbook --version >/dev/null 2>&1; then
+    step "mdBook"
+    cargo install --quiet --locked --no-default-features mdbook
+fi
 step "a clean Debian 12 root for the package's test"
 deploy/deb/chroot.sh --prepare
 # The Python package's tests run in a virtualenv of their own, with the
@@ -47,8 +53,13 @@ python_tests() {
     GLEANER_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/gleaner" PYTHONPATH="$PWD/python/src" \
         "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
 }
-step "building and running every test (cargo shows its progress)"
+step "the book (mdbook build docs)"
 status=0
+if ! built=$(mdbook build docs --dest-dir "${CARGO_TARGET_DIR:-$PWD/target}/book" 2>&1); then
+    echo "$built" >&2
+    status=1
+fi
+step "building and running every test (cargo shows its progress)"
 if cargo nextest --version >/dev/null 2>&1; then
     cargo nextest run --workspace --no-fail-fast "$@" || status=$?
 else
