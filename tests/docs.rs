@@ -109,7 +109,10 @@ fn broken_links(file: &Path) -> Vec<String> {
 fn readme_is_a_front_page_and_the_rest_is_the_book() {
     let readme = read(&root().join("README.md"));
     let lines = readme.lines().count();
-    assert!(lines <= 150, "README.md has {lines} lines; the rest belongs in docs/");
+    assert!(
+        lines <= 150,
+        "README.md has {lines} lines; the rest belongs in docs/"
+    );
     let first = readme.lines().skip_while(|l| !l.starts_with("```")).nth(1);
     assert!(
         first.is_some_and(|l| l.starts_with("deploy/demo.sh")),

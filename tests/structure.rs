@@ -115,5 +115,8 @@ fn no_module_has_more_than_a_thousand_lines_of_code() {
         })
         .collect();
     big.sort();
-    assert!(big.is_empty(), "modules over {MOST} lines of code: {big:#?}");
+    assert!(
+        big.is_empty(),
+        "modules over {MOST} lines of code: {big:#?}"
+    );
 }

@@ -17,6 +17,7 @@ mod machine;
 mod publication;
 pub mod records;
 mod returns;
+pub mod supervision;
 mod sweep;
 
 pub use book::{FinalStatus, TaskBook, Verdict};

@@ -9,9 +9,12 @@ mod job;
 mod owner;
 mod results;
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
-use gleaner_runner_core::admission::{Admissions, Arrival, Past};
+use gleaner_runner_core::{
+    admission::{Admissions, Arrival, Past},
+    supervision::{self, Next, RunEnd},
+};
 
 use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Incoming, IncomingSubmission,
@@ -288,6 +291,8 @@ async fn supervise(
 ) -> (JobId, Result<(), BrokerError>) {
     let submission = &manifest.msg.0;
     let job = submission.job.clone();
+    // Where the job stood when its results could not be written.
+    let mut stalled = None;
     loop {
         let outcome = job::run(
             connection.clone(),
@@ -299,35 +304,34 @@ async fn supervise(
             stop.clone(),
         )
         .await;
-        let result = match outcome {
-            Ok(()) => manifest.ack().await,
-            Err(JobError::Shutdown) => Ok(()),
-            Err(JobError::Refused(reason)) => match connection.publisher().await {
+        let end = match outcome {
+            Ok(()) => RunEnd::Over,
+            Err(JobError::Shutdown) => RunEnd::Shutdown,
+            Err(JobError::Refused(reason)) => RunEnd::Refused(reason),
+            Err(JobError::Broker(e)) if e.is_not_found() => RunEnd::QueuesGone(JobError::Broker(e)),
+            Err(e) if e.unsendable().is_some() => RunEnd::TooBig(e),
+            Err(e @ JobError::Broker(_)) => RunEnd::BrokerLost(e),
+            Err(JobError::Results {
+                error, standing, ..
+            }) => {
+                stalled = standing;
+                RunEnd::ResultsUnwritable {
+                    error: error.to_string(),
+                }
+            }
+        };
+        let result = match supervision::after(end) {
+            Next::Ack => manifest.ack().await,
+            Next::Leave => Ok(()),
+            Next::Refuse(reason) => match connection.publisher().await {
                 Ok(publisher) => refuse(&publisher, &manifest, &owner.name, (&reason, false)).await,
                 Err(e) => Err(e),
             },
-            Err(JobError::Broker(e)) if e.is_not_found() => {
-                error!(error = %e, "the job's queues were deleted under it; giving the job up");
-                manifest.ack().await
-            }
-            // The job stops itself when a message of its is too big; one
-            // that still gets here ends the job, never the session.
-            Err(e) if e.unsendable().is_some() => {
-                error!(error = %e, "a message of the job's is too big to send; giving the job up");
-                manifest.ack().await
-            }
-            Err(JobError::Broker(e)) => Err(e),
-            Err(e @ JobError::Results { .. }) => {
-                error!(error = %e, "cannot write results; they wait in the broker, retrying in 10 s");
-                if let JobError::Results {
-                    standing: Some(mut report),
-                    error,
-                    ..
-                } = e
-                {
-                    report.problem = Some(format!(
-                        "cannot write results ({error}); they wait in the broker, retrying every 10 s"
-                    ));
+            Next::EndSession(JobError::Broker(e)) => Err(e),
+            Next::EndSession(e) => Err(BrokerError::Connect(e.to_string())),
+            Next::RetryAfter { wait, problem } => {
+                if let Some(mut report) = stalled.take() {
+                    report.problem = Some(problem);
                     let sent = match connection.publisher().await {
                         Ok(publisher) => {
                             publisher
@@ -341,7 +345,7 @@ async fn supervise(
                     }
                 }
                 tokio::select! {
-                    () = tokio::time::sleep(Duration::from_secs(10)) => continue,
+                    () = tokio::time::sleep(wait) => continue,
                     () = stop.cancelled() => Ok(()),
                 }
             }
