@@ -11,7 +11,7 @@ use gleaner_policy::access::Users;
 use gleaner_protocol::{
     ActionReply, ControlMsg, Core, EndedJob, GridSnapshot, Now, Outbox, RequestMsg, SchedulerMsg,
 };
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::{
     metrics, outbox,
@@ -43,10 +43,12 @@ pub enum Event {
         event: gleaner_protocol::Event,
         sent_at: Option<u64>,
     },
-    /// A user's request; `user` is its broker-checked `user_id`.
+    /// A user's request; `user` is its broker-checked `user_id`, and
+    /// `direct` whether it names a direct reply-to address.
     Request {
         user: Option<String>,
         request: RequestMsg,
+        direct: bool,
     },
     /// Answers [`Effect::Forward`]: whether the job's control queue took
     /// the message.
@@ -231,7 +233,20 @@ impl Core for SchedulerCore {
                     self.state.on_ended(ended, now, &self.config);
                 }
             }
-            Event::Request { user, request } => {
+            // Answers go to the asker's direct reply-to and nowhere else:
+            // a user naming any queue as `reply_to` must not have the
+            // services post there, nor anything done on their word.
+            Event::Request {
+                user,
+                direct: false,
+                ..
+            } => {
+                warn!(
+                    user = user.as_deref(),
+                    "request without a direct reply-to address; ignored"
+                );
+            }
+            Event::Request { user, request, .. } => {
                 let answer = self.state.on_request(
                     user.as_deref(),
                     request,
@@ -426,6 +441,7 @@ mod tests {
         effects(&mut core, progress, at(t0, 0));
         let ask = Event::Request {
             user: Some("alice".into()),
+            direct: true,
             request: RequestMsg::Status { job: None },
         };
         let answer = effects(&mut core, ask, at(t0, 10));
@@ -434,6 +450,36 @@ mod tests {
         };
         let ended: Vec<_> = reply.ended.iter().map(|e| (&e.job, e.ended_at)).collect();
         assert_eq!(ended, [(&id, 5_000)], "progress is no end");
+    }
+
+    #[test]
+    fn a_request_without_a_direct_reply_address_is_neither_answered_nor_carried_out() {
+        let t0 = Instant::now();
+        let mut core = core(t0);
+        let report = crate::state::tests::job_report("a", 10);
+        let id = report.job.clone();
+        effects(
+            &mut core,
+            Event::Message(SchedulerMsg::JobUpdate(report)),
+            at(t0, 0),
+        );
+        effects(&mut core, Event::HandedOver(None), at(t0, 0));
+        let request = |direct| Event::Request {
+            user: Some("alice".into()),
+            direct,
+            request: RequestMsg::Cancel { job: id.clone() },
+        };
+        assert!(
+            effects(&mut core, request(false), at(t0, 1)).is_empty(),
+            "a queue named as reply-to gets nothing, and the job is not cancelled"
+        );
+        assert!(
+            matches!(
+                &effects(&mut core, request(true), at(t0, 2))[..],
+                [Effect::Forward { .. }]
+            ),
+            "the same cancel with a direct reply-to is passed on"
+        );
     }
 
     #[test]
@@ -448,6 +494,7 @@ mod tests {
         effects(&mut core, Event::HandedOver(None), at(t0, 0));
         let cancel = || Event::Request {
             user: Some("alice".into()),
+            direct: true,
             request: RequestMsg::Cancel { job: id.clone() },
         };
         let forwarded = effects(&mut core, cancel(), at(t0, 1));
@@ -474,6 +521,7 @@ mod tests {
         ));
         let add = Event::Request {
             user: Some("alice".into()),
+            direct: true,
             request: RequestMsg::AddTasks {
                 job: id.clone(),
                 addition: gleaner_manifest::Addition {
@@ -513,6 +561,7 @@ mod tests {
         effects(&mut core, Event::HandedOver(None), at(t0, 0));
         let cancel = Event::Request {
             user: Some("alice".into()),
+            direct: true,
             request: RequestMsg::Cancel { job: id },
         };
         effects(&mut core, cancel, at(t0, 1));
@@ -546,6 +595,7 @@ mod tests {
         effects(&mut core, Event::HandedOver(None), at(t0, 0));
         let follow = |user: &str| Event::Request {
             user: Some(user.into()),
+            direct: true,
             request: RequestMsg::Follow {
                 job: id.clone(),
                 task: 4,

@@ -199,15 +199,11 @@ async fn session(
                     Some(Err(e)) => return Err(e),
                     None => return Err(BrokerError::NoQueue(REQUESTS_QUEUE.to_owned())),
                 };
-                // Answers go to the asker's direct reply-to and nowhere
-                // else: a user naming any queue as `reply_to` must not have
-                // the services post there.
-                if !incoming.reply.is_direct() {
-                    warn!(user = incoming.user.as_deref(), "request without a direct reply-to address; ignored");
-                    incoming.ack().await?;
-                    continue;
-                }
-                let event = CoreEvent::Request { user: incoming.user.clone(), request: incoming.msg.clone() };
+                let event = CoreEvent::Request {
+                    user: incoming.user.clone(),
+                    request: incoming.msg.clone(),
+                    direct: incoming.reply.is_direct(),
+                };
                 if !shell.handle(core, event, Some(&incoming)).await? {
                     return postman.await.unwrap_or_else(|e| Err(BrokerError::Connect(e.to_string())));
                 }
