@@ -492,16 +492,3 @@ fn job_over_or(e: BrokerError) -> Result<Exit, LauncherError> {
         Err(e.into())
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn checkpoints_outlive_a_launcher_unless_its_job_is_over() {
-        for exit in [Exit::Idle, Exit::Preempted, Exit::Drained, Exit::Walltime] {
-            assert!(exit.keeps_checkpoints(), "{exit:?}");
-        }
-        assert!(!Exit::JobOver.keeps_checkpoints());
-    }
-}
