@@ -17,7 +17,6 @@ use gleaner_protocol::{
 };
 use gleaner_runner_core::{JobEvent, JobFile};
 use gleaner_scheduler_core::{
-    SchedulerConfig,
     core::{Effect as SchedulerEffect, Event as SchedulerEvent, Rounds, SchedulerCore},
     state::State,
 };
@@ -309,10 +308,13 @@ impl<'a> Sim<'a> {
                 Users::default(),
                 "simulated".to_owned(),
                 // Rounds when the core's clock says, as in the service:
-                // every interval, sooner when a message hurries one.
+                // every interval, and at once when a message hurries one
+                // (the service's least gap between rounds, 200 ms, is
+                // below the simulation's step: a step would hold a hurried
+                // round back five times as long).
                 Rounds {
                     interval: scenario.timing.scheduler_round,
-                    min_gap: SchedulerConfig::default().round_min_gap,
+                    min_gap: Duration::ZERO,
                 },
                 false,
                 start,
@@ -566,10 +568,8 @@ impl<'a> Sim<'a> {
     }
 
     /// The kcm of cluster `c` reads its batch system and the spool, then
-    /// reports.
+    /// reports (in its caller's kcm span).
     fn poll(&mut self, c: usize) -> Vec<Mail> {
-        let span = self.kcm_span(c);
-        let _in_kcm = span.enter();
         let (snapshot, spooled, started) = self.clusters[c].batch.read(&self.ids);
         let event = Event::Polled {
             snapshot: Ok(snapshot),
