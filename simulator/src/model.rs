@@ -198,13 +198,15 @@ pub fn simulate(scenario: &Scenario, policy: Option<CsPolicy>) -> Run {
     let dt = timing.step.as_secs_f64();
     let end = scenario.duration.as_secs_f64();
     let sample = (timing.sample.as_secs_f64() / dt).round().max(1.0) as u64;
+    // Those submitted at once start before the first step, and register
+    // before any cluster reports: no round gives the first of them every
+    // idle slot before the others are known.
+    sim.submit_sweeps();
     // Each kcm connects, and reads its batch system before any order.
     for c in 0..sim.clusters.len() {
         let mail = sim.at_kcm(c, Event::Connected);
         sim.deliver(mail);
     }
-    // Those submitted at once start before the first step.
-    sim.submit_sweeps();
     let mut step = 0u64;
     while sim.clock.t < end {
         step += 1;
