@@ -4,8 +4,8 @@
 //! Nothing here does I/O: the shell (`gleaner-launcher`) runs the tasks,
 //! talks to the broker and carries out the effects.
 
+pub mod core;
 pub mod packing;
-pub mod state;
 
 use std::{
     path::PathBuf,

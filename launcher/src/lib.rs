@@ -1,7 +1,7 @@
 //! The launcher: one per placeholder slot, pulling its job's tasks.
 //!
 //! It consumes the job's task queue with prefetch equal to the tasks it runs
-//! at once (more while tasks are short, see [`State::prefetch`]), and acks a
+//! at once (more while tasks are short, see [`LauncherCore::prefetch`]), and acks a
 //! message (one task, or a bundle of them) only once each of its tasks has
 //! its result safely with the broker or is back in the queue alone, so a
 //! launcher that dies loses nothing but partial runs: the broker redelivers
@@ -10,7 +10,7 @@
 //! `idle_timeout`, or when told to (preempt, drain, SIGTERM, its
 //! placeholder's walltime).
 //!
-//! What to do and when is decided in [`state`], without I/O; this file is the
+//! What to do and when is decided in [`core`], without I/O; this file is the
 //! shell that connects, turns what happens into events for it, and carries
 //! out its effects.
 
@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, error, error_span, info, warn};
 
 use dirs::{Checkpoints, Sandboxes};
-use gleaner_launcher_core::state::{Effect, Event, State, Status, TaskEnd};
+use gleaner_launcher_core::core::{Effect, Event, LauncherCore, Status, TaskEnd};
 pub use gleaner_launcher_core::{Exit, GpuSource, LauncherConfig, LauncherSettings, Limits};
 
 #[derive(Debug, thiserror::Error)]
@@ -480,7 +480,7 @@ async fn serve(
 }
 
 /// One message per task it runs at once, to begin with (see
-/// [`State::prefetch`]).
+/// [`LauncherCore::prefetch`]).
 fn initial_prefetch(config: &LauncherConfig) -> u16 {
     u16::try_from(config.tasks_at_once()).unwrap_or(u16::MAX)
 }

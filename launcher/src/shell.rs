@@ -1,12 +1,12 @@
 //! The launcher's shell proper: the loop that turns deliveries, messages,
 //! signals, the state's wake-ups and the ends of spawned work into events
-//! for [`State`], and carries out its effects (running, reporting,
+//! for [`LauncherCore`], and carries out its effects (running, reporting,
 //! refusing, giving back and republishing tasks).
 
 use super::*;
 
 /// The launcher's I/O: turns deliveries, messages, signals, timers and the
-/// ends of spawned work into [`Event`]s for [`State`], and applies the
+/// ends of spawned work into [`Event`]s for [`LauncherCore`], and applies the
 /// [`Effect`]s it answers.
 pub(crate) struct Shell {
     shared: Arc<Shared>,
@@ -110,7 +110,7 @@ impl Shell {
 
     /// Runs until the state says to leave.
     pub(crate) async fn serve(mut self) -> Result<Exit, LauncherError> {
-        let mut state = State::new(&self.shared.config, Now::read());
+        let mut state = LauncherCore::new(&self.shared.config, Now::read());
         loop {
             let mut events = VecDeque::from(self.next_events(&state).await);
             while let Some(event) = events.pop_front() {
@@ -135,7 +135,7 @@ impl Shell {
     /// queued. `None` is the state's time event.
     async fn next_events(
         &mut self,
-        state: &State<LauncherError>,
+        state: &LauncherCore<LauncherError>,
     ) -> Vec<Option<Event<LauncherError>>> {
         let events = tokio::select! {
             biased;

@@ -53,7 +53,7 @@ fn is_zero_u64(x: &u64) -> bool {
 mod claim;
 mod control;
 mod events;
-mod grid;
+mod grid_handover;
 mod kcm;
 mod launcher;
 mod requests;
@@ -65,7 +65,7 @@ mod tasks;
 pub use claim::*;
 pub use control::*;
 pub use events::*;
-pub use grid::*;
+pub use grid_handover::*;
 pub use kcm::*;
 pub use launcher::*;
 pub use requests::*;

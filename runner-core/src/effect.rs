@@ -1,4 +1,4 @@
-//! What the job cores (`sweep.rs`, `grid.rs`) and their shell (`job.rs`)
+//! What the job cores (`sweep.rs`, `grid_job.rs`) and their shell (`job.rs`)
 //! say to each other: the time a decision is made at, and the effects the
 //! shell applies for it.
 

@@ -8,12 +8,12 @@
 
 pub mod admission;
 mod book;
+mod core;
 mod effect;
 mod follow;
-mod grid;
-mod job_core;
+mod grid_job;
+mod job;
 mod launchers;
-mod machine;
 mod publication;
 pub mod records;
 mod returns;
@@ -21,12 +21,12 @@ pub mod supervision;
 mod sweep;
 
 pub use book::{FinalStatus, TaskBook, Verdict};
+pub use core::{JobEvent, JobMachine};
 /// Public, with what it takes to drive it, so that the simulator's
 /// scavenging jobs are run by the runner's own core.
 pub use effect::{Effect, Followup, Now};
-pub use grid::Grid;
-pub use job_core::{Job, JobSettings, Kind, Ledger, Opening, Refusal};
-pub use machine::{JobEvent, JobMachine};
+pub use grid_job::Grid;
+pub use job::{Job, JobSettings, Kind, Ledger, Opening, Refusal};
 pub use publication::{FirstAttempts, Publication};
 pub use records::{IndexEntry, JobFile};
 pub use returns::DeadLetter;

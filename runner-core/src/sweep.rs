@@ -29,7 +29,7 @@ use crate::{
     book::{FinalStatus, Verdict},
     effect::{Effect, Followup, Now},
     follow::{Followers, MOST_ASKED, MOST_FOLLOWS},
-    job_core::{
+    job::{
         Job, JobSettings, Kind, Ledger, Opening, Refusal, THROUGHPUT_WINDOW, cancel, index_entry,
     },
     launchers::LauncherTable,

@@ -1,5 +1,5 @@
 //! The controller of one job, from its manifest to its last result: the
-//! shell around the job's core (`sweep.rs` or `grid.rs`).
+//! shell around the job's core (`sweep.rs` or `grid_job.rs`).
 //!
 //! The shell does the I/O: it takes the job's lock, reads the results
 //! directory, consumes the job's queues, hands what arrives to the core with

@@ -5,13 +5,13 @@
 //! page it renders.
 
 pub mod core;
-mod grid;
+mod grid_book;
 mod history;
 pub mod metrics;
 pub mod outbox;
 pub mod state;
 
-pub use grid::GridConfig;
+pub use grid_book::GridConfig;
 
 use std::time::Duration;
 

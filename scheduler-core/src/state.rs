@@ -28,7 +28,7 @@ use tracing::{debug, info};
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    grid::{GridBook, GridConfig},
+    grid_book::{GridBook, GridConfig},
     history::History,
 };
 

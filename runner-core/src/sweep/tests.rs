@@ -6,9 +6,7 @@ use gleaner_protocol::{
 
 use super::*;
 use crate::{
-    job_core::testing::{
-        GRACE, SILENCE, at, grow_ack, opening, recorded, result, submission, told,
-    },
+    job::testing::{GRACE, SILENCE, at, grow_ack, opening, recorded, result, submission, told},
     records::read_index,
 };
 use gleaner_manifest::MAX_TASK_BYTES;

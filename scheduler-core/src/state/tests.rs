@@ -2,7 +2,7 @@ use super::*;
 use gleaner_manifest::Priority;
 use gleaner_protocol::{Holding, JobState, TaskCounts};
 
-use crate::grid::GridConfig;
+use crate::grid_book::GridConfig;
 
 fn job(name: &str) -> JobId {
     format!("{name}-0000000000000000").parse().unwrap()

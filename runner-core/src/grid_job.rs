@@ -38,7 +38,7 @@ use tracing::{debug, info, warn};
 use crate::{
     book::FinalStatus,
     effect::{Effect, Followup, Now},
-    job_core::{Job, Kind, Ledger, Opening, Refusal, cancel, finish_unfinished, index_entry},
+    job::{Job, Kind, Ledger, Opening, Refusal, cancel, finish_unfinished, index_entry},
     records::{Claim, IndexEntry, StartedComponent},
     returns::DeadLetter,
 };
@@ -141,7 +141,7 @@ impl Grid {
         // again: they have until its start time.
         let whole = unplaced.len() == ledger.manifest().components.len();
         let barrier_timeout = ledger.manifest().barrier_timeout().as_millis() as u64;
-        let gather = ledger.gather_mut();
+        let gather = ledger.gather_mut(CLAIM_LEVEL);
         if whole || gather.run.is_none() {
             gather.figures.placement_s = Some(seconds(gather.waiting_since, now.wall_ms));
             let first_try = (gather.level * stage_ms as f64) as u64;
@@ -150,7 +150,7 @@ impl Grid {
             let start_by = barrier_timeout.saturating_add(start_ms);
             gather.run = Some(Claim::new(now.wall_ms, start_by, first_try));
         }
-        if let Some(run) = ledger.gather_mut().run.as_mut() {
+        if let Some(run) = ledger.gather_mut(CLAIM_LEVEL).run.as_mut() {
             for (i, n) in unplaced.iter().zip(&slots) {
                 if *n > 0 {
                     run.slots.insert(*i as u32, *n);
@@ -201,7 +201,7 @@ impl Grid {
             return effects;
         }
         let components = ledger.manifest().components.len();
-        let Some(run) = ledger.gather_mut().run.as_mut() else {
+        let Some(run) = ledger.gather_mut(CLAIM_LEVEL).run.as_mut() else {
             debug!(component, "start ignored: no run placed");
             return Vec::new();
         };
@@ -258,7 +258,7 @@ impl Grid {
         let i = component as usize;
         let placed_there = ledger.file().components.get(i) == Some(&Some(from.clone()));
         let has_inputs = !ledger.manifest().component_inputs(i).is_empty();
-        let Some(run) = ledger.gather_mut().run.as_mut() else {
+        let Some(run) = ledger.gather_mut(CLAIM_LEVEL).run.as_mut() else {
             debug!(component, "move ignored: no run placed");
             return Vec::new();
         };
@@ -298,7 +298,7 @@ impl Grid {
         cluster: ClusterName,
     ) -> Vec<Effect> {
         let job = ledger.id().clone();
-        let gather = ledger.gather_mut();
+        let gather = ledger.gather_mut(CLAIM_LEVEL);
         let Some(run) = gather.run.as_mut() else {
             return Vec::new();
         };
@@ -338,7 +338,7 @@ impl Grid {
         reason: &str,
     ) -> Vec<Effect> {
         let job = ledger.id().clone();
-        let Some(run) = ledger.gather_mut().run.as_mut() else {
+        let Some(run) = ledger.gather_mut(CLAIM_LEVEL).run.as_mut() else {
             return Vec::new();
         };
         let Some(to) = run.moving.get(&component).cloned() else {
@@ -350,7 +350,7 @@ impl Grid {
         if !from_there && !placed_here {
             return Vec::new();
         }
-        if let Some(run) = ledger.gather_mut().run.as_mut() {
+        if let Some(run) = ledger.gather_mut(CLAIM_LEVEL).run.as_mut() {
             run.moving.remove(&component);
         }
         info!(component, to = %to, reason, "move of a grid component dropped");
@@ -368,7 +368,7 @@ impl Grid {
     /// Every component started: each one's kcm lets it run.
     fn release(&mut self, ledger: &mut Ledger, now: Now) -> Vec<Effect> {
         let job = ledger.id().clone();
-        let gather = ledger.gather_mut();
+        let gather = ledger.gather_mut(CLAIM_LEVEL);
         let Some(run) = gather.run.as_mut() else {
             return Vec::new();
         };
@@ -406,7 +406,7 @@ impl Grid {
     }
 
     fn count_at_barrier(&self, ledger: &mut Ledger) {
-        let gather = ledger.gather_mut();
+        let gather = ledger.gather_mut(CLAIM_LEVEL);
         gather.figures.at_barrier = gather
             .run
             .as_ref()
@@ -422,7 +422,7 @@ impl Grid {
         let components = ledger.manifest().components.len();
         let threshold = ledger.manifest().claim_threshold();
         let barrier_timeout = ledger.manifest().barrier_timeout();
-        let gather = ledger.gather_mut();
+        let gather = ledger.gather_mut(CLAIM_LEVEL);
         let level = gather.level;
         let Some(run) = gather
             .run
@@ -463,7 +463,7 @@ impl Grid {
                     continue;
                 };
                 info!(component, cluster = %cluster, started, of = components, "claiming try: component not started, withdrawn to be placed elsewhere");
-                let moving = ledger.gather_mut().run.as_mut().and_then(|run| {
+                let moving = ledger.gather_mut(CLAIM_LEVEL).run.as_mut().and_then(|run| {
                     run.avoid.insert(cluster.clone());
                     run.moving.remove(&component)
                 });
@@ -511,7 +511,7 @@ impl Grid {
             .map_or(0, |g| g.as_millis() as u64);
         let clusters = ledger.clusters().clone();
         let Some(run) = ledger
-            .gather_mut()
+            .gather_mut(CLAIM_LEVEL)
             .run
             .as_mut()
             .filter(|run| run.released_at.is_some() && run.stopping.is_none())
@@ -548,7 +548,7 @@ impl Grid {
             .filter(|c| !ledger.book().is_finished(u64::from(*c)))
             .collect();
         let grace = ledger.manifest().preempt_grace.unwrap_or_default();
-        let Some(run) = ledger.gather_mut().run.as_mut() else {
+        let Some(run) = ledger.gather_mut(CLAIM_LEVEL).run.as_mut() else {
             return Vec::new();
         };
         let Some(since) = run.stopping else {
@@ -564,7 +564,7 @@ impl Grid {
                 None => Vec::new(),
             };
         }
-        let gather = ledger.gather_mut();
+        let gather = ledger.gather_mut(CLAIM_LEVEL);
         gather.figures.preemptions += 1;
         info!(
             preemptions = gather.figures.preemptions,
@@ -779,7 +779,7 @@ impl Grid {
 /// kcms forget them rather than report their ends), and the job waits to
 /// be placed again whole.
 fn back_to_placement(ledger: &mut Ledger, now: Now) -> Vec<Effect> {
-    let gather = ledger.gather_mut();
+    let gather = ledger.gather_mut(CLAIM_LEVEL);
     gather.run = None;
     gather.waiting_since = now.wall_ms;
     gather.figures.at_barrier = 0;
@@ -829,7 +829,7 @@ impl Kind for Grid {
             JobState::Waiting
         });
         // Its figures, and its walltime for the scheduler, from the start.
-        ledger.gather_mut();
+        ledger.gather_mut(CLAIM_LEVEL);
         info!(components, placed, "grid job registered");
         vec![Effect::SaveJobFile, Effect::Report]
     }
@@ -955,7 +955,7 @@ impl Kind for Grid {
         let placed = ledger.file().state == JobState::Running
             && ledger.file().components.iter().all(Option::is_some);
         let barrier_timeout = ledger.manifest().barrier_timeout().as_millis() as u64;
-        let gather = ledger.gather_mut();
+        let gather = ledger.gather_mut(CLAIM_LEVEL);
         if placed && gather.run.is_none() {
             gather.run = Some(Claim::new(now.wall_ms, barrier_timeout, 0));
         }

@@ -1,6 +1,6 @@
 //! A job by composition: the [`Ledger`] every job keeps and its [`Kind`]
-//! (`sweep.rs`, `grid.rs`), together a [`Job`], which the machine
-//! (`machine.rs`) drives.
+//! (`sweep.rs`, `grid_job.rs`), together a [`Job`], which the machine
+//! (`core.rs`) drives.
 //!
 //! The ledger decides what is the same for every job: how a job opens from
 //! what its results directory holds, what it reports, how it is cancelled,
@@ -240,15 +240,15 @@ impl Ledger {
         &mut self.file.components
     }
 
-    /// A grid job's gathering, begun (waiting since its submission) if it
-    /// had none.
-    pub fn gather_mut(&mut self) -> &mut crate::records::Gather {
+    /// A grid job's gathering, begun (waiting since its submission, its
+    /// claiming at `level`) if it had none.
+    pub fn gather_mut(&mut self, level: f64) -> &mut crate::records::Gather {
         let waiting_since = self.file.submitted_at;
         self.file
             .gathering
             .get_or_insert_with(|| crate::records::Gather {
                 figures: Default::default(),
-                level: crate::grid::CLAIM_LEVEL,
+                level,
                 waiting_since,
                 run: None,
             })

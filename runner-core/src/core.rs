@@ -13,7 +13,7 @@ use tracing::{debug, info, warn};
 
 use crate::{
     effect::{Effect, Followup, Now},
-    job_core::{Job, Kind},
+    job::{Job, Kind},
     publication::Publication,
     returns::DeadLetter,
 };
@@ -290,7 +290,7 @@ mod tests {
 
     use super::*;
     use crate::{
-        job_core::{
+        job::{
             Opening,
             testing::{at, opening, result, submission},
         },

@@ -1,6 +1,6 @@
 //! Everything a launcher decides, apart from the I/O that carries it out.
 //!
-//! [`State`] is told what happened — a task delivered, a task's process
+//! [`LauncherCore`] is told what happened — a task delivered, a task's process
 //! over, a delivery settled with the broker, a message on the launcher's own
 //! queue, a signal, the clock reaching [`Core::poll_timeout`] — together
 //! with the time, and keeps the [`Effect`]s the shell (`lib.rs`) must apply
@@ -189,7 +189,7 @@ struct Held {
 
 /// The launcher's state between events.
 #[derive(Debug)]
-pub struct State<E> {
+pub struct LauncherCore<E> {
     cluster: ClusterName,
     idle_timeout: Duration,
     heartbeat: Duration,
@@ -210,12 +210,12 @@ pub struct State<E> {
     waiting: VecDeque<u64>,
     /// Held tasks whose process runs.
     running: usize,
-    /// Recent tasks' run time (a moving average), for [`State::prefetch`].
+    /// Recent tasks' run time (a moving average), for [`LauncherCore::prefetch`].
     runtime: Option<Duration>,
     /// Recent tasks' settlement time, their end to their result's confirm
-    /// (a moving average), for [`State::prefetch`].
+    /// (a moving average), for [`LauncherCore::prefetch`].
     settle: Option<Duration>,
-    /// Tasks per message lately (a moving average), for [`State::prefetch`].
+    /// Tasks per message lately (a moving average), for [`LauncherCore::prefetch`].
     message_tasks: f64,
     /// The prefetch last asked of the shell.
     asked: u32,
@@ -250,7 +250,7 @@ pub struct State<E> {
     outbox: Outbox<Effect<E>>,
 }
 
-impl<E> Core for State<E> {
+impl<E> Core for LauncherCore<E> {
     type Event = Event<E>;
     type Effect = Effect<E>;
 
@@ -282,7 +282,7 @@ impl<E> Core for State<E> {
     }
 }
 
-impl<E> State<E> {
+impl<E> LauncherCore<E> {
     pub fn new(config: &LauncherConfig, now: Now) -> Self {
         let now = now.instant;
         let stop_at = config.deadline.map(|deadline| {
@@ -616,7 +616,7 @@ impl<E> State<E> {
         self.ask_prefetch(effects);
     }
 
-    /// Asks the shell for the prefetch [`State::prefetch`] says, when it
+    /// Asks the shell for the prefetch [`LauncherCore::prefetch`] says, when it
     /// differs from the one asked last by a quarter or more: each change
     /// costs the shell a new consumer, so small drifts are let be.
     fn ask_prefetch(&mut self, effects: &mut Vec<Effect<E>>) {

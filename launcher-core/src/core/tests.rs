@@ -9,7 +9,7 @@ type Effects = Vec<Effect<&'static str>>;
 
 /// A launcher started at `t0`; events are given at whole seconds after it.
 struct Launcher {
-    state: State<&'static str>,
+    state: LauncherCore<&'static str>,
     t0: Instant,
 }
 
@@ -37,7 +37,7 @@ fn launcher(configure: impl FnOnce(&mut LauncherConfig, Instant)) -> Launcher {
     };
     configure(&mut config, t0);
     Launcher {
-        state: State::new(
+        state: LauncherCore::new(
             &config,
             Now {
                 instant: t0,

@@ -3,7 +3,7 @@ use std::time::Instant;
 use gleaner_protocol::{Captured, GrantId};
 
 use super::*;
-use crate::job_core::testing::{at, grow_ack, opening, recorded, submission, told};
+use crate::job::testing::{at, grow_ack, opening, recorded, submission, told};
 
 const MANIFEST: &str = "name = \"mpi\"\nkind = \"grid\"\npriority = \"high\"\n\
         env = { A = \"1\" }\nwalltime = \"1m\"\n\
