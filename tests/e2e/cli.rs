@@ -504,7 +504,7 @@ fn doctor_finds_a_running_deployment_healthy_and_says_how_to_fix_an_unreachable_
     );
 }
 
-/// A user without root, as README's "Without root" has it: a broker
+/// A user without root, as the book's "Without root" has it: a broker
 /// account of their own (every permission on a vhost an admin gave them,
 /// no tag) and a Slurm cluster in their configuration. `gleaner up` run
 /// as them scavenges for them: their sweep completes on the cluster's

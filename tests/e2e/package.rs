@@ -104,7 +104,7 @@ fn the_debian_package_installs_in_a_clean_root_and_its_units_run_a_job() {
     );
 
     // What it installed: the service account, a configuration only root
-    // reads (a conffile), the man pages, the units.
+    // reads (a conffile), the man pages, the book, the units.
     let account = succeeded(
         in_root(&root, None, &[], &["getent", "passwd", "gleaner"])
             .output()
@@ -139,6 +139,19 @@ fn the_debian_package_installs_in_a_clean_root_and_its_units_run_a_job() {
         assert!(
             man.join(page).exists() || man.join(format!("{page}.gz")).exists(),
             "no man page {page}"
+        );
+    }
+    // The book beside README, whose links lead into it.
+    let doc = root.join("usr/share/doc/gleaner");
+    for page in [
+        "README.md",
+        "DESIGN.md",
+        "docs/src/manifest.md",
+        "docs/src/SUMMARY.md",
+    ] {
+        assert!(
+            doc.join(page).exists() || doc.join(format!("{page}.gz")).exists(),
+            "no {page} in /usr/share/doc/gleaner"
         );
     }
 
