@@ -523,8 +523,13 @@ impl LauncherCommand {
                 script.push_str(&format!("export {key}={}\n", quote(&value)));
             }
         }
-        if let Some(command) = ends_at {
-            script.push_str(&format!("gleaner_ends_at=$({command} 2>/dev/null)\n"));
+        if let Some(GivenEnd { command, least }) = ends_at {
+            // Asked again while the controller does not answer; then the
+            // least it may have given, never the walltime asked.
+            script.push_str(&format!(
+                "for gleaner_try in 1 2 3; do\n    gleaner_ends_at=$({command} 2>/dev/null | tr -dc 0-9)\n    [ -n \"$gleaner_ends_at\" ] && break\n    sleep 1\ndone\n[ -n \"$gleaner_ends_at\" ] || gleaner_ends_at=$(( $(date +%s) + {} ))\n",
+                least.as_secs()
+            ));
         }
         let mut line = format!("exec {}", quote(&self.program.to_string_lossy()));
         for arg in &self.args {
@@ -562,10 +567,20 @@ impl LauncherCommand {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct PlaceholderTime<'a> {
     pub walltime: Option<Duration>,
-    /// Where the batch system may give a placeholder less than `walltime`,
-    /// a command that prints the end it gave, in seconds since the epoch,
-    /// for the launcher to take only tasks that end before it.
-    pub ends_at: Option<&'a str>,
+    /// Where the batch system may give a placeholder less than `walltime`.
+    pub ends_at: Option<GivenEnd<'a>>,
+}
+
+/// How a placeholder learns the end the batch system gave it.
+#[derive(Debug, Clone, Copy)]
+pub struct GivenEnd<'a> {
+    /// A command that prints it, in seconds since the epoch, for the
+    /// launcher to take only tasks that end before it.
+    pub command: &'a str,
+    /// The least the batch system may have given: the end taken when the
+    /// command cannot say (a busy controller), so that no task outlasts a
+    /// placeholder that ends sooner than its walltime.
+    pub least: Duration,
 }
 
 /// Memory a launcher holds itself, asked beside its tasks' where they ask

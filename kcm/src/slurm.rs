@@ -28,8 +28,8 @@ use gleaner_protocol::{
 use crate::{
     backend::RunAs,
     backend::{
-        Backend, BackendError, ComponentFiles, ComponentHosts, LauncherCommand, PlaceholderTime,
-        as_account, placeholder_needs, remove_all, run, submit_arrays,
+        Backend, BackendError, ComponentFiles, ComponentHosts, GivenEnd, LauncherCommand,
+        PlaceholderTime, as_account, placeholder_needs, remove_all, run, submit_arrays,
     },
     contain::Account,
     snapshot::Snapshot,
@@ -165,7 +165,10 @@ impl SlurmBackend {
             task,
             PlaceholderTime {
                 walltime: c.walltime,
-                ends_at: c.min_walltime.map(|_| ENDS_AT),
+                ends_at: c.min_walltime.map(|least| GivenEnd {
+                    command: ENDS_AT,
+                    least,
+                }),
             },
             &format!("\"{SLURM_TASK_ID}\""),
         ));
@@ -678,16 +681,25 @@ mod tests {
             TaskShape::slots(1),
             PlaceholderTime {
                 walltime: Some(Duration::from_secs(600)),
-                ends_at: Some(ENDS_AT),
+                ends_at: Some(GivenEnd {
+                    command: ENDS_AT,
+                    least: Duration::from_secs(300),
+                }),
             },
             &format!("\"{SLURM_TASK_ID}\""),
         );
         assert!(script.contains("export GLEANER_BROKER_URL='amqp://h/v'"));
         assert!(
             script.contains(
-                "gleaner_ends_at=$(SLURM_TIME_FORMAT=%s squeue -h -j \"$SLURM_JOB_ID\" -o %e 2>/dev/null)\n"
+                "gleaner_ends_at=$(SLURM_TIME_FORMAT=%s squeue -h -j \"$SLURM_JOB_ID\" -o %e 2>/dev/null | tr -dc 0-9)\n"
             ) && script.contains("--walltime 600s --ends-at \"$gleaner_ends_at\""),
             "{script}"
+        );
+        assert!(
+            script.contains(
+                "[ -n \"$gleaner_ends_at\" ] || gleaner_ends_at=$(( $(date +%s) + 300 ))\n"
+            ),
+            "an end that cannot be read is the least Slurm may give: {script}"
         );
         assert!(script.contains(
             "--id 'c1'-\"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\" --slot \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\" --slots 4"
