@@ -270,10 +270,10 @@ impl<E> Core for LauncherCore<E> {
     }
 
     fn handle_timeout(&mut self, now: Now) {
-        let mut effects = Vec::new();
         if self.left {
             return;
         }
+        let mut effects = Vec::new();
         if self.listening() {
             self.tick(now.instant, &mut effects);
         }
