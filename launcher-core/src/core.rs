@@ -22,7 +22,7 @@ use gleaner_manifest::TaskShape;
 use gleaner_protocol::{ClusterName, Core, LauncherMsg, Now, Outbox};
 use tracing::{info, warn};
 
-use crate::{Exit, LauncherConfig};
+use crate::{Exit, LauncherConfig, gpus::Pool};
 
 /// Tasks that run shorter than this on average are read ahead: a round trip
 /// to the broker (some milliseconds, more through a replicated broker) is
@@ -109,8 +109,9 @@ pub const SIGNALLED_GRACE: Duration = Duration::from_secs(2);
 /// [`Effect::Run`] and [`Effect::Abandon`] ends with an [`Event::Settled`].
 #[derive(Debug, PartialEq, Eq)]
 pub enum Effect<E> {
-    /// Run the task in a sandbox; its end comes back as [`Event::Ended`].
-    Run { tag: u64 },
+    /// Run the task in a sandbox with these GPUs, its own until its end
+    /// comes back as [`Event::Ended`].
+    Run { tag: u64, gpus: Vec<String> },
     /// Publish the result of a task that ended by itself, then ack it.
     Report { tag: u64 },
     /// Publish a failed result with `reason` as its stderr, then ack the task.
@@ -185,6 +186,8 @@ struct Held {
     /// When its run ended and its settlement began.
     ended: Option<Instant>,
     phase: Phase,
+    /// The GPUs its process has while it runs.
+    gpus: Vec<String>,
 }
 
 /// The launcher's state between events.
@@ -205,6 +208,9 @@ pub struct LauncherCore<E> {
     capacity: usize,
     /// The slots and needs of the tasks it runs.
     shape: TaskShape,
+    /// The launcher's GPUs no running task has: a task starts only with
+    /// its own.
+    gpus: Pool,
     held: BTreeMap<u64, Held>,
     /// Held tasks waiting for a slot, first delivered first.
     waiting: VecDeque<u64>,
@@ -283,7 +289,8 @@ impl<E> Core for LauncherCore<E> {
 }
 
 impl<E> LauncherCore<E> {
-    pub fn new(config: &LauncherConfig, now: Now) -> Self {
+    /// A launcher of `config` that holds the GPUs `gpus` for its tasks.
+    pub fn new(config: &LauncherConfig, gpus: &[String], now: Now) -> Self {
         let now = now.instant;
         let stop_at = config.deadline.map(|deadline| {
             deadline
@@ -304,6 +311,7 @@ impl<E> LauncherCore<E> {
                 slots: config.task_slots,
                 needs: config.task_needs,
             },
+            gpus: Pool::new(gpus),
             held: BTreeMap::new(),
             waiting: VecDeque::new(),
             running: 0,
@@ -528,10 +536,16 @@ impl<E> LauncherCore<E> {
                 self.leave(Exit::Walltime, effects);
                 return;
             }
+            let Some(gpus) = self.gpus.take(self.shape.needs.gpus) else {
+                // It starts when a running task gives its devices back.
+                self.waiting.push_front(tag);
+                return;
+            };
             held.phase = Phase::Running;
             held.started = now;
+            held.gpus.clone_from(&gpus);
             self.running += 1;
-            effects.push(Effect::Run { tag });
+            effects.push(Effect::Run { tag, gpus });
             if self.told_idle {
                 self.next_heartbeat = Some(now);
             }
@@ -556,6 +570,7 @@ impl<E> LauncherCore<E> {
         let ran = held.phase == Phase::Running;
         if ran {
             self.running -= 1;
+            self.gpus.give_back(std::mem::take(&mut held.gpus));
         }
         // Signalled after the launcher was, or while it is abandoning:
         // as if it had killed the task itself.
@@ -746,6 +761,7 @@ impl<E> LauncherCore<E> {
                 started: now,
                 ended: None,
                 phase,
+                gpus: Vec::new(),
             },
         );
     }

@@ -5,6 +5,7 @@
 //! talks to the broker and carries out the effects.
 
 pub mod core;
+mod gpus;
 pub mod packing;
 
 use std::{

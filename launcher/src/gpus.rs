@@ -164,54 +164,9 @@ fn device_list(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The held devices no running task has.
-#[derive(Debug, Default)]
-pub struct Pool {
-    free: Vec<String>,
-}
-
-impl Pool {
-    pub fn new(devices: &[String]) -> Self {
-        Self {
-            free: devices.iter().rev().cloned().collect(),
-        }
-    }
-
-    /// `count` devices for a task about to run, lowest first; `None` if
-    /// fewer are free (a launcher runs only as many tasks as it holds
-    /// devices for, so this does not happen).
-    pub fn take(&mut self, count: u32) -> Option<Vec<String>> {
-        let count = count as usize;
-        let at = self.free.len().checked_sub(count)?;
-        let mut taken = self.free.split_off(at);
-        taken.reverse();
-        Some(taken)
-    }
-
-    /// A task's devices, free again once it has ended.
-    pub fn give_back(&mut self, devices: Vec<String>) {
-        self.free.extend(devices.into_iter().rev());
-        self.free.sort_by(|a, b| b.cmp(a));
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn each_task_gets_devices_no_other_running_task_has() {
-        let held: Vec<String> = ["0", "1", "2", "3"].map(String::from).into();
-        let mut pool = Pool::new(&held);
-        let first = pool.take(2).unwrap();
-        let second = pool.take(1).unwrap();
-        assert_eq!(first, ["0", "1"]);
-        assert_eq!(second, ["2"]);
-        assert_eq!(pool.take(2), None, "one left");
-        pool.give_back(first);
-        assert_eq!(pool.take(3).unwrap(), ["0", "1", "3"]);
-        assert_eq!(pool.take(0).unwrap(), Vec::<String>::new());
-    }
 
     #[test]
     fn a_launcher_keeps_the_claims_its_kcm_handed_it_from_its_tasks() {

@@ -43,7 +43,7 @@ use gleaner_protocol::{
 };
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, error, error_span, info, warn};
+use tracing::{Instrument, debug, error_span, info, warn};
 
 use dirs::{Checkpoints, Sandboxes};
 use gleaner_launcher_core::core::{Effect, Event, LauncherCore, Status, TaskEnd};
@@ -89,23 +89,8 @@ struct Shared {
     checkpoints: Checkpoints,
     /// To [`publish_results`].
     results: tokio::sync::mpsc::UnboundedSender<Outgoing>,
-    /// The held GPUs no running task has.
-    gpus: std::sync::Mutex<gpus::Pool>,
-}
-
-impl Shared {
-    /// Devices for a task about to run; `None` if fewer are free.
-    fn take_gpus(&self, count: u32) -> Option<Vec<String>> {
-        let mut pool = self.gpus.lock().unwrap_or_else(|e| e.into_inner());
-        pool.take(count)
-    }
-
-    fn give_back_gpus(&self, devices: Vec<String>) {
-        if !devices.is_empty() {
-            let mut pool = self.gpus.lock().unwrap_or_else(|e| e.into_inner());
-            pool.give_back(devices);
-        }
-    }
+    /// The GPUs held for the launcher's tasks (its core hands them out).
+    gpus: Vec<String>,
 }
 
 /// A run's result on its way out, and who waits for the broker to have it.
@@ -447,7 +432,7 @@ async fn serve(
         queues,
         publisher,
         results,
-        gpus: std::sync::Mutex::new(gpus::Pool::new(gpus)),
+        gpus: gpus.to_vec(),
     });
     let result = Shell::new(shared.clone(), tasks, own, signals)
         .serve()

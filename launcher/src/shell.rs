@@ -110,7 +110,7 @@ impl Shell {
 
     /// Runs until the state says to leave.
     pub(crate) async fn serve(mut self) -> Result<Exit, LauncherError> {
-        let mut state = LauncherCore::new(&self.shared.config, Now::read());
+        let mut state = LauncherCore::new(&self.shared.config, &self.shared.gpus, Now::read());
         loop {
             let mut events = VecDeque::from(self.next_events(&state).await);
             while let Some(event) = events.pop_front() {
@@ -308,7 +308,7 @@ impl Shell {
             _ => {}
         }
         match effect {
-            Effect::Run { tag } => {
+            Effect::Run { tag, gpus } => {
                 if let Some(held) = self.held.remove(&tag) {
                     let streams = exec::Streams::default();
                     let teed = Teed {
@@ -319,7 +319,7 @@ impl Shell {
                         sent: [0, 0],
                     };
                     self.teed.insert(tag, teed);
-                    let run = run_task(shared, held, streams, self.stop.subscribe());
+                    let run = run_task(shared, held, gpus, streams, self.stop.subscribe());
                     self.spawn(tag, run);
                 }
             }
@@ -509,6 +509,7 @@ async fn next_retiring(
 async fn run_task(
     shared: Arc<Shared>,
     held: Held,
+    devices: Vec<String>,
     streams: exec::Streams,
     stop: watch::Receiver<bool>,
 ) -> Done {
@@ -524,20 +525,6 @@ async fn run_task(
     let limit = config.limits.checkpoint_bytes;
     let given = checkpoint.as_ref().ok().map(|dir| (dir.as_path(), limit));
     let needs = config.task_needs;
-    let Some(devices) = shared.take_gpus(needs.gpus) else {
-        // A launcher runs only as many tasks as it holds devices for.
-        error!(
-            task = task.task,
-            gpus = needs.gpus,
-            "no free GPU for the task"
-        );
-        let outcome =
-            exec::Outcome::not_started("no free GPU on its launcher".to_owned(), Instant::now());
-        return Done::Ran(Box::new(Held {
-            outcome: Some(outcome),
-            ..held
-        }));
-    };
     let mut env = task::environment(task, config.task_slots, &devices, given);
     // The gleaner that runs it: a final step reads the job's output with
     // `"$GLEANER_BIN" logs`, wherever gleaner is installed on the node.
@@ -571,7 +558,6 @@ async fn run_task(
     debug!(task = task.task, attempt = task.attempt, "task started");
     let outcome = exec::run(run, config.limits, stop).await;
     shared.sandboxes.give_back(sandbox);
-    shared.give_back_gpus(devices);
     // Kept for the next run unless it is over the limit.
     let ended_for_good = task::ended_for_good(task, outcome.as_ref().map(|o| o.status));
     if let Ok(checkpoint) = checkpoint {

@@ -313,7 +313,11 @@ fn minutes_of(limit: &str) -> Option<u64> {
         Some((days, clock)) => (days.parse::<u64>().ok()?, clock),
         None => (0, limit),
     };
-    let parts: Vec<u64> = clock.split(':').map(str::parse).collect::<Result<_, _>>().ok()?;
+    let parts: Vec<u64> = clock
+        .split(':')
+        .map(str::parse)
+        .collect::<Result<_, _>>()
+        .ok()?;
     let seconds = match parts[..] {
         [h, m, s] => h * 3600 + m * 60 + s,
         [m, s] => m * 60 + s,

@@ -15,6 +15,14 @@ struct Launcher {
 
 /// Idle after 60 s, a heartbeat every 1000 s (out of the way), no deadline.
 fn launcher(configure: impl FnOnce(&mut LauncherConfig, Instant)) -> Launcher {
+    launcher_holding(&[], configure)
+}
+
+/// A launcher holding the GPUs `gpus` for its tasks.
+fn launcher_holding(
+    gpus: &[&str],
+    configure: impl FnOnce(&mut LauncherConfig, Instant),
+) -> Launcher {
     let t0 = Instant::now();
     let mut config = LauncherConfig {
         job: gleaner_manifest::JobId::new("sweep", 1),
@@ -39,6 +47,7 @@ fn launcher(configure: impl FnOnce(&mut LauncherConfig, Instant)) -> Launcher {
     Launcher {
         state: LauncherCore::new(
             &config,
+            &gpus.iter().map(|d| (*d).to_owned()).collect::<Vec<_>>(),
             Now {
                 instant: t0,
                 wall_ms: 0,
@@ -91,6 +100,11 @@ impl Launcher {
     }
 }
 
+/// Delivery `tag` runs, without GPUs.
+fn run(tag: u64) -> Effect<&'static str> {
+    Effect::Run { tag, gpus: vec![] }
+}
+
 /// Delivery `tag` carries task `100 + tag`.
 fn deliver(tag: u64, walltime_secs: Option<u64>) -> Event<&'static str> {
     Event::Delivered {
@@ -124,7 +138,7 @@ fn a_task_of_another_shape_goes_back_and_the_launcher_leaves() {
     assert_eq!(l.at(3, settled(1)), [Effect::Leave(Ok(Exit::Reshaped))]);
     // One of its own shape runs.
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(1, shaped(1, 1)), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(1, shaped(1, 1)), [run(1)]);
 }
 
 fn drain() -> Event<&'static str> {
@@ -172,7 +186,7 @@ fn settled(tag: u64) -> Event<&'static str> {
 #[test]
 fn a_task_ended_of_the_signal_that_preempts_its_launcher_is_preempted() {
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(1, deliver(1, None)), [run(1)]);
     assert_eq!(l.at(2, signalled(1)), []);
     let effects = l.at(2, Event::Signal);
     assert!(
@@ -182,7 +196,7 @@ fn a_task_ended_of_the_signal_that_preempts_its_launcher_is_preempted() {
     assert!(!effects.contains(&Effect::Report { tag: 1 }), "{effects:?}");
 
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(1, deliver(1, None)), [run(1)]);
     assert_eq!(l.at(2, signalled(1)), []);
     let judged = l.state.poll_timeout().expect("a judgement due");
     assert!(judged <= l.t0 + Duration::from_secs(2) + SIGNALLED_GRACE);
@@ -193,7 +207,7 @@ fn a_task_ended_of_the_signal_that_preempts_its_launcher_is_preempted() {
 #[test]
 fn drain_lets_running_tasks_finish_and_takes_no_new_ones() {
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(1, deliver(1, None)), [run(1)]);
     assert_eq!(l.at(2, drain()), [Effect::StopConsuming]);
     // Sent before the broker saw the cancel: back for another launcher.
     assert_eq!(l.at(2, deliver(2, None)), [Effect::GiveBack { tag: 2 }]);
@@ -206,7 +220,7 @@ fn drain_lets_running_tasks_finish_and_takes_no_new_ones() {
 #[test]
 fn preempt_message_kills_and_republishes_running_tasks() {
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(1, deliver(1, None)), [run(1)]);
     assert_eq!(
         l.at(2, preempt()),
         [Effect::StopTasks, Effect::StopConsuming]
@@ -219,7 +233,7 @@ fn preempt_message_kills_and_republishes_running_tasks() {
 #[test]
 fn signal_preempts_like_a_message_and_only_once() {
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(1, deliver(1, None)), [run(1)]);
     assert_eq!(
         l.at(2, Event::Signal),
         [Effect::StopTasks, Effect::StopConsuming]
@@ -235,7 +249,7 @@ fn signal_preempts_like_a_message_and_only_once() {
 fn preemption_overrides_a_drain_under_way() {
     for preemption in [preempt(), Event::Signal] {
         let mut l = launcher(|_, _| {});
-        assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+        assert_eq!(l.at(1, deliver(1, None)), [run(1)]);
         assert_eq!(l.at(2, drain()), [Effect::StopConsuming]);
         assert_eq!(l.at(3, preemption), [Effect::StopTasks]);
         assert_eq!(l.at(3, killed(1)), [Effect::Republish { tag: 1 }]);
@@ -249,7 +263,7 @@ fn preemption_overrides_a_drain_under_way() {
 #[test]
 fn walltime_preempts_tasks_deadline_margin_before_the_deadline() {
     let mut l = placeholder();
-    assert_eq!(l.at(0, deliver(1, None)), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(0, deliver(1, None)), [run(1)]);
     assert!(matches!(l.timeout(0)[..], [Effect::SendStatus(_)]));
     assert_eq!(l.wakeup(), Some(Duration::from_secs(190)));
     assert_eq!(l.timeout(189), []);
@@ -263,7 +277,7 @@ fn walltime_preempts_tasks_deadline_margin_before_the_deadline() {
 fn a_task_that_would_outlast_the_placeholder_is_given_back_and_the_launcher_drains() {
     let mut l = placeholder();
     // Ends exactly when tasks must stop: fits.
-    assert_eq!(l.at(100, deliver(1, Some(90))), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(100, deliver(1, Some(90))), [run(1)]);
     assert_eq!(
         l.at(101, deliver(2, Some(90))),
         [Effect::GiveBack { tag: 2 }, Effect::StopConsuming]
@@ -290,7 +304,7 @@ fn a_task_longer_than_any_fresh_placeholder_offers_is_refused() {
     );
     assert_eq!(l.at(1, settled(1)), []);
     // The launcher goes on taking tasks.
-    assert_eq!(l.at(2, deliver(2, Some(10))), [Effect::Run { tag: 2 }]);
+    assert_eq!(l.at(2, deliver(2, Some(10))), [run(2)]);
 }
 
 #[test]
@@ -312,7 +326,7 @@ fn a_task_longer_than_what_its_placeholder_was_given_is_passed_on_not_refused() 
         l.at(0, deliver(1, Some(3591)))[..],
         [Effect::Refuse { tag: 1, .. }]
     ));
-    assert_eq!(l.at(1, deliver(2, Some(60))), [Effect::Run { tag: 2 }]);
+    assert_eq!(l.at(1, deliver(2, Some(60))), [run(2)]);
 }
 
 #[test]
@@ -327,7 +341,7 @@ fn an_idle_launcher_leaves_after_idle_timeout() {
 #[test]
 fn no_idle_exit_while_a_task_runs_and_idle_counts_from_its_end() {
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(10, deliver(1, None)), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(10, deliver(1, None)), [run(1)]);
     assert_eq!(l.wakeup(), Some(Duration::from_secs(10)), "told at once");
     assert!(matches!(l.timeout(10)[..], [Effect::SendStatus(_)]));
     assert_eq!(l.wakeup(), Some(Duration::from_secs(1010)));
@@ -342,8 +356,8 @@ fn no_idle_exit_while_a_task_runs_and_idle_counts_from_its_end() {
 #[test]
 fn job_over_abandons_running_tasks_and_leaves_once_none_is_held() {
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
-    assert_eq!(l.at(1, deliver(2, None)), [Effect::Run { tag: 2 }]);
+    assert_eq!(l.at(1, deliver(1, None)), [run(1)]);
+    assert_eq!(l.at(1, deliver(2, None)), [run(2)]);
     assert_eq!(
         l.at(2, ended(1)),
         [Effect::Report { tag: 1 }, Effect::Prefetch(4)]
@@ -359,7 +373,7 @@ fn job_over_abandons_running_tasks_and_leaves_once_none_is_held() {
 #[test]
 fn a_queue_gone_while_draining_ends_the_job() {
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(1, deliver(1, None)), [run(1)]);
     assert_eq!(l.at(2, drain()), [Effect::StopConsuming]);
     assert_eq!(l.at(2, Event::TasksEnded), []);
     assert_eq!(l.at(3, ended(1)), [Effect::Report { tag: 1 }]);
@@ -370,8 +384,8 @@ fn a_queue_gone_while_draining_ends_the_job() {
 #[test]
 fn leaves_only_after_the_last_task_and_the_end_of_consuming() {
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
-    assert_eq!(l.at(1, deliver(2, None)), [Effect::Run { tag: 2 }]);
+    assert_eq!(l.at(1, deliver(1, None)), [run(1)]);
+    assert_eq!(l.at(1, deliver(2, None)), [run(2)]);
     assert_eq!(
         l.at(2, preempt()),
         [Effect::StopTasks, Effect::StopConsuming]
@@ -386,7 +400,7 @@ fn leaves_only_after_the_last_task_and_the_end_of_consuming() {
 
     // The other order: all tasks settled while deliveries may still come.
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(1, deliver(1, None)), [run(1)]);
     assert_eq!(
         l.at(2, preempt()),
         [Effect::StopTasks, Effect::StopConsuming]
@@ -410,8 +424,8 @@ fn a_followed_tasks_output_goes_while_it_runs_and_is_followed() {
     // Followed before it starts here: looked at a moment later.
     assert_eq!(l.at(1, follow(101, 10_000)), []);
     assert_eq!(l.wakeup(), Some(Duration::from_millis(1250)));
-    assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
-    assert_eq!(l.at(1, deliver(2, None)), [Effect::Run { tag: 2 }]);
+    assert_eq!(l.at(1, deliver(1, None)), [run(1)]);
+    assert_eq!(l.at(1, deliver(2, None)), [run(2)]);
     let effects = l.timeout_ms(1250);
     assert!(effects.contains(&tee(1)), "{effects:?}");
     assert!(
@@ -465,9 +479,9 @@ fn follows_are_bounded_in_number() {
 #[test]
 fn status_on_poll_and_on_heartbeat() {
     let mut l = launcher(|config, _| config.heartbeat = Duration::from_secs(30));
-    assert_eq!(l.at(5, deliver(1, None)), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(5, deliver(1, None)), [run(1)]);
     assert!(matches!(l.timeout(5)[..], [Effect::SendStatus(_)]));
-    assert_eq!(l.at(6, deliver(2, None)), [Effect::Run { tag: 2 }]);
+    assert_eq!(l.at(6, deliver(2, None)), [run(2)]);
     assert_eq!(l.at(10, ended(1)), [Effect::Report { tag: 1 }]);
     assert_eq!(l.at(11, settled(1)), []);
     let status = Status {
@@ -491,7 +505,7 @@ fn status_on_poll_and_on_heartbeat() {
 #[test]
 fn a_broker_failure_abandons_tasks_and_leaves_with_the_error() {
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(1, deliver(1, None)), [run(1)]);
     assert_eq!(
         l.at(2, Event::Failed("channel closed")),
         [Effect::StopTasks]
@@ -511,7 +525,7 @@ fn a_broker_failure_abandons_tasks_and_leaves_with_the_error() {
 #[test]
 fn the_first_task_after_idleness_is_told_at_once_then_by_heartbeat() {
     let mut l = launcher(|_, _| {});
-    assert!(l.at(1, deliver(1, None)).contains(&Effect::Run { tag: 1 }));
+    assert!(l.at(1, deliver(1, None)).contains(&run(1)));
     assert_eq!(l.wakeup(), Some(Duration::from_secs(1)), "a status now");
     let sent = l.timeout(1);
     assert!(
@@ -526,8 +540,8 @@ fn the_first_task_after_idleness_is_told_at_once_then_by_heartbeat() {
 #[test]
 fn a_bundle_runs_as_slots_free_and_its_unstarted_tasks_go_back_untouched() {
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(1, deliver(1, None)), [Effect::Run { tag: 1 }]);
-    assert_eq!(l.at(1, deliver(2, None)), [Effect::Run { tag: 2 }]);
+    assert_eq!(l.at(1, deliver(1, None)), [run(1)]);
+    assert_eq!(l.at(1, deliver(2, None)), [run(2)]);
     // Two slots busy: the rest of the bundle waits.
     assert_eq!(l.at(1, deliver(3, None)), []);
     assert_eq!(l.at(1, deliver(4, None)), []);
@@ -535,11 +549,7 @@ fn a_bundle_runs_as_slots_free_and_its_unstarted_tasks_go_back_untouched() {
     // A task of 1 s: the next ones are read ahead.
     assert_eq!(
         l.at(2, ended(1)),
-        [
-            Effect::Report { tag: 1 },
-            Effect::Run { tag: 3 },
-            Effect::Prefetch(4)
-        ]
+        [Effect::Report { tag: 1 }, run(3), Effect::Prefetch(4)]
     );
     let running = |l: &mut Launcher| -> Vec<u64> {
         match &l.at(2, Event::Message(LauncherMsg::Poll {}))[..] {
@@ -575,8 +585,8 @@ fn short_tasks_are_read_ahead_and_long_ones_are_not() {
     let mut at = 0;
     // Runs `tag` for `secs` and returns the effects of its end but the
     // report and the next start.
-    let mut run = |l: &mut Launcher, tag: u64, secs: u64| -> Effects {
-        assert_eq!(l.at(at, deliver(tag, None)), [Effect::Run { tag }]);
+    let mut run_for = |l: &mut Launcher, tag: u64, secs: u64| -> Effects {
+        assert_eq!(l.at(at, deliver(tag, None)), [run(tag)]);
         at += secs;
         let effects = l.at(at, ended(tag));
         assert_eq!(l.at(at, settled(tag)), []);
@@ -585,14 +595,14 @@ fn short_tasks_are_read_ahead_and_long_ones_are_not() {
             .filter(|e| *e != Effect::Report { tag })
             .collect()
     };
-    assert_eq!(run(&mut l, 1, 2), [Effect::Prefetch(4)]);
+    assert_eq!(run_for(&mut l, 1, 2), [Effect::Prefetch(4)]);
     assert_eq!(l.state.prefetch(), 4);
     // Longer tasks move the average, which must pass 20 s to stop it.
-    assert_eq!(run(&mut l, 2, 60), []);
-    assert_eq!(run(&mut l, 3, 60), [Effect::Prefetch(2)]);
-    assert_eq!(run(&mut l, 4, 1), []);
+    assert_eq!(run_for(&mut l, 2, 60), []);
+    assert_eq!(run_for(&mut l, 3, 60), [Effect::Prefetch(2)]);
+    assert_eq!(run_for(&mut l, 4, 1), []);
     // A task killed mid-run says nothing of its run time.
-    assert_eq!(l.at(at, deliver(5, None)), [Effect::Run { tag: 5 }]);
+    assert_eq!(l.at(at, deliver(5, None)), [run(5)]);
     l.at(at, preempt());
     assert_eq!(l.at(at, killed(5)), [Effect::Republish { tag: 5 }]);
 }
@@ -602,16 +612,16 @@ fn read_ahead_covers_the_messages_that_wait_for_their_confirms() {
     // Two slots, 1 s tasks whose results take 4 s to be confirmed: two
     // messages end a second, so eight wait for confirms at any time.
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(0, deliver(1, None)), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(0, deliver(1, None)), [run(1)]);
     assert!(l.at(1, ended(1)).contains(&Effect::Prefetch(4)));
     assert_eq!(l.at(5, settled(1)), [Effect::Prefetch(12)]);
     // A small drift keeps the consumer it has.
-    assert_eq!(l.at(5, deliver(2, None)), [Effect::Run { tag: 2 }]);
+    assert_eq!(l.at(5, deliver(2, None)), [run(2)]);
     l.at(6, ended(2));
     assert_eq!(l.at(11, settled(2)), []);
     assert_eq!(l.state.prefetch(), 12);
     // Confirms that take forever hold eight messages a slot at most.
-    assert_eq!(l.at(11, deliver(3, None)), [Effect::Run { tag: 3 }]);
+    assert_eq!(l.at(11, deliver(3, None)), [run(3)]);
     l.at(12, ended(3));
     assert_eq!(l.at(500, settled(3)), [Effect::Prefetch(16)]);
 
@@ -627,7 +637,7 @@ fn read_ahead_covers_the_messages_that_wait_for_their_confirms() {
             shape: None,
         };
         let t = tag * 6;
-        assert_eq!(l.at(t, bundled), [Effect::Run { tag }]);
+        assert_eq!(l.at(t, bundled), [run(tag)]);
         l.at(t + 1, ended(tag));
         l.at(t + 5, settled(tag));
     }
@@ -637,7 +647,7 @@ fn read_ahead_covers_the_messages_that_wait_for_their_confirms() {
 #[test]
 fn no_read_ahead_once_leaving() {
     let mut l = launcher(|_, _| {});
-    assert_eq!(l.at(0, deliver(1, None)), [Effect::Run { tag: 1 }]);
+    assert_eq!(l.at(0, deliver(1, None)), [run(1)]);
     assert_eq!(l.at(1, drain()), [Effect::StopConsuming]);
     assert_eq!(l.at(2, ended(1)), [Effect::Report { tag: 1 }]);
     assert_eq!(l.state.prefetch(), 2);
@@ -661,8 +671,8 @@ fn a_waiting_task_is_abandoned_with_the_job_and_given_back_when_it_no_longer_fit
 
     // Tasks stop at 190 s: the waiting 60 s task fits at 100 s, not at 140 s.
     let mut l = placeholder();
-    assert_eq!(l.at(100, deliver(1, Some(60))), [Effect::Run { tag: 1 }]);
-    assert_eq!(l.at(100, deliver(2, Some(60))), [Effect::Run { tag: 2 }]);
+    assert_eq!(l.at(100, deliver(1, Some(60))), [run(1)]);
+    assert_eq!(l.at(100, deliver(2, Some(60))), [run(2)]);
     assert_eq!(l.at(100, deliver(3, Some(60))), []);
     assert_eq!(l.at(100, deliver(4, Some(60))), []);
     assert_eq!(
@@ -674,4 +684,29 @@ fn a_waiting_task_is_abandoned_with_the_job_and_given_back_when_it_no_longer_fit
             Effect::GiveBack { tag: 4 }
         ]
     );
+}
+
+#[test]
+fn each_running_task_has_gpus_of_its_own_and_one_without_free_ones_waits() {
+    let gpu_each = |config: &mut LauncherConfig, _| {
+        config.task_needs.gpus = 1;
+    };
+    let run_on = |tag, gpu: &str| Effect::Run {
+        tag,
+        gpus: vec![gpu.to_owned()],
+    };
+    let mut l = launcher_holding(&["1", "0"], gpu_each);
+    assert_eq!(l.at(1, deliver(1, None)), [run_on(1, "0")]);
+    assert_eq!(l.at(1, deliver(2, None)), [run_on(2, "1")]);
+    l.at(2, ended(1));
+    assert_eq!(
+        l.at(3, deliver(3, None)),
+        [run_on(3, "0")],
+        "its devices free again"
+    );
+    // Two slots and one device: the second task waits for the first's.
+    let mut l = launcher_holding(&["0"], gpu_each);
+    assert_eq!(l.at(1, deliver(1, None)), [run_on(1, "0")]);
+    assert_eq!(l.at(1, deliver(2, None)), []);
+    assert!(l.at(2, ended(1)).contains(&run_on(2, "0")));
 }
