@@ -120,3 +120,50 @@ fn no_module_has_more_than_a_thousand_lines_of_code() {
         "modules over {MOST} lines of code: {big:#?}"
     );
 }
+
+/// Every e2e test that takes the dev grid's Slurm or replicated-broker
+/// lock is in the nextest group that runs such tests one at a time (a
+/// test waiting for the lock would hold a test thread doing nothing), and
+/// every test the groups name exists.
+#[test]
+fn tests_taking_a_shared_lock_are_in_its_test_group() {
+    let root = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let config = std::fs::read_to_string(root.join(".config/nextest.toml")).expect("nextest.toml");
+    let mut files = Vec::new();
+    rust_files(&root.join("tests/e2e"), &mut files);
+    let mut tests = Vec::new();
+    for file in files {
+        let module = file
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or_default()
+            .to_owned();
+        let text = std::fs::read_to_string(&file).expect("test file");
+        for body in text.split("#[test]").skip(1) {
+            let name = body
+                .split("fn ")
+                .nth(1)
+                .and_then(|rest| rest.split('(').next())
+                .unwrap_or_default();
+            let test = format!("{module}::{name}");
+            for (lock, group_module) in [
+                ("SlurmCluster::lock()", "slurm"),
+                ("BrokerCluster::lock()", "replicated_broker"),
+            ] {
+                let listed = module == group_module || config.contains(&format!("test(={test})"));
+                assert!(
+                    !body.contains(lock) || listed,
+                    "{test} takes {lock}: list it in .config/nextest.toml"
+                );
+            }
+            tests.push(test);
+        }
+    }
+    for listed in config.split("test(=").skip(1) {
+        let name = listed.split(')').next().unwrap_or_default();
+        assert!(
+            tests.iter().any(|t| t == name),
+            "{name} in .config/nextest.toml is no test"
+        );
+    }
+}
