@@ -527,7 +527,7 @@ impl LauncherCommand {
             // Asked again while the controller does not answer; then the
             // least it may have given, never the walltime asked.
             script.push_str(&format!(
-                "for gleaner_try in 1 2 3; do\n    gleaner_ends_at=$({command} 2>/dev/null | tr -dc 0-9)\n    [ -n \"$gleaner_ends_at\" ] && break\n    sleep 1\ndone\n[ -n \"$gleaner_ends_at\" ] || gleaner_ends_at=$(( $(date +%s) + {} ))\n",
+                "for gleaner_try in 1 2 3; do\n    gleaner_ends_at=$({{ {command}; }} 2>/dev/null | tr -dc 0-9)\n    [ -n \"$gleaner_ends_at\" ] && break\n    sleep 1\ndone\n[ -n \"$gleaner_ends_at\" ] || gleaner_ends_at=$(( $(date +%s) + {} ))\n",
                 least.as_secs()
             ));
         }

@@ -38,8 +38,9 @@ use crate::{
 
 /// Prints, in a placeholder's script, the end Slurm gave it (seconds since
 /// the epoch): started in a hole, its limit may be anything from
-/// `--time-min` to `--time`.
-const ENDS_AT: &str = "SLURM_TIME_FORMAT=%s squeue -h -j \"$SLURM_JOB_ID\" -o %e";
+/// `--time-min` to `--time`. Only its own line: an array's last task has
+/// the array's id, for which `squeue -j` lists every task of the array.
+const ENDS_AT: &str = "SLURM_TIME_FORMAT=%s squeue -h -j \"$SLURM_JOB_ID\" -o '%A %e' | awk -v id=\"$SLURM_JOB_ID\" '$1 == id { print $2; exit }'";
 
 /// How long before a placeholder's time limit Slurm signals it (USR1): the
 /// launcher gives its tasks back before the limit kills it. A site that
@@ -690,9 +691,9 @@ mod tests {
         );
         assert!(script.contains("export GLEANER_BROKER_URL='amqp://h/v'"));
         assert!(
-            script.contains(
-                "gleaner_ends_at=$(SLURM_TIME_FORMAT=%s squeue -h -j \"$SLURM_JOB_ID\" -o %e 2>/dev/null | tr -dc 0-9)\n"
-            ) && script.contains("--walltime 600s --ends-at \"$gleaner_ends_at\""),
+            script.contains(&format!(
+                "gleaner_ends_at=$({{ {ENDS_AT}; }} 2>/dev/null | tr -dc 0-9)\n"
+            )) && script.contains("--walltime 600s --ends-at \"$gleaner_ends_at\""),
             "{script}"
         );
         assert!(
@@ -704,5 +705,35 @@ mod tests {
         assert!(script.contains(
             "--id 'c1'-\"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\" --slot \"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}\" --slots 4"
         ), "{script}");
+    }
+
+    /// The end read is the placeholder's own, whichever task of its array
+    /// it is: the last task's id is the array's, which `squeue -j` answers
+    /// with every task of the array.
+    #[test]
+    fn a_placeholder_reads_its_own_end_and_not_its_arrays() {
+        let dir = tempfile::tempdir().unwrap();
+        let squeue = dir.path().join("squeue");
+        std::fs::write(
+            &squeue,
+            "#!/bin/sh\nprintf '412 1795953285\\n413 1795953286\\n414 1795953287\\n'\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&squeue, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let path = format!(
+            "{}:{}",
+            dir.path().display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        for (id, end) in [("412", "1795953285"), ("414", "1795953287")] {
+            let out = std::process::Command::new("sh")
+                .args(["-c", ENDS_AT])
+                .env("PATH", &path)
+                .env("SLURM_JOB_ID", id)
+                .output()
+                .unwrap();
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), end, "job {id}");
+        }
     }
 }
