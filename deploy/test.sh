@@ -49,8 +49,11 @@ python_tests() {
         python3 -m venv "$venv"
         "$venv/bin/pip" install --quiet --disable-pip-version-check pytest cloudpickle maturin pandas
     fi
-    cargo build --quiet -p gleaner
-    GLEANER_BIN="${CARGO_TARGET_DIR:-$PWD/target}/debug/gleaner" PYTHONPATH="$PWD/python/src" \
+    # The binary the Rust tests built; built alone (`-p gleaner`) it would
+    # be built again, with fewer features unified.
+    local bin="${CARGO_TARGET_DIR:-$PWD/target}/debug/gleaner"
+    [ -x "$bin" ] || cargo build --quiet -p gleaner
+    GLEANER_BIN="$bin" PYTHONPATH="$PWD/python/src" \
         "$venv/bin/python" -m pytest -q -p no:cacheprovider python/tests
 }
 step "the book (mdbook build docs)"
