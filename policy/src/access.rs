@@ -46,6 +46,9 @@ pub enum OwnerError {
     BadName(String),
     /// Root, or a broker user mapped to it.
     Root(String),
+    /// Many users, and a service that does not run as root, so that it
+    /// cannot act as each owner's account nor keep their results apart.
+    NotRoot,
 }
 
 impl std::fmt::Display for OwnerError {
@@ -60,6 +63,10 @@ impl std::fmt::Display for OwnerError {
                 "user {name:?} cannot own jobs: names are letters, digits, '_', '-' and '@', at most 64 (no '.': a job's events are routed by its owner's name)"
             ),
             Self::Root(name) => write!(f, "user {name:?} maps to root, which never owns jobs"),
+            Self::NotRoot => write!(
+                f,
+                "this runner does not run as root, so it cannot keep users' results apart (run it as root, or configure [users] single = true)"
+            ),
         }
     }
 }
@@ -84,6 +91,21 @@ impl Users {
     /// The Unix account a broker user's tasks run as.
     pub fn account<'a>(&'a self, user: &'a str) -> &'a str {
         self.accounts.get(user).map_or(user, String::as_str)
+    }
+
+    /// The Unix account a job of `owner`'s runs as: none with one user
+    /// (the service's own), else the owner's, which only a service
+    /// running as root can act as.
+    pub fn job_account<'a>(
+        &'a self,
+        owner: &'a str,
+        runs_as_root: bool,
+    ) -> Result<Option<&'a str>, OwnerError> {
+        match (self.is_single(), runs_as_root) {
+            (true, _) => Ok(None),
+            (false, true) => Ok(Some(self.account(owner))),
+            (false, false) => Err(OwnerError::NotRoot),
+        }
     }
 
     /// Who owns a job sent by `sender` (the message's `user_id`). With one
@@ -185,5 +207,22 @@ mod tests {
         assert!(single.may_act_on(None, "alice"));
         assert_eq!(many().account("alice@lab"), "alice");
         assert_eq!(many().account("bob"), "bob");
+    }
+
+    #[test]
+    fn a_job_of_many_users_runs_as_its_owners_account_and_only_under_root() {
+        let many = Users {
+            single: Some(false),
+            accounts: BTreeMap::from([("ann@lab".to_owned(), "ann".to_owned())]),
+            ..Users::default()
+        };
+        assert_eq!(many.job_account("ann@lab", true), Ok(Some("ann")));
+        assert_eq!(many.job_account("bob", true), Ok(Some("bob")));
+        assert_eq!(many.job_account("bob", false), Err(OwnerError::NotRoot));
+        let one = Users {
+            single: Some(true),
+            ..Users::default()
+        };
+        assert_eq!(one.job_account("bob", false), Ok(None));
     }
 }

@@ -89,27 +89,18 @@ fn owner(users: &Users, sender: Option<&str>, runner_user: &str) -> Result<Owner
     let name = users
         .owner(sender, runner_user)
         .map_err(|e| e.to_string())?;
-    if users.is_single() {
-        return Ok(Owner {
-            name,
-            account: None,
-        });
-    }
-    if !nix::unistd::geteuid().is_root() {
-        return Err(
-            "this runner does not run as root, so it cannot keep users' results apart (run it as root, or configure [users] single = true)"
-                .to_owned(),
-        );
-    }
-    let account = Account::lookup(users.account(&name)).map_err(|e| {
-        format!(
-            "{e}: a gleaner of many users runs each job as its owner's Unix account, named as the broker user (or mapped in [users] accounts); a gleaner of one user says [users] single = true"
-        )
-    })?;
-    Ok(Owner {
-        name,
-        account: Some(account),
-    })
+    let account = users
+        .job_account(&name, nix::unistd::geteuid().is_root())
+        .map_err(|e| e.to_string())?
+        .map(|account| {
+            Account::lookup(account).map_err(|e| {
+                format!(
+                    "{e}: a gleaner of many users runs each job as its owner's Unix account, named as the broker user (or mapped in [users] accounts); a gleaner of one user says [users] single = true"
+                )
+            })
+        })
+        .transpose()?;
+    Ok(Owner { name, account })
 }
 
 /// One connection's worth of work. Job controllers live inside it: when it
