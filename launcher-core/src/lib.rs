@@ -4,6 +4,7 @@
 //! Nothing here does I/O: the shell (`gleaner-launcher`) runs the tasks,
 //! talks to the broker and carries out the effects.
 
+pub mod consumers;
 pub mod core;
 mod gpus;
 pub mod packing;

@@ -14,7 +14,6 @@
 //! shell that connects, turns what happens into events for it, and carries
 //! out its effects.
 
-mod consumers;
 mod dirs;
 mod exec;
 mod gpus;
@@ -22,7 +21,7 @@ mod orphans;
 mod shell;
 mod task;
 
-use consumers::{Consumers, Swap};
+use gleaner_launcher_core::consumers::{Consumers, Swap};
 use gleaner_launcher_core::packing::Packer;
 use shell::Shell;
 
