@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use gleaner_protocol::{ActionReply, ControlMsg, Core, Message, Outbox, ResultMsg};
+use gleaner_protocol::{ActionReply, ControlMsg, Core, Message, Outbox, ResultMsg, ResultPart};
 use tracing::{debug, info, warn};
 
 use crate::{
@@ -90,6 +90,14 @@ impl<K: Kind> JobMachine<K> {
             Some(launchers) => may_send_control(msg, sender, &launchers.user),
             None => true,
         }
+    }
+
+    /// Whether a part of a run's output is staged for its result: one of
+    /// this job's while it runs. A part naming another job is a
+    /// launcher's mistake or a sender's mischief, and one that comes after
+    /// the end has no result left to join.
+    pub fn stages(&self, part: &ResultPart) -> bool {
+        part.job == *self.job.ledger().id() && !self.ended
     }
 
     pub fn job(&self) -> &Job<K> {
@@ -285,7 +293,7 @@ mod tests {
         assert!(ok(&cancel, Some("svc")));
     }
 
-    use gleaner_manifest::Addition;
+    use gleaner_manifest::{Addition, JobId};
     use gleaner_protocol::{JobState, RunStatus};
 
     use super::*;
@@ -446,6 +454,29 @@ mod tests {
             Some(at(t0, 11).instant + heartbeat),
             "the next report a heartbeat later"
         );
+    }
+
+    #[test]
+    fn only_this_jobs_parts_are_staged_and_only_while_it_runs() {
+        let t0 = Instant::now();
+        let mut machine = started(ONE, t0);
+        let part = |job: &JobId| ResultPart {
+            job: job.clone(),
+            task: 0,
+            run: 1,
+            target: 0,
+            offset: 0,
+            data: b"out".to_vec(),
+        };
+        let own = machine.job().ledger().id().clone();
+        assert!(machine.stages(&part(&own)));
+        assert!(!machine.stages(&part(&JobId::new("other", 1))));
+        machine.handle(
+            JobEvent::Results(vec![result(0, 1, RunStatus::Succeeded)]),
+            at(t0, 2),
+        );
+        drain(&mut machine, at(t0, 2));
+        assert!(!machine.stages(&part(&own)), "the job is over");
     }
 
     #[test]

@@ -511,12 +511,12 @@ impl<K: Kind> Shell<K> {
         }
     }
 
-    /// Writes a part of a run's output for its result to find; one that
-    /// names another job or cannot be a launcher's is dropped. Only a
-    /// disk that fails is the job's error.
+    /// Writes a part of a run's output for its result to find, if the
+    /// machine stages it; one that cannot be a launcher's is dropped.
+    /// Only a disk that fails is the job's error.
     fn stage(&self, part: &ResultPart) -> Result<(), JobError> {
-        if part.job != self.queues.job {
-            warn!(other = %part.job, task = part.task, "a part of another job's output dropped");
+        if !self.machine.stages(part) {
+            warn!(other = %part.job, task = part.task, "a part of another job's output, or after the job's end, dropped");
             return Ok(());
         }
         match self.results.stage_part(part) {
