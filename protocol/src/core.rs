@@ -83,6 +83,37 @@ pub fn advance<C: Core>(core: &mut C, now: Now) -> Vec<C::Effect> {
     drain(core, now)
 }
 
+/// When `core` next wants its time event, as seen from `now` (the wall
+/// clock moved as far as the monotonic one), if it wants one.
+pub fn next_wake_up<C: Core>(core: &C, now: Now) -> Option<Now> {
+    let due = core.poll_timeout()?.max(now.instant);
+    let ahead = due.duration_since(now.instant);
+    Some(Now {
+        instant: due,
+        wall_ms: now.wall_ms.saturating_add(ahead.as_millis() as Millis),
+    })
+}
+
+/// Moves `core` on to its next wake-up: the time then, and the effects of
+/// its time event; `None` if only an event can give it something to do.
+/// A test steps a core through its timers with it, as a shell sleeping
+/// until the wake-up would.
+pub fn wake_up<C: Core>(core: &mut C, now: Now) -> Option<(Now, Vec<C::Effect>)> {
+    let then = next_wake_up(core, now)?;
+    core.handle_timeout(then);
+    Some((then, drain(core, then)))
+}
+
+/// Panics if `core` still has an effect for its shell: a test's check that
+/// an event led to nothing more than it took.
+pub fn assert_settled<C: Core>(core: &mut C, now: Now)
+where
+    C::Effect: std::fmt::Debug,
+{
+    let left = drain(core, now);
+    assert!(left.is_empty(), "effects left: {left:?}");
+}
+
 /// Effects a core has decided and its shell has yet to carry out, in order.
 #[derive(Debug)]
 pub struct Outbox<T> {
@@ -135,5 +166,61 @@ mod tests {
         let order: Vec<_> = std::iter::from_fn(|| outbox.pop()).collect();
         assert_eq!(order, [10, 11, 2, 3]);
         assert!(outbox.is_empty());
+    }
+
+    /// A core that beats every `period`, once started.
+    struct Beat {
+        period: std::time::Duration,
+        next: Option<Instant>,
+        out: Outbox<u64>,
+    }
+
+    impl Core for Beat {
+        type Event = ();
+        type Effect = u64;
+
+        fn handle(&mut self, (): (), now: Now) {
+            self.next = Some(now.instant + self.period);
+        }
+
+        fn poll_effect(&mut self, _now: Now) -> Option<u64> {
+            self.out.pop()
+        }
+
+        fn poll_timeout(&self) -> Option<Instant> {
+            self.next
+        }
+
+        fn handle_timeout(&mut self, now: Now) {
+            if self.next.is_some_and(|next| next <= now.instant) {
+                self.out.push([now.wall_ms]);
+                self.next = Some(now.instant + self.period);
+            }
+        }
+    }
+
+    #[test]
+    fn a_core_is_stepped_from_wake_up_to_wake_up_with_both_clocks() {
+        let t0 = Now {
+            instant: Instant::now(),
+            wall_ms: 1_000,
+        };
+        let mut beat = Beat {
+            period: std::time::Duration::from_millis(250),
+            next: None,
+            out: Outbox::default(),
+        };
+        assert_eq!(wake_up(&mut beat, t0), None, "nothing before it starts");
+        beat.handle((), t0);
+        assert_settled(&mut beat, t0);
+        let (first, effects) = wake_up(&mut beat, t0).unwrap();
+        assert_eq!(effects, [1_250]);
+        let (second, effects) = wake_up(&mut beat, first).unwrap();
+        assert_eq!((second.wall_ms, effects), (1_500, vec![1_500]));
+        assert_eq!(
+            advance(&mut beat, second),
+            Vec::<u64>::new(),
+            "not due again yet"
+        );
     }
 }

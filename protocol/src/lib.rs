@@ -14,7 +14,9 @@ mod messages;
 pub mod naming;
 mod text;
 
-pub use core::{Core, Now, Outbox, advance, drain, is_due, now_ms};
+pub use core::{
+    Core, Now, Outbox, advance, assert_settled, drain, is_due, next_wake_up, now_ms, wake_up,
+};
 pub use ids::{ClusterName, GrantId, LauncherId, MAX_HELD_GPUS, is_device_name, is_name};
 pub use messages::*;
 pub use text::{REASON_BYTES, cut, cut_reason};

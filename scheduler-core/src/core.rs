@@ -330,7 +330,7 @@ impl Core for SchedulerCore {
 
 #[cfg(test)]
 mod tests {
-    use gleaner_protocol::{ClusterReport, GrantId, advance, drain};
+    use gleaner_protocol::{ClusterReport, GrantId, advance, drain, wake_up};
 
     use super::*;
 
@@ -409,7 +409,8 @@ mod tests {
         effects(&mut core, Event::HandedOver(None), at(t0, 0));
         assert_eq!(core.poll_timeout(), Some(at(t0, 1000).instant));
         assert!(advance(&mut core, at(t0, 999)).is_empty(), "not yet due");
-        advance(&mut core, at(t0, 1000));
+        let (then, _) = wake_up(&mut core, at(t0, 999)).expect("a round due");
+        assert_eq!(then, at(t0, 1000));
         assert_eq!(core.poll_timeout(), Some(at(t0, 2000).instant));
         effects(&mut core, Event::Message(job("a")), at(t0, 1050));
         assert_eq!(

@@ -1,4 +1,4 @@
-use gleaner_protocol::{Event as Published, advance, drain};
+use gleaner_protocol::{Event as Published, advance, drain, wake_up};
 
 use super::*;
 use crate::snapshot::Standing;
@@ -143,7 +143,9 @@ fn the_batch_system_is_read_often_only_while_gleaner_holds_or_waits_for_slots() 
     let job: JobId = "sweep-0000000000000001".parse().unwrap();
     let waiting = vec![placeholder("7.1", &job, false)];
     poll(&mut kcm, cluster(4, waiting), clock.at(1_000));
-    assert_eq!(kcm.poll_timeout(), Some(clock.at(3_000).instant));
+    let (then, effects) = wake_up(&mut kcm, clock.at(1_000)).expect("a reading due");
+    assert_eq!(then, clock.at(3_000), "read again 2 s on");
+    assert!(matches!(effects[..], [Effect::PollNow]), "{effects:?}");
     let running = vec![placeholder("7.1", &job, true)];
     poll(&mut kcm, cluster(4, running), clock.at(3_000));
     assert_eq!(kcm.poll_timeout(), Some(clock.at(5_000).instant));

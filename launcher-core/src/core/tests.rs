@@ -1,6 +1,6 @@
 use std::path::PathBuf;
 
-use gleaner_protocol::drain as effects_of;
+use gleaner_protocol::{assert_settled, drain as effects_of, wake_up};
 
 use super::*;
 use crate::Limits;
@@ -334,8 +334,14 @@ fn an_idle_launcher_leaves_after_idle_timeout() {
     let mut l = launcher(|_, _| {});
     assert_eq!(l.wakeup(), Some(Duration::from_secs(60)));
     assert_eq!(l.timeout(59), []);
-    assert_eq!(l.timeout(60), [Effect::StopConsuming]);
+    let at_59 = l.now(59_000);
+    let (then, effects) = wake_up(&mut l.state, at_59).expect("idle timeout");
+    assert_eq!(then, l.now(60_000));
+    assert_eq!(effects, [Effect::StopConsuming]);
     assert_eq!(l.at(60, Event::TasksEnded), [Effect::Leave(Ok(Exit::Idle))]);
+    assert_eq!(l.state.poll_timeout(), None, "gone");
+    let at_61 = l.now(61_000);
+    assert_settled(&mut l.state, at_61);
 }
 
 #[test]
