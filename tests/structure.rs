@@ -5,8 +5,10 @@
 
 use std::process::Command;
 
-/// Crates that hold decisions only.
-const PURE: [&str; 7] = [
+/// Crates that hold decisions only, and the simulator, which drives the
+/// cores on a simulated clock (it reads a workload and writes plots, with
+/// the standard library).
+const PURE: [&str; 8] = [
     "gleaner-manifest",
     "gleaner-protocol",
     "gleaner-policy",
@@ -14,6 +16,7 @@ const PURE: [&str; 7] = [
     "gleaner-runner-core",
     "gleaner-kcm-core",
     "gleaner-launcher-core",
+    "gleaner-simulator",
 ];
 
 /// Crates that do I/O: a runtime, the broker, processes and the system.

@@ -5,7 +5,8 @@ use std::{path::PathBuf, time::Duration};
 use anyhow::Context;
 use gleaner_broker::Broker;
 use gleaner_kcm::{
-    BackendKind, ClusterConfig, LauncherCommand, LocalBackend, SgeBackend, SlurmBackend,
+    BackendKind, ClusterConfig, ClusterSettings, LauncherCommand, LocalBackend, SgeBackend,
+    SlurmBackend,
 };
 use gleaner_launcher::{Exit, GpuSource, LauncherConfig};
 use gleaner_manifest::JobId;

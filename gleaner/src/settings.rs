@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
-use gleaner_kcm::{ClusterConfig, KcmConfig};
+use gleaner_kcm::{ClusterConfig, ClusterSettings, KcmConfig};
 use gleaner_launcher::LauncherSettings;
 use gleaner_policy::access::Users;
 use gleaner_protocol::ClusterName;

@@ -6,6 +6,7 @@
 //! talks to the broker and carries out the effects.
 
 pub mod barrier;
+pub mod config;
 pub mod core;
 pub mod failures;
 pub mod snapshot;

@@ -37,8 +37,9 @@ use tracing::{Instrument, error_span, info};
 use crate::contain::Account;
 
 pub use backend::{Backend, BackendError, ComponentFiles, LauncherCommand, RunAs};
-pub use config::{BackendKind, ClusterConfig};
+pub use config::ClusterSettings;
 pub use gleaner_kcm_core::Cap;
+pub use gleaner_kcm_core::config::{BackendKind, ClusterConfig};
 pub use local::{LocalBackend, hostname};
 pub use sge::{SgeBackend, SgeConfig};
 pub use slurm::{SlurmBackend, SlurmConfig};

@@ -4,9 +4,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use gleaner_kcm::{
-    ComponentRun, Host, Placeholder, Snapshot, Timing,
+use gleaner_kcm_core::{
     core::{SpooledExit, SpooledStart},
+    snapshot::{ComponentRun, Host, Placeholder, Snapshot, Timing},
 };
 use gleaner_manifest::{JobId, Needs};
 use gleaner_policy::{
@@ -23,7 +23,7 @@ use crate::scenario::{ClusterSpec, LocalJobs};
 
 /// Whom the simulated batch system shows as the owner of gleaner's jobs:
 /// it hands them over as gleaner's, with nothing for the kcm to judge.
-const SIMULATED_ACCOUNT: &str = "simulated";
+pub const SIMULATED_ACCOUNT: &str = "simulated";
 
 /// A job's tasks as the broker holds them, and what became of their runs.
 #[derive(Debug)]

@@ -5,7 +5,7 @@
 //! is none, answers handed back at once): the scheduler's
 //! [`gleaner_scheduler_core::core::SchedulerCore`] (a round at the simulation's
 //! interval and whenever the core hurries one), one kcm core
-//! ([`gleaner_kcm::core::KcmCore`]) per cluster, whose commands act on the
+//! ([`gleaner_kcm_core::core::KcmCore`]) per cluster, whose commands act on the
 //! simulated batch system, and the runner's own machine
 //! ([`gleaner_runner_core::JobMachine`] around [`gleaner_runner_core::Sweep`]) per
 //! scavenging job, which publishes its tasks to a simulated task queue and

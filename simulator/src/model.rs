@@ -9,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use gleaner_kcm::core::{Core, CoreConfig, Effect, Event, KcmCore, Now};
+use gleaner_kcm_core::core::{Core, CoreConfig, Effect, Event, KcmCore, Now};
 use gleaner_manifest::{Component, JobId, JobKind, Manifest, Priority};
 use gleaner_policy::{access::Users, share::CsPolicy};
 use gleaner_protocol::{
@@ -246,7 +246,7 @@ impl<'a> Sim<'a> {
                     ),
                     kcm: KcmCore::new(CoreConfig {
                         backend: "simulated".to_owned(),
-                        ..scenario.timing.kcm(spec).core
+                        ..scenario.timing.kcm(spec)
                     }),
                 }
             })

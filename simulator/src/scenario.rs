@@ -2,7 +2,7 @@
 
 use std::{path::PathBuf, time::Duration};
 
-use gleaner_kcm::{ClusterConfig, KcmConfig};
+use gleaner_kcm_core::{config::ClusterConfig, core::CoreConfig};
 use gleaner_launcher_core::LauncherSettings;
 use gleaner_manifest::{Manifest, TaskList};
 use gleaner_policy::share::CsPolicy;
@@ -107,15 +107,19 @@ impl Default for Timing {
 }
 
 impl Timing {
-    /// The settings of the kcm of `cluster`, derived as the kcm derives them.
-    pub fn kcm(&self, cluster: &ClusterSpec) -> KcmConfig {
+    /// The settings of the kcm of `cluster`'s core, derived as the kcm
+    /// derives them; the kcm's account is the one the simulated batch
+    /// system shows gleaner's jobs as.
+    pub fn kcm(&self, cluster: &ClusterSpec) -> CoreConfig {
         let config = ClusterConfig {
             poll_interval: Some(self.kcm_poll),
             speed: cluster.speed,
             ..ClusterConfig::local(cluster.name.as_str(), cluster.nodes)
         };
-        // Simulated grid components leave nothing to spool.
-        config.kcm(self.preempt_grace, PathBuf::new())
+        config.core(
+            self.preempt_grace,
+            crate::batch::SIMULATED_ACCOUNT.to_owned(),
+        )
     }
 
     /// The settings of every job's runner, resolved as the runner's are.
