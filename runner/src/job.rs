@@ -516,7 +516,7 @@ impl<K: Kind> Shell<K> {
     /// Only a disk that fails is the job's error.
     fn stage(&self, part: &ResultPart) -> Result<(), JobError> {
         if !self.machine.stages(part) {
-            warn!(other = %part.job, task = part.task, "a part of another job's output, or after the job's end, dropped");
+            warn!(part_of = %part.job, task = part.task, "a part of another job's output, or after the job's end, dropped");
             return Ok(());
         }
         match self.results.stage_part(part) {
