@@ -68,11 +68,57 @@ fn host_of(queues: &SgeQueues, number: &str) -> Option<String> {
 fn full_grid(
     test: &str,
     extra: &str,
-    tasks: u32,
     launchers: usize,
 ) -> (SgeQueues, Gleaner, String, BTreeMap<String, String>) {
-    let manifest = sweep("fill", tasks, "sleep 2; echo {n}");
-    full_grid_of(test, extra, |_| manifest, launchers)
+    full_grid_of(
+        test,
+        extra,
+        |g| slow_sweep_until_go(g, LONG_SWEEP),
+        launchers,
+    )
+}
+
+/// Tasks of [`full_grid`]'s sweep: more than its launchers run in any
+/// test's watch, on the busiest machine.
+const LONG_SWEEP: u32 = 1000;
+
+/// Lets [`full_grid`]'s sweep end, and checks that every task of it ran
+/// once.
+fn finish_long_sweep(g: &Gleaner, job: &str) {
+    go(g);
+    g.assert_all_done_once(job, LONG_SWEEP as usize);
+}
+
+/// A sweep of `tasks` whose tasks wait for the test's word (`go` in the
+/// test's directory): a busy machine acting slowly must not see the sweep
+/// end and its launchers leave of themselves while the test watches them.
+fn held_sweep(g: &Gleaner, tasks: u32) -> String {
+    let go = g.path().join("go");
+    sweep(
+        "fill",
+        tasks,
+        &format!(
+            "while [ ! -e {} ]; do sleep 0.2; done; echo {{n}}",
+            go.display()
+        ),
+    )
+}
+
+/// A sweep of `tasks` of two seconds each until the test's word, then of
+/// no time: long enough to outlast any wait, yet each task ends, so its
+/// launchers can be drained.
+fn slow_sweep_until_go(g: &Gleaner, tasks: u32) -> String {
+    let go = g.path().join("go");
+    sweep(
+        "fill",
+        tasks,
+        &format!("[ -e {} ] || sleep 2; echo {{n}}", go.display()),
+    )
+}
+
+/// Gives the word to the sweeps above.
+fn go(g: &Gleaner) {
+    std::fs::write(g.path().join("go"), "").unwrap();
 }
 
 /// [`full_grid`] of the sweep `manifest` writes.
@@ -121,16 +167,16 @@ fn watch_until(
 
 #[test]
 fn a_one_host_local_job_empties_one_host_and_no_other() {
-    let (queues, g, job, before) = full_grid("mh-one", "", 150, 12);
+    let (queues, g, job, before) = full_grid("mh-one", "", 12);
     let local = smp_job(&queues.names[0], HOST_SLOTS, 3);
     only_its_host_gives_way(&queues, &job, &before, &local);
     assert!(g.log("up").contains("local jobs wait: shrinking"));
-    g.assert_all_done_once(&job, 150);
+    finish_long_sweep(&g, &job);
 }
 
 #[test]
 fn two_one_host_local_jobs_empty_two_hosts() {
-    let (queues, g, job, before) = full_grid("mh-two", "", 150, 12);
+    let (queues, g, job, before) = full_grid("mh-two", "", 12);
     let locals = [
         smp_job(&queues.names[0], HOST_SLOTS, 3),
         smp_job(&queues.names[0], HOST_SLOTS, 3),
@@ -149,7 +195,7 @@ fn two_one_host_local_jobs_empty_two_hosts() {
     );
     let hosts_hit: BTreeSet<String> = gone.iter().map(|id| before[id].clone()).collect();
     assert_eq!(hosts_hit, hosts, "two hosts emptied, no more: {gone:?}");
-    g.assert_all_done_once(&job, 150);
+    finish_long_sweep(&g, &job);
 }
 
 #[test]
@@ -157,22 +203,7 @@ fn a_grid_component_of_one_host_takes_back_one_host() {
     // The sweep's tasks wait for the test's word: a busy machine placing
     // the grid job slowly must not see the sweep end and every launcher
     // leave of itself.
-    let (queues, g, job, before) = full_grid_of(
-        "mh-grid",
-        "",
-        |g| {
-            let go = g.path().join("go");
-            sweep(
-                "fill",
-                150,
-                &format!(
-                    "while [ ! -e {} ]; do sleep 0.2; done; echo {{n}}",
-                    go.display()
-                ),
-            )
-        },
-        12,
-    );
+    let (queues, g, job, before) = full_grid_of("mh-grid", "", |g| held_sweep(g, 150), 12);
     let mut grid = g.submit_waiting(&format!(
         "name = \"rigid\"\nkind = \"grid\"\npriority = \"high\"\n[[component]]\nslots = {HOST_SLOTS}\ncommand = \"echo $NSLOTS $(hostname); sleep 3\"\n"
     ));
@@ -200,13 +231,13 @@ fn a_grid_component_of_one_host_takes_back_one_host() {
         BTreeSet::from([host]),
         "only launchers of the host it ran on were stopped; gone: {gone:?} of {before:?}"
     );
-    std::fs::write(g.path().join("go"), "").unwrap();
+    go(&g);
     g.assert_all_done_once(&job, 150);
 }
 
 #[test]
 fn a_local_job_larger_than_any_host_preempts_nothing() {
-    let (queues, g, job, before) = full_grid("mh-too-big", "", 150, 12);
+    let (queues, g, job, before) = full_grid_of("mh-too-big", "", |g| held_sweep(g, 150), 12);
     let local = smp_job(&queues.names[0], HOST_SLOTS + 1, 1);
     // Longer than the kcm's settle time: it would have answered twice.
     let start = Instant::now();
@@ -220,13 +251,14 @@ fn a_local_job_larger_than_any_host_preempts_nothing() {
     );
     assert!(host_of(&queues, &local).is_none());
     sge("qdel", &[&local]);
+    go(&g);
     g.assert_all_done_once(&job, 150);
 }
 
 #[test]
 fn multi_slot_launchers_take_a_host_each_and_one_goes_for_a_small_local_job() {
     let extra = format!("launcher_slots = {HOST_SLOTS}\n");
-    let (queues, g, job, before) = full_grid("mh-wide", &extra, 120, 3);
+    let (queues, g, job, before) = full_grid("mh-wide", &extra, 3);
     let placeholders = queues.jobs(&queues.names[0]);
     assert!(
         placeholders
@@ -270,7 +302,7 @@ fn multi_slot_launchers_take_a_host_each_and_one_goes_for_a_small_local_job() {
     );
     assert_eq!(gone.len(), 1, "one whole launcher went: {gone:?}");
     assert!(g.log("up").contains("preempted whole"));
-    g.assert_all_done_once(&job, 120);
+    finish_long_sweep(&g, &job);
 }
 
 #[test]
@@ -385,11 +417,12 @@ fn requesting_job(queue: &str, request: &str, seconds: u32) -> String {
 #[test]
 fn a_local_job_wanting_most_of_a_hosts_memory_empties_that_host_only() {
     // Launchers of 900M tasks (964M with their own) hold nearly all of every host's 4000M.
-    let manifest = format!(
-        "memory = \"900M\"\n{}",
-        sweep("fill", 150, "sleep 2; echo {n}")
+    let (queues, g, job, before) = full_grid_of(
+        "mh-memory",
+        "",
+        |g| format!("memory = \"900M\"\n{}", slow_sweep_until_go(g, LONG_SWEEP)),
+        12,
     );
-    let (queues, g, job, before) = full_grid_of("mh-memory", "", |_| manifest, 12);
     let queue = &queues.names[0];
     // More than any host has: Grid Engine does not count it as waiting for
     // this queue, and nothing is preempted for it.
@@ -405,7 +438,7 @@ fn a_local_job_wanting_most_of_a_hosts_memory_empties_that_host_only() {
     let before = running(&queues, &job);
     let gone = only_its_host_gives_way(&queues, &job, &before, &local);
     assert!(gone.len() >= 3, "3000M of 964M launchers: {gone:?}");
-    g.assert_all_done_once(&job, 150);
+    finish_long_sweep(&g, &job);
 }
 
 #[test]
@@ -427,7 +460,12 @@ fn a_local_job_wanting_a_gpu_preempts_one_gpu_launcher_of_one_host() {
 #[test]
 fn a_gpu_sweep_beside_a_cpu_sweep_gets_every_gpu_and_the_cpu_sweep_every_other_slot() {
     let _gpus = sge_gpus_lock();
-    let (queues, g, cpu, _) = full_grid("mh-gpu-beside", "gpus = [\"0\", \"1\"]", 150, 12);
+    let (queues, g, cpu, _) = full_grid_of(
+        "mh-gpu-beside",
+        "gpus = [\"0\", \"1\"]",
+        |g| slow_sweep_until_go(g, LONG_SWEEP),
+        12,
+    );
     // The CPU sweep holds every slot; its launchers on the GPUs' slots
     // give them back once their task is done.
     let gpus = g.submit(&gpu_sweep(&g, "gpus", 60, 3, ""));
@@ -439,5 +477,5 @@ fn a_gpu_sweep_beside_a_cpu_sweep_gets_every_gpu_and_the_cpu_sweep_every_other_s
     assert!(g.log("up").contains("drain for fair share"));
     assert_eq!(g.wait_for_end(&gpus, 3 * MINUTE), "done");
     assert_one_task_per_gpu(&g, &gpus, 60);
-    g.assert_all_done_once(&cpu, 150);
+    finish_long_sweep(&g, &cpu);
 }
