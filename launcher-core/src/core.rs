@@ -19,7 +19,9 @@ use std::{
 };
 
 use gleaner_manifest::TaskShape;
-use gleaner_protocol::{ClusterName, Core, LauncherMsg, Now, Outbox};
+use gleaner_protocol::{
+    ClusterName, ControlMsg, Core, LauncherMsg, LauncherStatus, Now, Outbox, RunningTask,
+};
 use tracing::{info, warn};
 
 use crate::{Exit, LauncherConfig, gpus::Pool};
@@ -144,6 +146,34 @@ pub struct Status {
     pub running: Vec<Running>,
     /// Deliveries settled so far.
     pub completed: u64,
+}
+
+impl Status {
+    /// The heartbeat `config`'s launcher sends its runner at `now`: each
+    /// running task's start on the wall clock.
+    pub fn into_message(self, config: &LauncherConfig, now: Now) -> ControlMsg {
+        let running = self
+            .running
+            .into_iter()
+            .map(|running| RunningTask {
+                task: running.task,
+                preemptions: running.preemptions,
+                started_at: now.wall_ms.saturating_sub(
+                    now.instant
+                        .saturating_duration_since(running.started)
+                        .as_millis() as u64,
+                ),
+            })
+            .collect();
+        ControlMsg::LauncherStatus(LauncherStatus {
+            launcher: config.id.clone(),
+            cluster: config.cluster.clone(),
+            host: config.host.clone(),
+            running,
+            completed: self.completed,
+            heartbeat_ms: Some(config.heartbeat.as_millis() as u64),
+        })
+    }
 }
 
 /// A task whose process runs, and since when.

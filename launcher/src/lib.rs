@@ -37,8 +37,8 @@ use gleaner_broker::{
     topology::{JobQueues, declare_launcher},
 };
 use gleaner_protocol::{
-    Captured, ControlMsg, Core, GpusHeld, LauncherInfo, LauncherMsg, LauncherStatus, Now,
-    OutputPiece, ResultBatch, ResultMsg, RunStatus, RunningTask, TaskBundle, TaskMsg, now_ms,
+    Captured, ControlMsg, Core, GpusHeld, LauncherInfo, LauncherMsg, Now, OutputPiece, ResultBatch,
+    ResultMsg, RunStatus, TaskBundle, TaskMsg, now_ms,
 };
 use tokio::{sync::watch, task::JoinSet};
 use tokio_util::sync::CancellationToken;

@@ -655,26 +655,7 @@ async fn republish(shared: Arc<Shared>, task: TaskMsg) -> Result<(), BrokerError
 
 /// Sends a status to the runner, start instants turned into wall-clock times.
 async fn send_status(shared: &Shared, status: Status) -> Result<(), BrokerError> {
-    let now = Instant::now();
-    let wall = now_ms();
-    let running = status
-        .running
-        .into_iter()
-        .map(|running| RunningTask {
-            task: running.task,
-            preemptions: running.preemptions,
-            started_at: wall
-                .saturating_sub(now.saturating_duration_since(running.started).as_millis() as u64),
-        })
-        .collect();
-    let status = ControlMsg::LauncherStatus(LauncherStatus {
-        launcher: shared.config.id.clone(),
-        cluster: shared.config.cluster.clone(),
-        host: shared.config.host.clone(),
-        running,
-        completed: status.completed,
-        heartbeat_ms: Some(shared.config.heartbeat.as_millis() as u64),
-    });
+    let status = status.into_message(&shared.config, Now::read());
     // The job's queues may be going away; the task consumer will tell.
     shared
         .publisher

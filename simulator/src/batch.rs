@@ -2,24 +2,31 @@
 //! components, and gleaner's placeholders with the launchers in them. It
 //! runs what it is given and decides nothing for gleaner.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::{
+    collections::{BTreeMap, VecDeque},
+    time::{Duration, Instant},
+};
 
 use gleaner_kcm_core::{
     core::{SpooledExit, SpooledStart},
     snapshot::{ComponentRun, Host, Placeholder, Snapshot, Timing},
 };
+use gleaner_launcher_core::LauncherSettings;
 use gleaner_manifest::{JobId, Needs};
 use gleaner_policy::{
     ect::{Discipline, NEVER_MS, Profile, Queued, schedule},
     local::WaitingJob,
 };
 use gleaner_protocol::{
-    Captured, ClusterName, ControlMsg, HostSlots, LauncherId, LauncherInfo, LauncherStatus,
-    ResultMsg, RunStatus, RunningTask, TaskMsg, naming,
+    ClusterName, ControlMsg, HostSlots, LauncherId, LauncherInfo, LauncherMsg, Now, ResultMsg,
+    TaskMsg, naming,
 };
 use rand::{RngExt, rngs::StdRng};
 
-use crate::scenario::{ClusterSpec, LocalJobs};
+use crate::{
+    launcher::{Launcher, Setup, World},
+    scenario::{ClusterSpec, LocalJobs},
+};
 
 /// Whom the simulated batch system shows as the owner of gleaner's jobs:
 /// it hands them over as gleaner's, with nothing for the kcm to judge.
@@ -47,11 +54,13 @@ pub struct Tasks {
     /// Draws the task a launcher gets, at random (KOALA-CS's Single task
     /// Launcher Pull); the queue's head without.
     pub pick: Option<StdRng>,
+    /// The job's queues are gone: its runner is done with it.
+    pub gone: bool,
 }
 
 impl Tasks {
     /// The task a launcher asking for work gets.
-    fn take(&mut self) -> Option<TaskMsg> {
+    pub fn take(&mut self) -> Option<TaskMsg> {
         match &mut self.pick {
             None => self.queue.pop_front(),
             Some(rng) if !self.queue.is_empty() => {
@@ -104,102 +113,6 @@ struct Component {
     gpu_nodes: u32,
 }
 
-/// A placeholder and the launcher it runs once the batch system starts it.
-struct Launcher {
-    /// The placeholder's id in the batch system.
-    batch_id: String,
-    /// The launcher's own id.
-    id: LauncherId,
-    job: usize,
-    /// When the batch system started the placeholder (it holds a node).
-    dispatched: Option<f64>,
-    /// When it takes its first task.
-    first_task: f64,
-    task: Option<Run>,
-    /// When it next tells its runner it is alive.
-    next_beat: f64,
-    draining: bool,
-    /// Preempted or drained while idle: its node is free from then on.
-    leaving_at: Option<f64>,
-    /// When it dies without a word (never, unless the scenario's
-    /// launchers fail).
-    dies_at: f64,
-    completed: u64,
-    /// Its tasks use a GPU.
-    gpu: bool,
-    /// It holds a node with a GPU.
-    on_gpu_node: bool,
-}
-
-/// A task a launcher runs.
-struct Run {
-    msg: TaskMsg,
-    /// Work left.
-    left: f64,
-    /// Work left when the run started.
-    from: f64,
-    started: f64,
-}
-
-impl Launcher {
-    /// The host it runs on: the cluster's plain nodes, or its GPU nodes.
-    fn host(&self, cluster: &ClusterName) -> String {
-        host_name(cluster, self.on_gpu_node)
-    }
-
-    /// The heartbeat a launcher sends, and its answer to a poll.
-    fn status(&self, cluster: &ClusterName) -> (usize, ControlMsg) {
-        let running = self
-            .task
-            .iter()
-            .map(|run| RunningTask {
-                task: run.msg.task,
-                preemptions: run.msg.preemptions,
-                started_at: millis(run.started),
-            })
-            .collect();
-        let status = LauncherStatus {
-            launcher: self.id.clone(),
-            cluster: cluster.clone(),
-            host: self.host(cluster),
-            running,
-            completed: self.completed,
-            heartbeat_ms: None,
-        };
-        (self.job, ControlMsg::LauncherStatus(status))
-    }
-
-    /// Its task goes back to the queue: republished by a preempted
-    /// launcher, redelivered by the broker for a killed one.
-    /// A task that checkpoints saves its state when preempted; a killed
-    /// launcher's task loses its run. Counted as a preemption.
-    fn give_back(&mut self, tasks: &mut [Tasks], republish: bool) {
-        if self.lose_task(tasks, republish) {
-            tasks[self.job].preemptions += 1;
-        }
-    }
-
-    /// [`Self::give_back`] uncounted; whether it had a task.
-    fn lose_task(&mut self, tasks: &mut [Tasks], republish: bool) -> bool {
-        let had = self.task.is_some();
-        if let Some(run) = self.task.take() {
-            let job = &mut tasks[self.job];
-            let mut msg = run.msg;
-            if republish {
-                msg.preemptions += 1;
-            }
-            match republish && job.checkpoints {
-                true => {
-                    job.saved.insert(msg.task, run.left);
-                }
-                false => job.lost_work += run.from - run.left,
-            }
-            job.queue.push_back(msg);
-        }
-        had
-    }
-}
-
 /// What happened in the batch system that others hear of.
 #[derive(Debug, Default)]
 pub struct Happenings {
@@ -233,8 +146,8 @@ pub struct Batch {
     spool: Vec<SpooledExit>,
     launchers: Vec<Launcher>,
     next_id: u64,
-    /// The launchers' heartbeat (s).
-    heartbeat: f64,
+    /// How its launchers are set up.
+    setup: Setup,
     /// How it orders its queue, by walltimes (seed 002); without one,
     /// grid components first and local jobs in order, as they fit.
     discipline: Option<Discipline>,
@@ -246,11 +159,12 @@ pub struct Batch {
 
 impl Batch {
     /// A cluster whose own jobs already use their share (a warm start),
-    /// whose launchers die at `failures`' rate (per hour) and draws.
+    /// whose launchers are set up by `launchers` and die at `failures`'
+    /// rate (per hour) and draws.
     pub fn new(
         spec: &ClusterSpec,
         local_jobs: &LocalJobs,
-        heartbeat: f64,
+        launchers: (LauncherSettings, f64),
         mut rng: StdRng,
         failures: (f64, StdRng),
     ) -> Self {
@@ -295,7 +209,11 @@ impl Batch {
             spool: Vec::new(),
             launchers: Vec::new(),
             next_id: 0,
-            heartbeat,
+            setup: Setup {
+                cluster: spec.name.clone(),
+                settings: launchers.0,
+                exit_delay: launchers.1,
+            },
             discipline: spec.batch_scheduler,
             failure_rate: failures.0 / 3600.0,
             failures: failures.1,
@@ -354,10 +272,11 @@ impl Batch {
         self.gpu_nodes.saturating_sub(held)
     }
 
-    /// Jobs end and launchers work for `dt` up to `t`: they beat, report
-    /// each finished task and take the next from their job's queue; those
-    /// that are done leave.
-    pub fn progress(&mut self, t: f64, dt: f64, tasks: &mut [Tasks], out: &mut Happenings) {
+    /// Jobs end and launchers work up to `t` (`now`): their tasks end,
+    /// their cores' time comes, they take the next task from their job's
+    /// queue; those that left are gone once their placeholder ends, and
+    /// those that die lose what they held.
+    pub fn progress(&mut self, t: f64, now: Now, tasks: &mut [Tasks], out: &mut Happenings) {
         self.local.retain(|r| r.end > t);
         let spool = &mut self.spool;
         self.components.retain(|c| match c.released {
@@ -373,66 +292,32 @@ impl Batch {
             }
             _ => true,
         });
-        let name = &self.name;
-        let (speed, heartbeat) = (self.speed, self.heartbeat);
+        let setup = &self.setup;
+        let mut world = World {
+            t,
+            now,
+            speed: self.speed,
+            tasks,
+            out,
+        };
         self.launchers.retain_mut(|l| {
-            let gone = |l: &Launcher, out: &mut Happenings, reason: &str| {
-                out.to_runners.push((
-                    l.job,
-                    ControlMsg::LauncherGone {
-                        launcher: l.id.clone(),
-                        cluster: name.clone(),
-                        reason: reason.to_owned(),
-                    },
-                ));
-            };
-            if l.leaving_at.is_some_and(|at| at <= t) {
-                gone(l, out, "told to leave");
+            if let Some((at, why)) = l.leaving
+                && at <= t
+            {
+                world.out.to_runners.push(l.gone(&setup.cluster, why));
                 return false;
             }
-            if l.dispatched.is_none() {
+            if !l.runs() {
                 return true;
             }
-            // Dead without a word: the broker hands its task to another
-            // launcher, its runner hears nothing, the batch system shows
+            // Dead without a word: the broker hands its tasks to other
+            // launchers, its runner hears nothing, the batch system shows
             // its placeholder gone.
             if l.dies_at <= t {
-                l.lose_task(tasks, false);
+                l.die(&mut world);
                 return false;
             }
-            if l.next_beat <= t {
-                l.next_beat = t + heartbeat;
-                out.to_runners.push(l.status(name));
-            }
-            if l.leaving_at.is_some() || l.first_task > t {
-                return true;
-            }
-            if let Some(run) = &mut l.task {
-                run.left -= speed * dt;
-                if run.left > 0.0 {
-                    return true;
-                }
-            }
-            if let Some(run) = l.task.take() {
-                out.results.push(result(&l.id, run, name, t));
-                l.completed += 1;
-            }
-            if l.draining {
-                gone(l, out, "drained");
-                return false;
-            }
-            let job = &mut tasks[l.job];
-            let Some(msg) = job.take() else {
-                gone(l, out, "no tasks left");
-                return false;
-            };
-            let left = job.saved.remove(&msg.task).unwrap_or(job.work);
-            l.task = Some(Run {
-                msg,
-                left,
-                from: left,
-                started: t,
-            });
+            l.progress(setup, &mut world);
             true
         });
     }
@@ -469,7 +354,7 @@ impl Batch {
     /// The batch system's scheduling cycle: grid components where they fit,
     /// then local jobs in order; gleaner's placeholders, submitted at the
     /// lowest priority, only when no other job waits.
-    pub fn dispatch(&mut self, t: f64, out: &mut Happenings) {
+    pub fn dispatch(&mut self, (t, now): (f64, Now), out: &mut Happenings) {
         match self.discipline {
             Some(discipline) => self.dispatch_in_order(t, discipline, out),
             None => self.dispatch_components_first(t, out),
@@ -477,7 +362,7 @@ impl Batch {
         if !self.queue.is_empty() || self.components.iter().any(|c| c.started.is_none()) {
             return;
         }
-        self.dispatch_launchers(t, out);
+        self.dispatch_launchers((t, now), out);
     }
 
     /// A batch scheduler's cycle over local jobs and grid components
@@ -594,7 +479,7 @@ impl Batch {
 
     /// Gleaner's placeholders, submitted at the lowest priority: on nodes
     /// nothing else waits for.
-    fn dispatch_launchers(&mut self, t: f64, out: &mut Happenings) {
+    fn dispatch_launchers(&mut self, (t, now): (f64, Now), out: &mut Happenings) {
         let mut free = self.free();
         for l in self.launchers.iter_mut().filter(|l| l.dispatched.is_none()) {
             let Some(gpu_nodes) = place(free, 1, l.gpu) else {
@@ -610,45 +495,45 @@ impl Batch {
             }
             // The launcher announces itself as its placeholder starts, so
             // its runner knows every launcher that holds a node.
-            l.dispatched = Some(t);
-            l.first_task = l.first_task.max(t);
-            l.next_beat = t + self.heartbeat;
+            let host = host_name(&self.name, l.on_gpu_node);
+            l.start(&self.setup, host.clone(), t, now);
             l.dies_at = t + exponential(&mut self.failures, self.failure_rate);
             out.to_runners.push((
                 l.job,
                 ControlMsg::LauncherUp(LauncherInfo {
                     launcher: l.id.clone(),
                     cluster: self.name.clone(),
-                    host: l.host(&self.name),
+                    host,
                     slots: 1,
                     started_at: millis(t),
                     deadline: None,
-                    heartbeat_ms: None,
+                    heartbeat_ms: Some(self.setup.settings.heartbeat.as_millis() as u64),
                 }),
             ));
         }
     }
 
-    /// Queues one single-slot placeholder per slot, on a GPU node if `gpu`;
-    /// each takes its first task `start` after submission at the earliest.
-    pub fn submit_launchers(&mut self, job: usize, slots: u32, gpu: bool, t: f64, start: f64) {
+    /// Queues one single-slot placeholder per slot for job `job` (index,
+    /// id), on a GPU node if `gpu`; each takes its first task `start`
+    /// after submission at the earliest.
+    pub fn submit_launchers(
+        &mut self,
+        job: (usize, &JobId),
+        slots: u32,
+        gpu: bool,
+        t: f64,
+        start: f64,
+    ) {
         for _ in 0..slots {
             let batch_id = self.batch_id();
-            self.launchers.push(Launcher {
-                id: naming::launcher_id(&self.name, &batch_id),
+            let id = naming::launcher_id(&self.name, &batch_id);
+            self.launchers.push(Launcher::queued(
                 batch_id,
-                job,
-                dispatched: None,
-                first_task: t + start,
-                task: None,
-                next_beat: f64::INFINITY,
-                draining: false,
-                leaving_at: None,
-                dies_at: f64::INFINITY,
-                completed: 0,
+                id,
+                (job.0, job.1.clone()),
+                t + start,
                 gpu,
-                on_gpu_node: false,
-            });
+            ));
         }
     }
 
@@ -715,74 +600,63 @@ impl Batch {
     }
 
     /// Removes placeholders and components by batch id (a running
-    /// placeholder's launcher dies with its task, which goes back to the
-    /// queue; a removed component leaves no exit status).
-    pub fn remove(&mut self, ids: &[String], tasks: &mut [Tasks], out: &mut Happenings) {
+    /// placeholder's launcher dies with its tasks, which go back to the
+    /// queue, each counted as preempted; a removed component leaves no
+    /// exit status).
+    pub fn remove(
+        &mut self,
+        ids: &[String],
+        (t, now): (f64, Now),
+        tasks: &mut [Tasks],
+        out: &mut Happenings,
+    ) {
         self.components.retain(|c| !ids.contains(&c.batch_id));
-        let name = &self.name;
+        let (speed, name) = (self.speed, &self.name);
+        let mut world = World {
+            t,
+            now,
+            speed,
+            tasks,
+            out,
+        };
         self.launchers.retain_mut(|l| {
             if !ids.contains(&l.batch_id) {
                 return true;
             }
-            l.give_back(tasks, false);
-            if l.dispatched.is_some() {
-                out.to_runners.push((
-                    l.job,
-                    ControlMsg::LauncherGone {
-                        launcher: l.id.clone(),
-                        cluster: name.clone(),
-                        reason: "removed".to_owned(),
-                    },
-                ));
+            let stopped = l.die(&mut world);
+            world.tasks[l.job].preemptions += stopped;
+            if l.runs() {
+                world.out.to_runners.push(l.gone(name, "removed"));
             }
             false
         });
     }
 
-    /// A launcher told to preempt kills its task (which goes back to the
-    /// queue) and is gone `delay` later.
-    pub fn preempt(&mut self, id: &LauncherId, t: f64, delay: f64, tasks: &mut [Tasks]) {
-        let Some(l) = self.launchers.iter_mut().find(|l| &l.id == id) else {
+    /// A message on a running launcher's own queue.
+    pub fn tell(
+        &mut self,
+        id: &LauncherId,
+        message: LauncherMsg,
+        (t, now): (f64, Now),
+        tasks: &mut [Tasks],
+        out: &mut Happenings,
+    ) {
+        let Some(l) = self.launchers.iter_mut().find(|l| &l.id == id && l.runs()) else {
             return;
         };
-        if l.leaving_at.is_some() {
-            return;
-        }
-        l.give_back(tasks, true);
-        l.leaving_at = Some(t + delay);
-    }
-
-    /// A launcher told to drain finishes its task and leaves; an idle one
-    /// is gone `delay` later.
-    pub fn drain(&mut self, id: &LauncherId, t: f64, delay: f64, tasks: &mut [Tasks]) {
-        let Some(l) = self.launchers.iter_mut().find(|l| &l.id == id) else {
-            return;
+        let mut world = World {
+            t,
+            now,
+            speed: self.speed,
+            tasks,
+            out,
         };
-        if l.leaving_at.is_some() || l.draining {
-            return;
-        }
-        tasks[l.job].drains += 1;
-        l.draining = true;
-        if l.task.is_none() {
-            l.leaving_at = Some(t + delay);
-        }
-    }
-
-    /// A running launcher's answer to its runner's poll; `None` when it
-    /// is not running (its queue does not exist).
-    pub fn poll(&self, id: &LauncherId) -> Option<(usize, ControlMsg)> {
-        self.running(id).map(|l| l.status(&self.name))
+        l.message(message, &self.setup, &mut world);
     }
 
     /// Whether a launcher runs here, and so has a queue.
     pub fn has_launcher(&self, id: &LauncherId) -> bool {
-        self.running(id).is_some()
-    }
-
-    fn running(&self, id: &LauncherId) -> Option<&Launcher> {
-        self.launchers
-            .iter()
-            .find(|l| &l.id == id && l.dispatched.is_some())
+        self.launchers.iter().any(|l| &l.id == id && l.runs())
     }
 
     /// A component's exit status, once its job has heard of it.
@@ -841,7 +715,7 @@ impl Batch {
                     id: l.batch_id.clone(),
                     job: jobs[l.job].clone(),
                     slots: 1,
-                    host: l.dispatched.map(|_| l.host(&self.name)),
+                    host: l.dispatched.map(|_| host_name(&self.name, l.on_gpu_node)),
                     owner: SIMULATED_ACCOUNT.to_owned(),
                     needs: Needs {
                         memory_mb: 0,
@@ -914,11 +788,7 @@ impl Batch {
 
     /// Nodes in use: (local, grid, launchers at work).
     pub fn load(&self, t: f64) -> (u32, u32, u32) {
-        let scavenged = self
-            .launchers
-            .iter()
-            .filter(|l| l.dispatched.is_some() && l.first_task <= t && l.leaving_at.is_none())
-            .count() as u32;
+        let scavenged = self.launchers.iter().filter(|l| l.at_work(t)).count() as u32;
         (self.local_nodes(), self.grid_nodes(), scavenged)
     }
 }
@@ -943,26 +813,28 @@ fn host_name(cluster: &ClusterName, gpu: bool) -> String {
     }
 }
 
-/// The result a launcher reports for a task it ran to its end.
-fn result(launcher: &LauncherId, run: Run, cluster: &ClusterName, t: f64) -> ResultMsg {
-    ResultMsg {
-        job: run.msg.job,
-        task: run.msg.task,
-        attempt: run.msg.attempt,
-        preemptions: run.msg.preemptions,
-        status: RunStatus::Succeeded,
-        exit_code: Some(0),
-        signal: None,
-        runtime_ms: millis(t - run.started),
-        launcher: launcher.clone(),
-        cluster: cluster.clone(),
-        host: String::new(),
-        stdout: Captured::default(),
-        stderr: Captured::default(),
-        outputs: Vec::new(),
-        error: None,
-        peak_memory_mb: None,
-        parted: None,
+/// Simulated time: seconds since the start, read as the `Instant` the
+/// scheduler and the kcms take (an arbitrary base plus the simulated time;
+/// they only ever compare instants) and as wire milliseconds.
+pub struct Clock {
+    base: Instant,
+    pub t: f64,
+}
+
+impl Clock {
+    /// Time 0.
+    pub fn start() -> Self {
+        Self {
+            base: Instant::now(),
+            t: 0.0,
+        }
+    }
+
+    pub fn now(&self) -> Now {
+        Now {
+            instant: self.base + Duration::from_secs_f64(self.t),
+            wall_ms: millis(self.t),
+        }
     }
 }
 
@@ -1013,6 +885,7 @@ mod tests {
             saved: Default::default(),
             lost_work: 0.0,
             pick,
+            gone: false,
         }
     }
 
@@ -1049,26 +922,34 @@ mod tests {
         let mut batch = Batch::new(
             &spec,
             &LocalJobs::default(),
-            5.0,
+            (
+                LauncherSettings {
+                    heartbeat: Duration::from_secs(5),
+                    ..LauncherSettings::default()
+                },
+                1.0,
+            ),
             StdRng::seed_from_u64(0),
             failing,
         );
         let mut jobs = [tasks(3, None)];
-        batch.submit_launchers(0, 1, false, 0.0, 0.0);
+        let job: JobId = "sweep-0000000000000000".parse().unwrap();
+        batch.submit_launchers((0, &job), 1, false, 0.0, 0.0);
         let mut out = Happenings::default();
-        batch.dispatch(0.0, &mut out);
+        let mut clock = Clock::start();
+        batch.dispatch((0.0, clock.now()), &mut out);
         assert!(matches!(
             out.to_runners[..],
             [(0, ControlMsg::LauncherUp(_))]
         ));
-        let mut t = 0.0;
         let mut said = Vec::new();
-        while batch.load(t).2 == 1 && t < 60.0 {
-            t += 1.0;
+        while batch.load(clock.t).2 == 1 && clock.t < 60.0 {
+            clock.t += 1.0;
             let mut out = Happenings::default();
-            batch.progress(t, 1.0, &mut jobs, &mut out);
+            batch.progress(clock.t, clock.now(), &mut jobs, &mut out);
             said.extend(out.to_runners);
         }
+        let t = clock.t;
         assert_eq!(batch.load(t).2, 0, "dead by {t} s");
         assert!(t > 2.0, "it ran its task for a while first: {t} s");
         assert!(
@@ -1081,5 +962,110 @@ mod tests {
         assert!(jobs[0].lost_work > 0.0);
         let (snapshot, ..) = batch.read(&["sweep-0000000000000000".parse().unwrap()]);
         assert!(snapshot.placeholders.is_empty(), "its placeholder is gone");
+    }
+
+    /// A cluster of one node of `speed`, nothing of its own, whose one
+    /// launcher of the job in `jobs` has started.
+    fn one_launcher(speed: f64) -> (Batch, Clock) {
+        let spec = ClusterSpec {
+            name: "c".into(),
+            nodes: 1,
+            speed,
+            local_load: 0.0,
+            gpu_nodes: 0,
+            batch_scheduler: None,
+        };
+        let never = (0.0, StdRng::seed_from_u64(0));
+        let setup = (LauncherSettings::default(), 1.0);
+        let mut batch = Batch::new(
+            &spec,
+            &LocalJobs::default(),
+            setup,
+            StdRng::seed_from_u64(0),
+            never,
+        );
+        let job: JobId = "sweep-0000000000000000".parse().unwrap();
+        batch.submit_launchers((0, &job), 1, false, 0.0, 0.0);
+        let clock = Clock::start();
+        batch.dispatch((0.0, clock.now()), &mut Happenings::default());
+        (batch, clock)
+    }
+
+    /// Steps of a second until `t`: what the launchers said and reported.
+    fn run_until(batch: &mut Batch, clock: &mut Clock, jobs: &mut [Tasks], t: f64) -> Happenings {
+        let mut all = Happenings::default();
+        while clock.t < t {
+            clock.t += 1.0;
+            let mut out = Happenings::default();
+            batch.progress(clock.t, clock.now(), jobs, &mut out);
+            all.to_runners.extend(out.to_runners);
+            all.results.extend(out.results);
+        }
+        all
+    }
+
+    fn goodbyes(out: &Happenings) -> Vec<String> {
+        out.to_runners
+            .iter()
+            .filter_map(|(_, m)| match m {
+                ControlMsg::LauncherGone { reason, .. } => Some(reason.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_launcher_runs_its_tasks_at_its_clusters_speed_then_leaves_idle() {
+        let (mut batch, mut clock) = one_launcher(2.0);
+        let mut jobs = [tasks(3, None)];
+        let out = run_until(&mut batch, &mut clock, &mut jobs, 95.0);
+        let runtimes: Vec<u64> = out.results.iter().map(|r| r.runtime_ms).collect();
+        assert_eq!(
+            runtimes, [30_000; 3],
+            "60 s of work at speed 2, one after another"
+        );
+        assert!(
+            out.to_runners
+                .iter()
+                .any(|(_, m)| matches!(m, ControlMsg::LauncherStatus(s) if s.running.len() == 1)),
+            "it beats while it runs"
+        );
+        assert!(
+            goodbyes(&out).is_empty(),
+            "idle for less than its idle timeout"
+        );
+        let out = run_until(&mut batch, &mut clock, &mut jobs, 110.0);
+        assert_eq!(goodbyes(&out), ["idle"]);
+        assert_eq!(batch.load(clock.t), (0, 0, 0), "its node is free");
+    }
+
+    #[test]
+    fn a_preempted_launcher_republishes_its_task_with_the_work_it_saved() {
+        let (mut batch, mut clock) = one_launcher(1.0);
+        let mut jobs = [tasks(1, None)];
+        jobs[0].checkpoints = true;
+        run_until(&mut batch, &mut clock, &mut jobs, 20.0);
+        let id = batch.launchers[0].id.clone();
+        let mut out = Happenings::default();
+        let preempt = LauncherMsg::Preempt {
+            reason: "test".to_owned(),
+        };
+        batch.tell(&id, preempt, (clock.t, clock.now()), &mut jobs, &mut out);
+        let queued: Vec<(u64, u32)> = jobs[0]
+            .queue
+            .iter()
+            .map(|t| (t.task, t.preemptions))
+            .collect();
+        assert_eq!(queued, [(0, 1)], "back in the queue, preempted once");
+        assert_eq!(jobs[0].preemptions, 1);
+        let saved = jobs[0].saved[&0];
+        assert!(
+            (39.0..=41.0).contains(&saved),
+            "about 40 s of its 60 left: {saved}"
+        );
+        assert_eq!(jobs[0].lost_work, 0.0);
+        let out = run_until(&mut batch, &mut clock, &mut jobs, 30.0);
+        assert_eq!(goodbyes(&out), ["preempted"]);
+        assert!(out.results.is_empty());
     }
 }

@@ -15,6 +15,7 @@
 //! scavenging adds to local and grid jobs is measured job by job.
 
 mod batch;
+mod launcher;
 mod model;
 pub mod plot;
 mod runner;

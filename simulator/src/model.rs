@@ -6,10 +6,10 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
-use gleaner_kcm_core::core::{Core, CoreConfig, Effect, Event, KcmCore, Now};
+use gleaner_kcm_core::core::{Core, CoreConfig, Effect, Event, KcmCore};
 use gleaner_manifest::{Component, JobId, JobKind, Manifest, Priority};
 use gleaner_policy::{access::Users, share::CsPolicy};
 use gleaner_protocol::{
@@ -25,7 +25,7 @@ use rand::{RngExt, SeedableRng, rngs::StdRng};
 mod arrivals;
 
 use crate::{
-    batch::{Batch, Happenings, LocalJob, Tasks, millis},
+    batch::{Batch, Clock, Happenings, LocalJob, Tasks},
     runner::{GridRunner, Reach, SweepRunner},
     scenario::{GridWorkload, Scenario, TaskChoice, draw, mix},
 };
@@ -119,23 +119,6 @@ pub struct Sample {
     pub scavenged: u32,
 }
 
-/// Simulated time: seconds since the start, read as the `Instant` the
-/// scheduler and the kcms take (an arbitrary base plus the simulated time;
-/// they only ever compare instants) and as wire milliseconds.
-struct Clock {
-    base: Instant,
-    t: f64,
-}
-
-impl Clock {
-    fn now(&self) -> Now {
-        Now {
-            instant: self.base + Duration::from_secs_f64(self.t),
-            wall_ms: millis(self.t),
-        }
-    }
-}
-
 struct Cluster {
     batch: Batch,
     kcm: KcmCore,
@@ -211,7 +194,7 @@ pub fn simulate(scenario: &Scenario, policy: Option<CsPolicy>) -> Run {
     while sim.clock.t < end {
         step += 1;
         sim.clock.t = step as f64 * dt;
-        sim.progress(dt);
+        sim.progress();
         sim.arrivals();
         sim.dispatch();
         // Every core whose time has come: each kcm's reading, each
@@ -240,7 +223,10 @@ impl<'a> Sim<'a> {
                     batch: Batch::new(
                         spec,
                         local,
-                        scenario.timing.launcher_heartbeat.as_secs_f64(),
+                        (
+                            scenario.timing.launcher(),
+                            scenario.timing.preempt_delay.as_secs_f64(),
+                        ),
                         rng,
                         (scenario.choices.launcher_failures_per_hour, failures),
                     ),
@@ -278,14 +264,12 @@ impl<'a> Sim<'a> {
                 checkpoints: j.checkpoints,
                 saved: Default::default(),
                 lost_work: 0.0,
+                gone: false,
                 pick: (scenario.choices.task == TaskChoice::Random)
                     .then(|| StdRng::seed_from_u64(mix(scenario.seed, draw::TASKS, i as u64))),
             })
             .collect();
-        let clock = Clock {
-            base: Instant::now(),
-            t: 0.0,
-        };
+        let clock = Clock::start();
         let runner_settings = scenario.timing.runner();
         // Each is opened when it is submitted (`start_after`).
         let sweeps = jobs.iter().map(|_| None).collect();
@@ -461,8 +445,11 @@ impl<'a> Sim<'a> {
             launcher: &launcher,
         };
         let mail = event(runner, now, &mut reach);
-        if !runner.is_live() && self.times[j].ended.is_none() {
-            self.times[j].ended = Some(self.clock.t);
+        if !runner.is_live() {
+            self.tasks[j].gone = true;
+            if self.times[j].ended.is_none() {
+                self.times[j].ended = Some(self.clock.t);
+            }
         }
         mail
     }
@@ -530,25 +517,12 @@ impl<'a> Sim<'a> {
         else {
             return Vec::new();
         };
-        let (t, delay) = (
-            self.clock.t,
-            self.scenario.timing.preempt_delay.as_secs_f64(),
-        );
-        let batch = &mut self.clusters[c].batch;
-        match message {
-            LauncherMsg::Preempt { .. } => batch.preempt(launcher, t, delay, &mut self.tasks),
-            LauncherMsg::Drain { .. } => batch.drain(launcher, t, delay, &mut self.tasks),
-            LauncherMsg::Poll {} => {
-                return batch
-                    .poll(launcher)
-                    .map(|(j, status)| Mail::Runner(self.ids[j].clone(), status))
-                    .into_iter()
-                    .collect();
-            }
-            // Nobody follows a simulated task's output.
-            LauncherMsg::Follow { .. } => {}
-        }
-        Vec::new()
+        let mut out = Happenings::default();
+        let at = (self.clock.t, self.clock.now());
+        self.clusters[c]
+            .batch
+            .tell(launcher, message, at, &mut self.tasks, &mut out);
+        self.launcher_mail(out)
     }
 
     /// Hands the kcm of cluster `c` a message, as the kcm's shell does:
@@ -607,9 +581,13 @@ impl<'a> Sim<'a> {
                         first.get_or_insert(self.clock.t);
                         let start = self.scenario.timing.launcher_start.as_secs_f64();
                         let gpu = task.needs.gpus > 0;
-                        self.clusters[c]
-                            .batch
-                            .submit_launchers(j, slots, gpu, self.clock.t, start);
+                        self.clusters[c].batch.submit_launchers(
+                            (j, &self.ids[j]),
+                            slots,
+                            gpu,
+                            self.clock.t,
+                            start,
+                        );
                     }
                     Some(Event::LaunchersSubmitted {
                         job,
@@ -620,9 +598,10 @@ impl<'a> Sim<'a> {
                 }
                 Effect::Remove { ids } => {
                     let mut out = Happenings::default();
+                    let at = (self.clock.t, self.clock.now());
                     self.clusters[c]
                         .batch
-                        .remove(&ids, &mut self.tasks, &mut out);
+                        .remove(&ids, at, &mut self.tasks, &mut out);
                     mail.extend(self.launcher_mail(out));
                     Some(Event::Removed(Ok(())))
                 }
@@ -703,12 +682,12 @@ impl<'a> Sim<'a> {
             .collect()
     }
 
-    /// Jobs end and launchers work for one step.
-    fn progress(&mut self, dt: f64) {
-        let t = self.clock.t;
+    /// Jobs end and launchers work up to now.
+    fn progress(&mut self) {
+        let (t, now) = (self.clock.t, self.clock.now());
         let mut out = Happenings::default();
         for cluster in &mut self.clusters {
-            cluster.batch.progress(t, dt, &mut self.tasks, &mut out);
+            cluster.batch.progress(t, now, &mut self.tasks, &mut out);
         }
         let mail = self.launcher_mail(out);
         self.deliver(mail);
@@ -763,10 +742,10 @@ impl<'a> Sim<'a> {
     }
 
     fn dispatch(&mut self) {
-        let t = self.clock.t;
+        let (t, now) = (self.clock.t, self.clock.now());
         let mut out = Happenings::default();
         for cluster in &mut self.clusters {
-            cluster.batch.dispatch(t, &mut out);
+            cluster.batch.dispatch((t, now), &mut out);
         }
         self.local_waits
             .extend(std::mem::take(&mut out.local_started));

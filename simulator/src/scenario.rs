@@ -68,7 +68,8 @@ pub struct Timing {
     /// system's dispatch and the launcher's start).
     #[serde(with = "humantime_serde")]
     pub launcher_start: Duration,
-    /// From a shrink order to the launcher's slot being free.
+    /// From a launcher's leaving (preempted, drained, idle or its job
+    /// over) to its slot being free.
     #[serde(with = "humantime_serde")]
     pub preempt_delay: Duration,
     /// The runner's `preempt_grace`: how long a preempted launcher has
@@ -83,6 +84,10 @@ pub struct Timing {
     /// launcher's `heartbeat`, from which the runner's silence rule follows).
     #[serde(with = "humantime_serde")]
     pub launcher_heartbeat: Duration,
+    /// How long a launcher with no task waits for one before it gives its
+    /// slot back (the launcher's `idle_timeout`).
+    #[serde(with = "humantime_serde")]
+    pub launcher_idle: Duration,
     /// Resolution of the load plot.
     #[serde(with = "humantime_serde")]
     pub sample: Duration,
@@ -101,6 +106,7 @@ impl Default for Timing {
             preempt_grace: runner.preempt_grace,
             job_report: runner.heartbeat,
             launcher_heartbeat: LauncherSettings::default().heartbeat,
+            launcher_idle: LauncherSettings::default().idle_timeout,
             sample: Duration::from_secs(30),
         }
     }
@@ -120,6 +126,15 @@ impl Timing {
             self.preempt_grace,
             crate::batch::SIMULATED_ACCOUNT.to_owned(),
         )
+    }
+
+    /// The `[launcher]` settings of every simulated launcher.
+    pub fn launcher(&self) -> LauncherSettings {
+        LauncherSettings {
+            heartbeat: self.launcher_heartbeat,
+            idle_timeout: self.launcher_idle,
+            ..LauncherSettings::default()
+        }
     }
 
     /// The settings of every job's runner, resolved as the runner's are.
