@@ -148,6 +148,9 @@ pub struct Batch {
     next_id: u64,
     /// How its launchers are set up.
     setup: Setup,
+    /// Something changed since its last scheduling cycle (a job came or
+    /// went, a node was freed): only then can a cycle start anything.
+    changed: bool,
     /// How it orders its queue, by walltimes (seed 002); without one,
     /// grid components first and local jobs in order, as they fit.
     discipline: Option<Discipline>,
@@ -214,6 +217,7 @@ impl Batch {
                 settings: launchers.0,
                 exit_delay: launchers.1,
             },
+            changed: true,
             discipline: spec.batch_scheduler,
             failure_rate: failures.0 / 3600.0,
             failures: failures.1,
@@ -277,6 +281,7 @@ impl Batch {
     /// queue; those that left are gone once their placeholder ends, and
     /// those that die lose what they held.
     pub fn progress(&mut self, t: f64, now: Now, tasks: &mut [Tasks], out: &mut Happenings) {
+        let before = self.occupants();
         self.local.retain(|r| r.end > t);
         let spool = &mut self.spool;
         self.components.retain(|c| match c.released {
@@ -320,12 +325,49 @@ impl Batch {
             l.progress(setup, &mut world);
             true
         });
+        self.changed |= self.occupants() != before;
+    }
+
+    /// How many local jobs, components and placeholders it holds: when
+    /// one goes, its nodes are free for the next scheduling cycle.
+    fn occupants(&self) -> (usize, usize, usize) {
+        (
+            self.local.len(),
+            self.components.len(),
+            self.launchers.len(),
+        )
+    }
+
+    /// When something next happens here by itself, after `clock`'s time:
+    /// a local job ends or arrives, a component's run ends, a launcher's
+    /// task ends, its core wakes up, it starts taking tasks, dies or its
+    /// placeholder ends.
+    pub fn next_event(&self, clock: &Clock) -> f64 {
+        let arrival = match self.arrival_rate > 0.0 {
+            true => self.next_arrival,
+            false => f64::INFINITY,
+        };
+        let components = self
+            .components
+            .iter()
+            .filter_map(|c| Some(c.released? + c.length.min(c.walltime)));
+        let launchers = self
+            .launchers
+            .iter()
+            .map(|l| l.next_event(self.speed, clock));
+        self.local
+            .iter()
+            .map(|r| r.end)
+            .chain(components)
+            .chain(launchers)
+            .fold(arrival, f64::min)
     }
 
     /// The cluster's own jobs that arrived by `t` join its queue.
     pub fn arrivals(&mut self, t: f64, local_nodes: [u32; 2], mean_duration: f64) {
         let [low, high] = local_nodes;
         while self.arrival_rate > 0.0 && self.next_arrival <= t {
+            self.changed = true;
             let nodes = self.rng.random_range(low..=high).min(self.nodes);
             let duration = exponential(&mut self.rng, 1.0 / mean_duration);
             // Drawn only where some want GPUs: the other scenarios' jobs
@@ -355,6 +397,9 @@ impl Batch {
     /// then local jobs in order; gleaner's placeholders, submitted at the
     /// lowest priority, only when no other job waits.
     pub fn dispatch(&mut self, (t, now): (f64, Now), out: &mut Happenings) {
+        if !std::mem::take(&mut self.changed) {
+            return;
+        }
         match self.discipline {
             Some(discipline) => self.dispatch_in_order(t, discipline, out),
             None => self.dispatch_components_first(t, out),
@@ -524,6 +569,7 @@ impl Batch {
         t: f64,
         start: f64,
     ) {
+        self.changed = true;
         for _ in 0..slots {
             let batch_id = self.batch_id();
             let id = naming::launcher_id(&self.name, &batch_id);
@@ -547,6 +593,7 @@ impl Batch {
         (length, walltime): (f64, Option<f64>),
         t: f64,
     ) {
+        self.changed = true;
         let batch_id = self.batch_id();
         self.components.push(Component {
             batch_id,
@@ -579,6 +626,7 @@ impl Batch {
             .components
             .iter()
             .position(|c| &c.job == job && c.index == index && c.started.is_some())?;
+        self.changed = true;
         let stopped = self.components.remove(at);
         self.spool.push(SpooledExit {
             job: job.clone(),
@@ -591,6 +639,7 @@ impl Batch {
 
     /// A job of the cluster's own, from a workload.
     pub fn submit_local(&mut self, job: LocalJob) {
+        self.changed = true;
         self.queue.push_back(job);
     }
 
@@ -610,6 +659,7 @@ impl Batch {
         tasks: &mut [Tasks],
         out: &mut Happenings,
     ) {
+        self.changed = true;
         self.components.retain(|c| !ids.contains(&c.batch_id));
         let (speed, name) = (self.speed, &self.name);
         let mut world = World {
@@ -835,6 +885,22 @@ impl Clock {
             instant: self.base + Duration::from_secs_f64(self.t),
             wall_ms: millis(self.t),
         }
+    }
+
+    /// An instant a core named, in simulated seconds, rounded up to the
+    /// microsecond: at that time it is due.
+    pub fn seconds(&self, at: Instant) -> f64 {
+        let nanos = at.saturating_duration_since(self.base).as_nanos();
+        nanos.div_ceil(1000) as f64 / 1e6
+    }
+
+    /// Moves on to `t`, or a microsecond on if `t` is not later (what was
+    /// due there and did not happen, for a rounding, happens then).
+    pub fn advance_to(&mut self, t: f64) {
+        self.t = match t > self.t {
+            true => t,
+            false => self.t + 1e-6,
+        };
     }
 }
 

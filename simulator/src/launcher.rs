@@ -22,7 +22,7 @@ use gleaner_protocol::{
     TaskMsg, is_due,
 };
 
-use crate::batch::{Happenings, Tasks, millis};
+use crate::batch::{Clock, Happenings, Tasks, millis};
 
 /// What a launcher's effects act on at one moment.
 pub struct World<'a> {
@@ -187,6 +187,29 @@ impl Launcher {
     /// Its launcher works: started, taking tasks, not leaving.
     pub fn at_work(&self, t: f64) -> bool {
         self.dispatched.is_some() && self.first_task <= t && self.leaving.is_none()
+    }
+
+    /// When something next happens to it by itself, after `clock`'s time
+    /// (at `speed`): its placeholder ends, it dies, it starts taking
+    /// tasks, a task's work is done or its core wakes up. Never while
+    /// its placeholder waits: the batch system's cycle starts it.
+    pub fn next_event(&self, speed: f64, clock: &Clock) -> f64 {
+        let ends = self.leaving.map_or(f64::INFINITY, |(at, _)| at);
+        let Some((_, core)) = self.core.as_ref().filter(|_| self.leaving.is_none()) else {
+            return ends;
+        };
+        let starts = match self.first_task > clock.t {
+            true => self.first_task,
+            false => f64::INFINITY,
+        };
+        let wakes = core
+            .poll_timeout()
+            .map_or(f64::INFINITY, |at| clock.seconds(at));
+        self.runs
+            .values()
+            .filter(|run| !run.ended)
+            .map(|run| run.started + run.left / speed)
+            .fold(ends.min(self.dies_at).min(starts).min(wakes), f64::min)
     }
 
     /// A message on its own queue, which its core reads.

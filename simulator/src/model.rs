@@ -64,8 +64,8 @@ pub struct JobResult {
     /// Tasks per second over its own time in the system: from its
     /// submission ([`Self::started`]) to its end, or the run's.
     pub throughput: f64,
-    /// When it was submitted (s into the run): its `start_after`, on the
-    /// step; `None` if the run ended first.
+    /// When it was submitted (s into the run): its `start_after`; `None`
+    /// if the run ended first.
     pub started: Option<f64>,
     /// When its runner was done with it (s into the run), if it was.
     pub ended: Option<f64>,
@@ -177,11 +177,9 @@ struct Sim<'a> {
 /// `gleaner simulate` shows only when `RUST_LOG` asks for it).
 pub fn simulate(scenario: &Scenario, policy: Option<CsPolicy>) -> Run {
     let mut sim = Sim::new(scenario, policy);
-    let timing = &scenario.timing;
-    let dt = timing.step.as_secs_f64();
     let end = scenario.duration.as_secs_f64();
-    let sample = (timing.sample.as_secs_f64() / dt).round().max(1.0) as u64;
-    // Those submitted at once start before the first step, and register
+    let every = scenario.timing.sample.as_secs_f64();
+    // Those submitted at once start before anything else, and register
     // before any cluster reports: no round gives the first of them every
     // idle slot before the others are known.
     sim.submit_sweeps();
@@ -190,18 +188,26 @@ pub fn simulate(scenario: &Scenario, policy: Option<CsPolicy>) -> Run {
         let mail = sim.at_kcm(c, Event::Connected);
         sim.deliver(mail);
     }
-    let mut step = 0u64;
-    while sim.clock.t < end {
-        step += 1;
-        sim.clock.t = step as f64 * dt;
+    // From one wake-up to the next, whoever's it is: nothing changes between.
+    let mut next_sample = every;
+    loop {
+        let next = sim.next_wake_up().min(next_sample);
+        if next > end {
+            break;
+        }
+        sim.clock.advance_to(next);
         sim.progress();
         sim.arrivals();
         sim.dispatch();
         // Every core whose time has come: each kcm's reading, each
         // runner's report, the scheduler's round.
         sim.timeouts();
-        if step.is_multiple_of(sample) {
+        // What the cores published is delivered at once, as the broker
+        // does to launchers with room for it.
+        sim.progress();
+        if sim.clock.t >= next_sample {
             sim.sample();
+            next_sample += every;
         }
     }
     sim.into_run(end)
@@ -294,13 +300,11 @@ impl<'a> Sim<'a> {
                 Users::default(),
                 "simulated".to_owned(),
                 // Rounds when the core's clock says, as in the service:
-                // every interval, and at once when a message hurries one
-                // (the service's least gap between rounds, 200 ms, is
-                // below the simulation's step: a step would hold a hurried
-                // round back five times as long).
+                // every interval, and when a message hurries one, no
+                // sooner than the service's least gap after the last.
                 Rounds {
                     interval: scenario.timing.scheduler_round,
-                    min_gap: Duration::ZERO,
+                    min_gap: gleaner_scheduler_core::SchedulerConfig::default().round_min_gap,
                 },
                 false,
                 start,
@@ -319,6 +323,40 @@ impl<'a> Sim<'a> {
             samples: Vec::new(),
             trace_locals,
         }
+    }
+
+    /// When anything next happens: a core's wake-up, a batch system's
+    /// event, a job's arrival.
+    fn next_wake_up(&self) -> f64 {
+        let clock = &self.clock;
+        let at = |instant: Option<std::time::Instant>| {
+            instant.map_or(f64::INFINITY, |i| clock.seconds(i))
+        };
+        let kcms = self.clusters.iter().map(|c| at(c.kcm.poll_timeout()));
+        let batches = self.clusters.iter().map(|c| c.batch.next_event(clock));
+        let sweeps = self.sweeps.iter().flatten().map(|r| at(r.poll_timeout()));
+        let grids = self.grid_runners.values().map(|r| at(r.poll_timeout()));
+        let submitted = self
+            .scenario
+            .jobs
+            .iter()
+            .zip(&self.times)
+            .take(self.sweeps.len())
+            .filter(|(_, times)| times.started.is_none())
+            .map(|(spec, _)| spec.start_after.as_secs_f64());
+        let arriving = self
+            .grid
+            .iter()
+            .filter(|g| !g.registered)
+            .map(|g| g.arrival);
+        let trace = self.trace_locals.front().map(|(_, j)| j.arrived);
+        kcms.chain(batches)
+            .chain(sweeps)
+            .chain(grids)
+            .chain(submitted)
+            .chain(arriving)
+            .chain(trace)
+            .fold(at(self.scheduler.poll_timeout()), f64::min)
     }
 
     /// Delivers mail, and the mail it causes, until there is none.

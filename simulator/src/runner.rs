@@ -130,6 +130,11 @@ impl<K: Kind> Runner<K> {
         self.carry_out(now, reach)
     }
 
+    /// When the machine wants its time event next.
+    pub fn poll_timeout(&self) -> Option<std::time::Instant> {
+        self.machine.poll_timeout()
+    }
+
     /// The machine's time event (its report), if due at `now`.
     pub fn handle_timeout(&mut self, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
         if !gleaner_protocol::is_due(&self.machine, now) {

@@ -55,9 +55,6 @@ pub struct Scenario {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Timing {
-    /// Simulation step.
-    #[serde(with = "humantime_serde")]
-    pub step: Duration,
     /// How often each kcm reads its batch system (`poll_interval`).
     #[serde(with = "humantime_serde")]
     pub kcm_poll: Duration,
@@ -97,8 +94,6 @@ impl Default for Timing {
     fn default() -> Self {
         let runner = JobSettings::default();
         Self {
-            step: Duration::from_secs(1),
-            // A kcm reads its batch system at most once a step.
             kcm_poll: Duration::from_secs(1),
             scheduler_round: SchedulerConfig::default().round_interval,
             launcher_start: Duration::from_secs(2),
@@ -486,9 +481,6 @@ impl Scenario {
             return invalid(
                 "a scenario needs at least one [[cluster]], and one [[job]] or grid jobs".into(),
             );
-        }
-        if self.timing.step.is_zero() {
-            return invalid("timing.step must be longer than 0s".into());
         }
         if self.grid_jobs.workload == GridWorkload::Trace {
             let Some(trace) = &self.grid_jobs.trace else {
