@@ -8,8 +8,11 @@
 //! ([`gleaner_kcm_core::core::KcmCore`]) per cluster, whose commands act on the
 //! simulated batch system, and the runner's own machine
 //! ([`gleaner_runner_core::JobMachine`] around [`gleaner_runner_core::Sweep`]) per
-//! scavenging job, which publishes its tasks to a simulated task queue and
-//! hears from simulated launchers as from real ones. The batch systems and what runs in them are simulated
+//! scavenging job, which publishes its tasks to a simulated task queue, and
+//! the launcher's own core ([`gleaner_launcher_core::core::LauncherCore`])
+//! in each placeholder, which takes them from it. Time goes from one
+//! wake-up to the next, whoever's it is: a core's timer or an event of a
+//! batch system. The batch systems and what runs in them are simulated
 //! and decide nothing for gleaner. A scenario runs once without scavenging jobs (the baseline) and
 //! once per policy, with the same background load, so that the delay
 //! scavenging adds to local and grid jobs is measured job by job.
