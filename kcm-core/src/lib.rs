@@ -9,6 +9,7 @@ pub mod barrier;
 pub mod config;
 pub mod core;
 pub mod failures;
+pub mod io;
 pub mod snapshot;
 
 use serde::{Deserialize, Serialize};

@@ -29,8 +29,11 @@ use gleaner_broker::{
     Broker, BrokerError, Connection, ConsumeOptions, Inbox, Publisher, sleep_until,
     topology::{self, JobQueues, SCHEDULER_QUEUE, kcm_queue},
 };
+use gleaner_kcm_core::io::{Io, LauncherOrder, carry_out};
 use gleaner_manifest::JobId;
-use gleaner_protocol::{Captured, ComponentSpec, ControlMsg, Credentials, KcmMsg};
+use gleaner_protocol::{
+    Captured, ComponentOutcome, ComponentSpec, ControlMsg, Credentials, KcmMsg, SchedulerMsg,
+};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, error_span, info};
 
@@ -45,7 +48,7 @@ pub use sge::{SgeBackend, SgeConfig};
 pub use slurm::{SlurmBackend, SlurmConfig};
 pub use snapshot::{ComponentRun, Host, Placeholder, Snapshot, Timing};
 
-use crate::core::{Core, CoreConfig, Effect, Event, KcmCore, Now, SpooledExit, SpooledStart};
+use crate::core::{Core, CoreConfig, Event, KcmCore, Now, SpooledExit, SpooledStart};
 
 /// What a kcm runs with, derived from its [`ClusterConfig`]: what its
 /// core decides by, and what only its shell needs.
@@ -64,11 +67,22 @@ pub struct KcmConfig {
 const COMPONENT_OUTPUT: u64 = 1 << 20;
 
 struct Kcm<B> {
+    core: KcmCore,
+    shell: Shell<B>,
+}
+
+/// What the kcm's commands act on: its backend and spool.
+struct Shell<B> {
     config: KcmConfig,
     backend: B,
-    core: KcmCore,
     /// Stagings under way, each ending in the event that answers it.
     staging: tokio::task::JoinSet<Event>,
+}
+
+/// The shell and the broker's publisher, as the core's effects reach them.
+struct ShellIo<'a, B> {
+    shell: &'a mut Shell<B>,
+    publisher: &'a Publisher,
 }
 
 /// Serves the cluster until `shutdown`, reconnecting after broker outages.
@@ -93,21 +107,23 @@ async fn serve<B: Backend>(
 ) {
     let core = KcmCore::new(config.core.clone());
     let mut kcm = Kcm {
-        config,
-        backend,
         core,
-        staging: tokio::task::JoinSet::new(),
+        shell: Shell {
+            config,
+            backend,
+            staging: tokio::task::JoinSet::new(),
+        },
     };
     broker
         .supervise(&shutdown, async |connection| {
             kcm.session(&connection, &shutdown).await
         })
         .await;
-    kcm.backend.shutdown().await;
+    kcm.shell.backend.shutdown().await;
     // The spool goes once nothing is left in it (a restarted kcm still
     // finds what running jobs need): its launchers' settings directory,
     // itself, and the directory made for it.
-    let spool = &kcm.config.spool_dir;
+    let spool = &kcm.shell.config.spool_dir;
     for dir in [
         Some(spool.join("launchers").as_path()),
         Some(spool.as_path()),
@@ -128,12 +144,12 @@ impl<B: Backend> Kcm<B> {
         shutdown: &CancellationToken,
     ) -> Result<(), BrokerError> {
         topology::declare_core(connection.lapin()).await?;
-        topology::declare_kcm(connection.lapin(), &self.config.core.cluster).await?;
+        topology::declare_kcm(connection.lapin(), &self.shell.config.core.cluster).await?;
         let publisher = connection.publisher().await?;
         let mut inbox: Inbox<KcmMsg> = connection
             .inbox(
                 &publisher,
-                &kcm_queue(&self.config.core.cluster),
+                &kcm_queue(&self.shell.config.core.cluster),
                 ConsumeOptions {
                     tag: connection.identity(),
                     prefetch: 16,
@@ -141,7 +157,7 @@ impl<B: Backend> Kcm<B> {
                 },
             )
             .await?;
-        info!(backend = self.backend.kind(), "kcm serving");
+        info!(backend = self.shell.backend.kind(), "kcm serving");
         self.core.handle(Event::Connected, Now::read());
         if self.apply(&publisher).await? {
             self.poll(&publisher).await?;
@@ -158,7 +174,7 @@ impl<B: Backend> Kcm<B> {
                         }
                     }
                     Some(Err(e)) => return Err(e),
-                    None => return Err(BrokerError::NoQueue(kcm_queue(&self.config.core.cluster))),
+                    None => return Err(BrokerError::NoQueue(kcm_queue(&self.shell.config.core.cluster))),
                 },
                 () = sleep_until(self.core.poll_timeout()) => {
                     self.core.handle_timeout(Now::read());
@@ -166,7 +182,7 @@ impl<B: Backend> Kcm<B> {
                         self.poll(&publisher).await?;
                     }
                 }
-                Some(staged) = self.staging.join_next(), if !self.staging.is_empty() => {
+                Some(staged) = self.shell.staging.join_next(), if !self.shell.staging.is_empty() => {
                     if let Ok(event) = staged {
                         self.core.handle(event, Now::read());
                         self.apply(&publisher).await?;
@@ -180,9 +196,9 @@ impl<B: Backend> Kcm<B> {
     /// Reads the batch system and the spool, and lets the core decide
     /// (and report).
     async fn poll(&mut self, publisher: &Publisher) -> Result<(), BrokerError> {
-        let snapshot = self.backend.snapshot().await;
+        let snapshot = self.shell.backend.snapshot().await;
         let (spooled, started) = if snapshot.is_ok() {
-            spooled(&self.config.spool_dir, |job, component| {
+            spooled(&self.shell.config.spool_dir, |job, component| {
                 self.core.expects_start(job, component)
             })
         } else {
@@ -203,139 +219,148 @@ impl<B: Backend> Kcm<B> {
     /// Carries out the core's effects, handing each command's outcome back
     /// at once; `true` when the core asked for a poll.
     async fn apply(&mut self, publisher: &Publisher) -> Result<bool, BrokerError> {
-        let mut poll_now = false;
-        while let Some(effect) = self.core.poll_effect(Now::read()) {
-            let answer = match effect {
-                Effect::SubmitLaunchers {
-                    job,
-                    grant,
-                    slots,
-                    task,
-                    owner,
-                    account,
-                    credentials,
-                } => {
-                    let result = match self.run_as(&owner, account.as_deref()) {
-                        Ok(None) => self.backend.submit(&job, slots, task, None).await,
-                        Ok(Some(account)) => {
-                            match self.owner_settings(&job, &account, credentials.as_ref()) {
-                                Ok(settings) => {
-                                    let run_as = RunAs {
-                                        account: &account,
-                                        settings: &settings,
-                                    };
-                                    self.backend.submit(&job, slots, task, Some(run_as)).await
-                                }
-                                Err(e) => Err(e),
-                            }
-                        }
-                        Err(e) => Err(e),
-                    };
-                    Some(Event::LaunchersSubmitted {
-                        job,
-                        grant,
-                        requested: slots,
-                        result,
-                    })
-                }
-                Effect::Remove { ids } => Some(Event::Removed(self.backend.remove(&ids).await)),
-                Effect::DeleteSpoolEntry { job, component } => {
-                    let dir = component_dir(&self.config.spool_dir, &job);
-                    let files = ComponentFiles::new(&dir, &job, component);
-                    for file in files.all() {
-                        let _ = std::fs::remove_file(file);
-                    }
-                    if dir != self.config.spool_dir {
-                        // The job's directory, once its last component's
-                        // files are gone.
-                        let _ = std::fs::remove_dir(&dir);
-                    }
-                    None
-                }
-                Effect::StopComponent {
-                    job,
-                    component,
-                    stop,
-                } => {
-                    let dir = component_dir(&self.config.spool_dir, &job);
-                    let files = ComponentFiles::new(&dir, &job, component);
-                    if let Err(e) = write_spool_file(&files.stop, &stop) {
-                        tracing::warn!(job = %job, component, error = %e, "cannot stop a grid component");
-                    }
-                    None
-                }
-                Effect::ReleaseComponent {
-                    job,
-                    component,
-                    go,
-                    hosts,
-                } => {
-                    let dir = component_dir(&self.config.spool_dir, &job);
-                    let files = ComponentFiles::new(&dir, &job, component);
-                    // The host file first: once `go` is there, the command runs.
-                    if let Err(e) = write_spool_file(&files.hosts, &hosts)
-                        .and_then(|()| write_spool_file(&files.go, &go))
-                    {
-                        tracing::warn!(job = %job, component, error = %e, "cannot let a grid component pass its barrier");
-                    }
-                    None
-                }
-                Effect::StageInputs {
-                    spec,
-                    inputs,
-                    account,
-                } => {
-                    self.stage(spec, inputs, account);
-                    None
-                }
-                Effect::SubmitComponent {
-                    spec,
-                    one_host,
-                    account,
-                } => {
-                    let result = self
-                        .submit_component(&spec, one_host, account.as_deref())
-                        .await;
-                    Some(Event::ComponentSubmitted { spec, result })
-                }
-                Effect::Tell { job, message } => {
-                    tell_job(publisher, &job, message).await?;
-                    None
-                }
-                Effect::ReportComponentEnd { job, mut outcome } => {
-                    let component = outcome.component;
-                    let dir = component_dir(&self.config.spool_dir, &job);
-                    let files = ComponentFiles::new(&dir, &job, component);
-                    let owner = dir_owner(&dir);
-                    outcome.stdout = read_tail(&files.stdout, owner);
-                    outcome.stderr = read_tail(&files.stderr, owner);
-                    tell_job(publisher, &job, ControlMsg::ComponentEnded(outcome)).await?;
-                    Some(Event::ComponentReported { job, component })
-                }
-                Effect::ToScheduler(message) => {
-                    publisher.send(SCHEDULER_QUEUE, &message).await?;
-                    None
-                }
-                Effect::Announce(event) => {
-                    publisher.event(&event).await?;
-                    None
-                }
-                Effect::PollNow => {
-                    poll_now = true;
-                    None
-                }
-                Effect::ForgetLauncherSettings { job } => {
-                    let _ = std::fs::remove_file(self.owner_settings_file(&job));
-                    None
-                }
-            };
-            if let Some(event) = answer {
-                self.core.handle(event, Now::read());
-            }
-        }
-        Ok(poll_now)
+        let mut io = ShellIo {
+            shell: &mut self.shell,
+            publisher,
+        };
+        carry_out(&mut self.core, &mut io).await
+    }
+}
+
+impl<B: Backend> Io for ShellIo<'_, B> {
+    type Error = BrokerError;
+
+    fn now(&self) -> Now {
+        Now::read()
     }
 
+    async fn submit_launchers(&mut self, order: LauncherOrder<'_>) -> Result<u32, BackendError> {
+        let shell = &mut *self.shell;
+        let (job, slots, task) = (order.job, order.slots, order.task);
+        match shell.run_as(order.owner, order.account)? {
+            None => shell.backend.submit(job, slots, task, None).await,
+            Some(account) => {
+                let settings = shell.owner_settings(job, &account, order.credentials)?;
+                let run_as = RunAs {
+                    account: &account,
+                    settings: &settings,
+                };
+                shell.backend.submit(job, slots, task, Some(run_as)).await
+            }
+        }
+    }
+
+    async fn remove(&mut self, ids: &[String]) -> Result<(), BackendError> {
+        self.shell.backend.remove(ids).await
+    }
+
+    fn delete_spool_entry(&mut self, job: &JobId, component: u32) {
+        let spool = &self.shell.config.spool_dir;
+        let dir = component_dir(spool, job);
+        let files = ComponentFiles::new(&dir, job, component);
+        for file in files.all() {
+            let _ = std::fs::remove_file(file);
+        }
+        if dir != *spool {
+            // The job's directory, once its last component's files are gone.
+            let _ = std::fs::remove_dir(&dir);
+        }
+    }
+
+    fn stop_component(&mut self, job: &JobId, component: u32, stop: &str) {
+        let dir = component_dir(&self.shell.config.spool_dir, job);
+        let files = ComponentFiles::new(&dir, job, component);
+        if let Err(e) = write_spool_file(&files.stop, stop) {
+            tracing::warn!(job = %job, component, error = %e, "cannot stop a grid component");
+        }
+    }
+
+    fn release_component(&mut self, job: &JobId, component: u32, go: &str, hosts: &str) {
+        let dir = component_dir(&self.shell.config.spool_dir, job);
+        let files = ComponentFiles::new(&dir, job, component);
+        // The host file first: once `go` is there, the command runs.
+        if let Err(e) =
+            write_spool_file(&files.hosts, hosts).and_then(|()| write_spool_file(&files.go, go))
+        {
+            tracing::warn!(job = %job, component, error = %e, "cannot let a grid component pass its barrier");
+        }
+    }
+
+    fn stage_inputs(&mut self, spec: ComponentSpec, inputs: Vec<String>, account: Option<String>) {
+        self.shell.stage(spec, inputs, account);
+    }
+
+    /// Submits a component whose wrapper writes to the spool directory,
+    /// or, submitted as its owner, to its job's directory in it
+    /// (`<spool>/<job>`, the owner's, mode 0700), which the kcm reads as
+    /// hostile ([`read_tail`]): an owner writes there for their own job
+    /// only (nobody else makes entries in the spool).
+    async fn submit_component(
+        &mut self,
+        spec: &ComponentSpec,
+        one_host: bool,
+        account: Option<&str>,
+    ) -> Result<(), BackendError> {
+        let shell = &mut *self.shell;
+        let run_as = shell.run_as(&spec.owner, account)?;
+        let spool = &shell.config.spool_dir;
+        let failed = |message: String| BackendError {
+            command: format!("mkdir {}", spool.display()),
+            message,
+        };
+        std::fs::create_dir_all(spool).map_err(|e| failed(e.to_string()))?;
+        let owners = run_as
+            .as_ref()
+            .filter(|account| !account.is_me() && shell.backend.components_as_owner());
+        let dir = match owners {
+            Some(account) => gleaner_contain::shared::private_dir(
+                spool,
+                spec.job.as_str(),
+                (account.uid, account.gid),
+                nix::unistd::geteuid(),
+                0o700,
+            )
+            .map_err(|e| failed(e.to_string()))?,
+            None => spool.clone(),
+        };
+        let files = ComponentFiles::new(&dir, &spec.job, spec.component);
+        shell
+            .backend
+            .submit_component(spec, &files, one_host, run_as.as_ref())
+            .await
+    }
+
+    async fn tell(&mut self, job: &JobId, message: ControlMsg) -> Result<(), BrokerError> {
+        tell_job(self.publisher, job, message).await
+    }
+
+    async fn report_component_end(
+        &mut self,
+        job: &JobId,
+        mut outcome: ComponentOutcome,
+    ) -> Result<(), BrokerError> {
+        let dir = component_dir(&self.shell.config.spool_dir, job);
+        let files = ComponentFiles::new(&dir, job, outcome.component);
+        let owner = dir_owner(&dir);
+        outcome.stdout = read_tail(&files.stdout, owner);
+        outcome.stderr = read_tail(&files.stderr, owner);
+        tell_job(self.publisher, job, ControlMsg::ComponentEnded(outcome)).await
+    }
+
+    async fn to_scheduler(&mut self, message: SchedulerMsg) -> Result<(), BrokerError> {
+        self.publisher.send(SCHEDULER_QUEUE, &message).await
+    }
+
+    async fn announce(&mut self, event: gleaner_protocol::Event) -> Result<(), BrokerError> {
+        self.publisher.event(&event).await
+    }
+
+    fn forget_launcher_settings(&mut self, job: &JobId) {
+        let _ = std::fs::remove_file(self.shell.owner_settings_file(job));
+    }
+}
+
+impl<B: Backend> Shell<B> {
     /// The account the core chose for a job of `owner`'s, looked up: one
     /// only a kcm running as root (or as that very account) can start
     /// jobs as; `None`, the kcm's own.
@@ -371,7 +396,7 @@ impl<B: Backend> Kcm<B> {
             .join(format!("{job}.toml"))
     }
 
-    /// Writes [`Kcm::owner_settings_file`] (again: a runner taking the job
+    /// Writes [`Shell::owner_settings_file`] (again: a runner taking the job
     /// over renews its password).
     fn owner_settings(
         &self,
@@ -390,44 +415,6 @@ impl<B: Backend> Kcm<B> {
         let text = self.backend.launcher_command().owner_settings(credentials);
         write_private(&path, &text, account).map_err(|e| failed(e.to_string()))?;
         Ok(path)
-    }
-
-    /// Submits a component whose wrapper writes to the spool directory,
-    /// or, submitted as its owner, to its job's directory in it
-    /// (`<spool>/<job>`, the owner's, mode 0700), which the kcm reads as
-    /// hostile ([`read_tail`]): an owner writes there for their own job
-    /// only (nobody else makes entries in the spool).
-    async fn submit_component(
-        &mut self,
-        spec: &ComponentSpec,
-        one_host: bool,
-        account: Option<&str>,
-    ) -> Result<(), BackendError> {
-        let run_as = self.run_as(&spec.owner, account)?;
-        let spool = &self.config.spool_dir;
-        let failed = |message: String| BackendError {
-            command: format!("mkdir {}", spool.display()),
-            message,
-        };
-        std::fs::create_dir_all(spool).map_err(|e| failed(e.to_string()))?;
-        let owners = run_as
-            .as_ref()
-            .filter(|account| !account.is_me() && self.backend.components_as_owner());
-        let dir = match owners {
-            Some(account) => gleaner_contain::shared::private_dir(
-                spool,
-                spec.job.as_str(),
-                (account.uid, account.gid),
-                nix::unistd::geteuid(),
-                0o700,
-            )
-            .map_err(|e| failed(e.to_string()))?,
-            None => spool.clone(),
-        };
-        let files = ComponentFiles::new(&dir, &spec.job, spec.component);
-        self.backend
-            .submit_component(spec, &files, one_host, run_as.as_ref())
-            .await
     }
 
     /// Runs the cluster's staging command for a component's inputs, as

@@ -6,14 +6,21 @@
 
 use std::{
     collections::{BTreeMap, VecDeque},
+    convert::Infallible,
     time::Duration,
 };
 
-use gleaner_kcm_core::core::{Core, CoreConfig, Effect, Event, KcmCore};
+use futures_util::FutureExt;
+use gleaner_kcm_core::{
+    BackendError,
+    core::{Core, CoreConfig, Event, KcmCore, Now},
+    io::{Io, LauncherOrder, carry_out},
+};
 use gleaner_manifest::{Component, JobId, JobKind, Manifest, Priority};
 use gleaner_policy::{access::Users, share::CsPolicy};
 use gleaner_protocol::{
-    ClusterName, ControlMsg, GrantId, KcmMsg, LauncherId, LauncherMsg, ResultMsg, SchedulerMsg,
+    ClusterName, ComponentOutcome, ComponentSpec, ControlMsg, GrantId, KcmMsg, LauncherId,
+    LauncherMsg, ResultMsg, SchedulerMsg,
 };
 use gleaner_runner_core::{JobEvent, JobFile};
 use gleaner_scheduler_core::{
@@ -599,125 +606,36 @@ impl<'a> Sim<'a> {
         tracing::error_span!("kcm", cluster = %self.scenario.clusters[c].name)
     }
 
-    /// Carries out the kcm's effects on the simulated batch system,
-    /// handing each command's outcome back at once, as the kcm's shell
-    /// does; `true` when the kcm asked for a poll.
+    /// Carries out the kcm's effects on the simulated batch system with
+    /// the kcm's own loop, each command's outcome handed back at once;
+    /// `true` when the kcm asked for a poll.
     fn apply(&mut self, c: usize) -> (Vec<Mail>, bool) {
         let mut mail = Vec::new();
-        let mut poll_now = false;
-        while let Some(effect) = self.clusters[c].kcm.poll_effect(self.clock.now()) {
-            let answer = match effect {
-                Effect::SubmitLaunchers {
-                    job,
-                    grant,
-                    slots,
-                    task,
-                    ..
-                } => {
-                    if let Some(j) = self.ids.iter().position(|id| *id == job) {
-                        let first = &mut self.times[j].first_launcher;
-                        first.get_or_insert(self.clock.t);
-                        let start = self.scenario.timing.launcher_start.as_secs_f64();
-                        let gpu = task.needs.gpus > 0;
-                        self.clusters[c].batch.submit_launchers(
-                            (j, &self.ids[j]),
-                            slots,
-                            gpu,
-                            self.clock.t,
-                            start,
-                        );
-                    }
-                    Some(Event::LaunchersSubmitted {
-                        job,
-                        grant,
-                        requested: slots,
-                        result: Ok(slots),
-                    })
-                }
-                Effect::Remove { ids } => {
-                    let mut out = Happenings::default();
-                    let at = (self.clock.t, self.clock.now());
-                    self.clusters[c]
-                        .batch
-                        .remove(&ids, at, &mut self.tasks, &mut out);
-                    mail.extend(self.launcher_mail(out));
-                    Some(Event::Removed(Ok(())))
-                }
-                Effect::DeleteSpoolEntry { job, component } => {
-                    self.clusters[c].batch.delete_spool_entry(&job, component);
-                    None
-                }
-                Effect::ReleaseComponent { job, component, .. } => {
-                    let t = self.clock.t;
-                    self.clusters[c].batch.release_component(&job, component, t);
-                    None
-                }
-                Effect::StopComponent { job, component, .. } => {
-                    let t = self.clock.t;
-                    let ran = self.clusters[c].batch.stop_component(&job, component, t);
-                    // Its components resume from their checkpoints: the
-                    // next run has what is left.
-                    if let (Some(ran), Some(&g), 0) = (ran, self.grid_index.get(&job), component) {
-                        self.grid[g].done += ran;
-                    }
-                    None
-                }
-                // Simulated jobs read no files.
-                Effect::StageInputs { .. } => None,
-                Effect::SubmitComponent { spec, .. } => {
-                    if let Some(&g) = self.grid_index.get(&spec.job) {
-                        let left = self.grid[g].length - self.grid[g].done;
-                        let length = left.max(1.0);
-                        let walltime = spec.walltime_ms.map(|ms| ms as f64 / 1000.0);
-                        let t = self.clock.t;
-                        self.clusters[c].batch.submit_component(
-                            spec.job.clone(),
-                            spec.component,
-                            spec.slots,
-                            (length, walltime),
-                            t,
-                        );
-                    }
-                    Some(Event::ComponentSubmitted {
-                        spec,
-                        result: Ok(()),
-                    })
-                }
-                Effect::Tell { job, message } => {
-                    mail.push(Mail::Runner(job, message));
-                    None
-                }
-                Effect::ReportComponentEnd { job, outcome } => {
-                    let component = outcome.component;
-                    mail.push(Mail::Runner(
-                        job.clone(),
-                        ControlMsg::ComponentEnded(outcome),
-                    ));
-                    Some(Event::ComponentReported { job, component })
-                }
-                Effect::ToScheduler(message) => {
-                    mail.push(Mail::Scheduler(Box::new(message)));
-                    None
-                }
-                Effect::Announce(_) | Effect::ForgetLauncherSettings { .. } => None,
-                Effect::PollNow => {
-                    poll_now = true;
-                    None
-                }
-            };
-            if let Some(event) = answer {
-                self.clusters[c].kcm.handle(event, self.clock.now());
+        let Cluster { batch, kcm } = &mut self.clusters[c];
+        let mut io = SimulatedKcm {
+            clock: &self.clock,
+            batch,
+            tasks: &mut self.tasks,
+            ids: &self.ids,
+            times: &mut self.times,
+            grid: &mut self.grid,
+            grid_index: &self.grid_index,
+            launcher_start: self.scenario.timing.launcher_start.as_secs_f64(),
+            mail: &mut mail,
+        };
+        let poll_now = match carry_out(kcm, &mut io).now_or_never() {
+            Some(Ok(poll_now)) => poll_now,
+            Some(Err(never)) => match never {},
+            None => {
+                tracing::error!("a simulated command did not end at once; its effects are lost");
+                false
             }
-        }
+        };
         (mail, poll_now)
     }
 
     fn launcher_mail(&self, out: Happenings) -> Vec<Mail> {
-        out.to_runners
-            .into_iter()
-            .map(|(j, message)| Mail::Runner(self.ids[j].clone(), message))
-            .chain(out.results.into_iter().map(Mail::Result))
-            .collect()
+        launcher_mail(&self.ids, out)
     }
 
     /// Jobs end and launchers work up to now.
@@ -928,4 +846,121 @@ impl<'a> Sim<'a> {
             total_nodes: self.clusters.iter().map(|c| c.batch.nodes).sum(),
         }
     }
+}
+
+/// What launchers and the batch system said, as mail for the jobs' runners.
+fn launcher_mail(ids: &[JobId], out: Happenings) -> Vec<Mail> {
+    out.to_runners
+        .into_iter()
+        .map(|(j, message)| Mail::Runner(ids[j].clone(), message))
+        .chain(out.results.into_iter().map(Mail::Result))
+        .collect()
+}
+
+/// The simulated world as one cluster's kcm's commands reach it.
+struct SimulatedKcm<'s> {
+    clock: &'s Clock,
+    batch: &'s mut Batch,
+    tasks: &'s mut [Tasks],
+    ids: &'s [JobId],
+    times: &'s mut [JobTimes],
+    grid: &'s mut [GridSim],
+    grid_index: &'s BTreeMap<JobId, usize>,
+    /// From a placeholder's submission to its launcher's first task (s).
+    launcher_start: f64,
+    mail: &'s mut Vec<Mail>,
+}
+
+impl Io for SimulatedKcm<'_> {
+    type Error = Infallible;
+
+    fn now(&self) -> Now {
+        self.clock.now()
+    }
+
+    async fn submit_launchers(&mut self, order: LauncherOrder<'_>) -> Result<u32, BackendError> {
+        if let Some(j) = self.ids.iter().position(|id| id == order.job) {
+            let t = self.clock.t;
+            self.times[j].first_launcher.get_or_insert(t);
+            let gpu = order.task.needs.gpus > 0;
+            let job = (j, &self.ids[j]);
+            self.batch
+                .submit_launchers(job, order.slots, gpu, t, self.launcher_start);
+        }
+        Ok(order.slots)
+    }
+
+    async fn remove(&mut self, ids: &[String]) -> Result<(), BackendError> {
+        let mut out = Happenings::default();
+        let at = (self.clock.t, self.clock.now());
+        self.batch.remove(ids, at, self.tasks, &mut out);
+        self.mail.extend(launcher_mail(self.ids, out));
+        Ok(())
+    }
+
+    fn delete_spool_entry(&mut self, job: &JobId, component: u32) {
+        self.batch.delete_spool_entry(job, component);
+    }
+
+    fn stop_component(&mut self, job: &JobId, component: u32, _stop: &str) {
+        let ran = self.batch.stop_component(job, component, self.clock.t);
+        // Its components resume from their checkpoints: the next run has
+        // what is left.
+        if let (Some(ran), Some(&g), 0) = (ran, self.grid_index.get(job), component) {
+            self.grid[g].done += ran;
+        }
+    }
+
+    fn release_component(&mut self, job: &JobId, component: u32, _go: &str, _hosts: &str) {
+        self.batch.release_component(job, component, self.clock.t);
+    }
+
+    // Simulated jobs read no files.
+    fn stage_inputs(&mut self, _: ComponentSpec, _: Vec<String>, _: Option<String>) {}
+
+    async fn submit_component(
+        &mut self,
+        spec: &ComponentSpec,
+        _one_host: bool,
+        _account: Option<&str>,
+    ) -> Result<(), BackendError> {
+        if let Some(&g) = self.grid_index.get(&spec.job) {
+            let left = self.grid[g].length - self.grid[g].done;
+            let walltime = spec.walltime_ms.map(|ms| ms as f64 / 1000.0);
+            self.batch.submit_component(
+                spec.job.clone(),
+                spec.component,
+                spec.slots,
+                (left.max(1.0), walltime),
+                self.clock.t,
+            );
+        }
+        Ok(())
+    }
+
+    async fn tell(&mut self, job: &JobId, message: ControlMsg) -> Result<(), Infallible> {
+        self.mail.push(Mail::Runner(job.clone(), message));
+        Ok(())
+    }
+
+    async fn report_component_end(
+        &mut self,
+        job: &JobId,
+        outcome: ComponentOutcome,
+    ) -> Result<(), Infallible> {
+        let message = ControlMsg::ComponentEnded(outcome);
+        self.mail.push(Mail::Runner(job.clone(), message));
+        Ok(())
+    }
+
+    async fn to_scheduler(&mut self, message: SchedulerMsg) -> Result<(), Infallible> {
+        self.mail.push(Mail::Scheduler(Box::new(message)));
+        Ok(())
+    }
+
+    async fn announce(&mut self, _: gleaner_protocol::Event) -> Result<(), Infallible> {
+        Ok(())
+    }
+
+    fn forget_launcher_settings(&mut self, _: &JobId) {}
 }
