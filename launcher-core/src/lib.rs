@@ -7,6 +7,7 @@
 pub mod consumers;
 pub mod core;
 mod gpus;
+pub mod io;
 pub mod packing;
 
 use std::{

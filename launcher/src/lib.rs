@@ -22,12 +22,12 @@ mod shell;
 mod task;
 
 use gleaner_launcher_core::consumers::{Consumers, Swap};
+use gleaner_launcher_core::io::{Io, turn};
 use gleaner_launcher_core::packing::Packer;
 use shell::Shell;
 
 use std::{
-    collections::{BTreeMap, HashMap, VecDeque},
-    ops::ControlFlow,
+    collections::{BTreeMap, HashMap},
     sync::Arc,
     time::{Duration, Instant},
 };

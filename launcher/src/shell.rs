@@ -112,19 +112,9 @@ impl Shell {
     pub(crate) async fn serve(mut self) -> Result<Exit, LauncherError> {
         let mut state = LauncherCore::new(&self.shared.config, &self.shared.gpus, Now::read());
         loop {
-            let mut events = VecDeque::from(self.next_events(&state).await);
-            while let Some(event) = events.pop_front() {
-                let now = Now::read();
-                match event {
-                    Some(event) => state.handle(event, now),
-                    None => state.handle_timeout(now),
-                }
-                while let Some(effect) = state.poll_effect(now) {
-                    match self.apply(effect).await {
-                        ControlFlow::Break(exit) => return exit,
-                        ControlFlow::Continue(failure) => events.extend(failure.map(Some)),
-                    }
-                }
+            let events = self.next_events(&state).await;
+            if let Some(exit) = turn(&mut state, &mut self, events).await {
+                return exit;
             }
         }
     }
@@ -290,92 +280,6 @@ impl Shell {
         }
     }
 
-    /// Applies one effect: leaving breaks, and a broker failure doing
-    /// anything else comes back as an event.
-    async fn apply(
-        &mut self,
-        effect: Effect<LauncherError>,
-    ) -> ControlFlow<Result<Exit, LauncherError>, Option<Event<LauncherError>>> {
-        let shared = self.shared.clone();
-        match &effect {
-            Effect::Report { tag }
-            | Effect::Refuse { tag, .. }
-            | Effect::GiveBack { tag }
-            | Effect::Republish { tag }
-            | Effect::Abandon { tag } => {
-                self.teed.remove(tag);
-            }
-            _ => {}
-        }
-        match effect {
-            Effect::Run { tag, gpus } => {
-                if let Some(held) = self.held.remove(&tag) {
-                    let streams = exec::Streams::default();
-                    let teed = Teed {
-                        task: held.task.task,
-                        attempt: held.task.attempt,
-                        preemptions: held.task.preemptions,
-                        streams: streams.clone(),
-                        sent: [0, 0],
-                    };
-                    self.teed.insert(tag, teed);
-                    let run = run_task(shared, held, gpus, streams, self.stop.subscribe());
-                    self.spawn(tag, run);
-                }
-            }
-            Effect::Tee { tag } => self.tee(tag).await,
-            Effect::Report { tag } => {
-                if let Some(Held {
-                    task,
-                    delivery,
-                    outcome: Some(outcome),
-                }) = self.held.remove(&tag)
-                {
-                    self.settle(tag, delivery, report(shared, task, outcome));
-                }
-            }
-            Effect::Refuse { tag, reason } => {
-                if let Some(held) = self.held.remove(&tag) {
-                    self.settle(tag, held.delivery, refuse(shared, held.task, reason));
-                }
-            }
-            Effect::GiveBack { tag } => {
-                if let Some(held) = self.held.remove(&tag) {
-                    self.settle(tag, held.delivery, give_back(shared, held.task));
-                }
-            }
-            Effect::Republish { tag } => {
-                if let Some(held) = self.held.remove(&tag) {
-                    self.settle(tag, held.delivery, republish(shared, held.task));
-                }
-            }
-            Effect::Abandon { tag } => {
-                // Its message stays unacked: the broker redelivers it whole
-                // once this launcher is gone.
-                self.held.remove(&tag);
-            }
-            Effect::StopConsuming => {
-                let swap = self.swaps.stop();
-                let failed = self.swap(swap).await.pop();
-                return ControlFlow::Continue(failed.or_else(|| self.tasks_ended().pop()));
-            }
-            Effect::Prefetch(messages) => {
-                let swap = self.swaps.prefetch(messages, self.deliveries.len());
-                return ControlFlow::Continue(self.swap(swap).await.pop());
-            }
-            Effect::StopTasks => {
-                self.stop.send_replace(true);
-            }
-            Effect::SendStatus(status) => {
-                if let Err(e) = send_status(&shared, status).await {
-                    return ControlFlow::Continue(Some(Event::Failed(e.into())));
-                }
-            }
-            Effect::Leave(exit) => return ControlFlow::Break(exit),
-        }
-        ControlFlow::Continue(None)
-    }
-
     /// The consumers have all ended (and no new one is due): the state
     /// hears it once nothing more can be delivered.
     fn tasks_ended(&self) -> Vec<Event<LauncherError>> {
@@ -476,6 +380,99 @@ impl Shell {
                 sent: settlement.await,
             }
         });
+    }
+}
+
+impl Io<LauncherError> for Shell {
+    fn now(&self) -> Now {
+        Now::read()
+    }
+
+    /// Applies one effect; a broker failure doing it comes back as an
+    /// event, as does the task consumer's end once it is cancelled.
+    async fn apply(&mut self, effect: Effect<LauncherError>) -> Vec<Event<LauncherError>> {
+        let shared = self.shared.clone();
+        match &effect {
+            Effect::Report { tag }
+            | Effect::Refuse { tag, .. }
+            | Effect::GiveBack { tag }
+            | Effect::Republish { tag }
+            | Effect::Abandon { tag } => {
+                self.teed.remove(tag);
+            }
+            _ => {}
+        }
+        match effect {
+            Effect::Run { tag, gpus } => {
+                if let Some(held) = self.held.remove(&tag) {
+                    let streams = exec::Streams::default();
+                    let teed = Teed {
+                        task: held.task.task,
+                        attempt: held.task.attempt,
+                        preemptions: held.task.preemptions,
+                        streams: streams.clone(),
+                        sent: [0, 0],
+                    };
+                    self.teed.insert(tag, teed);
+                    let run = run_task(shared, held, gpus, streams, self.stop.subscribe());
+                    self.spawn(tag, run);
+                }
+            }
+            Effect::Tee { tag } => self.tee(tag).await,
+            Effect::Report { tag } => {
+                if let Some(Held {
+                    task,
+                    delivery,
+                    outcome: Some(outcome),
+                }) = self.held.remove(&tag)
+                {
+                    self.settle(tag, delivery, report(shared, task, outcome));
+                }
+            }
+            Effect::Refuse { tag, reason } => {
+                if let Some(held) = self.held.remove(&tag) {
+                    self.settle(tag, held.delivery, refuse(shared, held.task, reason));
+                }
+            }
+            Effect::GiveBack { tag } => {
+                if let Some(held) = self.held.remove(&tag) {
+                    self.settle(tag, held.delivery, give_back(shared, held.task));
+                }
+            }
+            Effect::Republish { tag } => {
+                if let Some(held) = self.held.remove(&tag) {
+                    self.settle(tag, held.delivery, republish(shared, held.task));
+                }
+            }
+            Effect::Abandon { tag } => {
+                // Its message stays unacked: the broker redelivers it whole
+                // once this launcher is gone.
+                self.held.remove(&tag);
+            }
+            Effect::StopConsuming => {
+                let swap = self.swaps.stop();
+                let failed = self.swap(swap).await.pop();
+                return failed
+                    .or_else(|| self.tasks_ended().pop())
+                    .into_iter()
+                    .collect();
+            }
+            Effect::Prefetch(messages) => {
+                let swap = self.swaps.prefetch(messages, self.deliveries.len());
+                return self.swap(swap).await.pop().into_iter().collect();
+            }
+            Effect::StopTasks => {
+                self.stop.send_replace(true);
+            }
+            Effect::SendStatus(status) => {
+                if let Err(e) = send_status(&shared, status).await {
+                    return vec![Event::Failed(e.into())];
+                }
+            }
+            // Ends the turn before it is carried out.
+            Effect::Leave(_) => {}
+        }
+        Vec::new()
     }
 }
 

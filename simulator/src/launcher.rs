@@ -5,16 +5,13 @@
 //! carries its effects out on the simulated task queue and clock, handing
 //! each answer back at once as the launcher's shell does.
 
-use std::{
-    collections::{BTreeMap, VecDeque},
-    convert::Infallible,
-    path::PathBuf,
-    time::Duration,
-};
+use std::{collections::BTreeMap, convert::Infallible, path::PathBuf, time::Duration};
 
+use futures_util::FutureExt;
 use gleaner_launcher_core::{
     GpuSource, LauncherConfig, LauncherSettings, Limits,
     core::{Effect, Event, LauncherCore, TaskEnd},
+    io::{Io, turn},
 };
 use gleaner_manifest::{JobId, Needs};
 use gleaner_protocol::{
@@ -69,17 +66,9 @@ pub struct Launcher {
     pub on_gpu_node: bool,
     /// Its core, from its placeholder's start.
     core: Option<(LauncherConfig, LauncherCore<Infallible>)>,
-    /// Deliveries it holds unacked, by tag.
-    deliveries: BTreeMap<u64, TaskMsg>,
-    /// Runs of its tasks, by delivery tag, until they are settled.
-    runs: BTreeMap<u64, Run>,
+    /// What its effects act on.
+    hands: Hands,
     next_tag: u64,
-    /// Messages its consumer may hold unacked.
-    prefetch: u32,
-    /// Its task consumer is open.
-    consuming: bool,
-    /// Its running tasks were stopped, and any started from now on is.
-    stopped: bool,
     /// It was told its job's queues are gone.
     told_gone: bool,
     /// It was told to drain (counted once).
@@ -87,6 +76,41 @@ pub struct Launcher {
     /// Once it left: when its placeholder ends and its slot is free, and
     /// why it left.
     pub leaving: Option<(f64, &'static str)>,
+}
+
+/// What a launcher's shell holds: its deliveries and their runs, and its
+/// task consumer.
+struct Hands {
+    /// Its job's index.
+    job: usize,
+    /// Deliveries it holds unacked, by tag.
+    deliveries: BTreeMap<u64, TaskMsg>,
+    /// Runs of its tasks, by delivery tag, until they are settled.
+    runs: BTreeMap<u64, Run>,
+    /// Messages its consumer may hold unacked.
+    prefetch: u32,
+    /// Its task consumer is open.
+    consuming: bool,
+    /// Its running tasks were stopped, and any started from now on is.
+    stopped: bool,
+}
+
+/// A launcher's hands in the simulated world at one moment, as its core's
+/// effects reach them.
+struct Carrier<'a, 'w> {
+    hands: &'a mut Hands,
+    config: &'a LauncherConfig,
+    world: &'a mut World<'w>,
+}
+
+impl Io<Infallible> for Carrier<'_, '_> {
+    fn now(&self) -> Now {
+        self.world.now
+    }
+
+    async fn apply(&mut self, effect: Effect<Infallible>) -> Vec<Event<Infallible>> {
+        self.hands.apply(effect, self.config, self.world)
+    }
 }
 
 /// A task a launcher runs.
@@ -130,12 +154,15 @@ impl Launcher {
             gpu,
             on_gpu_node: false,
             core: None,
-            deliveries: BTreeMap::new(),
-            runs: BTreeMap::new(),
+            hands: Hands {
+                job: index,
+                deliveries: BTreeMap::new(),
+                runs: BTreeMap::new(),
+                prefetch: 1,
+                consuming: true,
+                stopped: false,
+            },
             next_tag: 0,
-            prefetch: 1,
-            consuming: true,
-            stopped: false,
             told_gone: false,
             drained: false,
             leaving: None,
@@ -175,7 +202,7 @@ impl Launcher {
             false => Vec::new(),
         };
         let core = LauncherCore::new(&config, &gpus, now);
-        self.prefetch = core.prefetch();
+        self.hands.prefetch = core.prefetch();
         self.core = Some((config, core));
     }
 
@@ -205,7 +232,8 @@ impl Launcher {
         let wakes = core
             .poll_timeout()
             .map_or(f64::INFINITY, |at| clock.seconds(at));
-        self.runs
+        self.hands
+            .runs
             .values()
             .filter(|run| !run.ended)
             .map(|run| run.started + run.left / speed)
@@ -218,60 +246,69 @@ impl Launcher {
             self.drained = true;
             w.tasks[self.job].drains += 1;
         }
-        self.drive(Some(Event::Message(message)), setup, w);
+        self.drive(vec![Some(Event::Message(message))], setup, w);
     }
 
     /// Time passes to `w.t`: tasks whose work is done end, its core's time
     /// event comes if due, its job's queue going away is heard, and the
     /// broker delivers what its prefetch allows.
     pub fn progress(&mut self, setup: &Setup, w: &mut World<'_>) {
-        let Some((_, core)) = &mut self.core else {
+        let Some((_, core)) = &self.core else {
             return;
         };
         let mut events = Vec::new();
-        for (tag, run) in &mut self.runs {
+        if is_due(core, w.now) {
+            events.push(None);
+        }
+        for (tag, run) in &mut self.hands.runs {
             if !run.ended && run.started + run.left / w.speed <= w.t + 1e-9 {
                 run.ended = true;
                 run.left = 0.0;
-                events.push(Event::Ended {
+                events.push(Some(Event::Ended {
                     tag: *tag,
                     end: TaskEnd::Itself,
-                });
+                }));
             }
-        }
-        if is_due(core, w.now) {
-            core.handle_timeout(w.now);
         }
         if w.tasks[self.job].gone && !self.told_gone {
             self.told_gone = true;
-            events.push(Event::QueueGone);
+            events.push(Some(Event::QueueGone));
         }
         self.drive(events, setup, w);
     }
 
-    /// Hands its core `events`, then carries out the core's effects
-    /// and the events they lead to, and the broker's deliveries, until
-    /// nothing more happens.
-    fn drive(
-        &mut self,
-        events: impl IntoIterator<Item = Event<Infallible>>,
-        setup: &Setup,
-        w: &mut World<'_>,
-    ) {
+    /// Hands its core `events` (`None`: its time event) with the
+    /// launcher's own loop, then the broker's deliveries while there are
+    /// any; once it leaves, its placeholder ends `exit_delay` later.
+    fn drive(&mut self, events: Vec<Option<Event<Infallible>>>, setup: &Setup, w: &mut World<'_>) {
         let Some((config, mut core)) = self.core.take() else {
             return;
         };
-        let mut pending: VecDeque<_> = events.into_iter().collect();
+        let mut events = events;
         loop {
-            while let Some(effect) = core.poll_effect(w.now) {
-                pending.extend(self.apply(effect, &config, setup, w));
-            }
-            if let Some(event) = pending.pop_front() {
-                core.handle(event, w.now);
-            } else if let Some(delivered) = self.deliver(&core, w) {
-                core.handle(delivered, w.now);
-            } else {
+            let mut carrier = Carrier {
+                hands: &mut self.hands,
+                config: &config,
+                world: w,
+            };
+            let left = match turn(&mut core, &mut carrier, events).now_or_never() {
+                Some(left) => left,
+                None => {
+                    tracing::error!("a simulated launcher's effect did not end at once");
+                    None
+                }
+            };
+            if let Some(exit) = left {
+                let why = match exit {
+                    Ok(exit) => exit.describe(),
+                    Err(never) => match never {},
+                };
+                self.leaving = Some((w.t + setup.exit_delay, why));
                 break;
+            }
+            match self.deliver(&core, w) {
+                Some(delivered) => events = vec![Some(delivered)],
+                None => break,
             }
         }
         self.core = Some((config, core));
@@ -284,8 +321,8 @@ impl Launcher {
         core: &LauncherCore<Infallible>,
         w: &mut World<'_>,
     ) -> Option<Event<Infallible>> {
-        let open = self.consuming && core.consuming() && self.leaving.is_none();
-        let room = self.deliveries.len() < self.prefetch as usize;
+        let open = self.hands.consuming && core.consuming() && self.leaving.is_none();
+        let room = self.hands.deliveries.len() < self.hands.prefetch as usize;
         if !open || !room || w.t < self.first_task || w.tasks[self.job].gone {
             return None;
         }
@@ -300,17 +337,39 @@ impl Launcher {
             message_tasks: 1,
             shape: msg.shape,
         };
-        self.deliveries.insert(tag, msg);
+        self.hands.deliveries.insert(tag, msg);
         Some(event)
     }
 
+    /// Its launcher dies with everything it holds, which the broker
+    /// redelivers; how many of its tasks were running.
+    pub fn die(&mut self, w: &mut World<'_>) -> u64 {
+        let tags: Vec<u64> = self.hands.deliveries.keys().copied().collect();
+        tags.into_iter()
+            .filter(|tag| self.hands.lose(*tag, w))
+            .count() as u64
+    }
+
+    /// The message its runner hears when its placeholder goes.
+    pub fn gone(&self, cluster: &ClusterName, reason: &str) -> (usize, ControlMsg) {
+        (
+            self.job,
+            ControlMsg::LauncherGone {
+                launcher: self.id.clone(),
+                cluster: cluster.clone(),
+                reason: reason.to_owned(),
+            },
+        )
+    }
+}
+
+impl Hands {
     /// Carries out one effect, as the launcher's shell does; the events
     /// it leads to.
     fn apply(
         &mut self,
         effect: Effect<Infallible>,
         config: &LauncherConfig,
-        setup: &Setup,
         w: &mut World<'_>,
     ) -> Vec<Event<Infallible>> {
         let settled = |tag| vec![Event::Settled { tag }];
@@ -407,14 +466,8 @@ impl Launcher {
             }
             // Nobody follows a simulated task's output.
             Effect::Tee { .. } => Vec::new(),
-            Effect::Leave(exit) => {
-                let why = match exit {
-                    Ok(exit) => exit.describe(),
-                    Err(never) => match never {},
-                };
-                self.leaving = Some((w.t + setup.exit_delay, why));
-                Vec::new()
-            }
+            // Ends the turn before it is carried out.
+            Effect::Leave(_) => Vec::new(),
         }
     }
 
@@ -446,25 +499,6 @@ impl Launcher {
             job.queue.push_back(msg);
         }
         ran
-    }
-
-    /// Its launcher dies with everything it holds, which the broker
-    /// redelivers; how many of its tasks were running.
-    pub fn die(&mut self, w: &mut World<'_>) -> u64 {
-        let tags: Vec<u64> = self.deliveries.keys().copied().collect();
-        tags.into_iter().filter(|tag| self.lose(*tag, w)).count() as u64
-    }
-
-    /// The message its runner hears when its placeholder goes.
-    pub fn gone(&self, cluster: &ClusterName, reason: &str) -> (usize, ControlMsg) {
-        (
-            self.job,
-            ControlMsg::LauncherGone {
-                launcher: self.id.clone(),
-                cluster: cluster.clone(),
-                reason: reason.to_owned(),
-            },
-        )
     }
 }
 
