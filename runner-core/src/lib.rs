@@ -12,6 +12,7 @@ mod core;
 mod effect;
 mod follow;
 mod grid_job;
+pub mod io;
 mod job;
 mod launchers;
 mod publication;

@@ -22,15 +22,16 @@ use gleaner_broker::{
 };
 use gleaner_manifest::{JobKind, TaskList};
 use gleaner_protocol::{
-    ControlMsg, Core, Followed, JobClaim, JobReport, MAX_RESULTS_MESSAGE_BYTES, ResultBatch,
-    ResultMsg, ResultPart, Submission, TaskBundle,
+    ClusterName, ControlMsg, Core, Followed, JobClaim, JobReport, KcmMsg, LauncherId, LauncherMsg,
+    MAX_RESULTS_MESSAGE_BYTES, ResultBatch, ResultMsg, ResultPart, Submission, TaskBundle,
 };
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use gleaner_runner_core::{
-    DeadLetter, Effect, FirstAttempts, Grid, Job, JobEvent, JobMachine, JobSettings, Kind, Now,
-    Opening, Refusal, Sweep,
+    DeadLetter, Effect, FirstAttempts, Grid, Job, JobEvent, JobFile, JobMachine, JobSettings, Kind,
+    Now, Opening, Publication, Refusal, Sweep,
+    io::{Io, carry_out},
 };
 
 use crate::{
@@ -291,10 +292,15 @@ async fn wait_for_lock(
     }
 }
 
-/// The shell of one job: its queues, its results directory, and the
-/// machine that decides.
+/// The shell of one job: the machine that decides, and its hands.
 struct Shell<K> {
     machine: JobMachine<K>,
+    hands: Hands,
+}
+
+/// What a job's effects act on: its queues, its results directory, and
+/// what it holds of the broker's deliveries.
+struct Hands {
     queues: JobQueues,
     results: ResultsDir,
     publisher: Publisher,
@@ -333,25 +339,19 @@ impl<K: Kind> Shell<K> {
     ) -> Self {
         Self {
             machine: JobMachine::new(core),
-            queues,
-            results,
-            publisher,
-            admin,
-            answering: None,
-            publishing: VecDeque::new(),
-            unacked: None,
-            lost: HashMap::new(),
-            next_lost: 0,
-            written_parts: Vec::new(),
-            late: Vec::new(),
-        }
-    }
-
-    fn io_error(&self, error: std::io::Error) -> JobError {
-        JobError::Results {
-            path: self.results.root().display().to_string(),
-            error,
-            standing: None,
+            hands: Hands {
+                queues,
+                results,
+                publisher,
+                admin,
+                answering: None,
+                publishing: VecDeque::new(),
+                unacked: None,
+                lost: HashMap::new(),
+                next_lost: 0,
+                written_parts: Vec::new(),
+                late: Vec::new(),
+            },
         }
     }
 
@@ -366,7 +366,7 @@ impl<K: Kind> Shell<K> {
                 return Ok(());
             }
             self.serve(connection, shutdown).await?;
-            if let Err(e) = self.results.clear_parts() {
+            if let Err(e) = self.hands.results.clear_parts() {
                 warn!(error = %e, "parts of runs whose results never came are left in .parts");
             }
             Ok(())
@@ -392,16 +392,24 @@ impl<K: Kind> Shell<K> {
             prefetch,
             exclusive: false,
         };
-        let publisher = &self.publisher;
+        let publisher = &self.hands.publisher;
         let mut results: Inbox<ResultBatch> = connection
-            .inbox(publisher, &self.queues.results, options(RESULTS_PREFETCH))
+            .inbox(
+                publisher,
+                &self.hands.queues.results,
+                options(RESULTS_PREFETCH),
+            )
             .await?
             .limited(MAX_RESULTS_MESSAGE_BYTES);
         let mut dead: Inbox<TaskBundle> = connection
-            .inbox(publisher, &self.queues.dead, options(DEAD_PREFETCH))
+            .inbox(publisher, &self.hands.queues.dead, options(DEAD_PREFETCH))
             .await?;
         let mut control: Inbox<ControlMsg> = connection
-            .inbox(publisher, &self.queues.control, options(CONTROL_PREFETCH))
+            .inbox(
+                publisher,
+                &self.hands.queues.control,
+                options(CONTROL_PREFETCH),
+            )
             .await?;
         // The first control message of a batch, held while the rest gather.
         let mut first_control = None;
@@ -411,7 +419,7 @@ impl<K: Kind> Shell<K> {
             if self.machine.is_over() {
                 // Tasks on their way to a job that ended go back to their
                 // senders with the machine's answer, not deleted unread.
-                let taken = std::mem::take(&mut self.late)
+                let taken = std::mem::take(&mut self.hands.late)
                     .into_iter()
                     .map(|(msg, reply)| (msg, reply, None));
                 let prefetched = std::iter::from_fn(|| control.next().now_or_never().flatten());
@@ -422,11 +430,11 @@ impl<K: Kind> Shell<K> {
                     .map(|i| (i.msg, i.reply, i.user));
                 for (msg, reply, sender) in taken.chain(held) {
                     let msg = addressed(msg, &reply);
-                    self.answering = Some(reply);
+                    self.hands.answering = Some(reply);
                     self.handle(JobEvent::Control { msg, sender }, Now::read())
                         .await?;
                 }
-                self.answering = None;
+                self.hands.answering = None;
                 return Ok(());
             }
             tokio::select! {
@@ -444,7 +452,7 @@ impl<K: Kind> Shell<K> {
                             None => break,
                         }
                     }
-                    self.unacked = batch.last().map(Incoming::receipt);
+                    self.hands.unacked = batch.last().map(Incoming::receipt);
                     let mut results = Vec::with_capacity(count);
                     let mut staged = false;
                     for incoming in batch {
@@ -455,19 +463,19 @@ impl<K: Kind> Shell<K> {
                         }
                     }
                     if staged {
-                        self.results.sync().map_err(|e| self.io_error(e))?;
+                        self.hands.results.sync().map_err(|e| self.hands.io_error(e))?;
                     }
                     if results.is_empty() {
-                        self.settle().await?;
+                        self.hands.settle().await?;
                     } else {
                         self.handle(JobEvent::Results(results), Now::read()).await?;
                     }
                 }
                 lost = dead.next() => {
                     let incoming = delivered(lost)?;
-                    let receipt = self.next_lost;
-                    self.next_lost += 1;
-                    self.lost.insert(receipt, incoming.receipt());
+                    let receipt = self.hands.next_lost;
+                    self.hands.next_lost += 1;
+                    self.hands.lost.insert(receipt, incoming.receipt());
                     let event = JobEvent::Lost(DeadLetter {
                         bundle: incoming.msg,
                         receipt,
@@ -489,16 +497,16 @@ impl<K: Kind> Shell<K> {
                             None => break,
                         }
                     }
-                    self.unacked = batch.last().map(Incoming::receipt);
+                    self.hands.unacked = batch.last().map(Incoming::receipt);
                     for incoming in batch {
                         let msg = addressed(incoming.msg, &incoming.reply);
-                        self.answering = Some(incoming.reply);
+                        self.hands.answering = Some(incoming.reply);
                         let event = JobEvent::Control { msg, sender: incoming.user };
                         let handled = self.handle(event, Now::read()).await;
-                        self.answering = None;
+                        self.hands.answering = None;
                         handled?;
                     }
-                    self.settle().await?;
+                    self.hands.settle().await?;
                 }
                 () = sleep_until(self.machine.poll_timeout()) => {
                     let now = Now::read();
@@ -506,7 +514,7 @@ impl<K: Kind> Shell<K> {
                     self.apply(now, true).await?;
                 }
                 () = shutdown.cancelled() => return Err(JobError::Shutdown),
-                () = std::future::ready(()), if !self.publishing.is_empty() => self.publish_chunk().await?,
+                () = std::future::ready(()), if !self.hands.publishing.is_empty() => self.publish_chunk().await?,
             }
         }
     }
@@ -519,13 +527,82 @@ impl<K: Kind> Shell<K> {
             warn!(part_of = %part.job, task = part.task, "a part of another job's output, or after the job's end, dropped");
             return Ok(());
         }
-        match self.results.stage_part(part) {
-            Err(e) if is_disk_failure(&e) => Err(self.io_error(e)),
+        match self.hands.results.stage_part(part) {
+            Err(e) if is_disk_failure(&e) => Err(self.hands.io_error(e)),
             Err(e) => {
                 warn!(task = part.task, error = %e, "a part of a run's output dropped");
                 Ok(())
             }
             Ok(()) => Ok(()),
+        }
+    }
+
+    /// Publishes the next chunk of first attempts; once a publication is
+    /// all with the broker, the machine hears it.
+    async fn publish_chunk(&mut self) -> Result<(), JobError> {
+        let Some((first, next)) = self.hands.publishing.front_mut() else {
+            return Ok(());
+        };
+        if *next < first.chunk_count(PUBLISH_BATCH) {
+            let chunk = first.chunk(*next, PUBLISH_BATCH);
+            let sent = self
+                .hands
+                .publisher
+                .send_all(&self.hands.queues.tasks, &chunk)
+                .await;
+            if let Err(e) = sent.map_err(JobError::from) {
+                let problem = e.unsendable().ok_or(e)?;
+                self.hands.publishing.clear();
+                return self
+                    .handle(JobEvent::Unsendable { problem }, Now::read())
+                    .await;
+            }
+            *next += 1;
+        }
+        if *next < first.chunk_count(PUBLISH_BATCH) {
+            return Ok(());
+        }
+        if let Some((first, _)) = self.hands.publishing.pop_front() {
+            debug!(
+                tasks = first.tasks().len(),
+                bundle = first.bundle(),
+                "tasks published"
+            );
+            self.handle(JobEvent::Published(first.completes()), Now::read())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Hands `event` to the machine and carries out its effects in order;
+    /// what was delivered is acked once they are (results are on disk, and
+    /// their retries published, before they are acked), unless a control
+    /// batch is still being handled.
+    async fn handle(&mut self, event: JobEvent, now: Now) -> Result<(), JobError> {
+        let control = matches!(event, JobEvent::Control { .. });
+        self.machine.handle(event, now);
+        self.apply(now, !control).await
+    }
+
+    /// Carries out the machine's effects, then (`settle`) acknowledges
+    /// what the last event came with; a control batch settles on its own.
+    /// Too big is what the job holds: the job stops with the reason; the
+    /// runner's session, and its other jobs, go on.
+    async fn apply(&mut self, now: Now, settle: bool) -> Result<(), JobError> {
+        carry_out(&mut self.machine, &mut self.hands, now).await?;
+        if settle {
+            self.hands.settle().await?;
+        }
+        Ok(())
+    }
+}
+
+impl Hands {
+    fn io_error(&self, error: std::io::Error) -> JobError {
+        JobError::Results {
+            path: self.results.root().display().to_string(),
+            error,
+            standing: None,
         }
     }
 
@@ -553,93 +630,42 @@ impl<K: Kind> Shell<K> {
         }
         Ok(())
     }
+}
 
-    /// Publishes the next chunk of first attempts; once a publication is
-    /// all with the broker, the machine hears it.
-    async fn publish_chunk(&mut self) -> Result<(), JobError> {
-        let Some((first, next)) = self.publishing.front_mut() else {
-            return Ok(());
-        };
-        if *next < first.chunk_count(PUBLISH_BATCH) {
-            let chunk = first.chunk(*next, PUBLISH_BATCH);
-            let sent = self.publisher.send_all(&self.queues.tasks, &chunk).await;
-            if let Err(e) = sent.map_err(JobError::from) {
-                let problem = e.unsendable().ok_or(e)?;
-                self.publishing.clear();
-                return self
-                    .handle(JobEvent::Unsendable { problem }, Now::read())
-                    .await;
-            }
-            *next += 1;
-        }
-        if *next < first.chunk_count(PUBLISH_BATCH) {
-            return Ok(());
-        }
-        if let Some((first, _)) = self.publishing.pop_front() {
-            debug!(
-                tasks = first.tasks().len(),
-                bundle = first.bundle(),
-                "tasks published"
-            );
-            self.handle(JobEvent::Published(first.completes()), Now::read())
-                .await?;
-        }
-        Ok(())
+impl Io for Hands {
+    type Error = JobError;
+
+    async fn to_kcm(&mut self, cluster: &ClusterName, msg: KcmMsg) -> Result<bool, JobError> {
+        Ok(self.publisher.deliver(&kcm_queue(cluster), &msg).await?)
     }
 
-    /// Hands `event` to the machine and carries out its effects in order;
-    /// what was delivered is acked once they are (results are on disk, and
-    /// their retries published, before they are acked), unless a control
-    /// batch is still being handled.
-    async fn handle(&mut self, event: JobEvent, now: Now) -> Result<(), JobError> {
-        let control = matches!(event, JobEvent::Control { .. });
-        self.machine.handle(event, now);
-        self.apply(now, !control).await
+    async fn to_launcher(
+        &mut self,
+        launcher: &LauncherId,
+        msg: LauncherMsg,
+    ) -> Result<bool, JobError> {
+        let queue = launcher_queue(&self.queues.job, launcher);
+        Ok(self.publisher.deliver(&queue, &msg).await?)
     }
 
-    /// Carries out the machine's effects, then (`settle`) acknowledges
-    /// what the last event came with; a control batch settles on its own.
-    async fn apply(&mut self, now: Now, settle: bool) -> Result<(), JobError> {
-        while let Some(effect) = self.machine.poll_effect(now) {
-            // Too big is what the job holds: the job stops with the
-            // reason; the runner's session, and its other jobs, go on.
-            if let Err(e) = self.carry_out(effect, now).await {
-                let problem = e.unsendable().ok_or(e)?;
-                self.publishing.clear();
-                self.machine.handle(JobEvent::Unsendable { problem }, now);
-            }
-        }
-        if settle {
-            self.settle().await?;
-        }
-        Ok(())
+    /// A chunk at a time between events ([`Shell::publish_chunk`]).
+    async fn publish_first(
+        &mut self,
+        first: FirstAttempts,
+    ) -> Result<Option<Publication>, JobError> {
+        self.publishing.push_back((first, 0));
+        Ok(None)
     }
 
-    /// One effect's I/O; answers go back to the machine.
-    async fn carry_out(&mut self, effect: Effect, now: Now) -> Result<(), JobError> {
+    fn save_job_file(&mut self, file: JobFile) -> Result<(), JobError> {
+        self.results
+            .write_job_file(&file)
+            .map_err(|e| self.io_error(e))
+    }
+
+    async fn apply(&mut self, effect: Effect) -> Result<(), JobError> {
         match effect {
             Effect::ToScheduler(msg) => self.publisher.send(SCHEDULER_QUEUE, &msg).await?,
-            Effect::ToKcm {
-                cluster,
-                msg,
-                followup,
-            } => {
-                let arrived = self.publisher.deliver(&kcm_queue(&cluster), &msg).await?;
-                self.machine
-                    .handle(JobEvent::Delivered { followup, arrived }, now);
-            }
-            Effect::ToLauncher {
-                launcher,
-                msg,
-                followup,
-            } => {
-                let arrived = self
-                    .publisher
-                    .deliver(&launcher_queue(&self.queues.job, &launcher), &msg)
-                    .await?;
-                self.machine
-                    .handle(JobEvent::Delivered { followup, arrived }, now);
-            }
             Effect::Event(event) => self.publisher.event(&event).await?,
             Effect::Answer(answer) => {
                 if let Some(to) = self.answering.as_ref().filter(|r| r.is_direct())
@@ -666,7 +692,6 @@ impl<K: Kind> Shell<K> {
             Effect::PurgeTasks => {
                 topology::purge(self.publisher.channel(), &self.queues.tasks).await?;
             }
-            Effect::PublishFirst(first) => self.publishing.push_back((first, 0)),
             Effect::Publish(tasks) => {
                 self.publisher.send_all(&self.queues.tasks, &tasks).await?;
             }
@@ -688,12 +713,12 @@ impl<K: Kind> Shell<K> {
                 .results
                 .append_addition(&added)
                 .map_err(|e| self.io_error(e))?,
-            Effect::SaveJobFile => self
-                .results
-                .write_job_file(&self.machine.job().job_file())
-                .map_err(|e| self.io_error(e))?,
-            // Carried out by the machine itself.
-            Effect::Report => {}
+            // Carried out by the machine itself, or answered in `carry_out`.
+            Effect::Report
+            | Effect::ToKcm { .. }
+            | Effect::ToLauncher { .. }
+            | Effect::PublishFirst(_)
+            | Effect::SaveJobFile => {}
             Effect::DeleteQueues => {
                 // What is being handled goes before its queue.
                 self.settle().await?;
@@ -708,6 +733,12 @@ impl<K: Kind> Shell<K> {
             }
         }
         Ok(())
+    }
+
+    fn unsendable(&mut self, error: JobError) -> Result<String, JobError> {
+        let problem = error.unsendable().ok_or(error)?;
+        self.publishing.clear();
+        Ok(problem)
     }
 }
 

@@ -5,12 +5,15 @@
 //! grid job's components are the simulated batch systems' jobs, gathered
 //! at the barrier and claimed as the real ones are.
 
-use std::collections::VecDeque;
+use std::{collections::VecDeque, convert::Infallible};
 
+use futures_util::FutureExt;
 use gleaner_manifest::{JobId, Manifest};
-use gleaner_protocol::{ClusterName, Core, LauncherId, Submission, TaskMsg};
+use gleaner_protocol::{ClusterName, Core, KcmMsg, LauncherId, LauncherMsg, Submission, TaskMsg};
 use gleaner_runner_core::{
-    Effect, Grid, JobEvent, JobFile, JobMachine, JobSettings, Kind, Now, Opening, Sweep,
+    Effect, FirstAttempts, Grid, JobEvent, JobFile, JobMachine, JobSettings, Kind, Now, Opening,
+    Publication, Sweep,
+    io::{Io, carry_out},
 };
 
 use crate::{model::Mail, scenario::JobSpec};
@@ -38,9 +41,9 @@ pub struct Reach<'a> {
     /// The job's task queue.
     pub queue: &'a mut VecDeque<TaskMsg>,
     /// Whether a cluster's kcm has a queue.
-    pub kcm: &'a dyn Fn(&ClusterName) -> bool,
+    pub kcm: &'a (dyn Fn(&ClusterName) -> bool + Sync),
     /// Whether a launcher has a queue (it runs).
-    pub launcher: &'a dyn Fn(&LauncherId) -> bool,
+    pub launcher: &'a (dyn Fn(&LauncherId) -> bool + Sync),
 }
 
 /// The job's opening, as a runner opens a new one: no results yet.
@@ -146,53 +149,87 @@ impl<K: Kind> Runner<K> {
         self.carry_out(now, reach)
     }
 
+    /// Carries out the machine's effects with the runner's own loop.
     fn carry_out(&mut self, now: Now, reach: &mut Reach<'_>) -> Vec<Mail> {
-        let mut mail = Vec::new();
-        while let Some(effect) = self.machine.poll_effect(now) {
-            match effect {
-                Effect::ToScheduler(msg) => mail.push(Mail::Scheduler(Box::new(msg))),
-                Effect::ToKcm {
-                    cluster,
-                    msg,
-                    followup,
-                } => {
-                    let arrived = (reach.kcm)(&cluster);
-                    mail.push(Mail::Kcm(cluster, msg));
-                    self.machine
-                        .handle(JobEvent::Delivered { followup, arrived }, now);
-                }
-                Effect::ToLauncher {
-                    launcher,
-                    msg,
-                    followup,
-                } => {
-                    let arrived = (reach.launcher)(&launcher);
-                    mail.push(Mail::Launcher(launcher, msg));
-                    self.machine
-                        .handle(JobEvent::Delivered { followup, arrived }, now);
-                }
-                Effect::PurgeTasks | Effect::DeleteQueues => reach.queue.clear(),
-                Effect::PublishFirst(first) => {
-                    reach.queue.extend(first.each());
-                    self.machine
-                        .handle(JobEvent::Published(first.completes()), now);
-                }
-                Effect::Publish(tasks) => reach.queue.extend(tasks),
-                Effect::DeclareQueues
-                | Effect::ForgetLauncherAccount
-                | Effect::Report
-                | Effect::Event(_)
-                | Effect::Answer(_)
-                | Effect::Relay { .. }
-                | Effect::SettleLost(_)
-                | Effect::WriteOutputs(_)
-                | Effect::WriteRetried(_)
-                | Effect::WriteFinalOutputs(_)
-                | Effect::Record(_)
-                | Effect::RecordAddition(_)
-                | Effect::SaveJobFile => {}
-            }
+        let mut world = Simulated {
+            reach,
+            mail: Vec::new(),
+        };
+        match carry_out(&mut self.machine, &mut world, now).now_or_never() {
+            Some(Ok(())) => {}
+            Some(Err(never)) => match never {},
+            None => tracing::error!("a simulated job's effect did not end at once"),
         }
-        mail
+        world.mail
+    }
+}
+
+/// A job's effects as they reach the simulated world: a message to a
+/// queue that may be gone is answered at once with whether it exists, a
+/// publication is with the broker at once; writing outputs, index lines
+/// and `job.json` changes nothing here.
+struct Simulated<'r, 'q> {
+    reach: &'r mut Reach<'q>,
+    mail: Vec<Mail>,
+}
+
+impl Io for Simulated<'_, '_> {
+    type Error = Infallible;
+
+    async fn to_kcm(&mut self, cluster: &ClusterName, msg: KcmMsg) -> Result<bool, Infallible> {
+        let arrived = (self.reach.kcm)(cluster);
+        self.mail.push(Mail::Kcm(cluster.clone(), msg));
+        Ok(arrived)
+    }
+
+    async fn to_launcher(
+        &mut self,
+        launcher: &LauncherId,
+        msg: LauncherMsg,
+    ) -> Result<bool, Infallible> {
+        let arrived = (self.reach.launcher)(launcher);
+        self.mail.push(Mail::Launcher(launcher.clone(), msg));
+        Ok(arrived)
+    }
+
+    async fn publish_first(
+        &mut self,
+        first: FirstAttempts,
+    ) -> Result<Option<Publication>, Infallible> {
+        self.reach.queue.extend(first.each());
+        Ok(Some(first.completes()))
+    }
+
+    fn save_job_file(&mut self, _: JobFile) -> Result<(), Infallible> {
+        Ok(())
+    }
+
+    async fn apply(&mut self, effect: Effect) -> Result<(), Infallible> {
+        match effect {
+            Effect::ToScheduler(msg) => self.mail.push(Mail::Scheduler(Box::new(msg))),
+            Effect::PurgeTasks | Effect::DeleteQueues => self.reach.queue.clear(),
+            Effect::Publish(tasks) => self.reach.queue.extend(tasks),
+            Effect::ToKcm { .. }
+            | Effect::ToLauncher { .. }
+            | Effect::PublishFirst(_)
+            | Effect::SaveJobFile
+            | Effect::DeclareQueues
+            | Effect::ForgetLauncherAccount
+            | Effect::Report
+            | Effect::Event(_)
+            | Effect::Answer(_)
+            | Effect::Relay { .. }
+            | Effect::SettleLost(_)
+            | Effect::WriteOutputs(_)
+            | Effect::WriteRetried(_)
+            | Effect::WriteFinalOutputs(_)
+            | Effect::Record(_)
+            | Effect::RecordAddition(_) => {}
+        }
+        Ok(())
+    }
+
+    fn unsendable(&mut self, never: Infallible) -> Result<String, Infallible> {
+        match never {}
     }
 }
