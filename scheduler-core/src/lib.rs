@@ -7,6 +7,7 @@
 pub mod core;
 mod grid_book;
 mod history;
+pub mod io;
 pub mod metrics;
 pub mod outbox;
 pub mod state;

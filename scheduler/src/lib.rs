@@ -6,7 +6,7 @@
 //! (crate `gleaner-scheduler-core`) keeps the picture and the promises in
 //! flight; this crate only moves messages and serves the metrics page.
 
-pub use gleaner_scheduler_core::{GridConfig, SchedulerConfig, core, metrics, outbox, state};
+pub use gleaner_scheduler_core::{GridConfig, SchedulerConfig, core, io, metrics, outbox, state};
 
 use std::{
     sync::{Arc, Mutex},
@@ -23,14 +23,16 @@ use gleaner_broker::{
 use gleaner_manifest::JobId;
 use gleaner_policy::access::Users;
 use gleaner_protocol::{
-    Core, Event, GrantId, GridSnapshot, Message, Now, RequestMsg, SchedulerMsg, codec, now_ms,
+    ControlMsg, Core, Event, GrantId, GridSnapshot, Message, Now, RequestMsg, SchedulerMsg, codec,
+    now_ms,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::{
-    core::{Effect, Event as CoreEvent, Post, Reply, SchedulerCore},
+    core::{Event as CoreEvent, Post, Reply, SchedulerCore},
+    io::Io,
     state::State,
 };
 
@@ -293,73 +295,95 @@ impl Shell<'_> {
         core: &mut SchedulerCore,
         request: Option<&Incoming<RequestMsg>>,
     ) -> Result<bool, BrokerError> {
-        while let Some(effect) = core.poll_effect(Now::read()) {
-            match effect {
-                Effect::TakeOver => {
-                    let snapshot = peek::<GridSnapshot>(self.channel, SCHEDULER_GRID_QUEUE).await?;
-                    self.requests = Some(
-                        self.connection
-                            .inbox(
-                                self.publisher,
-                                REQUESTS_QUEUE,
-                                ConsumeOptions {
-                                    tag: self.connection.identity(),
-                                    prefetch: 16,
-                                    exclusive: false,
-                                },
-                            )
-                            .await?,
-                    );
-                    core.handle(CoreEvent::HandedOver(snapshot), Now::read());
-                }
-                Effect::Reply(reply) => {
-                    if let Some(incoming) = request {
-                        let to = &incoming.reply;
-                        let replied = match reply {
-                            Reply::Status(reply) => self.publisher.reply(to, &*reply).await,
-                            Reply::Action(reply) => self.publisher.reply(to, &reply).await,
-                        };
-                        if let Err(e) = replied {
-                            warn!(user = incoming.user.as_deref(), error = %e, "cannot answer a request");
-                        }
-                    }
-                }
-                Effect::Forward {
-                    job,
-                    msg,
-                    answerable,
-                } => {
-                    let control = JobQueues::new(&job).control;
-                    let arrived = match (answerable, request) {
-                        (true, Some(incoming)) => {
-                            self.publisher
-                                .deliver_answerable(&control, &msg, &incoming.reply)
-                                .await
-                        }
-                        _ => self.publisher.deliver(&control, &msg).await,
-                    };
-                    // Too big is the asker's to hear, not the session's end.
-                    let answer = match arrived {
-                        Ok(arrived) => CoreEvent::Forwarded { arrived },
-                        Err(e) if e.is_too_big() => {
-                            warn!(job = %job, error = %e, "an order too big to pass on");
-                            CoreEvent::Unforwardable {
-                                reason: e.to_string(),
-                            }
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    core.handle(answer, Now::read());
-                }
-                Effect::Post(post) => {
-                    if self.mail.send(post).await.is_err() {
-                        return Ok(false);
-                    }
-                }
-                Effect::Metrics(text) => self.page.set(text),
+        let mut io = ShellIo {
+            shell: self,
+            request,
+        };
+        io::carry_out(core, &mut io).await
+    }
+}
+
+/// The shell as the core's effects reach it, with the request being
+/// handled (if any), which replies and answerable orders go back to.
+struct ShellIo<'s, 'a, 'r> {
+    shell: &'s mut Shell<'a>,
+    request: Option<&'r Incoming<RequestMsg>>,
+}
+
+impl Io for ShellIo<'_, '_, '_> {
+    type Error = BrokerError;
+
+    fn now(&self) -> Now {
+        Now::read()
+    }
+
+    async fn take_over(&mut self) -> Result<Option<GridSnapshot>, BrokerError> {
+        let shell = &mut *self.shell;
+        let snapshot = peek::<GridSnapshot>(shell.channel, SCHEDULER_GRID_QUEUE).await?;
+        shell.requests = Some(
+            shell
+                .connection
+                .inbox(
+                    shell.publisher,
+                    REQUESTS_QUEUE,
+                    ConsumeOptions {
+                        tag: shell.connection.identity(),
+                        prefetch: 16,
+                        exclusive: false,
+                    },
+                )
+                .await?,
+        );
+        Ok(snapshot)
+    }
+
+    async fn reply(&mut self, reply: Reply) {
+        if let Some(incoming) = self.request {
+            let to = &incoming.reply;
+            let replied = match reply {
+                Reply::Status(reply) => self.shell.publisher.reply(to, &*reply).await,
+                Reply::Action(reply) => self.shell.publisher.reply(to, &reply).await,
+            };
+            if let Err(e) = replied {
+                warn!(user = incoming.user.as_deref(), error = %e, "cannot answer a request");
             }
         }
-        Ok(true)
+    }
+
+    async fn forward(
+        &mut self,
+        job: &JobId,
+        msg: ControlMsg,
+        answerable: bool,
+    ) -> Result<Result<bool, String>, BrokerError> {
+        let control = JobQueues::new(job).control;
+        let publisher = self.shell.publisher;
+        let arrived = match (answerable, self.request) {
+            (true, Some(incoming)) => {
+                publisher
+                    .deliver_answerable(&control, &msg, &incoming.reply)
+                    .await
+            }
+            _ => publisher.deliver(&control, &msg).await,
+        };
+        // Too big is the asker's to hear, not the session's end.
+        match arrived {
+            Ok(arrived) => Ok(Ok(arrived)),
+            Err(e) if e.is_too_big() => {
+                warn!(job = %job, error = %e, "an order too big to pass on");
+                Ok(Err(e.to_string()))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// To the postman, who names gone jobs as it finds them.
+    async fn post(&mut self, post: Post) -> Option<Vec<JobId>> {
+        self.shell.mail.send(post).await.ok().map(|()| Vec::new())
+    }
+
+    fn metrics(&mut self, text: String) {
+        self.shell.page.set(text);
     }
 }
 

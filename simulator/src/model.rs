@@ -24,7 +24,8 @@ use gleaner_protocol::{
 };
 use gleaner_runner_core::{JobEvent, JobFile};
 use gleaner_scheduler_core::{
-    core::{Effect as SchedulerEffect, Event as SchedulerEvent, Rounds, SchedulerCore},
+    core::{Event as SchedulerEvent, Rounds, SchedulerCore},
+    io as scheduler_io,
     state::State,
 };
 use rand::{RngExt, SeedableRng, rngs::StdRng};
@@ -410,32 +411,28 @@ impl<'a> Sim<'a> {
         self.at_core(now)
     }
 
-    /// Carries out the scheduler core's effects as its service does: what
-    /// it sends goes to the jobs' runners, a job whose control queue is
-    /// gone is forgotten, and nothing was handed over before it became
+    /// Carries out the scheduler core's effects with its service's loop:
+    /// what it sends goes to the jobs' runners, a job whose control queue
+    /// is gone is forgotten, and nothing was handed over before it became
     /// active.
     fn at_core(&mut self, now: gleaner_protocol::Now) -> Vec<Mail> {
-        let mut mail = Vec::new();
-        while let Some(effect) = self.scheduler.poll_effect(now) {
-            match effect {
-                SchedulerEffect::TakeOver => {
-                    self.scheduler.handle(SchedulerEvent::HandedOver(None), now);
-                }
-                SchedulerEffect::Post(post) => {
-                    for (job, message) in post.actions {
-                        if self.live_sweep(&job).is_some() || self.grid_runners.contains_key(&job) {
-                            mail.push(Mail::Runner(job, message));
-                        } else {
-                            self.scheduler.handle(SchedulerEvent::Gone(job), now);
-                        }
-                    }
-                }
-                SchedulerEffect::Reply(_)
-                | SchedulerEffect::Forward { .. }
-                | SchedulerEffect::Metrics(_) => {}
-            }
+        let mut io = SimulatedScheduler {
+            now,
+            live: |job: &JobId| {
+                self.ids
+                    .iter()
+                    .position(|id| id == job)
+                    .is_some_and(|j| self.sweeps[j].as_ref().is_some_and(SweepRunner::is_live))
+                    || self.grid_runners.contains_key(job)
+            },
+            mail: Vec::new(),
+        };
+        match scheduler_io::carry_out(&mut self.scheduler, &mut io).now_or_never() {
+            Some(Ok(_)) => {}
+            Some(Err(never)) => match never {},
+            None => tracing::error!("a simulated scheduler's effect did not end at once"),
         }
-        mail
+        io.mail
     }
 
     /// The index of a scavenging job whose queues exist.
@@ -963,4 +960,49 @@ impl Io for SimulatedKcm<'_> {
     }
 
     fn forget_launcher_settings(&mut self, _: &JobId) {}
+}
+
+/// The simulated world as the scheduler's effects reach it: decisions go
+/// to the runners of jobs still there, and nobody else hears anything.
+struct SimulatedScheduler<F> {
+    now: Now,
+    /// Whether a job's control queue exists.
+    live: F,
+    mail: Vec<Mail>,
+}
+
+impl<F: Fn(&JobId) -> bool + Send> scheduler_io::Io for SimulatedScheduler<F> {
+    type Error = Infallible;
+
+    fn now(&self) -> Now {
+        self.now
+    }
+
+    async fn take_over(&mut self) -> Result<Option<gleaner_protocol::GridSnapshot>, Infallible> {
+        Ok(None)
+    }
+
+    async fn reply(&mut self, _: gleaner_scheduler_core::core::Reply) {}
+
+    async fn forward(
+        &mut self,
+        _: &JobId,
+        _: ControlMsg,
+        _: bool,
+    ) -> Result<Result<bool, String>, Infallible> {
+        Ok(Ok(false))
+    }
+
+    async fn post(&mut self, post: gleaner_scheduler_core::core::Post) -> Option<Vec<JobId>> {
+        let mut gone = Vec::new();
+        for (job, message) in post.actions {
+            match (self.live)(&job) {
+                true => self.mail.push(Mail::Runner(job, message)),
+                false => gone.push(job),
+            }
+        }
+        Some(gone)
+    }
+
+    fn metrics(&mut self, _: String) {}
 }
