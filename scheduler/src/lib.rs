@@ -41,11 +41,6 @@ const ACK_EVERY: u16 = 64;
 /// How long a quiet inbox keeps its last messages unacknowledged.
 const ACK_IDLE: Duration = Duration::from_millis(5);
 
-/// A large round goes out in chunks this big, `POST_PAUSE` apart: at most
-/// 10,000 messages a second, so that the broker has room for the inbox.
-const POST_CHUNK: usize = 500;
-const POST_PAUSE: Duration = Duration::from_millis(50);
-
 /// Serves `gleaner.scheduler`, and users' requests on `gleaner.requests`,
 /// until `shutdown`, reconnecting after outages.
 pub async fn run(
@@ -401,7 +396,7 @@ async fn post(
         grid,
     }) = mail.recv().await
     {
-        for chunk in round.chunks(POST_CHUNK) {
+        for (chunk, pause) in outbox::paced(&round) {
             // One decision too big to send (a placement of a job of very
             // many components) is left out, not the end of the session.
             let chunk: Vec<&(JobId, _)> = chunk
@@ -424,8 +419,8 @@ async fn post(
                     return Ok(());
                 }
             }
-            if round.len() > POST_CHUNK {
-                tokio::time::sleep(POST_PAUSE).await;
+            if let Some(pause) = pause {
+                tokio::time::sleep(pause).await;
             }
         }
         if let Some(grid) = grid {
