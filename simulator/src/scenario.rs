@@ -50,6 +50,10 @@ pub struct Scenario {
     pub reallocation_seeds: u64,
 }
 
+/// The shortest of a scenario's periodic intervals: the simulator wakes up
+/// at each, and one of nothing would hold its clock still.
+const MIN_INTERVAL: Duration = Duration::from_millis(10);
+
 /// How fast the simulated system reacts. The services' intervals default
 /// to the services' own defaults.
 #[derive(Debug, Clone, Deserialize)]
@@ -481,6 +485,22 @@ impl Scenario {
             return invalid(
                 "a scenario needs at least one [[cluster]], and one [[job]] or grid jobs".into(),
             );
+        }
+        // Each is a wake-up of its own: time must move on between two.
+        let timing = &self.timing;
+        for (key, every) in [
+            ("kcm_poll", timing.kcm_poll),
+            ("scheduler_round", timing.scheduler_round),
+            ("job_report", timing.job_report),
+            ("launcher_heartbeat", timing.launcher_heartbeat),
+            ("sample", timing.sample),
+        ] {
+            if every < MIN_INTERVAL {
+                return invalid(format!(
+                    "timing.{key} must be at least {} ms",
+                    MIN_INTERVAL.as_millis()
+                ));
+            }
         }
         if self.grid_jobs.workload == GridWorkload::Trace {
             let Some(trace) = &self.grid_jobs.trace else {

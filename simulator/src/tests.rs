@@ -236,6 +236,22 @@ fn bad_scenarios_are_refused() {
     );
     let renamed = text.replace("name = \"runner-1\"", "name = \"runner 1\"");
     assert!(Scenario::from_toml(&renamed).is_err());
+    // A period of nothing would hold the simulated clock still.
+    for (key, from) in [
+        ("kcm_poll", "kcm_poll = \"1s\""),
+        ("scheduler_round", "scheduler_round = \"1s\""),
+    ] {
+        let still = text.replace(from, &format!("{key} = \"0s\""));
+        assert_ne!(still, text, "{key} is in the scenario");
+        assert!(
+            matches!(Scenario::from_toml(&still), Err(ScenarioError::Invalid(m)) if m.contains(key)),
+            "{key}"
+        );
+    }
+    let no_samples = format!("{text}\n").replace("[timing]\n", "[timing]\nsample = \"0s\"\n");
+    assert!(
+        matches!(Scenario::from_toml(&no_samples), Err(ScenarioError::Invalid(m)) if m.contains("sample"))
+    );
 }
 
 #[test]
