@@ -340,7 +340,17 @@ fn tasks_added_to_an_open_job_run_and_it_ends_when_closed() {
     wait_for("the job to run", MINUTE, || {
         g.job_state(&shut).as_deref() == Some("running")
     });
-    let refused = g.run(&["submit", "--job", &shut, more.to_str().unwrap()]);
+    // Its job.json says running before its runner takes messages; until
+    // then the CLI says to try again, as a user would.
+    let mut refused = g.run(&["submit", "--job", &shut, more.to_str().unwrap()]);
+    wait_for("the job's runner to take messages", MINUTE, || {
+        let again = refused.status.code() == Some(1)
+            && String::from_utf8_lossy(&refused.stderr).contains("try again");
+        if again {
+            refused = g.run(&["submit", "--job", &shut, more.to_str().unwrap()]);
+        }
+        !again
+    });
     assert_eq!(refused.status.code(), Some(4), "{refused:?}");
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("the job is not open"),
