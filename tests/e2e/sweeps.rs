@@ -340,8 +340,8 @@ fn tasks_added_to_an_open_job_run_and_it_ends_when_closed() {
     wait_for("the job to run", MINUTE, || {
         g.job_state(&shut).as_deref() == Some("running")
     });
-    // Its job.json says running before its runner takes messages; until
-    // then the CLI says to try again, as a user would.
+    // Its job.json may say running before its control queue takes
+    // messages; the CLI then says to try again, and the test does.
     let mut refused = g.run(&["submit", "--job", &shut, more.to_str().unwrap()]);
     wait_for("the job's runner to take messages", MINUTE, || {
         let again = refused.status.code() == Some(1)
