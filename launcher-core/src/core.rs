@@ -20,7 +20,7 @@ use std::{
 
 use gleaner_manifest::TaskShape;
 use gleaner_protocol::{
-    ClusterName, ControlMsg, Core, LauncherMsg, LauncherStatus, Now, Outbox, RunningTask,
+    ClusterName, ControlMsg, Core, LauncherMsg, LauncherStatus, Now, Outbox, RunningTask, TaskMsg,
 };
 use tracing::{info, warn};
 
@@ -86,6 +86,20 @@ pub enum Event<E> {
     Message(LauncherMsg),
     /// SIGTERM, SIGINT or the batch system's kill warning.
     Signal,
+}
+
+impl<E> Event<E> {
+    /// `task` delivered under `tag`, in a message of `message_tasks` tasks.
+    pub fn delivered(tag: u64, task: &TaskMsg, message_tasks: u32) -> Self {
+        Self::Delivered {
+            tag,
+            task: task.task,
+            preemptions: task.preemptions,
+            walltime: task.walltime_ms.map(Duration::from_millis),
+            message_tasks,
+            shape: task.shape,
+        }
+    }
 }
 
 /// How a task's process ended.

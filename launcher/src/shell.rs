@@ -198,14 +198,7 @@ impl Shell {
             .map(|task| {
                 let tag = self.next_tag;
                 self.next_tag += 1;
-                let event = Event::Delivered {
-                    tag,
-                    task: task.task,
-                    preemptions: task.preemptions,
-                    walltime: task.walltime_ms.map(Duration::from_millis),
-                    message_tasks,
-                    shape: task.shape,
-                };
+                let event = Event::delivered(tag, &task, message_tasks);
                 self.held.insert(
                     tag,
                     Held {

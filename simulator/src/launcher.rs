@@ -5,7 +5,7 @@
 //! carries its effects out on the simulated task queue and clock, handing
 //! each answer back at once as the launcher's shell does.
 
-use std::{collections::BTreeMap, convert::Infallible, path::PathBuf, time::Duration};
+use std::{collections::BTreeMap, convert::Infallible, path::PathBuf};
 
 use futures_util::FutureExt;
 use gleaner_launcher_core::{
@@ -329,14 +329,7 @@ impl Launcher {
         let msg = w.tasks[self.job].take()?;
         let tag = self.next_tag;
         self.next_tag += 1;
-        let event = Event::Delivered {
-            tag,
-            task: msg.task,
-            preemptions: msg.preemptions,
-            walltime: msg.walltime_ms.map(Duration::from_millis),
-            message_tasks: 1,
-            shape: msg.shape,
-        };
+        let event = Event::delivered(tag, &msg, 1);
         self.hands.deliveries.insert(tag, msg);
         Some(event)
     }
